@@ -1,0 +1,52 @@
+# nova-mtrl — every target sets itself up: a fresh clone needs only python3 (and Node.js for CDK).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# The CDK CLI used by deploy/destroy/diff; synth and test do not need it.
+CDK_CLI_VERSION ?= 2.1148.1
+CDK := npx --yes aws-cdk@$(CDK_CLI_VERSION)
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+
+.PHONY: help install test lint synth diff deploy destroy bench clean
+
+help:
+	@echo "make test     set up .venv if needed, lint, run the whole check suite (pytest, cfn-lint, cdk-nag)"
+	@echo "make synth    write the CloudFormation templates to cdk.out/"
+	@echo "make deploy   cdk deploy --all (AWS credentials needed)   make destroy   make diff"
+	@echo "make bench    time a cold synth and the full test suite"
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/python -m pytest
+
+synth: install
+	rm -rf cdk.out
+	CDK_OUTDIR=cdk.out $(BIN)/python app.py
+	@ls cdk.out/*.template.json
+
+diff: install
+	$(CDK) diff --all
+
+deploy: install
+	$(CDK) deploy --all
+
+destroy: install
+	$(CDK) destroy --all
+
+bench: install
+	$(BIN)/python bench/synth.py
+
+clean:
+	rm -rf cdk.out .pytest_cache .ruff_cache build *.egg-info

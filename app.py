@@ -1,0 +1,24 @@
+#!/usr/bin/env python3
+"""The CDK app of nova-mtrl: `cdk synth` / `cdk deploy` run this file (see cdk.json)."""
+
+import os
+import sys
+
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+from stacks.app_builder import build_app  # noqa: E402
+from stacks.config import ConfigError  # noqa: E402
+
+
+def main() -> int:
+    try:
+        app, _ = build_app()
+    except ConfigError as error:
+        print(f"nova-mtrl: {error}", file=sys.stderr)
+        return 1
+    app.synth()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

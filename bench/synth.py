@@ -1,0 +1,54 @@
+"""Times a cold `cdk synth` (app.py in a new process, cdk-nag included) and the full `make test`.
+
+Prints a table with the machine's core count; the design's targets (DESIGN.md section 9) are
+<= 15 s for a cold synth and <= 5 min for `make test` on a fresh clone, install included. This
+measures with the existing .venv; run it on a fresh clone (`rm -rf .venv`) to include the install.
+Nothing here is asserted: it is a measurement, not a test.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def timed(command: list[str], env: dict[str, str] | None = None) -> float:
+    started = time.perf_counter()
+    subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
+def main() -> int:
+    runs = int(os.environ.get("BENCH_SYNTH_RUNS", "3"))
+    synth_times = []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as outdir:
+            env = {**os.environ, "CDK_OUTDIR": outdir}
+            env.pop("CDK_CONTEXT_JSON", None)
+            synth_times.append(timed([sys.executable, "app.py"], env))
+    test_time = timed(["make", "test"])
+    rows = [
+        (
+            "cold synth (app.py, 3 stacks, cdk-nag)",
+            f"median {statistics.median(synth_times):.1f} s of {runs}",
+            "<= 15 s",
+        ),
+        ("make test (venv present)", f"{test_time:.1f} s", "<= 300 s incl. install"),
+    ]
+    print(f"nova-mtrl synth bench — {os.cpu_count()} cores, Python {sys.version.split()[0]}")
+    width = max(len(name) for name, _, _ in rows)
+    print(f"{'what':<{width}}  {'measured':<24}  target")
+    for name, measured, target in rows:
+        print(f"{name:<{width}}  {measured:<24}  {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Reward environments (Wordle by default, bring your own) and the reward worker."""

@@ -1,0 +1,1 @@
+"""Constructs of the long-lived platform, composed by the stacks in `stacks/`."""

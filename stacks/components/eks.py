@@ -1,0 +1,209 @@
+"""The EKS cluster that orchestrates HyperPod: public endpoint, access entries, add-ons."""
+
+from __future__ import annotations
+
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from constructs import Construct, IDependable
+
+from stacks.components.nag import acknowledge
+from stacks.config import PlatformConfig
+
+# Installed before the system nodes start (nodes need the CNI to become Ready) ...
+NODE_ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
+# ... and after them (CoreDNS pods need somewhere to run before the add-on turns ACTIVE).
+SCHEDULED_ADDONS = ("coredns",)
+
+_LOG_TYPES = [
+    eks.ClusterLoggingTypes.API,
+    eks.ClusterLoggingTypes.AUDIT,
+    eks.ClusterLoggingTypes.AUTHENTICATOR,
+    eks.ClusterLoggingTypes.CONTROLLER_MANAGER,
+    eks.ClusterLoggingTypes.SCHEDULER,
+]
+
+
+class HyperPodEks(Construct):
+    """A new EKS cluster for HyperPod, or an imported one.
+
+    Attributes: `cluster` (ICluster), `cluster_name`, `cluster_arn`, `security_group_id`
+    (shared with the HyperPod nodes), `ready` (what HyperPod must wait for).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: PlatformConfig,
+        vpc: ec2.IVpc,
+        subnets: ec2.SubnetSelection,
+        secrets_key: kms.IKey,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self._config = config
+        self.ready: list[IDependable] = []
+        existing = config.existing_eks_cluster
+        if existing:
+            self.cluster: eks.ICluster = eks.Cluster.from_cluster_attributes(
+                self,
+                "Cluster",
+                cluster_name=existing.cluster_name,
+                vpc=vpc,
+                cluster_security_group_id=existing.security_group_id,
+            )
+            self.security_group_id = existing.security_group_id
+        else:
+            cluster = eks.Cluster(
+                self,
+                "Cluster",
+                cluster_name=f"{config.name_prefix}-eks",
+                version=eks.KubernetesVersion.of(config.eks_version),
+                vpc=vpc,
+                vpc_subnets=[subnets],
+                # HyperPod's node agents reach the API server through the public endpoint;
+                # with a private-only endpoint cluster creation ends in NotStabilized.
+                endpoint_access=eks.EndpointAccess.PUBLIC,
+                # Auto Mode off: HyperPod brings its own nodes.
+                default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
+                default_capacity=0,
+                bootstrap_self_managed_addons=False,
+                cluster_logging=_LOG_TYPES,
+                secrets_encryption_key=secrets_key,
+            )
+            # The L2 construct only offers API; HyperPod documents API and API_AND_CONFIG_MAP,
+            # and the latter keeps aws-auth usable for tools that still rely on it.
+            cluster.node.default_child.add_property_override(  # type: ignore[union-attr]
+                "AccessConfig.AuthenticationMode", "API_AND_CONFIG_MAP"
+            )
+            acknowledge(
+                cluster,
+                "AwsSolutions-EKS1",
+                "HyperPod with the EKS orchestrator requires the public API endpoint (creation "
+                "fails with NotStabilized otherwise); access is IAM-authenticated via access "
+                "entries only.",
+            )
+            acknowledge(
+                cluster.role,
+                "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonEKSClusterPolicy]",
+                "The EKS service role must carry the AWS-maintained AmazonEKSClusterPolicy; EKS "
+                "keeps it in step with the control plane.",
+            )
+            self.cluster = cluster
+            self.security_group_id = cluster.cluster_security_group_id
+            self.ready = self._add_nodes_and_addons(cluster, subnets)
+        self.cluster_name = self.cluster.cluster_name
+        self.cluster_arn = self.cluster.cluster_arn
+        for index, role_arn in enumerate(config.eks_admin_role_arns):
+            self.grant_access(
+                f"Admin{index}",
+                principal_arn=role_arn,
+                policy="AmazonEKSClusterAdminPolicy",
+            )
+
+    def grant_access(
+        self,
+        construct_id: str,
+        *,
+        principal_arn: str,
+        policy: str,
+        namespaces: list[str] | None = None,
+    ) -> eks.AccessEntry:
+        """An access entry for `principal_arn` with one EKS access policy, cluster- or namespace-wide."""
+        scope = eks.AccessScopeType.NAMESPACE if namespaces else eks.AccessScopeType.CLUSTER
+        return eks.AccessEntry(
+            self,
+            construct_id,
+            cluster=self.cluster,
+            principal=principal_arn,
+            access_policies=[
+                eks.AccessPolicy.from_access_policy_name(
+                    policy, access_scope_type=scope, namespaces=namespaces
+                )
+            ],
+        )
+
+    def _add_nodes_and_addons(
+        self, cluster: eks.Cluster, subnets: ec2.SubnetSelection
+    ) -> list[IDependable]:
+        system = self._config.system_node_group
+        node_role = iam.Role(
+            self,
+            "SystemNodeRole",
+            assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+            description="System node group of the HyperPod EKS cluster (CoreDNS, operators)",
+            managed_policies=[
+                iam.ManagedPolicy.from_aws_managed_policy_name(name)
+                for name in (
+                    "AmazonEKSWorkerNodePolicy",
+                    "AmazonEC2ContainerRegistryPullOnly",
+                    "AmazonEKS_CNI_Policy",
+                )
+            ],
+        )
+        for name, why in (
+            ("AmazonEKSWorkerNodePolicy", "lets the kubelet describe and join its cluster"),
+            ("AmazonEC2ContainerRegistryPullOnly", "lets the nodes pull images, nothing else"),
+            ("AmazonEKS_CNI_Policy", "lets the VPC CNI manage the nodes' network interfaces"),
+        ):
+            acknowledge(
+                node_role,
+                f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{name}]",
+                f"The AWS-maintained EKS node policy {name} {why}; AWS keeps it current with EKS.",
+            )
+        node_addons = [self._addon(cluster, name) for name in NODE_ADDONS]
+        nodegroup = cluster.add_nodegroup_capacity(
+            "System",
+            nodegroup_name=f"{self._config.name_prefix}-system",
+            instance_types=[ec2.InstanceType(system.instance_type)],
+            min_size=system.min_size,
+            desired_size=system.desired_size,
+            max_size=system.max_size,
+            subnets=subnets,
+            node_role=node_role,
+            labels={"nova-mtrl/role": "system"},
+        )
+        for addon in node_addons:
+            nodegroup.node.add_dependency(addon)
+        scheduled = [self._addon(cluster, name) for name in SCHEDULED_ADDONS]
+        for addon in scheduled:
+            addon.node.add_dependency(nodegroup)
+        return [*node_addons, nodegroup, *scheduled]
+
+    def _addon(self, cluster: eks.Cluster, name: str) -> eks.Addon:
+        return eks.Addon(self, f"Addon-{name}", cluster=cluster, addon_name=name)
+
+    def add_training_operator(self, *, hyperpod_cluster_arn: str, after: IDependable) -> None:
+        """The HyperPod training operator add-on (needs cert-manager and an existing HyperPod cluster)."""
+        cert_manager = eks.Addon(
+            self, "Addon-cert-manager", cluster=self.cluster, addon_name="cert-manager"
+        )
+        cert_manager.node.add_dependency(after)
+        role = iam.Role(
+            self,
+            "TrainingOperatorRole",
+            assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
+            description="HyperPod training operator (EKS Pod Identity)",
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["sagemaker:DescribeClusterNode"],
+                resources=[hyperpod_cluster_arn],
+            )
+        )
+        operator = eks.CfnAddon(
+            self,
+            "Addon-training-operator",
+            cluster_name=self.cluster.cluster_name,
+            addon_name="amazon-sagemaker-hyperpod-training-operator",
+            pod_identity_associations=[
+                eks.CfnAddon.PodIdentityAssociationProperty(
+                    role_arn=role.role_arn,
+                    service_account="hp-training-operator-controller-manager",
+                )
+            ],
+        )
+        operator.node.add_dependency(cert_manager)
+        operator.node.add_dependency(after)

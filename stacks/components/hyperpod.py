@@ -1,0 +1,239 @@
+"""The HyperPod cluster (EKS orchestrator) that runs vLLM generation and the GRPO trainer."""
+
+from __future__ import annotations
+
+from aws_cdk import ArnFormat, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sagemaker as sagemaker
+from constructs import Construct, IDependable
+
+from stacks.components.nag import acknowledge, acknowledge_resource
+from stacks.components.storage import lifecycle_bucket_name, lifecycle_scripts_uri
+from stacks.config import PlatformConfig
+
+INSTANCE_POLICY = "AmazonSageMakerClusterInstanceRolePolicy"
+
+
+class HyperPodCluster(Construct):
+    """A HyperPod cluster on the given EKS cluster, or an existing one referenced by name.
+
+    Attributes: `cluster_name`, `cluster_arn`, `execution_role` (None for an existing cluster),
+    `resource` (the CfnCluster, None for an existing cluster).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: PlatformConfig,
+        eks_cluster_arn: str,
+        security_group_id: str,
+        vpc: ec2.IVpc,
+        subnets: ec2.SubnetSelection,
+        depends_on: list[IDependable],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.execution_role: iam.Role | None = None
+        self.resource: sagemaker.CfnCluster | None = None
+        if config.existing_hyperpod_cluster:
+            self.cluster_name = config.existing_hyperpod_cluster.cluster_name
+            self.cluster_arn = _cluster_arn(self, self.cluster_name)
+            return
+        self.cluster_name = f"{config.name_prefix}-hyperpod"
+        self.cluster_arn = _cluster_arn(self, self.cluster_name)
+        subnet_ids = vpc.select_subnets(subnet_type=subnets.subnet_type).subnet_ids
+        lifecycle_bucket = s3.Bucket.from_bucket_name(
+            self, "LifecycleBucket", lifecycle_bucket_name(config)
+        )
+        role = self._execution_role(
+            lifecycle_bucket, subnet_ids, security_group_id, eks_cluster_arn
+        )
+        self.execution_role = role
+        self.resource = sagemaker.CfnCluster(
+            self,
+            "Cluster",
+            cluster_name=self.cluster_name,
+            orchestrator=sagemaker.CfnCluster.OrchestratorProperty(
+                eks=sagemaker.CfnCluster.ClusterOrchestratorEksConfigProperty(
+                    cluster_arn=eks_cluster_arn
+                )
+            ),
+            node_recovery="Automatic",
+            # Continuous provisioning lets instance groups start at 0 and scale per run.
+            node_provisioning_mode="Continuous",
+            vpc_config=sagemaker.CfnCluster.VpcConfigProperty(
+                security_group_ids=[security_group_id], subnets=subnet_ids
+            ),
+            instance_groups=[
+                sagemaker.CfnCluster.ClusterInstanceGroupProperty(
+                    instance_group_name=group.name,
+                    instance_type=group.instance_type,
+                    instance_count=group.count,
+                    threads_per_core=group.threads_per_core,
+                    execution_role=role.role_arn,
+                    life_cycle_config=sagemaker.CfnCluster.ClusterLifeCycleConfigProperty(
+                        source_s3_uri=lifecycle_scripts_uri(config), on_create="on_create.sh"
+                    ),
+                    instance_storage_configs=[
+                        sagemaker.CfnCluster.ClusterInstanceStorageConfigProperty(
+                            ebs_volume_config=sagemaker.CfnCluster.ClusterEbsVolumeConfigProperty(
+                                volume_size_in_gb=group.ebs_volume_gb
+                            )
+                        )
+                    ],
+                )
+                for group in config.hyperpod_instance_groups
+            ],
+        )
+        # Creation must not race the role's policy or the cluster's add-ons and nodes.
+        self.resource.node.add_dependency(role)
+        for dependency in depends_on:
+            self.resource.node.add_dependency(dependency)
+
+    def _execution_role(
+        self,
+        lifecycle_bucket: s3.IBucket,
+        subnet_ids: list[str],
+        security_group_id: str,
+        eks_cluster_arn: str,
+    ) -> iam.Role:
+        stack = Stack.of(self)
+        role = iam.Role(
+            self,
+            "ExecutionRole",
+            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+            description="HyperPod GPU nodes: node agents, VPC CNI, image pulls, lifecycle scripts",
+            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(INSTANCE_POLICY)],
+        )
+        acknowledge(
+            role,
+            f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{INSTANCE_POLICY}]",
+            "HyperPod requires its AWS-maintained instance policy on the cluster execution role "
+            "(node health agents, CloudWatch metrics); AWS keeps it in step with HyperPod.",
+        )
+        lifecycle_bucket.grant_read(role)
+        subnet_arns = [
+            stack.format_arn(service="ec2", resource="subnet", resource_name=subnet_id)
+            for subnet_id in subnet_ids
+        ]
+        security_group_arn = stack.format_arn(
+            service="ec2", resource="security-group", resource_name=security_group_id
+        )
+        network_interfaces = stack.format_arn(
+            service="ec2", resource="network-interface", resource_name="*"
+        )
+        ecr_repositories = stack.format_arn(service="ecr", resource="repository", resource_name="*")
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="CreateNodeInterfacesInOurSubnets",
+                actions=["ec2:CreateNetworkInterface"],
+                resources=[*subnet_arns, security_group_arn, network_interfaces],
+            )
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="ManageNodeInterfaces",
+                actions=[
+                    "ec2:AssignPrivateIpAddresses",
+                    "ec2:AttachNetworkInterface",
+                    "ec2:CreateNetworkInterfacePermission",
+                    "ec2:DeleteNetworkInterface",
+                    "ec2:DeleteNetworkInterfacePermission",
+                    "ec2:DetachNetworkInterface",
+                    "ec2:ModifyNetworkInterfaceAttribute",
+                    "ec2:UnassignPrivateIpAddresses",
+                ],
+                resources=[network_interfaces],
+            )
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="TagNodeInterfaces",
+                actions=["ec2:CreateTags"],
+                resources=[network_interfaces],
+            )
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="DescribeNetwork",
+                actions=[
+                    "ec2:DescribeDhcpOptions",
+                    "ec2:DescribeInstances",
+                    "ec2:DescribeInstanceTypes",
+                    "ec2:DescribeNetworkInterfaces",
+                    "ec2:DescribeSecurityGroups",
+                    "ec2:DescribeSubnets",
+                    "ec2:DescribeTags",
+                    "ec2:DescribeVpcs",
+                ],
+                resources=["*"],
+            )
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="PullImages",
+                actions=[
+                    "ecr:BatchCheckLayerAvailability",
+                    "ecr:BatchGetImage",
+                    "ecr:GetDownloadUrlForLayer",
+                ],
+                resources=[ecr_repositories],
+            )
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="EcrLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"]
+            )
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                sid="PodIdentity",
+                actions=["eks-auth:AssumeRoleForPodIdentity"],
+                resources=[eks_cluster_arn],
+            )
+        )
+        acknowledge(
+            role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "EC2 Describe* and ecr:GetAuthorizationToken do not support resource-level "
+            "permissions.",
+        )
+        acknowledge_resource(
+            role,
+            "AwsSolutions-IAM5",
+            network_interfaces,
+            "Node network interfaces are created at run time by HyperPod and the VPC CNI, so their "
+            "ids cannot be known at deploy time; the subnets and security group are named.",
+        )
+        acknowledge_resource(
+            role,
+            "AwsSolutions-IAM5",
+            ecr_repositories,
+            "Nodes pull the vLLM and trainer images that each run's training config names; "
+            "read-only, in this account and region.",
+        )
+        acknowledge_resource(
+            role,
+            "AwsSolutions-IAM5",
+            lifecycle_bucket.arn_for_objects("*"),
+            "Nodes read their lifecycle scripts, the only objects in that bucket.",
+        )
+        for action in ("s3:GetBucket*", "s3:GetObject*", "s3:List*"):
+            acknowledge(
+                role,
+                f"AwsSolutions-IAM5[Action::{action}]",
+                "Read-only actions from grant_read, limited to the lifecycle-scripts bucket.",
+            )
+        return role
+
+
+def _cluster_arn(scope: Construct, cluster_name: str) -> str:
+    return Stack.of(scope).format_arn(
+        service="sagemaker",
+        resource="cluster",
+        resource_name=cluster_name,
+        arn_format=ArnFormat.SLASH_RESOURCE_NAME,
+    )

@@ -1,0 +1,44 @@
+"""cdk-nag acknowledgments: one finding at a time, each with the reason a reviewer reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import Acknowledgment, Stack, Validations
+from constructs import IConstruct
+
+
+def acknowledge(construct: IConstruct, finding: str, reason: str) -> None:
+    """Acknowledge one cdk-nag finding (e.g. `AwsSolutions-IAM5[Action::s3:List*]`) on `construct`."""
+    if len(reason.split()) < 8:
+        raise ValueError(f"the reason for acknowledging {finding} must explain itself: {reason!r}")
+    pack = finding.split("-", 1)[0]
+    # Validations keys acknowledgments by plugin: `AwsSolutions::AwsSolutions-IAM5[...]`.
+    Validations.of(construct).acknowledge(Acknowledgment(id=f"{pack}::{finding}", reason=reason))
+
+
+def acknowledge_resource(construct: IConstruct, rule: str, resource: str, reason: str) -> None:
+    """Acknowledge `rule` for one wildcard resource ARN (tokens allowed) granted to `construct`."""
+    rendered = nag_text(Stack.of(construct).resolve(resource))
+    acknowledge(construct, f"{rule}[Resource::{rendered}]", reason)
+
+
+def nag_text(value: Any) -> str:
+    """A resolved CloudFormation value written the way cdk-nag names it in a finding id.
+
+    `{"Ref": "AWS::Region"}` -> `<AWS::Region>`, `{"Fn::GetAtt": [Id, Arn]}` -> `<Id.Arn>`,
+    `Fn::Join` concatenated; literals stay literal (so the same code serves environment-specific
+    and environment-agnostic stacks).
+    """
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and len(value) == 1:
+        ((function, argument),) = value.items()
+        if function == "Ref":
+            return f"<{argument}>"
+        if function == "Fn::GetAtt":
+            return f"<{argument[0]}.{argument[1]}>"
+        if function == "Fn::Join":
+            separator, parts = argument
+            return separator.join(nag_text(part) for part in parts)
+    raise ValueError(f"cannot name {value!r} as cdk-nag does")

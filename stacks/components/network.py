@@ -1,0 +1,100 @@
+"""The VPC every plane runs in: private subnets for workers and GPU nodes, private endpoints."""
+
+from __future__ import annotations
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from stacks.config import PlatformConfig
+
+# The AWS APIs the planes call from private subnets: image pulls (ECR), cluster and pod auth
+# (EKS, EKS Auth, STS), logs, the rollout queues (SQS), the pipeline (Lambda) and HyperPod
+# node agents (SageMaker API).
+INTERFACE_ENDPOINTS: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
+    "Ecr": ec2.InterfaceVpcEndpointAwsService.ECR,
+    "EcrDocker": ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER,
+    "Eks": ec2.InterfaceVpcEndpointAwsService.EKS,
+    "EksAuth": ec2.InterfaceVpcEndpointAwsService.EKS_AUTH,
+    "Sts": ec2.InterfaceVpcEndpointAwsService.STS,
+    "Logs": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS,
+    "Sqs": ec2.InterfaceVpcEndpointAwsService.SQS,
+    "Lambda": ec2.InterfaceVpcEndpointAwsService.LAMBDA_,
+    "SageMakerApi": ec2.InterfaceVpcEndpointAwsService.SAGEMAKER_API,
+}
+
+
+class Network(Construct):
+    """A new VPC (public + private subnets, NAT, flow logs, endpoints) or an imported one.
+
+    Attributes: `vpc`, `private_subnets` (where workers and GPU nodes go).
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, config: PlatformConfig) -> None:
+        super().__init__(scope, construct_id)
+        self.private_subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+        existing = config.existing_vpc
+        if existing:
+            # Endpoints and flow logs of an existing VPC are its owner's: adding interface
+            # endpoints with private DNS next to existing ones fails the deployment.
+            self.vpc: ec2.IVpc = ec2.Vpc.from_vpc_attributes(
+                self,
+                "Vpc",
+                vpc_id=existing.vpc_id,
+                availability_zones=list(existing.availability_zones),
+                private_subnet_ids=list(existing.private_subnet_ids),
+                public_subnet_ids=list(existing.public_subnet_ids) or None,
+            )
+            return
+        zones = config.zones
+        vpc = ec2.Vpc(
+            self,
+            "Vpc",
+            vpc_name=f"{config.name_prefix}-vpc",
+            ip_addresses=ec2.IpAddresses.cidr(config.vpc_cidr),
+            # Explicit zones, or az_count zones that the stack picks without a lookup.
+            availability_zones=zones,
+            max_azs=None if zones else config.az_count,
+            nat_gateways=config.az_count,
+            subnet_configuration=[
+                ec2.SubnetConfiguration(
+                    name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24
+                ),
+                # No mask: the private subnets share the rest of the CIDR, since GPU nodes
+                # and their pods each take many addresses (VPC CNI, EFA).
+                ec2.SubnetConfiguration(
+                    name="private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS
+                ),
+            ],
+            gateway_endpoints={
+                "S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3),
+                "DynamoDb": ec2.GatewayVpcEndpointOptions(
+                    service=ec2.GatewayVpcEndpointAwsService.DYNAMODB
+                ),
+            },
+        )
+        flow_log_group = logs.LogGroup(
+            self,
+            "FlowLogs",
+            retention=logs.RetentionDays.ONE_YEAR,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        vpc.add_flow_log(
+            "FlowLog",
+            destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group),
+            traffic_type=ec2.FlowLogTrafficType.ALL,
+        )
+        for name, service in INTERFACE_ENDPOINTS.items():
+            endpoint = vpc.add_interface_endpoint(
+                f"{name}Endpoint",
+                service=service,
+                subnets=self.private_subnets,
+                private_dns_enabled=True,
+                open=False,
+            )
+            # HTTPS from inside the VPC only, written as the literal CIDR so it can be checked.
+            endpoint.connections.allow_from(
+                ec2.Peer.ipv4(config.vpc_cidr), ec2.Port.tcp(443), "HTTPS from the VPC"
+            )
+        self.vpc = vpc

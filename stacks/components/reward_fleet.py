@@ -1,0 +1,118 @@
+"""The ECS (Fargate) cluster and task definition of the reward workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from stacks.components.nag import acknowledge
+from stacks.config import PlatformConfig
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+WORKER_DOCKERFILE = "reward_envs/Dockerfile"
+# Only what the worker image needs goes into the Docker build context.
+BUILD_CONTEXT_EXCLUDES = [
+    ".git",
+    ".venv",
+    "cdk.out",
+    "runs",
+    "tests",
+    "bench",
+    "examples",
+    "**/__pycache__",
+    "*.egg-info",
+    ".pytest_cache",
+    ".ruff_cache",
+]
+CONTAINER_NAME = "reward-worker"
+
+
+class RewardFleet(Construct):
+    """ECS cluster (Container Insights) and the reward-worker Fargate task definition.
+
+    The image is a Docker asset: built by `cdk deploy`, never by `cdk synth`. Per-run workers
+    are started from this task definition by the pipeline.
+
+    Attributes: `cluster`, `task_definition`, `task_role`, `security_group`, `log_group`.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: PlatformConfig,
+        vpc: ec2.IVpc,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.cluster = ecs.Cluster(
+            self,
+            "Cluster",
+            cluster_name=f"{config.name_prefix}-reward-workers",
+            vpc=vpc,
+            container_insights_v2=ecs.ContainerInsights.ENABLED,
+        )
+        self.security_group = ec2.SecurityGroup(
+            self,
+            "WorkerSecurityGroup",
+            vpc=vpc,
+            description="Reward workers: no inbound, outbound HTTPS to AWS APIs",
+            allow_all_outbound=False,
+        )
+        self.security_group.add_egress_rule(
+            ec2.Peer.any_ipv4(), ec2.Port.tcp(443), "AWS APIs (SQS, Lambda URL, logs) and images"
+        )
+        self.log_group = logs.LogGroup(
+            self,
+            "Logs",
+            log_group_name=f"/{config.name_prefix}/reward-workers",
+            retention=logs.RetentionDays.THREE_MONTHS,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        self.task_role = iam.Role(
+            self,
+            "TaskRole",
+            assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
+            description="Reward workers: per-run queues and the rollout proxy, granted per run",
+        )
+        self.task_definition = ecs.FargateTaskDefinition(
+            self,
+            "TaskDefinition",
+            family=f"{config.name_prefix}-reward-worker",
+            cpu=config.reward_worker_cpu,
+            memory_limit_mib=config.reward_worker_memory_mib,
+            task_role=self.task_role,
+            runtime_platform=ecs.RuntimePlatform(
+                cpu_architecture=ecs.CpuArchitecture.X86_64,
+                operating_system_family=ecs.OperatingSystemFamily.LINUX,
+            ),
+        )
+        image = ecr_assets.DockerImageAsset(
+            self,
+            "Image",
+            directory=str(PROJECT_ROOT),
+            file=WORKER_DOCKERFILE,
+            exclude=BUILD_CONTEXT_EXCLUDES,
+            platform=ecr_assets.Platform.LINUX_AMD64,
+        )
+        self.task_definition.add_container(
+            CONTAINER_NAME,
+            image=ecs.ContainerImage.from_docker_image_asset(image),
+            essential=True,
+            readonly_root_filesystem=True,
+            logging=ecs.LogDriver.aws_logs(stream_prefix="worker", log_group=self.log_group),
+        )
+        execution_role = self.task_definition.obtain_execution_role()
+        acknowledge(
+            execution_role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "ECS adds ecr:GetAuthorizationToken to the execution role; that action has no "
+            "resource-level permissions. Image pulls themselves are scoped to the asset repository.",
+        )

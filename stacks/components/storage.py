@@ -1,0 +1,188 @@
+"""Buckets: the data bucket (datasets, run artifacts), its access logs, HyperPod lifecycle scripts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aws_cdk import Aws, DefaultStackSynthesizer, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_s3_deployment as s3deploy
+from constructs import Construct, IConstruct
+
+from stacks.components.nag import acknowledge, acknowledge_resource
+from stacks.config import PlatformConfig
+
+LIFECYCLE_SCRIPTS = Path(__file__).resolve().parent.parent / "assets" / "hyperpod_lifecycle"
+LIFECYCLE_PREFIX = "hyperpod-lifecycle/"
+TRAINING_DATA_PREFIX = "training-data/"
+RUNS_PREFIX = "runs/"
+
+
+class Storage(Construct):
+    """The platform's buckets and the key that encrypts the data.
+
+    Attributes: `data_key`, `data_bucket`, `access_log_bucket`, `lifecycle_bucket`,
+    `lifecycle_deployment` (what must finish before HyperPod reads the scripts).
+    """
+
+    def __init__(self, scope: Construct, construct_id: str, *, config: PlatformConfig) -> None:
+        super().__init__(scope, construct_id)
+        self.data_key = kms.Key(
+            self,
+            "DataKey",
+            alias=f"alias/{config.name_prefix}-data",
+            description="Encrypts nova-mtrl datasets, run artifacts, queues and tables",
+            enable_key_rotation=True,
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        self.access_log_bucket = s3.Bucket(
+            self,
+            "AccessLogs",
+            # S3 server access logging only delivers to SSE-S3 buckets.
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            minimum_tls_version=1.2,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            lifecycle_rules=[
+                s3.LifecycleRule(id="expire-access-logs", expiration=Duration.days(365))
+            ],
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        acknowledge(
+            self.access_log_bucket,
+            "AwsSolutions-S1",
+            "This is the access-log bucket itself; logging it into itself would loop.",
+        )
+        self.data_bucket = s3.Bucket(
+            self,
+            "Data",
+            encryption=s3.BucketEncryption.KMS,
+            encryption_key=self.data_key,
+            bucket_key_enabled=True,
+            versioned=True,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            minimum_tls_version=1.2,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            event_bridge_enabled=True,
+            server_access_logs_bucket=self.access_log_bucket,
+            server_access_logs_prefix="data/",
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="expire-old-run-artifacts",
+                    prefix=RUNS_PREFIX,
+                    expiration=Duration.days(config.run_artifact_retention_days),
+                ),
+                s3.LifecycleRule(
+                    id="expire-replaced-versions",
+                    noncurrent_version_expiration=Duration.days(30),
+                ),
+                s3.LifecycleRule(
+                    id="abort-incomplete-uploads",
+                    abort_incomplete_multipart_upload_after=Duration.days(7),
+                ),
+            ],
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        self.lifecycle_bucket = s3.Bucket(
+            self,
+            "LifecycleScripts",
+            bucket_name=lifecycle_bucket_name(config),
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            minimum_tls_version=1.2,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            server_access_logs_bucket=self.access_log_bucket,
+            server_access_logs_prefix="lifecycle/",
+            # Unversioned: the deployment below empties it on delete, so `cdk destroy` works.
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        deployment = s3deploy.BucketDeployment(
+            self,
+            "DeployLifecycleScripts",
+            sources=[s3deploy.Source.asset(str(LIFECYCLE_SCRIPTS))],
+            destination_bucket=self.lifecycle_bucket,
+            destination_key_prefix=LIFECYCLE_PREFIX,
+            retain_on_delete=False,
+        )
+        self.lifecycle_deployment = deployment
+        self._acknowledge_cdk_helpers()
+
+    def _acknowledge_cdk_helpers(self) -> None:
+        """Findings on the Lambda functions that CDK itself adds for S3 features we use."""
+        stack = Stack.of(self)
+        basic_execution = (
+            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
+            "AWSLambdaBasicExecutionRole]"
+        )
+        notifications = _cdk_singleton(stack, "BucketNotificationsHandler")
+        acknowledge(
+            notifications,
+            basic_execution,
+            "CDK's handler that turns on EventBridge notifications for the data bucket at deploy "
+            "time; the managed policy only lets it write its own logs.",
+        )
+        deployment = _cdk_singleton(stack, "Custom::CDKBucketDeployment")
+        acknowledge(
+            deployment,
+            basic_execution,
+            "CDK's BucketDeployment handler (uploads the HyperPod lifecycle scripts); the managed "
+            "policy only lets it write its own logs.",
+        )
+        acknowledge(
+            deployment,
+            "AwsSolutions-L1",
+            "The BucketDeployment handler's runtime is chosen and updated by aws-cdk-lib, not here; "
+            "it runs only during deployments.",
+        )
+        for action, why in {
+            "s3:GetBucket*": "reads the zipped scripts from the CDK asset bucket",
+            "s3:GetObject*": "reads the zipped scripts from the CDK asset bucket",
+            "s3:List*": "lists the asset bucket and the lifecycle bucket",
+            "s3:Abort*": "writes the lifecycle bucket",
+            "s3:DeleteObject*": "prunes replaced scripts in the lifecycle bucket",
+        }.items():
+            acknowledge(
+                deployment,
+                f"AwsSolutions-IAM5[Action::{action}]",
+                f"CDK's BucketDeployment handler {why}; aws-cdk-lib generates this grant.",
+            )
+        qualifier = DefaultStackSynthesizer.DEFAULT_QUALIFIER
+        asset_objects = (
+            f"arn:{stack.partition}:s3:::cdk-{qualifier}-assets-{stack.account}-{stack.region}/*"
+        )
+        acknowledge_resource(
+            deployment,
+            "AwsSolutions-IAM5",
+            asset_objects,
+            "CDK's BucketDeployment handler reads the zipped scripts, a CDK asset in the bootstrap "
+            "bucket whose object keys are content hashes.",
+        )
+        acknowledge_resource(
+            deployment,
+            "AwsSolutions-IAM5",
+            self.lifecycle_bucket.arn_for_objects("*"),
+            "CDK's BucketDeployment handler writes the objects of the lifecycle-scripts bucket only.",
+        )
+
+
+def lifecycle_bucket_name(config: PlatformConfig) -> str:
+    """HyperPod's managed instance policy only reads buckets named `sagemaker-...`."""
+    return f"sagemaker-{config.name_prefix}-lc-{Aws.ACCOUNT_ID}-{Aws.REGION}"
+
+
+def lifecycle_scripts_uri(config: PlatformConfig) -> str:
+    return f"s3://{lifecycle_bucket_name(config)}/{LIFECYCLE_PREFIX}"
+
+
+def _cdk_singleton(stack: Stack, id_prefix: str) -> IConstruct:
+    """A stack-level construct that aws-cdk-lib adds once per stack under a hashed id."""
+    matches = [child for child in stack.node.children if child.node.id.startswith(id_prefix)]
+    if len(matches) != 1:
+        raise LookupError(
+            f"expected one {id_prefix}* construct in {stack.stack_name}, found {len(matches)}"
+        )
+    return matches[0]

@@ -1,0 +1,73 @@
+"""Phase 1: the compute planes (EKS + HyperPod for the model, ECS Fargate for rewards)."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from constructs import Construct
+
+from stacks.base import PlatformStack
+from stacks.components.eks import HyperPodEks
+from stacks.components.hyperpod import HyperPodCluster
+from stacks.components.network import Network
+from stacks.components.reward_fleet import RewardFleet
+from stacks.components.storage import Storage
+from stacks.config import PlatformConfig
+
+
+class ComputeStack(PlatformStack):
+    def __init__(
+        self,
+        scope: Construct,
+        *,
+        config: PlatformConfig,
+        network: Network | None,
+        storage: Storage,
+    ) -> None:
+        """`network` is the network stack's; None imports `config.existing_vpc` here."""
+        super().__init__(
+            scope, "compute", config=config, description="EKS, HyperPod, ECS reward workers"
+        )
+        network = network or Network(self, "ExistingNetwork", config=config)
+        self.eks = HyperPodEks(
+            self,
+            "Eks",
+            config=config,
+            vpc=network.vpc,
+            subnets=network.private_subnets,
+            secrets_key=storage.data_key,
+        )
+        self.hyperpod = HyperPodCluster(
+            self,
+            "HyperPod",
+            config=config,
+            eks_cluster_arn=self.eks.cluster_arn,
+            security_group_id=self.eks.security_group_id,
+            vpc=network.vpc,
+            subnets=network.private_subnets,
+            depends_on=self.eks.ready,
+        )
+        if self.hyperpod.resource is not None:
+            # HyperPod reads its scripts when the first node starts: they must be uploaded.
+            self.hyperpod.resource.node.add_dependency(storage.lifecycle_deployment)
+            if config.install_training_operator:
+                self.eks.add_training_operator(
+                    hyperpod_cluster_arn=self.hyperpod.cluster_arn, after=self.hyperpod.resource
+                )
+        self.reward_fleet = RewardFleet(self, "RewardFleet", config=config, vpc=network.vpc)
+
+        cdk.CfnOutput(self, "EksClusterName", value=self.eks.cluster_name)
+        cdk.CfnOutput(self, "HyperPodClusterName", value=self.hyperpod.cluster_name)
+        cdk.CfnOutput(self, "RewardWorkerClusterName", value=self.reward_fleet.cluster.cluster_name)
+        cdk.CfnOutput(
+            self,
+            "KubeconfigCommand",
+            value=cdk.Fn.join(
+                "",
+                [
+                    "aws eks update-kubeconfig --name ",
+                    self.eks.cluster_name,
+                    " --region ",
+                    self.region,
+                ],
+            ),
+        )

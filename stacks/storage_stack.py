@@ -1,0 +1,26 @@
+"""Phase 1: the buckets and the data key."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from constructs import Construct
+
+from stacks.base import PlatformStack
+from stacks.components.storage import TRAINING_DATA_PREFIX, Storage
+from stacks.config import PlatformConfig
+
+
+class StorageStack(PlatformStack):
+    def __init__(self, scope: Construct, *, config: PlatformConfig) -> None:
+        super().__init__(scope, "storage", config=config, description="data bucket, KMS key, logs")
+        self.storage = Storage(self, "Storage", config=config)
+        bucket = self.storage.data_bucket.bucket_name
+        cdk.CfnOutput(self, "DataBucketName", value=bucket)
+        cdk.CfnOutput(
+            self,
+            "UploadCommand",
+            value=cdk.Fn.join(
+                "", ["aws s3 cp data.jsonl s3://", bucket, f"/{TRAINING_DATA_PREFIX}"]
+            ),
+            description="Starts a training run",
+        )

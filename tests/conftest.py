@@ -1,0 +1,153 @@
+"""Shared synthesized apps: synth is slow the first time in a process, so each variant is built once.
+
+Every synth here runs with no AWS credentials and no Docker engine reachable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ["JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION"] = "20"
+for _name in [name for name in os.environ if name.startswith("AWS_") or name.startswith("CDK_")]:
+    del os.environ[_name]
+os.environ["AWS_SHARED_CREDENTIALS_FILE"] = "/nonexistent/credentials"
+os.environ["AWS_CONFIG_FILE"] = "/nonexistent/config"
+os.environ["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"
+
+from stacks.app_builder import build_app  # noqa: E402
+from stacks.config import PlatformConfig  # noqa: E402
+
+NO_BUNDLING = {"aws:cdk:bundling-stacks": []}
+
+PINNED = {"region": "eu-west-1", "account": "111122223333", "az_count": 3}
+
+EXISTING = {
+    "region": "us-west-2",
+    "account": "111122223333",
+    "existing_vpc": {
+        "vpc_id": "vpc-0123456789abcdef0",
+        "availability_zones": ["us-west-2a", "us-west-2b"],
+        "private_subnet_ids": ["subnet-0aaaaaaaaaaaaaaa1", "subnet-0aaaaaaaaaaaaaaa2"],
+        "public_subnet_ids": ["subnet-0bbbbbbbbbbbbbbb1", "subnet-0bbbbbbbbbbbbbbb2"],
+    },
+    "existing_eks_cluster": {
+        "cluster_name": "team-eks",
+        "security_group_id": "sg-0123456789abcdef0",
+    },
+}
+
+EXISTING_HYPERPOD = {**EXISTING, "existing_hyperpod_cluster": {"cluster_name": "team-hyperpod"}}
+
+ADMIN_ROLE = "arn:aws:iam::111122223333:role/platform-admins"
+
+
+@dataclass
+class Synthesized:
+    config: PlatformConfig
+    templates: dict[str, dict[str, Any]]
+    outdir: Path
+
+    def has(self, part: str) -> bool:
+        return f"{self.config.name_prefix}-{part}" in self.templates
+
+    def template(self, part: str) -> dict[str, Any]:
+        return self.templates[f"{self.config.name_prefix}-{part}"]
+
+    def resources(self, part: str, resource_type: str) -> dict[str, dict[str, Any]]:
+        return {
+            logical_id: resource
+            for logical_id, resource in self.template(part)["Resources"].items()
+            if resource["Type"] == resource_type
+        }
+
+    def one(self, part: str, resource_type: str) -> tuple[str, dict[str, Any]]:
+        found = self.resources(part, resource_type)
+        assert len(found) == 1, f"expected one {resource_type} in {part}, found {sorted(found)}"
+        return next(iter(found.items()))
+
+
+def synthesize(context: dict[str, Any], outdir: Path) -> Synthesized:
+    app, config = build_app({**NO_BUNDLING, **context}, outdir=str(outdir))
+    assembly = app.synth()
+    templates = {stack.stack_name: stack.template for stack in assembly.stacks}
+    return Synthesized(config=config, templates=templates, outdir=outdir)
+
+
+@pytest.fixture(scope="session")
+def default_app(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """The app exactly as cdk.json configures it (environment-agnostic)."""
+    return synthesize({}, tmp_path_factory.mktemp("default"))
+
+
+@pytest.fixture(scope="session")
+def pinned_app(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """An environment-specific deployment: account, region, three zones, an admin role."""
+    return synthesize(
+        {**PINNED, "eks_admin_role_arns": [ADMIN_ROLE]}, tmp_path_factory.mktemp("pinned")
+    )
+
+
+@pytest.fixture(scope="session")
+def existing_app(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """Deployed into an existing VPC and EKS cluster; HyperPod created by us."""
+    return synthesize(EXISTING, tmp_path_factory.mktemp("existing"))
+
+
+@pytest.fixture(scope="session")
+def existing_hyperpod_app(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """Everything expensive already exists: VPC, EKS and HyperPod are referenced, not created."""
+    return synthesize(EXISTING_HYPERPOD, tmp_path_factory.mktemp("existing-hyperpod"))
+
+
+@pytest.fixture(scope="session")
+def every_app(
+    default_app: Synthesized,
+    pinned_app: Synthesized,
+    existing_app: Synthesized,
+    existing_hyperpod_app: Synthesized,
+) -> dict[str, Synthesized]:
+    return {
+        "default": default_app,
+        "pinned": pinned_app,
+        "existing": existing_app,
+        "existing-hyperpod": existing_hyperpod_app,
+    }
+
+
+def policy_statements(template: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every IAM policy statement in a template (policies and roles' inline policies)."""
+    for logical_id, resource in template["Resources"].items():
+        properties = resource.get("Properties", {})
+        documents = []
+        if resource["Type"] == "AWS::IAM::Policy":
+            documents.append(properties["PolicyDocument"])
+        if resource["Type"] == "AWS::IAM::Role":
+            documents.extend(policy["PolicyDocument"] for policy in properties.get("Policies", []))
+        for document in documents:
+            for statement in document["Statement"]:
+                yield logical_id, statement
+
+
+def role_statements(template: dict[str, Any], role_id: str) -> list[dict[str, Any]]:
+    """The statements of every policy attached to one role (attached policies and inline ones)."""
+    statements = []
+    for logical_id, statement in policy_statements(template):
+        resource = template["Resources"][logical_id]
+        if logical_id == role_id or {"Ref": role_id} in resource["Properties"].get("Roles", []):
+            statements.append(statement)
+    return statements
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)

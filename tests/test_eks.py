@@ -1,0 +1,106 @@
+"""The EKS cluster for HyperPod: public endpoint, auth mode, add-ons and their order, access entries."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import ADMIN_ROLE, Synthesized
+
+
+def _addons(app: Synthesized) -> dict[str, tuple[str, dict]]:
+    return {
+        addon["Properties"]["AddonName"]: (logical_id, addon)
+        for logical_id, addon in app.resources("compute", "AWS::EKS::Addon").items()
+    }
+
+
+def test_cluster_endpoint_auth_logging_and_encryption(default_app: Synthesized) -> None:
+    _, cluster = default_app.one("compute", "AWS::EKS::Cluster")
+    properties = cluster["Properties"]
+    assert properties["Name"] == "nova-mtrl-eks"
+    assert properties["Version"] == default_app.config.eks_version
+    assert properties["ResourcesVpcConfig"]["EndpointPublicAccess"] is True
+    assert properties["AccessConfig"]["AuthenticationMode"] == "API_AND_CONFIG_MAP"
+    assert properties["ComputeConfig"] == {"Enabled": False}
+    assert properties["BootstrapSelfManagedAddons"] is False
+    enabled = properties["Logging"]["ClusterLogging"]["EnabledTypes"]
+    assert {entry["Type"] for entry in enabled} == {
+        "api",
+        "audit",
+        "authenticator",
+        "controllerManager",
+        "scheduler",
+    }
+    assert properties["EncryptionConfig"][0]["Resources"] == ["secrets"]
+
+
+def test_no_kubectl_layer_or_custom_resource_is_synthesized(
+    every_app: dict[str, Synthesized],
+) -> None:
+    for synthesized in every_app.values():
+        types = {
+            resource["Type"] for resource in synthesized.template("compute")["Resources"].values()
+        }
+        assert "AWS::Lambda::LayerVersion" not in types
+        assert not any(t.startswith("Custom::AWSCDK-EKS") for t in types)
+
+
+def test_system_node_group_follows_config(default_app: Synthesized) -> None:
+    _, nodegroup = default_app.one("compute", "AWS::EKS::Nodegroup")
+    system = default_app.config.system_node_group
+    assert nodegroup["Properties"]["ScalingConfig"] == {
+        "MinSize": system.min_size,
+        "DesiredSize": system.desired_size,
+        "MaxSize": system.max_size,
+    }
+    assert nodegroup["Properties"]["InstanceTypes"] == [system.instance_type]
+
+
+def test_addons_needed_by_hyperpod_in_a_working_order(default_app: Synthesized) -> None:
+    addons = _addons(default_app)
+    assert set(addons) == {
+        "vpc-cni",
+        "kube-proxy",
+        "eks-pod-identity-agent",
+        "coredns",
+        "cert-manager",
+        "amazon-sagemaker-hyperpod-training-operator",
+    }
+    nodegroup_id, nodegroup = default_app.one("compute", "AWS::EKS::Nodegroup")
+    # Nodes only become Ready with the CNI in place; CoreDNS only turns ACTIVE with nodes.
+    for name in ("vpc-cni", "kube-proxy", "eks-pod-identity-agent"):
+        assert addons[name][0] in nodegroup["DependsOn"]
+    assert nodegroup_id in addons["coredns"][1]["DependsOn"]
+    hyperpod_id, _ = default_app.one("compute", "AWS::SageMaker::Cluster")
+    operator = addons["amazon-sagemaker-hyperpod-training-operator"][1]
+    assert hyperpod_id in operator["DependsOn"]
+    assert addons["cert-manager"][0] in operator["DependsOn"]
+    (association,) = operator["Properties"]["PodIdentityAssociations"]
+    role_id = association["RoleArn"]["Fn::GetAtt"][0]
+    role = default_app.template("compute")["Resources"][role_id]
+    trusted = role["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"]["Service"]
+    assert trusted == "pods.eks.amazonaws.com"
+
+
+def test_training_operator_can_be_left_out(tmp_path) -> None:
+    from tests.conftest import synthesize
+
+    synthesized = synthesize({"install_training_operator": "false"}, tmp_path)
+    assert "amazon-sagemaker-hyperpod-training-operator" not in _addons(synthesized)
+    assert "cert-manager" not in _addons(synthesized)
+
+
+def test_admin_roles_get_cluster_admin_access_entries(pinned_app: Synthesized) -> None:
+    _, entry = pinned_app.one("compute", "AWS::EKS::AccessEntry")
+    assert entry["Properties"]["PrincipalArn"] == ADMIN_ROLE
+    (policy,) = entry["Properties"]["AccessPolicies"]
+    assert json.dumps(policy["PolicyArn"]).endswith(
+        ':cluster-access-policy/AmazonEKSClusterAdminPolicy"]]}'
+    )
+    assert policy["AccessScope"] == {"Type": "cluster"}
+
+
+def test_existing_cluster_is_referenced_not_created(existing_app: Synthesized) -> None:
+    assert not existing_app.resources("compute", "AWS::EKS::Cluster")
+    assert not existing_app.resources("compute", "AWS::EKS::Nodegroup")
+    assert existing_app.template("compute")["Outputs"]["EksClusterName"]["Value"] == "team-eks"

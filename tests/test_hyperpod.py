@@ -1,0 +1,108 @@
+"""The HyperPod cluster: EKS orchestrator, instance groups from config, ordering, execution role."""
+
+from __future__ import annotations
+
+import json
+
+from tests.conftest import Synthesized, as_list, role_statements, synthesize
+
+
+def test_cluster_orchestrated_by_our_eks_cluster(default_app: Synthesized) -> None:
+    _, hyperpod = default_app.one("compute", "AWS::SageMaker::Cluster")
+    eks_id, _ = default_app.one("compute", "AWS::EKS::Cluster")
+    properties = hyperpod["Properties"]
+    assert properties["ClusterName"] == "nova-mtrl-hyperpod"
+    assert properties["Orchestrator"] == {"Eks": {"ClusterArn": {"Fn::GetAtt": [eks_id, "Arn"]}}}
+    assert properties["NodeRecovery"] == "Automatic"
+    assert properties["NodeProvisioningMode"] == "Continuous"
+    assert properties["VpcConfig"]["SecurityGroupIds"] == [
+        {"Fn::GetAtt": [eks_id, "ClusterSecurityGroupId"]}
+    ]
+
+
+def test_instance_groups_follow_config_including_scale_to_zero(tmp_path) -> None:
+    groups = [
+        {"name": "gpu", "instance_type": "ml.p5.48xlarge", "count": 0, "ebs_volume_gb": 1000},
+        {"name": "gen", "instance_type": "ml.g5.48xlarge", "count": 2, "threads_per_core": 2},
+    ]
+    synthesized = synthesize({"hyperpod_instance_groups": json.dumps(groups)}, tmp_path)
+    _, hyperpod = synthesized.one("compute", "AWS::SageMaker::Cluster")
+    rendered = hyperpod["Properties"]["InstanceGroups"]
+    assert [
+        (g["InstanceGroupName"], g["InstanceType"], g["InstanceCount"], g["ThreadsPerCore"])
+        for g in rendered
+    ] == [
+        ("gpu", "ml.p5.48xlarge", 0, 1),
+        ("gen", "ml.g5.48xlarge", 2, 2),
+    ]
+    volumes = [
+        g["InstanceStorageConfigs"][0]["EbsVolumeConfig"]["VolumeSizeInGB"] for g in rendered
+    ]
+    assert volumes == [1000, 500]
+    for group in rendered:
+        lifecycle = group["LifeCycleConfig"]
+        assert lifecycle["OnCreate"] == "on_create.sh"
+        assert "s3://sagemaker-nova-mtrl-lc-" in json.dumps(lifecycle["SourceS3Uri"])
+
+
+def test_creation_waits_for_role_addons_and_nodes(default_app: Synthesized) -> None:
+    _, hyperpod = default_app.one("compute", "AWS::SageMaker::Cluster")
+    depends_on = set(hyperpod["DependsOn"])
+    compute = default_app.template("compute")["Resources"]
+    role_id = hyperpod["Properties"]["InstanceGroups"][0]["ExecutionRole"]["Fn::GetAtt"][0]
+    role_policies = {
+        logical_id
+        for logical_id, resource in compute.items()
+        if resource["Type"] == "AWS::IAM::Policy"
+        and {"Ref": role_id} in resource["Properties"]["Roles"]
+    }
+    assert role_policies and role_policies <= depends_on
+    nodegroup_id, _ = default_app.one("compute", "AWS::EKS::Nodegroup")
+    addon_ids = {
+        logical_id
+        for logical_id, addon in default_app.resources("compute", "AWS::EKS::Addon").items()
+        if addon["Properties"]["AddonName"]
+        in {"vpc-cni", "kube-proxy", "eks-pod-identity-agent", "coredns"}
+    }
+    assert {nodegroup_id, *addon_ids} <= depends_on
+
+
+def test_execution_role_names_subnets_and_reads_only_its_bucket(default_app: Synthesized) -> None:
+    _, hyperpod = default_app.one("compute", "AWS::SageMaker::Cluster")
+    role_id = hyperpod["Properties"]["InstanceGroups"][0]["ExecutionRole"]["Fn::GetAtt"][0]
+    role = default_app.template("compute")["Resources"][role_id]
+    assert role["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"] == {
+        "Service": "sagemaker.amazonaws.com"
+    }
+    managed = json.dumps(role["Properties"]["ManagedPolicyArns"])
+    assert "AmazonSageMakerClusterInstanceRolePolicy" in managed
+    statements = role_statements(default_app.template("compute"), role_id)
+    by_sid = {s.get("Sid"): s for s in statements}
+    create = by_sid["CreateNodeInterfacesInOurSubnets"]
+    resources = json.dumps(create["Resource"])
+    assert ":subnet/" in resources and ":security-group/" in resources
+    s3_statements = [
+        s for s in statements if any(a.startswith("s3:") for a in as_list(s["Action"]))
+    ]
+    assert s3_statements
+    for statement in s3_statements:
+        assert all(
+            not a.startswith("s3:Put") and not a.startswith("s3:Delete")
+            for a in as_list(statement["Action"])
+        )
+        assert "sagemaker-nova-mtrl-lc-" in json.dumps(statement["Resource"])
+
+
+def test_existing_hyperpod_cluster_is_referenced_not_created(
+    existing_hyperpod_app: Synthesized,
+) -> None:
+    assert not existing_hyperpod_app.resources("compute", "AWS::SageMaker::Cluster")
+    outputs = existing_hyperpod_app.template("compute")["Outputs"]
+    assert outputs["HyperPodClusterName"]["Value"] == "team-hyperpod"
+
+
+def test_new_hyperpod_on_an_existing_eks_cluster(existing_app: Synthesized) -> None:
+    _, hyperpod = existing_app.one("compute", "AWS::SageMaker::Cluster")
+    orchestrator = json.dumps(hyperpod["Properties"]["Orchestrator"])
+    assert ":cluster/team-eks" in orchestrator
+    assert hyperpod["Properties"]["VpcConfig"]["SecurityGroupIds"] == ["sg-0123456789abcdef0"]

@@ -1,0 +1,58 @@
+"""Least privilege across every synthesized template: no wildcard actions, `*` resources only
+where the action has no resource-level permissions."""
+
+from __future__ import annotations
+
+from tests.conftest import Synthesized, as_list, policy_statements
+
+# Actions that IAM cannot scope to a resource: the only ones allowed on Resource "*".
+UNSCOPABLE = {
+    "ecr:GetAuthorizationToken",
+    "ec2:DescribeDhcpOptions",
+    "ec2:DescribeInstanceTypes",
+    "ec2:DescribeInstances",
+    "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeSecurityGroups",
+    "ec2:DescribeSubnets",
+    "ec2:DescribeTags",
+    "ec2:DescribeVpcs",
+}
+
+
+def test_no_statement_allows_every_action(every_app: dict[str, Synthesized]) -> None:
+    for synthesized in every_app.values():
+        for stack, template in synthesized.templates.items():
+            for logical_id, statement in policy_statements(template):
+                for action in as_list(statement["Action"]):
+                    assert action != "*" and not action.endswith(":*"), (
+                        f"{stack}/{logical_id}: {action}"
+                    )
+
+
+def test_wildcard_resources_only_for_unscopable_actions(every_app: dict[str, Synthesized]) -> None:
+    for synthesized in every_app.values():
+        for stack, template in synthesized.templates.items():
+            for logical_id, statement in policy_statements(template):
+                if statement["Effect"] == "Allow" and "*" in as_list(statement["Resource"]):
+                    actions = set(as_list(statement["Action"]))
+                    assert actions <= UNSCOPABLE, (
+                        f"{stack}/{logical_id}: {sorted(actions - UNSCOPABLE)}"
+                    )
+
+
+def test_one_role_per_plane(default_app: Synthesized) -> None:
+    compute = default_app.template("compute")["Resources"]
+    trusted = sorted(
+        statement["Principal"]["Service"]
+        for resource in compute.values()
+        if resource["Type"] == "AWS::IAM::Role"
+        for statement in resource["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    )
+    assert trusted == [
+        "ec2.amazonaws.com",  # system node group
+        "ecs-tasks.amazonaws.com",  # reward-worker task execution (image pull, logs)
+        "ecs-tasks.amazonaws.com",  # reward-worker task role
+        "eks.amazonaws.com",  # EKS control plane
+        "pods.eks.amazonaws.com",  # HyperPod training operator
+        "sagemaker.amazonaws.com",  # HyperPod nodes
+    ]

@@ -1,0 +1,51 @@
+"""The reward-worker plane: ECS cluster, Fargate task definition, image asset, network rules."""
+
+from __future__ import annotations
+
+import json
+
+from stacks.components.reward_fleet import PROJECT_ROOT, WORKER_DOCKERFILE
+from tests.conftest import Synthesized
+
+
+def test_cluster_has_container_insights(default_app: Synthesized) -> None:
+    _, cluster = default_app.one("compute", "AWS::ECS::Cluster")
+    assert cluster["Properties"]["ClusterName"] == "nova-mtrl-reward-workers"
+    assert {"Name": "containerInsights", "Value": "enabled"} in cluster["Properties"][
+        "ClusterSettings"
+    ]
+
+
+def test_task_definition_sized_from_config(default_app: Synthesized) -> None:
+    _, task = default_app.one("compute", "AWS::ECS::TaskDefinition")
+    properties = task["Properties"]
+    assert properties["RequiresCompatibilities"] == ["FARGATE"]
+    assert properties["NetworkMode"] == "awsvpc"
+    assert properties["Cpu"] == str(default_app.config.reward_worker_cpu)
+    assert properties["Memory"] == str(default_app.config.reward_worker_memory_mib)
+    (container,) = properties["ContainerDefinitions"]
+    assert container["ReadonlyRootFilesystem"] is True
+    assert container["LogConfiguration"]["LogDriver"] == "awslogs"
+
+
+def test_worker_image_is_a_docker_asset_built_at_deploy_time(default_app: Synthesized) -> None:
+    manifest = json.loads((default_app.outdir / "nova-mtrl-compute.assets.json").read_text())
+    (image,) = manifest["dockerImages"].values()
+    assert image["source"]["dockerFile"] == WORKER_DOCKERFILE
+    assert image["source"]["platform"] == "linux/amd64"
+    assert (PROJECT_ROOT / WORKER_DOCKERFILE).is_file()
+    _, task = default_app.one("compute", "AWS::ECS::TaskDefinition")
+    reference = json.dumps(task["Properties"]["ContainerDefinitions"][0]["Image"])
+    assert "container-assets" in reference
+
+
+def test_workers_accept_no_inbound_traffic(default_app: Synthesized) -> None:
+    groups = [
+        group
+        for logical_id, group in default_app.resources("compute", "AWS::EC2::SecurityGroup").items()
+        if "RewardFleet" in logical_id
+    ]
+    (group,) = groups
+    assert "SecurityGroupIngress" not in group["Properties"]
+    (egress,) = group["Properties"]["SecurityGroupEgress"]
+    assert (egress["FromPort"], egress["ToPort"], egress["IpProtocol"]) == (443, 443, "tcp")
