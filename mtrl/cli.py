@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mtrl import __version__
+from mtrl.env_commands import env_app
 from stacks.config import ConfigError, PlatformConfig, deployment_context
 
 app = typer.Typer(
@@ -17,6 +18,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+app.add_typer(env_app, name="env")
 out = Console()
 err = Console(stderr=True)
 

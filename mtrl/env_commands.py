@@ -1,0 +1,157 @@
+"""`mtrl env ...`: create, check and play reward environments."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from reward_envs.conformance import check_environment
+from reward_envs.interface import Record
+from reward_envs.registry import EnvironmentNotFound, load
+
+env_app = typer.Typer(help="Create, check and play reward environments.", no_args_is_help=True)
+out = Console()
+err = Console(stderr=True)
+
+_PACKAGE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+# Template file -> where it goes in the new project (NAME is the package name).
+_TEMPLATE_FILES = {
+    "pyproject.toml.tmpl": "pyproject.toml",
+    "__init__.py.tmpl": "NAME/__init__.py",
+    "environment.py.tmpl": "NAME/environment.py",
+    "test_environment.py.tmpl": "tests/test_environment.py",
+}
+
+
+def _load(spec: str):
+    # Like `python -m`, the current folder is importable, so `mtrl env check mypkg` finds ./mypkg.
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        return load(spec)
+    except EnvironmentNotFound as missing:
+        err.print(f"[red]error:[/] {missing}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+def _records(path: Path) -> list[Record]:
+    """Records from a .jsonl file of {"id": ..., "metadata": {...}} lines."""
+    records = []
+    try:
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        err.print(f"[red]error:[/] {path}: cannot read ({error})")
+        raise typer.Exit(2) from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            records.append(Record(id=str(item["id"]), metadata=dict(item.get("metadata") or {})))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+            err.print(
+                f"[red]error:[/] {path}: line {number}: not a record with id and metadata ({error})"
+            )
+            raise typer.Exit(2) from None
+    return records
+
+
+@env_app.command("check")
+def check(
+    spec: Annotated[
+        str, typer.Argument(help="Registered name, module, .py file or package folder.")
+    ],
+    data: Annotated[
+        Path | None,
+        typer.Option(help="Records to play (.jsonl); default: the environment's examples."),
+    ] = None,
+    episodes: Annotated[
+        int, typer.Option(min=1, max=1000, help="Example episodes per check.")
+    ] = 16,
+    seed: Annotated[int, typer.Option(help="Seed for records and replies.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Run the conformance kit; exit 1 when any check fails."""
+    environment = _load(spec)
+    records = _records(data) if data else None
+    report = check_environment(environment, records, episodes=episodes, seed=seed)
+    if as_json:
+        out.print_json(json.dumps(report.as_dict()))
+    else:
+        table = Table("check", "result", "detail", title=f"conformance: {report.environment}")
+        for result in report.results:
+            verdict = "[green]pass[/]" if result.passed else "[red]FAIL[/]"
+            table.add_row(result.name, verdict, result.detail)
+        out.print(table)
+    raise typer.Exit(0 if report.passed else 1)
+
+
+@env_app.command("new")
+def new(
+    name: Annotated[
+        str, typer.Argument(help="Package name of the new environment (a Python identifier).")
+    ],
+    directory: Annotated[
+        Path, typer.Option("--dir", help="Where to create the project folder.")
+    ] = Path("."),
+) -> None:
+    """Write a working environment package, with a test, to start from."""
+    if not _PACKAGE_NAME.fullmatch(name):
+        err.print(
+            f"[red]error:[/] {name!r} is not a package name: use lower case letters, digits and _"
+        )
+        raise typer.Exit(2)
+    project = directory / name
+    if project.exists():
+        err.print(f"[red]error:[/] {project} already exists; choose another name or --dir")
+        raise typer.Exit(2)
+    templates = resources.files("reward_envs").joinpath("templates").joinpath("env")
+    for template, target in _TEMPLATE_FILES.items():
+        path = project / target.replace("NAME", name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            templates.joinpath(template).read_text(encoding="utf-8").replace("{{name}}", name)
+        )
+    out.print(f"Created {project}/. Next:")
+    out.print(f"  mtrl env check {project / name}     # the conformance kit")
+    out.print(f"  cd {project} && python -m pytest    # its tests")
+
+
+@env_app.command("play")
+def play(
+    spec: Annotated[str, typer.Argument(help="Environment to play, e.g. wordle.")] = "wordle",
+    answer: Annotated[
+        str | None, typer.Option(help="The record's metadata.answer (e.g. the secret word).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed for the episode.")] = 0,
+) -> None:
+    """Play one episode by hand: you are the model."""
+    environment = _load(spec)
+    metadata = {"answer": answer} if answer is not None else {}
+    try:
+        episode, messages = environment.reset(
+            Record(id=f"play-{seed}", metadata=metadata), seed=seed
+        )
+    except ValueError as problem:
+        err.print(f"[red]error:[/] {problem}")
+        raise typer.Exit(2) from None
+    rewards: list[float] = []
+    for message in messages:
+        out.print(message["content"], highlight=False)
+    for _ in range(environment.max_turns):
+        reply = typer.prompt("you", prompt_suffix="> ", default="", show_default=False)
+        result = episode.step(reply)
+        rewards.append(result.reward)
+        for message in result.messages:
+            out.print(message["content"], highlight=False)
+        if result.done:
+            break
+    out.print(f"episode reward: {environment.aggregate(rewards):.3f}")
