@@ -20,7 +20,7 @@ app = typer.Typer(
 )
 app.add_typer(env_app, name="env")
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
 @app.callback()

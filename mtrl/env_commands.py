@@ -19,7 +19,7 @@ from reward_envs.registry import EnvironmentNotFound, load
 
 env_app = typer.Typer(help="Create, check and play reward environments.", no_args_is_help=True)
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 _PACKAGE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 # Template file -> where it goes in the new project (NAME is the package name).

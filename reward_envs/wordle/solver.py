@@ -90,7 +90,7 @@ class Solver:
 
     def next_guess(self, history: Sequence[tuple[str, str]]) -> str:
         """The guess to play after `history`, a list of (guess, feedback string) pairs."""
-        key = tuple((self._guess_index[guess.lower()], encode(marks)) for guess, marks in history)
+        key = tuple((self._row(guess), encode(marks)) for guess, marks in history)
         if key not in self._decisions:
             self._decisions[key] = self._choose(self._candidate_indices(history))
         return self.allowed[self._decisions[key]]
@@ -107,14 +107,17 @@ class Solver:
     def _candidate_indices(self, history: Sequence[tuple[str, str]]) -> np.ndarray:
         alive = np.ones(len(self.answers), dtype=bool)
         for guess, marks in history:
-            row = self._guess_index.get(guess.lower())
-            if row is None:
-                raise ValueError(f"{guess!r} is not an allowed guess")
-            alive &= self._matrix[row] == encode(marks)
+            alive &= self._matrix[self._row(guess)] == encode(marks)
         indices = np.flatnonzero(alive)
         if not len(indices):
             raise ValueError("no answer is consistent with this feedback")
         return indices
+
+    def _row(self, guess: str) -> int:
+        row = self._guess_index.get(guess.lower())
+        if row is None:
+            raise ValueError(f"{guess!r} is not an allowed guess")
+        return row
 
     def _choose(self, candidates: np.ndarray) -> int:
         if len(candidates) <= 2:

@@ -1,0 +1,107 @@
+"""`mtrl env check / new / play`: output and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mtrl.cli import app
+
+runner = CliRunner()
+
+BROKEN = """
+from reward_envs.wordle import WordleEnvironment
+
+class Broken(WordleEnvironment):
+    name = "broken"
+    def aggregate(self, turn_rewards):
+        return 5.0
+
+def load_environment():
+    return Broken()
+"""
+
+
+def test_check_wordle_passes() -> None:
+    result = runner.invoke(app, ["env", "check", "reward_envs.wordle", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["passed"] is True and len(report["checks"]) == 9
+
+
+def test_check_fails_a_broken_environment_with_exit_1(tmp_path: Path) -> None:
+    (tmp_path / "broken.py").write_text(BROKEN)
+    result = runner.invoke(app, ["env", "check", str(tmp_path / "broken.py")])
+    assert result.exit_code == 1
+    assert "FAIL" in result.output and "outside" in result.output
+
+
+def test_check_unknown_environment_is_a_usage_error() -> None:
+    result = runner.invoke(app, ["env", "check", "nope_not_here"])
+    assert result.exit_code == 2
+    assert "no such module or registered environment" in result.output
+
+
+def test_check_with_a_dataset(tmp_path: Path) -> None:
+    data = tmp_path / "records.jsonl"
+    data.write_text(
+        '{"id": "a", "metadata": {"answer": "crane"}}\n\n{"id": "b", "metadata": {"answer": "lapel"}}\n'
+    )
+    assert runner.invoke(app, ["env", "check", "wordle", "--data", str(data)]).exit_code == 0
+    data.write_text('{"id": "a", "metadata": {"answer": "crane"}}\nnot json\n')
+    result = runner.invoke(app, ["env", "check", "wordle", "--data", str(data)])
+    assert result.exit_code == 2 and "line 2" in result.output
+
+
+def test_new_writes_a_package_that_passes_check_and_its_own_tests(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["env", "new", "demo", "--dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    project = tmp_path / "demo"
+    assert (project / "demo" / "environment.py").is_file() and (
+        project / "tests" / "test_environment.py"
+    ).is_file()
+    check = runner.invoke(app, ["env", "check", str(project / "demo")])
+    assert check.exit_code == 0, check.output
+    tests = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert tests.returncode == 0, tests.stdout + tests.stderr
+    assert "2 passed" in tests.stdout
+
+
+@pytest.mark.parametrize("name", ["Demo", "my-env", "1env"])
+def test_new_refuses_names_that_are_not_packages(tmp_path: Path, name: str) -> None:
+    result = runner.invoke(app, ["env", "new", name, "--dir", str(tmp_path)])
+    assert result.exit_code == 2 and "not a package name" in result.output
+
+
+def test_new_never_overwrites(tmp_path: Path) -> None:
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "keep.txt").write_text("mine")
+    result = runner.invoke(app, ["env", "new", "demo", "--dir", str(tmp_path)])
+    assert result.exit_code == 2 and "already exists" in result.output
+    assert (tmp_path / "demo" / "keep.txt").read_text() == "mine"
+
+
+def test_play_wordle_by_hand() -> None:
+    result = runner.invoke(
+        app, ["env", "play", "wordle", "--answer", "crane"], input="[slate]\ncrane\n"
+    )
+    assert result.exit_code == 0, result.output
+    assert "SLATE: X X G X G" in result.output
+    assert "Solved in 2 guesses." in result.output
+    assert "episode reward: 0.900" in result.output
+
+
+def test_play_rejects_a_bad_answer() -> None:
+    result = runner.invoke(app, ["env", "play", "wordle", "--answer", "cat"])
+    assert result.exit_code == 2 and "five-letter word" in result.output
