@@ -1,0 +1,171 @@
+"""The rollout protocol, version v0: the messages between trainer, router and reward workers.
+
+Shapes follow what AWS documents for Nova multi-turn RFT "delegate" rollouts (DESIGN.md
+section 4), so a Nova trainer and our local trainer speak the same protocol. This module is
+the one home of these messages: every producer and consumer imports them from here.
+`parse` turns raw text into a message or raises `ProtocolError` saying exactly what is wrong;
+consumers count those and never crash on them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+VERSION = "v0"
+MAX_BODY_BYTES = 256 * 1024  # the SQS message size limit
+
+StopReason = Literal["end_of_conversation", "max_turns", "timeout", "env_error"]
+
+
+class ProtocolError(ValueError):
+    """A message that is not valid v0; the text names the field and the problem."""
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    version: Literal["v0"] = VERSION
+
+
+class RewardSpec(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    range: tuple[float, float] = (0.0, 1.0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RewardSpec:
+        low, high = self.range
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(
+                f"rewards.range must be finite [low, high] with low < high, got {list(self.range)}"
+            )
+        return self
+
+
+class RolloutRequest(_Message):
+    """Trainer → workers (queue `rollout-requests`): play one episode of one sample."""
+
+    timestamp: float = Field(default_factory=time.time)
+    sample_id: str = Field(min_length=1, max_length=128)
+    max_length: int = Field(default=10240, gt=0)
+    rewards: RewardSpec = RewardSpec()
+    data: dict[str, Any]
+
+    @field_validator("data")
+    @classmethod
+    def _has_task(cls, data: dict[str, Any]) -> dict[str, Any]:
+        if "prompt" not in data and "problem" not in data and "answer" not in data:
+            raise ValueError("data needs at least one of prompt, problem or answer")
+        return data
+
+    @property
+    def record_id(self) -> str:
+        """The dataset record this sample was drawn from (`<record id>_<k>`)."""
+        head, separator, tail = self.sample_id.rpartition("_")
+        return head if separator and tail.isdigit() else self.sample_id
+
+
+class Metric(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    value: float
+    type: Literal["gauge", "counter"] = "gauge"
+
+
+class RolloutResponse(_Message):
+    """Workers → trainer (queue `rollout-responses`): how one episode ended.
+
+    `aggregate_score` is None when there is no honest reward to give (`timeout`, `env_error`):
+    an environment failure is never reported as a reward of 0.
+    """
+
+    sample_id: str = Field(min_length=1, max_length=128)
+    stop_reason: StopReason
+    rewards: dict[str, float | None]
+    metrics: list[Metric] = []
+    error: str | None = None
+
+    @model_validator(mode="after")
+    def _score_matches_reason(self) -> RolloutResponse:
+        score = self.rewards.get("aggregate_score")
+        if self.stop_reason in ("timeout", "env_error"):
+            if score is not None:
+                raise ValueError(f"a {self.stop_reason} rollout has no aggregate_score")
+        elif score is None or not math.isfinite(score):
+            raise ValueError(f"a {self.stop_reason} rollout needs a finite aggregate_score")
+        return self
+
+    @property
+    def aggregate_score(self) -> float | None:
+        return self.rewards.get("aggregate_score")
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class GenerateRequest(_Message):
+    """Proxy → trainer (queue `generate-requests`): the next model turn of a conversation."""
+
+    sample_id: str = Field(min_length=1, max_length=128)
+    step_id: str = Field(min_length=1, max_length=128)
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+class TokenLogprob(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    token: str
+    logprob: float
+
+
+class Choice(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    message: ChatMessage
+    finish_reason: str | None = None
+    logprobs: dict[str, list[TokenLogprob]] | None = None
+
+
+class GenerateResponse(_Message):
+    """Trainer → router (queue `generate-responses`): the completion for one step."""
+
+    sample_id: str = Field(min_length=1, max_length=128)
+    step_id: str = Field(min_length=1, max_length=128)
+    data: dict[Literal["choices"], list[Choice]]
+    finish_reason: str | None = None
+
+
+def parse(kind: type[_Message], body: str | bytes) -> Any:
+    """`body` as a `kind` message, or ProtocolError naming what is wrong."""
+    if len(body) > MAX_BODY_BYTES:
+        raise ProtocolError(f"{kind.__name__}: body of {len(body)} bytes exceeds {MAX_BODY_BYTES}")
+    try:
+        raw = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ProtocolError(f"{kind.__name__}: not JSON ({error})") from None
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"{kind.__name__}: expected a JSON object, got {type(raw).__name__}")
+    if raw.get("version") != VERSION:
+        raise ProtocolError(
+            f"{kind.__name__}: unsupported version {raw.get('version')!r}, expected {VERSION!r}"
+        )
+    try:
+        return kind.model_validate(raw)
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "message"
+        raise ProtocolError(f"{kind.__name__}: {where}: {first['msg']}") from None
+
+
+def dump(message: _Message) -> str:
+    return message.model_dump_json()

@@ -1,0 +1,1 @@
+"""The reward worker: pulls rollout requests, plays episodes against the model, reports rewards."""

@@ -1,0 +1,66 @@
+"""`python -m reward_envs.worker`: the reward worker process (the container's entry point).
+
+Configured by MTRL_* environment variables (see settings.py). Exit codes: 0 after a clean
+stop (SIGTERM/SIGINT), 2 for a configuration error, with one line saying what to fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+
+import boto3
+from pydantic import ValidationError
+
+from reward_envs.registry import EnvironmentNotFound, load
+from reward_envs.worker.model_client import OpenAICompatibleClient
+from reward_envs.worker.queues import SqsRolloutQueues
+from reward_envs.worker.settings import WorkerSettings
+from reward_envs.worker.worker import RewardWorker
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        settings = WorkerSettings()
+    except ValidationError as error:
+        problem = error.errors(include_url=False)[0]
+        key = "MTRL_" + "_".join(str(part) for part in problem["loc"]).upper()
+        print(f"reward worker: {key}: {problem['msg']}", file=sys.stderr)
+        return 2
+    if not settings.model_base_url:
+        print(
+            "reward worker: MTRL_MODEL_BASE_URL: set it to the model's OpenAI-compatible URL",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        environment = load(settings.environment)
+    except EnvironmentNotFound as missing:
+        print(f"reward worker: MTRL_ENVIRONMENT: {missing}", file=sys.stderr)
+        return 2
+    queues = SqsRolloutQueues(
+        boto3.client("sqs"),
+        requests_url=settings.rollout_request_queue_url,
+        responses_url=settings.rollout_response_queue_url,
+        dead_letter_url=settings.dead_letter_queue_url,
+    )
+    model = OpenAICompatibleClient(
+        settings.model_base_url, settings.model_name, api_key=settings.model_api_key
+    )
+    worker = RewardWorker(queues=queues, environment=environment, model=model, settings=settings)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: worker.stop())
+    stats = worker.run()
+    logging.getLogger("mtrl.worker").info("stopped: %s", stats)
+    logging.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    # Released episodes may still be waiting on the model in pool threads: do not wait for them.
+    os._exit(code)

@@ -1,0 +1,109 @@
+"""One rollout: an episode of the environment against the model, as a rollout response.
+
+A plain function of its inputs (environment, model, request, limits, clock) so tests and the
+local trainer call it directly. Outcomes:
+
+| what happened | stop_reason | aggregate_score |
+|---|---|---|
+| the environment ended the episode | end_of_conversation | the environment's aggregate |
+| max turns reached first | max_turns | aggregate of the turns played |
+| rollout deadline passed, or the model failed to answer | timeout | None |
+| the environment raised | env_error | None |
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mtrl.protocol import Metric, RolloutRequest, RolloutResponse
+from reward_envs.interface import Environment, Message, Record
+from reward_envs.worker.model_client import ModelClient, ModelError
+
+
+def run_rollout(
+    environment: Environment,
+    model: ModelClient,
+    request: RolloutRequest,
+    *,
+    max_turns: int | None = None,
+    timeout: float = 600.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> RolloutResponse:
+    started = clock()
+    deadline = started + timeout
+    limit = min(environment.max_turns, max_turns or environment.max_turns)
+    rewards: list[float] = []
+    timings = {"model_seconds": 0.0, "env_seconds": 0.0}
+    info: dict[str, Any] = {}
+
+    def respond(reason: str, score: float | None, error: str | None = None) -> RolloutResponse:
+        metrics = [
+            Metric(name="turns", value=len(rewards)),
+            Metric(name="duration_seconds", value=clock() - started),
+            *(Metric(name=name, value=value) for name, value in timings.items()),
+            *(
+                Metric(name=f"env/{key}", value=float(value))
+                for key, value in info.items()
+                if _numeric(value)
+            ),
+        ]
+        return RolloutResponse(
+            sample_id=request.sample_id,
+            stop_reason=reason,
+            rewards={"aggregate_score": score},
+            metrics=metrics,
+            error=error,
+        )
+
+    began = clock()
+    try:
+        episode, history = environment.reset(
+            Record(id=request.record_id, metadata=request.data), seed=0
+        )
+        history = list(history)
+    except Exception as error:  # noqa: BLE001 - any environment failure is reported, not raised
+        return respond("env_error", None, f"reset: {type(error).__name__}: {error}")
+    finally:
+        timings["env_seconds"] += clock() - began
+
+    for turn in range(1, limit + 1):
+        remaining = deadline - clock()
+        if remaining <= 0:
+            return respond(
+                "timeout", None, f"rollout deadline of {timeout:.0f} s passed before turn {turn}"
+            )
+        began = clock()
+        try:
+            reply = model.chat(
+                history,
+                sample_id=request.sample_id,
+                step_id=f"{request.sample_id}_{turn}",
+                timeout=remaining,
+            )
+        except ModelError as error:
+            return respond("timeout", None, f"model: {error}")
+        finally:
+            timings["model_seconds"] += clock() - began
+        began = clock()
+        try:
+            result = episode.step(reply)
+        except Exception as error:  # noqa: BLE001
+            return respond("env_error", None, f"step {turn}: {type(error).__name__}: {error}")
+        finally:
+            timings["env_seconds"] += clock() - began
+        rewards.append(float(result.reward))
+        info = result.info
+        history += [_assistant(reply), *result.messages]
+        if result.done:
+            return respond("end_of_conversation", environment.aggregate(rewards))
+    return respond("max_turns", environment.aggregate(rewards))
+
+
+def _assistant(content: str) -> Message:
+    return {"role": "assistant", "content": content}
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, bool | int | float) and not isinstance(value, complex)

@@ -1,0 +1,32 @@
+"""Worker settings, from `MTRL_*` environment variables (the ECS task definition sets them)."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MTRL_", frozen=True)
+
+    rollout_request_queue_url: str
+    rollout_response_queue_url: str
+    dead_letter_queue_url: str | None = None
+    environment: str = "wordle"
+    concurrency: int = Field(default=16, ge=1, le=512)
+    rollout_timeout_seconds: float = Field(default=600.0, gt=0)
+    max_turns: int | None = Field(default=None, ge=1)
+    visibility_timeout_seconds: int = Field(default=120, ge=10, le=43200)
+    wait_seconds: int = Field(default=10, ge=0, le=20)
+    max_receives: int = Field(default=3, ge=1, le=100)
+    retry_delay_seconds: int = Field(default=5, ge=0, le=60)
+    shutdown_grace_seconds: float = Field(default=25.0, ge=0)
+    model_base_url: str | None = None
+    model_name: str = "policy"
+    model_api_key: str | None = None
+
+    @model_validator(mode="after")
+    def _heartbeat_fits(self) -> WorkerSettings:
+        if self.wait_seconds * 2 >= self.visibility_timeout_seconds:
+            raise ValueError("visibility_timeout_seconds must be more than twice wait_seconds")
+        return self

@@ -1,0 +1,127 @@
+"""One rollout as a response: every stop reason, and never a silent 0 for a failure."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import pytest
+
+from mtrl.protocol import RolloutRequest
+from reward_envs.interface import Message
+from reward_envs.wordle import load_environment
+from reward_envs.worker.model_client import CallableModel, ModelError
+from reward_envs.worker.rollout import run_rollout
+
+WORDLE = load_environment()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def request(answer: str = "crane", sample_id: str = "rec-7_3") -> RolloutRequest:
+    return RolloutRequest(sample_id=sample_id, data={"answer": answer})
+
+
+def replies(*words: str) -> CallableModel:
+    script = iter(words)
+    return CallableModel(lambda _messages: next(script))
+
+
+def metric(response, name: str) -> float:
+    return next(m.value for m in response.metrics if m.name == name)
+
+
+def test_a_won_episode_reports_the_environment_reward() -> None:
+    response = run_rollout(WORDLE, replies("[slate]", "[crane]"), request())
+    assert response.stop_reason == "end_of_conversation"
+    assert response.aggregate_score == pytest.approx(0.9)
+    assert metric(response, "turns") == 2 and metric(response, "env/won") == 1.0
+    assert response.sample_id == "rec-7_3"
+
+
+def test_the_record_id_and_data_reach_the_environment() -> None:
+    seen: list[Sequence[Message]] = []
+
+    def model(messages: Sequence[Message]) -> str:
+        seen.append(list(messages))
+        return "[lapel]"
+
+    response = run_rollout(
+        WORDLE, CallableModel(model), request(answer="lapel", sample_id="my_record_12")
+    )
+    assert response.aggregate_score == 1.0
+    assert "Guess 1 of 6" in seen[0][0]["content"]
+
+
+def test_max_turns_cuts_the_episode_short() -> None:
+    response = run_rollout(WORDLE, replies("[slate]", "[moist]", "[pudgy]"), request(), max_turns=2)
+    assert response.stop_reason == "max_turns"
+    assert response.aggregate_score == 0.0 and metric(response, "turns") == 2
+
+
+def test_a_slow_model_times_out_without_a_reward() -> None:
+    clock = FakeClock()
+
+    def slow(_messages: Sequence[Message]) -> str:
+        clock.now += 400  # each turn takes 400 s of the 600 s budget
+        return "[slate]"
+
+    response = run_rollout(WORDLE, CallableModel(slow), request(), timeout=600, clock=clock)
+    assert response.stop_reason == "timeout" and response.aggregate_score is None
+    assert "deadline of 600 s passed before turn 3" in response.error
+
+
+def test_a_failing_model_is_a_timeout_not_a_zero() -> None:
+    def broken(_messages: Sequence[Message]) -> str:
+        raise ModelError("HTTP 503 from proxy")
+
+    response = run_rollout(WORDLE, CallableModel(broken), request())
+    assert response.stop_reason == "timeout" and response.aggregate_score is None
+    assert "HTTP 503" in response.error
+
+
+class Exploding(type(WORDLE)):
+    def reset(self, record, *, seed=0):
+        episode, first = super().reset(record, seed=seed)
+
+        def step(reply):
+            raise RuntimeError("scorer crashed")
+
+        episode.step = step
+        return episode, first
+
+
+def test_an_environment_crash_is_env_error_not_a_zero() -> None:
+    response = run_rollout(Exploding(), replies("[slate]"), request())
+    assert response.stop_reason == "env_error" and response.aggregate_score is None
+    assert "step 1: RuntimeError: scorer crashed" in response.error
+
+
+def test_a_bad_record_is_env_error_at_reset() -> None:
+    response = run_rollout(WORDLE, replies(), request(answer="toolong"))
+    assert response.stop_reason == "env_error" and "reset: ValueError" in response.error
+
+
+def test_a_solver_as_the_model_wins() -> None:
+    from reward_envs.wordle.solver import default_solver
+
+    solver = default_solver()
+
+    def play(messages: Sequence[Message]) -> str:
+        # Reads the environment's feedback lines ("SLATE: X G Y X X"), nothing else.
+        history = [
+            (found.group(1).lower(), found.group(2).replace(" ", ""))
+            for message in messages
+            if message["role"] == "user"
+            and (found := re.match(r"([A-Z]{5}): ([GYX](?: [GYX]){4})", message["content"]))
+        ]
+        return f"[{solver.next_guess(history)}]"
+
+    response = run_rollout(WORDLE, CallableModel(play), request(answer="lapel"))
+    assert response.stop_reason == "end_of_conversation" and response.aggregate_score >= 0.5
