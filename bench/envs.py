@@ -130,7 +130,6 @@ def worker_rollouts_per_cpu_second(count: int) -> float:
             rollout_request_queue_url=urls[0],
             rollout_response_queue_url=urls[1],
             wait_seconds=0,
-            concurrency=8,
         )
         queues = SqsRolloutQueues(
             sqs, requests_url=urls[0], responses_url=urls[1], dead_letter_url=None

@@ -62,19 +62,45 @@ class SqsRolloutQueues:
         """Give the request back to the queue (another worker, or this one later, takes it)."""
         self.extend(delivery, delay_seconds)
 
-    def complete(self, delivery: Delivery, response: RolloutResponse) -> None:
-        """Send the response, then delete the request.
+    def complete(self, finished: list[tuple[Delivery, RolloutResponse]]) -> list[Exception | None]:
+        """Send the responses (one batch), then delete their requests; per item, None or the error.
 
-        The response's deduplication id is the request's message id: if the request is ever
-        processed twice (a lost delete, a redelivery), SQS drops the second response.
+        A response's deduplication id is its request's message id: if a request is ever
+        processed twice (a lost delete, a redelivery), SQS drops the second response. Entries
+        of one message group keep their order within the batch.
         """
-        self._sqs.send_message(
-            QueueUrl=self.responses_url,
-            MessageBody=dump(response),
-            MessageGroupId=response.sample_id,
-            MessageDeduplicationId=delivery.message_id,
-        )
-        self._sqs.delete_message(QueueUrl=self.requests_url, ReceiptHandle=delivery.receipt_handle)
+        outcome: list[Exception | None] = [None] * len(finished)
+        for start in range(0, len(finished), 10):
+            chunk = list(enumerate(finished))[start : start + 10]
+            sent = self._sqs.send_message_batch(
+                QueueUrl=self.responses_url,
+                Entries=[
+                    {
+                        "Id": str(index),
+                        "MessageBody": dump(response),
+                        "MessageGroupId": response.sample_id,
+                        "MessageDeduplicationId": delivery.message_id,
+                    }
+                    for index, (delivery, response) in chunk
+                ],
+            )
+            for failure in sent.get("Failed", []):
+                outcome[int(failure["Id"])] = RuntimeError(
+                    f"send failed: {failure.get('Code')}: {failure.get('Message')}"
+                )
+            delivered = [
+                (index, delivery) for index, (delivery, _) in chunk if outcome[index] is None
+            ]
+            if delivered:
+                # A failed delete only means a redelivery, whose response SQS deduplicates.
+                self._sqs.delete_message_batch(
+                    QueueUrl=self.requests_url,
+                    Entries=[
+                        {"Id": str(index), "ReceiptHandle": d.receipt_handle}
+                        for index, d in delivered
+                    ],
+                )
+        return outcome
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         if self.dead_letter_url is None:

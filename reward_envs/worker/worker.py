@@ -13,6 +13,7 @@ Guarantees, per rollout request:
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -60,6 +61,57 @@ class WorkerStats:
             setattr(self, name, getattr(self, name) + 1)
 
 
+class _Completer:
+    """Batches finished rollouts from all episode threads into few SQS calls (one send batch,
+    one delete batch for up to ten); each caller waits for its own outcome."""
+
+    # How long a finished rollout may wait for others to share its SQS calls.
+    LINGER_SECONDS = 0.005
+
+    def __init__(self, queues: SqsRolloutQueues) -> None:
+        self._queues = queues
+        self._pending: queue.Queue[tuple[Delivery, object, Future] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="completer", daemon=True)
+        self._thread.start()
+
+    def complete(self, delivery: Delivery, response: object) -> None:
+        done: Future = Future()
+        self._pending.put((delivery, response, done))
+        done.result()
+
+    def close(self) -> None:
+        self._pending.put(None)
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while (first := self._pending.get()) is not None:
+            batch = [first]
+            closing = False
+            lingering_until = time.monotonic() + self.LINGER_SECONDS
+            while len(batch) < 10:
+                try:
+                    item = self._pending.get(timeout=max(0.0, lingering_until - time.monotonic()))
+                except queue.Empty:
+                    break
+                if item is None:
+                    closing = True
+                    break
+                batch.append(item)
+            try:
+                errors = self._queues.complete(
+                    [(delivery, response) for delivery, response, _ in batch]
+                )
+            except Exception as error:  # noqa: BLE001 - every caller learns the batch failed
+                errors = [error] * len(batch)
+            for (_, _, done), error in zip(batch, errors, strict=True):
+                if error is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(error)
+            if closing:
+                return
+
+
 class RewardWorker:
     def __init__(
         self,
@@ -82,6 +134,8 @@ class RewardWorker:
         self._pool = ThreadPoolExecutor(
             max_workers=settings.concurrency, thread_name_prefix="rollout"
         )
+        self._completer = _Completer(queues)
+        self._receive_batch = min(10, max(1, settings.concurrency // 2))
 
     def close(self) -> None:
         """Wait for every pool thread, abandoned episodes included (embedding, tests)."""
@@ -99,8 +153,10 @@ class RewardWorker:
         heartbeat.start()
         try:
             while not self._stopping.is_set():
-                free = self.settings.concurrency - self._in_flight()
-                if free <= 0:
+                in_flight = self._in_flight()
+                free = self.settings.concurrency - in_flight
+                # Receive in batches: each SQS call costs more CPU than a Wordle episode.
+                if free <= 0 or (in_flight and free < self._receive_batch):
                     self._wait_for_a_task(timeout=1.0)
                     continue
                 deliveries = self.queues.receive(
@@ -176,7 +232,7 @@ class RewardWorker:
                 if task.state is not TaskState.RUNNING:
                     return False  # released during shutdown: another worker will answer it
                 task.state = TaskState.SENDING
-            self.queues.complete(task.delivery, response)
+            self._completer.complete(task.delivery, response)
             task.state = TaskState.DONE
             self.stats.count("completed")
             return True
@@ -246,6 +302,7 @@ class RewardWorker:
             if task.state is TaskState.SENDING and task.future is not None:
                 task.future.result(timeout=30)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._completer.close()
 
     @staticmethod
     def _quietly(action: Callable[..., object], *args: object, **kwargs: object) -> bool:

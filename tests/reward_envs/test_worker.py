@@ -142,10 +142,10 @@ def test_responses_keep_the_order_of_their_message_group(queues: Queues) -> None
     worker = worker_for(queues, CallableModel(model), concurrency=8)
     original = worker.queues.complete
 
-    def recording(delivery, response):
+    def recording(finished):
         with lock:
-            order.append(response.sample_id)
-        original(delivery, response)
+            order.extend(response.sample_id for _, response in finished)
+        return original(finished)
 
     worker.queues.complete = recording
     worker.run(exit_when_idle=True)
@@ -187,8 +187,8 @@ def test_a_request_that_cannot_be_answered_is_retried_then_dead_lettered(queues:
     worker = worker_for(queues, instant(), max_receives=3)
     attempts = []
 
-    def failing(delivery, response):
-        attempts.append(delivery.receive_count)
+    def failing(finished):
+        attempts.extend(delivery.receive_count for delivery, _ in finished)
         raise ConnectionError("responses queue unreachable")
 
     worker.queues.complete = failing
@@ -291,8 +291,16 @@ def test_a_request_processed_twice_yields_one_response(queues: Queues) -> None:
             )
         ),
     )
-    worker.queues.complete(delivery, response)
-    worker.queues.complete(
-        delivery, response
-    )  # a redelivery answered again, e.g. after a lost delete
+    assert worker.queues.complete([(delivery, response)]) == [None]
+    # A redelivery answered again, e.g. after a lost delete: SQS drops the second response.
+    worker.queues.complete([(delivery, response)])
     assert len(queues.responses_received()) == 1
+
+
+def test_a_slow_model_ends_in_a_timeout_response(queues: Queues) -> None:
+    queues.send("slow_0")
+    slow = CallableModel(lambda _messages: "[crane]", delay=5.0)
+    worker_for(queues, slow, rollout_timeout_seconds=0.05).run(exit_when_idle=True)
+    (response,) = queues.responses_received()
+    assert response.stop_reason == "timeout" and response.aggregate_score is None
+    assert "no reply within" in response.error
