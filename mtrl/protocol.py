@@ -144,6 +144,15 @@ class GenerateResponse(_Message):
     data: dict[Literal["choices"], list[Choice]]
     finish_reason: str | None = None
 
+    def completion(self) -> dict[str, Any]:
+        """The OpenAI-shaped part (`choices`) as plain JSON data."""
+        return self.model_dump(mode="json", exclude_none=True)["data"]
+
+    @property
+    def content(self) -> str:
+        choices = self.data.get("choices") or []
+        return choices[0].message.content if choices else ""
+
 
 def parse(kind: type[_Message], body: str | bytes) -> Any:
     """`body` as a `kind` message, or ProtocolError naming what is wrong."""
@@ -169,3 +178,49 @@ def parse(kind: type[_Message], body: str | bytes) -> Any:
 
 def dump(message: _Message) -> str:
     return message.model_dump_json()
+
+
+# --- The proxy's HTTP bodies (OpenAI-shaped, served by the router's Function URL) -----------
+
+StepState = Literal["pending", "processing", "completed", "failed"]
+
+
+class ChatCompletionRequest(BaseModel):
+    """`POST /v1/chat/completions`: an OpenAI chat request; extra OpenAI fields are kept."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    messages: list[ChatMessage] = Field(min_length=1, max_length=1000)
+    model: str | None = None
+    user: str | None = None
+
+
+class StepStatus(BaseModel):
+    """`GET /v1/chat/completions/{step_id}` (and a `POST` that did not finish in time)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step_id: str
+    status: StepState
+    result: dict[str, Any] | None = None
+
+
+class RolloutReport(BaseModel):
+    """`POST /v1/rollouts/report`: an environment outside our workers reports a finished rollout."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: str = Field(min_length=1, max_length=128)
+    aggregate_reward_score: float | None
+    metrics_list: list[Metric] = []
+    stop_reason: StopReason = "end_of_conversation"
+    error: str | None = None
+
+    def as_response(self) -> RolloutResponse:
+        return RolloutResponse(
+            sample_id=self.id,
+            stop_reason=self.stop_reason,
+            rewards={"aggregate_score": self.aggregate_reward_score},
+            metrics=self.metrics_list,
+            error=self.error,
+        )

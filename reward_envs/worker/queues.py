@@ -63,12 +63,31 @@ class SqsRolloutQueues:
         self.extend(delivery, delay_seconds)
 
     def complete(self, finished: list[tuple[Delivery, RolloutResponse]]) -> list[Exception | None]:
-        """Send the responses (one batch), then delete their requests; per item, None or the error.
+        """Report the responses, then delete their requests; per item, None or the error.
 
         A response's deduplication id is its request's message id: if a request is ever
         processed twice (a lost delete, a redelivery), SQS drops the second response. Entries
-        of one message group keep their order within the batch.
+        of one message group keep their order.
         """
+        outcome = self._report(finished)
+        delivered = [
+            delivery
+            for (delivery, _), error in zip(finished, outcome, strict=True)
+            if error is None
+        ]
+        for start in range(0, len(delivered), 10):
+            # A failed delete only means a redelivery, whose response SQS deduplicates.
+            self._sqs.delete_message_batch(
+                QueueUrl=self.requests_url,
+                Entries=[
+                    {"Id": str(i), "ReceiptHandle": d.receipt_handle}
+                    for i, d in enumerate(delivered[start : start + 10])
+                ],
+            )
+        return outcome
+
+    def _report(self, finished: list[tuple[Delivery, RolloutResponse]]) -> list[Exception | None]:
+        """Send the responses straight to the rollout-responses queue, ten per call."""
         outcome: list[Exception | None] = [None] * len(finished)
         for start in range(0, len(finished), 10):
             chunk = list(enumerate(finished))[start : start + 10]
@@ -87,18 +106,6 @@ class SqsRolloutQueues:
             for failure in sent.get("Failed", []):
                 outcome[int(failure["Id"])] = RuntimeError(
                     f"send failed: {failure.get('Code')}: {failure.get('Message')}"
-                )
-            delivered = [
-                (index, delivery) for index, (delivery, _) in chunk if outcome[index] is None
-            ]
-            if delivered:
-                # A failed delete only means a redelivery, whose response SQS deduplicates.
-                self._sqs.delete_message_batch(
-                    QueueUrl=self.requests_url,
-                    Entries=[
-                        {"Id": str(index), "ReceiptHandle": d.receipt_handle}
-                        for index, d in delivered
-                    ],
                 )
         return outcome
 

@@ -20,6 +20,7 @@ from reward_envs.worker.model_client import CallableModel
 from reward_envs.worker.queues import SqsRolloutQueues
 from reward_envs.worker.settings import WorkerSettings
 from reward_envs.worker.worker import RewardWorker
+from tests.aws import Serialized
 
 WORDLE = load_environment()
 
@@ -76,7 +77,7 @@ def queues(monkeypatch: pytest.MonkeyPatch) -> Iterator[Queues]:
     }.items():
         monkeypatch.setenv(key, value)
     with mock_aws():
-        sqs = boto3.client("sqs")
+        sqs = Serialized(boto3.client("sqs"))
         fifo = {"FifoQueue": "true"}
         urls = [
             sqs.create_queue(QueueName=f"run-{n}.fifo", Attributes=fifo)["QueueUrl"]

@@ -1,0 +1,1 @@
+"""The rollout router: per-run queues, conversation state, the proxy and the response consumer."""

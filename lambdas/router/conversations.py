@@ -1,0 +1,302 @@
+"""Conversation state in DynamoDB: runs, rollouts and model steps, written conditionally.
+
+One table, key (`run_id`, `item`), TTL on `expires_at`:
+- `run`: the run's token hash and queue URLs (what the proxy needs to serve a caller);
+- `queue#<name>`: which run a queue belongs to (under `run_id` = `queue#<name>`), for the
+  consumer, which only knows the queue a message came from;
+- `step#<step_id>`: one model turn: `pending -> processing -> completed | failed`;
+- `rollout#<sample_id>`: one episode: `processing -> completed | failed`.
+Every transition is a conditional write, so a redelivered message can neither add a turn nor
+overwrite a finished one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+DEFAULT_TTL_SECONDS = 14 * 24 * 3600
+PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE = "run_id", "item", "expires_at"
+
+
+def create_table(dynamodb: Any, table_name: str) -> None:
+    """The table as the CDK construct declares it (for local mode and tests)."""
+    dynamodb.create_table(
+        TableName=table_name,
+        KeySchema=[
+            {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
+            {"AttributeName": SORT_KEY, "KeyType": "RANGE"},
+        ],
+        AttributeDefinitions=[
+            {"AttributeName": PARTITION_KEY, "AttributeType": "S"},
+            {"AttributeName": SORT_KEY, "AttributeType": "S"},
+        ],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    dynamodb.update_time_to_live(
+        TableName=table_name,
+        TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE},
+    )
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: str
+    token_sha256: str
+    queues: dict[str, str]
+
+    def accepts(self, token: str | None) -> bool:
+        if not token:
+            return False
+        return hmac.compare_digest(self.token_sha256, token_digest(token))
+
+
+@dataclass(frozen=True)
+class Step:
+    run_id: str
+    step_id: str
+    sample_id: str
+    status: str
+    result: dict[str, Any] | None
+    created_at: float
+    updated_at: float
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class ConversationStore:
+    def __init__(
+        self, dynamodb: Any, table_name: str, *, ttl_seconds: int = DEFAULT_TTL_SECONDS
+    ) -> None:
+        self._db = dynamodb
+        self._table = table_name
+        self._ttl = ttl_seconds
+
+    # --- runs ------------------------------------------------------------------------------
+
+    def put_run(self, run_id: str, *, token: str, queues: dict[str, str], now: float) -> None:
+        item = {
+            "run_id": {"S": run_id},
+            "item": {"S": "run"},
+            "token_sha256": {"S": token_digest(token)},
+            "queues": {"S": json.dumps(queues, sort_keys=True)},
+            "created_at": {"N": repr(now)},
+            "expires_at": {"N": str(int(now + self._ttl))},
+        }
+        self._db.put_item(TableName=self._table, Item=item)
+        for url in queues.values():
+            self._db.put_item(
+                TableName=self._table,
+                Item={
+                    "run_id": {"S": _queue_key(url)},
+                    "item": {"S": "run"},
+                    "owner": {"S": run_id},
+                    "expires_at": {"N": str(int(now + self._ttl))},
+                },
+            )
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        item = self._get(run_id, "run")
+        if item is None or "token_sha256" not in item:
+            return None
+        return RunRecord(
+            run_id=run_id,
+            token_sha256=item["token_sha256"]["S"],
+            queues=json.loads(item["queues"]["S"]),
+        )
+
+    def run_of_queue(self, queue_arn_or_url: str) -> str | None:
+        item = self._get(_queue_key(queue_arn_or_url), "run")
+        return item["owner"]["S"] if item else None
+
+    # --- steps -----------------------------------------------------------------------------
+
+    def start_step(self, run_id: str, step_id: str, *, sample_id: str, now: float) -> bool:
+        """Record a new model turn as pending; False if it was already recorded."""
+        return self._put_new(
+            run_id,
+            f"step#{step_id}",
+            {"sample_id": {"S": sample_id}, "status": {"S": "pending"}},
+            now,
+        )
+
+    def set_step_status(
+        self, run_id: str, step_id: str, status: str, *, expected: str, now: float
+    ) -> bool:
+        return self._transition(run_id, f"step#{step_id}", status, (expected,), now)
+
+    def complete_step(
+        self, run_id: str, step_id: str, result: dict[str, Any], *, now: float
+    ) -> str:
+        """`completed`, `duplicate` (already finished: left as it was) or `unknown` (no such step)."""
+        written = self._transition(
+            run_id,
+            f"step#{step_id}",
+            "completed",
+            ("pending", "processing"),
+            now,
+            extra={"result": {"S": json.dumps(result)}},
+        )
+        if written:
+            return "completed"
+        return "duplicate" if self._get(run_id, f"step#{step_id}") else "unknown"
+
+    def get_step(self, run_id: str, step_id: str) -> Step | None:
+        item = self._get(run_id, f"step#{step_id}")
+        if item is None:
+            return None
+        return Step(
+            run_id=run_id,
+            step_id=step_id,
+            sample_id=item["sample_id"]["S"],
+            status=item["status"]["S"],
+            result=json.loads(item["result"]["S"]) if "result" in item else None,
+            created_at=float(item["created_at"]["N"]),
+            updated_at=float(item["updated_at"]["N"]),
+        )
+
+    # --- rollouts --------------------------------------------------------------------------
+
+    def begin_rollout(self, run_id: str, sample_id: str, *, now: float) -> bool:
+        """Mark the sample's episode in flight (its first model turn); a finished record of the
+        same sample id is replaced (a new request for it). False if it is already in flight."""
+        try:
+            self._db.put_item(
+                TableName=self._table,
+                Item=self._fresh(
+                    run_id, f"rollout#{sample_id}", {"status": {"S": "processing"}}, now
+                ),
+                ConditionExpression="attribute_not_exists(#item) OR #status <> :processing",
+                ExpressionAttributeNames={"#item": "item", "#status": "status"},
+                ExpressionAttributeValues={":processing": {"S": "processing"}},
+            )
+            return True
+        except ClientError as error:
+            if _conditional(error):
+                return False
+            raise
+
+    def finish_rollout(
+        self, run_id: str, sample_id: str, *, failed: bool, score: float | None, now: float
+    ) -> bool:
+        """Mark the rollout finished once; False if it already was (a duplicate report)."""
+        status = "failed" if failed else "completed"
+        extra = {"score": {"N": repr(score)}} if score is not None else {}
+        if self._put_new(run_id, f"rollout#{sample_id}", {"status": {"S": status}, **extra}, now):
+            return True  # reported without any model turn through the proxy
+        return self._transition(
+            run_id, f"rollout#{sample_id}", status, ("processing",), now, extra=extra
+        )
+
+    def run_summary(self, run_id: str, *, now: float, stuck_after_seconds: float) -> dict[str, int]:
+        """How many rollouts of the run are in flight, finished, failed, and stuck (in flight
+        with no change for `stuck_after_seconds`)."""
+        counts: Counter[str] = Counter(in_flight=0, finished=0, failed=0, stuck=0)
+        paginator = self._db.get_paginator("query")
+        pages = paginator.paginate(
+            TableName=self._table,
+            KeyConditionExpression="run_id = :run AND begins_with(#item, :prefix)",
+            ExpressionAttributeNames={"#item": "item", "#status": "status"},
+            ExpressionAttributeValues={":run": {"S": run_id}, ":prefix": {"S": "rollout#"}},
+            ProjectionExpression="#status, updated_at",
+        )
+        for page in pages:
+            for item in page["Items"]:
+                status = item["status"]["S"]
+                if status == "processing":
+                    counts["in_flight"] += 1
+                    if now - float(item["updated_at"]["N"]) > stuck_after_seconds:
+                        counts["stuck"] += 1
+                elif status == "completed":
+                    counts["finished"] += 1
+                else:
+                    counts["failed"] += 1
+        return dict(counts)
+
+    # --- plumbing --------------------------------------------------------------------------
+
+    def _get(self, run_id: str, item: str) -> dict[str, Any] | None:
+        answer = self._db.get_item(
+            TableName=self._table,
+            Key={"run_id": {"S": run_id}, "item": {"S": item}},
+            ConsistentRead=True,
+        )
+        return answer.get("Item")
+
+    def _fresh(self, run_id: str, item: str, fields: dict[str, Any], now: float) -> dict[str, Any]:
+        return {
+            "run_id": {"S": run_id},
+            "item": {"S": item},
+            **fields,
+            "created_at": {"N": repr(now)},
+            "updated_at": {"N": repr(now)},
+            "expires_at": {"N": str(int(now + self._ttl))},
+        }
+
+    def _put_new(self, run_id: str, item: str, fields: dict[str, Any], now: float) -> bool:
+        try:
+            self._db.put_item(
+                TableName=self._table,
+                Item=self._fresh(run_id, item, fields, now),
+                ConditionExpression="attribute_not_exists(#item)",
+                ExpressionAttributeNames={"#item": "item"},
+            )
+            return True
+        except ClientError as error:
+            if _conditional(error):
+                return False
+            raise
+
+    def _transition(
+        self,
+        run_id: str,
+        item: str,
+        status: str,
+        allowed_from: tuple[str, ...],
+        now: float,
+        *,
+        extra: dict[str, Any] | None = None,
+    ) -> bool:
+        names = {"#status": "status", "#item": "item"}
+        values: dict[str, Any] = {":status": {"S": status}, ":now": {"N": repr(now)}}
+        sets = ["#status = :status", "updated_at = :now"]
+        for index, (name, value) in enumerate((extra or {}).items()):
+            names[f"#x{index}"] = name
+            values[f":x{index}"] = value
+            sets.append(f"#x{index} = :x{index}")
+        allowed = []
+        for index, previous in enumerate(allowed_from):
+            values[f":from{index}"] = {"S": previous}
+            allowed.append(f":from{index}")
+        try:
+            self._db.update_item(
+                TableName=self._table,
+                Key={"run_id": {"S": run_id}, "item": {"S": item}},
+                UpdateExpression="SET " + ", ".join(sets),
+                ConditionExpression=f"attribute_exists(#item) AND #status IN ({', '.join(allowed)})",
+                ExpressionAttributeNames=names,
+                ExpressionAttributeValues=values,
+            )
+            return True
+        except ClientError as error:
+            if _conditional(error):
+                return False
+            raise
+
+
+def _queue_key(queue_arn_or_url: str) -> str:
+    """The queue's name, from an ARN (`arn:...:name`) or a URL (`https://.../account/name`)."""
+    name = queue_arn_or_url.rsplit(":", 1)[-1].rsplit("/", 1)[-1]
+    return f"queue#{name}"
+
+
+def _conditional(error: ClientError) -> bool:
+    return error.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException"

@@ -1,0 +1,282 @@
+"""The router's proxy: an OpenAI-shaped HTTP API (Lambda Function URL, AWS_IAM auth).
+
+- `POST /v1/chat/completions`: records the model turn, enqueues a v0 generate request on the
+  run's queue, waits a short bounded time for the completion: 200 with the completion, or
+  202 `{"step_id", "status"}` to poll.
+- `GET /v1/chat/completions/{step_id}`: `{"step_id", "status", "result"}`.
+- `POST /v1/rollouts/report`: a finished rollout, forwarded once as a v0 rollout response.
+
+Every call names its run (`x-mtrl-run-id`) and proves it belongs to it (`x-mtrl-run-token`,
+checked against the run's token hash): a caller can only touch its own run. The turn is
+identified by `x-mtrl-sample-id` (or the body's `user`) and the number of assistant messages
+so far, so a retried call maps to the same step and never enqueues twice.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from lambdas.router.conversations import ConversationStore, RunRecord
+from mtrl.protocol import (
+    ChatCompletionRequest,
+    GenerateRequest,
+    RolloutReport,
+    StepStatus,
+    dump,
+)
+
+MAX_BODY_BYTES = 256 * 1024
+RUN_HEADER, TOKEN_HEADER, SAMPLE_HEADER, REQUEST_HEADER = (
+    "x-mtrl-run-id",
+    "x-mtrl-run-token",
+    "x-mtrl-sample-id",
+    "x-mtrl-request-id",
+)
+COMPLETIONS = "/v1/chat/completions"
+REPORT = "/v1/rollouts/report"
+
+
+class FunctionUrlEvent(BaseModel):
+    """The parts of a Lambda Function URL (payload 2.0) event the proxy reads."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    rawPath: str  # noqa: N815 - the event's own field name
+    headers: dict[str, str] = {}
+    body: str | None = None
+    isBase64Encoded: bool = False  # noqa: N815
+    requestContext: dict[str, Any] = Field(default_factory=dict)  # noqa: N815
+
+    @property
+    def method(self) -> str:
+        return str(self.requestContext.get("http", {}).get("method", "GET")).upper()
+
+    @property
+    def signed(self) -> bool:
+        return bool(self.requestContext.get("authorizer", {}).get("iam"))
+
+    def header(self, name: str) -> str | None:
+        return {key.lower(): value for key, value in self.headers.items()}.get(name)
+
+    def raw_body(self) -> bytes:
+        if self.body is None:
+            return b""
+        return base64.b64decode(self.body) if self.isBase64Encoded else self.body.encode()
+
+
+@dataclass
+class HttpError(Exception):
+    status: int
+    message: str
+    kind: str = "invalid_request_error"
+
+
+@dataclass
+class ProxyCounters:
+    requests: int = 0
+    client_errors: int = 0
+    enqueued: int = 0
+    retried_steps: int = 0
+    reports: int = 0
+    duplicate_reports: int = 0
+
+
+class Proxy:
+    def __init__(
+        self,
+        store: ConversationStore,
+        sqs: Any,
+        *,
+        wait_seconds: float = 5.0,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.store = store
+        self.sqs = sqs
+        self.wait_seconds = wait_seconds
+        self.clock = clock
+        self.sleep = sleep
+        self.counters = ProxyCounters()
+
+    def handle(self, raw_event: dict[str, Any]) -> dict[str, Any]:
+        self.counters.requests += 1
+        try:
+            event = FunctionUrlEvent.model_validate(raw_event)
+            status, body = self._route(event)
+        except ValidationError:
+            status, body = _error(HttpError(400, "not a Function URL event"))
+        except HttpError as problem:
+            status, body = _error(problem)
+        if 400 <= status < 500:
+            self.counters.client_errors += 1
+        return {
+            "statusCode": status,
+            "headers": {"content-type": "application/json"},
+            "body": json.dumps(body),
+        }
+
+    def _route(self, event: FunctionUrlEvent) -> tuple[int, dict[str, Any]]:
+        if not event.signed:
+            raise HttpError(
+                401,
+                "requests must be signed with AWS SigV4 (Function URL AWS_IAM auth)",
+                "auth_error",
+            )
+        path, method = event.rawPath.rstrip("/"), event.method
+        if path == COMPLETIONS and method == "POST":
+            return self._chat(event, self._run(event))
+        if path.startswith(COMPLETIONS + "/") and method == "GET":
+            return self._status(self._run(event), path.removeprefix(COMPLETIONS + "/"))
+        if path == REPORT and method == "POST":
+            return self._report(event, self._run(event))
+        if path in (COMPLETIONS, REPORT) or path.startswith(COMPLETIONS + "/"):
+            raise HttpError(405, f"{method} is not allowed on {path}")
+        raise HttpError(
+            404, f"no route {method} {path}: use {COMPLETIONS} or {REPORT}", "not_found"
+        )
+
+    def _run(self, event: FunctionUrlEvent) -> RunRecord:
+        run_id = event.header(RUN_HEADER)
+        if not run_id:
+            raise HttpError(400, f"missing header {RUN_HEADER}")
+        run = self.store.get_run(run_id)
+        if run is None or not run.accepts(event.header(TOKEN_HEADER)):
+            raise HttpError(
+                403,
+                f"not allowed for run {run_id!r}: check {RUN_HEADER} and {TOKEN_HEADER}",
+                "auth_error",
+            )
+        return run
+
+    def _body(self, event: FunctionUrlEvent, model: type[BaseModel]) -> Any:
+        raw = event.raw_body()
+        if len(raw) > MAX_BODY_BYTES:
+            raise HttpError(413, f"body of {len(raw)} bytes exceeds {MAX_BODY_BYTES}")
+        try:
+            return model.model_validate_json(raw or b"{}")
+        except ValidationError as error:
+            first = error.errors(include_url=False)[0]
+            where = ".".join(str(part) for part in first["loc"]) or "body"
+            raise HttpError(400, f"{where}: {first['msg']}") from None
+
+    def _chat(self, event: FunctionUrlEvent, run: RunRecord) -> tuple[int, dict[str, Any]]:
+        request: ChatCompletionRequest = self._body(event, ChatCompletionRequest)
+        sample_id = event.header(SAMPLE_HEADER) or request.user
+        if not sample_id or len(sample_id) > 128:
+            raise HttpError(400, f"name the sample in header {SAMPLE_HEADER} (1-128 characters)")
+        turn = 1 + sum(1 for message in request.messages if message.role == "assistant")
+        step_id = f"{sample_id}_{turn}"
+        now = self.clock()
+        if turn == 1:
+            self.store.begin_rollout(run.run_id, sample_id, now=now)
+        if self.store.start_step(run.run_id, step_id, sample_id=sample_id, now=now):
+            self._enqueue(run, sample_id, step_id, request)
+        else:
+            self.counters.retried_steps += 1
+            existing = self.store.get_step(run.run_id, step_id)
+            if existing is not None and existing.status == "pending":
+                self._enqueue(
+                    run, sample_id, step_id, request
+                )  # the first try died before enqueueing
+        return self._wait_for(run, step_id)
+
+    def _enqueue(
+        self, run: RunRecord, sample_id: str, step_id: str, request: ChatCompletionRequest
+    ) -> None:
+        generate = GenerateRequest(sample_id=sample_id, step_id=step_id, messages=request.messages)
+        self.sqs.send_message(
+            QueueUrl=run.queues["generate_requests"],
+            MessageBody=dump(generate),
+            MessageGroupId=sample_id,
+            MessageDeduplicationId=step_id,
+        )
+        self.store.set_step_status(
+            run.run_id, step_id, "processing", expected="pending", now=self.clock()
+        )
+        self.counters.enqueued += 1
+
+    def _wait_for(self, run: RunRecord, step_id: str) -> tuple[int, dict[str, Any]]:
+        deadline = self.clock() + self.wait_seconds
+        pause = 0.02
+        while True:
+            step = self.store.get_step(run.run_id, step_id)
+            if step is not None and step.status == "completed" and step.result is not None:
+                return 200, _completion(step_id, step.result, self.clock())
+            if step is not None and step.status == "failed":
+                raise HttpError(502, f"generation of step {step_id} failed", "generation_error")
+            if self.clock() >= deadline:
+                status = step.status if step is not None else "pending"
+                return 202, StepStatus(step_id=step_id, status=status).model_dump()
+            self.sleep(min(pause, max(0.0, deadline - self.clock())))
+            pause = min(pause * 2, 0.5)
+
+    def _status(self, run: RunRecord, step_id: str) -> tuple[int, dict[str, Any]]:
+        step = self.store.get_step(run.run_id, step_id)
+        if step is None:
+            raise HttpError(404, f"no step {step_id!r} in run {run.run_id!r}", "not_found")
+        result = (
+            _completion(step_id, step.result, step.updated_at) if step.result is not None else None
+        )
+        return 200, StepStatus(step_id=step_id, status=step.status, result=result).model_dump()
+
+    def _report(self, event: FunctionUrlEvent, run: RunRecord) -> tuple[int, dict[str, Any]]:
+        report: RolloutReport = self._body(event, RolloutReport)
+        try:
+            response = report.as_response()
+        except ValidationError as error:
+            raise HttpError(
+                400, error.errors(include_url=False)[0]["msg"].removeprefix("Value error, ")
+            ) from None
+        request_id = event.header(REQUEST_HEADER) or report.id
+        # Send first, then record: a retried report is deduplicated by SQS on the request id.
+        self.sqs.send_message(
+            QueueUrl=run.queues["rollout_responses"],
+            MessageBody=dump(response),
+            MessageGroupId=report.id,
+            MessageDeduplicationId=request_id[:128],
+        )
+        first = self.store.finish_rollout(
+            run.run_id,
+            report.id,
+            failed=response.aggregate_score is None,
+            score=response.aggregate_score,
+            now=self.clock(),
+        )
+        self.counters.reports += 1
+        if not first:
+            self.counters.duplicate_reports += 1
+        return 200, {"id": report.id, "recorded": first}
+
+
+def _completion(step_id: str, result: dict[str, Any], created: float) -> dict[str, Any]:
+    """A v0 generate response's `data` as an OpenAI chat.completion object."""
+    return {"id": step_id, "object": "chat.completion", "created": int(created), **result}
+
+
+def _error(problem: HttpError) -> tuple[int, dict[str, Any]]:
+    return problem.status, {
+        "error": {"message": problem.message, "type": problem.kind, "code": problem.status}
+    }
+
+
+_proxy: Proxy | None = None
+
+
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    """Lambda entry point: clients built once per container from TABLE_NAME and WAIT_SECONDS."""
+    global _proxy
+    if _proxy is None:
+        store = ConversationStore(boto3.client("dynamodb"), os.environ["TABLE_NAME"])
+        _proxy = Proxy(
+            store, boto3.client("sqs"), wait_seconds=float(os.environ.get("WAIT_SECONDS", "5"))
+        )
+    return _proxy.handle(event)

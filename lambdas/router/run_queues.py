@@ -1,0 +1,106 @@
+"""The four FIFO queues of a run (and their shared dead-letter queue): create and delete.
+
+Both are idempotent: creating again with the same attributes returns the same URLs, deleting
+queues that are gone is not an error. Names derive from the run id and stay within SQS's
+80-character limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+KINDS = ("rollout-requests", "rollout-responses", "generate-requests", "generate-responses")
+DLQ = "dlq"
+_SQS_NAME_LIMIT = 80
+_LONGEST_SUFFIX = max(len(kind) for kind in (*KINDS, DLQ)) + len("-") + len(".fifo")
+MAX_RECEIVE_COUNT = 5
+RETENTION_SECONDS = 4 * 24 * 3600
+VISIBILITY_TIMEOUT_SECONDS = 120
+
+
+@dataclass(frozen=True)
+class RunQueues:
+    rollout_requests: str
+    rollout_responses: str
+    generate_requests: str
+    generate_responses: str
+    dlq: str
+
+    def urls(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def queue_base(prefix: str, run_id: str) -> str:
+    """`<prefix>-<run id>`, shortened with a hash when needed so every queue name fits SQS."""
+    base = re.sub(r"[^A-Za-z0-9_-]", "-", f"{prefix}-{run_id}")
+    limit = _SQS_NAME_LIMIT - _LONGEST_SUFFIX
+    if len(base) <= limit:
+        return base
+    digest = hashlib.sha256(base.encode()).hexdigest()[:10]
+    return f"{base[: limit - 11]}-{digest}"
+
+
+def queue_name(prefix: str, run_id: str, kind: str) -> str:
+    return f"{queue_base(prefix, run_id)}-{kind}.fifo"
+
+
+def create_run_queues(
+    sqs: Any, *, prefix: str, run_id: str, kms_key_id: str | None = None
+) -> RunQueues:
+    encryption = {"KmsMasterKeyId": kms_key_id} if kms_key_id else {"SqsManagedSseEnabled": "true"}
+    common = {
+        "FifoQueue": "true",
+        "ContentBasedDeduplication": "false",
+        "MessageRetentionPeriod": str(RETENTION_SECONDS),
+        **encryption,
+    }
+    tags = {"nova-mtrl:run": run_id[:256]}
+    dlq_url = _create(sqs, queue_name(prefix, run_id, DLQ), common, tags)
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    redrive = json.dumps(
+        {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": MAX_RECEIVE_COUNT}, sort_keys=True
+    )
+    attributes = {
+        **common,
+        "VisibilityTimeout": str(VISIBILITY_TIMEOUT_SECONDS),
+        "RedrivePolicy": redrive,
+    }
+    urls = {
+        kind: _create(sqs, queue_name(prefix, run_id, kind), attributes, tags) for kind in KINDS
+    }
+    return RunQueues(**{kind.replace("-", "_"): url for kind, url in urls.items()}, dlq=dlq_url)
+
+
+def delete_run_queues(sqs: Any, *, prefix: str, run_id: str) -> int:
+    """Delete every queue of the run that still exists; returns how many were deleted."""
+    deleted = 0
+    for kind in (*KINDS, DLQ):
+        try:
+            url = sqs.get_queue_url(QueueName=queue_name(prefix, run_id, kind))["QueueUrl"]
+            sqs.delete_queue(QueueUrl=url)
+            deleted += 1
+        except ClientError as error:
+            if not _is_missing(error):
+                raise
+    return deleted
+
+
+def _create(sqs: Any, name: str, attributes: dict[str, str], tags: dict[str, str]) -> str:
+    return sqs.create_queue(QueueName=name, Attributes=attributes, tags=tags)["QueueUrl"]
+
+
+def _is_missing(error: ClientError) -> bool:
+    code = error.response.get("Error", {}).get("Code", "")
+    return code in (
+        "AWS.SimpleQueueService.NonExistentQueue",
+        "QueueDoesNotExist",
+        "NonExistentQueue",
+    )

@@ -1,0 +1,1 @@
+"""Local mode: the pipeline's pieces served on this machine, offline."""

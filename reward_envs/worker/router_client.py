@@ -1,0 +1,151 @@
+"""The worker's client for the router's proxy (Function URL, AWS_IAM): SigV4-signed HTTP.
+
+`RouterClient.chat` is a `ModelClient`: it posts the conversation, and when the completion
+is not ready within the proxy's short wait, polls the step with backoff until the rollout's
+deadline, then raises `ModelTimeout` (the worker reports `stop_reason: timeout`).
+`RouterRolloutQueues` makes the worker report finished rollouts through the proxy, so the
+router's conversation state sees every rollout end.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+from mtrl.protocol import RolloutReport, RolloutResponse
+from reward_envs.interface import Message
+from reward_envs.worker.model_client import ModelClient, ModelError, ModelTimeout
+from reward_envs.worker.queues import Delivery, SqsRolloutQueues
+
+
+class RouterClient(ModelClient):
+    def __init__(
+        self,
+        url: str,
+        *,
+        run_id: str,
+        run_token: str,
+        region: str,
+        credentials: Callable[[], Credentials],
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._url = url.rstrip("/")
+        self._run_headers = {"x-mtrl-run-id": run_id, "x-mtrl-run-token": run_token}
+        self._region = region
+        self._credentials = credentials
+        self._clock = clock
+        self._sleep = sleep
+
+    def chat(
+        self, messages: Sequence[Message], *, sample_id: str, step_id: str, timeout: float
+    ) -> str:
+        deadline = self._clock() + timeout
+        body = {"messages": list(messages)}
+        status, answer = self._call(
+            "POST", "/v1/chat/completions", body, {"x-mtrl-sample-id": sample_id}, deadline
+        )
+        pause = 0.05
+        while status == 202:
+            step = answer.get("step_id", step_id)
+            if self._clock() + pause >= deadline:
+                raise ModelTimeout(
+                    f"{step}: no completion within {timeout:.1f} s (status {answer.get('status')})"
+                )
+            self._sleep(pause)
+            pause = min(pause * 2, 1.0)
+            status, answer = self._call("GET", f"/v1/chat/completions/{step}", None, {}, deadline)
+            if status == 200 and answer.get("status") != "completed":
+                status = 202
+            elif status == 200:
+                answer = answer["result"]
+        try:
+            content = answer["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError) as error:
+            raise ModelError(f"{step_id}: completion has no choices[0].message.content") from error
+        return content if isinstance(content, str) else ""
+
+    def report(self, response: RolloutResponse, *, request_id: str, timeout: float = 30.0) -> bool:
+        """Report a finished rollout; True when it was recorded now, False for a duplicate."""
+        report = RolloutReport(
+            id=response.sample_id,
+            aggregate_reward_score=response.aggregate_score,
+            metrics_list=response.metrics,
+            stop_reason=response.stop_reason,
+            error=response.error,
+        )
+        _, answer = self._call(
+            "POST",
+            "/v1/rollouts/report",
+            report.model_dump(mode="json"),
+            {"x-mtrl-request-id": request_id},
+            self._clock() + timeout,
+        )
+        return bool(answer.get("recorded"))
+
+    def _call(
+        self, method: str, path: str, body: Any, headers: dict[str, str], deadline: float
+    ) -> tuple[int, dict[str, Any]]:
+        remaining = deadline - self._clock()
+        if remaining <= 0:
+            raise ModelTimeout(f"{method} {path}: no time left")
+        data = json.dumps(body).encode() if body is not None else None
+        request = AWSRequest(
+            method=method,
+            url=self._url + path,
+            data=data,
+            headers={"content-type": "application/json", **self._run_headers, **headers},
+        )
+        SigV4Auth(self._credentials(), "lambda", self._region).add_auth(request)
+        prepared = urllib.request.Request(
+            self._url + path, data=data, headers=dict(request.headers), method=method
+        )
+        try:
+            with urllib.request.urlopen(prepared, timeout=remaining) as answer:  # noqa: S310 - router URL
+                return answer.status, json.loads(answer.read() or b"{}")
+        except urllib.error.HTTPError as error:
+            detail = _message(error.read())
+            raise ModelError(f"{method} {path}: HTTP {error.code}: {detail}") from error
+        except urllib.error.URLError as error:
+            if isinstance(error.reason, TimeoutError):
+                raise ModelTimeout(f"{method} {path}: no answer in time") from error
+            raise ModelError(f"{method} {path}: cannot reach the router: {error.reason}") from error
+        except TimeoutError as error:
+            raise ModelTimeout(f"{method} {path}: no answer in time") from error
+
+
+class RouterRolloutQueues(SqsRolloutQueues):
+    """Requests from SQS as usual; responses reported through the router's proxy."""
+
+    def __init__(
+        self, sqs: Any, router: RouterClient, *, requests_url: str, dead_letter_url: str | None
+    ) -> None:
+        super().__init__(
+            sqs, requests_url=requests_url, responses_url="", dead_letter_url=dead_letter_url
+        )
+        self._router = router
+
+    def _report(self, finished: list[tuple[Delivery, RolloutResponse]]) -> list[Exception | None]:
+        outcome: list[Exception | None] = []
+        for delivery, response in finished:
+            try:
+                self._router.report(response, request_id=delivery.message_id)
+                outcome.append(None)
+            except ModelError as error:
+                outcome.append(error)
+        return outcome
+
+
+def _message(raw: bytes) -> str:
+    try:
+        return json.loads(raw)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return raw[:200].decode(errors="replace")

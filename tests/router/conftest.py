@@ -1,0 +1,121 @@
+"""A run's router under moto: its queues, the conversation table, the proxy and the consumer."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from lambdas.router.consumer import Consumer
+from lambdas.router.conversations import ConversationStore, create_table
+from lambdas.router.proxy import Proxy
+from lambdas.router.run_queues import RunQueues, create_run_queues
+from tests.aws import Serialized
+
+TABLE = "conversations"
+RUN, TOKEN = "run-1", "secret-token-1"
+OTHER_RUN, OTHER_TOKEN = "run-2", "secret-token-2"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class Router:
+    sqs: Any
+    db: Any
+    store: ConversationStore
+    queues: RunQueues
+    other_queues: RunQueues
+    proxy: Proxy
+    consumer: Consumer
+    clock: Clock
+
+    def messages(self, url: str) -> list[dict[str, Any]]:
+        found = []
+        while batch := self.sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, MessageSystemAttributeNames=["All"]
+        ).get("Messages"):
+            found += batch
+            for message in batch:
+                self.sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+        return found
+
+    def queue_arn(self, url: str) -> str:
+        return self.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])[
+            "Attributes"
+        ]["QueueArn"]
+
+
+def event(
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    run: str | None = RUN,
+    token: str | None = TOKEN,
+    sample: str | None = None,
+    signed: bool = True,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    all_headers = {"content-type": "application/json", **(headers or {})}
+    if run:
+        all_headers["x-mtrl-run-id"] = run
+    if token:
+        all_headers["x-mtrl-run-token"] = token
+    if sample:
+        all_headers["x-mtrl-sample-id"] = sample
+    context: dict[str, Any] = {"http": {"method": method, "path": path}}
+    if signed:
+        context["authorizer"] = {"iam": {"accessKey": "AKIDEXAMPLE"}}
+    return {
+        "version": "2.0",
+        "rawPath": path,
+        "headers": all_headers,
+        "body": body if isinstance(body, str) or body is None else json.dumps(body),
+        "isBase64Encoded": False,
+        "requestContext": context,
+    }
+
+
+def answer(result: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    return result["statusCode"], json.loads(result["body"])
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for key, value in {
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+    }.items():
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        yield
+
+
+@pytest.fixture
+def router(aws: None) -> Router:
+    sqs, db = Serialized(boto3.client("sqs")), Serialized(boto3.client("dynamodb"))
+    create_table(db, TABLE)
+    clock = Clock()
+    store = ConversationStore(db, TABLE)
+    queues = create_run_queues(sqs, prefix="test", run_id=RUN)
+    other = create_run_queues(sqs, prefix="test", run_id=OTHER_RUN)
+    store.put_run(RUN, token=TOKEN, queues=queues.urls(), now=clock())
+    store.put_run(OTHER_RUN, token=OTHER_TOKEN, queues=other.urls(), now=clock())
+    proxy = Proxy(store, sqs, wait_seconds=0, clock=clock, sleep=clock.sleep)
+    return Router(sqs, db, store, queues, other, proxy, Consumer(store, clock=clock), clock)

@@ -1,0 +1,145 @@
+"""100 multi-turn rollouts through the whole router under moto: reward workers (real worker,
+real Wordle) -> SigV4 client -> proxy over HTTP -> generate queue -> scripted trainer ->
+generate-response queue -> consumer -> conversation table -> back to the workers."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from botocore.credentials import Credentials
+
+from lambdas.router.proxy import Proxy
+from mtrl.local.function_url import FunctionUrlServer
+from mtrl.local.sqs_event_source import SqsEventSource
+from mtrl.protocol import (
+    GenerateRequest,
+    GenerateResponse,
+    RolloutRequest,
+    RolloutResponse,
+    dump,
+    parse,
+)
+from reward_envs.wordle import load_environment
+from reward_envs.worker.router_client import RouterClient, RouterRolloutQueues
+from reward_envs.worker.settings import WorkerSettings
+from reward_envs.worker.worker import RewardWorker
+from tests.router.conftest import RUN, TOKEN, Router
+
+ROLLOUTS = int(__import__("os").environ.get("E2E_ROLLOUTS", "100"))
+GUESSES = ["[slate]", "[moist]", "[crane]"]  # the secret is CRANE: three turns each
+
+
+class ScriptedTrainer(threading.Thread):
+    """Answers generate requests: the n-th turn of a conversation gets the n-th scripted guess."""
+
+    def __init__(self, router: Router) -> None:
+        super().__init__(daemon=True)
+        self.router = router
+        self.stop = threading.Event()
+        self.answered = 0
+
+    def run(self) -> None:
+        sqs, queues = self.router.sqs, self.router.queues
+        while not self.stop.is_set():
+            messages = sqs.receive_message(
+                QueueUrl=queues.generate_requests, MaxNumberOfMessages=10
+            ).get("Messages", [])
+            if not messages:
+                self.stop.wait(0.01)
+            for message in messages:
+                request = parse(GenerateRequest, message["Body"])
+                turn = sum(1 for m in request.messages if m.role == "assistant")
+                response = GenerateResponse(
+                    sample_id=request.sample_id,
+                    step_id=request.step_id,
+                    data={
+                        "choices": [
+                            {
+                                "message": {"role": "assistant", "content": GUESSES[turn]},
+                                "finish_reason": "stop",
+                            }
+                        ]
+                    },
+                )
+                sqs.send_message(
+                    QueueUrl=queues.generate_responses,
+                    MessageBody=dump(response),
+                    MessageGroupId=request.sample_id,
+                    MessageDeduplicationId=request.step_id,
+                )
+                sqs.delete_message(
+                    QueueUrl=queues.generate_requests, ReceiptHandle=message["ReceiptHandle"]
+                )
+                self.answered += 1
+
+
+def test_a_hundred_rollouts_each_answered_once_and_every_turn_recorded_once(router: Router) -> None:
+    sqs, queues = router.sqs, router.queues
+    for index in range(ROLLOUTS):
+        request = RolloutRequest(sample_id=f"rec{index}_0", data={"answer": "crane"})
+        sqs.send_message(
+            QueueUrl=queues.rollout_requests,
+            MessageBody=dump(request),
+            MessageGroupId=request.sample_id,
+            MessageDeduplicationId=str(index),
+        )
+    proxy = Proxy(router.store, sqs, wait_seconds=0.2)
+    trainer = ScriptedTrainer(router)
+    with (
+        FunctionUrlServer(lambda event, _context: proxy.handle(event)) as url_server,
+        SqsEventSource(
+            sqs,
+            queues.generate_responses,
+            lambda event, _context: router.consumer.handle(event),
+            wait_seconds=0,
+        ),
+    ):
+        trainer.start()
+        client = RouterClient(
+            url_server.url,
+            run_id=RUN,
+            run_token=TOKEN,
+            region="us-east-1",
+            credentials=lambda: Credentials("AKIDTEST", "secret"),
+        )
+        settings = WorkerSettings(
+            rollout_request_queue_url=queues.rollout_requests,
+            rollout_response_queue_url=queues.rollout_responses,
+            dead_letter_queue_url=queues.dlq,
+            wait_seconds=0,
+            rollout_timeout_seconds=60,
+        )
+        reporting = RouterRolloutQueues(
+            sqs, client, requests_url=queues.rollout_requests, dead_letter_url=queues.dlq
+        )
+        worker = RewardWorker(
+            queues=reporting, environment=load_environment(), model=client, settings=settings
+        )
+        stats = worker.run(exit_when_idle=True)
+        trainer.stop.set()
+        trainer.join(timeout=10)
+    responses = [
+        parse(RolloutResponse, m["Body"]) for m in router.messages(queues.rollout_responses)
+    ]
+    assert Counter(r.sample_id for r in responses) == Counter(
+        {f"rec{i}_0": 1 for i in range(ROLLOUTS)}
+    )
+    assert all(
+        r.stop_reason == "end_of_conversation" and r.aggregate_score == 0.8 for r in responses
+    )
+    assert stats.completed == ROLLOUTS and trainer.answered == 3 * ROLLOUTS
+    steps = router.db.scan(
+        TableName="conversations",
+        FilterExpression="begins_with(#i, :s)",
+        ExpressionAttributeNames={"#i": "item"},
+        ExpressionAttributeValues={":s": {"S": "step#"}},
+    )["Items"]
+    assert len(steps) == 3 * ROLLOUTS and all(step["status"]["S"] == "completed" for step in steps)
+    assert router.store.run_summary(RUN, now=router.clock() + 1e6, stuck_after_seconds=60) == {
+        "in_flight": 0,
+        "finished": ROLLOUTS,
+        "failed": 0,
+        "stuck": 0,
+    }
+    assert not router.messages(queues.dlq) and router.consumer.counters.duplicates == 0
