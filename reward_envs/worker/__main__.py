@@ -15,8 +15,9 @@ import boto3
 from pydantic import ValidationError
 
 from reward_envs.registry import EnvironmentNotFound, load
-from reward_envs.worker.model_client import OpenAICompatibleClient
+from reward_envs.worker.model_client import ModelClient, OpenAICompatibleClient
 from reward_envs.worker.queues import SqsRolloutQueues
+from reward_envs.worker.router_client import RouterClient, RouterRolloutQueues
 from reward_envs.worker.settings import WorkerSettings
 from reward_envs.worker.worker import RewardWorker
 
@@ -27,12 +28,21 @@ def main() -> int:
         settings = WorkerSettings()
     except ValidationError as error:
         problem = error.errors(include_url=False)[0]
-        key = "MTRL_" + "_".join(str(part) for part in problem["loc"]).upper()
-        print(f"reward worker: {key}: {problem['msg']}", file=sys.stderr)
-        return 2
-    if not settings.model_base_url:
+        key = (
+            "MTRL_" + "_".join(str(part) for part in problem["loc"]).upper()
+            if problem["loc"]
+            else "settings"
+        )
         print(
-            "reward worker: MTRL_MODEL_BASE_URL: set it to the model's OpenAI-compatible URL",
+            f"reward worker: {key}: {problem['msg'].removeprefix('Value error, ')}", file=sys.stderr
+        )
+        return 2
+    if not settings.router_url and not (
+        settings.model_base_url and settings.rollout_response_queue_url
+    ):
+        print(
+            "reward worker: set MTRL_ROUTER_URL (with MTRL_RUN_ID and MTRL_RUN_TOKEN), or "
+            "MTRL_MODEL_BASE_URL with MTRL_ROLLOUT_RESPONSE_QUEUE_URL",
             file=sys.stderr,
         )
         return 2
@@ -41,15 +51,7 @@ def main() -> int:
     except EnvironmentNotFound as missing:
         print(f"reward worker: MTRL_ENVIRONMENT: {missing}", file=sys.stderr)
         return 2
-    queues = SqsRolloutQueues(
-        boto3.client("sqs"),
-        requests_url=settings.rollout_request_queue_url,
-        responses_url=settings.rollout_response_queue_url,
-        dead_letter_url=settings.dead_letter_queue_url,
-    )
-    model = OpenAICompatibleClient(
-        settings.model_base_url, settings.model_name, api_key=settings.model_api_key
-    )
+    queues, model = _model_and_queues(settings)
     worker = RewardWorker(queues=queues, environment=environment, model=model, settings=settings)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: worker.stop())
@@ -57,6 +59,37 @@ def main() -> int:
     logging.getLogger("mtrl.worker").info("stopped: %s", stats)
     logging.shutdown()
     return 0
+
+
+def _model_and_queues(settings: WorkerSettings) -> tuple[SqsRolloutQueues, ModelClient]:
+    """Through the run's router (the deployed path) or straight to an OpenAI-compatible model."""
+    sqs = boto3.client("sqs")
+    if settings.router_url:
+        session = boto3.Session()
+        router = RouterClient(
+            settings.router_url,
+            run_id=settings.run_id or "",
+            run_token=settings.run_token or "",
+            region=session.region_name or "us-east-1",
+            credentials=lambda: session.get_credentials().get_frozen_credentials(),
+        )
+        reporting = RouterRolloutQueues(
+            sqs,
+            router,
+            requests_url=settings.rollout_request_queue_url,
+            dead_letter_url=settings.dead_letter_queue_url,
+        )
+        return reporting, router
+    queues = SqsRolloutQueues(
+        sqs,
+        requests_url=settings.rollout_request_queue_url,
+        responses_url=settings.rollout_response_queue_url or "",
+        dead_letter_url=settings.dead_letter_queue_url,
+    )
+    model = OpenAICompatibleClient(
+        settings.model_base_url or "", settings.model_name, api_key=settings.model_api_key
+    )
+    return queues, model
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MTRL_", frozen=True)
 
     rollout_request_queue_url: str
-    rollout_response_queue_url: str
+    rollout_response_queue_url: str | None = None
     dead_letter_queue_url: str | None = None
     environment: str = "wordle"
     concurrency: int = Field(default=16, ge=1, le=512)
@@ -21,6 +21,9 @@ class WorkerSettings(BaseSettings):
     max_receives: int = Field(default=3, ge=1, le=100)
     retry_delay_seconds: int = Field(default=5, ge=0, le=60)
     shutdown_grace_seconds: float = Field(default=25.0, ge=0)
+    router_url: str | None = None
+    run_id: str | None = None
+    run_token: str | None = None
     model_base_url: str | None = None
     model_name: str = "policy"
     model_api_key: str | None = None
@@ -29,4 +32,6 @@ class WorkerSettings(BaseSettings):
     def _heartbeat_fits(self) -> WorkerSettings:
         if self.wait_seconds * 2 >= self.visibility_timeout_seconds:
             raise ValueError("visibility_timeout_seconds must be more than twice wait_seconds")
+        if self.router_url and not (self.run_id and self.run_token):
+            raise ValueError("router_url needs run_id and run_token (MTRL_RUN_ID, MTRL_RUN_TOKEN)")
         return self

@@ -139,3 +139,32 @@ def test_worker_process_refuses_a_missing_setting_in_one_line() -> None:
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert lines == ["reward worker: MTRL_ROLLOUT_REQUEST_QUEUE_URL: Field required"]
+
+
+def test_worker_process_needs_run_credentials_for_the_router() -> None:
+    env = _environment(
+        MTRL_ROLLOUT_REQUEST_QUEUE_URL="https://sqs/q.fifo", MTRL_ROUTER_URL="https://router"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "reward_envs.worker"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "reward worker: settings: router_url needs run_id and run_token (MTRL_RUN_ID, MTRL_RUN_TOKEN)"
+    ]
+
+
+def test_worker_process_needs_a_model() -> None:
+    env = _environment(MTRL_ROLLOUT_REQUEST_QUEUE_URL="https://sqs/q.fifo")
+    result = subprocess.run(
+        [sys.executable, "-m", "reward_envs.worker"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "set MTRL_ROUTER_URL" in result.stderr
