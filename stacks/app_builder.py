@@ -11,6 +11,7 @@ from cdk_nag import AwsSolutionsChecks
 from stacks.compute_stack import ComputeStack
 from stacks.config import PlatformConfig, deployment_context
 from stacks.network_stack import NetworkStack
+from stacks.pipeline_stack import PipelineStack
 from stacks.storage_stack import StorageStack
 
 
@@ -25,6 +26,7 @@ def build_app(
     # not a valid template); the compute stack imports it.
     network = None if config.existing_vpc else NetworkStack(app, config=config).network
     storage = StorageStack(app, config=config)
-    ComputeStack(app, config=config, network=network, storage=storage.storage)
+    compute = ComputeStack(app, config=config, network=network, storage=storage.storage)
+    PipelineStack(app, config=config, storage=storage.storage, reward_fleet=compute.reward_fleet)
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return app, config

@@ -8,6 +8,8 @@ from tests.conftest import Synthesized, as_list, policy_statements
 # Actions that IAM cannot scope to a resource: the only ones allowed on Resource "*".
 UNSCOPABLE = {
     "ecr:GetAuthorizationToken",
+    "xray:PutTelemetryRecords",
+    "xray:PutTraceSegments",
     "ec2:DescribeDhcpOptions",
     "ec2:DescribeInstanceTypes",
     "ec2:DescribeInstances",

@@ -1,0 +1,115 @@
+"""The router's long-lived resources in the pipeline stack: table, proxy URL, consumer, grants."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+
+from stacks.components.lambda_code import PACKAGES, REQUIREMENTS
+from tests.conftest import Synthesized, as_list, role_statements
+
+
+def _functions(app: Synthesized) -> dict[str, tuple[str, dict]]:
+    return {
+        fn["Properties"]["Handler"]: (logical_id, fn)
+        for logical_id, fn in app.resources("pipeline", "AWS::Lambda::Function").items()
+    }
+
+
+def test_conversation_table(default_app: Synthesized) -> None:
+    _, table = default_app.one("pipeline", "AWS::DynamoDB::Table")
+    properties = table["Properties"]
+    assert properties["KeySchema"] == [
+        {"AttributeName": "run_id", "KeyType": "HASH"},
+        {"AttributeName": "item", "KeyType": "RANGE"},
+    ]
+    assert properties["TimeToLiveSpecification"] == {"AttributeName": "expires_at", "Enabled": True}
+    assert properties["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
+    assert properties["SSESpecification"]["SSEType"] == "KMS"
+
+
+def test_handlers_exist_and_run_on_python_312(default_app: Synthesized) -> None:
+    functions = _functions(default_app)
+    assert set(functions) == {"lambdas.router.proxy.handler", "lambdas.router.consumer.handler"}
+    for handler, (_, function) in functions.items():
+        module, name = handler.rsplit(".", 1)
+        assert callable(getattr(importlib.import_module(module), name))
+        assert function["Properties"]["Runtime"] == "python3.12"
+        assert function["Properties"]["TracingConfig"] == {"Mode": "Active"}
+
+
+def test_proxy_is_behind_an_iam_authenticated_function_url(default_app: Synthesized) -> None:
+    _, url = default_app.one("pipeline", "AWS::Lambda::Url")
+    proxy_id, _ = _functions(default_app)["lambdas.router.proxy.handler"]
+    assert url["Properties"]["AuthType"] == "AWS_IAM"
+    assert url["Properties"]["TargetFunctionArn"] == {"Fn::GetAtt": [proxy_id, "Arn"]}
+
+
+def test_queue_permissions_are_limited_to_the_deployments_run_queues(
+    default_app: Synthesized,
+) -> None:
+    template = default_app.template("pipeline")
+    for handler, (_, function) in _functions(default_app).items():
+        role_id = function["Properties"]["Role"]["Fn::GetAtt"][0]
+        sqs_statements = [
+            s
+            for s in role_statements(template, role_id)
+            if any(a.startswith("sqs:") for a in as_list(s["Action"]))
+        ]
+        assert sqs_statements, handler
+        for statement in sqs_statements:
+            assert json.dumps(statement["Resource"]).endswith(':nova-mtrl-*"]]}')
+        actions = {a for s in sqs_statements for a in as_list(s["Action"])}
+        if handler.endswith("proxy.handler"):
+            assert actions == {"sqs:SendMessage"}
+        else:
+            assert "sqs:ReceiveMessage" in actions and "sqs:SendMessage" not in actions
+
+
+def test_reward_workers_may_call_the_proxy_url(default_app: Synthesized) -> None:
+    policies = default_app.resources("pipeline", "AWS::IAM::Policy").values()
+    proxy_id, _ = _functions(default_app)["lambdas.router.proxy.handler"]
+    granted = [
+        policy
+        for policy in policies
+        if any(
+            "lambda:InvokeFunctionUrl" in as_list(s["Action"])
+            and s["Resource"] == {"Fn::GetAtt": [proxy_id, "Arn"]}
+            for s in policy["Properties"]["PolicyDocument"]["Statement"]
+        )
+    ]
+    (policy,) = granted
+    assert "ImportValue" in json.dumps(
+        policy["Properties"]["Roles"]
+    )  # the compute stack's task role
+
+
+def test_lambda_code_needs_only_what_the_asset_ships() -> None:
+    probe = (
+        "import sys; import lambdas.router.proxy, lambdas.router.consumer; "
+        "print(sorted({m.split('.')[0] for m in sys.modules}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60
+    )
+    loaded = set(json.loads(result.stdout.replace("'", '"')))
+    shipped = (
+        set(PACKAGES)
+        | {r.split("==")[0].replace("-", "_") for r in REQUIREMENTS}
+        | {"pydantic_core", "typing_extensions", "annotated_types", "typing_inspection"}
+    )
+    # The Lambda runtime ships boto3 and its dependencies (botocore uses certifi only if present).
+    runtime = {
+        "boto3",
+        "botocore",
+        "jmespath",
+        "dateutil",
+        "urllib3",
+        "s3transfer",
+        "six",
+        "certifi",
+    }
+    third_party = {m for m in loaded if m not in sys.stdlib_module_names and not m.startswith("_")}
+    assert third_party <= shipped | runtime, sorted(third_party - shipped - runtime)
