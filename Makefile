@@ -14,7 +14,7 @@ help:
 	@echo "make test     set up .venv if needed, lint, run the whole check suite (pytest, cfn-lint, cdk-nag)"
 	@echo "make synth    write the CloudFormation templates to cdk.out/"
 	@echo "make deploy   cdk deploy --all (AWS credentials needed)   make destroy   make diff"
-	@echo "make bench    time a cold synth and the full test suite"
+	@echo "make bench    measure synth and test times, environments and worker, router (bench/)"
 
 install: $(STAMP)
 
@@ -46,7 +46,9 @@ destroy: install
 	$(CDK) destroy --all
 
 bench: install
-	$(BIN)/python bench/synth.py
+	$(BIN)/python -m bench.synth
+	$(BIN)/python -m bench.envs
+	$(BIN)/python -m bench.router
 
 clean:
 	rm -rf cdk.out .pytest_cache .ruff_cache build *.egg-info

@@ -9,21 +9,21 @@ Prints, with the machine's core count:
   <= 3.55).
 Peer: TextArena's Wordle needs NLTK corpora and a tagger downloaded at run time, which this
 offline machine cannot fetch, so no ratio against it is printed.
-Nothing here is asserted: it is a measurement. `BENCH_QUICK=1` shortens it.
+Run: `python -m bench.envs`. Nothing here is asserted: it is a measurement. `BENCH_QUICK=1`
+shortens it.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import time
 
 import boto3
 
+from bench.moto_server import moto_server
 from mtrl.protocol import RolloutRequest, dump
 from reward_envs.interface import Record
 from reward_envs.wordle import load_environment, words
@@ -76,31 +76,8 @@ def runner_rollouts_per_cpu_second(count: int) -> float:
     return count / (cpu_seconds() - started)
 
 
-def _moto_server() -> tuple[subprocess.Popen, str]:
-    """moto's SQS in its own process, so this process's CPU time is the worker's alone
-    (boto3 signing and HTTP included, as against AWS)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return server, url
-        except OSError:
-            time.sleep(0.05)
-    server.kill()
-    raise RuntimeError("moto server did not start")
-
-
 def worker_rollouts_per_cpu_second(count: int) -> float:
-    server, url = _moto_server()
+    server, url = moto_server()
     try:
         sqs = boto3.client(
             "sqs",
