@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -10,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mtrl import __version__
+from mtrl.dataset import DatasetValidator
 from mtrl.env_commands import env_app
 from stacks.config import ConfigError, PlatformConfig, deployment_context
 
@@ -32,6 +34,51 @@ def _main() -> None:
 def version() -> None:
     """Print the nova-mtrl version."""
     out.print(__version__)
+
+
+@app.command()
+def validate(
+    file: Annotated[Path, typer.Argument(help="The dataset (.jsonl) to check.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Check a dataset: every problem as `line N: field: what is wrong`; exit 0 valid, 1 invalid."""
+    if not file.is_file():
+        err.print(f"error: {file}: no such file (give the path of a .jsonl dataset)")
+        raise typer.Exit(2)
+    validator = DatasetValidator()
+    found = []
+    try:
+        with file.open("rb") as stream:
+            for problem in validator.problems(stream):
+                if as_json:
+                    found.append(problem.as_dict())
+                else:
+                    out.print(str(problem), highlight=False, soft_wrap=True, markup=False)
+    except OSError as error:
+        err.print(f"error: {file}: cannot read ({error.strerror})")
+        raise typer.Exit(2) from None
+    summary = validator.summary
+    if as_json:
+        out.print_json(
+            json.dumps(
+                {
+                    "file": str(file),
+                    "valid": summary.valid,
+                    "records": summary.records,
+                    "problems": found,
+                }
+            )
+        )
+    elif summary.valid:
+        out.print(f"{file}: valid, {summary.records} records", highlight=False, soft_wrap=True)
+    else:
+        noun = "problem" if summary.problems == 1 else "problems"
+        out.print(
+            f"{file}: invalid, {summary.problems} {noun} in {summary.lines} lines",
+            highlight=False,
+            soft_wrap=True,
+        )
+    raise typer.Exit(0 if summary.valid else 1)
 
 
 @app.command()

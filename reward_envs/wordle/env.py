@@ -130,7 +130,8 @@ class WordleEpisode(Episode):
 
 
 class WordleEnvironment(Environment):
-    """Secret from the record's `metadata.answer`, or drawn from the answer list by id and seed."""
+    """Secret from the record's `metadata.answer`, or drawn from the answer list by id and seed;
+    a text `metadata.prompt` is shown before the rules."""
 
     name = "wordle"
     reward_range = RewardRange(0.0, 1.0)
@@ -138,8 +139,13 @@ class WordleEnvironment(Environment):
 
     def reset(self, record: Record, *, seed: int = 0) -> tuple[WordleEpisode, list[Message]]:
         secret = self._secret(record, seed)
-        opening = record.metadata.get("prompt")
-        text = opening if isinstance(opening, str) and opening.strip() else RULES
+        # The rules are always stated; a record's text prompt, if any, comes before them.
+        preamble = record.metadata.get("prompt")
+        text = (
+            f"{preamble.strip()}\n\n{RULES}"
+            if isinstance(preamble, str) and preamble.strip()
+            else RULES
+        )
         first: list[Message] = [{"role": "user", "content": f"{text}\nGuess 1 of {MAX_GUESSES}:"}]
         return WordleEpisode(secret=secret), first
 

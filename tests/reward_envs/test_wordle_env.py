@@ -87,6 +87,14 @@ def test_episode_ends_after_six_turns_and_then_stays_over() -> None:
     assert after.done and after.reward == 0.0 and not after.messages
 
 
+def test_a_record_prompt_comes_before_the_rules() -> None:
+    _, first = ENV.reset(
+        Record(id="x", metadata={"prompt": "You are a careful player.", "answer": "crane"})
+    )
+    text = first[0]["content"]
+    assert text.startswith("You are a careful player.\n\nLet's play Wordle.") and "[crane]" in text
+
+
 def test_secret_comes_from_the_record_or_id_and_seed() -> None:
     episode, first = ENV.reset(Record(id="x", metadata={"answer": " Crane "}))
     assert (

@@ -1,0 +1,208 @@
+"""The training dataset: one JSON object per line, Nova multi-turn RFT's record format.
+
+    {"id": "wordle-1", "metadata": {"prompt": "..." | [chat messages], "answer": "crane",
+                                    "task": "wordle", "info": {...}}}
+
+This module is the one home of the schema: the validate Lambda, `mtrl validate`, the local
+mode and the trainer all read datasets through it. Validation streams: memory grows only with
+the number of records (16 bytes each, for the duplicate-id check), never with the file size.
+UTF-8 with or without BOM, CRLF line ends and blank lines are accepted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from mtrl.protocol import ChatMessage
+
+MAX_LINE_BYTES = 1024 * 1024
+MAX_FILE_BYTES = 10 * 1024**3
+MAX_ID_LENGTH = 256
+_BOM = b"\xef\xbb\xbf"
+
+
+class RecordMetadata(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    prompt: str | list[ChatMessage]
+    answer: str | None = None
+    task: str | None = None
+    info: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _prompt_not_empty(self) -> RecordMetadata:
+        if isinstance(self.prompt, str) and not self.prompt.strip():
+            raise ValueError("prompt is empty")
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("prompt has no messages")
+        return self
+
+
+class DatasetRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(min_length=1, max_length=MAX_ID_LENGTH, pattern=r"^[^\x00-\x1f]+$")
+    metadata: RecordMetadata
+
+
+@dataclass(frozen=True)
+class Problem:
+    line: int | None  # None: about the whole file
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"line {self.line}" if self.line is not None else "file"
+        return f"{where}: {self.field}: {self.message}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"line": self.line, "field": self.field, "message": self.message}
+
+
+@dataclass
+class Summary:
+    records: int = 0
+    lines: int = 0
+    bytes: int = 0
+    problems: int = 0
+    duplicate_ids: int = 0
+    _hashes: array = field(default_factory=lambda: array("Q"), repr=False)
+    _lines: array = field(default_factory=lambda: array("Q"), repr=False)
+
+    @property
+    def valid(self) -> bool:
+        return self.problems == 0 and self.records > 0
+
+
+class DatasetValidator:
+    """`problems(stream)` yields every problem as it is found; `summary` holds the counts."""
+
+    def __init__(
+        self, *, max_line_bytes: int = MAX_LINE_BYTES, max_file_bytes: int = MAX_FILE_BYTES
+    ) -> None:
+        self.max_line_bytes = max_line_bytes
+        self.max_file_bytes = max_file_bytes
+        self.summary = Summary()
+
+    def problems(self, stream: BinaryIO) -> Iterator[Problem]:
+        for problem in self._scan(stream):
+            self.summary.problems += 1
+            yield problem
+
+    def _scan(self, stream: BinaryIO) -> Iterator[Problem]:
+        summary = self.summary
+        for number, raw in _lines(stream, self.max_line_bytes):
+            summary.lines = number
+            summary.bytes += len(raw)
+            if summary.bytes > self.max_file_bytes:
+                yield Problem(
+                    None, "file", f"larger than {self.max_file_bytes} bytes; split the dataset"
+                )
+                return
+            if raw is _TOO_LONG:
+                yield Problem(number, "line", f"longer than {self.max_line_bytes} bytes")
+                continue
+            if number == 1 and raw.startswith(_BOM):
+                raw = raw[len(_BOM) :]
+            if not raw.strip():
+                continue
+            try:
+                record = DatasetRecord.model_validate_json(raw)
+            except ValidationError as error:
+                yield from _describe(number, raw, error)
+                continue
+            summary.records += 1
+            summary._hashes.append(
+                int.from_bytes(hashlib.blake2b(record.id.encode(), digest_size=8).digest(), "big")
+            )
+            summary._lines.append(number)
+        if summary.records == 0 and summary.problems == 0:
+            yield Problem(None, "file", "no records: the file is empty or only blank lines")
+        yield from self._duplicates()
+
+    def _duplicates(self) -> Iterator[Problem]:
+        hashes = np.frombuffer(self.summary._hashes, dtype=np.uint64)
+        lines = np.frombuffer(self.summary._lines, dtype=np.uint64)
+        if len(hashes) < 2:
+            return
+        order = np.argsort(hashes, kind="stable")
+        repeated = np.flatnonzero(hashes[order][1:] == hashes[order][:-1]) + 1
+        first_of = {}
+        for position in repeated:
+            later = int(lines[order[position]])
+            first = first_of.setdefault(
+                int(hashes[order[position]]), int(lines[order[position - 1]])
+            )
+            self.summary.duplicate_ids += 1
+            yield Problem(later, "id", f"duplicate of the id on line {first}")
+
+
+_TOO_LONG = b"\0too long\0"
+
+
+def _lines(stream: BinaryIO, limit: int) -> Iterator[tuple[int, bytes]]:
+    """Numbered lines without their line end; an over-long line is yielded as _TOO_LONG."""
+    number = 0
+    while True:
+        line = stream.readline(limit + 2)
+        if not line:
+            return
+        number += 1
+        if len(line) > limit + 1:
+            while line and not line.endswith(b"\n"):  # skip the rest of the line, chunk by chunk
+                line = stream.readline(limit)
+            yield number, _TOO_LONG
+            continue
+        yield number, line.rstrip(b"\r\n")
+
+
+def _describe(number: int, raw: bytes, error: ValidationError) -> Iterator[Problem]:
+    for detail in error.errors(include_url=False):
+        kind = detail["type"]
+        if kind == "json_invalid":
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                yield Problem(number, "line", f"not valid UTF-8 (byte {bad.start + 1})")
+                return
+            reason = str(detail.get("ctx", {}).get("error", detail["msg"])).replace(
+                "at line 1 column", "at column"
+            )
+            yield Problem(number, "line", f"not valid JSON ({reason})")
+            return
+        if kind == "model_type" and not detail["loc"]:
+            yield Problem(
+                number,
+                "line",
+                'not a JSON object; each line must be {"id": ..., "metadata": {...}}',
+            )
+            return
+        location = ".".join(
+            str(part) for part in detail["loc"] if not str(part).startswith("function-")
+        )
+        message = detail["msg"].removeprefix("Value error, ")
+        if kind == "extra_forbidden":
+            message = "not allowed here (only id and metadata; put extra fields in metadata)"
+        elif kind == "string_pattern_mismatch":
+            message = "must not contain control characters"
+        yield Problem(number, location or "line", message)
+
+
+def read_records(stream: BinaryIO) -> Iterator[DatasetRecord]:
+    """The records of a dataset already validated (raises ValueError on the first bad line)."""
+    for number, raw in _lines(stream, MAX_LINE_BYTES):
+        if raw is _TOO_LONG:
+            raise ValueError(f"line {number}: longer than {MAX_LINE_BYTES} bytes")
+        raw = raw[len(_BOM) :] if number == 1 and raw.startswith(_BOM) else raw
+        if raw.strip():
+            try:
+                yield DatasetRecord.model_validate_json(raw)
+            except ValidationError as error:
+                raise ValueError(str(next(_describe(number, raw, error)))) from None
