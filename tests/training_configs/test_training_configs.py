@@ -1,0 +1,117 @@
+"""Training configs: the shipped files, validation errors that name file and key, the cost model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from training_configs import InstancePrices, TrainingConfigError, estimate, load_training_config
+from training_configs.schema import SHIPPED, parse_training_config
+
+
+def _lora() -> dict:
+    return yaml.safe_load(
+        Path(__file__)
+        .resolve()
+        .parents[2]
+        .joinpath("training_configs", "rft_multiturn_lora.yaml")
+        .read_text()
+    )
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_configs_load_and_fit_their_budget(name: str) -> None:
+    config = load_training_config(name)
+    assert config.recipe == name.upper()
+    assert config.global_batch_size % config.group_size == 0
+    assert estimate(config).within_budget
+
+
+def test_lora_and_full_differ_where_they_should() -> None:
+    lora, full = (
+        load_training_config("rft_multiturn_lora"),
+        load_training_config("rft_multiturn_full"),
+    )
+    assert lora.lora is not None and full.lora is None
+    assert full.instance_count > lora.instance_count
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"generation_replicas": 3}, "generation_replicas: Input should be 2, 4, 6 or 8"),
+        ({"group_size": 8, "global_batch_size": 60}, "must be a multiple of group_size (8)"),
+        (
+            {"max_length": 512, "max_new_tokens": 1024},
+            "max_length must be larger than max_new_tokens",
+        ),
+        ({"lora": None}, "RFT_MULTITURN_LORA needs a lora"),
+        ({"recipe": "RFT_MULTITURN_FULL"}, "remove the lora section"),
+        ({"recipe": "SFT"}, "recipe: Input should be 'RFT_MULTITURN_LORA' or 'RFT_MULTITURN_FULL'"),
+        ({"learning_rate": 0.5}, "learning_rate: Input should be less than or equal to 0.01"),
+        ({"instance_type": "p5.48xlarge"}, "instance_type: String should match pattern"),
+        ({"budget_usd": 0}, "budget_usd: Input should be greater than 0"),
+        ({"lerning_rate": 1e-5}, "lerning_rate: unknown key"),
+        ({"lora": {"rank": 0}}, "lora.rank: Input should be greater than or equal to 1"),
+    ],
+)
+def test_errors_name_the_file_and_the_key(change: dict, expected: str) -> None:
+    data = {**_lora(), **change}
+    with pytest.raises(TrainingConfigError) as raised:
+        parse_training_config(yaml.safe_dump(data), "my.yaml")
+    message = str(raised.value)
+    assert message.startswith("config my.yaml: ") and expected in message, message
+
+
+def test_files_and_yaml_errors(tmp_path: Path) -> None:
+    with pytest.raises(
+        TrainingConfigError, match="no such file; use a path or one of rft_multiturn_lora"
+    ):
+        load_training_config(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: [unclosed\n")
+    with pytest.raises(TrainingConfigError, match=r"broken.yaml: not valid YAML at line 2"):
+        load_training_config(broken)
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- a\n- b\n")
+    with pytest.raises(TrainingConfigError, match="expected a mapping"):
+        load_training_config(listed)
+    own = tmp_path / "own.yaml"
+    own.write_text(yaml.safe_dump({**_lora(), "name": "mine"}))
+    assert load_training_config(own).name == "mine"
+
+
+def test_cost_model_adds_gpus_workers_and_platform() -> None:
+    prices = InstancePrices(
+        hyperpod_instance_per_hour={"ml.p5.48xlarge": 100.0},
+        fargate_vcpu_per_hour=0.04,
+        fargate_gb_per_hour=0.005,
+        platform_idle_per_hour=0.5,
+    )
+    config = parse_training_config(
+        yaml.safe_dump(
+            {
+                **_lora(),
+                "instance_count": 3,
+                "reward_workers": 10,
+                "deadline_hours": 2,
+                "budget_usd": 600,
+            }
+        )
+    )
+    cost = estimate(config, prices, worker_vcpus=1, worker_memory_gb=2)
+    assert cost.gpu_per_hour == 300.0
+    assert cost.reward_workers_per_hour == pytest.approx(10 * (0.04 + 2 * 0.005))
+    assert cost.per_hour == pytest.approx(300.0 + 0.5 + 0.5)
+    assert cost.run_at_most == pytest.approx(602.0) and not cost.within_budget
+    assert "OVER the $600 budget" in cost.describe()
+
+
+def test_unknown_instance_price_says_how_to_fix() -> None:
+    config = parse_training_config(yaml.safe_dump({**_lora(), "instance_type": "ml.trn2.48xlarge"}))
+    with pytest.raises(
+        KeyError, match="no price for ml.trn2.48xlarge; known: .*add it to your prices file"
+    ):
+        estimate(config)

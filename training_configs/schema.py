@@ -1,0 +1,117 @@
+"""The training configuration: one typed model, YAML files, clear errors.
+
+`load_training_config("rft_multiturn_lora")` reads a shipped file by name; a path reads the
+user's own. Every problem is reported as `config FILE: key: what is wrong`.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Literal, Self
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Recipe = Literal["RFT_MULTITURN_LORA", "RFT_MULTITURN_FULL"]
+SHIPPED = ("rft_multiturn_lora", "rft_multiturn_full")
+
+
+class TrainingConfigError(ValueError):
+    """An invalid training config; the message names the file, the key and the fix."""
+
+
+class LoraSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rank: int = Field(default=32, ge=1, le=512)
+    alpha: int = Field(default=64, ge=1, le=1024)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+
+
+class TrainingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$")
+    recipe: Recipe
+    model: str = Field(min_length=1, description="the base model the recipe trains")
+    instance_type: str = Field(pattern=r"^ml\.[a-z0-9-]+\.[a-z0-9]+$")
+    instance_count: int = Field(ge=1, le=64)
+    generation_replicas: Literal[2, 4, 6, 8]
+    group_size: int = Field(ge=2, le=64, description="GRPO rollouts per sample")
+    global_batch_size: int = Field(ge=2, le=8192, description="rollouts per training step")
+    max_steps: int = Field(ge=1, le=100_000)
+    learning_rate: float = Field(gt=0.0, le=1e-2)
+    kl_coefficient: float = Field(default=0.0, ge=0.0, le=10.0)
+    clip_ratio: float = Field(default=0.2, gt=0.0, lt=1.0)
+    max_new_tokens: int = Field(ge=1, le=65_536)
+    max_length: int = Field(ge=2, le=131_072)
+    max_turns: int = Field(ge=1, le=100)
+    rollout_timeout_seconds: int = Field(ge=10, le=7200)
+    rollout_concurrency: int = Field(ge=1, le=512, description="episodes per reward worker")
+    reward_workers: int = Field(ge=1, le=500)
+    environment: str = Field(default="wordle", min_length=1)
+    deadline_hours: float = Field(gt=0.0, le=720.0)
+    budget_usd: float = Field(gt=0.0)
+    scale_to_zero: bool = True
+    lora: LoraSettings | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.global_batch_size % self.group_size:
+            raise ValueError(
+                f"global_batch_size ({self.global_batch_size}) must be a multiple of group_size "
+                f"({self.group_size}): every sample gets a whole group"
+            )
+        if self.max_length <= self.max_new_tokens:
+            raise ValueError(
+                "max_length must be larger than max_new_tokens (it includes the prompt)"
+            )
+        if self.recipe == "RFT_MULTITURN_LORA" and self.lora is None:
+            raise ValueError(
+                "recipe RFT_MULTITURN_LORA needs a lora: {rank, alpha, dropout} section"
+            )
+        if self.recipe == "RFT_MULTITURN_FULL" and self.lora is not None:
+            raise ValueError(
+                "recipe RFT_MULTITURN_FULL trains every weight: remove the lora section"
+            )
+        return self
+
+
+def load_training_config(name_or_path: str | Path) -> TrainingConfig:
+    """A shipped config by name (`rft_multiturn_lora`, `rft_multiturn_full`) or a YAML file."""
+    if str(name_or_path) in SHIPPED:
+        source = f"{name_or_path}.yaml"
+        text = resources.files("training_configs").joinpath(source).read_text(encoding="utf-8")
+    else:
+        path = Path(name_or_path)
+        source = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise TrainingConfigError(
+                f"config {source}: no such file; use a path or one of {', '.join(SHIPPED)}"
+            ) from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise TrainingConfigError(f"config {source}: cannot read ({error})") from None
+    return parse_training_config(text, source)
+
+
+def parse_training_config(text: str, source: str = "<config>") -> TrainingConfig:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise TrainingConfigError(f"config {source}: not valid YAML{where}") from None
+    if not isinstance(data, dict):
+        raise TrainingConfigError(f"config {source}: expected a mapping of keys to values")
+    try:
+        return TrainingConfig.model_validate(data)
+    except ValidationError as error:
+        problem = error.errors(include_url=False)[0]
+        key = ".".join(str(part) for part in problem["loc"]) or "config"
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] == "extra_forbidden":
+            message = "unknown key; check its spelling"
+        raise TrainingConfigError(f"config {source}: {key}: {message}") from None
