@@ -193,3 +193,11 @@ def test_cli_json_output(tmp_path: Path) -> None:
     assert report["problems"] == [
         {"line": 1, "field": "metadata.prompt", "message": "Field required"}
     ]
+
+
+def test_the_wordle_example_dataset_is_valid() -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "wordle" / "train.jsonl"
+    validator = DatasetValidator()
+    with example.open("rb") as stream:
+        assert [str(p) for p in validator.problems(stream)] == []
+    assert validator.summary.records == 256
