@@ -1,0 +1,119 @@
+"""The run model: a training run's identity, state and bookkeeping (one home for all of it).
+
+A run is one uploaded dataset version: its id derives from bucket, key and version id, so a
+duplicate event for the same upload joins the same run, and a new upload of the same key is a
+new run. Run ids are valid Step Functions execution names and queue-name parts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any, Literal
+
+from botocore.exceptions import ClientError
+from pydantic import BaseModel, ConfigDict, Field
+
+RunStatus = Literal[
+    "registered",
+    "provisioning",
+    "running",
+    "collecting",
+    "tearing_down",
+    "succeeded",
+    "failed",
+]
+FINISHED: tuple[RunStatus, ...] = ("succeeded", "failed")
+
+
+def run_id_for(bucket: str, key: str, version_id: str | None) -> str:
+    """`<dataset name>-<10 hex>`: readable, unique per (bucket, key, version), <= 64 chars."""
+    stem = key.rsplit("/", 1)[-1].removesuffix(".jsonl")
+    slug = re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-")[:40] or "dataset"
+    digest = hashlib.sha256(f"{bucket}\0{key}\0{version_id or 'unversioned'}".encode()).hexdigest()[
+        :10
+    ]
+    return f"{slug}-{digest}"
+
+
+class RunRecord(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    bucket: str
+    key: str
+    version_id: str | None = None
+    config_name: str
+    status: RunStatus = "registered"
+    created_at: float
+    updated_at: float
+    deadline_at: float
+    cost_per_hour: float = 0.0
+    error: str | None = None
+    resources: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunStore:
+    """The runs table: key `run_id`; every write conditional."""
+
+    def __init__(self, dynamodb: Any, table_name: str) -> None:
+        self._db = dynamodb
+        self._table = table_name
+
+    def register(self, run: RunRecord) -> tuple[RunRecord, bool]:
+        """The run as stored, and whether this call created it (False: a duplicate event)."""
+        try:
+            self._db.put_item(
+                TableName=self._table,
+                Item={
+                    "run_id": {"S": run.run_id},
+                    "record": {"S": run.model_dump_json()},
+                    "status": {"S": run.status},
+                },
+                ConditionExpression="attribute_not_exists(run_id)",
+            )
+            return run, True
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+                raise
+        existing = self.get(run.run_id)
+        if existing is None:  # deleted in between: register again
+            return self.register(run)
+        return existing, False
+
+    def get(self, run_id: str) -> RunRecord | None:
+        item = self._db.get_item(
+            TableName=self._table, Key={"run_id": {"S": run_id}}, ConsistentRead=True
+        ).get("Item")
+        return RunRecord.model_validate_json(item["record"]["S"]) if item else None
+
+    def update(self, run_id: str, *, now: float, **changes: Any) -> RunRecord:
+        """Apply `changes` (status, error, resources, ...); fails if the run changed meanwhile."""
+        current = self.get(run_id)
+        if current is None:
+            raise KeyError(f"no run {run_id!r}")
+        updated = current.model_copy(update={**changes, "updated_at": now})
+        updated = RunRecord.model_validate(json.loads(updated.model_dump_json()))
+        self._db.put_item(
+            TableName=self._table,
+            Item={
+                "run_id": {"S": run_id},
+                "record": {"S": updated.model_dump_json()},
+                "status": {"S": updated.status},
+            },
+            ConditionExpression="#status = :expected",
+            ExpressionAttributeNames={"#status": "status"},
+            ExpressionAttributeValues={":expected": {"S": current.status}},
+        )
+        return updated
+
+
+def create_runs_table(dynamodb: Any, table_name: str) -> None:
+    """The table as the pipeline stack declares it (for local mode and tests)."""
+    dynamodb.create_table(
+        TableName=table_name,
+        KeySchema=[{"AttributeName": "run_id", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "run_id", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )

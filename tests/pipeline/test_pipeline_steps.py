@@ -1,0 +1,136 @@
+"""Pipeline steps under moto: run identity and registration, streaming validation from S3,
+provisioning and idempotent teardown of a run's router resources."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError
+from moto import mock_aws
+
+from lambdas.pipeline.resources import leftover_resources, provision_run, teardown_run
+from lambdas.pipeline.validate import validate_upload
+from lambdas.router.conversations import ConversationStore, create_table
+from mtrl.runs import RunRecord, RunStore, create_runs_table, run_id_for
+
+BUCKET = "data-bucket"
+GOOD = b'{"id": "a", "metadata": {"prompt": "p", "answer": "crane"}}\n{"id": "b", "metadata": {"prompt": "p"}}\n'
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for key, value in {
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+    }.items():
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket=BUCKET)
+        s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+        yield
+
+
+def test_run_ids_are_stable_per_upload_and_new_per_version() -> None:
+    first = run_id_for(BUCKET, "training-data/My Wordle set.jsonl", "v1")
+    assert first == run_id_for(BUCKET, "training-data/My Wordle set.jsonl", "v1")
+    assert first.startswith("my-wordle-set-") and len(first) <= 64
+    assert first != run_id_for(BUCKET, "training-data/My Wordle set.jsonl", "v2")
+    assert all(
+        c.isalnum() or c == "-" for c in run_id_for(BUCKET, "training-data/ü ß/..jsonl", None)
+    )
+
+
+def _run(run_id: str = "r-1") -> RunRecord:
+    return RunRecord(
+        run_id=run_id,
+        bucket=BUCKET,
+        key="training-data/x.jsonl",
+        version_id="v1",
+        config_name="rft_multiturn_lora",
+        created_at=1.0,
+        updated_at=1.0,
+        deadline_at=100.0,
+    )
+
+
+def test_a_duplicate_event_joins_the_registered_run(aws) -> None:
+    db = boto3.client("dynamodb")
+    create_runs_table(db, "runs")
+    store = RunStore(db, "runs")
+    record, created = store.register(_run())
+    assert created
+    again, created_again = store.register(_run().model_copy(update={"created_at": 5.0}))
+    assert not created_again and again.created_at == 1.0
+    updated = store.update("r-1", now=2.0, status="provisioning", resources={"queues": 5})
+    assert (updated.status, updated.updated_at, store.get("r-1").resources) == (
+        "provisioning",
+        2.0,
+        {"queues": 5},
+    )
+    with pytest.raises(KeyError):
+        store.update("nope", now=1.0, status="failed")
+
+
+def test_validation_streams_from_s3_and_reports_next_to_the_run(aws) -> None:
+    s3 = boto3.client("s3")
+    version = s3.put_object(Bucket=BUCKET, Key="training-data/good.jsonl", Body=GOOD)["VersionId"]
+    outcome = validate_upload(
+        s3, bucket=BUCKET, key="training-data/good.jsonl", version_id=version, run_id="good-1"
+    )
+    assert outcome.valid and outcome.records == 2 and outcome.problems == 0
+    report = json.loads(s3.get_object(Bucket=BUCKET, Key=outcome.report_key)["Body"].read())
+    assert report["valid"] is True and report["version_id"] == version
+
+
+def test_invalid_dataset_reports_line_numbers_and_creates_nothing_else(aws) -> None:
+    s3 = boto3.client("s3")
+    body = GOOD + b"garbage\n" + b'{"id": "a", "metadata": {"prompt": "p"}}\n'
+    s3.put_object(Bucket=BUCKET, Key="training-data/bad.jsonl", Body=body)
+    outcome = validate_upload(
+        s3, bucket=BUCKET, key="training-data/bad.jsonl", version_id=None, run_id="bad-1"
+    )
+    assert not outcome.valid and outcome.problems == 2
+    assert outcome.first_problems == [
+        "line 3: line: not valid JSON (expected value at column 1)",
+        "line 4: id: duplicate of the id on line 1",
+    ]
+    keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET)["Contents"])
+    assert keys == ["runs/bad-1/validation.json", "training-data/bad.jsonl"]
+    assert not boto3.client("sqs").list_queues().get("QueueUrls")
+
+
+def test_a_dataset_version_that_is_gone_is_an_error(aws) -> None:
+    with pytest.raises(ClientError):
+        validate_upload(
+            boto3.client("s3"),
+            bucket=BUCKET,
+            key="training-data/none.jsonl",
+            version_id=None,
+            run_id="x",
+        )
+
+
+def test_provision_then_teardown_leaves_nothing_and_can_repeat(aws) -> None:
+    sqs, cloudwatch, db = boto3.client("sqs"), boto3.client("cloudwatch"), boto3.client("dynamodb")
+    create_table(db, "conversations")
+    conversations = ConversationStore(db, "conversations")
+    provisioned = provision_run(
+        sqs=sqs, cloudwatch=cloudwatch, conversations=conversations, prefix="nova-mtrl", run_id="r-7",
+        kms_key_id=None, alert_topic_arn=None, now=1.0,
+    )  # fmt: skip
+    assert len(provisioned.queues) == 5 and len(provisioned.alarms) == 4
+    assert conversations.get_run("r-7").accepts(provisioned.run_token)
+    assert leftover_resources(sqs=sqs, cloudwatch=cloudwatch, prefix="nova-mtrl", run_id="r-7") == 9
+    assert teardown_run(sqs=sqs, cloudwatch=cloudwatch, prefix="nova-mtrl", run_id="r-7") == {
+        "queues_deleted": 5,
+        "leftover": 0,
+    }
+    assert teardown_run(sqs=sqs, cloudwatch=cloudwatch, prefix="nova-mtrl", run_id="r-7") == {
+        "queues_deleted": 0,
+        "leftover": 0,
+    }
