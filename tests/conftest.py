@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from moto import mock_aws
 
 os.environ["JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION"] = "20"
 for _name in [name for name in os.environ if name.startswith("AWS_") or name.startswith("CDK_")]:
@@ -119,6 +120,19 @@ def every_app(
         "existing": existing_app,
         "existing-hyperpod": existing_hyperpod_app,
     }
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """moto's AWS for the test, with dummy credentials in us-east-1."""
+    for key, value in {
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+    }.items():
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        yield
 
 
 def policy_statements(template: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:

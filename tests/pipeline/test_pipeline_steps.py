@@ -4,12 +4,10 @@ provisioning and idempotent teardown of a run's router resources."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import boto3
 import pytest
 from botocore.exceptions import ClientError
-from moto import mock_aws
 
 from lambdas.pipeline.resources import leftover_resources, provision_run, teardown_run
 from lambdas.pipeline.validate import validate_upload
@@ -21,18 +19,10 @@ GOOD = b'{"id": "a", "metadata": {"prompt": "p", "answer": "crane"}}\n{"id": "b"
 
 
 @pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for key, value in {
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-    }.items():
-        monkeypatch.setenv(key, value)
-    with mock_aws():
-        s3 = boto3.client("s3")
-        s3.create_bucket(Bucket=BUCKET)
-        s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
-        yield
+def bucket(aws: None) -> None:
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket=BUCKET)
+    s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
 
 
 def test_run_ids_are_stable_per_upload_and_new_per_version() -> None:
@@ -58,7 +48,7 @@ def _run(run_id: str = "r-1") -> RunRecord:
     )
 
 
-def test_a_duplicate_event_joins_the_registered_run(aws) -> None:
+def test_a_duplicate_event_joins_the_registered_run(bucket) -> None:
     db = boto3.client("dynamodb")
     create_runs_table(db, "runs")
     store = RunStore(db, "runs")
@@ -76,7 +66,7 @@ def test_a_duplicate_event_joins_the_registered_run(aws) -> None:
         store.update("nope", now=1.0, status="failed")
 
 
-def test_validation_streams_from_s3_and_reports_next_to_the_run(aws) -> None:
+def test_validation_streams_from_s3_and_reports_next_to_the_run(bucket) -> None:
     s3 = boto3.client("s3")
     version = s3.put_object(Bucket=BUCKET, Key="training-data/good.jsonl", Body=GOOD)["VersionId"]
     outcome = validate_upload(
@@ -87,7 +77,7 @@ def test_validation_streams_from_s3_and_reports_next_to_the_run(aws) -> None:
     assert report["valid"] is True and report["version_id"] == version
 
 
-def test_invalid_dataset_reports_line_numbers_and_creates_nothing_else(aws) -> None:
+def test_invalid_dataset_reports_line_numbers_and_creates_nothing_else(bucket) -> None:
     s3 = boto3.client("s3")
     body = GOOD + b"garbage\n" + b'{"id": "a", "metadata": {"prompt": "p"}}\n'
     s3.put_object(Bucket=BUCKET, Key="training-data/bad.jsonl", Body=body)
@@ -104,7 +94,7 @@ def test_invalid_dataset_reports_line_numbers_and_creates_nothing_else(aws) -> N
     assert not boto3.client("sqs").list_queues().get("QueueUrls")
 
 
-def test_a_dataset_version_that_is_gone_is_an_error(aws) -> None:
+def test_a_dataset_version_that_is_gone_is_an_error(bucket) -> None:
     with pytest.raises(ClientError):
         validate_upload(
             boto3.client("s3"),
@@ -115,7 +105,7 @@ def test_a_dataset_version_that_is_gone_is_an_error(aws) -> None:
         )
 
 
-def test_provision_then_teardown_leaves_nothing_and_can_repeat(aws) -> None:
+def test_provision_then_teardown_leaves_nothing_and_can_repeat(bucket) -> None:
     sqs, cloudwatch, db = boto3.client("sqs"), boto3.client("cloudwatch"), boto3.client("dynamodb")
     create_table(db, "conversations")
     conversations = ConversationStore(db, "conversations")

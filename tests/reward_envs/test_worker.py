@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import boto3
 import pytest
-from moto import mock_aws
 
 from mtrl.protocol import RolloutRequest, RolloutResponse, dump, parse
 from reward_envs.interface import Message
@@ -69,21 +68,14 @@ class Queues:
 
 
 @pytest.fixture
-def queues(monkeypatch: pytest.MonkeyPatch) -> Iterator[Queues]:
-    for key, value in {
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-    }.items():
-        monkeypatch.setenv(key, value)
-    with mock_aws():
-        sqs = Serialized(boto3.client("sqs"))
-        fifo = {"FifoQueue": "true"}
-        urls = [
-            sqs.create_queue(QueueName=f"run-{n}.fifo", Attributes=fifo)["QueueUrl"]
-            for n in ("req", "resp", "dlq")
-        ]
-        yield Queues(sqs, *urls)
+def queues(aws: None) -> Iterator[Queues]:
+    sqs = Serialized(boto3.client("sqs"))
+    fifo = {"FifoQueue": "true"}
+    urls = [
+        sqs.create_queue(QueueName=f"run-{n}.fifo", Attributes=fifo)["QueueUrl"]
+        for n in ("req", "resp", "dlq")
+    ]
+    yield Queues(sqs, *urls)
 
 
 def worker_for(

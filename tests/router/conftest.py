@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import boto3
 import pytest
-from moto import mock_aws
 
 from lambdas.router.consumer import Consumer
 from lambdas.router.conversations import ConversationStore, create_table
@@ -93,18 +91,6 @@ def event(
 
 def answer(result: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     return result["statusCode"], json.loads(result["body"])
-
-
-@pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for key, value in {
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ACCESS_KEY_ID": "test",
-        "AWS_SECRET_ACCESS_KEY": "test",
-    }.items():
-        monkeypatch.setenv(key, value)
-    with mock_aws():
-        yield
 
 
 @pytest.fixture
