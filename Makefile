@@ -49,6 +49,7 @@ bench: install
 	$(BIN)/python -m bench.synth
 	$(BIN)/python -m bench.envs
 	$(BIN)/python -m bench.router
+	$(BIN)/python -m bench.validate
 
 clean:
 	rm -rf cdk.out .pytest_cache .ruff_cache build *.egg-info

@@ -117,3 +117,7 @@ def config(
     for key, value in data.items():
         table.add_row(key, json.dumps(value))
     out.print(table)
+
+
+if __name__ == "__main__":
+    app()
