@@ -1,0 +1,55 @@
+"""The run's last word: an SNS message saying how it ended, with what a person needs next."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from mtrl.runs import RunRecord
+
+
+def summary(
+    run: RunRecord,
+    *,
+    succeeded: bool,
+    now: float,
+    failed_state: str | None = None,
+    error: str | None = None,
+    teardown: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    hours = max(0.0, now - run.created_at) / 3600
+    return {
+        "run_id": run.run_id,
+        "status": "SUCCEEDED" if succeeded else "FAILED",
+        "dataset": f"s3://{run.bucket}/{run.key}",
+        "config": run.config_name,
+        "duration_hours": round(hours, 3),
+        "cost_estimate_usd": round(hours * run.cost_per_hour, 2),
+        "results": f"s3://{run.bucket}/runs/{run.run_id}/",
+        "reward_curve": f"s3://{run.bucket}/runs/{run.run_id}/reward_curve.png",
+        "failed_state": failed_state,
+        "error": error,
+        "teardown": teardown,
+    }
+
+
+def notify(sns: Any, topic_arn: str, report: dict[str, Any]) -> str:
+    lines = [f"nova-mtrl run {report['run_id']} {report['status']}"]
+    if report["status"] == "FAILED":
+        lines.append(f"failed in {report['failed_state']}: {report['error']}")
+    lines += [
+        f"dataset: {report['dataset']} (config {report['config']})",
+        f"duration: {report['duration_hours']:.2f} h, estimated cost ${report['cost_estimate_usd']:,.2f}",
+        f"results: {report['results']}",
+    ]
+    if report.get("teardown") is not None:
+        lines.append(f"teardown: {report['teardown'].get('leftover', '?')} resources left")
+    message = "\n".join(lines) + "\n\n" + json.dumps(report, indent=2)
+    subject = f"nova-mtrl {report['run_id']}: {report['status']}"[:100]
+    answer = sns.publish(
+        TopicArn=topic_arn,
+        Subject=subject,
+        Message=message,
+        MessageAttributes={"status": {"DataType": "String", "StringValue": report["status"]}},
+    )
+    return answer["MessageId"]

@@ -1,0 +1,91 @@
+"""Register a run for an uploaded dataset: its id, its training config, its cost, its budget.
+
+The config is chosen by the dataset object's S3 metadata `mtrl-config` (a shipped config
+name, or the key of a YAML file in the same bucket), falling back to the deployment's default.
+A run whose cost at full burn over its deadline exceeds its budget is refused before anything
+is created.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mtrl.runs import RunRecord, RunStore, run_id_for
+from training_configs import (
+    CostEstimate,
+    InstancePrices,
+    TrainingConfig,
+    estimate,
+    load_training_config,
+)
+from training_configs.schema import SHIPPED, TrainingConfigError, parse_training_config
+
+CONFIG_METADATA_KEY = "mtrl-config"  # x-amz-meta-mtrl-config on the dataset object
+
+
+class BudgetExceeded(ValueError):
+    """The run could cost more than its config's budget allows."""
+
+
+@dataclass(frozen=True)
+class Registered:
+    run: RunRecord
+    created: bool
+    config: TrainingConfig
+    cost: CostEstimate
+
+
+def resolve_config(
+    s3: Any, *, bucket: str, key: str, version_id: str | None, default: str
+) -> tuple[str, TrainingConfig]:
+    extra = {"VersionId": version_id} if version_id else {}
+    metadata = s3.head_object(Bucket=bucket, Key=key, **extra).get("Metadata", {})
+    name = metadata.get(CONFIG_METADATA_KEY) or default
+    if name in SHIPPED:
+        return name, load_training_config(name)
+    config_key = name.removeprefix(f"s3://{bucket}/")
+    try:
+        text = s3.get_object(Bucket=bucket, Key=config_key)["Body"].read().decode("utf-8")
+    except s3.exceptions.NoSuchKey:
+        raise TrainingConfigError(
+            f"config s3://{bucket}/{config_key}: no such object (named by {CONFIG_METADATA_KEY} of {key}); "
+            f"upload it or use one of {', '.join(SHIPPED)}"
+        ) from None
+    return name, parse_training_config(text, f"s3://{bucket}/{config_key}")
+
+
+def register_run(
+    s3: Any,
+    runs: RunStore,
+    *,
+    bucket: str,
+    key: str,
+    version_id: str | None,
+    default_config: str,
+    now: float,
+    prices: InstancePrices | None = None,
+) -> Registered:
+    run_id = run_id_for(bucket, key, version_id)
+    name, config = resolve_config(
+        s3, bucket=bucket, key=key, version_id=version_id, default=default_config
+    )
+    cost = estimate(config, prices)
+    if not cost.within_budget:
+        raise BudgetExceeded(
+            f"run {run_id} ({name}): {cost.describe()}; raise budget_usd or lower deadline_hours or "
+            "instance_count in the config"
+        )
+    record = RunRecord(
+        run_id=run_id,
+        bucket=bucket,
+        key=key,
+        version_id=version_id,
+        config_name=name,
+        created_at=now,
+        updated_at=now,
+        deadline_at=now + config.deadline_hours * 3600,
+        cost_per_hour=cost.per_hour,
+    )
+    stored, created = runs.register(record)
+    return Registered(stored, created, config, cost)

@@ -1,0 +1,206 @@
+"""Registering a run (config from S3 metadata, budget check, duplicates) and notifying its end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import boto3
+import pytest
+import yaml
+
+from lambdas.pipeline.notify import notify, summary
+from lambdas.pipeline.register import BudgetExceeded, register_run
+from mtrl.runs import RunStore, create_runs_table
+from training_configs.schema import TrainingConfigError
+
+BUCKET = "data-bucket"
+DATA = b'{"id": "a", "metadata": {"prompt": "p"}}\n'
+
+
+def _lora() -> dict:
+    return yaml.safe_load(
+        Path(__file__)
+        .resolve()
+        .parents[2]
+        .joinpath("training_configs", "rft_multiturn_lora.yaml")
+        .read_text()
+    )
+
+
+@pytest.fixture
+def s3_and_runs(aws: None) -> tuple:
+    s3, db = boto3.client("s3"), boto3.client("dynamodb")
+    s3.create_bucket(Bucket=BUCKET)
+    s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+    create_runs_table(db, "runs")
+    return s3, RunStore(db, "runs")
+
+
+def _upload(s3, key: str = "training-data/w.jsonl", metadata: dict | None = None) -> str:
+    return s3.put_object(Bucket=BUCKET, Key=key, Body=DATA, Metadata=metadata or {})["VersionId"]
+
+
+def test_default_config_registers_once_per_upload(s3_and_runs) -> None:
+    s3, runs = s3_and_runs
+    version = _upload(s3)
+    first = register_run(
+        s3,
+        runs,
+        bucket=BUCKET,
+        key="training-data/w.jsonl",
+        version_id=version,
+        default_config="rft_multiturn_lora",
+        now=1000.0,
+    )
+    assert first.created and first.run.config_name == "rft_multiturn_lora"
+    assert first.run.deadline_at == 1000.0 + 12 * 3600 and first.run.cost_per_hour == pytest.approx(
+        first.cost.per_hour
+    )
+    duplicate = register_run(
+        s3,
+        runs,
+        bucket=BUCKET,
+        key="training-data/w.jsonl",
+        version_id=version,
+        default_config="rft_multiturn_lora",
+        now=2000.0,
+    )
+    assert (
+        not duplicate.created
+        and duplicate.run.run_id == first.run.run_id
+        and duplicate.run.created_at == 1000.0
+    )
+    newer = register_run(
+        s3,
+        runs,
+        bucket=BUCKET,
+        key="training-data/w.jsonl",
+        version_id=_upload(s3),
+        default_config="rft_multiturn_lora",
+        now=3000.0,
+    )
+    assert newer.created and newer.run.run_id != first.run.run_id
+
+
+def test_config_named_in_object_metadata(s3_and_runs) -> None:
+    s3, runs = s3_and_runs
+    version = _upload(s3, metadata={"mtrl-config": "rft_multiturn_full"})
+    registered = register_run(
+        s3,
+        runs,
+        bucket=BUCKET,
+        key="training-data/w.jsonl",
+        version_id=version,
+        default_config="rft_multiturn_lora",
+        now=0.0,
+    )
+    assert registered.run.config_name == "rft_multiturn_full" and registered.config.lora is None
+
+
+def test_uploaded_config_file_and_its_errors(s3_and_runs) -> None:
+    s3, runs = s3_and_runs
+    mine = yaml.safe_dump(
+        {
+            **_lora(),
+            "name": "mine",
+            "max_steps": 5,
+        }
+    )
+    s3.put_object(Bucket=BUCKET, Key="configs/mine.yaml", Body=mine.encode())
+    version = _upload(s3, metadata={"mtrl-config": "configs/mine.yaml"})
+    registered = register_run(
+        s3,
+        runs,
+        bucket=BUCKET,
+        key="training-data/w.jsonl",
+        version_id=version,
+        default_config="rft_multiturn_lora",
+        now=0.0,
+    )
+    assert registered.config.name == "mine" and registered.config.max_steps == 5
+    version = _upload(s3, metadata={"mtrl-config": "configs/missing.yaml"})
+    with pytest.raises(TrainingConfigError, match="configs/missing.yaml: no such object"):
+        register_run(
+            s3,
+            runs,
+            bucket=BUCKET,
+            key="training-data/w.jsonl",
+            version_id=version,
+            default_config="rft_multiturn_lora",
+            now=0.0,
+        )
+    s3.put_object(Bucket=BUCKET, Key="configs/bad.yaml", Body=b"name: x\nrecipe: SFT\n")
+    version = _upload(s3, metadata={"mtrl-config": "configs/bad.yaml"})
+    with pytest.raises(TrainingConfigError, match=r"config s3://data-bucket/configs/bad.yaml: "):
+        register_run(
+            s3,
+            runs,
+            bucket=BUCKET,
+            key="training-data/w.jsonl",
+            version_id=version,
+            default_config="rft_multiturn_lora",
+            now=0.0,
+        )
+
+
+def test_over_budget_is_refused_before_anything_exists(s3_and_runs) -> None:
+    s3, runs = s3_and_runs
+    cheap = yaml.safe_dump({**_lora(), "budget_usd": 100})
+    s3.put_object(Bucket=BUCKET, Key="configs/cheap.yaml", Body=cheap.encode())
+    version = _upload(s3, metadata={"mtrl-config": "configs/cheap.yaml"})
+    with pytest.raises(BudgetExceeded, match=r"OVER the \$100 budget; raise budget_usd"):
+        register_run(
+            s3,
+            runs,
+            bucket=BUCKET,
+            key="training-data/w.jsonl",
+            version_id=version,
+            default_config="rft_multiturn_lora",
+            now=0.0,
+        )
+    assert boto3.client("dynamodb").scan(TableName="runs")["Count"] == 0
+
+
+def test_failure_notification_names_state_error_and_leftovers(s3_and_runs) -> None:
+    s3, runs = s3_and_runs
+    sns, sqs = boto3.client("sns"), boto3.client("sqs")
+    topic = sns.create_topic(Name="alerts")["TopicArn"]
+    inbox = sqs.create_queue(QueueName="inbox")["QueueUrl"]
+    inbox_arn = sqs.get_queue_attributes(QueueUrl=inbox, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    sns.subscribe(
+        TopicArn=topic,
+        Protocol="sqs",
+        Endpoint=inbox_arn,
+        Attributes={"RawMessageDelivery": "true"},
+    )
+    registered = register_run(
+        s3,
+        runs,
+        bucket=BUCKET,
+        key="training-data/w.jsonl",
+        version_id=_upload(s3),
+        default_config="rft_multiturn_lora",
+        now=0.0,
+    )
+    report = summary(
+        registered.run,
+        succeeded=False,
+        now=1800.0,
+        failed_state="SubmitTrainingJob",
+        error="ImagePullBackOff",
+        teardown={"leftover": 0},
+    )
+    notify(sns, topic, report)
+    (message,) = sqs.receive_message(QueueUrl=inbox)["Messages"]
+    body = message["Body"]
+    assert body.startswith(
+        f"nova-mtrl run {registered.run.run_id} FAILED\nfailed in SubmitTrainingJob: ImagePullBackOff"
+    )
+    assert "teardown: 0 resources left" in body
+    details = json.loads(body.split("\n\n", 1)[1])
+    assert details["duration_hours"] == 0.5 and details["cost_estimate_usd"] == pytest.approx(
+        0.5 * registered.run.cost_per_hour, abs=0.01
+    )
