@@ -1,0 +1,102 @@
+"""The two expensive planes behind one small interface each, chosen by configuration.
+
+The pipeline's compute steps only talk to these: `RewardFleet` (ECS Fargate on AWS, local
+processes in local mode) and `TrainingCluster` (HyperPod on AWS, the local trainer in local
+mode). Implementations register under a name; the deployment's configuration picks one.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+JobPhase = Literal["pending", "running", "succeeded", "failed", "pending_too_long"]
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What a backend needs to know about the run it serves."""
+
+    run_id: str
+    queues: dict[str, str]
+    router_url: str | None
+    run_token: str
+    environment: str
+    output_prefix: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    phase: JobPhase
+    reason: str = ""
+    step: int | None = None
+
+
+class RewardFleet(ABC):
+    @abstractmethod
+    def start(self, run: RunContext, *, workers: int) -> list[str]:
+        """Start `workers` reward workers for the run; returns their ids (idempotent per run)."""
+
+    @abstractmethod
+    def healthy(self, run: RunContext) -> int:
+        """How many of the run's workers are up."""
+
+    @abstractmethod
+    def stop(self, run: RunContext) -> int:
+        """Stop every worker of the run (idempotent); returns how many were still running."""
+
+
+class TrainingCluster(ABC):
+    @abstractmethod
+    def scale_up(self, run: RunContext, *, instances: int) -> None:
+        """Ask for `instances` nodes for the run (no-op when they are there)."""
+
+    @abstractmethod
+    def nodes_ready(self, run: RunContext) -> int:
+        """How many schedulable nodes the run has."""
+
+    @abstractmethod
+    def submit(self, run: RunContext, *, config: dict[str, Any]) -> str:
+        """Submit the run's training job (idempotent: a resubmission returns the same job)."""
+
+    @abstractmethod
+    def status(self, run: RunContext) -> JobStatus:
+        """Where the run's job is, with the reason when it failed or waits too long."""
+
+    @abstractmethod
+    def delete(self, run: RunContext) -> int:
+        """Delete every object of the run's job (idempotent); returns how many existed."""
+
+    @abstractmethod
+    def scale_down(self, run: RunContext) -> None:
+        """Release the run's nodes unless another run still needs them."""
+
+
+_FLEETS: dict[str, Callable[[], RewardFleet]] = {}
+_CLUSTERS: dict[str, Callable[[], TrainingCluster]] = {}
+
+
+def register_fleet(name: str, factory: Callable[[], RewardFleet]) -> None:
+    _FLEETS[name] = factory
+
+
+def register_cluster(name: str, factory: Callable[[], TrainingCluster]) -> None:
+    _CLUSTERS[name] = factory
+
+
+def reward_fleet(name: str) -> RewardFleet:
+    return _pick(_FLEETS, name, "reward fleet")()
+
+
+def training_cluster(name: str) -> TrainingCluster:
+    return _pick(_CLUSTERS, name, "training cluster")()
+
+
+def _pick(known: dict[str, Callable[[], Any]], name: str, kind: str) -> Callable[[], Any]:
+    if name not in known:
+        choices = ", ".join(sorted(known)) or "none registered"
+        raise LookupError(f"no {kind} backend {name!r} (known: {choices})")
+    return known[name]

@@ -1,0 +1,228 @@
+"""Thin Lambda handlers of the pipeline: parse a typed event, call a step, return a typed result.
+
+Errors are raised as exceptions whose class names the Step Functions states catch
+(`DatasetInvalid`, `BudgetExceeded`, `TrainingConfigError`); their messages are what the
+failure notification shows.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import boto3
+from pydantic import BaseModel, ConfigDict, Field
+
+from lambdas.pipeline.notify import notify, summary
+from lambdas.pipeline.register import register_run
+from lambdas.pipeline.resources import provision_run, teardown_run
+from lambdas.pipeline.validate import validate_upload
+from lambdas.router.conversations import ConversationStore
+from mtrl.runs import RunStore, run_id_for
+
+
+class DatasetInvalid(ValueError):
+    """The uploaded dataset has problems; nothing was created."""
+
+
+class PipelineSettings(BaseModel):
+    """From the functions' environment (set by the pipeline stack)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name_prefix: str = Field(alias="NAME_PREFIX")
+    runs_table: str = Field(alias="RUNS_TABLE")
+    conversations_table: str = Field(alias="CONVERSATIONS_TABLE")
+    default_config: str = Field(default="rft_multiturn_lora", alias="DEFAULT_CONFIG")
+    state_machine_arn: str | None = Field(default=None, alias="STATE_MACHINE_ARN")
+    data_key_arn: str | None = Field(default=None, alias="DATA_KEY_ARN")
+    alert_topic_arn: str | None = Field(default=None, alias="ALERT_TOPIC_ARN")
+
+    @classmethod
+    def from_env(cls) -> PipelineSettings:
+        return cls.model_validate(dict(os.environ))
+
+
+class Upload(BaseModel):
+    """The dataset a run is about: from an EventBridge `Object Created` event, or state input."""
+
+    model_config = ConfigDict(frozen=True)
+
+    bucket: str
+    key: str
+    version_id: str | None = None
+
+    @classmethod
+    def from_event(cls, event: dict[str, Any]) -> Upload:
+        if (
+            "detail" in event
+        ):  # EventBridge: {"detail": {"bucket": {"name"}, "object": {"key", "version-id"}}}
+            detail = event["detail"]
+            return cls(
+                bucket=detail["bucket"]["name"],
+                key=detail["object"]["key"],
+                version_id=detail["object"].get("version-id"),
+            )
+        return cls.model_validate(event.get("upload", event))
+
+    @property
+    def run_id(self) -> str:
+        return run_id_for(self.bucket, self.key, self.version_id)
+
+
+def _settings() -> PipelineSettings:
+    return PipelineSettings.from_env()
+
+
+def start_run(
+    event: dict[str, Any],
+    context: Any = None,
+    *,
+    sfn: Any = None,
+    settings: PipelineSettings | None = None,
+) -> dict[str, Any]:
+    """EventBridge target: start the state machine with the run id as execution name. Step
+    Functions makes that idempotent: a duplicate event while the run goes on returns the same
+    execution; after it ended, the name is taken and nothing new starts."""
+    settings = settings or _settings()
+    sfn = sfn or boto3.client("stepfunctions")
+    upload = Upload.from_event(event)
+    try:
+        answer = sfn.start_execution(
+            stateMachineArn=settings.state_machine_arn,
+            name=upload.run_id,
+            input=upload.model_dump_json(),
+        )
+        return {
+            "run_id": upload.run_id,
+            "execution_arn": answer["executionArn"],
+            "already_finished": False,
+        }
+    except sfn.exceptions.ExecutionAlreadyExists:
+        execution = (
+            f"{settings.state_machine_arn.replace(':stateMachine:', ':execution:')}:{upload.run_id}"
+        )
+        return {"run_id": upload.run_id, "execution_arn": execution, "already_finished": True}
+
+
+def validate(event: dict[str, Any], context: Any = None, *, s3: Any = None) -> dict[str, Any]:
+    upload = Upload.from_event(event)
+    outcome = validate_upload(
+        s3 or boto3.client("s3"),
+        bucket=upload.bucket,
+        key=upload.key,
+        version_id=upload.version_id,
+        run_id=upload.run_id,
+    )
+    if not outcome.valid:
+        shown = "; ".join(outcome.first_problems[:5])
+        raise DatasetInvalid(
+            f"s3://{upload.bucket}/{upload.key}: {outcome.problems} problems ({shown}); full report "
+            f"s3://{upload.bucket}/{outcome.report_key}"
+        )
+    return {"run_id": upload.run_id, "records": outcome.records, "report_key": outcome.report_key}
+
+
+def register(
+    event: dict[str, Any],
+    context: Any = None,
+    *,
+    s3: Any = None,
+    dynamodb: Any = None,
+    settings: PipelineSettings | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    settings = settings or _settings()
+    upload = Upload.from_event(event)
+    registered = register_run(
+        s3 or boto3.client("s3"),
+        RunStore(dynamodb or boto3.client("dynamodb"), settings.runs_table),
+        bucket=upload.bucket,
+        key=upload.key,
+        version_id=upload.version_id,
+        default_config=settings.default_config,
+        now=time.time() if now is None else now,
+    )
+    return {
+        "run_id": registered.run.run_id,
+        "created": registered.created,
+        "config": registered.config.model_dump(mode="json"),
+        "cost_per_hour": registered.cost.per_hour,
+        "deadline_at": registered.run.deadline_at,
+    }
+
+
+def provision(
+    event: dict[str, Any],
+    context: Any = None,
+    *,
+    sqs: Any = None,
+    cloudwatch: Any = None,
+    dynamodb: Any = None,
+    settings: PipelineSettings | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    settings = settings or _settings()
+    provisioned = provision_run(
+        sqs=sqs or boto3.client("sqs"),
+        cloudwatch=cloudwatch or boto3.client("cloudwatch"),
+        conversations=ConversationStore(
+            dynamodb or boto3.client("dynamodb"), settings.conversations_table
+        ),
+        prefix=settings.name_prefix,
+        run_id=event["run_id"],
+        kms_key_id=settings.data_key_arn,
+        alert_topic_arn=settings.alert_topic_arn,
+        now=time.time() if now is None else now,
+    )
+    # The token goes to the run's workers only; the state keeps the queue URLs.
+    return {"run_id": event["run_id"], "queues": provisioned.queues, "alarms": provisioned.alarms}
+
+
+def teardown(
+    event: dict[str, Any],
+    context: Any = None,
+    *,
+    sqs: Any = None,
+    cloudwatch: Any = None,
+    settings: PipelineSettings | None = None,
+) -> dict[str, Any]:
+    settings = settings or _settings()
+    result = teardown_run(
+        sqs=sqs or boto3.client("sqs"),
+        cloudwatch=cloudwatch or boto3.client("cloudwatch"),
+        prefix=settings.name_prefix,
+        run_id=event["run_id"],
+    )
+    return {"run_id": event["run_id"], **result}
+
+
+def notify_end(
+    event: dict[str, Any],
+    context: Any = None,
+    *,
+    sns: Any = None,
+    dynamodb: Any = None,
+    settings: PipelineSettings | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """`event`: {"run_id", "succeeded", "failed_state"?, "error"?, "teardown"?}."""
+    settings = settings or _settings()
+    run = RunStore(dynamodb or boto3.client("dynamodb"), settings.runs_table).get(event["run_id"])
+    if run is None:
+        raise KeyError(f"no run {event['run_id']!r} in {settings.runs_table}")
+    report = summary(
+        run,
+        succeeded=bool(event.get("succeeded")),
+        now=time.time() if now is None else now,
+        failed_state=event.get("failed_state"),
+        error=event.get("error"),
+        teardown=event.get("teardown"),
+    )
+    message_id = (
+        notify(sns or boto3.client("sns"), settings.alert_topic_arn, report)
+        if settings.alert_topic_arn
+        else None
+    )
+    return {**report, "message_id": message_id}

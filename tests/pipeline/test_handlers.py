@@ -1,0 +1,125 @@
+"""The pipeline's Lambda handlers under moto: typed events in, results or typed errors out."""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+
+from lambdas.pipeline import handlers
+from lambdas.pipeline.handlers import DatasetInvalid, PipelineSettings, Upload
+from lambdas.router.conversations import create_table
+from mtrl.runs import create_runs_table
+
+BUCKET = "data"
+GOOD = b'{"id": "a", "metadata": {"prompt": "p", "answer": "crane"}}\n'
+
+
+def _event(key: str, version: str | None) -> dict:
+    """An EventBridge S3 `Object Created` event, as the rule delivers it."""
+    return {
+        "source": "aws.s3",
+        "detail-type": "Object Created",
+        "detail": {
+            "bucket": {"name": BUCKET},
+            "object": {"key": key, "version-id": version, "size": 10},
+        },
+    }
+
+
+@pytest.fixture
+def env(aws: None) -> dict:
+    s3, db, sfn, sns = (boto3.client(name) for name in ("s3", "dynamodb", "stepfunctions", "sns"))
+    s3.create_bucket(Bucket=BUCKET)
+    s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+    create_runs_table(db, "runs")
+    create_table(db, "conversations")
+    machine = sfn.create_state_machine(
+        name="pipeline",
+        definition=json.dumps(
+            {"StartAt": "Wait", "States": {"Wait": {"Type": "Wait", "Seconds": 3600, "End": True}}}
+        ),
+        roleArn="arn:aws:iam::123456789012:role/pipeline",
+    )["stateMachineArn"]
+    settings = PipelineSettings(
+        NAME_PREFIX="nova-mtrl",
+        RUNS_TABLE="runs",
+        CONVERSATIONS_TABLE="conversations",
+        STATE_MACHINE_ARN=machine,
+        ALERT_TOPIC_ARN=sns.create_topic(Name="alerts")["TopicArn"],
+    )
+    return {"s3": s3, "settings": settings, "sfn": sfn}
+
+
+def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in {"NAME_PREFIX": "p", "RUNS_TABLE": "r", "CONVERSATIONS_TABLE": "c"}.items():
+        monkeypatch.setenv(key, value)
+    settings = PipelineSettings.from_env()
+    assert (settings.name_prefix, settings.default_config) == ("p", "rft_multiturn_lora")
+
+
+def test_an_upload_event_starts_one_execution_named_after_the_run(env: dict) -> None:
+    version = env["s3"].put_object(Bucket=BUCKET, Key="training-data/w.jsonl", Body=GOOD)[
+        "VersionId"
+    ]
+    first = handlers.start_run(
+        _event("training-data/w.jsonl", version), settings=env["settings"], sfn=env["sfn"]
+    )
+    again = handlers.start_run(
+        _event("training-data/w.jsonl", version), settings=env["settings"], sfn=env["sfn"]
+    )
+    assert first["execution_arn"] == again["execution_arn"] and first["execution_arn"].endswith(
+        f":{first['run_id']}"
+    )
+    executions = env["sfn"].list_executions(stateMachineArn=env["settings"].state_machine_arn)[
+        "executions"
+    ]
+    assert [e["name"] for e in executions] == [first["run_id"]]
+    started = json.loads(
+        env["sfn"].describe_execution(executionArn=first["execution_arn"])["input"]
+    )
+    assert Upload.model_validate(started) == Upload(
+        bucket=BUCKET, key="training-data/w.jsonl", version_id=version
+    )
+
+
+def test_invalid_dataset_raises_with_line_numbers_and_creates_nothing(env: dict) -> None:
+    version = env["s3"].put_object(
+        Bucket=BUCKET, Key="training-data/bad.jsonl", Body=GOOD + b"{oops\n"
+    )["VersionId"]
+    with pytest.raises(
+        DatasetInvalid,
+        match=r"1 problems \(line 2: line: not valid JSON .*\); full report s3://data/runs/bad-",
+    ):
+        handlers.validate(_event("training-data/bad.jsonl", version), s3=env["s3"])
+    assert not boto3.client("sqs").list_queues().get("QueueUrls")
+
+
+def test_the_happy_path_of_steps_then_teardown_and_notification(env: dict) -> None:
+    s3, settings = env["s3"], env["settings"]
+    version = s3.put_object(Bucket=BUCKET, Key="training-data/w.jsonl", Body=GOOD)["VersionId"]
+    upload = {"bucket": BUCKET, "key": "training-data/w.jsonl", "version_id": version}
+    checked = handlers.validate(upload, s3=s3)
+    registered = handlers.register(upload, s3=s3, settings=settings, now=0.0)
+    assert (
+        registered["run_id"] == checked["run_id"]
+        and registered["created"]
+        and registered["config"]["recipe"] == "RFT_MULTITURN_LORA"
+    )
+    provisioned = handlers.provision({"run_id": registered["run_id"]}, settings=settings, now=0.0)
+    assert set(provisioned["queues"]) == {
+        "rollout_requests",
+        "rollout_responses",
+        "generate_requests",
+        "generate_responses",
+        "dlq",
+    }
+    down = handlers.teardown({"run_id": registered["run_id"]}, settings=settings)
+    assert down["leftover"] == 0 and down["queues_deleted"] == 5
+    told = handlers.notify_end(
+        {"run_id": registered["run_id"], "succeeded": True, "teardown": down},
+        settings=settings,
+        now=3600.0,
+    )
+    assert told["status"] == "SUCCEEDED" and told["message_id"] and told["duration_hours"] == 1.0
