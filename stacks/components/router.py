@@ -12,12 +12,11 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from lambdas.router.conversations import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from lambdas.router.run_queues import queue_base
-from stacks.components.lambda_code import ARCHITECTURE, RUNTIME
+from stacks.components.functions import pipeline_function
 from stacks.components.nag import acknowledge, acknowledge_resource
 from stacks.config import PlatformConfig
 
@@ -57,7 +56,8 @@ class Router(Construct):
         self.run_queue_arns = stack.format_arn(
             service="sqs", resource=f"{queue_base(config.name_prefix, '')}*"
         )
-        self.proxy = self._function(
+        self.proxy = pipeline_function(
+            self,
             "Proxy",
             handler="lambdas.router.proxy.handler",
             description="Rollout router proxy: OpenAI-shaped API over the run's queues",
@@ -66,7 +66,8 @@ class Router(Construct):
             environment={"TABLE_NAME": self.table.table_name, "WAIT_SECONDS": "5"},
         )
         self.proxy_url = self.proxy.add_function_url(auth_type=lambda_.FunctionUrlAuthType.AWS_IAM)
-        self.consumer = self._function(
+        self.consumer = pipeline_function(
+            self,
             "Consumer",
             handler="lambdas.router.consumer.handler",
             description="Rollout router: records generate responses in the conversation table",
@@ -102,11 +103,6 @@ class Router(Construct):
                 "Per-run queues are created by the pipeline at run time; their names share the "
                 "deployment's prefix, which is as narrow as a name known at deploy time can be.",
             )
-            acknowledge(
-                role,
-                "AwsSolutions-IAM5[Resource::*]",
-                "X-Ray PutTraceSegments and PutTelemetryRecords have no resource-level permissions.",
-            )
             for action in ("kms:ReEncrypt*", "kms:GenerateDataKey*"):
                 acknowledge(
                     role,
@@ -117,49 +113,3 @@ class Router(Construct):
     def grant_invoke_url(self, grantee: iam.IGrantable) -> None:
         """Let a reward-worker role call the proxy's Function URL (SigV4)."""
         self.proxy.grant_invoke_url(grantee)
-
-    def _function(
-        self,
-        name: str,
-        *,
-        handler: str,
-        description: str,
-        code: lambda_.Code,
-        timeout: Duration,
-        environment: dict[str, str],
-    ) -> lambda_.Function:
-        log_group = logs.LogGroup(
-            self,
-            f"{name}Logs",
-            retention=logs.RetentionDays.THREE_MONTHS,
-            removal_policy=RemovalPolicy.DESTROY,
-        )
-        role = iam.Role(
-            self,
-            f"{name}Role",
-            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description=description,
-        )
-        log_group.grant_write(role)
-        function = lambda_.Function(
-            self,
-            name,
-            runtime=RUNTIME,
-            architecture=ARCHITECTURE,
-            handler=handler,
-            code=code,
-            description=description,
-            timeout=timeout,
-            memory_size=512,
-            role=role,
-            log_group=log_group,
-            tracing=lambda_.Tracing.ACTIVE,
-            environment=environment,
-        )
-        acknowledge(
-            function,
-            "AwsSolutions-L1",
-            "The pipeline Lambdas target Python 3.12 on purpose: their wheels are built for "
-            "cp312 and the runtime is supported; upgrades are a deliberate change.",
-        )
-        return function
