@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.base import PlatformStack
 from stacks.components.lambda_code import pipeline_code
+from stacks.components.pipeline import TrainingPipeline
 from stacks.components.reward_fleet import RewardFleet
 from stacks.components.router import Router
-from stacks.components.storage import Storage
+from stacks.components.storage import Storage, data_bucket_name
 from stacks.config import PlatformConfig
 
 
@@ -23,9 +25,20 @@ class PipelineStack(PlatformStack):
         storage: Storage,
         reward_fleet: RewardFleet,
     ) -> None:
-        super().__init__(scope, "pipeline", config=config, description="rollout router, pipeline")
+        super().__init__(
+            scope, "pipeline", config=config, description="training pipeline and rollout router"
+        )
         code = pipeline_code()
         self.router = Router(self, "Router", config=config, code=code, data_key=storage.data_key)
+        self.pipeline = TrainingPipeline(
+            self,
+            "Pipeline",
+            config=config,
+            code=code,
+            data_bucket=s3.Bucket.from_bucket_name(self, "DataBucket", data_bucket_name(config)),
+            data_key=storage.data_key,
+            conversations=self.router.table,
+        )
         # Reward workers call the proxy; the grant lives here so compute never depends on us.
         workers = iam.Role.from_role_arn(
             self, "RewardWorkerRole", reward_fleet.task_role.role_arn, mutable=True
@@ -33,3 +46,6 @@ class PipelineStack(PlatformStack):
         self.router.grant_invoke_url(workers)
         cdk.CfnOutput(self, "RouterUrl", value=self.router.proxy_url.url)
         cdk.CfnOutput(self, "ConversationTableName", value=self.router.table.table_name)
+        cdk.CfnOutput(self, "StateMachineArn", value=self.pipeline.state_machine.state_machine_arn)
+        cdk.CfnOutput(self, "RunsTableName", value=self.pipeline.runs_table.table_name)
+        cdk.CfnOutput(self, "AlertTopicArn", value=self.pipeline.alert_topic.topic_arn)

@@ -7,6 +7,17 @@ from tests.conftest import Synthesized, as_list, policy_statements
 
 # Actions that IAM cannot scope to a resource: the only ones allowed on Resource "*".
 UNSCOPABLE = {
+    # Step Functions' log delivery (vended logs) and X-Ray sampling: documented as Resource "*".
+    "logs:CreateLogDelivery",
+    "logs:DeleteLogDelivery",
+    "logs:DescribeLogGroups",
+    "logs:DescribeResourcePolicies",
+    "logs:GetLogDelivery",
+    "logs:ListLogDeliveries",
+    "logs:PutResourcePolicy",
+    "logs:UpdateLogDelivery",
+    "xray:GetSamplingRules",
+    "xray:GetSamplingTargets",
     "ecr:GetAuthorizationToken",
     "xray:PutTelemetryRecords",
     "xray:PutTraceSegments",

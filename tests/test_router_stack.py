@@ -15,11 +15,16 @@ def _functions(app: Synthesized) -> dict[str, tuple[str, dict]]:
     return {
         fn["Properties"]["Handler"]: (logical_id, fn)
         for logical_id, fn in app.resources("pipeline", "AWS::Lambda::Function").items()
+        if fn["Properties"]["Handler"].startswith("lambdas.router.")
     }
 
 
 def test_conversation_table(default_app: Synthesized) -> None:
-    _, table = default_app.one("pipeline", "AWS::DynamoDB::Table")
+    (table,) = [
+        t
+        for key, t in default_app.resources("pipeline", "AWS::DynamoDB::Table").items()
+        if key.startswith("RouterConversations")
+    ]
     properties = table["Properties"]
     assert properties["KeySchema"] == [
         {"AttributeName": "run_id", "KeyType": "HASH"},

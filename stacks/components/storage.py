@@ -58,6 +58,7 @@ class Storage(Construct):
         self.data_bucket = s3.Bucket(
             self,
             "Data",
+            bucket_name=data_bucket_name(config),
             encryption=s3.BucketEncryption.KMS,
             encryption_key=self.data_key,
             bucket_key_enabled=True,
@@ -167,6 +168,12 @@ class Storage(Construct):
             self.lifecycle_bucket.arn_for_objects("*"),
             "CDK's BucketDeployment handler writes the objects of the lifecycle-scripts bucket only.",
         )
+
+
+def data_bucket_name(config: PlatformConfig) -> str:
+    """Named from the prefix, account and region, so other stacks and the CLI can find it
+    without a cross-stack reference (a retained bucket also keeps the name taken)."""
+    return f"{config.name_prefix}-data-{Aws.ACCOUNT_ID}-{Aws.REGION}"
 
 
 def lifecycle_bucket_name(config: PlatformConfig) -> str:

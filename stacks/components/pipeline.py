@@ -1,0 +1,350 @@
+"""The training pipeline: upload rule -> start Lambda -> state machine of thin step Lambdas.
+
+State machine (compute steps come with the backends of the compute issue):
+
+    Validate -> Register -> Provision -> Teardown -> NotifySuccess -> Succeeded
+    any step fails -> Failed in <step> -> TeardownAfterFailure -> NotifyFailure -> Fail
+
+Every task retries Lambda's transient errors; every failure reaches teardown, then a failure
+notification, then a Fail state that carries the original error and cause.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_events as events
+from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import aws_sqs as sqs
+from aws_cdk import aws_stepfunctions as sfn
+from aws_cdk import aws_stepfunctions_tasks as tasks
+from constructs import Construct
+
+from lambdas.router.run_queues import queue_base
+from stacks.components.functions import pipeline_function
+from stacks.components.nag import acknowledge, acknowledge_resource
+from stacks.components.storage import RUNS_PREFIX, TRAINING_DATA_PREFIX
+from stacks.config import PlatformConfig
+from training_configs import load_training_config
+
+DEFAULT_CONFIG = "rft_multiturn_lora"
+HANDLERS = "lambdas.pipeline.handlers"
+
+
+class TrainingPipeline(Construct):
+    """Attributes: `runs_table`, `alert_topic`, `state_machine`, `upload_rule`, `functions`."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: PlatformConfig,
+        code: lambda_.Code,
+        data_bucket: s3.IBucket,
+        data_key: kms.IKey,
+        conversations: dynamodb.ITable,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        stack = Stack.of(self)
+        self.runs_table = dynamodb.Table(
+            self,
+            "Runs",
+            partition_key=dynamodb.Attribute(name="run_id", type=dynamodb.AttributeType.STRING),
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            encryption=dynamodb.TableEncryption.CUSTOMER_MANAGED,
+            encryption_key=data_key,
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            removal_policy=RemovalPolicy.RETAIN,
+        )
+        alert_key = kms.Key(
+            self, "AlertKey", enable_key_rotation=True, description="Encrypts nova-mtrl alerts"
+        )
+        alert_key.grant_encrypt_decrypt(iam.ServicePrincipal("cloudwatch.amazonaws.com"))
+        self.alert_topic = sns.Topic(
+            self, "Alerts", master_key=alert_key, enforce_ssl=True, display_name="nova-mtrl"
+        )
+        if config.alert_email:
+            self.alert_topic.add_subscription(subscriptions.EmailSubscription(config.alert_email))
+
+        environment = {
+            "NAME_PREFIX": config.name_prefix,
+            "RUNS_TABLE": self.runs_table.table_name,
+            "CONVERSATIONS_TABLE": conversations.table_name,
+            "DEFAULT_CONFIG": DEFAULT_CONFIG,
+            "DATA_KEY_ARN": data_key.key_arn,
+            "ALERT_TOPIC_ARN": self.alert_topic.topic_arn,
+        }
+        steps = {
+            "validate": "Validates the uploaded dataset, streaming, with a line-numbered report",
+            "register": "Registers the run: id, training config, cost and budget check",
+            "provision": "Creates the run's queues, alarms and router entry",
+            "teardown": "Deletes every per-run resource (idempotent)",
+            "notify_end": "Publishes how the run ended",
+        }
+        self.functions = {
+            name: pipeline_function(
+                self,
+                f"{name.title().replace('_', '')}Function",
+                handler=f"{HANDLERS}.{name}",
+                description=description,
+                code=code,
+                timeout=Duration.minutes(15 if name == "validate" else 2),
+                environment=environment,
+                memory_size=1024 if name == "validate" else 512,
+            )
+            for name, description in steps.items()
+        }
+        self._grant(stack, config, data_bucket, data_key, conversations)
+        self.state_machine = self._state_machine(config)
+        start = pipeline_function(
+            self,
+            "StartRun",
+            handler=f"{HANDLERS}.start_run",
+            description="Starts the pipeline for an upload, named after the run (idempotent)",
+            code=code,
+            timeout=Duration.seconds(30),
+            environment={**environment, "STATE_MACHINE_ARN": self.state_machine.state_machine_arn},
+        )
+        self.state_machine.grant_start_execution(start)
+        self.functions["start_run"] = start
+        self.trigger_dlq = sqs.Queue(
+            self,
+            "TriggerDeadLetters",
+            encryption=sqs.QueueEncryption.KMS_MANAGED,
+            enforce_ssl=True,
+            retention_period=Duration.days(14),
+        )
+        acknowledge(
+            self.trigger_dlq,
+            "AwsSolutions-SQS3",
+            "This queue is itself the dead-letter queue of the upload rule's target.",
+        )
+        self.upload_rule = events.Rule(
+            self,
+            "UploadRule",
+            description="A .jsonl under training-data/ starts a training run",
+            event_pattern=events.EventPattern(
+                source=["aws.s3"],
+                detail_type=["Object Created"],
+                detail={
+                    "bucket": {"name": [data_bucket.bucket_name]},
+                    "object": {"key": events.Match.wildcard(f"{TRAINING_DATA_PREFIX}*.jsonl")},
+                },
+            ),
+            targets=[
+                targets.LambdaFunction(
+                    start,
+                    dead_letter_queue=self.trigger_dlq,
+                    retry_attempts=8,
+                    max_event_age=Duration.hours(2),
+                )
+            ],
+        )
+
+    def _grant(
+        self,
+        stack: Stack,
+        config: PlatformConfig,
+        data_bucket: s3.IBucket,
+        data_key: kms.IKey,
+        conversations: dynamodb.ITable,
+    ) -> None:
+        f = self.functions
+        datasets = data_bucket.arn_for_objects(f"{TRAINING_DATA_PREFIX}*")
+        configs = data_bucket.arn_for_objects("configs/*")
+        run_outputs = data_bucket.arn_for_objects(f"{RUNS_PREFIX}*")
+        f["validate"].add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject", "s3:GetObjectVersion"], resources=[datasets]
+            )
+        )
+        f["validate"].add_to_role_policy(
+            iam.PolicyStatement(actions=["s3:PutObject"], resources=[run_outputs])
+        )
+        f["register"].add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject", "s3:GetObjectVersion"], resources=[datasets, configs]
+            )
+        )
+        for name in ("validate", "register"):
+            data_key.grant_encrypt_decrypt(f[name])
+        for name in ("register", "notify_end"):
+            self.runs_table.grant_read_write_data(f[name])
+        conversations.grant_read_write_data(f["provision"])
+        run_queues = stack.format_arn(
+            service="sqs", resource=f"{queue_base(config.name_prefix, '')}*"
+        )
+        alarms = stack.format_arn(
+            service="cloudwatch",
+            resource="alarm",
+            resource_name=f"{queue_base(config.name_prefix, '')}*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        f["provision"].add_to_role_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "sqs:CreateQueue",
+                    "sqs:GetQueueAttributes",
+                    "sqs:GetQueueUrl",
+                    "sqs:TagQueue",
+                ],
+                resources=[run_queues],
+            )
+        )
+        f["provision"].add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["cloudwatch:PutMetricAlarm", "cloudwatch:TagResource"], resources=[alarms]
+            )
+        )
+        f["teardown"].add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["sqs:DeleteQueue", "sqs:GetQueueUrl", "sqs:ListQueues"],
+                resources=[run_queues],
+            )
+        )
+        f["teardown"].add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["cloudwatch:DeleteAlarms", "cloudwatch:DescribeAlarms"], resources=[alarms]
+            )
+        )
+        self.alert_topic.grant_publish(f["notify_end"])
+        reasons = {
+            datasets: "Datasets are uploaded at run time under training-data/; read-only.",
+            configs: "Training configs named by an upload's metadata live under configs/; read-only.",
+            run_outputs: "Each run writes its reports under runs/<run_id>/, named at run time.",
+            run_queues: "Per-run queues are created at run time; names share the deployment prefix.",
+            alarms: "Per-run queue-age alarms are created at run time; names share the deployment prefix.",
+        }
+        for function in f.values():
+            for resource, reason in reasons.items():
+                acknowledge_resource(function.role, "AwsSolutions-IAM5", resource, reason)
+            for action in ("kms:ReEncrypt*", "kms:GenerateDataKey*"):
+                acknowledge(
+                    function.role,
+                    f"AwsSolutions-IAM5[Action::{action}]",
+                    "From the data key's grants only (KMS-encrypted tables, objects and topic).",
+                )
+
+    def _state_machine(self, config: PlatformConfig) -> sfn.StateMachine:
+        def task(state: str, function: str, payload: dict, result: str) -> tasks.LambdaInvoke:
+            invoke = tasks.LambdaInvoke(
+                self,
+                state,
+                lambda_function=self.functions[function],
+                payload=sfn.TaskInput.from_object(payload),
+                payload_response_only=True,
+                result_path=result,
+                retry_on_service_exceptions=True,
+            )
+            # Throttling is transient too: back off and try again.
+            invoke.add_retry(
+                errors=["Lambda.TooManyRequestsException"],
+                interval=Duration.seconds(2),
+                max_attempts=8,
+                backoff_rate=2,
+            )
+            return invoke
+
+        run_id = {"run_id.$": "$.run.run_id"}
+        teardown_after_failure = task(
+            "TeardownAfterFailure", "teardown", {"run_id.$": "$.failure.run_id"}, "$.teardown"
+        )
+        teardown_after_failure.add_retry(
+            errors=["States.ALL"], max_attempts=4, backoff_rate=2, interval=Duration.seconds(5)
+        )
+        notify_failure = task(
+            "NotifyFailure",
+            "notify_end",
+            {
+                "run_id.$": "$.failure.run_id",
+                "succeeded": False,
+                "failed_state.$": "$.failure.state",
+                "error.$": "$.error.Cause",
+                "teardown.$": "$.teardown",
+            },
+            "$.notification",
+        )
+        failed = sfn.Fail(self, "RunFailed", error_path="$.error.Error", cause_path="$.error.Cause")
+        failure = teardown_after_failure.next(notify_failure.next(failed))
+
+        def caught(state: tasks.LambdaInvoke, run_id_path: str) -> tasks.LambdaInvoke:
+            marker = sfn.Pass(
+                self,
+                f"FailedIn{state.id}",
+                parameters={"state": state.id, "run_id.$": run_id_path},
+                result_path="$.failure",
+            )
+            marker.next(failure)
+            state.add_catch(marker, errors=["States.ALL"], result_path="$.error")
+            return state
+
+        validate = caught(
+            task("Validate", "validate", {"upload.$": "$"}, "$.validation"), "$$.Execution.Name"
+        )
+        register = caught(
+            task("Register", "register", {"upload.$": "$"}, "$.run"), "$$.Execution.Name"
+        )
+        provision = caught(task("Provision", "provision", run_id, "$.resources"), "$.run.run_id")
+        teardown = task("Teardown", "teardown", run_id, "$.teardown")
+        teardown.add_retry(
+            errors=["States.ALL"], max_attempts=4, backoff_rate=2, interval=Duration.seconds(5)
+        )
+        caught(teardown, "$.run.run_id")
+        notify = caught(
+            task(
+                "NotifySuccess",
+                "notify_end",
+                {**run_id, "succeeded": True, "teardown.$": "$.teardown"},
+                "$.notification",
+            ),
+            "$.run.run_id",
+        )
+        definition = (
+            validate.next(register)
+            .next(provision)
+            .next(teardown)
+            .next(notify)
+            .next(sfn.Succeed(self, "RunSucceeded"))
+        )
+        deadline = load_training_config(DEFAULT_CONFIG).deadline_hours
+        log_group = logs.LogGroup(
+            self,
+            "ExecutionLogs",
+            retention=logs.RetentionDays.SIX_MONTHS,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        machine = sfn.StateMachine(
+            self,
+            "StateMachine",
+            state_machine_name=f"{config.name_prefix}-pipeline",
+            definition_body=sfn.DefinitionBody.from_chainable(definition),
+            # The run's own deadline is enforced by the pipeline; this is the hard stop after it.
+            timeout=Duration.hours(deadline + 2),
+            tracing_enabled=True,
+            logs=sfn.LogOptions(
+                destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=True
+            ),
+        )
+        for function in self.functions.values():
+            acknowledge_resource(
+                machine.role,
+                "AwsSolutions-IAM5",
+                f"{function.function_arn}:*",
+                "Step Functions invokes any published version of the pipeline's own functions.",
+            )
+        acknowledge(
+            machine.role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "Logs delivery and X-Ray actions of Step Functions have no resource-level permissions.",
+        )
+        return machine

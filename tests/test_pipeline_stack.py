@@ -1,0 +1,119 @@
+"""The pipeline in the pipeline stack: upload rule, start function, state machine, grants."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+
+from tests.conftest import Synthesized, as_list, role_statements
+
+
+def _definition(app: Synthesized) -> dict:
+    """The state machine definition, with CloudFormation references replaced by placeholders."""
+    _, machine = app.one("pipeline", "AWS::StepFunctions::StateMachine")
+    separator, parts = machine["Properties"]["DefinitionString"]["Fn::Join"]
+    text = separator.join(part if isinstance(part, str) else "REF" for part in parts)
+    return json.loads(text)
+
+
+def _functions(app: Synthesized) -> dict[str, tuple[str, dict]]:
+    return {
+        fn["Properties"]["Handler"].rsplit(".", 1)[-1]: (logical_id, fn)
+        for logical_id, fn in app.resources("pipeline", "AWS::Lambda::Function").items()
+        if fn["Properties"]["Handler"].startswith("lambdas.pipeline.")
+    }
+
+
+def test_every_step_handler_exists(default_app: Synthesized) -> None:
+    functions = _functions(default_app)
+    assert set(functions) == {
+        "start_run",
+        "validate",
+        "register",
+        "provision",
+        "teardown",
+        "notify_end",
+    }
+    handlers = importlib.import_module("lambdas.pipeline.handlers")
+    assert all(callable(getattr(handlers, name)) for name in functions)
+
+
+def test_the_happy_path_and_that_every_failure_reaches_teardown_then_fail(
+    default_app: Synthesized,
+) -> None:
+    states = _definition(default_app)["States"]
+    path, state = [], _definition(default_app)["StartAt"]
+    while state:
+        path.append(state)
+        state = states[state].get("Next")
+    assert path == [
+        "Validate",
+        "Register",
+        "Provision",
+        "Teardown",
+        "NotifySuccess",
+        "RunSucceeded",
+    ]
+    for name in path[:-1]:
+        (catch,) = states[name]["Catch"]
+        assert catch["ErrorEquals"] == ["States.ALL"] and catch["Next"] == f"FailedIn{name}"
+        assert states[f"FailedIn{name}"]["Next"] == "TeardownAfterFailure"
+        assert any(
+            "Lambda.TooManyRequestsException" in r["ErrorEquals"] for r in states[name]["Retry"]
+        )
+    assert states["TeardownAfterFailure"]["Next"] == "NotifyFailure"
+    assert states["NotifyFailure"]["Next"] == "RunFailed"
+    assert states["RunFailed"] == {
+        "Type": "Fail",
+        "ErrorPath": "$.error.Error",
+        "CausePath": "$.error.Cause",
+    }
+    assert any(r["ErrorEquals"] == ["States.ALL"] for r in states["Teardown"]["Retry"])
+
+
+def test_state_machine_logs_everything_traces_and_times_out(default_app: Synthesized) -> None:
+    _, machine = default_app.one("pipeline", "AWS::StepFunctions::StateMachine")
+    properties = machine["Properties"]
+    assert properties["LoggingConfiguration"]["Level"] == "ALL"
+    assert properties["TracingConfiguration"] == {"Enabled": True}
+    assert _definition(default_app)["TimeoutSeconds"] == (12 + 2) * 3600
+
+
+def test_upload_rule_matches_jsonl_under_training_data_and_has_a_dlq(
+    default_app: Synthesized,
+) -> None:
+    _, rule = default_app.one("pipeline", "AWS::Events::Rule")
+    pattern = rule["Properties"]["EventPattern"]
+    assert pattern["source"] == ["aws.s3"] and pattern["detail-type"] == ["Object Created"]
+    assert pattern["detail"]["object"]["key"] == [{"wildcard": "training-data/*.jsonl"}]
+    assert "nova-mtrl-data-" in json.dumps(pattern["detail"]["bucket"]["name"])
+    (target,) = rule["Properties"]["Targets"]
+    start_id, _ = _functions(default_app)["start_run"]
+    assert target["Arn"] == {"Fn::GetAtt": [start_id, "Arn"]} and "DeadLetterConfig" in target
+
+
+def test_step_permissions_are_scoped(default_app: Synthesized) -> None:
+    template = default_app.template("pipeline")
+    grants = {}
+    for name, (_, function) in _functions(default_app).items():
+        role_id = function["Properties"]["Role"]["Fn::GetAtt"][0]
+        grants[name] = {
+            action: json.dumps(statement["Resource"])
+            for statement in role_statements(template, role_id)
+            for action in as_list(statement["Action"])
+        }
+    assert re.search(r"training-data/\*", grants["validate"]["s3:GetObject"])
+    assert (
+        re.search(r"runs/\*", grants["validate"]["s3:PutObject"])
+        and "s3:PutObject" not in grants["register"]
+    )
+    assert (
+        ":nova-mtrl-*" in grants["provision"]["sqs:CreateQueue"]
+        and "sqs:DeleteQueue" not in grants["provision"]
+    )
+    assert (
+        ":nova-mtrl-*" in grants["teardown"]["sqs:DeleteQueue"]
+        and "sqs:CreateQueue" not in grants["teardown"]
+    )
+    assert "sns:Publish" in grants["notify_end"] and "states:StartExecution" in grants["start_run"]
