@@ -64,6 +64,10 @@ def test_the_happy_path_and_that_every_failure_reaches_teardown_then_fail(
         )
     assert states["TeardownAfterFailure"]["Next"] == "NotifyFailure"
     assert states["NotifyFailure"]["Next"] == "RunFailed"
+    # Even a failed notification ends in RunFailed, with the run's own error kept in $.error.
+    assert states["NotifyFailure"]["Catch"] == [
+        {"ErrorEquals": ["States.ALL"], "ResultPath": "$.notification_error", "Next": "RunFailed"}
+    ]
     assert states["RunFailed"] == {
         "Type": "Fail",
         "ErrorPath": "$.error.Error",

@@ -209,11 +209,11 @@ def notify_end(
 ) -> dict[str, Any]:
     """`event`: {"run_id", "succeeded", "failed_state"?, "error"?, "teardown"?}."""
     settings = settings or _settings()
+    # The run is unknown when the pipeline failed before registering it (invalid dataset).
     run = RunStore(dynamodb or boto3.client("dynamodb"), settings.runs_table).get(event["run_id"])
-    if run is None:
-        raise KeyError(f"no run {event['run_id']!r} in {settings.runs_table}")
     report = summary(
         run,
+        run_id=event["run_id"],
         succeeded=bool(event.get("succeeded")),
         now=time.time() if now is None else now,
         failed_state=event.get("failed_state"),

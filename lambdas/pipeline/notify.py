@@ -9,14 +9,23 @@ from mtrl.runs import RunRecord
 
 
 def summary(
-    run: RunRecord,
+    run: RunRecord | None,
     *,
+    run_id: str | None = None,
     succeeded: bool,
     now: float,
     failed_state: str | None = None,
     error: str | None = None,
     teardown: dict[str, int] | None = None,
 ) -> dict[str, Any]:
+    if run is None:
+        return {
+            "run_id": run_id,
+            "status": "SUCCEEDED" if succeeded else "FAILED",
+            "failed_state": failed_state,
+            "error": error,
+            "teardown": teardown,
+        }
     hours = max(0.0, now - run.created_at) / 3600
     return {
         "run_id": run.run_id,
@@ -37,11 +46,12 @@ def notify(sns: Any, topic_arn: str, report: dict[str, Any]) -> str:
     lines = [f"nova-mtrl run {report['run_id']} {report['status']}"]
     if report["status"] == "FAILED":
         lines.append(f"failed in {report['failed_state']}: {report['error']}")
-    lines += [
-        f"dataset: {report['dataset']} (config {report['config']})",
-        f"duration: {report['duration_hours']:.2f} h, estimated cost ${report['cost_estimate_usd']:,.2f}",
-        f"results: {report['results']}",
-    ]
+    if "dataset" in report:
+        lines += [
+            f"dataset: {report['dataset']} (config {report['config']})",
+            f"duration: {report['duration_hours']:.2f} h, estimated cost ${report['cost_estimate_usd']:,.2f}",
+            f"results: {report['results']}",
+        ]
     if report.get("teardown") is not None:
         lines.append(f"teardown: {report['teardown'].get('leftover', '?')} resources left")
     message = "\n".join(lines) + "\n\n" + json.dumps(report, indent=2)

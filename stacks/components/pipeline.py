@@ -275,6 +275,8 @@ class TrainingPipeline(Construct):
             "$.notification",
         )
         failed = sfn.Fail(self, "RunFailed", error_path="$.error.Error", cause_path="$.error.Cause")
+        # A failed notification must not replace the run's own error.
+        notify_failure.add_catch(failed, errors=["States.ALL"], result_path="$.notification_error")
         failure = teardown_after_failure.next(notify_failure.next(failed))
 
         def caught(state: tasks.LambdaInvoke, run_id_path: str) -> tasks.LambdaInvoke:

@@ -123,3 +123,32 @@ def test_the_happy_path_of_steps_then_teardown_and_notification(env: dict) -> No
         now=3600.0,
     )
     assert told["status"] == "SUCCEEDED" and told["message_id"] and told["duration_hours"] == 1.0
+
+
+def test_a_failure_before_registration_is_still_notified(env: dict) -> None:
+    sqs = boto3.client("sqs")
+    inbox = sqs.create_queue(QueueName="inbox")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=inbox, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    boto3.client("sns").subscribe(
+        TopicArn=env["settings"].alert_topic_arn,
+        Protocol="sqs",
+        Endpoint=arn,
+        Attributes={"RawMessageDelivery": "true"},
+    )
+    told = handlers.notify_end(
+        {
+            "run_id": "bad-123",
+            "succeeded": False,
+            "failed_state": "Validate",
+            "error": "s3://data/x.jsonl: 2 problems (line 3: ...)",
+        },
+        settings=env["settings"],
+        now=5.0,
+    )
+    assert told["status"] == "FAILED" and told["message_id"]
+    (message,) = sqs.receive_message(QueueUrl=inbox)["Messages"]
+    assert message["Body"].startswith(
+        "nova-mtrl run bad-123 FAILED\nfailed in Validate: s3://data/x.jsonl: 2 problems"
+    )
