@@ -7,6 +7,7 @@ failure notification shows.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -217,7 +218,7 @@ def notify_end(
         succeeded=bool(event.get("succeeded")),
         now=time.time() if now is None else now,
         failed_state=event.get("failed_state"),
-        error=event.get("error"),
+        error=_readable(event.get("error")),
         teardown=event.get("teardown"),
     )
     message_id = (
@@ -226,3 +227,14 @@ def notify_end(
         else None
     )
     return {**report, "message_id": message_id}
+
+
+def _readable(cause: str | None) -> str | None:
+    """A Lambda error's cause (`{"errorType", "errorMessage", ...}`) as `Type: message`."""
+    try:
+        parsed = json.loads(cause) if cause else None
+    except json.JSONDecodeError:
+        return cause
+    if isinstance(parsed, dict) and "errorMessage" in parsed:
+        return f"{parsed.get('errorType', 'Error')}: {parsed['errorMessage']}"
+    return cause

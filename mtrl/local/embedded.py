@@ -1,0 +1,240 @@
+"""The synthesized pipeline, deployed into moto and executed locally with the real handlers.
+
+From the pipeline stack's template it creates what the state machine needs (runs and
+conversation tables, the alert topic, one Lambda function per function resource, the state
+machine with its definition resolved to those local resources) and dispatches every Lambda
+invocation in-process to the handler the template names, with that function's environment.
+The upload rule's pattern is taken from the template and evaluated against the S3 event,
+since moto cannot start a state machine from a rule. Used by local mode and the tests.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from moto.awslambda_simple.models import LambdaSimpleBackend
+
+from lambdas.router.conversations import create_table
+from mtrl.runs import create_runs_table
+
+ACCOUNT, REGION = "123456789012", "us-east-1"
+PSEUDO = {
+    "AWS::AccountId": ACCOUNT,
+    "AWS::Region": REGION,
+    "AWS::Partition": "aws",
+    "AWS::URLSuffix": "amazonaws.com",
+}
+
+Fault = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass
+class _Dispatcher:
+    """Routes moto's Lambda invocations to our handlers (one at a time, as environments differ)."""
+
+    functions: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
+    fault: Fault | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    invocations: list[str] = field(default_factory=list)
+
+    def invoke(
+        self,
+        backend: Any,
+        function_name: str,
+        qualifier: str | None,
+        body: Any,
+        headers: Any,
+        response_headers: Any,
+    ) -> bytes:
+        name = (
+            function_name.rsplit(":", 1)[-1] if function_name.startswith("arn:") else function_name
+        )
+        handler_path, environment = self.functions[name]
+        event = json.loads(body or "{}")
+        with self.lock, _environment(environment):
+            self.invocations.append(handler_path.rsplit(".", 1)[-1])
+            try:
+                if self.fault:
+                    self.fault(handler_path.rsplit(".", 1)[-1], event)
+                module, attribute = handler_path.rsplit(".", 1)
+                result = getattr(importlib.import_module(module), attribute)(event, None)
+                return json.dumps(result).encode()
+            except Exception as error:  # noqa: BLE001 - reported to Step Functions as Lambda does
+                response_headers["x-amz-function-error"] = "Unhandled"
+                return json.dumps(
+                    {"errorType": type(error).__name__, "errorMessage": str(error)}
+                ).encode()
+
+
+_DISPATCHER = _Dispatcher()
+_ORIGINAL_INVOKE = LambdaSimpleBackend.invoke
+
+
+@contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextmanager
+def in_process_lambdas() -> Iterator[_Dispatcher]:
+    """While active, moto's Docker-less Lambda runs our handlers instead of echoing input."""
+    LambdaSimpleBackend.invoke = lambda self, *args: _DISPATCHER.invoke(self, *args)  # type: ignore[method-assign]
+    try:
+        yield _DISPATCHER
+    finally:
+        LambdaSimpleBackend.invoke = _ORIGINAL_INVOKE  # type: ignore[method-assign]
+        _DISPATCHER.functions.clear()
+        _DISPATCHER.fault = None
+        _DISPATCHER.invocations.clear()
+
+
+class Resolver:
+    """CloudFormation intrinsics, resolved against what was created locally."""
+
+    def __init__(self, physical: dict[str, dict[str, str]], imports: Mapping[str, str]) -> None:
+        self.physical = physical  # logical id -> {"Ref": ..., "Arn": ..., ...}
+        self.imports = imports
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, list):
+            return [self(item) for item in value]
+        if not isinstance(value, dict):
+            return value
+        if len(value) == 1:
+            ((function, argument),) = value.items()
+            if function == "Ref":
+                return PSEUDO.get(argument) or self.physical[argument]["Ref"]
+            if function == "Fn::GetAtt":
+                return self.physical[argument[0]][argument[1]]
+            if function == "Fn::Join":
+                return argument[0].join(str(self(part)) for part in argument[1])
+            if function == "Fn::Select":
+                return self(argument[1])[int(argument[0])]
+            if function == "Fn::ImportValue":
+                return self.imports.get(str(self(argument)), "")
+        return {key: self(item) for key, item in value.items()}
+
+
+@dataclass
+class LocalPipeline:
+    state_machine_arn: str
+    data_bucket: str
+    environment: dict[str, str]
+    upload_pattern: dict[str, Any]
+    dispatcher: _Dispatcher
+
+
+def deploy_pipeline(
+    template: dict[str, Any],
+    *,
+    clients: Mapping[str, Any],
+    dispatcher: _Dispatcher,
+    data_bucket: str,
+) -> LocalPipeline:
+    """Create the pipeline stack's resources in moto (inside `mock_aws` and `in_process_lambdas`)."""
+    resources = template["Resources"]
+    physical: dict[str, dict[str, str]] = {}
+    of_type = lambda kind: {k: r for k, r in resources.items() if r["Type"] == kind}  # noqa: E731
+    role = clients["iam"].create_role(RoleName="local-pipeline", AssumeRolePolicyDocument="{}")[
+        "Role"
+    ]["Arn"]
+    for logical_id in of_type("AWS::DynamoDB::Table"):
+        name = f"local-{logical_id}"
+        if (
+            "run_id" in json.dumps(resources[logical_id]["Properties"]["KeySchema"])
+            and len(resources[logical_id]["Properties"]["KeySchema"]) == 1
+        ):
+            create_runs_table(clients["dynamodb"], name)
+        else:
+            create_table(clients["dynamodb"], name)
+        physical[logical_id] = {
+            "Ref": name,
+            "Arn": f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{name}",
+        }
+    for logical_id in of_type("AWS::SNS::Topic"):
+        arn = clients["sns"].create_topic(Name=f"local-{logical_id}")["TopicArn"]
+        physical[logical_id] = {"Ref": arn, "TopicArn": arn, "Arn": arn}
+    for logical_id in of_type("AWS::KMS::Key"):
+        physical[logical_id] = {
+            "Ref": "local-key",
+            "Arn": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/local",
+        }
+    functions = of_type("AWS::Lambda::Function")
+    for logical_id in functions:
+        name = f"local-{logical_id}"[:64]
+        arn = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}"
+        physical[logical_id] = {"Ref": name, "Arn": arn}
+    machine_id, machine = next(iter(of_type("AWS::StepFunctions::StateMachine").items()))
+    machine_name = machine["Properties"].get("StateMachineName", "pipeline")
+    physical[machine_id] = {
+        "Ref": f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{machine_name}",
+        "Name": machine_name,
+    }
+    resolve = Resolver(physical, imports={})
+    environment: dict[str, str] = {}
+    for logical_id, function in functions.items():
+        variables = {
+            k: str(resolve(v))
+            for k, v in function["Properties"].get("Environment", {}).get("Variables", {}).items()
+        }
+        variables.pop("DATA_KEY_ARN", None)  # local queues use SQS-managed encryption
+        clients["lambda"].create_function(
+            FunctionName=physical[logical_id]["Ref"],
+            Runtime="python3.12",
+            Role=role,
+            Handler=function["Properties"]["Handler"],
+            Code={"ZipFile": b"in-process"},
+            Environment={"Variables": variables},
+        )
+        dispatcher.functions[physical[logical_id]["Ref"]] = (
+            function["Properties"]["Handler"],
+            variables,
+        )
+        environment |= variables
+    definition = resolve(machine["Properties"]["DefinitionString"])
+    arn = clients["stepfunctions"].create_state_machine(
+        name=machine_name, definition=definition, roleArn=role
+    )["stateMachineArn"]
+    rule = next(iter(of_type("AWS::Events::Rule").values()))
+    pattern = resolve(rule["Properties"]["EventPattern"])
+    return LocalPipeline(arn, data_bucket, environment, pattern, dispatcher)
+
+
+def upload_event(bucket: str, key: str, version_id: str | None) -> dict[str, Any]:
+    """The EventBridge event S3 sends for a new object (what the upload rule sees)."""
+    return {
+        "version": "0",
+        "source": "aws.s3",
+        "detail-type": "Object Created",
+        "account": ACCOUNT,
+        "region": REGION,
+        "resources": [f"arn:aws:s3:::{bucket}"],
+        "detail": {
+            "bucket": {"name": bucket},
+            "object": {"key": key, "version-id": version_id},
+            "reason": "PutObject",
+        },
+    }
+
+
+def matches(pattern: dict[str, Any], event: dict[str, Any]) -> bool:
+    """The rule's pattern evaluated as EventBridge does (moto's implementation)."""
+    from moto.events.models import EventPattern
+
+    return EventPattern.load(json.dumps(pattern)).matches_event(event)

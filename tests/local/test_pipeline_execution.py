@@ -1,0 +1,238 @@
+"""The synthesized state machine, executed by moto's Step Functions interpreter with the real
+handlers dispatched in-process: happy path, invalid dataset, duplicate event, and a fault in
+every state — each ends with nothing left, a notification, and the right final status."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from lambdas.pipeline import handlers
+from mtrl.local.embedded import (
+    ACCOUNT,
+    REGION,
+    LocalPipeline,
+    deploy_pipeline,
+    in_process_lambdas,
+    matches,
+    upload_event,
+)
+from tests.conftest import Synthesized
+
+GOOD = b"".join(
+    json.dumps({"id": f"w{i}", "metadata": {"prompt": "Play.", "answer": "crane"}}).encode() + b"\n"
+    for i in range(3)
+)
+
+
+@pytest.fixture
+def local(
+    default_app: Synthesized, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[LocalPipeline, dict]]:
+    for key, value in {
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+    }.items():
+        monkeypatch.setenv(key, value)
+    config = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
+    with mock_aws(config=config), in_process_lambdas() as dispatcher:
+        clients = {
+            name: boto3.client(name)
+            for name in (
+                "iam",
+                "dynamodb",
+                "sns",
+                "lambda",
+                "stepfunctions",
+                "s3",
+                "sqs",
+                "cloudwatch",
+            )
+        }
+        bucket = f"nova-mtrl-data-{ACCOUNT}-{REGION}"
+        clients["s3"].create_bucket(Bucket=bucket)
+        clients["s3"].put_bucket_versioning(
+            Bucket=bucket, VersioningConfiguration={"Status": "Enabled"}
+        )
+        pipeline = deploy_pipeline(
+            default_app.template("pipeline"),
+            clients=clients,
+            dispatcher=dispatcher,
+            data_bucket=bucket,
+        )
+        inbox = clients["sqs"].create_queue(QueueName="inbox")["QueueUrl"]
+        inbox_arn = clients["sqs"].get_queue_attributes(
+            QueueUrl=inbox, AttributeNames=["QueueArn"]
+        )["Attributes"]["QueueArn"]
+        clients["sns"].subscribe(
+            TopicArn=pipeline.environment["ALERT_TOPIC_ARN"],
+            Protocol="sqs",
+            Endpoint=inbox_arn,
+            Attributes={"RawMessageDelivery": "true"},
+        )
+        clients["inbox"] = inbox
+        yield pipeline, clients
+
+
+def _upload(pipeline: LocalPipeline, clients: dict, key: str, body: bytes) -> dict:
+    version = clients["s3"].put_object(Bucket=pipeline.data_bucket, Key=key, Body=body)["VersionId"]
+    event = upload_event(pipeline.data_bucket, key, version)
+    assert matches(pipeline.upload_pattern, event)
+    return handlers.start_run(
+        event, settings=handlers.PipelineSettings.model_validate(pipeline.environment)
+    )
+
+
+def _finish(clients: dict, execution_arn: str) -> dict:
+    deadline = time.monotonic() + 60
+    while (described := clients["stepfunctions"].describe_execution(executionArn=execution_arn))[
+        "status"
+    ] == "RUNNING":
+        assert time.monotonic() < deadline, "execution did not finish"
+        time.sleep(0.05)
+    return described
+
+
+def _notifications(clients: dict) -> list[str]:
+    return [
+        m["Body"]
+        for m in clients["sqs"]
+        .receive_message(QueueUrl=clients["inbox"], MaxNumberOfMessages=10)
+        .get("Messages", [])
+    ]
+
+
+def _run_queues(clients: dict) -> list[str]:
+    return [url for url in clients["sqs"].list_queues().get("QueueUrls", []) if "nova-mtrl-" in url]
+
+
+def test_the_rule_takes_only_jsonl_under_training_data(local) -> None:
+    pipeline, _ = local
+    assert matches(
+        pipeline.upload_pattern, upload_event(pipeline.data_bucket, "training-data/a/b.jsonl", "v")
+    )
+    assert not matches(
+        pipeline.upload_pattern, upload_event(pipeline.data_bucket, "training-data/readme.txt", "v")
+    )
+    assert not matches(
+        pipeline.upload_pattern, upload_event(pipeline.data_bucket, "runs/x/report.jsonl", "v")
+    )
+    assert not matches(
+        pipeline.upload_pattern, upload_event("another-bucket", "training-data/a.jsonl", "v")
+    )
+
+
+def test_a_valid_upload_runs_to_success_and_leaves_nothing(local) -> None:
+    pipeline, clients = local
+    started = _upload(pipeline, clients, "training-data/wordle.jsonl", GOOD)
+    described = _finish(clients, started["execution_arn"])
+    assert described["status"] == "SUCCEEDED", described
+    assert pipeline.dispatcher.invocations == [
+        "validate",
+        "register",
+        "provision",
+        "teardown",
+        "notify_end",
+    ]
+    assert _run_queues(clients) == []
+    (notice,) = _notifications(clients)
+    assert notice.startswith(f"nova-mtrl run {started['run_id']} SUCCEEDED")
+    output = json.loads(described["output"])
+    assert output["teardown"]["leftover"] == 0
+
+
+def test_a_duplicate_event_is_one_run(local) -> None:
+    pipeline, clients = local
+    version = clients["s3"].put_object(
+        Bucket=pipeline.data_bucket, Key="training-data/w.jsonl", Body=GOOD
+    )["VersionId"]
+    settings = handlers.PipelineSettings.model_validate(pipeline.environment)
+    event = upload_event(pipeline.data_bucket, "training-data/w.jsonl", version)
+    first = handlers.start_run(event, settings=settings)
+    _finish(clients, first["execution_arn"])
+    second = handlers.start_run(event, settings=settings)
+    assert second == {**first, "already_finished": True}
+    assert (
+        len(
+            clients["stepfunctions"].list_executions(stateMachineArn=pipeline.state_machine_arn)[
+                "executions"
+            ]
+        )
+        == 1
+    )
+
+
+def test_an_invalid_dataset_fails_at_validation_and_creates_nothing(local) -> None:
+    pipeline, clients = local
+    started = _upload(pipeline, clients, "training-data/bad.jsonl", GOOD + b"{broken\n")
+    described = _finish(clients, started["execution_arn"])
+    assert described["status"] == "FAILED" and described["error"] == "DatasetInvalid"
+    assert "line 4: line: not valid JSON" in described["cause"]
+    assert pipeline.dispatcher.invocations == ["validate", "teardown", "notify_end"]
+    assert (
+        _run_queues(clients) == []
+        and clients["dynamodb"].scan(TableName=pipeline.environment["RUNS_TABLE"])["Count"] == 0
+    )
+    (notice,) = _notifications(clients)
+    assert (
+        "FAILED\nfailed in Validate: DatasetInvalid: s3://" in notice
+        and "line 4: line: not valid JSON" in notice
+    )
+
+
+class Injected(RuntimeError):
+    """A fault injected into one step."""
+
+
+@pytest.mark.parametrize(
+    ("step", "state"),
+    [
+        ("validate", "Validate"),
+        ("register", "Register"),
+        ("provision", "Provision"),
+        ("notify_end", "NotifySuccess"),
+    ],
+)
+def test_a_fault_in_any_state_fails_the_run_with_its_error_and_tears_down(
+    local, step: str, state: str
+) -> None:
+    pipeline, clients = local
+    calls = {"n": 0}
+
+    def fault(handler: str, event: dict) -> None:
+        if handler == step and event.get("succeeded") is not False:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise Injected(f"injected into {step}")
+
+    pipeline.dispatcher.fault = fault
+    started = _upload(pipeline, clients, "training-data/w.jsonl", GOOD)
+    described = _finish(clients, started["execution_arn"])
+    assert described["status"] == "FAILED", described
+    assert described["error"] == "Injected" and f"injected into {step}" in described["cause"]
+    assert _run_queues(clients) == []
+    assert pipeline.dispatcher.invocations[-2:] == ["teardown", "notify_end"]
+    notices = _notifications(clients)
+    assert any(f"FAILED\nfailed in {state}: " in notice for notice in notices), notices
+
+
+def test_a_transient_teardown_fault_is_retried(local) -> None:
+    pipeline, clients = local
+    failed_once = []
+
+    def fault(handler: str, event: dict) -> None:
+        if handler == "teardown" and not failed_once:
+            failed_once.append(True)
+            raise Injected("teardown hiccup")
+
+    pipeline.dispatcher.fault = fault
+    started = _upload(pipeline, clients, "training-data/w.jsonl", GOOD)
+    described = _finish(clients, started["execution_arn"])
+    assert described["status"] == "SUCCEEDED", described
+    assert pipeline.dispatcher.invocations.count("teardown") == 2 and _run_queues(clients) == []
