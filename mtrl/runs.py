@@ -108,6 +108,15 @@ class RunStore:
         )
         return updated
 
+    def unfinished(self) -> list[RunRecord]:
+        """Runs not yet succeeded or failed (a scan: the table holds runs, not turns)."""
+        found = []
+        for page in self._db.get_paginator("scan").paginate(TableName=self._table):
+            for item in page["Items"]:
+                if item["status"]["S"] not in FINISHED:
+                    found.append(RunRecord.model_validate_json(item["record"]["S"]))
+        return found
+
 
 def create_runs_table(dynamodb: Any, table_name: str) -> None:
     """The table as the pipeline stack declares it (for local mode and tests)."""

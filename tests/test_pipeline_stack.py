@@ -34,6 +34,7 @@ def test_every_step_handler_exists(default_app: Synthesized) -> None:
         "provision",
         "teardown",
         "notify_end",
+        "reap",
     }
     handlers = importlib.import_module("lambdas.pipeline.handlers")
     assert all(callable(getattr(handlers, name)) for name in functions)
@@ -87,7 +88,11 @@ def test_state_machine_logs_everything_traces_and_times_out(default_app: Synthes
 def test_upload_rule_matches_jsonl_under_training_data_and_has_a_dlq(
     default_app: Synthesized,
 ) -> None:
-    _, rule = default_app.one("pipeline", "AWS::Events::Rule")
+    (rule,) = [
+        r
+        for r in default_app.resources("pipeline", "AWS::Events::Rule").values()
+        if "EventPattern" in r["Properties"]
+    ]
     pattern = rule["Properties"]["EventPattern"]
     assert pattern["source"] == ["aws.s3"] and pattern["detail-type"] == ["Object Created"]
     assert pattern["detail"]["object"]["key"] == [{"wildcard": "training-data/*.jsonl"}]
@@ -121,3 +126,41 @@ def test_step_permissions_are_scoped(default_app: Synthesized) -> None:
         and "sqs:CreateQueue" not in grants["teardown"]
     )
     assert "sns:Publish" in grants["notify_end"] and "states:StartExecution" in grants["start_run"]
+
+
+def test_a_reaper_runs_every_quarter_hour(default_app: Synthesized) -> None:
+    (schedule,) = [
+        r
+        for r in default_app.resources("pipeline", "AWS::Events::Rule").values()
+        if "ScheduleExpression" in r["Properties"]
+    ]
+    assert schedule["Properties"]["ScheduleExpression"] == "rate(15 minutes)"
+    reaper_id, _ = _functions(default_app)["reap"]
+    assert schedule["Properties"]["Targets"][0]["Arn"] == {"Fn::GetAtt": [reaper_id, "Arn"]}
+
+
+def test_alarms_reach_the_alert_topic(default_app: Synthesized) -> None:
+    alarms = default_app.resources("pipeline", "AWS::CloudWatch::Alarm").values()
+    topic_id, _ = default_app.one("pipeline", "AWS::SNS::Topic")
+    names = {alarm["Properties"]["MetricName"] for alarm in alarms}
+    assert {
+        "ExecutionsFailed",
+        "ExecutionsTimedOut",
+        "ApproximateNumberOfMessagesVisible",
+        "Errors",
+    } <= names
+    assert all(alarm["Properties"]["AlarmActions"] == [{"Ref": topic_id}] for alarm in alarms)
+    assert sum(1 for alarm in alarms if alarm["Properties"]["MetricName"] == "Errors") == 7
+
+
+def test_dashboard_shows_runs_step_errors_and_queue_ages(default_app: Synthesized) -> None:
+    _, dashboard = default_app.one("pipeline", "AWS::CloudWatch::Dashboard")
+    body = json.dumps(dashboard["Properties"]["DashboardBody"])
+    for title in (
+        "Runs (executions)",
+        "Step errors",
+        "Run queues: oldest message age",
+        "Upload events dead-lettered",
+    ):
+        assert title in body
+    assert "ApproximateAgeOfOldestMessage" in body and "nova-mtrl-" in body

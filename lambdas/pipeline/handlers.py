@@ -20,7 +20,7 @@ from lambdas.pipeline.register import register_run
 from lambdas.pipeline.resources import provision_run, teardown_run
 from lambdas.pipeline.validate import validate_upload
 from lambdas.router.conversations import ConversationStore
-from mtrl.runs import RunStore, run_id_for
+from mtrl.runs import FINISHED, RunStore, run_id_for
 
 
 class DatasetInvalid(ValueError):
@@ -211,7 +211,16 @@ def notify_end(
     """`event`: {"run_id", "succeeded", "failed_state"?, "error"?, "teardown"?}."""
     settings = settings or _settings()
     # The run is unknown when the pipeline failed before registering it (invalid dataset).
-    run = RunStore(dynamodb or boto3.client("dynamodb"), settings.runs_table).get(event["run_id"])
+    runs = RunStore(dynamodb or boto3.client("dynamodb"), settings.runs_table)
+    run = runs.get(event["run_id"])
+    if run is not None and run.status not in FINISHED:
+        status = "succeeded" if event.get("succeeded") else "failed"
+        run = runs.update(
+            run.run_id,
+            now=time.time() if now is None else now,
+            status=status,
+            error=_readable(event.get("error")),
+        )
     report = summary(
         run,
         run_id=event["run_id"],
@@ -227,6 +236,52 @@ def notify_end(
         else None
     )
     return {**report, "message_id": message_id}
+
+
+def reap(
+    event: dict[str, Any],
+    context: Any = None,
+    *,
+    sfn: Any = None,
+    sqs: Any = None,
+    cloudwatch: Any = None,
+    dynamodb: Any = None,
+    settings: PipelineSettings | None = None,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """Scheduled: tear down every run past its deadline, or whose execution is no longer running
+    (stopped by hand, or lost) — so nothing keeps burning money unnoticed."""
+    settings = settings or _settings()
+    sfn = sfn or boto3.client("stepfunctions")
+    runs = RunStore(dynamodb or boto3.client("dynamodb"), settings.runs_table)
+    now = time.time() if now is None else now
+    reaped = []
+    for run in runs.unfinished():
+        execution = (
+            f"{settings.state_machine_arn.replace(':stateMachine:', ':execution:')}:{run.run_id}"
+        )
+        try:
+            status = sfn.describe_execution(executionArn=execution)["status"]
+        except sfn.exceptions.ExecutionDoesNotExist:
+            status = "MISSING"
+        if status == "RUNNING" and now <= run.deadline_at:
+            continue
+        reason = "past its deadline" if status == "RUNNING" else f"its execution is {status}"
+        if status == "RUNNING":
+            sfn.stop_execution(
+                executionArn=execution,
+                error="DeadlinePassed",
+                cause=f"run {run.run_id} is {reason}",
+            )
+        result = teardown_run(
+            sqs=sqs or boto3.client("sqs"),
+            cloudwatch=cloudwatch or boto3.client("cloudwatch"),
+            prefix=settings.name_prefix,
+            run_id=run.run_id,
+        )
+        runs.update(run.run_id, now=now, status="failed", error=f"reaped: {reason}")
+        reaped.append({"run_id": run.run_id, "reason": reason, **result})
+    return {"reaped": reaped}
 
 
 def _readable(cause: str | None) -> str | None:

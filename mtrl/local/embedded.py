@@ -211,7 +211,7 @@ def deploy_pipeline(
     arn = clients["stepfunctions"].create_state_machine(
         name=machine_name, definition=definition, roleArn=role
     )["stateMachineArn"]
-    rule = next(iter(of_type("AWS::Events::Rule").values()))
+    rule = next(r for r in of_type("AWS::Events::Rule").values() if "EventPattern" in r["Properties"])
     pattern = resolve(rule["Properties"]["EventPattern"])
     return LocalPipeline(arn, data_bucket, environment, pattern, dispatcher)
 

@@ -12,6 +12,8 @@ notification, then a Fail state that carries the original error and cause.
 from __future__ import annotations
 
 from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
@@ -117,6 +119,7 @@ class TrainingPipeline(Construct):
         )
         self.state_machine.grant_start_execution(start)
         self.functions["start_run"] = start
+        self._reaper(config, code, environment)
         self.trigger_dlq = sqs.Queue(
             self,
             "TriggerDeadLetters",
@@ -150,6 +153,151 @@ class TrainingPipeline(Construct):
                 )
             ],
         )
+        self.add_alarms()
+        self.dashboard = self._dashboard(config)
+
+    def _dashboard(self, config: PlatformConfig) -> cloudwatch.Dashboard:
+        """Runs and states at a glance, plus the age of every run queue's oldest message."""
+        period = Duration.minutes(5)
+        machine = self.state_machine
+        queue_ages = cloudwatch.MathExpression(
+            expression=(
+                'SEARCH(\'{AWS/SQS,QueueName} MetricName="ApproximateAgeOfOldestMessage" '
+                f"QueueName=\"{queue_base(config.name_prefix, '')}\"', 'Maximum', 300)"
+            ),
+            label="oldest message age (s)",
+            period=period,
+        )
+        dashboard = cloudwatch.Dashboard(
+            self, "Dashboard", dashboard_name=f"{config.name_prefix}-pipeline"
+        )
+        dashboard.add_widgets(
+            cloudwatch.GraphWidget(
+                title="Runs (executions)",
+                left=[
+                    machine.metric_started(period=period),
+                    machine.metric_succeeded(period=period),
+                    machine.metric_failed(period=period),
+                    machine.metric_timed_out(period=period),
+                    machine.metric_aborted(period=period),
+                ],
+                width=12,
+            ),
+            cloudwatch.GraphWidget(
+                title="Step errors",
+                left=[
+                    function.metric_errors(period=period, label=name)
+                    for name, function in self.functions.items()
+                ],
+                width=12,
+            ),
+            cloudwatch.GraphWidget(
+                title="Run queues: oldest message age", left=[queue_ages], width=12
+            ),
+            cloudwatch.GraphWidget(
+                title="Upload events dead-lettered",
+                left=[
+                    self.trigger_dlq.metric_approximate_number_of_messages_visible(period=period)
+                ],
+                width=12,
+            ),
+        )
+        return dashboard
+
+    def _reaper(
+        self, config: PlatformConfig, code: lambda_.Code, environment: dict[str, str]
+    ) -> None:
+        """Every 15 minutes: tear down runs past their deadline or whose execution ended."""
+        reaper = pipeline_function(
+            self,
+            "Reaper",
+            handler=f"{HANDLERS}.reap",
+            description="Tears down runs past their deadline or whose execution is gone",
+            code=code,
+            timeout=Duration.minutes(5),
+            environment={**environment, "STATE_MACHINE_ARN": self.state_machine.state_machine_arn},
+        )
+        stack = Stack.of(self)
+        executions = stack.format_arn(
+            service="states",
+            resource="execution",
+            resource_name=f"{config.name_prefix}-pipeline:*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        reaper.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["states:DescribeExecution", "states:StopExecution"], resources=[executions]
+            )
+        )
+        self.runs_table.grant_read_write_data(reaper)
+        run_queues = stack.format_arn(
+            service="sqs", resource=f"{queue_base(config.name_prefix, '')}*"
+        )
+        alarms = stack.format_arn(
+            service="cloudwatch",
+            resource="alarm",
+            resource_name=f"{queue_base(config.name_prefix, '')}*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        reaper.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["sqs:DeleteQueue", "sqs:GetQueueUrl", "sqs:ListQueues"],
+                resources=[run_queues],
+            )
+        )
+        reaper.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["cloudwatch:DeleteAlarms", "cloudwatch:DescribeAlarms"], resources=[alarms]
+            )
+        )
+        for resource, reason in {
+            executions: "Executions are named by run id at run time; only this state machine's.",
+            run_queues: "Per-run queues are created at run time; names share the deployment prefix.",
+            alarms: "Per-run queue-age alarms are created at run time; names share the deployment prefix.",
+        }.items():
+            acknowledge_resource(reaper.role, "AwsSolutions-IAM5", resource, reason)
+        for action in ("kms:ReEncrypt*", "kms:GenerateDataKey*"):
+            acknowledge(
+                reaper.role,
+                f"AwsSolutions-IAM5[Action::{action}]",
+                "From the data key's grant on the KMS-encrypted runs table only.",
+            )
+        events.Rule(
+            self,
+            "ReaperSchedule",
+            description="Reaps overdue and orphaned training runs",
+            schedule=events.Schedule.rate(Duration.minutes(15)),
+            targets=[targets.LambdaFunction(reaper, retry_attempts=2)],
+        )
+        self.functions["reap"] = reaper
+
+    def add_alarms(self) -> None:
+        """Execution failed or timed out, any pipeline Lambda erroring, upload events dead-lettered."""
+        action = cw_actions.SnsAction(self.alert_topic)
+        metrics = {
+            "ExecutionsFailed": self.state_machine.metric_failed(period=Duration.minutes(5)),
+            "ExecutionsTimedOut": self.state_machine.metric_timed_out(period=Duration.minutes(5)),
+            "TriggerDeadLetters": self.trigger_dlq.metric_approximate_number_of_messages_visible(
+                period=Duration.minutes(5)
+            ),
+            **{
+                f"{name.title().replace('_', '')}Errors": function.metric_errors(
+                    period=Duration.minutes(5)
+                )
+                for name, function in self.functions.items()
+            },
+        }
+        for name, metric in metrics.items():
+            alarm = metric.create_alarm(
+                self,
+                f"{name}Alarm",
+                threshold=1,
+                evaluation_periods=1,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+                alarm_description=f"nova-mtrl pipeline: {name}",
+            )
+            alarm.add_alarm_action(action)
 
     def _grant(
         self,

@@ -10,7 +10,7 @@ import pytest
 from lambdas.pipeline import handlers
 from lambdas.pipeline.handlers import DatasetInvalid, PipelineSettings, Upload
 from lambdas.router.conversations import create_table
-from mtrl.runs import create_runs_table
+from mtrl.runs import RunStore, create_runs_table
 
 BUCKET = "data"
 GOOD = b'{"id": "a", "metadata": {"prompt": "p", "answer": "crane"}}\n'
@@ -152,3 +152,66 @@ def test_a_failure_before_registration_is_still_notified(env: dict) -> None:
     assert message["Body"].startswith(
         "nova-mtrl run bad-123 FAILED\nfailed in Validate: s3://data/x.jsonl: 2 problems"
     )
+
+
+def test_the_end_notification_records_how_the_run_ended(env: dict) -> None:
+    s3, settings = env["s3"], env["settings"]
+    version = s3.put_object(Bucket=BUCKET, Key="training-data/w.jsonl", Body=GOOD)["VersionId"]
+    registered = handlers.register(
+        {"bucket": BUCKET, "key": "training-data/w.jsonl", "version_id": version},
+        s3=s3,
+        settings=settings,
+        now=0.0,
+    )
+    handlers.notify_end(
+        {
+            "run_id": registered["run_id"],
+            "succeeded": False,
+            "error": '{"errorType": "Boom", "errorMessage": "no"}',
+        },
+        settings=settings,
+        now=10.0,
+    )
+    run = RunStore(boto3.client("dynamodb"), "runs").get(registered["run_id"])
+    assert (run.status, run.error) == ("failed", "Boom: no")
+
+
+def test_the_reaper_tears_down_overdue_and_orphaned_runs_only(env: dict) -> None:
+    s3, settings, sfn = env["s3"], env["settings"], env["sfn"]
+    runs = RunStore(boto3.client("dynamodb"), "runs")
+    ids = {}
+    for name in ("on-time", "overdue", "orphaned", "finished"):
+        version = s3.put_object(Bucket=BUCKET, Key=f"training-data/{name}.jsonl", Body=GOOD)[
+            "VersionId"
+        ]
+        upload = {"bucket": BUCKET, "key": f"training-data/{name}.jsonl", "version_id": version}
+        ids[name] = handlers.register(
+            upload, s3=s3, settings=settings, now=1000.0 if name != "overdue" else 0.0
+        )["run_id"]
+        handlers.provision({"run_id": ids[name]}, settings=settings, now=0.0)
+        if name != "orphaned":
+            handlers.start_run(upload, settings=settings, sfn=sfn)
+    runs.update(ids["finished"], now=1.0, status="succeeded")
+    deadline_of_overdue = runs.get(ids["overdue"]).deadline_at
+    result = handlers.reap({}, settings=settings, sfn=sfn, now=deadline_of_overdue + 1)
+    reaped = {entry["run_id"]: entry for entry in result["reaped"]}
+    assert set(reaped) == {ids["overdue"], ids["orphaned"]}
+    assert (
+        reaped[ids["overdue"]]["reason"] == "past its deadline"
+        and reaped[ids["orphaned"]]["reason"] == "its execution is MISSING"
+    )
+    assert all(entry["leftover"] == 0 for entry in reaped.values())
+    execution = (
+        f"{settings.state_machine_arn.replace(':stateMachine:', ':execution:')}:{ids['overdue']}"
+    )
+    assert sfn.describe_execution(executionArn=execution)["status"] == "ABORTED"
+    assert (
+        runs.get(ids["overdue"]).status == "failed"
+        and runs.get(ids["on-time"]).status == "registered"
+    )
+    remaining = [
+        url
+        for url in boto3.client("sqs").list_queues().get("QueueUrls", [])
+        if ids["on-time"] in url
+    ]
+    assert len(remaining) == 5
