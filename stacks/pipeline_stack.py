@@ -38,6 +38,7 @@ class PipelineStack(PlatformStack):
             data_bucket=s3.Bucket.from_bucket_name(self, "DataBucket", data_bucket_name(config)),
             data_key=storage.data_key,
             conversations=self.router.table,
+            router_url=self.router.proxy_url.url,
         )
         # Reward workers call the proxy; the grant lives here so compute never depends on us.
         workers = iam.Role.from_role_arn(

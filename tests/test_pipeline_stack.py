@@ -35,46 +35,99 @@ def test_every_step_handler_exists(default_app: Synthesized) -> None:
         "teardown",
         "notify_end",
         "reap",
+        "scale_up",
+        "nodes_ready",
+        "start_workers",
+        "workers_healthy",
+        "submit_job",
+        "monitor",
+        "collect",
+        "release_compute",
     }
-    handlers = importlib.import_module("lambdas.pipeline.handlers")
-    assert all(callable(getattr(handlers, name)) for name in functions)
+    for name, (_, function) in _functions(default_app).items():
+        module, attribute = function["Properties"]["Handler"].rsplit(".", 1)
+        assert attribute == name and callable(getattr(importlib.import_module(module), attribute))
+
+
+def _chain(states: dict, start: str) -> list[str]:
+    path = []
+    while start:
+        path.append(start)
+        start = states[start].get("Next")
+    return path
 
 
 def test_the_happy_path_and_that_every_failure_reaches_teardown_then_fail(
     default_app: Synthesized,
 ) -> None:
-    states = _definition(default_app)["States"]
-    path, state = [], _definition(default_app)["StartAt"]
-    while state:
-        path.append(state)
-        state = states[state].get("Next")
-    assert path == [
+    definition = _definition(default_app)
+    states = definition["States"]
+    assert _chain(states, definition["StartAt"]) == [
         "Validate",
         "Register",
         "Provision",
+        "ScaleUp",
+        "WaitForNodes",
+        "NodesReady",
+        "NodesReady?",
+    ]
+    assert _chain(states, "StartWorkers") == [
+        "StartWorkers",
+        "WaitForWorkers",
+        "WorkersHealthy",
+        "WorkersReady?",
+    ]
+    assert _chain(states, "SubmitJob") == ["SubmitJob", "WaitForJob", "Monitor", "JobDone?"]
+    assert _chain(states, "Collect") == [
+        "Collect",
+        "ReleaseCompute",
         "Teardown",
         "NotifySuccess",
         "RunSucceeded",
     ]
-    for name in path[:-1]:
+    assert states["WaitForJob"]["SecondsPath"] == "$.run.poll_seconds"
+    choices = states["JobDone?"]
+    assert choices["Choices"][0] == {
+        "Variable": "$.job.phase",
+        "StringEquals": "succeeded",
+        "Next": "Collect",
+    }
+    assert choices["Default"] == "JobDidNotSucceed"
+    tasks = [
+        name
+        for name, state in states.items()
+        if state["Type"] == "Task" and not name.endswith("AfterFailure") and name != "NotifyFailure"
+    ]
+    assert len(tasks) == 13
+    for name in tasks:
         (catch,) = states[name]["Catch"]
         assert catch["ErrorEquals"] == ["States.ALL"] and catch["Next"] == f"FailedIn{name}"
-        assert states[f"FailedIn{name}"]["Next"] == "TeardownAfterFailure"
+        assert states[f"FailedIn{name}"]["Next"] == "ReleaseComputeAfterFailure"
         assert any(
             "Lambda.TooManyRequestsException" in r["ErrorEquals"] for r in states[name]["Retry"]
         )
-    assert states["TeardownAfterFailure"]["Next"] == "NotifyFailure"
-    assert states["NotifyFailure"]["Next"] == "RunFailed"
-    # Even a failed notification ends in RunFailed, with the run's own error kept in $.error.
-    assert states["NotifyFailure"]["Catch"] == [
-        {"ErrorEquals": ["States.ALL"], "ResultPath": "$.notification_error", "Next": "RunFailed"}
+    assert _chain(states, "ReleaseComputeAfterFailure") == [
+        "ReleaseComputeAfterFailure",
+        "TeardownAfterFailure",
+        "NotifyFailure",
+        "RunFailed",
     ]
     assert states["RunFailed"] == {
         "Type": "Fail",
         "ErrorPath": "$.error.Error",
         "CausePath": "$.error.Cause",
     }
-    assert any(r["ErrorEquals"] == ["States.ALL"] for r in states["Teardown"]["Retry"])
+    # Even a failed notification ends in RunFailed, with the run's own error kept in $.error.
+    assert states["NotifyFailure"]["Catch"] == [
+        {"ErrorEquals": ["States.ALL"], "ResultPath": "$.notification_error", "Next": "RunFailed"}
+    ]
+    for name in (
+        "Teardown",
+        "ReleaseCompute",
+        "TeardownAfterFailure",
+        "ReleaseComputeAfterFailure",
+    ):
+        assert any(r["ErrorEquals"] == ["States.ALL"] for r in states[name]["Retry"])
 
 
 def test_state_machine_logs_everything_traces_and_times_out(default_app: Synthesized) -> None:
@@ -150,7 +203,7 @@ def test_alarms_reach_the_alert_topic(default_app: Synthesized) -> None:
         "Errors",
     } <= names
     assert all(alarm["Properties"]["AlarmActions"] == [{"Ref": topic_id}] for alarm in alarms)
-    assert sum(1 for alarm in alarms if alarm["Properties"]["MetricName"] == "Errors") == 7
+    assert sum(1 for alarm in alarms if alarm["Properties"]["MetricName"] == "Errors") == 15
 
 
 def test_dashboard_shows_runs_step_errors_and_queue_ages(default_app: Synthesized) -> None:

@@ -147,6 +147,7 @@ def register(
     )
     return {
         "run_id": registered.run.run_id,
+        "poll_seconds": int(os.environ.get("POLL_SECONDS", "60")),
         "created": registered.created,
         "config": registered.config.model_dump(mode="json"),
         "cost_per_hour": registered.cost.per_hour,

@@ -146,6 +146,7 @@ def deploy_pipeline(
     clients: Mapping[str, Any],
     dispatcher: _Dispatcher,
     data_bucket: str,
+    overrides: Mapping[str, str] | None = None,
 ) -> LocalPipeline:
     """Create the pipeline stack's resources in moto (inside `mock_aws` and `in_process_lambdas`)."""
     resources = template["Resources"]
@@ -175,6 +176,9 @@ def deploy_pipeline(
             "Ref": "local-key",
             "Arn": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/local",
         }
+    for logical_id in of_type("AWS::Lambda::Url"):
+        # Local mode serves the proxy itself (mtrl/local/function_url.py) and overrides ROUTER_URL.
+        physical[logical_id] = {"Ref": logical_id, "FunctionUrl": "http://127.0.0.1/"}
     functions = of_type("AWS::Lambda::Function")
     for logical_id in functions:
         name = f"local-{logical_id}"[:64]
@@ -194,6 +198,7 @@ def deploy_pipeline(
             for k, v in function["Properties"].get("Environment", {}).get("Variables", {}).items()
         }
         variables.pop("DATA_KEY_ARN", None)  # local queues use SQS-managed encryption
+        variables |= dict(overrides or {})
         clients["lambda"].create_function(
             FunctionName=physical[logical_id]["Ref"],
             Runtime="python3.12",
@@ -211,7 +216,9 @@ def deploy_pipeline(
     arn = clients["stepfunctions"].create_state_machine(
         name=machine_name, definition=definition, roleArn=role
     )["stateMachineArn"]
-    rule = next(r for r in of_type("AWS::Events::Rule").values() if "EventPattern" in r["Properties"])
+    rule = next(
+        r for r in of_type("AWS::Events::Rule").values() if "EventPattern" in r["Properties"]
+    )
     pattern = resolve(rule["Properties"]["EventPattern"])
     return LocalPipeline(arn, data_bucket, environment, pattern, dispatcher)
 

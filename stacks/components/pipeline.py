@@ -38,6 +38,7 @@ from training_configs import load_training_config
 
 DEFAULT_CONFIG = "rft_multiturn_lora"
 HANDLERS = "lambdas.pipeline.handlers"
+COMPUTE = "lambdas.pipeline.compute"
 
 
 class TrainingPipeline(Construct):
@@ -53,6 +54,7 @@ class TrainingPipeline(Construct):
         data_bucket: s3.IBucket,
         data_key: kms.IKey,
         conversations: dynamodb.ITable,
+        router_url: str,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
@@ -85,6 +87,11 @@ class TrainingPipeline(Construct):
             "DEFAULT_CONFIG": DEFAULT_CONFIG,
             "DATA_KEY_ARN": data_key.key_arn,
             "ALERT_TOPIC_ARN": self.alert_topic.topic_arn,
+            "ROUTER_URL": router_url,
+            # The compute planes' implementations (AWS: ECS and HyperPod) are configuration.
+            "REWARD_FLEET_BACKEND": "aws",
+            "TRAINING_CLUSTER_BACKEND": "aws",
+            "POLL_SECONDS": "60",
         }
         steps = {
             "validate": "Validates the uploaded dataset, streaming, with a line-numbered report",
@@ -93,18 +100,28 @@ class TrainingPipeline(Construct):
             "teardown": "Deletes every per-run resource (idempotent)",
             "notify_end": "Publishes how the run ended",
         }
+        compute_steps = {
+            "scale_up": "Asks the training cluster for the run's nodes",
+            "nodes_ready": "Counts the run's schedulable nodes",
+            "start_workers": "Starts the run's reward workers with a fresh run token",
+            "workers_healthy": "Counts the run's healthy reward workers",
+            "submit_job": "Submits the run's training job (idempotent)",
+            "monitor": "Polls the job; stops runs past their deadline or budget",
+            "collect": "Lists the run's results under runs/<run_id>/",
+            "release_compute": "Stops workers, deletes the job, scales nodes down (idempotent)",
+        }
         self.functions = {
             name: pipeline_function(
                 self,
                 f"{name.title().replace('_', '')}Function",
-                handler=f"{HANDLERS}.{name}",
+                handler=f"{COMPUTE if name in compute_steps else HANDLERS}.{name}",
                 description=description,
                 code=code,
                 timeout=Duration.minutes(15 if name == "validate" else 2),
                 environment=environment,
                 memory_size=1024 if name == "validate" else 512,
             )
-            for name, description in steps.items()
+            for name, description in {**steps, **compute_steps}.items()
         }
         self._grant(stack, config, data_bucket, data_key, conversations)
         self.state_machine = self._state_machine(config)
@@ -329,6 +346,15 @@ class TrainingPipeline(Construct):
         for name in ("register", "notify_end"):
             self.runs_table.grant_read_write_data(f[name])
         conversations.grant_read_write_data(f["provision"])
+        conversations.grant_read_write_data(f["start_workers"])
+        self.runs_table.grant_read_data(f["monitor"])
+        f["collect"].add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["s3:ListBucket"],
+                resources=[data_bucket.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [f"{RUNS_PREFIX}*"]}},
+            )
+        )
         run_queues = stack.format_arn(
             service="sqs", resource=f"{queue_base(config.name_prefix, '')}*"
         )
@@ -384,12 +410,15 @@ class TrainingPipeline(Construct):
                 )
 
     def _state_machine(self, config: PlatformConfig) -> sfn.StateMachine:
-        def task(state: str, function: str, payload: dict, result: str) -> tasks.LambdaInvoke:
+        def task(
+            state: str, function: str, payload: dict | None, result: str
+        ) -> tasks.LambdaInvoke:
             invoke = tasks.LambdaInvoke(
                 self,
                 state,
                 lambda_function=self.functions[function],
-                payload=sfn.TaskInput.from_object(payload),
+                # None: no Parameters, so the function gets the whole state (upload, run, resources).
+                payload=sfn.TaskInput.from_object(payload) if payload is not None else None,
                 payload_response_only=True,
                 result_path=result,
                 retry_on_service_exceptions=True,
@@ -404,6 +433,12 @@ class TrainingPipeline(Construct):
             return invoke
 
         run_id = {"run_id.$": "$.run.run_id"}
+        release_after_failure = task(
+            "ReleaseComputeAfterFailure", "release_compute", None, "$.released"
+        )
+        release_after_failure.add_retry(
+            errors=["States.ALL"], max_attempts=4, backoff_rate=2, interval=Duration.seconds(5)
+        )
         teardown_after_failure = task(
             "TeardownAfterFailure", "teardown", {"run_id.$": "$.failure.run_id"}, "$.teardown"
         )
@@ -425,18 +460,39 @@ class TrainingPipeline(Construct):
         failed = sfn.Fail(self, "RunFailed", error_path="$.error.Error", cause_path="$.error.Cause")
         # A failed notification must not replace the run's own error.
         notify_failure.add_catch(failed, errors=["States.ALL"], result_path="$.notification_error")
-        failure = teardown_after_failure.next(notify_failure.next(failed))
+        release_after_failure.add_catch(
+            teardown_after_failure, errors=["States.ALL"], result_path="$.release_error"
+        )
+        failure = release_after_failure.next(
+            teardown_after_failure.next(notify_failure.next(failed))
+        )
 
-        def caught(state: tasks.LambdaInvoke, run_id_path: str) -> tasks.LambdaInvoke:
+        def caught(step: tasks.LambdaInvoke, run_id_path: str) -> tasks.LambdaInvoke:
             marker = sfn.Pass(
                 self,
-                f"FailedIn{state.id}",
-                parameters={"state": state.id, "run_id.$": run_id_path},
+                f"FailedIn{step.id}",
+                parameters={"state": step.id, "run_id.$": run_id_path},
                 result_path="$.failure",
             )
             marker.next(failure)
-            state.add_catch(marker, errors=["States.ALL"], result_path="$.error")
-            return state
+            step.add_catch(marker, errors=["States.ALL"], result_path="$.error")
+            return step
+
+        def compute(name: str, function: str, result: str) -> tasks.LambdaInvoke:
+            return caught(task(name, function, None, result), "$.run.run_id")
+
+        def poll_until(
+            name: str, check: tasks.LambdaInvoke, result: str, ready: sfn.IChainable
+        ) -> sfn.Wait:
+            wait = sfn.Wait(
+                self, f"WaitFor{name}", time=sfn.WaitTime.seconds_path("$.run.poll_seconds")
+            )
+            wait.next(check).next(
+                sfn.Choice(self, f"{name}Ready?")
+                .when(sfn.Condition.boolean_equals(f"{result}.ready", True), ready)
+                .otherwise(wait)
+            )
+            return wait
 
         validate = caught(
             task("Validate", "validate", {"upload.$": "$"}, "$.validation"), "$$.Execution.Name"
@@ -459,13 +515,65 @@ class TrainingPipeline(Construct):
             ),
             "$.run.run_id",
         )
-        definition = (
-            validate.next(register)
-            .next(provision)
+        release = compute("ReleaseCompute", "release_compute", "$.released")
+        release.add_retry(
+            errors=["States.ALL"], max_attempts=4, backoff_rate=2, interval=Duration.seconds(5)
+        )
+        finish = (
+            compute("Collect", "collect", "$.results")
+            .next(release)
             .next(teardown)
             .next(notify)
             .next(sfn.Succeed(self, "RunSucceeded"))
         )
+        job_failed = (
+            sfn.Pass(
+                self,
+                "JobDidNotSucceed",
+                parameters={
+                    "Error": "TrainingJobFailed",
+                    "Cause.$": "States.Format('{}: {}', $.job.phase, $.job.reason)",
+                },
+                result_path="$.error",
+            )
+            .next(
+                sfn.Pass(
+                    self,
+                    "FailedInTrainingJob",
+                    parameters={"state": "TrainingJob", "run_id.$": "$.run.run_id"},
+                    result_path="$.failure",
+                )
+            )
+            .next(failure)
+        )
+        monitor = compute("Monitor", "monitor", "$.job")
+        job_wait = sfn.Wait(
+            self, "WaitForJob", time=sfn.WaitTime.seconds_path("$.run.poll_seconds")
+        )
+        job_wait.next(monitor).next(
+            sfn.Choice(self, "JobDone?")
+            .when(sfn.Condition.string_equals("$.job.phase", "succeeded"), finish)
+            .when(
+                sfn.Condition.or_(
+                    *(sfn.Condition.string_equals("$.job.phase", p) for p in ("pending", "running"))
+                ),
+                job_wait,
+            )
+            .otherwise(job_failed)
+        )
+        submit = compute("SubmitJob", "submit_job", "$.submitted").next(job_wait)
+        workers = compute("StartWorkers", "start_workers", "$.workers").next(
+            poll_until(
+                "Workers",
+                compute("WorkersHealthy", "workers_healthy", "$.fleet"),
+                "$.fleet",
+                submit,
+            )
+        )
+        nodes = compute("ScaleUp", "scale_up", "$.scaled").next(
+            poll_until("Nodes", compute("NodesReady", "nodes_ready", "$.nodes"), "$.nodes", workers)
+        )
+        definition = validate.next(register).next(provision).next(nodes)
         deadline = load_training_config(DEFAULT_CONFIG).deadline_hours
         log_group = logs.LogGroup(
             self,

@@ -12,7 +12,8 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from lambdas.pipeline import handlers
+from lambdas.pipeline import backends, handlers
+from lambdas.pipeline.backends import JobStatus, RewardFleet, RunContext, TrainingCluster
 from mtrl.local.embedded import (
     ACCOUNT,
     REGION,
@@ -24,6 +25,71 @@ from mtrl.local.embedded import (
 )
 from tests.conftest import Synthesized
 
+
+class FakeFleet(RewardFleet):
+    """Records what the pipeline asks; workers come up at once."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.running: dict[str, int] = {}
+
+    def start(self, run: RunContext, *, workers: int) -> list[str]:
+        self.calls.append("start")
+        assert run.run_token and run.queues["rollout_requests"]
+        self.running[run.run_id] = workers
+        return [f"{run.run_id}-w{i}" for i in range(workers)]
+
+    def healthy(self, run: RunContext) -> int:
+        return self.running.get(run.run_id, 0)
+
+    def stop(self, run: RunContext) -> int:
+        self.calls.append("stop")
+        return self.running.pop(run.run_id, 0)
+
+
+class FakeCluster(TrainingCluster):
+    """Nodes ready on the second poll; the job goes through `phases`."""
+
+    def __init__(self, phases: list[JobStatus]) -> None:
+        self.calls: list[str] = []
+        self.phases = phases
+        self.polls = 0
+
+    def scale_up(self, run: RunContext, *, instances: int) -> None:
+        self.calls.append(f"scale_up:{instances}")
+
+    def nodes_ready(self, run: RunContext) -> int:
+        self.polls += 1
+        return 0 if self.polls == 1 else 4
+
+    def submit(self, run: RunContext, *, config: dict) -> str:
+        self.calls.append("submit")
+        return f"job-{run.run_id}"
+
+    def status(self, run: RunContext) -> JobStatus:
+        return self.phases.pop(0) if len(self.phases) > 1 else self.phases[0]
+
+    def delete(self, run: RunContext) -> int:
+        self.calls.append("delete")
+        return 3
+
+    def scale_down(self, run: RunContext) -> None:
+        self.calls.append("scale_down")
+
+
+@pytest.fixture
+def compute() -> Iterator[tuple[FakeFleet, FakeCluster]]:
+    fleet, cluster = (
+        FakeFleet(),
+        FakeCluster(
+            [JobStatus("pending"), JobStatus("running", step=1), JobStatus("succeeded", step=2)]
+        ),
+    )
+    backends.register_fleet("fake", lambda: fleet)
+    backends.register_cluster("fake", lambda: cluster)
+    yield fleet, cluster
+
+
 GOOD = b"".join(
     json.dumps({"id": f"w{i}", "metadata": {"prompt": "Play.", "answer": "crane"}}).encode() + b"\n"
     for i in range(3)
@@ -32,7 +98,7 @@ GOOD = b"".join(
 
 @pytest.fixture
 def local(
-    default_app: Synthesized, monkeypatch: pytest.MonkeyPatch
+    default_app: Synthesized, monkeypatch: pytest.MonkeyPatch, compute: tuple
 ) -> Iterator[tuple[LocalPipeline, dict]]:
     for key, value in {
         "AWS_DEFAULT_REGION": REGION,
@@ -60,11 +126,17 @@ def local(
         clients["s3"].put_bucket_versioning(
             Bucket=bucket, VersioningConfiguration={"Status": "Enabled"}
         )
+        overrides = {
+            "REWARD_FLEET_BACKEND": "fake",
+            "TRAINING_CLUSTER_BACKEND": "fake",
+            "POLL_SECONDS": "0",
+        }
         pipeline = deploy_pipeline(
             default_app.template("pipeline"),
             clients=clients,
             dispatcher=dispatcher,
             data_bucket=bucket,
+            overrides=overrides,
         )
         inbox = clients["sqs"].create_queue(QueueName="inbox")["QueueUrl"]
         inbox_arn = clients["sqs"].get_queue_attributes(
@@ -94,7 +166,13 @@ def _finish(clients: dict, execution_arn: str) -> dict:
     while (described := clients["stepfunctions"].describe_execution(executionArn=execution_arn))[
         "status"
     ] == "RUNNING":
-        assert time.monotonic() < deadline, "execution did not finish"
+        if time.monotonic() > deadline:
+            events = clients["stepfunctions"].get_execution_history(executionArn=execution_arn)[
+                "events"
+            ]
+            raise AssertionError(
+                f"execution did not finish; last events: {[e['type'] for e in events[-10:]]}"
+            )
         time.sleep(0.05)
     return described
 
@@ -128,17 +206,20 @@ def test_the_rule_takes_only_jsonl_under_training_data(local) -> None:
     )
 
 
-def test_a_valid_upload_runs_to_success_and_leaves_nothing(local) -> None:
+def test_a_valid_upload_runs_to_success_and_leaves_nothing(local, compute) -> None:
     pipeline, clients = local
+    fleet, cluster = compute
     started = _upload(pipeline, clients, "training-data/wordle.jsonl", GOOD)
     described = _finish(clients, started["execution_arn"])
     assert described["status"] == "SUCCEEDED", described
     assert pipeline.dispatcher.invocations == [
-        "validate",
-        "register",
-        "provision",
-        "teardown",
-        "notify_end",
+        "validate", "register", "provision", "scale_up", "nodes_ready", "nodes_ready", "start_workers",
+        "workers_healthy", "submit_job", "monitor", "monitor", "monitor", "collect", "release_compute",
+        "teardown", "notify_end",
+    ]  # fmt: skip
+    assert cluster.calls == ["scale_up:4", "submit", "delete", "scale_down"] and fleet.calls == [
+        "start",
+        "stop",
     ]
     assert _run_queues(clients) == []
     (notice,) = _notifications(clients)
@@ -174,7 +255,12 @@ def test_an_invalid_dataset_fails_at_validation_and_creates_nothing(local) -> No
     described = _finish(clients, started["execution_arn"])
     assert described["status"] == "FAILED" and described["error"] == "DatasetInvalid"
     assert "line 4: line: not valid JSON" in described["cause"]
-    assert pipeline.dispatcher.invocations == ["validate", "teardown", "notify_end"]
+    assert pipeline.dispatcher.invocations == [
+        "validate",
+        "release_compute",
+        "teardown",
+        "notify_end",
+    ]
     assert (
         _run_queues(clients) == []
         and clients["dynamodb"].scan(TableName=pipeline.environment["RUNS_TABLE"])["Count"] == 0
@@ -196,6 +282,13 @@ class Injected(RuntimeError):
         ("validate", "Validate"),
         ("register", "Register"),
         ("provision", "Provision"),
+        ("scale_up", "ScaleUp"),
+        ("nodes_ready", "NodesReady"),
+        ("start_workers", "StartWorkers"),
+        ("workers_healthy", "WorkersHealthy"),
+        ("submit_job", "SubmitJob"),
+        ("monitor", "Monitor"),
+        ("collect", "Collect"),
         ("notify_end", "NotifySuccess"),
     ],
 )
@@ -217,7 +310,7 @@ def test_a_fault_in_any_state_fails_the_run_with_its_error_and_tears_down(
     assert described["status"] == "FAILED", described
     assert described["error"] == "Injected" and f"injected into {step}" in described["cause"]
     assert _run_queues(clients) == []
-    assert pipeline.dispatcher.invocations[-2:] == ["teardown", "notify_end"]
+    assert pipeline.dispatcher.invocations[-3:] == ["release_compute", "teardown", "notify_end"]
     notices = _notifications(clients)
     assert any(f"FAILED\nfailed in {state}: " in notice for notice in notices), notices
 
@@ -236,3 +329,20 @@ def test_a_transient_teardown_fault_is_retried(local) -> None:
     described = _finish(clients, started["execution_arn"])
     assert described["status"] == "SUCCEEDED", described
     assert pipeline.dispatcher.invocations.count("teardown") == 2 and _run_queues(clients) == []
+
+
+def test_a_failed_training_job_fails_the_run_and_releases_compute(local, compute) -> None:
+    pipeline, clients = local
+    fleet, cluster = compute
+    cluster.phases[:] = [
+        JobStatus("running", step=1),
+        JobStatus("failed", reason="ImagePullBackOff: trainer image not found"),
+    ]
+    started = _upload(pipeline, clients, "training-data/w.jsonl", GOOD)
+    described = _finish(clients, started["execution_arn"])
+    assert described["status"] == "FAILED" and described["error"] == "TrainingJobFailed"
+    assert described["cause"] == "failed: ImagePullBackOff: trainer image not found"
+    assert cluster.calls[-2:] == ["delete", "scale_down"] and fleet.calls == ["start", "stop"]
+    assert _run_queues(clients) == []
+    (notice,) = _notifications(clients)
+    assert "failed in TrainingJob: failed: ImagePullBackOff" in notice

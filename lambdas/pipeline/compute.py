@@ -1,0 +1,139 @@
+"""The compute steps of a run, over the backend interfaces (lambdas/pipeline/backends.py).
+
+Each step is a thin handler: the state (run id, config, queues) comes in, one backend call
+goes out, a small result comes back for the state machine's Choice states. Which backends
+serve a deployment is configuration (`REWARD_FLEET_BACKEND`, `TRAINING_CLUSTER_BACKEND`).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from typing import Any
+
+import boto3
+
+from lambdas.pipeline import backends
+from lambdas.pipeline.backends import RunContext
+from lambdas.router.conversations import ConversationStore
+from mtrl.runs import RunStore
+
+
+class RunPastDeadline(RuntimeError):
+    """The run's deadline passed while it waited for compute."""
+
+
+def _context(event: dict[str, Any], *, run_token: str = "") -> RunContext:
+    run, config = event["run"], event["run"]["config"]
+    return RunContext(
+        run_id=run["run_id"],
+        queues=event.get("resources", {}).get("queues", {}),
+        router_url=os.environ.get("ROUTER_URL"),
+        run_token=run_token,
+        environment=config["environment"],
+        output_prefix=f"runs/{run['run_id']}/",
+        settings={
+            "rollout_concurrency": config["rollout_concurrency"],
+            "max_turns": config["max_turns"],
+        },
+    )
+
+
+def _fleet() -> backends.RewardFleet:
+    return backends.reward_fleet(os.environ.get("REWARD_FLEET_BACKEND", "aws"))
+
+
+def _cluster() -> backends.TrainingCluster:
+    return backends.training_cluster(os.environ.get("TRAINING_CLUSTER_BACKEND", "aws"))
+
+
+def scale_up(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
+    config = event["run"]["config"]
+    instances = config["instance_count"]
+    _cluster().scale_up(_context(event), instances=instances)
+    return {"instances": instances, "scale_to_zero": config["scale_to_zero"]}
+
+
+def _check_deadline(event: dict[str, Any]) -> None:
+    if time.time() > event["run"]["deadline_at"]:
+        raise RunPastDeadline(
+            f"run {event['run']['run_id']} passed its deadline while waiting for compute"
+        )
+
+
+def nodes_ready(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
+    _check_deadline(event)
+    wanted = event["run"]["config"]["instance_count"]
+    ready = _cluster().nodes_ready(_context(event))
+    return {"ready": ready >= wanted, "nodes": ready}
+
+
+def start_workers(
+    event: dict[str, Any], context: Any = None, *, dynamodb: Any = None
+) -> dict[str, Any]:
+    """Start the reward fleet with a fresh run token (stored hashed; never in the state)."""
+    run_id = event["run"]["run_id"]
+    token = secrets.token_urlsafe(32)
+    store = ConversationStore(
+        dynamodb or boto3.client("dynamodb"), os.environ["CONVERSATIONS_TABLE"]
+    )
+    store.put_run(run_id, token=token, queues=event["resources"]["queues"], now=time.time())
+    workers = _fleet().start(
+        _context(event, run_token=token), workers=event["run"]["config"]["reward_workers"]
+    )
+    return {"workers": len(workers)}
+
+
+def workers_healthy(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
+    _check_deadline(event)
+    wanted = event["run"]["config"]["reward_workers"]
+    healthy = _fleet().healthy(_context(event))
+    return {"ready": healthy >= wanted, "healthy": healthy}
+
+
+def submit_job(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
+    return {"job": _cluster().submit(_context(event), config=event["run"]["config"])}
+
+
+def monitor(
+    event: dict[str, Any], context: Any = None, *, dynamodb: Any = None, now: float | None = None
+) -> dict[str, Any]:
+    """One poll: the job's phase, or `past_deadline` / `over_budget` when the run must stop."""
+    run_id = event["run"]["run_id"]
+    now = time.time() if now is None else now
+    record = RunStore(dynamodb or boto3.client("dynamodb"), os.environ["RUNS_TABLE"]).get(run_id)
+    if record is not None:
+        if now > record.deadline_at:
+            return {"phase": "past_deadline", "reason": f"run {run_id} passed its deadline"}
+        spent = (now - record.created_at) / 3600 * record.cost_per_hour
+        if spent > event["run"]["config"]["budget_usd"]:
+            return {
+                "phase": "over_budget",
+                "reason": f"run {run_id} spent about ${spent:,.0f}, over its budget",
+            }
+    status = _cluster().status(_context(event))
+    return {"phase": status.phase, "reason": status.reason, "step": status.step}
+
+
+def collect(event: dict[str, Any], context: Any = None, *, s3: Any = None) -> dict[str, Any]:
+    """The run's outputs, as listed under runs/<run_id>/ in the data bucket."""
+    bucket, run_id = event["bucket"], event["run"]["run_id"]
+    listed = (
+        (s3 or boto3.client("s3"))
+        .list_objects_v2(Bucket=bucket, Prefix=f"runs/{run_id}/")
+        .get("Contents", [])
+    )
+    return {"results": f"s3://{bucket}/runs/{run_id}/", "objects": len(listed)}
+
+
+def release_compute(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
+    """Teardown of the compute planes (idempotent): workers, job, nodes."""
+    if "config" not in event.get("run", {}):
+        return {"workers_stopped": 0, "job_objects_deleted": 0}  # failed before registration
+    run = _context(event)
+    stopped = _fleet().stop(run)
+    deleted = _cluster().delete(run)
+    if event["run"]["config"]["scale_to_zero"]:
+        _cluster().scale_down(run)
+    return {"workers_stopped": stopped, "job_objects_deleted": deleted}
