@@ -7,6 +7,7 @@ serve a deployment is configuration (`REWARD_FLEET_BACKEND`, `TRAINING_CLUSTER_B
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time
@@ -113,18 +114,53 @@ def monitor(
                 "reason": f"run {run_id} spent about ${spent:,.0f}, over its budget",
             }
     status = _cluster().status(_context(event))
-    return {"phase": status.phase, "reason": status.reason, "step": status.step}
+    previous = event.get("job") or {}
+    # Stall: running, but the training step has not moved for longer than a rollout may take.
+    unchanged = (
+        status.phase == "running"
+        and status.step is not None
+        and status.step == previous.get("step")
+    )
+    quiet_polls = previous.get("quiet_polls", 0) + 1 if unchanged else 0
+    config = event["run"]["config"]
+    stalled_after = max(
+        3, 3 * config["rollout_timeout_seconds"] // max(1, event["run"].get("poll_seconds", 60))
+    )
+    if quiet_polls >= stalled_after:
+        return {
+            "phase": "stalled",
+            "reason": f"no training progress past step {status.step} for {quiet_polls} polls; check the run's queue ages",
+            "step": status.step,
+            "quiet_polls": quiet_polls,
+        }
+    return {
+        "phase": status.phase,
+        "reason": status.reason,
+        "step": status.step,
+        "quiet_polls": quiet_polls,
+    }
 
 
 def collect(event: dict[str, Any], context: Any = None, *, s3: Any = None) -> dict[str, Any]:
-    """The run's outputs, as listed under runs/<run_id>/ in the data bucket."""
+    """Write `runs/<run_id>/summary.json` (config, job, outputs found) next to the run's outputs."""
+    s3 = s3 or boto3.client("s3")
     bucket, run_id = event["bucket"], event["run"]["run_id"]
-    listed = (
-        (s3 or boto3.client("s3"))
-        .list_objects_v2(Bucket=bucket, Prefix=f"runs/{run_id}/")
-        .get("Contents", [])
+    prefix = f"runs/{run_id}/"
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    summary = {
+        "run_id": run_id,
+        "dataset": f"s3://{bucket}/{event['key']}",
+        "config": event["run"]["config"],
+        "job": event.get("job"),
+        "outputs": sorted(item["Key"].removeprefix(prefix) for item in listed),
+    }
+    s3.put_object(
+        Bucket=bucket,
+        Key=f"{prefix}summary.json",
+        Body=json.dumps(summary, indent=2).encode(),
+        ContentType="application/json",
     )
-    return {"results": f"s3://{bucket}/runs/{run_id}/", "objects": len(listed)}
+    return {"results": f"s3://{bucket}/{prefix}", "objects": len(listed)}
 
 
 def release_compute(event: dict[str, Any], context: Any = None) -> dict[str, Any]:

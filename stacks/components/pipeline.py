@@ -355,6 +355,10 @@ class TrainingPipeline(Construct):
                 conditions={"StringLike": {"s3:prefix": [f"{RUNS_PREFIX}*"]}},
             )
         )
+        f["collect"].add_to_role_policy(
+            iam.PolicyStatement(actions=["s3:PutObject"], resources=[run_outputs])
+        )
+        data_key.grant_encrypt_decrypt(f["collect"])
         run_queues = stack.format_arn(
             service="sqs", resource=f"{queue_base(config.name_prefix, '')}*"
         )

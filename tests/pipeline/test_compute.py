@@ -1,0 +1,115 @@
+"""Compute steps: the monitor's verdicts (deadline, budget, stall, phases) and the run summary."""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+
+from lambdas.pipeline import backends, compute
+from lambdas.pipeline.backends import JobStatus, RunContext, TrainingCluster
+from mtrl.runs import RunRecord, RunStore, create_runs_table
+
+
+class Scripted(TrainingCluster):
+    def __init__(self, status: JobStatus) -> None:
+        self.current = status
+
+    def scale_up(self, run: RunContext, *, instances: int) -> None: ...
+    def nodes_ready(self, run: RunContext) -> int:
+        return 0
+
+    def submit(self, run: RunContext, *, config: dict) -> str:
+        return "job"
+
+    def status(self, run: RunContext) -> JobStatus:
+        return self.current
+
+    def delete(self, run: RunContext) -> int:
+        return 0
+
+    def scale_down(self, run: RunContext) -> None: ...
+
+
+CONFIG = {
+    "environment": "wordle",
+    "rollout_concurrency": 4,
+    "max_turns": 6,
+    "rollout_timeout_seconds": 60,
+    "budget_usd": 100.0,
+}
+
+
+@pytest.fixture
+def state(aws: None, monkeypatch: pytest.MonkeyPatch) -> dict:
+    db = boto3.client("dynamodb")
+    create_runs_table(db, "runs")
+    monkeypatch.setenv("RUNS_TABLE", "runs")
+    monkeypatch.setenv("TRAINING_CLUSTER_BACKEND", "scripted")
+    RunStore(db, "runs").register(
+        RunRecord(
+            run_id="r",
+            bucket="b",
+            key="training-data/x.jsonl",
+            config_name="c",
+            created_at=0.0,
+            updated_at=0.0,
+            deadline_at=3600.0,
+            cost_per_hour=60.0,
+        )
+    )
+    return {
+        "run": {"run_id": "r", "config": CONFIG, "poll_seconds": 60, "deadline_at": 3600.0},
+        "bucket": "b",
+        "key": "training-data/x.jsonl",
+    }
+
+
+def _cluster(status: JobStatus) -> Scripted:
+    cluster = Scripted(status)
+    backends.register_cluster("scripted", lambda: cluster)
+    return cluster
+
+
+def test_monitor_reports_the_job_phase(state: dict) -> None:
+    _cluster(JobStatus("failed", reason="OOMKilled"))
+    assert compute.monitor(state, now=60.0)["phase"] == "failed"
+
+
+def test_monitor_stops_runs_past_deadline_or_over_budget(state: dict) -> None:
+    _cluster(JobStatus("running", step=3))
+    assert compute.monitor(state, now=4000.0)["phase"] == "past_deadline"
+    # 60 $/h: $100 is spent after 6,000 s; the deadline comes first unless it is later.
+    RunStore(boto3.client("dynamodb"), "runs").update("r", now=1.0, deadline_at=10_000.0)
+    verdict = compute.monitor(state, now=7000.0)
+    assert verdict["phase"] == "over_budget" and "$117" in verdict["reason"]
+
+
+def test_monitor_calls_a_run_without_progress_stalled(state: dict) -> None:
+    _cluster(JobStatus("running", step=7))
+    verdicts = []
+    for _ in range(4):
+        verdict = compute.monitor(state, now=100.0)
+        state["job"] = verdict
+        verdicts.append(verdict["phase"])
+    assert verdicts == ["running", "running", "running", "stalled"]
+    assert "no training progress past step 7" in state["job"]["reason"]
+
+
+def test_collect_writes_the_run_summary(aws: None) -> None:
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="bucket-1")
+    s3.put_object(Bucket="bucket-1", Key="runs/r/metrics.jsonl", Body=b"{}\n")
+    result = compute.collect(
+        {
+            "bucket": "bucket-1",
+            "key": "training-data/x.jsonl",
+            "run": {"run_id": "r", "config": CONFIG},
+            "job": {"phase": "succeeded", "step": 9},
+        },
+        s3=s3,
+    )
+    summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
+    assert result == {"results": "s3://bucket-1/runs/r/", "objects": 1}
+    assert summary["outputs"] == ["metrics.jsonl"] and summary["job"]["step"] == 9
