@@ -212,6 +212,18 @@ class TrainingPipeline(Construct):
                 title="Run queues: oldest message age", left=[queue_ages], width=12
             ),
             cloudwatch.GraphWidget(
+                title="Reward progress (mean reward per run)",
+                left=[
+                    cloudwatch.MathExpression(
+                        # Trainers publish nova-mtrl/Training MeanReward with a RunId dimension.
+                        expression="SEARCH('{nova-mtrl/Training,RunId} MetricName=\"MeanReward\"', 'Average', 300)",
+                        label="mean reward",
+                        period=period,
+                    )
+                ],
+                width=12,
+            ),
+            cloudwatch.GraphWidget(
                 title="Upload events dead-lettered",
                 left=[
                     self.trigger_dlq.metric_approximate_number_of_messages_visible(period=period)

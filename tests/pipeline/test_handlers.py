@@ -215,3 +215,26 @@ def test_the_reaper_tears_down_overdue_and_orphaned_runs_only(env: dict) -> None
         if ids["on-time"] in url
     ]
     assert len(remaining) == 5
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"\xff\xfe\x00garbage",
+        b'{"id": "a"}\n{"id": "a", "metadata": {"prompt": "p"}}\n{"id": "a", "metadata": {"prompt": "p"}}\n',
+        b"[1, 2, 3]\n" * 3,
+        b'{"id": "' + b"x" * 300 + b'", "metadata": {"prompt": "p"}}\n',
+        b'{"id": "a", "metadata": {"prompt": []}}\r\n\r\n',
+    ],
+)
+def test_the_validate_lambda_rejects_malformed_datasets_with_line_numbers(
+    env: dict, body: bytes
+) -> None:
+    version = env["s3"].put_object(Bucket=BUCKET, Key="training-data/m.jsonl", Body=body)[
+        "VersionId"
+    ]
+    with pytest.raises(DatasetInvalid) as raised:
+        handlers.validate(_event("training-data/m.jsonl", version), s3=env["s3"])
+    message = str(raised.value)
+    assert ("line " in message or "file: " in message) and "full report s3://data/runs/" in message
