@@ -259,26 +259,8 @@ class TrainingPipeline(Construct):
             )
         )
         self.runs_table.grant_read_write_data(reaper)
-        run_queues = stack.format_arn(
-            service="sqs", resource=f"{queue_base(config.name_prefix, '')}*"
-        )
-        alarms = stack.format_arn(
-            service="cloudwatch",
-            resource="alarm",
-            resource_name=f"{queue_base(config.name_prefix, '')}*",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )
-        reaper.add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["sqs:DeleteQueue", "sqs:GetQueueUrl", "sqs:ListQueues"],
-                resources=[run_queues],
-            )
-        )
-        reaper.add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["cloudwatch:DeleteAlarms", "cloudwatch:DescribeAlarms"], resources=[alarms]
-            )
-        )
+        run_queues, alarms = self._run_resource_arns(config)
+        self._grant_teardown(reaper, run_queues, alarms)
         for resource, reason in {
             executions: "Executions are named by run id at run time; only this state machine's.",
             run_queues: "Per-run queues are created at run time; names share the deployment prefix.",
@@ -328,6 +310,33 @@ class TrainingPipeline(Construct):
             )
             alarm.add_alarm_action(action)
 
+    def _run_resource_arns(self, config: PlatformConfig) -> tuple[str, str]:
+        """ARN patterns of the per-run queues and alarms (named from the deployment prefix)."""
+        stack = Stack.of(self)
+        pattern = f"{queue_base(config.name_prefix, '')}*"
+        queues = stack.format_arn(service="sqs", resource=pattern)
+        alarms = stack.format_arn(
+            service="cloudwatch",
+            resource="alarm",
+            resource_name=pattern,
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        return queues, alarms
+
+    @staticmethod
+    def _grant_teardown(function: lambda_.Function, run_queues: str, alarms: str) -> None:
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["sqs:DeleteQueue", "sqs:GetQueueUrl", "sqs:ListQueues"],
+                resources=[run_queues],
+            )
+        )
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["cloudwatch:DeleteAlarms", "cloudwatch:DescribeAlarms"], resources=[alarms]
+            )
+        )
+
     def _grant(
         self,
         stack: Stack,
@@ -371,15 +380,7 @@ class TrainingPipeline(Construct):
             iam.PolicyStatement(actions=["s3:PutObject"], resources=[run_outputs])
         )
         data_key.grant_encrypt_decrypt(f["collect"])
-        run_queues = stack.format_arn(
-            service="sqs", resource=f"{queue_base(config.name_prefix, '')}*"
-        )
-        alarms = stack.format_arn(
-            service="cloudwatch",
-            resource="alarm",
-            resource_name=f"{queue_base(config.name_prefix, '')}*",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )
+        run_queues, alarms = self._run_resource_arns(config)
         f["provision"].add_to_role_policy(
             iam.PolicyStatement(
                 actions=[
@@ -396,17 +397,7 @@ class TrainingPipeline(Construct):
                 actions=["cloudwatch:PutMetricAlarm", "cloudwatch:TagResource"], resources=[alarms]
             )
         )
-        f["teardown"].add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["sqs:DeleteQueue", "sqs:GetQueueUrl", "sqs:ListQueues"],
-                resources=[run_queues],
-            )
-        )
-        f["teardown"].add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["cloudwatch:DeleteAlarms", "cloudwatch:DescribeAlarms"], resources=[alarms]
-            )
-        )
+        self._grant_teardown(f["teardown"], run_queues, alarms)
         self.alert_topic.grant_publish(f["notify_end"])
         reasons = {
             datasets: "Datasets are uploaded at run time under training-data/; read-only.",
