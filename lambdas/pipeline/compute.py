@@ -8,7 +8,6 @@ serve a deployment is configuration (`REWARD_FLEET_BACKEND`, `TRAINING_CLUSTER_B
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import time
 from typing import Any
@@ -17,6 +16,7 @@ import boto3
 
 from lambdas.pipeline import backends
 from lambdas.pipeline.backends import RunContext
+from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.conversations import ConversationStore
 from mtrl.runs import RunStore
 
@@ -27,10 +27,11 @@ class RunPastDeadline(RuntimeError):
 
 def _context(event: dict[str, Any], *, run_token: str = "") -> RunContext:
     run, config = event["run"], event["run"]["config"]
+    settings = PipelineSettings.from_env()
     return RunContext(
         run_id=run["run_id"],
         queues=event.get("resources", {}).get("queues", {}),
-        router_url=os.environ.get("ROUTER_URL"),
+        router_url=settings.router_url,
         run_token=run_token,
         environment=config["environment"],
         output_prefix=f"runs/{run['run_id']}/",
@@ -42,11 +43,11 @@ def _context(event: dict[str, Any], *, run_token: str = "") -> RunContext:
 
 
 def _fleet() -> backends.RewardFleet:
-    return backends.reward_fleet(os.environ.get("REWARD_FLEET_BACKEND", "aws"))
+    return backends.reward_fleet(PipelineSettings.from_env().reward_fleet_backend)
 
 
 def _cluster() -> backends.TrainingCluster:
-    return backends.training_cluster(os.environ.get("TRAINING_CLUSTER_BACKEND", "aws"))
+    return backends.training_cluster(PipelineSettings.from_env().training_cluster_backend)
 
 
 def scale_up(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
@@ -77,7 +78,7 @@ def start_workers(
     run_id = event["run"]["run_id"]
     token = secrets.token_urlsafe(32)
     store = ConversationStore(
-        dynamodb or boto3.client("dynamodb"), os.environ["CONVERSATIONS_TABLE"]
+        dynamodb or boto3.client("dynamodb"), PipelineSettings.from_env().conversations_table
     )
     store.put_run(run_id, token=token, queues=event["resources"]["queues"], now=time.time())
     workers = _fleet().start(
@@ -103,7 +104,9 @@ def monitor(
     """One poll: the job's phase, or `past_deadline` / `over_budget` when the run must stop."""
     run_id = event["run"]["run_id"]
     now = time.time() if now is None else now
-    record = RunStore(dynamodb or boto3.client("dynamodb"), os.environ["RUNS_TABLE"]).get(run_id)
+    record = RunStore(
+        dynamodb or boto3.client("dynamodb"), PipelineSettings.from_env().runs_table
+    ).get(run_id)
     if record is not None:
         if now > record.deadline_at:
             return {"phase": "past_deadline", "reason": f"run {run_id} passed its deadline"}

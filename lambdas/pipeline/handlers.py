@@ -8,16 +8,16 @@ failure notification shows.
 from __future__ import annotations
 
 import json
-import os
 import time
 from typing import Any
 
 import boto3
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from lambdas.pipeline.notify import notify, summary
 from lambdas.pipeline.register import register_run
 from lambdas.pipeline.resources import provision_run, teardown_run
+from lambdas.pipeline.settings import PipelineSettings
 from lambdas.pipeline.validate import validate_upload
 from lambdas.router.conversations import ConversationStore
 from mtrl.runs import FINISHED, RunStore, run_id_for
@@ -25,24 +25,6 @@ from mtrl.runs import FINISHED, RunStore, run_id_for
 
 class DatasetInvalid(ValueError):
     """The uploaded dataset has problems; nothing was created."""
-
-
-class PipelineSettings(BaseModel):
-    """From the functions' environment (set by the pipeline stack)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name_prefix: str = Field(alias="NAME_PREFIX")
-    runs_table: str = Field(alias="RUNS_TABLE")
-    conversations_table: str = Field(alias="CONVERSATIONS_TABLE")
-    default_config: str = Field(default="rft_multiturn_lora", alias="DEFAULT_CONFIG")
-    state_machine_arn: str | None = Field(default=None, alias="STATE_MACHINE_ARN")
-    data_key_arn: str | None = Field(default=None, alias="DATA_KEY_ARN")
-    alert_topic_arn: str | None = Field(default=None, alias="ALERT_TOPIC_ARN")
-
-    @classmethod
-    def from_env(cls) -> PipelineSettings:
-        return cls.model_validate(dict(os.environ))
 
 
 class Upload(BaseModel):
@@ -101,9 +83,7 @@ def start_run(
             "already_finished": False,
         }
     except sfn.exceptions.ExecutionAlreadyExists:
-        execution = (
-            f"{settings.state_machine_arn.replace(':stateMachine:', ':execution:')}:{upload.run_id}"
-        )
+        execution = settings.execution_arn(upload.run_id)
         return {"run_id": upload.run_id, "execution_arn": execution, "already_finished": True}
 
 
@@ -147,7 +127,7 @@ def register(
     )
     return {
         "run_id": registered.run.run_id,
-        "poll_seconds": int(os.environ.get("POLL_SECONDS", "60")),
+        "poll_seconds": settings.poll_seconds,
         "created": registered.created,
         "config": registered.config.model_dump(mode="json"),
         "cost_per_hour": registered.cost.per_hour,
@@ -178,7 +158,8 @@ def provision(
         alert_topic_arn=settings.alert_topic_arn,
         now=time.time() if now is None else now,
     )
-    # The token goes to the run's workers only; the state keeps the queue URLs.
+    # The run token stays out of the state (execution history): start_workers issues the one
+    # the workers get.
     return {"run_id": event["run_id"], "queues": provisioned.queues, "alarms": provisioned.alarms}
 
 
@@ -258,9 +239,7 @@ def reap(
     now = time.time() if now is None else now
     reaped = []
     for run in runs.unfinished():
-        execution = (
-            f"{settings.state_machine_arn.replace(':stateMachine:', ':execution:')}:{run.run_id}"
-        )
+        execution = settings.execution_arn(run.run_id)
         try:
             status = sfn.describe_execution(executionArn=execution)["status"]
         except sfn.exceptions.ExecutionDoesNotExist:

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from mtrl.dataset import DatasetValidator
+from mtrl.dataset import DatasetValidator, Problem
 
 MAX_REPORTED = 1000
 
@@ -47,11 +47,11 @@ def validate_upload(
     extra = {"VersionId": version_id} if version_id else {}
     body = s3.get_object(Bucket=bucket, Key=key, **extra)["Body"]
     validator = DatasetValidator()
-    reported: list[dict[str, Any]] = []
+    reported: list[Problem] = []
     with io.BufferedReader(_Body(body), buffer_size=1024 * 1024) as stream:
         for problem in validator.problems(stream):
             if len(reported) < MAX_REPORTED:
-                reported.append(problem.as_dict())
+                reported.append(problem)
     summary = validator.summary
     report_key = f"runs/{run_id}/validation.json"
     report = {
@@ -61,7 +61,7 @@ def validate_upload(
         "records": summary.records,
         "lines": summary.lines,
         "problems": summary.problems,
-        "first_problems": reported,
+        "first_problems": [problem.as_dict() for problem in reported],
     }
     s3.put_object(
         Bucket=bucket,
@@ -69,8 +69,5 @@ def validate_upload(
         Body=json.dumps(report, indent=2).encode(),
         ContentType="application/json",
     )
-    first = [
-        f"line {p['line']}: {p['field']}: {p['message']}" if p["line"] else f"file: {p['message']}"
-        for p in reported[:20]
-    ]
+    first = [str(problem) for problem in reported[:20]]
     return ValidationOutcome(summary.valid, summary.records, summary.problems, report_key, first)

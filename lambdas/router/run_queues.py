@@ -46,6 +46,11 @@ def queue_base(prefix: str, run_id: str) -> str:
     return f"{base[: limit - 11]}-{digest}"
 
 
+def deployment_prefix(prefix: str) -> str:
+    """What every run's queue (and queue alarm) name of this deployment starts with."""
+    return queue_base(prefix, "")
+
+
 def queue_name(prefix: str, run_id: str, kind: str) -> str:
     return f"{queue_base(prefix, run_id)}-{kind}.fifo"
 

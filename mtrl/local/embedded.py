@@ -155,15 +155,11 @@ def deploy_pipeline(
     role = clients["iam"].create_role(RoleName="local-pipeline", AssumeRolePolicyDocument="{}")[
         "Role"
     ]["Arn"]
-    for logical_id in of_type("AWS::DynamoDB::Table"):
+    for logical_id, table in of_type("AWS::DynamoDB::Table").items():
         name = f"local-{logical_id}"
-        if (
-            "run_id" in json.dumps(resources[logical_id]["Properties"]["KeySchema"])
-            and len(resources[logical_id]["Properties"]["KeySchema"]) == 1
-        ):
-            create_runs_table(clients["dynamodb"], name)
-        else:
-            create_table(clients["dynamodb"], name)
+        keys = [key["AttributeName"] for key in table["Properties"]["KeySchema"]]
+        # The runs table is keyed by run id alone; the conversation table by (run id, item).
+        (create_runs_table if keys == ["run_id"] else create_table)(clients["dynamodb"], name)
         physical[logical_id] = {
             "Ref": name,
             "Arn": f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{name}",

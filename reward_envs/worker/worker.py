@@ -179,10 +179,12 @@ class RewardWorker:
         with self._tasks_lock:
             return len(self._tasks)
 
-    def _wait_for_a_task(self, timeout: float) -> None:
+    def _running(self) -> list[Future]:
         with self._tasks_lock:
-            futures = [task.future for task in self._tasks.values() if task.future is not None]
-        if futures:
+            return [task.future for task in self._tasks.values() if task.future is not None]
+
+    def _wait_for_a_task(self, timeout: float) -> None:
+        if futures := self._running():
             wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
 
     def _start(self, deliveries: list[Delivery]) -> None:
@@ -289,9 +291,7 @@ class RewardWorker:
                     task.last_extended = now
 
     def _drain(self) -> None:
-        with self._tasks_lock:
-            running = [task.future for task in self._tasks.values() if task.future is not None]
-        if running:
+        if running := self._running():
             wait(running, timeout=self.settings.shutdown_grace_seconds)
         with self._tasks_lock:
             left = list(self._tasks.values())

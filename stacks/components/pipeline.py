@@ -29,7 +29,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-from lambdas.router.run_queues import queue_base
+from lambdas.router.run_queues import deployment_prefix
 from stacks.components.functions import pipeline_function
 from stacks.components.nag import acknowledge, acknowledge_resource
 from stacks.components.storage import RUNS_PREFIX, TRAINING_DATA_PREFIX
@@ -180,7 +180,7 @@ class TrainingPipeline(Construct):
         queue_ages = cloudwatch.MathExpression(
             expression=(
                 'SEARCH(\'{AWS/SQS,QueueName} MetricName="ApproximateAgeOfOldestMessage" '
-                f"QueueName=\"{queue_base(config.name_prefix, '')}\"', 'Maximum', 300)"
+                f"QueueName=\"{deployment_prefix(config.name_prefix)}\"', 'Maximum', 300)"
             ),
             label="oldest message age (s)",
             period=period,
@@ -313,7 +313,7 @@ class TrainingPipeline(Construct):
     def _run_resource_arns(self, config: PlatformConfig) -> tuple[str, str]:
         """ARN patterns of the per-run queues and alarms (named from the deployment prefix)."""
         stack = Stack.of(self)
-        pattern = f"{queue_base(config.name_prefix, '')}*"
+        pattern = f"{deployment_prefix(config.name_prefix)}*"
         queues = stack.format_arn(service="sqs", resource=pattern)
         alarms = stack.format_arn(
             service="cloudwatch",

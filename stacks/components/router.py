@@ -15,7 +15,7 @@ from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from lambdas.router.conversations import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
-from lambdas.router.run_queues import queue_base
+from lambdas.router.run_queues import deployment_prefix
 from stacks.components.functions import pipeline_function
 from stacks.components.nag import acknowledge, acknowledge_resource
 from stacks.config import PlatformConfig
@@ -54,7 +54,7 @@ class Router(Construct):
         )
         # Per-run queues are named `<prefix>-<run id>-<kind>.fifo` (run_queues.queue_name).
         self.run_queue_arns = stack.format_arn(
-            service="sqs", resource=f"{queue_base(config.name_prefix, '')}*"
+            service="sqs", resource=f"{deployment_prefix(config.name_prefix)}*"
         )
         self.proxy = pipeline_function(
             self,

@@ -14,6 +14,7 @@ from moto import mock_aws
 
 from lambdas.pipeline import backends, handlers
 from lambdas.pipeline.backends import JobStatus, RewardFleet, RunContext, TrainingCluster
+from lambdas.pipeline.settings import PipelineSettings
 from mtrl.local.embedded import (
     ACCOUNT,
     REGION,
@@ -156,9 +157,7 @@ def _upload(pipeline: LocalPipeline, clients: dict, key: str, body: bytes) -> di
     version = clients["s3"].put_object(Bucket=pipeline.data_bucket, Key=key, Body=body)["VersionId"]
     event = upload_event(pipeline.data_bucket, key, version)
     assert matches(pipeline.upload_pattern, event)
-    return handlers.start_run(
-        event, settings=handlers.PipelineSettings.model_validate(pipeline.environment)
-    )
+    return handlers.start_run(event, settings=PipelineSettings.model_validate(pipeline.environment))
 
 
 def _finish(clients: dict, execution_arn: str) -> dict:
@@ -233,7 +232,7 @@ def test_a_duplicate_event_is_one_run(local) -> None:
     version = clients["s3"].put_object(
         Bucket=pipeline.data_bucket, Key="training-data/w.jsonl", Body=GOOD
     )["VersionId"]
-    settings = handlers.PipelineSettings.model_validate(pipeline.environment)
+    settings = PipelineSettings.model_validate(pipeline.environment)
     event = upload_event(pipeline.data_bucket, "training-data/w.jsonl", version)
     first = handlers.start_run(event, settings=settings)
     _finish(clients, first["execution_arn"])

@@ -45,7 +45,12 @@ CONFIG = {
 def state(aws: None, monkeypatch: pytest.MonkeyPatch) -> dict:
     db = boto3.client("dynamodb")
     create_runs_table(db, "runs")
-    monkeypatch.setenv("RUNS_TABLE", "runs")
+    for key, value in {
+        "NAME_PREFIX": "nova-mtrl",
+        "RUNS_TABLE": "runs",
+        "CONVERSATIONS_TABLE": "conversations",
+    }.items():
+        monkeypatch.setenv(key, value)
     monkeypatch.setenv("TRAINING_CLUSTER_BACKEND", "scripted")
     RunStore(db, "runs").register(
         RunRecord(

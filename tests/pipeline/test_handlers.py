@@ -8,7 +8,8 @@ import boto3
 import pytest
 
 from lambdas.pipeline import handlers
-from lambdas.pipeline.handlers import DatasetInvalid, PipelineSettings, Upload
+from lambdas.pipeline.handlers import DatasetInvalid, Upload
+from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.conversations import create_table
 from mtrl.runs import RunStore, create_runs_table
 

@@ -1,0 +1,35 @@
+"""The pipeline functions' settings: one typed model over their environment (set by the stack)."""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class PipelineSettings(BaseModel):
+    """From the functions' environment (set by the pipeline stack)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name_prefix: str = Field(alias="NAME_PREFIX")
+    runs_table: str = Field(alias="RUNS_TABLE")
+    conversations_table: str = Field(alias="CONVERSATIONS_TABLE")
+    default_config: str = Field(default="rft_multiturn_lora", alias="DEFAULT_CONFIG")
+    state_machine_arn: str | None = Field(default=None, alias="STATE_MACHINE_ARN")
+    data_key_arn: str | None = Field(default=None, alias="DATA_KEY_ARN")
+    alert_topic_arn: str | None = Field(default=None, alias="ALERT_TOPIC_ARN")
+    router_url: str | None = Field(default=None, alias="ROUTER_URL")
+    reward_fleet_backend: str = Field(default="aws", alias="REWARD_FLEET_BACKEND")
+    training_cluster_backend: str = Field(default="aws", alias="TRAINING_CLUSTER_BACKEND")
+    poll_seconds: int = Field(default=60, ge=0, alias="POLL_SECONDS")
+
+    @classmethod
+    def from_env(cls) -> PipelineSettings:
+        return cls.model_validate(dict(os.environ))
+
+    def execution_arn(self, run_id: str) -> str:
+        """The ARN of the run's execution (executions are named by run id)."""
+        if not self.state_machine_arn:
+            raise ValueError("STATE_MACHINE_ARN is not set for this function")
+        return f"{self.state_machine_arn.replace(':stateMachine:', ':execution:')}:{run_id}"
