@@ -21,7 +21,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[cdk,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[cdk,local,dev]'
 	touch $(STAMP)
 
 lint: install

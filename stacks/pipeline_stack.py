@@ -39,6 +39,7 @@ class PipelineStack(PlatformStack):
             data_key=storage.data_key,
             conversations=self.router.table,
             router_url=self.router.proxy_url.url,
+            consumer=self.router.consumer,
         )
         # Reward workers call the proxy; the grant lives here so compute never depends on us.
         workers = iam.Role.from_role_arn(

@@ -16,10 +16,9 @@ from pydantic import BaseModel, ConfigDict
 
 from lambdas.pipeline.notify import notify, summary
 from lambdas.pipeline.register import register_run
-from lambdas.pipeline.resources import provision_run, teardown_run
+from lambdas.pipeline.resources import RouterWiring, provision_run, teardown_run
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.pipeline.validate import validate_upload
-from lambdas.router.conversations import ConversationStore
 from mtrl.runs import FINISHED, RunStore, run_id_for
 
 
@@ -139,27 +138,16 @@ def provision(
     event: dict[str, Any],
     context: Any = None,
     *,
-    sqs: Any = None,
-    cloudwatch: Any = None,
-    dynamodb: Any = None,
+    wiring: RouterWiring | None = None,
     settings: PipelineSettings | None = None,
-    now: float | None = None,
 ) -> dict[str, Any]:
     settings = settings or _settings()
     provisioned = provision_run(
-        sqs=sqs or boto3.client("sqs"),
-        cloudwatch=cloudwatch or boto3.client("cloudwatch"),
-        conversations=ConversationStore(
-            dynamodb or boto3.client("dynamodb"), settings.conversations_table
-        ),
-        prefix=settings.name_prefix,
+        wiring or settings.router_wiring(),
         run_id=event["run_id"],
         kms_key_id=settings.data_key_arn,
         alert_topic_arn=settings.alert_topic_arn,
-        now=time.time() if now is None else now,
     )
-    # The run token stays out of the state (execution history): start_workers issues the one
-    # the workers get.
     return {"run_id": event["run_id"], "queues": provisioned.queues, "alarms": provisioned.alarms}
 
 
@@ -167,17 +155,11 @@ def teardown(
     event: dict[str, Any],
     context: Any = None,
     *,
-    sqs: Any = None,
-    cloudwatch: Any = None,
+    wiring: RouterWiring | None = None,
     settings: PipelineSettings | None = None,
 ) -> dict[str, Any]:
     settings = settings or _settings()
-    result = teardown_run(
-        sqs=sqs or boto3.client("sqs"),
-        cloudwatch=cloudwatch or boto3.client("cloudwatch"),
-        prefix=settings.name_prefix,
-        run_id=event["run_id"],
-    )
+    result = teardown_run(wiring or settings.router_wiring(), run_id=event["run_id"])
     return {"run_id": event["run_id"], **result}
 
 
@@ -225,8 +207,7 @@ def reap(
     context: Any = None,
     *,
     sfn: Any = None,
-    sqs: Any = None,
-    cloudwatch: Any = None,
+    wiring: RouterWiring | None = None,
     dynamodb: Any = None,
     settings: PipelineSettings | None = None,
     now: float | None = None,
@@ -253,12 +234,7 @@ def reap(
                 error="DeadlinePassed",
                 cause=f"run {run.run_id} is {reason}",
             )
-        result = teardown_run(
-            sqs=sqs or boto3.client("sqs"),
-            cloudwatch=cloudwatch or boto3.client("cloudwatch"),
-            prefix=settings.name_prefix,
-            run_id=run.run_id,
-        )
+        result = teardown_run(wiring or settings.router_wiring(), run_id=run.run_id)
         runs.update(run.run_id, now=now, status="failed", error=f"reaped: {reason}")
         reaped.append({"run_id": run.run_id, "reason": reason, **result})
     return {"reaped": reaped}

@@ -1,13 +1,21 @@
-"""A run's router resources: provision them, and tear every one of them down (idempotently)."""
+"""A run's router resources: provision them, and tear every one of them down (idempotently).
+
+A run's resources are its FIFO queues (and dead-letter queue), their age alarms, and the event
+source mapping that feeds its generate responses to the router's consumer. The run's entry in
+the conversation table (with the token its workers present) is written when the workers start.
+"""
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass
 from typing import Any
 
 from lambdas.router.alarms import alarm_names, create_queue_alarms, delete_queue_alarms
-from lambdas.router.conversations import ConversationStore
+from lambdas.router.event_sources import (
+    connect_consumer,
+    consumer_mappings,
+    disconnect_consumer,
+)
 from lambdas.router.run_queues import (
     DLQ,
     KINDS,
@@ -19,50 +27,68 @@ from lambdas.router.run_queues import (
 
 
 @dataclass(frozen=True)
+class RouterWiring:
+    """Where the router lives: the SQS and CloudWatch clients, and the consumer function."""
+
+    sqs: Any
+    cloudwatch: Any
+    lambda_client: Any
+    consumer_function: str
+    prefix: str
+
+
+@dataclass(frozen=True)
 class Provisioned:
     queues: dict[str, str]
     alarms: list[str]
-    run_token: str
+    consumer_mapping: str
 
 
 def provision_run(
-    *,
-    sqs: Any,
-    cloudwatch: Any,
-    conversations: ConversationStore,
-    prefix: str,
-    run_id: str,
-    kms_key_id: str | None,
-    alert_topic_arn: str | None,
-    now: float,
+    wiring: RouterWiring, *, run_id: str, kms_key_id: str | None, alert_topic_arn: str | None
 ) -> Provisioned:
-    """Per-run queues, queue-age alarms and the run's entry in the conversation table."""
-    queues = create_run_queues(sqs, prefix=prefix, run_id=run_id, kms_key_id=kms_key_id)
-    alarms = create_queue_alarms(
-        cloudwatch, prefix=prefix, run_id=run_id, topic_arn=alert_topic_arn
+    """Per-run queues, queue-age alarms and the consumer's event source mapping."""
+    queues = create_run_queues(
+        wiring.sqs, prefix=wiring.prefix, run_id=run_id, kms_key_id=kms_key_id
     )
-    token = secrets.token_urlsafe(32)
-    conversations.put_run(run_id, token=token, queues=queues.urls(), now=now)
-    return Provisioned(queues=queues.urls(), alarms=alarms, run_token=token)
+    alarms = create_queue_alarms(
+        wiring.cloudwatch, prefix=wiring.prefix, run_id=run_id, topic_arn=alert_topic_arn
+    )
+    responses_arn = wiring.sqs.get_queue_attributes(
+        QueueUrl=queues.generate_responses, AttributeNames=["QueueArn"]
+    )["Attributes"]["QueueArn"]
+    mapping = connect_consumer(
+        wiring.lambda_client, function=wiring.consumer_function, queue_arn=responses_arn
+    )
+    return Provisioned(queues=queues.urls(), alarms=alarms, consumer_mapping=mapping)
 
 
-def teardown_run(*, sqs: Any, cloudwatch: Any, prefix: str, run_id: str) -> dict[str, int]:
-    """Delete the run's queues and alarms; safe to repeat. Returns what was deleted and what is
-    left (0 when teardown is complete)."""
-    deleted = delete_run_queues(sqs, prefix=prefix, run_id=run_id)
-    delete_queue_alarms(cloudwatch, prefix=prefix, run_id=run_id)
-    return {
-        "queues_deleted": deleted,
-        "leftover": leftover_resources(
-            sqs=sqs, cloudwatch=cloudwatch, prefix=prefix, run_id=run_id
-        ),
-    }
+def teardown_run(wiring: RouterWiring, *, run_id: str) -> dict[str, int]:
+    """Delete the run's mapping, queues and alarms; safe to repeat. Returns what was deleted
+    and what is left (0 when teardown is complete)."""
+    disconnect_consumer(
+        wiring.lambda_client,
+        function=wiring.consumer_function,
+        queue_name=queue_name(wiring.prefix, run_id, "generate-responses"),
+    )
+    deleted = delete_run_queues(wiring.sqs, prefix=wiring.prefix, run_id=run_id)
+    delete_queue_alarms(wiring.cloudwatch, prefix=wiring.prefix, run_id=run_id)
+    return {"queues_deleted": deleted, "leftover": leftover_resources(wiring, run_id=run_id)}
 
 
-def leftover_resources(*, sqs: Any, cloudwatch: Any, prefix: str, run_id: str) -> int:
-    """How many of the run's queues and alarms still exist."""
-    names = {queue_name(prefix, run_id, kind) for kind in (*KINDS, DLQ)}
-    listed = sqs.list_queues(QueueNamePrefix=queue_base(prefix, run_id)).get("QueueUrls", [])
+def leftover_resources(wiring: RouterWiring, *, run_id: str) -> int:
+    """How many of the run's queues, alarms and event source mappings still exist."""
+    names = {queue_name(wiring.prefix, run_id, kind) for kind in (*KINDS, DLQ)}
+    listed = wiring.sqs.list_queues(QueueNamePrefix=queue_base(wiring.prefix, run_id)).get(
+        "QueueUrls", []
+    )
     queues = sum(1 for url in listed if url.rsplit("/", 1)[-1] in names)
-    alarms = cloudwatch.describe_alarms(AlarmNames=alarm_names(prefix, run_id))["MetricAlarms"]
-    return queues + len(alarms)
+    alarms = wiring.cloudwatch.describe_alarms(AlarmNames=alarm_names(wiring.prefix, run_id))[
+        "MetricAlarms"
+    ]
+    mappings = consumer_mappings(
+        wiring.lambda_client,
+        function=wiring.consumer_function,
+        queue_name=queue_name(wiring.prefix, run_id, "generate-responses"),
+    )
+    return queues + len(alarms) + mappings

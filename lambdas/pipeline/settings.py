@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
+import boto3
 from pydantic import BaseModel, ConfigDict, Field
+
+from lambdas.pipeline.resources import RouterWiring
 
 
 class PipelineSettings(BaseModel):
@@ -15,6 +19,7 @@ class PipelineSettings(BaseModel):
     name_prefix: str = Field(alias="NAME_PREFIX")
     runs_table: str = Field(alias="RUNS_TABLE")
     conversations_table: str = Field(alias="CONVERSATIONS_TABLE")
+    consumer_function: str = Field(alias="CONSUMER_FUNCTION")
     default_config: str = Field(default="rft_multiturn_lora", alias="DEFAULT_CONFIG")
     state_machine_arn: str | None = Field(default=None, alias="STATE_MACHINE_ARN")
     data_key_arn: str | None = Field(default=None, alias="DATA_KEY_ARN")
@@ -23,6 +28,18 @@ class PipelineSettings(BaseModel):
     reward_fleet_backend: str = Field(default="aws", alias="REWARD_FLEET_BACKEND")
     training_cluster_backend: str = Field(default="aws", alias="TRAINING_CLUSTER_BACKEND")
     poll_seconds: int = Field(default=60, ge=0, alias="POLL_SECONDS")
+
+    def router_wiring(
+        self, *, sqs: Any = None, cloudwatch: Any = None, lambda_client: Any = None
+    ) -> RouterWiring:
+        """The run resources' clients (boto3's unless given) and names."""
+        return RouterWiring(
+            sqs=sqs or boto3.client("sqs"),
+            cloudwatch=cloudwatch or boto3.client("cloudwatch"),
+            lambda_client=lambda_client or boto3.client("lambda"),
+            consumer_function=self.consumer_function,
+            prefix=self.name_prefix,
+        )
 
     @classmethod
     def from_env(cls) -> PipelineSettings:

@@ -36,13 +36,33 @@ Fault = Callable[[str, dict[str, Any]], None]
 
 
 @dataclass
-class _Dispatcher:
-    """Routes moto's Lambda invocations to our handlers (one at a time, as environments differ)."""
+class Dispatcher:
+    """Runs the Lambda functions of the local deployment in-process.
+
+    Functions run the handler their template names, one at a time under that function's
+    environment (os.environ is process-wide). A function can instead be bound to a callable
+    built with its settings (the router's proxy and consumer: long-lived, concurrent).
+    """
 
     functions: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
+    bound: dict[str, Callable[[dict[str, Any], Any], Any]] = field(default_factory=dict)
     fault: Fault | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     invocations: list[str] = field(default_factory=list)
+
+    def call(self, function: str, event: dict[str, Any]) -> Any:
+        """Invoke a function by name or ARN; its exception, if any, propagates."""
+        name = function.rsplit(":", 1)[-1] if function.startswith("arn:") else function
+        if name in self.bound:
+            return self.bound[name](event, None)
+        handler_path, environment = self.functions[name]
+        step = handler_path.rsplit(".", 1)[-1]
+        with self.lock, temporary_environ(environment):
+            self.invocations.append(step)
+            if self.fault:
+                self.fault(step, event)
+            module, attribute = handler_path.rsplit(".", 1)
+            return getattr(importlib.import_module(module), attribute)(event, None)
 
     def invoke(
         self,
@@ -53,33 +73,26 @@ class _Dispatcher:
         headers: Any,
         response_headers: Any,
     ) -> bytes:
-        name = (
-            function_name.rsplit(":", 1)[-1] if function_name.startswith("arn:") else function_name
-        )
-        handler_path, environment = self.functions[name]
-        event = json.loads(body or "{}")
-        with self.lock, _environment(environment):
-            self.invocations.append(handler_path.rsplit(".", 1)[-1])
-            try:
-                if self.fault:
-                    self.fault(handler_path.rsplit(".", 1)[-1], event)
-                module, attribute = handler_path.rsplit(".", 1)
-                result = getattr(importlib.import_module(module), attribute)(event, None)
-                return json.dumps(result).encode()
-            except Exception as error:  # noqa: BLE001 - reported to Step Functions as Lambda does
-                response_headers["x-amz-function-error"] = "Unhandled"
-                return json.dumps(
-                    {"errorType": type(error).__name__, "errorMessage": str(error)}
-                ).encode()
+        """moto's Lambda invoke: the result, or the error as Lambda reports it to Step Functions."""
+        try:
+            return json.dumps(self.call(function_name, json.loads(body or "{}"))).encode()
+        except Exception as error:  # noqa: BLE001 - reported to Step Functions as Lambda does
+            response_headers["x-amz-function-error"] = "Unhandled"
+            return json.dumps(
+                {"errorType": type(error).__name__, "errorMessage": str(error)}
+            ).encode()
 
 
-_DISPATCHER = _Dispatcher()
+_DISPATCHER = Dispatcher()
 _ORIGINAL_INVOKE = LambdaSimpleBackend.invoke
 
 
 @contextmanager
-def _environment(values: Mapping[str, str]) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in values}
+def temporary_environ(values: Mapping[str, str], *, remove: tuple[str, ...] = ()) -> Iterator[None]:
+    """`values` set (and `remove` unset) in os.environ for the duration; then restored."""
+    saved = {key: os.environ.get(key) for key in (*values, *remove)}
+    for key in remove:
+        os.environ.pop(key, None)
     os.environ.update(values)
     try:
         yield
@@ -92,7 +105,7 @@ def _environment(values: Mapping[str, str]) -> Iterator[None]:
 
 
 @contextmanager
-def in_process_lambdas() -> Iterator[_Dispatcher]:
+def in_process_lambdas() -> Iterator[Dispatcher]:
     """While active, moto's Docker-less Lambda runs our handlers instead of echoing input."""
     LambdaSimpleBackend.invoke = lambda self, *args: _DISPATCHER.invoke(self, *args)  # type: ignore[method-assign]
     try:
@@ -100,6 +113,7 @@ def in_process_lambdas() -> Iterator[_Dispatcher]:
     finally:
         LambdaSimpleBackend.invoke = _ORIGINAL_INVOKE  # type: ignore[method-assign]
         _DISPATCHER.functions.clear()
+        _DISPATCHER.bound.clear()
         _DISPATCHER.fault = None
         _DISPATCHER.invocations.clear()
 
@@ -137,14 +151,14 @@ class LocalPipeline:
     data_bucket: str
     environment: dict[str, str]
     upload_pattern: dict[str, Any]
-    dispatcher: _Dispatcher
+    dispatcher: Dispatcher
 
 
 def deploy_pipeline(
     template: dict[str, Any],
     *,
     clients: Mapping[str, Any],
-    dispatcher: _Dispatcher,
+    dispatcher: Dispatcher,
     data_bucket: str,
     overrides: Mapping[str, str] | None = None,
 ) -> LocalPipeline:

@@ -9,6 +9,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 log = logging.getLogger("mtrl.local.sqs")
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
@@ -43,8 +45,17 @@ class SqsEventSource:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.stop()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
+
+    def stop(self) -> None:
+        """Stop polling after the current batch (does not wait)."""
         self._stop.set()
-        self._thread.join(timeout=10)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
 
     def poll_once(self, wait_seconds: int = 0) -> int:
         """One receive and one invocation; returns how many messages were handled."""
@@ -89,5 +100,14 @@ class SqsEventSource:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            if not self.poll_once(self._wait_seconds) and not self._wait_seconds:
+            try:
+                handled = self.poll_once(self._wait_seconds)
+            except self._sqs.exceptions.QueueDoesNotExist:
+                log.info("%s was deleted; its event source stops", self._arn)
+                return
+            except ClientError as error:  # as Lambda's poller: log, back off, go on
+                log.warning("polling %s failed: %s", self._arn, error)
+                self._stop.wait(1.0)
+                continue
+            if not handled and not self._wait_seconds:
                 self._stop.wait(0.01)  # short polls need a pause when the queue is empty

@@ -55,6 +55,7 @@ class TrainingPipeline(Construct):
         data_key: kms.IKey,
         conversations: dynamodb.ITable,
         router_url: str,
+        consumer: lambda_.IFunction,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
@@ -88,6 +89,7 @@ class TrainingPipeline(Construct):
             "DATA_KEY_ARN": data_key.key_arn,
             "ALERT_TOPIC_ARN": self.alert_topic.topic_arn,
             "ROUTER_URL": router_url,
+            "CONSUMER_FUNCTION": consumer.function_name,
             # The compute planes' implementations (AWS: ECS and HyperPod) are configuration.
             "REWARD_FLEET_BACKEND": "aws",
             "TRAINING_CLUSTER_BACKEND": "aws",
@@ -123,6 +125,7 @@ class TrainingPipeline(Construct):
             )
             for name, description in {**steps, **compute_steps}.items()
         }
+        self.consumer = consumer
         self._grant(stack, config, data_bucket, data_key, conversations)
         self.state_machine = self._state_machine(config)
         start = pipeline_function(
@@ -260,7 +263,7 @@ class TrainingPipeline(Construct):
         )
         self.runs_table.grant_read_write_data(reaper)
         run_queues, alarms = self._run_resource_arns(config)
-        self._grant_teardown(reaper, run_queues, alarms)
+        self._grant_teardown(reaper, run_queues, alarms, self.consumer)
         for resource, reason in {
             executions: "Executions are named by run id at run time; only this state machine's.",
             run_queues: "Per-run queues are created at run time; names share the deployment prefix.",
@@ -324,7 +327,31 @@ class TrainingPipeline(Construct):
         return queues, alarms
 
     @staticmethod
-    def _grant_teardown(function: lambda_.Function, run_queues: str, alarms: str) -> None:
+    def _grant_teardown(
+        function: lambda_.Function, run_queues: str, alarms: str, consumer: lambda_.IFunction
+    ) -> None:
+        # Event source mappings have run-time ids: any mapping, but only of the router's consumer.
+        mappings = Stack.of(function).format_arn(
+            service="lambda",
+            resource="event-source-mapping",
+            resource_name="*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["lambda:DeleteEventSourceMapping"],
+                resources=[mappings],
+                conditions={"StringEquals": {"lambda:FunctionArn": consumer.function_arn}},
+            )
+        )
+        function.add_to_role_policy(
+            iam.PolicyStatement(actions=["lambda:ListEventSourceMappings"], resources=["*"])
+        )
+        for resource, reason in {
+            mappings: "Mapping ids are made at run time; the condition limits deletes to the router consumer's.",
+            "*": "lambda:ListEventSourceMappings has no resource type; it is read-only.",
+        }.items():
+            acknowledge_resource(function.role, "AwsSolutions-IAM5", resource, reason)
         function.add_to_role_policy(
             iam.PolicyStatement(
                 actions=["sqs:DeleteQueue", "sqs:GetQueueUrl", "sqs:ListQueues"],
@@ -366,7 +393,6 @@ class TrainingPipeline(Construct):
             data_key.grant_encrypt_decrypt(f[name])
         for name in ("register", "notify_end"):
             self.runs_table.grant_read_write_data(f[name])
-        conversations.grant_read_write_data(f["provision"])
         conversations.grant_read_write_data(f["start_workers"])
         self.runs_table.grant_read_data(f["monitor"])
         f["collect"].add_to_role_policy(
@@ -397,7 +423,25 @@ class TrainingPipeline(Construct):
                 actions=["cloudwatch:PutMetricAlarm", "cloudwatch:TagResource"], resources=[alarms]
             )
         )
-        self._grant_teardown(f["teardown"], run_queues, alarms)
+        self._grant_teardown(f["teardown"], run_queues, alarms, self.consumer)
+        # The consumer's mapping is made with the run's queues (and checked for first).
+        f["provision"].add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["lambda:CreateEventSourceMapping"],
+                resources=["*"],
+                conditions={"StringEquals": {"lambda:FunctionArn": self.consumer.function_arn}},
+            )
+        )
+        f["provision"].add_to_role_policy(
+            iam.PolicyStatement(actions=["lambda:ListEventSourceMappings"], resources=["*"])
+        )
+        acknowledge_resource(
+            f["provision"].role,
+            "AwsSolutions-IAM5",
+            "*",
+            "lambda:CreateEventSourceMapping and ListEventSourceMappings have no resource type; "
+            "creation is conditioned on the router consumer's ARN.",
+        )
         self.alert_topic.grant_publish(f["notify_end"])
         reasons = {
             datasets: "Datasets are uploaded at run time under training-data/; read-only.",

@@ -49,6 +49,7 @@ def state(aws: None, monkeypatch: pytest.MonkeyPatch) -> dict:
         "NAME_PREFIX": "nova-mtrl",
         "RUNS_TABLE": "runs",
         "CONVERSATIONS_TABLE": "conversations",
+        "CONSUMER_FUNCTION": "consumer",
     }.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("TRAINING_CLUSTER_BACKEND", "scripted")

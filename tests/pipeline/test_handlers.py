@@ -29,6 +29,23 @@ def _event(key: str, version: str | None) -> dict:
     }
 
 
+def _consumer_function() -> str:
+    role = boto3.client("iam").create_role(RoleName="consumer", AssumeRolePolicyDocument="{}")
+    return boto3.client("lambda").create_function(
+        FunctionName="consumer",
+        Runtime="python3.12",
+        Role=role["Role"]["Arn"],
+        Handler="lambdas.router.consumer.handler",
+        Code={"ZipFile": b"code"},
+    )["FunctionName"]
+
+
+def _consumer_mappings() -> list[dict]:
+    return boto3.client("lambda").list_event_source_mappings(FunctionName="consumer")[
+        "EventSourceMappings"
+    ]
+
+
 @pytest.fixture
 def env(aws: None) -> dict:
     s3, db, sfn, sns = (boto3.client(name) for name in ("s3", "dynamodb", "stepfunctions", "sns"))
@@ -47,6 +64,7 @@ def env(aws: None) -> dict:
         NAME_PREFIX="nova-mtrl",
         RUNS_TABLE="runs",
         CONVERSATIONS_TABLE="conversations",
+        CONSUMER_FUNCTION=_consumer_function(),
         STATE_MACHINE_ARN=machine,
         ALERT_TOPIC_ARN=sns.create_topic(Name="alerts")["TopicArn"],
     )
@@ -54,7 +72,12 @@ def env(aws: None) -> dict:
 
 
 def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key, value in {"NAME_PREFIX": "p", "RUNS_TABLE": "r", "CONVERSATIONS_TABLE": "c"}.items():
+    for key, value in {
+        "NAME_PREFIX": "p",
+        "RUNS_TABLE": "r",
+        "CONVERSATIONS_TABLE": "c",
+        "CONSUMER_FUNCTION": "f",
+    }.items():
         monkeypatch.setenv(key, value)
     settings = PipelineSettings.from_env()
     assert (settings.name_prefix, settings.default_config) == ("p", "rft_multiturn_lora")
@@ -108,7 +131,7 @@ def test_the_happy_path_of_steps_then_teardown_and_notification(env: dict) -> No
         and registered["created"]
         and registered["config"]["recipe"] == "RFT_MULTITURN_LORA"
     )
-    provisioned = handlers.provision({"run_id": registered["run_id"]}, settings=settings, now=0.0)
+    provisioned = handlers.provision({"run_id": registered["run_id"]}, settings=settings)
     assert set(provisioned["queues"]) == {
         "rollout_requests",
         "rollout_responses",
@@ -116,8 +139,16 @@ def test_the_happy_path_of_steps_then_teardown_and_notification(env: dict) -> No
         "generate_responses",
         "dlq",
     }
+    # The router's consumer reads the run's generate responses (and nothing else of it).
+    (mapping,) = _consumer_mappings()
+    assert mapping["EventSourceArn"].endswith(
+        provisioned["queues"]["generate_responses"].rsplit("/", 1)[-1]
+    )
+    assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    assert handlers.provision({"run_id": registered["run_id"]}, settings=settings) == provisioned
+    assert len(_consumer_mappings()) == 1
     down = handlers.teardown({"run_id": registered["run_id"]}, settings=settings)
-    assert down["leftover"] == 0 and down["queues_deleted"] == 5
+    assert down["leftover"] == 0 and down["queues_deleted"] == 5 and _consumer_mappings() == []
     told = handlers.notify_end(
         {"run_id": registered["run_id"], "succeeded": True, "teardown": down},
         settings=settings,
@@ -189,7 +220,7 @@ def test_the_reaper_tears_down_overdue_and_orphaned_runs_only(env: dict) -> None
         ids[name] = handlers.register(
             upload, s3=s3, settings=settings, now=1000.0 if name != "overdue" else 0.0
         )["run_id"]
-        handlers.provision({"run_id": ids[name]}, settings=settings, now=0.0)
+        handlers.provision({"run_id": ids[name]}, settings=settings)
         if name != "orphaned":
             handlers.start_run(upload, settings=settings, sfn=sfn)
     runs.update(ids["finished"], now=1.0, status="succeeded")

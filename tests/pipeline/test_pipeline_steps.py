@@ -9,9 +9,13 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from lambdas.pipeline.resources import leftover_resources, provision_run, teardown_run
+from lambdas.pipeline.resources import (
+    RouterWiring,
+    leftover_resources,
+    provision_run,
+    teardown_run,
+)
 from lambdas.pipeline.validate import validate_upload
-from lambdas.router.conversations import ConversationStore, create_table
 from mtrl.runs import RunRecord, RunStore, create_runs_table, run_id_for
 
 BUCKET = "data-bucket"
@@ -106,21 +110,19 @@ def test_a_dataset_version_that_is_gone_is_an_error(bucket) -> None:
 
 
 def test_provision_then_teardown_leaves_nothing_and_can_repeat(bucket) -> None:
-    sqs, cloudwatch, db = boto3.client("sqs"), boto3.client("cloudwatch"), boto3.client("dynamodb")
-    create_table(db, "conversations")
-    conversations = ConversationStore(db, "conversations")
-    provisioned = provision_run(
-        sqs=sqs, cloudwatch=cloudwatch, conversations=conversations, prefix="nova-mtrl", run_id="r-7",
-        kms_key_id=None, alert_topic_arn=None, now=1.0,
+    role = boto3.client("iam").create_role(RoleName="consumer", AssumeRolePolicyDocument="{}")
+    boto3.client("lambda").create_function(
+        FunctionName="consumer", Runtime="python3.12", Role=role["Role"]["Arn"],
+        Handler="lambdas.router.consumer.handler", Code={"ZipFile": b"code"},
     )  # fmt: skip
+    wiring = RouterWiring(
+        sqs=boto3.client("sqs"), cloudwatch=boto3.client("cloudwatch"),
+        lambda_client=boto3.client("lambda"), consumer_function="consumer", prefix="nova-mtrl",
+    )  # fmt: skip
+    provisioned = provision_run(wiring, run_id="r-7", kms_key_id=None, alert_topic_arn=None)
     assert len(provisioned.queues) == 5 and len(provisioned.alarms) == 4
-    assert conversations.get_run("r-7").accepts(provisioned.run_token)
-    assert leftover_resources(sqs=sqs, cloudwatch=cloudwatch, prefix="nova-mtrl", run_id="r-7") == 9
-    assert teardown_run(sqs=sqs, cloudwatch=cloudwatch, prefix="nova-mtrl", run_id="r-7") == {
-        "queues_deleted": 5,
-        "leftover": 0,
-    }
-    assert teardown_run(sqs=sqs, cloudwatch=cloudwatch, prefix="nova-mtrl", run_id="r-7") == {
-        "queues_deleted": 0,
-        "leftover": 0,
-    }
+    assert provisioned.consumer_mapping
+    # 5 queues, 4 alarms, 1 event source mapping
+    assert leftover_resources(wiring, run_id="r-7") == 10
+    assert teardown_run(wiring, run_id="r-7") == {"queues_deleted": 5, "leftover": 0}
+    assert teardown_run(wiring, run_id="r-7") == {"queues_deleted": 0, "leftover": 0}

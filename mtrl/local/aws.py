@@ -1,0 +1,251 @@
+"""Embedded AWS for local mode: moto's server on loopback, serving this process and its children.
+
+- moto's in-memory backends are not thread-safe (a delete racing a send loses FIFO messages),
+  so requests are served one at a time; SQS long polls wait outside that lock and retry as
+  short polls, so a waiting receiver never blocks everyone else.
+- Lambda invocations (from Step Functions) are not serialized: the handler they run calls back
+  into this server. They are dispatched in-process to the real handlers (embedded.py).
+- SQS event source mappings are run as Lambda runs them, by a poller per mapping that invokes
+  the function with batches (moto would invoke inside the sending request).
+
+Clients (boto3, in this process and in child processes started with `child_environment`) find
+the server through `AWS_ENDPOINT_URL`; credentials are dummies. Nothing listens beyond 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import boto3
+from moto.awslambda.models import LambdaBackend
+from moto.core.config import default_user_config
+from moto.moto_server.werkzeug_app import (
+    DomainDispatcherApplication,
+    MotoRequestHandler,
+    create_backend_app,
+)
+from moto.sqs.models import sqs_backends
+from werkzeug.serving import make_server
+
+from mtrl.local.embedded import ACCOUNT, REGION, Dispatcher, in_process_lambdas, temporary_environ
+from mtrl.local.sqs_event_source import SqsEventSource
+
+log = logging.getLogger("mtrl.local.aws")
+
+_INVOKE = re.compile(r"^/2015-03-31/functions/[^/]+/invocations$")
+_RECEIVE = "AmazonSQS.ReceiveMessage"
+_WAKES_RECEIVERS = {
+    "AmazonSQS.SendMessage",
+    "AmazonSQS.SendMessageBatch",
+    "AmazonSQS.ChangeMessageVisibility",
+    "AmazonSQS.ChangeMessageVisibilityBatch",
+}
+_RETRY_SHORT_POLL_SECONDS = 0.1
+MOTO_CONFIG: dict[str, Any] = {
+    "stepfunctions": {"execute_state_machine": True},
+    "lambda": {"use_docker": False},
+}
+
+
+class SerializedApp:
+    """The moto WSGI app, one request at a time (except Lambda invokes); SQS long polls emulated."""
+
+    def __init__(self, app: Any) -> None:
+        self._app = app
+        self._lock = threading.Lock()
+        self._sent = threading.Condition()
+        self.requests = 0
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        if _INVOKE.match(environ.get("PATH_INFO", "")):
+            return self._app(environ, start_response)
+        target = environ.get("HTTP_X_AMZ_TARGET", "")
+        if target == _RECEIVE:
+            return self._receive(environ, start_response)
+        status, headers, body = self._serve(environ)
+        if target in _WAKES_RECEIVERS:
+            with self._sent:
+                self._sent.notify_all()
+        start_response(status, headers)
+        return [body]
+
+    def _serve(self, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
+        answer: dict[str, Any] = {}
+
+        def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            answer["status"], answer["headers"] = status, headers
+            return lambda data: None
+
+        with self._lock:
+            self.requests += 1
+            chunks = self._app(environ, capture)
+            try:
+                body = b"".join(chunks)
+            finally:
+                getattr(chunks, "close", lambda: None)()
+        return answer["status"], answer["headers"], body
+
+    def _receive(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        raw = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        request = json.loads(raw or b"{}")
+        deadline = time.monotonic() + float(request.get("WaitTimeSeconds") or 0)
+        short = json.dumps({**request, "WaitTimeSeconds": 0}).encode()
+        while True:
+            environ = {
+                **environ,
+                "wsgi.input": io.BytesIO(short),
+                "CONTENT_LENGTH": str(len(short)),
+            }
+            status, headers, body = self._serve(environ)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not status.startswith("200") or b'"Messages"' in body:
+                start_response(status, headers)
+                return [body]
+            with self._sent:
+                self._sent.wait(min(remaining, _RETRY_SHORT_POLL_SECONDS))
+
+
+class EventSourceMappings:
+    """SQS → Lambda event source mappings, polled here as the Lambda service polls them."""
+
+    def __init__(self, dispatcher: Dispatcher) -> None:
+        self._dispatcher = dispatcher
+        self._pollers: dict[str, SqsEventSource] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def active(self) -> int:
+        with self._lock:
+            return sum(1 for poller in self._pollers.values() if poller.running)
+
+    @contextmanager
+    def installed(self) -> Iterator[EventSourceMappings]:
+        create, delete = (
+            LambdaBackend.create_event_source_mapping,
+            LambdaBackend.delete_event_source_mapping,
+        )
+        mappings = self
+
+        def create_mapping(backend: LambdaBackend, spec: dict[str, Any]) -> Any:
+            esm = create(backend, spec)
+            queue = next(
+                (
+                    q
+                    for q in sqs_backends[ACCOUNT][REGION].queues.values()
+                    if q.queue_arn == esm.event_source_arn
+                ),
+                None,
+            )
+            if queue is not None:  # ours to poll, not moto's to invoke inside a send
+                queue.lambda_event_source_mappings.pop(esm.function_arn, None)
+                # Started outside this request: the poller's first call comes back to the server.
+                threading.Thread(
+                    target=mappings._start,
+                    args=(esm.uuid, queue.name, esm.function_arn, int(esm.batch_size or 10)),
+                    daemon=True,
+                ).start()
+            return esm
+
+        def delete_mapping(backend: LambdaBackend, uuid: str) -> Any:
+            with mappings._lock:
+                poller = mappings._pollers.get(uuid)
+            if poller is not None:
+                poller.stop()
+            return delete(backend, uuid)
+
+        LambdaBackend.create_event_source_mapping = create_mapping  # type: ignore[method-assign]
+        LambdaBackend.delete_event_source_mapping = delete_mapping  # type: ignore[method-assign]
+        try:
+            yield self
+        finally:
+            LambdaBackend.create_event_source_mapping = create  # type: ignore[method-assign]
+            LambdaBackend.delete_event_source_mapping = delete  # type: ignore[method-assign]
+            with self._lock:
+                pollers, self._pollers = list(self._pollers.values()), {}
+            for poller in pollers:
+                poller.__exit__()
+
+    def _start(self, uuid: str, queue_name: str, function: str, batch_size: int) -> None:
+        sqs = boto3.client("sqs")
+        url = sqs.get_queue_url(QueueName=queue_name)["QueueUrl"]
+        poller = SqsEventSource(
+            sqs,
+            url,
+            lambda event, _context: self._dispatcher.call(function, event),
+            batch_size=batch_size,
+            wait_seconds=1,
+        )
+        with self._lock:
+            self._pollers[uuid] = poller
+        poller.__enter__()
+
+
+class LocalAws:
+    """`with LocalAws() as aws:` moto's server on 127.0.0.1 (a free port), this process pointed at it."""
+
+    def __init__(self) -> None:
+        self._stack = ExitStack()
+        self.app = SerializedApp(DomainDispatcherApplication(create_backend_app))
+        self.dispatcher: Dispatcher
+        self.mappings: EventSourceMappings
+        self.endpoint = ""
+
+    def __enter__(self) -> LocalAws:
+        server = make_server(
+            "127.0.0.1", 0, self.app, threaded=True, request_handler=MotoRequestHandler
+        )
+        thread = threading.Thread(target=server.serve_forever, name="local-aws", daemon=True)
+        thread.start()
+        self._stack.callback(thread.join, 10)
+        self._stack.callback(server.server_close)
+        self._stack.callback(server.shutdown)
+        port = server.server_address[1]
+        self.endpoint = f"http://127.0.0.1:{port}"
+        # A real profile must never be used against the fake.
+        self._stack.enter_context(
+            temporary_environ(
+                self.environment() | {"MOTO_PORT": str(port)}, remove=("AWS_PROFILE",)
+            )
+        )
+        self._stack.enter_context(_moto_config(MOTO_CONFIG))
+        self.dispatcher = self._stack.enter_context(in_process_lambdas())
+        self.mappings = self._stack.enter_context(EventSourceMappings(self.dispatcher).installed())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def environment(self) -> dict[str, str]:
+        """What a process needs to use this server (and nothing real)."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": "local",
+            "AWS_SECRET_ACCESS_KEY": "local",
+            "AWS_SESSION_TOKEN": "local",
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_REGION": REGION,
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+
+    def client(self, service: str) -> Any:
+        return boto3.client(service, endpoint_url=self.endpoint, region_name=REGION)
+
+
+@contextmanager
+def _moto_config(config: dict[str, Any]) -> Iterator[None]:
+    saved = {key: dict(default_user_config.get(key, {})) for key in config}  # type: ignore[call-overload]
+    for key, values in config.items():
+        default_user_config[key].update(values)  # type: ignore[literal-required]
+    try:
+        yield
+    finally:
+        for key, values in saved.items():
+            default_user_config[key] = values  # type: ignore[literal-required]
