@@ -29,6 +29,17 @@ class LoraSettings(BaseModel):
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
 
 
+class LocalPolicySettings(BaseModel):
+    """The local trainer's optimizer: its policy is a small linear model, not the LLM, and
+    learns with a far larger step than `learning_rate` (which is the LLM's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    learning_rate: float = Field(default=0.4, gt=0.0, le=10.0)
+    epochs: int = Field(default=1, ge=1, le=10, description="updates per batch of rollouts")
+    checkpoint_every: int = Field(default=10, ge=1, description="steps between checkpoints")
+
+
 class TrainingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -55,6 +66,7 @@ class TrainingConfig(BaseModel):
     budget_usd: float = Field(gt=0.0)
     scale_to_zero: bool = True
     lora: LoraSettings | None = None
+    local_policy: LocalPolicySettings = LocalPolicySettings()
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

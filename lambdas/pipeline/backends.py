@@ -24,6 +24,9 @@ class RunContext:
     router_url: str | None
     run_token: str
     environment: str
+    bucket: str
+    dataset_key: str
+    dataset_version: str | None
     output_prefix: str
     settings: dict[str, Any] = field(default_factory=dict)
 

@@ -34,9 +34,13 @@ def _context(event: dict[str, Any], *, run_token: str = "") -> RunContext:
         router_url=settings.router_url,
         run_token=run_token,
         environment=config["environment"],
+        bucket=event["bucket"],
+        dataset_key=event["key"],
+        dataset_version=event.get("version_id"),
         output_prefix=f"runs/{run['run_id']}/",
         settings={
             "rollout_concurrency": config["rollout_concurrency"],
+            "rollout_timeout_seconds": config["rollout_timeout_seconds"],
             "max_turns": config["max_turns"],
         },
     )

@@ -99,12 +99,17 @@ class Proxy:
         wait_seconds: float = 5.0,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        step_changes: Callable[[str, float], None] | None = None,
     ) -> None:
+        """`step_changes(step_id, seconds)`, when given, replaces the pause between reads of a
+        step: it returns when the step may have changed (or after `seconds`). On Lambda nothing
+        announces a completion, so the proxy polls with backoff; in one process it need not."""
         self.store = store
         self.sqs = sqs
         self.wait_seconds = wait_seconds
         self.clock = clock
         self.sleep = sleep
+        self.step_changes = step_changes
         self.counters = ProxyCounters()
 
     def handle(self, raw_event: dict[str, Any]) -> dict[str, Any]:
@@ -216,8 +221,12 @@ class Proxy:
             if self.clock() >= deadline:
                 status = step.status if step is not None else "pending"
                 return 202, StepStatus(step_id=step_id, status=status).model_dump()
-            self.sleep(min(pause, max(0.0, deadline - self.clock())))
-            pause = min(pause * 2, 0.5)
+            remaining = max(0.0, deadline - self.clock())
+            if self.step_changes is not None:
+                self.step_changes(step_id, remaining)
+            else:
+                self.sleep(min(pause, remaining))
+                pause = min(pause * 2, 0.5)
 
     def _status(self, run: RunRecord, step_id: str) -> tuple[int, dict[str, Any]]:
         step = self.store.get_step(run.run_id, step_id)

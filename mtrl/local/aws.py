@@ -23,9 +23,14 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import boto3
+from botocore.awsrequest import AWSResponse
+from botocore.compat import HTTPHeaders
+from botocore.config import Config
 from moto.awslambda.models import LambdaBackend
+from moto.core.botocore_stubber import MockRawResponse
 from moto.core.config import default_user_config
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication,
@@ -53,6 +58,11 @@ MOTO_CONFIG: dict[str, Any] = {
     "stepfunctions": {"execute_state_machine": True},
     "lambda": {"use_docker": False},
 }
+
+
+class _RequestHandler(MotoRequestHandler):
+    # Buffered writes: status line, headers and body leave in one send, not one per line.
+    wbufsize = 64 * 1024
 
 
 class SerializedApp:
@@ -199,8 +209,9 @@ class LocalAws:
         self.endpoint = ""
 
     def __enter__(self) -> LocalAws:
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
         server = make_server(
-            "127.0.0.1", 0, self.app, threaded=True, request_handler=MotoRequestHandler
+            "127.0.0.1", 0, self.app, threaded=True, request_handler=_RequestHandler
         )
         thread = threading.Thread(target=server.serve_forever, name="local-aws", daemon=True)
         thread.start()
@@ -236,7 +247,69 @@ class LocalAws:
         }
 
     def client(self, service: str) -> Any:
-        return boto3.client(service, endpoint_url=self.endpoint, region_name=REGION)
+        """A client of this server for this process: requests go to the server's WSGI app
+        directly (the same app, lock and backends), without a socket in between."""
+        client = boto3.client(
+            service,
+            endpoint_url=self.endpoint,
+            region_name=REGION,
+            config=Config(max_pool_connections=64),
+        )
+        client.meta.events.register("before-send", self._send_in_process)
+        return client
+
+    def _send_in_process(self, request: Any, **_: Any) -> AWSResponse:
+        url = urlsplit(request.url)
+        body = request.body or b""
+        if isinstance(body, str):
+            body = body.encode()
+        elif hasattr(body, "read"):
+            body = body.read()
+        environ = {
+            "REQUEST_METHOD": request.method,
+            "SCRIPT_NAME": "",
+            "PATH_INFO": unquote(url.path),
+            "QUERY_STRING": url.query,
+            "SERVER_NAME": url.hostname or "127.0.0.1",
+            "SERVER_PORT": str(url.port or 80),
+            "SERVER_PROTOCOL": "HTTP/1.1",
+            "REMOTE_ADDR": "127.0.0.1",
+            "wsgi.url_scheme": url.scheme,
+            "wsgi.input": io.BytesIO(body),
+            "wsgi.errors": io.StringIO(),
+            "wsgi.multithread": True,
+            "wsgi.multiprocess": False,
+            "wsgi.run_once": False,
+            "wsgi.version": (1, 0),
+            "CONTENT_LENGTH": str(len(body)),
+            "HTTP_HOST": url.netloc,
+        }
+        for name, value in request.headers.items():
+            value = value.decode() if isinstance(value, bytes) else value
+            key = name.upper().replace("-", "_")
+            if key == "CONTENT_TYPE":
+                environ["CONTENT_TYPE"] = value
+            elif key != "CONTENT_LENGTH":
+                environ[f"HTTP_{key}"] = value
+        answer: dict[str, Any] = {}
+
+        def start_response(
+            status: str, headers: list[tuple[str, str]], exc_info: Any = None
+        ) -> Any:
+            answer["status"], answer["headers"] = status, headers
+            return lambda data: None
+
+        chunks = self.app(environ, start_response)
+        try:
+            content = b"".join(chunks)
+        finally:
+            getattr(chunks, "close", lambda: None)()
+        return AWSResponse(
+            request.url,
+            int(answer["status"].split(" ", 1)[0]),
+            HTTPHeaders.from_pairs(answer["headers"]),
+            MockRawResponse(content),
+        )
 
 
 @contextmanager

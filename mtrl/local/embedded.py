@@ -152,6 +152,13 @@ class LocalPipeline:
     environment: dict[str, str]
     upload_pattern: dict[str, Any]
     dispatcher: Dispatcher
+    functions: dict[str, str]  # handler path -> local function name
+    state_steps: dict[str, str]  # Task state -> the handler it runs (e.g. "Validate" -> "validate")
+
+    def function(self, handler: str) -> str:
+        """The local function whose handler path ends with `handler` (e.g. "handlers.start_run")."""
+        (name,) = [name for path, name in self.functions.items() if path.endswith(handler)]
+        return name
 
 
 def deploy_pipeline(
@@ -230,7 +237,21 @@ def deploy_pipeline(
         r for r in of_type("AWS::Events::Rule").values() if "EventPattern" in r["Properties"]
     )
     pattern = resolve(rule["Properties"]["EventPattern"])
-    return LocalPipeline(arn, data_bucket, environment, pattern, dispatcher)
+    handlers = {name: path for name, (path, _) in dispatcher.functions.items()}
+    state_steps = {
+        state: handlers[spec["Resource"].rsplit(":", 1)[-1]].rsplit(".", 1)[-1]
+        for state, spec in json.loads(definition)["States"].items()
+        if spec["Type"] == "Task" and spec.get("Resource", "").rsplit(":", 1)[-1] in handlers
+    }
+    return LocalPipeline(
+        arn,
+        data_bucket,
+        environment,
+        pattern,
+        dispatcher,
+        functions={path: name for name, path in handlers.items()},
+        state_steps=state_steps,
+    )
 
 
 def upload_event(bucket: str, key: str, version_id: str | None) -> dict[str, Any]:

@@ -48,6 +48,8 @@ class FunctionUrlServer:
         invoke = self._handler
 
         class Request(BaseHTTPRequestHandler):
+            wbufsize = 64 * 1024  # headers and body in one send
+
             def _serve(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""

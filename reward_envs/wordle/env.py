@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -48,6 +49,25 @@ RULES = (
     "(or no more copies of it). Guesses must be real five-letter words and may not repeat. "
     f"{FORMAT_HELP}"
 )
+
+
+_FEEDBACK_LINE = re.compile(r"^([A-Z]{5}): ([GYX](?: [GYX]){4})$", re.MULTILINE)
+
+
+def feedback_line(guess: str, marks: str) -> str:
+    """How the environment shows one guess's feedback: `CRANE: G X Y X X`."""
+    return f"{guess.upper()}: {' '.join(marks)}"
+
+
+def read_feedback(messages: Sequence[Message]) -> list[tuple[str, str]]:
+    """The (guess, marks) pairs shown so far in a conversation, in order (the inverse of
+    `feedback_line` over the environment's messages)."""
+    return [
+        (guess.lower(), marks.replace(" ", ""))
+        for message in messages
+        if message["role"] == "user"
+        for guess, marks in _FEEDBACK_LINE.findall(message["content"])
+    ]
 
 
 def win_reward(guesses_used: int) -> float:
@@ -80,7 +100,7 @@ class WordleEpisode(Episode):
         marks = feedback(self.secret, guess)
         self.guesses.append(guess)
         self.marks.append(marks)
-        text = f"{guess.upper()}: {' '.join(marks)}"
+        text = feedback_line(guess, marks)
         return self._after_turn(text, won=marks == WIN)
 
     def reward(self, won: bool) -> float:

@@ -1,0 +1,224 @@
+"""The compute planes in local mode, behind the pipeline's interfaces (lambdas/pipeline/backends.py).
+
+- `LocalRewardFleet`: reward workers as local processes running the real worker
+  (`python -m reward_envs.worker`), pointed at the run's queues and the local router.
+- `LocalTrainingCluster`: the training job as a local trainer process
+  (`python -m mtrl.local.trainer`); scaling nodes up and down is a no-op, still recorded.
+
+Both keep what they did in `events` (for the run report) and stop their processes on request;
+`alive()` says how many of their processes are still running (0 after teardown).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lambdas.pipeline.backends import JobStatus, RewardFleet, RunContext, TrainingCluster
+from mtrl.local.trainer.loop import TrainingJob
+from reward_envs.registry import load
+
+STOP_GRACE_SECONDS = 10.0
+
+
+@dataclass
+class _Process:
+    popen: subprocess.Popen
+    log: Path
+
+    @property
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def last_error_line(self) -> str:
+        try:
+            lines = [line for line in self.log.read_text(errors="replace").splitlines() if line]
+        except OSError:
+            return ""
+        return lines[-1] if lines else ""
+
+
+def _stop_all(processes: list[_Process], grace: float) -> int:
+    """SIGTERM, wait up to `grace` seconds, then SIGKILL; returns how many were running."""
+    running = [p for p in processes if p.running]
+    for process in running:
+        process.popen.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for process in running:
+        try:
+            process.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.popen.kill()
+            process.popen.wait()
+    return len(running)
+
+
+@dataclass
+class _Recorder:
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def record(self, action: str, run: RunContext, **details: Any) -> None:
+        self.events.append({"action": action, "run_id": run.run_id, "at": time.time(), **details})
+
+
+class LocalRewardFleet(RewardFleet):
+    def __init__(self, *, environment: dict[str, str], log_dir: Path) -> None:
+        self._environment = environment
+        self._log_dir = log_dir
+        self._workers: dict[str, list[_Process]] = defaultdict(list)
+        self._recorder = _Recorder()
+        self.events = self._recorder.events
+
+    def start(self, run: RunContext, *, workers: int) -> list[str]:
+        existing = self._workers[run.run_id]
+        for index in range(len(existing), workers):
+            log = self._log_dir / run.run_id / f"worker-{index}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with log.open("ab") as sink:
+                popen = subprocess.Popen(
+                    [sys.executable, "-m", "reward_envs.worker"],
+                    env=self._worker_environment(run),
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+            existing.append(_Process(popen, log))
+        self._recorder.record("start_workers", run, workers=workers)
+        return [f"{run.run_id}-worker-{i}" for i in range(len(existing))]
+
+    def healthy(self, run: RunContext) -> int:
+        return sum(1 for process in self._workers.get(run.run_id, []) if process.running)
+
+    def stop(self, run: RunContext) -> int:
+        stopped = _stop_all(self._workers.get(run.run_id, []), STOP_GRACE_SECONDS)
+        self._recorder.record("stop_workers", run, stopped=stopped)
+        return stopped
+
+    def alive(self) -> int:
+        return sum(p.running for processes in self._workers.values() for p in processes)
+
+    def kill_all(self) -> int:
+        return _stop_all([p for ps in self._workers.values() for p in ps], grace=0.0)
+
+    def _worker_environment(self, run: RunContext) -> dict[str, str]:
+        settings = run.settings
+        values = {
+            "MTRL_ROLLOUT_REQUEST_QUEUE_URL": run.queues["rollout_requests"],
+            "MTRL_DEAD_LETTER_QUEUE_URL": run.queues["dlq"],
+            "MTRL_ROUTER_URL": run.router_url or "",
+            "MTRL_RUN_ID": run.run_id,
+            "MTRL_RUN_TOKEN": run.run_token,
+            "MTRL_ENVIRONMENT": run.environment,
+            "MTRL_CONCURRENCY": str(settings.get("rollout_concurrency", 16)),
+            "MTRL_MAX_TURNS": str(settings.get("max_turns", "")),
+            "MTRL_ROLLOUT_TIMEOUT_SECONDS": str(settings.get("rollout_timeout_seconds", 600)),
+            "MTRL_WAIT_SECONDS": "1",
+            "MTRL_SHUTDOWN_GRACE_SECONDS": "2",
+        }
+        return {**os.environ, **self._environment, **{k: v for k, v in values.items() if v}}
+
+
+class LocalTrainingCluster(TrainingCluster):
+    def __init__(self, *, environment: dict[str, str], log_dir: Path, seed: int = 0) -> None:
+        self._environment = environment
+        self._log_dir = log_dir
+        self._seed = seed
+        self._nodes: dict[str, int] = {}
+        self._jobs: dict[str, _Process] = {}
+        self._lock = threading.Lock()
+        self.progress: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self._recorder = _Recorder()
+        self.events = self._recorder.events
+
+    def scale_up(self, run: RunContext, *, instances: int) -> None:
+        self._nodes[run.run_id] = instances
+        self._recorder.record("scale_up", run, instances=instances)
+
+    def nodes_ready(self, run: RunContext) -> int:
+        return self._nodes.get(run.run_id, 0)
+
+    def submit(self, run: RunContext, *, config: dict[str, Any]) -> str:
+        job_id = f"{run.run_id}-trainer"
+        if run.run_id in self._jobs:
+            return job_id
+        environment = load(run.environment)
+        job = TrainingJob(
+            run_id=run.run_id,
+            bucket=run.bucket,
+            dataset_key=run.dataset_key,
+            dataset_version=run.dataset_version,
+            output_prefix=run.output_prefix,
+            queues=run.queues,
+            config=config,
+            reward_range=(environment.reward_range.low, environment.reward_range.high),
+            seed=self._seed,
+        )
+        log = self._log_dir / run.run_id / "trainer.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("ab") as sink:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "mtrl.local.trainer"],
+                env={**os.environ, **self._environment, "MTRL_TRAINING_JOB": job.model_dump_json()},
+                stdout=subprocess.PIPE,
+                stderr=sink,
+                stdin=subprocess.DEVNULL,
+                text=True,
+            )
+        self._jobs[run.run_id] = _Process(popen, log)
+        threading.Thread(
+            target=self._follow, args=(run.run_id, popen), name="trainer-output", daemon=True
+        ).start()
+        self._recorder.record("submit", run, job=job_id)
+        return job_id
+
+    def status(self, run: RunContext) -> JobStatus:
+        process = self._jobs.get(run.run_id)
+        if process is None:
+            return JobStatus("pending", "not submitted")
+        with self._lock:
+            steps = [entry["step"] for entry in self.progress[run.run_id] if "step" in entry]
+        step = steps[-1] if steps else None
+        code = process.popen.poll()
+        if code is None:
+            return JobStatus("running", step=step)
+        if code == 0:
+            return JobStatus("succeeded", step=step)
+        reason = process.last_error_line() or f"exit code {code}"
+        return JobStatus("failed", f"trainer exited with code {code}: {reason}", step=step)
+
+    def delete(self, run: RunContext) -> int:
+        process = self._jobs.get(run.run_id)
+        if process is None:
+            return 0
+        _stop_all([process], STOP_GRACE_SECONDS)
+        self._recorder.record("delete_job", run)
+        return 1
+
+    def scale_down(self, run: RunContext) -> None:
+        self._nodes.pop(run.run_id, None)
+        self._recorder.record("scale_down", run)
+
+    def alive(self) -> int:
+        return sum(process.running for process in self._jobs.values())
+
+    def kill_all(self) -> int:
+        return _stop_all(list(self._jobs.values()), grace=0.0)
+
+    def _follow(self, run_id: str, popen: subprocess.Popen) -> None:
+        assert popen.stdout is not None
+        for line in popen.stdout:
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            with self._lock:
+                self.progress[run_id].append(entry)

@@ -1,0 +1,116 @@
+"""`mtrl local`: one run of the deployed pipeline, on this machine, offline.
+
+What `cdk deploy` ships runs here: the synthesized pipeline stack's state machine and Lambda
+handlers (in-process, against moto's server on loopback), the router's proxy and consumer, the
+reward workers (local processes) and a real GRPO trainer (a local process) in place of the
+HyperPod job. The dataset goes in as an S3 upload matched by the upload rule's own pattern;
+the run ends like a deployed one — SUCCEEDED or FAILED, torn down, notified — and leaves a
+report under `<out>/<run_id>/`.
+
+Everything that can be wrong with the input is checked before anything is created.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mtrl.dataset import DatasetValidator
+from mtrl.local.session import LocalSession, Observer, Prepared, RunOutcome
+from mtrl.local.trainer.policy import NoLocalPolicy, policy_for
+from reward_envs.registry import EnvironmentNotFound, load
+from training_configs.schema import (
+    TrainingConfigError,
+    load_training_config,
+)
+
+DEFAULT_CONFIG = "rft_multiturn_lora"
+
+
+class LocalRunError(ValueError):
+    """Bad input for a local run: one line naming the input and the fix. Nothing was created."""
+
+
+@dataclass(frozen=True)
+class LocalRunOptions:
+    dataset: Path
+    config: str | None = None
+    seed: int = 0
+    out_dir: Path = Path("runs")
+    inject_fault: str | None = None
+    max_steps: int | None = None
+
+
+def prepare(options: LocalRunOptions) -> Prepared:
+    """Check the dataset, the config and that a local policy can train on it."""
+    dataset = options.dataset
+    if not dataset.is_file():
+        raise LocalRunError(f"{dataset}: no such file (give the path of a .jsonl dataset)")
+    if dataset.suffix != ".jsonl":
+        raise LocalRunError(
+            f"{dataset}: the pipeline takes .jsonl uploads only; rename it to {dataset.stem}.jsonl"
+        )
+    validator = DatasetValidator()
+    with dataset.open("rb") as stream:
+        found = validator.problems(stream)
+        problems = [str(problem) for problem in itertools.islice(found, 3)]
+        for _ in found:  # the rest only counted
+            pass
+    if problems:
+        more = validator.summary.problems - len(problems)
+        tail = f" (and {more} more; run `mtrl validate {dataset}`)" if more > 0 else ""
+        raise LocalRunError(f"{dataset}: invalid dataset: {'; '.join(problems)}{tail}")
+    name = options.config or DEFAULT_CONFIG
+    try:
+        config = load_training_config(name)
+    except TrainingConfigError as error:
+        raise LocalRunError(str(error)) from None
+    if options.max_steps is not None:
+        config = config.model_copy(update={"max_steps": options.max_steps})
+    try:
+        load(config.environment)
+        policy_for(config.environment)
+    except (EnvironmentNotFound, NoLocalPolicy) as error:
+        raise LocalRunError(f"config {name}: environment: {error}") from None
+    return Prepared(dataset, validator.summary.records, name, config)
+
+
+def pipeline_template() -> dict[str, Any]:
+    """The pipeline stack's template, synthesized as `cdk deploy` would (without bundling)."""
+    import os
+    import tempfile
+
+    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+    from stacks.app_builder import build_app
+
+    with tempfile.TemporaryDirectory(prefix="mtrl-synth-") as outdir:
+        app, config = build_app({"aws:cdk:bundling-stacks": []}, outdir=outdir)
+        assembly = app.synth()
+        return assembly.get_stack_by_name(f"{config.name_prefix}-pipeline").template
+
+
+def run_local(
+    options: LocalRunOptions,
+    *,
+    template: dict[str, Any] | None = None,
+    observer: Observer | None = None,
+    timeout_seconds: float | None = None,
+) -> RunOutcome:
+    """Run the pipeline once on `options.dataset`; returns how it ended (raises LocalRunError
+    for bad input, before anything is created)."""
+    prepared = prepare(options)
+    observer = observer or Observer()
+    template = template or pipeline_template()
+    with LocalSession(template, out_dir=options.out_dir, seed=options.seed) as session:
+        if options.inject_fault:
+            session.inject_fault(options.inject_fault)
+        started = time.monotonic()
+        run_id, execution = session.upload(prepared)
+        limit = timeout_seconds or prepared.config.deadline_hours * 3600
+        outcome = session.follow(run_id, execution, observer, prepared.config, limit)
+        outcome.seconds = time.monotonic() - started
+        outcome.config = prepared.config
+        return outcome

@@ -1,0 +1,355 @@
+"""One local deployment: the pipeline stack in embedded AWS, with the router served on loopback
+and the compute planes as local processes. `upload` starts a run the way S3 and EventBridge
+would; `follow` watches its execution to the end and measures what it left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lambdas.pipeline import backends
+from lambdas.pipeline.register import CONFIG_METADATA_KEY
+from lambdas.pipeline.resources import leftover_resources
+from lambdas.pipeline.settings import PipelineSettings
+from lambdas.router.consumer import Consumer
+from lambdas.router.conversations import ConversationStore
+from lambdas.router.proxy import Proxy
+from mtrl.local.aws import LocalAws
+from mtrl.local.backends import LocalRewardFleet, LocalTrainingCluster
+from mtrl.local.embedded import (
+    ACCOUNT,
+    REGION,
+    LocalPipeline,
+    deploy_pipeline,
+    matches,
+    upload_event,
+)
+from mtrl.local.function_url import FunctionUrlServer
+from training_configs.schema import SHIPPED, TrainingConfig, load_training_config
+
+BACKEND = "local"
+POLL_SECONDS = "1"
+CLIENTS = ("iam", "dynamodb", "sns", "lambda", "stepfunctions", "s3", "sqs", "cloudwatch")
+
+
+class InjectedFault(RuntimeError):
+    """A failure injected into a pipeline state (`mtrl local --inject-fault STATE`)."""
+
+
+@dataclass
+class Prepared:
+    """A local run's checked inputs."""
+
+    dataset: Path
+    records: int
+    config_name: str
+    config: TrainingConfig
+
+
+@dataclass
+class Observer:
+    """What the terminal shows: called as states are entered and training steps finish."""
+
+    on_state: Callable[[str], None] = lambda state: None
+    on_step: Callable[[dict[str, Any], int], None] = lambda metrics, total: None
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    status: str
+    error: str | None
+    cause: str | None
+    states: list[str]
+    history: list[dict[str, Any]]
+    metrics: list[dict[str, Any]]
+    notification: str | None
+    teardown: dict[str, Any] | None
+    leftover: dict[str, int]
+    events: list[dict[str, Any]] = field(default_factory=list)
+    config: TrainingConfig | None = None
+    seconds: float = 0.0
+
+
+def config_upload(prepared: Prepared) -> tuple[str, bytes | None]:
+    """The dataset's `mtrl-config` metadata value, and the YAML to upload under that key (None
+    when the pipeline knows the config by its shipped name and nothing was overridden)."""
+    if prepared.config_name in SHIPPED and prepared.config == load_training_config(
+        prepared.config_name
+    ):
+        return prepared.config_name, None
+    text = yaml.safe_dump(prepared.config.model_dump(mode="json"), sort_keys=False)
+    return f"configs/{prepared.config.name}.yaml", text.encode()
+
+
+class LocalSession:
+    def __init__(self, template: dict[str, Any], *, out_dir: Path, seed: int = 0) -> None:
+        self._template = template
+        self._out_dir = out_dir
+        self._seed = seed
+        self._stack = contextlib.ExitStack()
+        self.aws = LocalAws()
+        self.pipeline: LocalPipeline
+        self.clients: dict[str, Any] = {}
+        self.fleet: LocalRewardFleet
+        self.cluster: LocalTrainingCluster
+
+    def __enter__(self) -> LocalSession:
+        try:
+            self._start()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def _start(self) -> None:
+        aws = self._stack.enter_context(self.aws)
+        self.clients = {name: aws.client(name) for name in CLIENTS}
+        logs = self._out_dir / "logs"
+        self.fleet = LocalRewardFleet(environment=aws.environment(), log_dir=logs)
+        self.cluster = LocalTrainingCluster(
+            environment=aws.environment(), log_dir=logs, seed=self._seed
+        )
+        backends.register_fleet(BACKEND, lambda: self.fleet)
+        backends.register_cluster(BACKEND, lambda: self.cluster)
+        # Whatever a run leaves running is stopped when the session ends (after it was counted).
+        self._stack.callback(self._stop_processes)
+        proxy_name: list[str] = []
+        router = self._stack.enter_context(
+            FunctionUrlServer(lambda event, _: aws.dispatcher.call(proxy_name[0], event))
+        )
+        bucket = f"nova-mtrl-data-{ACCOUNT}-{REGION}"
+        s3 = self.clients["s3"]
+        s3.create_bucket(Bucket=bucket)
+        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        self.pipeline = deploy_pipeline(
+            self._template,
+            clients=self.clients,
+            dispatcher=aws.dispatcher,
+            data_bucket=bucket,
+            overrides={
+                "REWARD_FLEET_BACKEND": BACKEND,
+                "TRAINING_CLUSTER_BACKEND": BACKEND,
+                "POLL_SECONDS": POLL_SECONDS,
+                "ROUTER_URL": router.url,
+            },
+        )
+        # The router's functions are long-lived and concurrent: bound to objects built with
+        # their own settings rather than run one at a time under their environment.
+        proxy_name.append(self.pipeline.function("router.proxy.handler"))
+        consumer = self.pipeline.function("router.consumer.handler")
+        table = self._function_environment(proxy_name[0])["TABLE_NAME"]
+        store = ConversationStore(self.clients["dynamodb"], table)
+        signals = StepSignals()
+        proxy = Proxy(store, self.clients["sqs"], wait_seconds=5.0, step_changes=signals.wait)
+        aws.dispatcher.bound[proxy_name[0]] = lambda event, _: proxy.handle(event)
+        consume = Consumer(store).handle
+
+        def consumer_then_signal(event: dict[str, Any], _: Any) -> dict[str, Any]:
+            try:
+                return consume(event)
+            finally:
+                signals.completed(event)
+
+        aws.dispatcher.bound[consumer] = consumer_then_signal
+        self._inbox = self._subscribe_inbox()
+
+    def _function_environment(self, name: str) -> dict[str, str]:
+        return self.pipeline.dispatcher.functions[name][1]
+
+    def _subscribe_inbox(self) -> str:
+        """An SQS queue on the alert topic: the run's notification, as a subscriber gets it."""
+        sqs = self.clients["sqs"]
+        inbox = sqs.create_queue(QueueName="local-notifications")["QueueUrl"]
+        arn = sqs.get_queue_attributes(QueueUrl=inbox, AttributeNames=["QueueArn"])["Attributes"][
+            "QueueArn"
+        ]
+        self.clients["sns"].subscribe(
+            TopicArn=self.pipeline.environment["ALERT_TOPIC_ARN"],
+            Protocol="sqs",
+            Endpoint=arn,
+            Attributes={"RawMessageDelivery": "true"},
+        )
+        return inbox
+
+    def states(self) -> list[str]:
+        """The state machine's Task states, in definition order (valid `inject_fault` names)."""
+        return list(self.pipeline.state_steps)
+
+    def inject_fault(self, state: str) -> None:
+        """Make `state` fail once, as if its Lambda had raised."""
+        if state not in self.pipeline.state_steps:
+            raise ValueError(f"no state {state!r}; the states are {', '.join(self.states())}")
+        step = self.pipeline.state_steps[state]
+        # NotifySuccess and NotifyFailure share a handler: tell them apart by the event.
+        success_only = state == "NotifySuccess"
+        fired: list[bool] = []
+
+        def fault(handler: str, event: dict[str, Any]) -> None:
+            if handler != step or fired or (success_only and event.get("succeeded") is False):
+                return
+            fired.append(True)
+            raise InjectedFault(f"fault injected into {state}")
+
+        self.pipeline.dispatcher.fault = fault
+
+    def upload(self, prepared: Prepared) -> tuple[str, str]:
+        """Upload config and dataset as `mtrl submit` would; start the run as the rule would."""
+        s3, bucket = self.clients["s3"], self.pipeline.data_bucket
+        config_name, config_body = config_upload(prepared)
+        if config_body is not None:
+            s3.put_object(Bucket=bucket, Key=config_name, Body=config_body)
+        key = f"training-data/{prepared.dataset.name}"
+        version = s3.put_object(
+            Bucket=bucket,
+            Key=key,
+            Body=prepared.dataset.read_bytes(),
+            Metadata={CONFIG_METADATA_KEY: config_name},
+        )["VersionId"]
+        event = upload_event(bucket, key, version)
+        if not matches(self.pipeline.upload_pattern, event):
+            raise RuntimeError(f"the upload rule does not match {key}")
+        started = self.pipeline.dispatcher.call(self.pipeline.function("handlers.start_run"), event)
+        return started["run_id"], started["execution_arn"]
+
+    def follow(
+        self,
+        run_id: str,
+        execution: str,
+        observer: Observer,
+        config: TrainingConfig,
+        timeout_seconds: float,
+    ) -> RunOutcome:
+        sfn = self.clients["stepfunctions"]
+        deadline = time.monotonic() + timeout_seconds
+        last_event, seen_steps = 0, 0
+        progress: list[dict[str, Any]] = []
+        while True:
+            described = sfn.describe_execution(executionArn=execution)
+            # Only the events since the last look: the whole history grows with every poll.
+            recent = sfn.get_execution_history(
+                executionArn=execution, reverseOrder=True, maxResults=100
+            )["events"]
+            for event in sorted(recent, key=lambda e: e["id"]):
+                if event["id"] > last_event and "stateEnteredEventDetails" in event:
+                    observer.on_state(event["stateEnteredEventDetails"]["name"])
+                last_event = max(last_event, event["id"])
+            progress = [e for e in self.cluster.progress.get(run_id, []) if "step" in e]
+            for metrics in progress[seen_steps:]:
+                observer.on_step(metrics, config.max_steps)
+            seen_steps = len(progress)
+            if described["status"] != "RUNNING":
+                break
+            if time.monotonic() > deadline:
+                sfn.stop_execution(
+                    executionArn=execution, error="LocalTimeout", cause="mtrl local timed out"
+                )
+                described = sfn.describe_execution(executionArn=execution)
+                break
+            time.sleep(0.5)
+        history = self._history(execution)
+        seen_states = [
+            e["stateEnteredEventDetails"]["name"]
+            for e in history
+            if "stateEnteredEventDetails" in e
+        ]
+        return RunOutcome(
+            run_id=run_id,
+            status=described["status"],
+            error=described.get("error"),
+            cause=described.get("cause"),
+            states=seen_states,
+            history=history,
+            metrics=[{k: v for k, v in m.items() if k != "event"} for m in progress],
+            notification=self._notification(),
+            teardown=_teardown_result(history),
+            leftover=self.leftover(run_id),
+            events=self.fleet.events + self.cluster.events,
+        )
+
+    def _history(self, execution: str) -> list[dict[str, Any]]:
+        pages = self.clients["stepfunctions"].get_paginator("get_execution_history")
+        return [
+            event for page in pages.paginate(executionArn=execution) for event in page["events"]
+        ]
+
+    def _notification(self) -> str | None:
+        """The run's notification (it is published after teardown, as the execution ends)."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            messages = (
+                self.clients["sqs"]
+                .receive_message(QueueUrl=self._inbox, WaitTimeSeconds=1)
+                .get("Messages", [])
+            )
+            if messages:
+                return messages[0]["Body"]
+        return None
+
+    def leftover(self, run_id: str) -> dict[str, int]:
+        """What of the run still exists: AWS resources, processes, event source pollers."""
+        settings = PipelineSettings.model_validate(self.pipeline.environment)
+        return {
+            "resources": leftover_resources(
+                settings.router_wiring(
+                    sqs=self.clients["sqs"],
+                    cloudwatch=self.clients["cloudwatch"],
+                    lambda_client=self.clients["lambda"],
+                ),
+                run_id=run_id,
+            ),
+            "processes": self.fleet.alive() + self.cluster.alive(),
+            "pollers": self.aws.mappings.active,
+        }
+
+    def _stop_processes(self) -> None:
+        for process_group in (self.fleet, self.cluster):
+            process_group.kill_all()
+
+
+def _teardown_result(history: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The Teardown state's result, from the execution history."""
+    in_teardown = False
+    for event in history:
+        if "stateEnteredEventDetails" in event:
+            in_teardown = event["stateEnteredEventDetails"]["name"] == "Teardown"
+        details = event.get("lambdaFunctionSucceededEventDetails") or event.get(
+            "taskSucceededEventDetails"
+        )
+        if in_teardown and details:
+            return json.loads(details["output"])
+    return None
+
+
+class StepSignals:
+    """Completions announced to the proxy's waits (in one process nothing needs polling)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._completed: set[str] = set()
+
+    def wait(self, step_id: str, seconds: float) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: step_id in self._completed, timeout=seconds)
+            self._completed.discard(step_id)
+
+    def completed(self, event: dict[str, Any]) -> None:
+        """After the consumer handled `event` (an SQS batch of generate responses)."""
+        steps = set()
+        for record in event.get("Records", []):
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                steps.add(json.loads(record["body"])["step_id"])
+        with self._changed:
+            self._completed |= steps
+            self._changed.notify_all()

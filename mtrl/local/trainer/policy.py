@@ -1,0 +1,133 @@
+"""The local trainer's policy: small, CPU-only, and honest about it.
+
+It is not a language model. It is a linear softmax policy over a fixed set of candidate replies,
+each described by a few features computed from the conversation so far; its parameters are one
+weight per feature. It answers the same generate requests a model server answers (a reply and
+its log-probability), so the pipeline, router, workers and GRPO update around it are the real
+ones. What it can learn is limited to weighing its features — enough to go from random guessing
+to winning Wordle most of the time, which is what a local run needs to show.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from reward_envs.interface import Message
+from reward_envs.wordle import words
+from reward_envs.wordle.env import read_feedback
+from reward_envs.wordle.solver import encode, pattern_matrix
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One reply: the candidates' features, the one chosen, and its log-probability then."""
+
+    text: str
+    features: np.ndarray  # (candidates, features), float32
+    choice: int
+    logprob: float
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = logits - logits.max()
+    return shifted - np.log(np.exp(shifted).sum())
+
+
+class Policy(ABC):
+    """Linear softmax over candidates: P(c) ∝ exp(features(c) · params)."""
+
+    feature_names: tuple[str, ...]
+
+    @abstractmethod
+    def features(self, messages: Sequence[Message]) -> np.ndarray:
+        """Each candidate's features after `messages`, shape (candidates, len(feature_names))."""
+
+    @abstractmethod
+    def reply(self, choice: int) -> str:
+        """The text of candidate `choice`."""
+
+    def initial_params(self) -> np.ndarray:
+        """All zeros: every candidate equally likely (a policy that knows nothing)."""
+        return np.zeros(len(self.feature_names))
+
+    def decide(
+        self, params: np.ndarray, messages: Sequence[Message], rng: np.random.Generator
+    ) -> Decision:
+        features = self.features(messages)
+        logprobs = log_softmax(features @ params)
+        choice = int(rng.choice(len(logprobs), p=np.exp(logprobs)))
+        return Decision(self.reply(choice), features, choice, float(logprobs[choice]))
+
+
+class WordlePolicy(Policy):
+    """Candidates: the Wordle answer list. Features, from the feedback shown so far:
+
+    - consistent: 1 if the word agrees with every feedback line, else 0;
+    - violations: the share of feedback lines it disagrees with;
+    - coverage: how common its distinct letters are among the still-consistent words (0-1);
+    - fresh_letters: the share of its distinct letters not tried yet;
+    - repeated: 1 if it was already guessed (an invalid move).
+    """
+
+    feature_names = ("consistent", "violations", "coverage", "fresh_letters", "repeated")
+
+    def __init__(self, answers: Sequence[str] | None = None) -> None:
+        self.words = tuple(answers or words.answers())
+        self._index = {word: i for i, word in enumerate(self.words)}
+        self._patterns = pattern_matrix(self.words, self.words)
+        letters = np.frombuffer("".join(self.words).encode(), dtype=np.uint8).reshape(-1, 5) - 97
+        self._has = np.zeros((len(self.words), 26), dtype=np.float32)
+        np.put_along_axis(self._has, letters.astype(np.int64), 1.0, axis=1)
+        self._distinct = self._has.sum(axis=1)
+
+    def reply(self, choice: int) -> str:
+        return f"[{self.words[choice]}]"
+
+    def features(self, messages: Sequence[Message]) -> np.ndarray:
+        history = read_feedback(messages)
+        n = len(self.words)
+        mismatches = np.zeros(n, dtype=np.float32)
+        tried = np.zeros(26, dtype=np.float32)
+        repeated = np.zeros(n, dtype=np.float32)
+        for guess, marks in history:
+            row = self._row(guess)
+            mismatches += row != encode(marks)
+            for letter in guess:
+                tried[ord(letter) - 97] = 1.0
+            if guess in self._index:
+                repeated[self._index[guess]] = 1.0
+        consistent = (mismatches == 0).astype(np.float32)
+        alive = consistent.astype(bool) if consistent.any() else np.ones(n, dtype=bool)
+        frequency = self._has[alive].mean(axis=0)
+        coverage = self._has @ frequency / np.maximum(self._distinct, 1)
+        fresh = self._has @ (1.0 - tried) / np.maximum(self._distinct, 1)
+        violations = mismatches / max(1, len(history))
+        return np.stack([consistent, violations, coverage, fresh, repeated], axis=1).astype(
+            np.float32
+        )
+
+    def _row(self, guess: str) -> np.ndarray:
+        if guess in self._index:
+            return self._patterns[self._index[guess]]
+        return pattern_matrix([guess], self.words)[0]
+
+
+POLICIES: dict[str, Callable[[], Policy]] = {"wordle": WordlePolicy}
+
+
+class NoLocalPolicy(LookupError):
+    """The environment has no local policy to train."""
+
+
+def policy_for(environment: str) -> Policy:
+    if environment not in POLICIES:
+        raise NoLocalPolicy(
+            f"environment {environment!r} has no local policy (the local trainer has one for "
+            f"{', '.join(sorted(POLICIES))}); evaluate it against a real model with "
+            "`mtrl local FILE --model-endpoint URL` instead"
+        )
+    return POLICIES[environment]()
