@@ -13,6 +13,7 @@ from rich.table import Table
 from mtrl import __version__
 from mtrl.dataset import DatasetValidator
 from mtrl.env_commands import env_app
+from mtrl.local_command import local
 from stacks.config import ConfigError, PlatformConfig, deployment_context
 
 app = typer.Typer(
@@ -21,6 +22,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(env_app, name="env")
+app.command("local")(local)
 out = Console()
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 

@@ -210,6 +210,8 @@ class LocalAws:
 
     def __enter__(self) -> LocalAws:
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
+        # The interpreter logs every failed state with its internals; the run report says it.
+        logging.getLogger("moto.stepfunctions").setLevel(logging.CRITICAL)
         server = make_server(
             "127.0.0.1", 0, self.app, threaded=True, request_handler=_RequestHandler
         )

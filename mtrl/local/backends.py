@@ -72,6 +72,7 @@ class _Recorder:
 
 class LocalRewardFleet(RewardFleet):
     def __init__(self, *, environment: dict[str, str], log_dir: Path) -> None:
+        """Logs go to `<log_dir>/<run id>/logs/`."""
         self._environment = environment
         self._log_dir = log_dir
         self._workers: dict[str, list[_Process]] = defaultdict(list)
@@ -81,7 +82,7 @@ class LocalRewardFleet(RewardFleet):
     def start(self, run: RunContext, *, workers: int) -> list[str]:
         existing = self._workers[run.run_id]
         for index in range(len(existing), workers):
-            log = self._log_dir / run.run_id / f"worker-{index}.log"
+            log = self._log_dir / run.run_id / "logs" / f"worker-{index}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
             with log.open("ab") as sink:
                 popen = subprocess.Popen(
@@ -162,7 +163,7 @@ class LocalTrainingCluster(TrainingCluster):
             reward_range=(environment.reward_range.low, environment.reward_range.high),
             seed=self._seed,
         )
-        log = self._log_dir / run.run_id / "trainer.log"
+        log = self._log_dir / run.run_id / "logs" / "trainer.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as sink:
             popen = subprocess.Popen(

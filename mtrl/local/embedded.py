@@ -154,6 +154,7 @@ class LocalPipeline:
     dispatcher: Dispatcher
     functions: dict[str, str]  # handler path -> local function name
     state_steps: dict[str, str]  # Task state -> the handler it runs (e.g. "Validate" -> "validate")
+    states: list[str]  # every state of the definition
 
     def function(self, handler: str) -> str:
         """The local function whose handler path ends with `handler` (e.g. "handlers.start_run")."""
@@ -229,7 +230,7 @@ def deploy_pipeline(
             variables,
         )
         environment |= variables
-    definition = resolve(machine["Properties"]["DefinitionString"])
+    definition = _compress_retries(resolve(machine["Properties"]["DefinitionString"]))
     arn = clients["stepfunctions"].create_state_machine(
         name=machine_name, definition=definition, roleArn=role
     )["stateMachineArn"]
@@ -238,9 +239,10 @@ def deploy_pipeline(
     )
     pattern = resolve(rule["Properties"]["EventPattern"])
     handlers = {name: path for name, (path, _) in dispatcher.functions.items()}
+    all_states = json.loads(definition)["States"]
     state_steps = {
         state: handlers[spec["Resource"].rsplit(":", 1)[-1]].rsplit(".", 1)[-1]
-        for state, spec in json.loads(definition)["States"].items()
+        for state, spec in all_states.items()
         if spec["Type"] == "Task" and spec.get("Resource", "").rsplit(":", 1)[-1] in handlers
     }
     return LocalPipeline(
@@ -251,7 +253,40 @@ def deploy_pipeline(
         dispatcher,
         functions={path: name for name, path in handlers.items()},
         state_steps=state_steps,
+        states=list(all_states),
     )
+
+
+def definition_skeleton(template: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline's state machine definition with its references blanked: its states' names,
+    types and transitions, without deploying anything."""
+    (machine,) = [
+        r for r in template["Resources"].values() if r["Type"] == "AWS::StepFunctions::StateMachine"
+    ]
+    definition = machine["Properties"]["DefinitionString"]
+    if isinstance(definition, dict):  # {"Fn::Join": ["", [text, {reference}, text, ...]]}
+        definition = "".join(p if isinstance(p, str) else "" for p in definition["Fn::Join"][1])
+    return json.loads(definition)
+
+
+def fault_states(definition: dict[str, Any]) -> list[str]:
+    """The Task states that have a failure path (`FailedIn<State>`): where a fault can go."""
+    states = definition["States"]
+    return [
+        name
+        for name, spec in states.items()
+        if spec["Type"] == "Task" and f"FailedIn{name}" in states
+    ]
+
+
+def _compress_retries(definition: str) -> str:
+    """Retries as many as deployed, one second apart: moto's interpreter sleeps them for real."""
+    parsed = json.loads(definition)
+    for state in parsed["States"].values():
+        for retry in state.get("Retry", []):
+            retry.update(IntervalSeconds=1, BackoffRate=1.0)
+            retry.pop("MaxDelaySeconds", None)
+    return json.dumps(parsed)
 
 
 def upload_event(bucket: str, key: str, version_id: str | None) -> dict[str, Any]:

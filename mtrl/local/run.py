@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from mtrl.dataset import DatasetValidator
+from mtrl.local.embedded import definition_skeleton, fault_states
+from mtrl.local.report import write_report
 from mtrl.local.session import LocalSession, Observer, Prepared, RunOutcome
 from mtrl.local.trainer.policy import NoLocalPolicy, policy_for
 from reward_envs.registry import EnvironmentNotFound, load
@@ -98,12 +100,17 @@ def run_local(
     template: dict[str, Any] | None = None,
     observer: Observer | None = None,
     timeout_seconds: float | None = None,
-) -> RunOutcome:
-    """Run the pipeline once on `options.dataset`; returns how it ended (raises LocalRunError
-    for bad input, before anything is created)."""
+) -> tuple[RunOutcome, Path]:
+    """Run the pipeline once on `options.dataset`: how it ended, and the report's directory.
+    Raises LocalRunError for bad input, before any run exists."""
     prepared = prepare(options)
     observer = observer or Observer()
     template = template or pipeline_template()
+    choices = fault_states(definition_skeleton(template))
+    if options.inject_fault and options.inject_fault not in choices:
+        raise LocalRunError(
+            f"--inject-fault {options.inject_fault}: no such state; choose one of {', '.join(choices)}"
+        )
     with LocalSession(template, out_dir=options.out_dir, seed=options.seed) as session:
         if options.inject_fault:
             session.inject_fault(options.inject_fault)
@@ -113,4 +120,7 @@ def run_local(
         outcome = session.follow(run_id, execution, observer, prepared.config, limit)
         outcome.seconds = time.monotonic() - started
         outcome.config = prepared.config
-        return outcome
+        directory = options.out_dir / run_id
+        session.download_outputs(run_id, directory / "outputs")
+    write_report(outcome, directory)
+    return outcome, directory

@@ -101,6 +101,7 @@ class LocalSession:
         self.clients: dict[str, Any] = {}
         self.fleet: LocalRewardFleet
         self.cluster: LocalTrainingCluster
+        self._execution: str | None = None
 
     def __enter__(self) -> LocalSession:
         try:
@@ -116,7 +117,7 @@ class LocalSession:
     def _start(self) -> None:
         aws = self._stack.enter_context(self.aws)
         self.clients = {name: aws.client(name) for name in CLIENTS}
-        logs = self._out_dir / "logs"
+        logs = self._out_dir
         self.fleet = LocalRewardFleet(environment=aws.environment(), log_dir=logs)
         self.cluster = LocalTrainingCluster(
             environment=aws.environment(), log_dir=logs, seed=self._seed
@@ -183,26 +184,24 @@ class LocalSession:
         )
         return inbox
 
-    def states(self) -> list[str]:
-        """The state machine's Task states, in definition order (valid `inject_fault` names)."""
-        return list(self.pipeline.state_steps)
-
     def inject_fault(self, state: str) -> None:
-        """Make `state` fail once, as if its Lambda had raised."""
-        if state not in self.pipeline.state_steps:
-            raise ValueError(f"no state {state!r}; the states are {', '.join(self.states())}")
+        """Make every invocation of `state`'s Lambda fail while the run is in that state (its
+        retries included), as if the function were broken: the run must fail there and still
+        end torn down and notified."""
         step = self.pipeline.state_steps[state]
-        # NotifySuccess and NotifyFailure share a handler: tell them apart by the event.
-        success_only = state == "NotifySuccess"
-        fired: list[bool] = []
 
         def fault(handler: str, event: dict[str, Any]) -> None:
-            if handler != step or fired or (success_only and event.get("succeeded") is False):
-                return
-            fired.append(True)
-            raise InjectedFault(f"fault injected into {state}")
+            if handler == step and self._current_state() == state:
+                raise InjectedFault(f"fault injected into {state}")
 
         self.pipeline.dispatcher.fault = fault
+
+    def _current_state(self) -> str | None:
+        if self._execution is None:
+            return None
+        entered = [e for e in self._history(self._execution) if "stateEnteredEventDetails" in e]
+        latest = max(entered, key=lambda e: e["id"], default=None)
+        return latest["stateEnteredEventDetails"]["name"] if latest else None
 
     def upload(self, prepared: Prepared) -> tuple[str, str]:
         """Upload config and dataset as `mtrl submit` would; start the run as the rule would."""
@@ -221,6 +220,7 @@ class LocalSession:
         if not matches(self.pipeline.upload_pattern, event):
             raise RuntimeError(f"the upload rule does not match {key}")
         started = self.pipeline.dispatcher.call(self.pipeline.function("handlers.start_run"), event)
+        self._execution = started["execution_arn"]
         return started["run_id"], started["execution_arn"]
 
     def follow(
@@ -233,18 +233,15 @@ class LocalSession:
     ) -> RunOutcome:
         sfn = self.clients["stepfunctions"]
         deadline = time.monotonic() + timeout_seconds
-        last_event, seen_steps = 0, 0
+        seen_calls, seen_steps = 0, 0
         progress: list[dict[str, Any]] = []
+        calls = self.pipeline.dispatcher.invocations
         while True:
             described = sfn.describe_execution(executionArn=execution)
-            # Only the events since the last look: the whole history grows with every poll.
-            recent = sfn.get_execution_history(
-                executionArn=execution, reverseOrder=True, maxResults=100
-            )["events"]
-            for event in sorted(recent, key=lambda e: e["id"]):
-                if event["id"] > last_event and "stateEnteredEventDetails" in event:
-                    observer.on_state(event["stateEnteredEventDetails"]["name"])
-                last_event = max(last_event, event["id"])
+            # The Lambda steps as they are invoked (the full history is read once, at the end).
+            for step in calls[seen_calls:]:
+                observer.on_state(step)
+            seen_calls = len(calls)
             progress = [e for e in self.cluster.progress.get(run_id, []) if "step" in e]
             for metrics in progress[seen_steps:]:
                 observer.on_step(metrics, config.max_steps)
@@ -296,6 +293,21 @@ class LocalSession:
             if messages:
                 return messages[0]["Body"]
         return None
+
+    def download_outputs(self, run_id: str, directory: Path) -> list[Path]:
+        """Copy what the run wrote under `runs/<run_id>/` (the embedded S3 ends with the session)."""
+        s3, prefix = self.clients["s3"], f"runs/{run_id}/"
+        saved = []
+        pages = s3.get_paginator("list_objects_v2").paginate(
+            Bucket=self.pipeline.data_bucket, Prefix=prefix
+        )
+        for item in (item for page in pages for item in page.get("Contents", [])):
+            target = directory / item["Key"].removeprefix(prefix)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            body = s3.get_object(Bucket=self.pipeline.data_bucket, Key=item["Key"])["Body"]
+            target.write_bytes(body.read())
+            saved.append(target)
+        return saved
 
     def leftover(self, run_id: str) -> dict[str, int]:
         """What of the run still exists: AWS resources, processes, event source pollers."""

@@ -1,0 +1,109 @@
+"""The report of a local run, under `<out>/<run_id>/`:
+
+- `report.json`: status, run id, where and why it failed, the states visited, the training
+  steps, the reward curve, the teardown result and what was left behind;
+- `reward_curve.png`: mean and best reward and win rate per training step;
+- `execution_history.json`: the Step Functions execution history;
+- `metrics.jsonl`: the trainer's metrics, one line per step;
+- `notification.txt`: the message the alert topic published;
+- `outputs/`: what the run wrote under `runs/<run_id>/` (summary, metrics, checkpoints), and
+  `logs/`: the reward workers' and the trainer's logs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mtrl.local.session import RunOutcome
+
+FAILED_PREFIX = "FailedIn"
+
+
+def failed_state(outcome: RunOutcome) -> str | None:
+    """The state the run failed in (the first `FailedIn<State>` it went through)."""
+    for state in outcome.states:
+        if state.startswith(FAILED_PREFIX):
+            return state.removeprefix(FAILED_PREFIX)
+    return None
+
+
+def failure_reason(outcome: RunOutcome) -> str | None:
+    """`Error: message` of the failure, from the execution's error and cause."""
+    if outcome.status == "SUCCEEDED":
+        return None
+    cause = outcome.cause or ""
+    try:
+        parsed = json.loads(cause)
+    except json.JSONDecodeError:
+        parsed = None
+    if isinstance(parsed, dict) and "errorMessage" in parsed:
+        cause = parsed["errorMessage"]
+    return f"{outcome.error}: {cause}" if outcome.error else cause or outcome.status
+
+
+def report_data(outcome: RunOutcome) -> dict[str, Any]:
+    curve = [
+        {
+            "step": m["step"],
+            "mean_reward": m["mean_reward"],
+            "max_reward": m["max_reward"],
+            "win_rate": m.get("win_rate"),
+            "zero_variance_groups": m["zero_variance_groups"],
+            "turns_per_episode": m["turns_per_episode"],
+        }
+        for m in outcome.metrics
+    ]
+    return {
+        "status": outcome.status,
+        "run_id": outcome.run_id,
+        "failed_state": failed_state(outcome),
+        "reason": failure_reason(outcome),
+        "config": outcome.config.name if outcome.config else None,
+        "seconds": round(outcome.seconds, 1),
+        "states": outcome.states,
+        "steps": len(outcome.metrics),
+        "reward_curve": curve,
+        "teardown": outcome.teardown,
+        "leftover": {**outcome.leftover, "total": sum(outcome.leftover.values())},
+        "notified": outcome.notification is not None,
+        "compute_events": outcome.events,
+    }
+
+
+def write_report(outcome: RunOutcome, directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    data = report_data(outcome)
+    (directory / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    (directory / "execution_history.json").write_text(
+        json.dumps(outcome.history, indent=2, default=str) + "\n"
+    )
+    (directory / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in outcome.metrics))
+    if outcome.notification is not None:
+        (directory / "notification.txt").write_text(outcome.notification)
+    if outcome.metrics:
+        plot_reward_curve(outcome.metrics, directory / "reward_curve.png", title=outcome.run_id)
+    return directory / "report.json"
+
+
+def plot_reward_curve(metrics: list[dict[str, Any]], path: Path, *, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    steps = [m["step"] for m in metrics]
+    figure, axes = plt.subplots(figsize=(7, 4), dpi=100)
+    axes.plot(steps, [m["mean_reward"] for m in metrics], marker="o", label="mean reward")
+    axes.plot(steps, [m["max_reward"] for m in metrics], linestyle="--", label="best reward")
+    wins = [m.get("win_rate") for m in metrics]
+    if all(w is not None for w in wins):
+        axes.plot(steps, wins, linestyle=":", label="win rate")
+    axes.set(xlabel="training step", ylabel="reward", title=f"GRPO, local: {title}")
+    axes.set_ylim(bottom=0)
+    axes.grid(alpha=0.3)
+    axes.legend(loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
