@@ -32,6 +32,7 @@ from botocore.config import Config
 from moto.awslambda.models import LambdaBackend
 from moto.core.botocore_stubber import MockRawResponse
 from moto.core.config import default_user_config
+from moto.moto_api._internal.models import moto_api_backend
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication,
     MotoRequestHandler,
@@ -220,6 +221,9 @@ class LocalAws:
         self._stack.callback(thread.join, 10)
         self._stack.callback(server.server_close)
         self._stack.callback(server.shutdown)
+        # A fresh account each time (backends are process-wide); emptied again at the end.
+        moto_api_backend.reset()
+        self._stack.callback(moto_api_backend.reset)
         port = server.server_address[1]
         self.endpoint = f"http://127.0.0.1:{port}"
         # A real profile must never be used against the fake.

@@ -272,7 +272,7 @@ class LocalSession:
             notification=self._notification(),
             teardown=_teardown_result(history),
             leftover=self.leftover(run_id),
-            events=self.fleet.events + self.cluster.events,
+            events=sorted(self.fleet.events + self.cluster.events, key=lambda e: e["at"]),
         )
 
     def _history(self, execution: str) -> list[dict[str, Any]]:

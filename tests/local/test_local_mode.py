@@ -1,0 +1,171 @@
+"""`mtrl local`: the synthesized pipeline, the router, reward worker processes and the GRPO
+trainer process on this machine. A run succeeds with a report and a reward curve, a fault in any
+state fails it cleanly, and either way nothing is left: no queue, alarm, mapping or process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from mtrl.cli import app
+from mtrl.local.run import LocalRunError, LocalRunOptions, run_local
+from tests.conftest import Synthesized
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "wordle"
+
+
+def _child_processes() -> set[int]:
+    """This process's live children (Linux: /proc/self/task/*/children)."""
+    children: set[int] = set()
+    for listing in Path("/proc/self/task").glob("*/children"):
+        children |= {int(pid) for pid in listing.read_text().split()}
+    alive = set()
+    for pid in children:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
+@pytest.fixture
+def small_config(tmp_path: Path) -> Path:
+    """The example config, smaller: 2 secrets x 8 rollouts per step, one reward worker."""
+    config = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    config.update(global_batch_size=16, max_steps=2, reward_workers=1)
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture
+def template(default_app: Synthesized) -> dict:
+    return default_app.template("pipeline")
+
+
+def test_the_wordle_example_trains_and_leaves_nothing(
+    tmp_path: Path, small_config: Path, template: dict
+) -> None:
+    before = _child_processes()
+    outcome, directory = run_local(
+        LocalRunOptions(EXAMPLE / "train.jsonl", config=str(small_config), out_dir=tmp_path),
+        template=template,
+        timeout_seconds=300,
+    )
+    assert outcome.status == "SUCCEEDED", (outcome.error, outcome.cause)
+    report = json.loads((directory / "report.json").read_text())
+    assert report["steps"] == 2 and [p["step"] for p in report["reward_curve"]] == [1, 2]
+    assert all(0.0 <= p["mean_reward"] <= p["max_reward"] <= 1.0 for p in report["reward_curve"])
+    assert report["leftover"] == {"resources": 0, "processes": 0, "pollers": 0, "total": 0}
+    assert report["teardown"]["leftover"] == 0 and report["teardown"]["queues_deleted"] == 5
+    assert report["states"][:3] == ["Validate", "Register", "Provision"]
+    assert report["states"][-3:] == ["Teardown", "NotifySuccess", "RunSucceeded"]
+    # The compute planes were asked for what the config says, and released.
+    actions = [event["action"] for event in report["compute_events"]]
+    assert actions == [
+        "scale_up", "start_workers", "submit", "stop_workers", "delete_job", "scale_down",
+    ]  # fmt: skip
+    assert report["compute_events"][0]["instances"] == 1
+    assert report["compute_events"][1]["workers"] == 1
+    assert (directory / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (
+        (directory / "notification.txt")
+        .read_text()
+        .startswith(f"nova-mtrl run {outcome.run_id} SUCCEEDED")
+    )
+    outputs = directory / "outputs"
+    assert (outputs / "checkpoints" / "final.npz").is_file()
+    summary = json.loads((outputs / "summary.json").read_text())
+    assert "metrics.jsonl" in summary["outputs"] and summary["config"]["max_steps"] == 2
+    trained = [json.loads(line) for line in (outputs / "metrics.jsonl").read_text().splitlines()]
+    assert [m["rollouts"] + m["failed_rollouts"] for m in trained] == [16, 16]
+    history = json.loads((directory / "execution_history.json").read_text())
+    assert history[-1]["type"] == "ExecutionSucceeded"
+    assert (directory / "logs" / "trainer.log").is_file()
+    assert _child_processes() == before
+
+
+FAULT_STATES = [
+    "Validate", "Register", "Provision", "ScaleUp", "NodesReady", "StartWorkers", "WorkersHealthy",
+    "SubmitJob", "Monitor", "Collect", "ReleaseCompute", "Teardown", "NotifySuccess",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("state", FAULT_STATES)
+def test_a_fault_in_any_state_fails_the_run_cleanly(
+    tmp_path: Path, small_config: Path, template: dict, state: str
+) -> None:
+    before = _child_processes()
+    config = yaml.safe_load(small_config.read_text()) | {"max_steps": 1}
+    small_config.write_text(yaml.safe_dump(config))
+    outcome, directory = run_local(
+        LocalRunOptions(
+            EXAMPLE / "train.jsonl",
+            config=str(small_config),
+            out_dir=tmp_path,
+            inject_fault=state,
+        ),
+        template=template,
+        timeout_seconds=300,
+    )
+    report = json.loads((directory / "report.json").read_text())
+    assert outcome.status == "FAILED"
+    assert report["failed_state"] == state
+    assert report["reason"] == f"InjectedFault: fault injected into {state}"
+    assert report["leftover"]["total"] == 0, report["leftover"]
+    assert "TeardownAfterFailure" in report["states"] and report["states"][-1] == "RunFailed"
+    notification = (directory / "notification.txt").read_text()
+    assert f"FAILED\nfailed in {state}: InjectedFault: fault injected into {state}" in notification
+    assert _child_processes() == before
+
+
+def test_bad_input_is_refused_before_anything_exists(tmp_path: Path, template: dict) -> None:
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"id": "a", "metadata": {"prompt": "Play.", "answer": "crane"}}\n{oops\n')
+    with pytest.raises(
+        LocalRunError, match=r"broken.jsonl: invalid dataset: line 2: line: not valid JSON"
+    ):
+        run_local(LocalRunOptions(broken, out_dir=tmp_path), template=template)
+    with pytest.raises(LocalRunError, match=r"config nope.yaml: no such file"):
+        run_local(LocalRunOptions(EXAMPLE / "train.jsonl", config="nope.yaml"), template=template)
+    with pytest.raises(
+        LocalRunError, match=r"--inject-fault Nope: no such state; choose one of Validate, "
+    ):
+        run_local(
+            LocalRunOptions(EXAMPLE / "train.jsonl", inject_fault="Nope", out_dir=tmp_path),
+            template=template,
+        )
+    assert not any(tmp_path.glob("*/report.json"))
+
+
+def test_the_cli_exits_2_with_one_line_for_bad_input(tmp_path: Path) -> None:
+    runner = CliRunner()
+    missing = runner.invoke(app, ["local", str(tmp_path / "none.jsonl")])
+    assert missing.exit_code == 2 and "none.jsonl: no such file" in missing.output
+    text = tmp_path / "data.txt"
+    text.write_text("{}\n")
+    wrong = runner.invoke(app, ["local", str(text)])
+    assert wrong.exit_code == 2 and "the pipeline takes .jsonl uploads only" in wrong.output
+    assert "Traceback" not in missing.output + wrong.output
+
+
+def test_the_cli_fails_with_the_state_and_reason(
+    tmp_path: Path, small_config: Path, monkeypatch: pytest.MonkeyPatch, template: dict
+) -> None:
+    monkeypatch.setattr("mtrl.local.run.pipeline_template", lambda: template)
+    result = CliRunner().invoke(
+        app,
+        [
+            "local", str(EXAMPLE / "train.jsonl"), "--config", str(small_config),
+            "--out", str(tmp_path), "--inject-fault", "SubmitJob",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert "FAILED in SubmitJob: InjectedFault: fault injected into SubmitJob" in result.output
+    assert "0 (0 AWS resources, 0 processes, 0 pollers)" in result.output
