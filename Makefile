@@ -8,9 +8,10 @@ CDK_CLI_VERSION ?= 2.1148.1
 CDK := npx --yes aws-cdk@$(CDK_CLI_VERSION)
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
-.PHONY: help install test lint synth diff deploy destroy bench clean
+.PHONY: help install demo test lint synth diff deploy destroy bench clean
 
 help:
+	@echo "make demo     set up .venv if needed, train the Wordle example locally, offline (report in runs/)"
 	@echo "make test     set up .venv if needed, lint, run the whole check suite (pytest, cfn-lint, cdk-nag)"
 	@echo "make synth    write the CloudFormation templates to cdk.out/"
 	@echo "make deploy   cdk deploy --all (AWS credentials needed)   make destroy   make diff"
@@ -23,6 +24,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[cdk,local,dev]'
 	touch $(STAMP)
+
+demo: install
+	$(BIN)/mtrl local examples/wordle/train.jsonl --config examples/wordle/config.yaml --out runs
 
 lint: install
 	$(BIN)/ruff check .
@@ -50,6 +54,7 @@ bench: install
 	$(BIN)/python -m bench.envs
 	$(BIN)/python -m bench.router
 	$(BIN)/python -m bench.validate
+	$(BIN)/python -m bench.local
 
 clean:
 	rm -rf cdk.out .pytest_cache .ruff_cache build *.egg-info

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mtrl.local.trainer.direct import train
 from mtrl.local.trainer.grpo import Adam, Episode, group_advantages, objective_and_gradient
 from mtrl.local.trainer.policy import Decision, NoLocalPolicy, WordlePolicy, policy_for
 from reward_envs.interface import Record
@@ -108,30 +109,14 @@ def test_a_policy_that_knows_nothing_is_uniform(policy: WordlePolicy) -> None:
 
 def test_grpo_learns_wordle(policy: WordlePolicy) -> None:
     """The update the trainer applies, on episodes played directly: the reward must rise."""
-    environment, rng = load_environment(), np.random.default_rng(0)
-    params, optimizer = policy.initial_params(), Adam(0.4)
-    curve = []
-    for _ in range(12):
-        episodes, rewards = [], []
-        for secret in rng.choice(words.answers(), size=4):
-            group = []
-            for _ in range(8):
-                episode, messages = environment.reset(Record("r", {"answer": str(secret)}))
-                messages, decisions = list(messages), []
-                while True:
-                    decision = policy.decide(params, messages, rng)
-                    decisions.append(decision)
-                    result = episode.step(decision.text)
-                    messages += [{"role": "assistant", "content": decision.text}, *result.messages]
-                    if result.done:
-                        break
-                group.append((decisions, result.reward))
-            advantages = group_advantages([reward for _, reward in group])
-            episodes += [Episode(d, a) for (d, _), a in zip(group, advantages, strict=True)]
-            rewards += [reward for _, reward in group]
-        _, gradient, _ = objective_and_gradient(params, episodes, clip_ratio=0.2)
-        params = optimizer.step(params, gradient)
-        curve.append(float(np.mean(rewards)))
+    records = [Record(f"r{i}", {"answer": word}) for i, word in enumerate(words.answers()[:200])]
+    curve = [
+        step.mean_reward
+        for step in train(
+            load_environment(), policy, records, steps=12, group_size=8, records_per_step=4,
+            learning_rate=0.4,
+        )
+    ]  # fmt: skip
     assert np.mean(curve[-3:]) > np.mean(curve[:3]) + 0.3, curve
 
 

@@ -173,12 +173,7 @@ class Trainer:
                 QueueUrl=self.job.queues["generate_responses"], Entries=replies
             )
             self._answered += len(replies)
-        self.sqs.delete_message_batch(
-            QueueUrl=self.job.queues["generate_requests"],
-            Entries=[
-                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)
-            ],
-        )
+        self._delete(self.job.queues["generate_requests"], messages)
 
     # --- the training loop ---
 
@@ -273,13 +268,7 @@ class Trainer:
                 if response.sample_id in samples:  # late answers of an earlier step are dropped
                     responses[response.sample_id] = response
             if messages:
-                self.sqs.delete_message_batch(
-                    QueueUrl=url,
-                    Entries=[
-                        {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
-                        for i, m in enumerate(messages)
-                    ],
-                )
+                self._delete(url, messages)
         if not responses and not self._stop.is_set():
             raise TrainingFailed(
                 f"no rollout responses within {self.config.rollout_timeout_seconds + 30} s; "
@@ -356,6 +345,14 @@ class Trainer:
             self._save_checkpoint(f"step-{step:06d}")
         if self.out is not None:
             print(json.dumps({"event": "step", **asdict(metrics)}), file=self.out, flush=True)
+
+    def _delete(self, url: str, messages: list[dict[str, Any]]) -> None:
+        self.sqs.delete_message_batch(
+            QueueUrl=url,
+            Entries=[
+                {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)
+            ],
+        )
 
     def _save_checkpoint(self, name: str) -> None:
         buffer = io.BytesIO()

@@ -1,0 +1,112 @@
+"""Local mode (`make demo`): time from upload to the first training step, time per step,
+reward at fixed steps, peak memory — against a named baseline run side by side.
+
+Baseline: the same GRPO update and policy with the episodes played in-process (no pipeline, no
+queues, no router, no worker processes), i.e. what the learning itself costs. The ratio of the
+two per-step times is what running the real protocol locally adds.
+Run: `python -m bench.local` (BENCH_QUICK=1: 4 steps). Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+import numpy as np
+
+from mtrl.local.run import LocalRunOptions, pipeline_template, run_local
+from mtrl.local.session import Observer
+from mtrl.local.trainer.direct import DirectStep, train
+from mtrl.local.trainer.policy import WordlePolicy
+from reward_envs.interface import Record
+from reward_envs.wordle import load_environment, words
+from training_configs.schema import load_training_config
+
+EXAMPLE = Path(__file__).parents[1] / "examples" / "wordle"
+QUICK = os.environ.get("BENCH_QUICK") == "1"
+MARKS = (1, 4, 8, 12, 16)
+
+
+def baseline(steps: int, group_size: int, secrets: int, learning_rate: float) -> list[DirectStep]:
+    """The same update and policy, the episodes played in-process."""
+    records = [Record(f"r{i}", {"answer": word}) for i, word in enumerate(words.answers())]
+    return train(
+        load_environment(),
+        WordlePolicy(),
+        records,
+        steps=steps,
+        group_size=group_size,
+        records_per_step=secrets,
+        learning_rate=learning_rate,
+    )
+
+
+def main() -> None:
+    config = load_training_config(EXAMPLE / "config.yaml")
+    steps = 4 if QUICK else config.max_steps
+    print(f"nova-mtrl local-mode bench — {os.cpu_count()} cores, Python {sys.version.split()[0]}")
+    print(
+        f"config {config.name}: {steps} steps of {config.global_batch_size} rollouts (groups of {config.group_size})"
+    )
+
+    started = time.perf_counter()
+    template = pipeline_template()
+    synth = time.perf_counter() - started
+    uploaded: list[float] = []
+    first_step: list[float] = []
+
+    def on_state(state: str) -> None:
+        if not uploaded:
+            uploaded.append(time.perf_counter())
+
+    def on_step(metrics: dict, total: int) -> None:
+        if not first_step:
+            first_step.append(time.perf_counter())
+
+    with TemporaryDirectory() as out:
+        outcome, _ = run_local(
+            LocalRunOptions(
+                EXAMPLE / "train.jsonl",
+                config=str(EXAMPLE / "config.yaml"),
+                out_dir=Path(out),
+                max_steps=steps,
+            ),
+            template=template,
+            observer=Observer(on_state=on_state, on_step=on_step),
+        )
+    pipeline_steps = [m["seconds"] for m in outcome.metrics]
+    rewards = {m["step"]: m["mean_reward"] for m in outcome.metrics}
+    base = baseline(
+        steps,
+        config.group_size,
+        config.global_batch_size // config.group_size,
+        config.local_policy.learning_rate,
+    )
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+    print(f"status {outcome.status}; whole run {outcome.seconds:.0f} s after a {synth:.1f} s synth")
+    print(f"upload -> first training step done: {first_step[0] - uploaded[0]:.1f} s")
+    local_step = float(np.median(pipeline_steps))
+    base_step = float(np.median([step.seconds for step in base]))
+    print(
+        f"per step (median): local pipeline {local_step:.2f} s, in-process baseline "
+        f"{base_step * 1000:.0f} ms; ratio {local_step / base_step:.0f}x"
+    )
+    print(
+        "mean reward at step: "
+        + ", ".join(
+            f"{mark}: {rewards[mark]:.3f} (baseline {base[mark - 1].mean_reward:.3f})"
+            for mark in MARKS
+            if mark in rewards
+        )
+    )
+    print(f"peak RSS: this process {own:.0f} MB, largest child {children:.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
