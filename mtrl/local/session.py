@@ -331,17 +331,17 @@ class LocalSession:
 
 
 def _teardown_result(history: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The Teardown state's result, from the execution history."""
-    in_teardown = False
+    """The result of the last teardown (on the success or the failure path), from the history."""
+    in_teardown, result = False, None
     for event in history:
         if "stateEnteredEventDetails" in event:
-            in_teardown = event["stateEnteredEventDetails"]["name"] == "Teardown"
+            in_teardown = event["stateEnteredEventDetails"]["name"].startswith("Teardown")
         details = event.get("lambdaFunctionSucceededEventDetails") or event.get(
             "taskSucceededEventDetails"
         )
         if in_teardown and details:
-            return json.loads(details["output"])
-    return None
+            result = json.loads(details["output"])
+    return result
 
 
 class StepSignals:

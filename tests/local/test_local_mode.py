@@ -99,29 +99,34 @@ FAULT_STATES = [
 
 @pytest.mark.parametrize("state", FAULT_STATES)
 def test_a_fault_in_any_state_fails_the_run_cleanly(
-    tmp_path: Path, small_config: Path, template: dict, state: str
+    tmp_path: Path,
+    small_config: Path,
+    template: dict,
+    monkeypatch: pytest.MonkeyPatch,
+    state: str,
 ) -> None:
     before = _child_processes()
     config = yaml.safe_load(small_config.read_text()) | {"max_steps": 1}
     small_config.write_text(yaml.safe_dump(config))
-    outcome, directory = run_local(
-        LocalRunOptions(
-            EXAMPLE / "train.jsonl",
-            config=str(small_config),
-            out_dir=tmp_path,
-            inject_fault=state,
-        ),
-        template=template,
-        timeout_seconds=300,
-    )
-    report = json.loads((directory / "report.json").read_text())
-    assert outcome.status == "FAILED"
-    assert report["failed_state"] == state
-    assert report["reason"] == f"InjectedFault: fault injected into {state}"
+    monkeypatch.setattr("mtrl.local.run.pipeline_template", lambda: template)
+    result = CliRunner().invoke(
+        app,
+        [
+            "local", str(EXAMPLE / "train.jsonl"), "--config", str(small_config),
+            "--out", str(tmp_path), "--inject-fault", state,
+        ],
+    )  # fmt: skip
+    reason = f"InjectedFault: fault injected into {state}"
+    assert result.exit_code == 1, result.output
+    assert f"FAILED in {state}: {reason}" in result.output
+    (report_file,) = tmp_path.glob("*/report.json")
+    report = json.loads(report_file.read_text())
+    assert (report["status"], report["failed_state"], report["reason"]) == ("FAILED", state, reason)
+    assert report["teardown"]["leftover"] == 0
     assert report["leftover"]["total"] == 0, report["leftover"]
     assert "TeardownAfterFailure" in report["states"] and report["states"][-1] == "RunFailed"
-    notification = (directory / "notification.txt").read_text()
-    assert f"FAILED\nfailed in {state}: InjectedFault: fault injected into {state}" in notification
+    notification = (report_file.parent / "notification.txt").read_text()
+    assert f"FAILED\nfailed in {state}: {reason}" in notification
     assert _child_processes() == before
 
 
@@ -153,19 +158,3 @@ def test_the_cli_exits_2_with_one_line_for_bad_input(tmp_path: Path) -> None:
     wrong = runner.invoke(app, ["local", str(text)])
     assert wrong.exit_code == 2 and "the pipeline takes .jsonl uploads only" in wrong.output
     assert "Traceback" not in missing.output + wrong.output
-
-
-def test_the_cli_fails_with_the_state_and_reason(
-    tmp_path: Path, small_config: Path, monkeypatch: pytest.MonkeyPatch, template: dict
-) -> None:
-    monkeypatch.setattr("mtrl.local.run.pipeline_template", lambda: template)
-    result = CliRunner().invoke(
-        app,
-        [
-            "local", str(EXAMPLE / "train.jsonl"), "--config", str(small_config),
-            "--out", str(tmp_path), "--inject-fault", "SubmitJob",
-        ],
-    )  # fmt: skip
-    assert result.exit_code == 1, result.output
-    assert "FAILED in SubmitJob: InjectedFault: fault injected into SubmitJob" in result.output
-    assert "0 (0 AWS resources, 0 processes, 0 pollers)" in result.output
