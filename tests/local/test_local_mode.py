@@ -22,7 +22,10 @@ def _child_processes() -> set[int]:
     """This process's live children (Linux: /proc/self/task/*/children)."""
     children: set[int] = set()
     for listing in Path("/proc/self/task").glob("*/children"):
-        children |= {int(pid) for pid in listing.read_text().split()}
+        try:
+            children |= {int(pid) for pid in listing.read_text().split()}
+        except FileNotFoundError:  # that thread has just ended
+            continue
     alive = set()
     for pid in children:
         try:
