@@ -57,7 +57,12 @@ class Dispatcher:
             return self.bound[name](event, None)
         handler_path, environment = self.functions[name]
         step = handler_path.rsplit(".", 1)[-1]
-        with self.lock, temporary_environ(environment):
+        with self.lock:
+            # Only values change here, never the set of keys (deploy_pipeline set them all):
+            # other threads may be reading os.environ meanwhile (boto3 does, for proxies).
+            for key, value in environment.items():
+                if os.environ.get(key) != value:
+                    os.environ[key] = value
             self.invocations.append(step)
             if self.fault:
                 self.fault(step, event)
@@ -106,12 +111,17 @@ def temporary_environ(values: Mapping[str, str], *, remove: tuple[str, ...] = ()
 
 @contextmanager
 def in_process_lambdas() -> Iterator[Dispatcher]:
-    """While active, moto's Docker-less Lambda runs our handlers instead of echoing input."""
+    """While active, moto's Docker-less Lambda runs our handlers instead of echoing input.
+    The functions' environment variables stay set in os.environ until it ends."""
     LambdaSimpleBackend.invoke = lambda self, *args: _DISPATCHER.invoke(self, *args)  # type: ignore[method-assign]
+    saved = dict(os.environ)
     try:
         yield _DISPATCHER
     finally:
         LambdaSimpleBackend.invoke = _ORIGINAL_INVOKE  # type: ignore[method-assign]
+        for key in set(os.environ) - set(saved):
+            del os.environ[key]
+        os.environ.update(saved)
         _DISPATCHER.functions.clear()
         _DISPATCHER.bound.clear()
         _DISPATCHER.fault = None
@@ -230,6 +240,7 @@ def deploy_pipeline(
             variables,
         )
         environment |= variables
+    os.environ.update(environment)  # every key now; handlers only change values
     definition = _compress_retries(resolve(machine["Properties"]["DefinitionString"]))
     arn = clients["stepfunctions"].create_state_machine(
         name=machine_name, definition=definition, roleArn=role
