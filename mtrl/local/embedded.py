@@ -177,10 +177,10 @@ def deploy_pipeline(
     *,
     clients: Mapping[str, Any],
     dispatcher: Dispatcher,
-    data_bucket: str,
     overrides: Mapping[str, str] | None = None,
 ) -> LocalPipeline:
-    """Create the pipeline stack's resources in moto (inside `mock_aws` and `in_process_lambdas`)."""
+    """Create the pipeline stack's resources in moto (inside `mock_aws` and `in_process_lambdas`),
+    and the data bucket its upload rule watches (versioned, as the storage stack makes it)."""
     resources = template["Resources"]
     physical: dict[str, dict[str, str]] = {}
     of_type = lambda kind: {k: r for k, r in resources.items() if r["Type"] == kind}  # noqa: E731
@@ -249,6 +249,11 @@ def deploy_pipeline(
         r for r in of_type("AWS::Events::Rule").values() if "EventPattern" in r["Properties"]
     )
     pattern = resolve(rule["Properties"]["EventPattern"])
+    (data_bucket,) = pattern["detail"]["bucket"]["name"]
+    clients["s3"].create_bucket(Bucket=data_bucket)
+    clients["s3"].put_bucket_versioning(
+        Bucket=data_bucket, VersioningConfiguration={"Status": "Enabled"}
+    )
     handlers = {name: path for name, (path, _) in dispatcher.functions.items()}
     all_states = json.loads(definition)["States"]
     state_steps = {

@@ -100,7 +100,7 @@ def plot_reward_curve(metrics: list[dict[str, Any]], path: Path, *, title: str) 
     wins = [m.get("win_rate") for m in metrics]
     if all(w is not None for w in wins):
         axes.plot(steps, wins, linestyle=":", label="win rate")
-    axes.set(xlabel="training step", ylabel="reward", title=f"GRPO, local: {title}")
+    axes.set(xlabel="training step", ylabel="reward, win rate", title=f"GRPO, local: {title}")
     axes.set_ylim(bottom=0)
     axes.grid(alpha=0.3)
     axes.legend(loc="lower right")

@@ -25,8 +25,6 @@ from lambdas.router.proxy import Proxy
 from mtrl.local.aws import LocalAws
 from mtrl.local.backends import LocalRewardFleet, LocalTrainingCluster
 from mtrl.local.embedded import (
-    ACCOUNT,
-    REGION,
     LocalPipeline,
     deploy_pipeline,
     matches,
@@ -130,15 +128,10 @@ class LocalSession:
         router = self._stack.enter_context(
             FunctionUrlServer(lambda event, _: aws.dispatcher.call(proxy_name[0], event))
         )
-        bucket = f"nova-mtrl-data-{ACCOUNT}-{REGION}"
-        s3 = self.clients["s3"]
-        s3.create_bucket(Bucket=bucket)
-        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
         self.pipeline = deploy_pipeline(
             self._template,
             clients=self.clients,
             dispatcher=aws.dispatcher,
-            data_bucket=bucket,
             overrides={
                 "REWARD_FLEET_BACKEND": BACKEND,
                 "TRAINING_CLUSTER_BACKEND": BACKEND,

@@ -16,7 +16,6 @@ from lambdas.pipeline import backends, handlers
 from lambdas.pipeline.backends import JobStatus, RewardFleet, RunContext, TrainingCluster
 from lambdas.pipeline.settings import PipelineSettings
 from mtrl.local.embedded import (
-    ACCOUNT,
     REGION,
     LocalPipeline,
     deploy_pipeline,
@@ -122,11 +121,6 @@ def local(
                 "cloudwatch",
             )
         }
-        bucket = f"nova-mtrl-data-{ACCOUNT}-{REGION}"
-        clients["s3"].create_bucket(Bucket=bucket)
-        clients["s3"].put_bucket_versioning(
-            Bucket=bucket, VersioningConfiguration={"Status": "Enabled"}
-        )
         overrides = {
             "REWARD_FLEET_BACKEND": "fake",
             "TRAINING_CLUSTER_BACKEND": "fake",
@@ -136,7 +130,6 @@ def local(
             default_app.template("pipeline"),
             clients=clients,
             dispatcher=dispatcher,
-            data_bucket=bucket,
             overrides=overrides,
         )
         inbox = clients["sqs"].create_queue(QueueName="inbox")["QueueUrl"]
