@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 Recipe = Literal["RFT_MULTITURN_LORA", "RFT_MULTITURN_FULL"]
 SHIPPED = ("rft_multiturn_lora", "rft_multiturn_full")
+DEFAULT_CONFIG = "rft_multiturn_lora"  # what a run uses when its upload names none
 
 
 class TrainingConfigError(ValueError):

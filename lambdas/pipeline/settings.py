@@ -9,6 +9,7 @@ import boto3
 from pydantic import BaseModel, ConfigDict, Field
 
 from lambdas.pipeline.resources import RouterWiring
+from training_configs.schema import DEFAULT_CONFIG
 
 
 class PipelineSettings(BaseModel):
@@ -20,7 +21,7 @@ class PipelineSettings(BaseModel):
     runs_table: str = Field(alias="RUNS_TABLE")
     conversations_table: str = Field(alias="CONVERSATIONS_TABLE")
     consumer_function: str = Field(alias="CONSUMER_FUNCTION")
-    default_config: str = Field(default="rft_multiturn_lora", alias="DEFAULT_CONFIG")
+    default_config: str = Field(default=DEFAULT_CONFIG, alias="DEFAULT_CONFIG")
     state_machine_arn: str | None = Field(default=None, alias="STATE_MACHINE_ARN")
     data_key_arn: str | None = Field(default=None, alias="DATA_KEY_ARN")
     alert_topic_arn: str | None = Field(default=None, alias="ALERT_TOPIC_ARN")

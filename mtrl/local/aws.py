@@ -8,7 +8,7 @@
 - SQS event source mappings are run as Lambda runs them, by a poller per mapping that invokes
   the function with batches (moto would invoke inside the sending request).
 
-Clients (boto3, in this process and in child processes started with `child_environment`) find
+Clients (boto3, in this process and in child processes given `LocalAws.environment()`) find
 the server through `AWS_ENDPOINT_URL`; credentials are dummies. Nothing listens beyond 127.0.0.1.
 """
 

@@ -25,11 +25,10 @@ from mtrl.local.session import LocalSession, Observer, Prepared, RunOutcome
 from mtrl.local.trainer.policy import NoLocalPolicy, policy_for
 from reward_envs.registry import EnvironmentNotFound, load
 from training_configs.schema import (
+    DEFAULT_CONFIG,
     TrainingConfigError,
     load_training_config,
 )
-
-DEFAULT_CONFIG = "rft_multiturn_lora"
 
 
 class LocalRunError(ValueError):

@@ -35,8 +35,8 @@ from stacks.components.nag import acknowledge, acknowledge_resource
 from stacks.components.storage import RUNS_PREFIX, TRAINING_DATA_PREFIX
 from stacks.config import PlatformConfig
 from training_configs import load_training_config
+from training_configs.schema import DEFAULT_CONFIG
 
-DEFAULT_CONFIG = "rft_multiturn_lora"
 HANDLERS = "lambdas.pipeline.handlers"
 COMPUTE = "lambdas.pipeline.compute"
 
