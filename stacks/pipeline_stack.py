@@ -8,6 +8,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.base import PlatformStack
+from stacks.components.fleet_control import RewardFleetControl
 from stacks.components.lambda_code import pipeline_code
 from stacks.components.pipeline import TrainingPipeline
 from stacks.components.reward_fleet import RewardFleet
@@ -41,6 +42,20 @@ class PipelineStack(PlatformStack):
             router_url=self.router.proxy_url.url,
             consumer=self.router.consumer,
         )
+        # The reward fleet per run (ECS): where it lives, and the rights to run it.
+        fleet = RewardFleetControl(
+            self,
+            "RewardFleetControl",
+            config=config,
+            reward_fleet=reward_fleet,
+            data_key=storage.data_key,
+            run_queue_arns=self.router.run_queue_arns,
+        )
+        for step in ("start_workers", "workers_healthy", "release_compute"):
+            function = self.pipeline.functions[step]
+            for key, value in fleet.environment.items():
+                function.add_environment(key, value)
+            fleet.grant_control(function)
         # Reward workers call the proxy; the grant lives here so compute never depends on us.
         workers = iam.Role.from_role_arn(
             self, "RewardWorkerRole", reward_fleet.task_role.role_arn, mutable=True

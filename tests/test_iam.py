@@ -30,6 +30,12 @@ UNSCOPABLE = {
     "ec2:DescribeTags",
     "ec2:DescribeVpcs",
     "lambda:ListEventSourceMappings",
+    # ECS task definitions and scalable-target descriptions have no resource type.
+    "ecs:RegisterTaskDefinition",
+    "ecs:DescribeTaskDefinition",
+    "ecs:DeregisterTaskDefinition",
+    "ecs:ListTaskDefinitions",
+    "application-autoscaling:DescribeScalableTargets",
 }
 # No resource type either, but allowed on "*" only with a condition naming the function.
 CONDITIONED = {"lambda:CreateEventSourceMapping"}

@@ -93,7 +93,8 @@ def estimate(
     )
     return CostEstimate(
         gpu_per_hour=gpu,
-        reward_workers_per_hour=config.reward_workers * worker,
+        # At most: the fleet may scale out to reward_workers_max on backlog.
+        reward_workers_per_hour=(config.reward_workers_max or config.reward_workers) * worker,
         platform_per_hour=prices.platform_idle_per_hour,
         deadline_hours=config.deadline_hours,
         budget_usd=config.budget_usd,

@@ -62,6 +62,12 @@ class TrainingConfig(BaseModel):
     rollout_timeout_seconds: int = Field(ge=10, le=7200)
     rollout_concurrency: int = Field(ge=1, le=512, description="episodes per reward worker")
     reward_workers: int = Field(ge=1, le=500)
+    reward_workers_max: int | None = Field(
+        default=None,
+        ge=1,
+        le=500,
+        description="scale the reward fleet out to this many workers on backlog (default: no scaling)",
+    )
     environment: str = Field(default="wordle", min_length=1)
     deadline_hours: float = Field(gt=0.0, le=720.0)
     budget_usd: float = Field(gt=0.0)
@@ -79,6 +85,11 @@ class TrainingConfig(BaseModel):
         if self.max_length <= self.max_new_tokens:
             raise ValueError(
                 "max_length must be larger than max_new_tokens (it includes the prompt)"
+            )
+        if self.reward_workers_max is not None and self.reward_workers_max < self.reward_workers:
+            raise ValueError(
+                f"reward_workers_max ({self.reward_workers_max}) must be at least reward_workers "
+                f"({self.reward_workers})"
             )
         if self.recipe == "RFT_MULTITURN_LORA" and self.lora is None:
             raise ValueError(

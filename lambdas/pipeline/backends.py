@@ -31,6 +31,22 @@ class RunContext:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
+def worker_environment(run: RunContext) -> dict[str, str]:
+    """The reward workers' MTRL_* settings for a run (reward_envs/worker/settings.py), without
+    the run token: each fleet hands that over its own way."""
+    values = {
+        "MTRL_ROLLOUT_REQUEST_QUEUE_URL": run.queues["rollout_requests"],
+        "MTRL_DEAD_LETTER_QUEUE_URL": run.queues["dlq"],
+        "MTRL_ROUTER_URL": run.router_url or "",
+        "MTRL_RUN_ID": run.run_id,
+        "MTRL_ENVIRONMENT": run.environment,
+        "MTRL_CONCURRENCY": str(run.settings.get("rollout_concurrency", 16)),
+        "MTRL_ROLLOUT_TIMEOUT_SECONDS": str(run.settings.get("rollout_timeout_seconds", 600)),
+        "MTRL_MAX_TURNS": str(run.settings.get("max_turns") or ""),
+    }
+    return {key: value for key, value in values.items() if value}
+
+
 @dataclass(frozen=True)
 class JobStatus:
     phase: JobPhase

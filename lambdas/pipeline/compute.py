@@ -16,9 +16,13 @@ import boto3
 
 from lambdas.pipeline import backends
 from lambdas.pipeline.backends import RunContext
+from lambdas.pipeline.ecs_fleet import EcsRewardFleet
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.conversations import ConversationStore
 from mtrl.runs import RunStore
+
+# The deployed planes. Local mode registers its own under "local" (mtrl/local/session.py).
+backends.register_fleet("aws", EcsRewardFleet.from_env)
 
 
 class RunPastDeadline(RuntimeError):
@@ -41,6 +45,7 @@ def _context(event: dict[str, Any], *, run_token: str = "") -> RunContext:
         settings={
             "rollout_concurrency": config["rollout_concurrency"],
             "rollout_timeout_seconds": config["rollout_timeout_seconds"],
+            "reward_workers_max": config.get("reward_workers_max"),
             "max_turns": config["max_turns"],
         },
     )

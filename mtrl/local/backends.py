@@ -23,7 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lambdas.pipeline.backends import JobStatus, RewardFleet, RunContext, TrainingCluster
+from lambdas.pipeline.backends import (
+    JobStatus,
+    RewardFleet,
+    RunContext,
+    TrainingCluster,
+    worker_environment,
+)
 from mtrl.local.trainer.loop import TrainingJob
 from reward_envs.registry import load
 
@@ -111,21 +117,12 @@ class LocalRewardFleet(RewardFleet):
         return _stop_all([p for ps in self._workers.values() for p in ps], grace=0.0)
 
     def _worker_environment(self, run: RunContext) -> dict[str, str]:
-        settings = run.settings
-        values = {
-            "MTRL_ROLLOUT_REQUEST_QUEUE_URL": run.queues["rollout_requests"],
-            "MTRL_DEAD_LETTER_QUEUE_URL": run.queues["dlq"],
-            "MTRL_ROUTER_URL": run.router_url or "",
-            "MTRL_RUN_ID": run.run_id,
-            "MTRL_RUN_TOKEN": run.run_token,
-            "MTRL_ENVIRONMENT": run.environment,
-            "MTRL_CONCURRENCY": str(settings.get("rollout_concurrency", 16)),
-            "MTRL_MAX_TURNS": str(settings.get("max_turns", "")),
-            "MTRL_ROLLOUT_TIMEOUT_SECONDS": str(settings.get("rollout_timeout_seconds", 600)),
+        local = {
+            "MTRL_RUN_TOKEN": run.run_token,  # a local process: its environment is private
             "MTRL_WAIT_SECONDS": "1",
             "MTRL_SHUTDOWN_GRACE_SECONDS": "2",
         }
-        return {**os.environ, **self._environment, **{k: v for k, v in values.items() if v}}
+        return {**os.environ, **self._environment, **worker_environment(run), **local}
 
 
 class LocalTrainingCluster(TrainingCluster):

@@ -12,6 +12,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from lambdas.pipeline.ecs_fleet import CONTAINER
 from stacks.components.nag import acknowledge
 from stacks.config import PlatformConfig
 
@@ -31,7 +32,19 @@ BUILD_CONTEXT_EXCLUDES = [
     ".pytest_cache",
     ".ruff_cache",
 ]
-CONTAINER_NAME = "reward-worker"
+
+
+def cluster_name(config: PlatformConfig) -> str:
+    return f"{config.name_prefix}-reward-workers"
+
+
+def log_group_name(config: PlatformConfig) -> str:
+    """The workers' log group; each run's own groups are named below it."""
+    return f"/{config.name_prefix}/reward-workers"
+
+
+def task_family(config: PlatformConfig) -> str:
+    return f"{config.name_prefix}-reward-worker"
 
 
 class RewardFleet(Construct):
@@ -40,7 +53,8 @@ class RewardFleet(Construct):
     The image is a Docker asset: built by `cdk deploy`, never by `cdk synth`. Per-run workers
     are started from this task definition by the pipeline.
 
-    Attributes: `cluster`, `task_definition`, `task_role`, `security_group`, `log_group`.
+    Attributes: `cluster`, `task_definition`, `task_role`, `security_group`, `log_group`,
+    `subnet_ids` (the private subnets workers run in).
     """
 
     def __init__(
@@ -52,10 +66,11 @@ class RewardFleet(Construct):
         vpc: ec2.IVpc,
     ) -> None:
         super().__init__(scope, construct_id)
+        self.subnet_ids = [subnet.subnet_id for subnet in vpc.private_subnets]
         self.cluster = ecs.Cluster(
             self,
             "Cluster",
-            cluster_name=f"{config.name_prefix}-reward-workers",
+            cluster_name=cluster_name(config),
             vpc=vpc,
             container_insights_v2=ecs.ContainerInsights.ENABLED,
         )
@@ -72,7 +87,7 @@ class RewardFleet(Construct):
         self.log_group = logs.LogGroup(
             self,
             "Logs",
-            log_group_name=f"/{config.name_prefix}/reward-workers",
+            log_group_name=log_group_name(config),
             retention=logs.RetentionDays.THREE_MONTHS,
             removal_policy=RemovalPolicy.DESTROY,
         )
@@ -85,7 +100,7 @@ class RewardFleet(Construct):
         self.task_definition = ecs.FargateTaskDefinition(
             self,
             "TaskDefinition",
-            family=f"{config.name_prefix}-reward-worker",
+            family=task_family(config),
             cpu=config.reward_worker_cpu,
             memory_limit_mib=config.reward_worker_memory_mib,
             task_role=self.task_role,
@@ -103,7 +118,7 @@ class RewardFleet(Construct):
             platform=ecr_assets.Platform.LINUX_AMD64,
         )
         self.task_definition.add_container(
-            CONTAINER_NAME,
+            CONTAINER,
             image=ecs.ContainerImage.from_docker_image_asset(image),
             essential=True,
             readonly_root_filesystem=True,

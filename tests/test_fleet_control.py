@@ -1,0 +1,49 @@
+"""The pipeline's rights and settings for per-run reward fleets on ECS (fleet_control.py)."""
+
+from __future__ import annotations
+
+from lambdas.pipeline.ecs_fleet import EcsFleetSettings
+from tests.conftest import Synthesized, as_list, policy_statements
+
+FLEET_STEPS = ("StartWorkers", "WorkersHealthy", "ReleaseCompute")
+
+
+def _function(template: dict, step: str) -> dict:
+    (function,) = [
+        r for logical_id, r in template["Resources"].items()
+        if r["Type"] == "AWS::Lambda::Function" and logical_id.startswith(f"Pipeline{step}Function")
+    ]  # fmt: skip
+    return function
+
+
+def test_the_fleet_steps_know_where_the_fleet_lives(default_app: Synthesized) -> None:
+    template = default_app.template("pipeline")
+    for step in FLEET_STEPS:
+        variables = _function(template, step)["Properties"]["Environment"]["Variables"]
+        assert variables["WORKER_CLUSTER"] == "nova-mtrl-reward-workers"
+        assert variables["WORKER_TASK_DEFINITION"] == "nova-mtrl-reward-worker"
+        assert variables["WORKER_LOG_GROUP_PREFIX"] == "/nova-mtrl/reward-workers"
+        assert variables["RUN_TOKEN_PARAMETER_PREFIX"] == "/nova-mtrl/runs"
+        assert "Fn::Join" in variables["WORKER_SUBNETS"]
+        # Every setting the backend reads is there.
+        for field in EcsFleetSettings.model_fields.values():
+            assert field.alias in variables, field.alias
+
+
+def test_roles_are_passed_only_to_ecs_tasks(default_app: Synthesized) -> None:
+    passes = [
+        statement for _, statement in policy_statements(default_app.template("pipeline"))
+        if "iam:PassRole" in as_list(statement["Action"])
+    ]  # fmt: skip
+    assert passes and all(
+        s["Condition"] == {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}
+        for s in passes
+    )
+
+
+def test_workers_read_run_queues_and_their_token_only(default_app: Synthesized) -> None:
+    statements = [s for _, s in policy_statements(default_app.template("pipeline"))]
+    sqs = [s for s in statements if "sqs:ReceiveMessage" in as_list(s["Action"])]
+    assert sqs and all("*" not in as_list(s["Resource"]) for s in sqs)
+    (token,) = [s for s in statements if as_list(s["Action"]) == ["ssm:GetParameters"]]
+    assert ":parameter/nova-mtrl/runs/*" in str(token["Resource"])
