@@ -4,6 +4,8 @@ the preflight of a dataset against a real model."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -77,6 +79,12 @@ def local(
             _preflight(prepare(options), model_endpoint, model, records, out_dir)
             return
         outcome, directory = _run_with_progress(options)
+    except KeyboardInterrupt:
+        # The session has stopped its processes and embedded AWS by now. Exit at once: jsii's
+        # node got the same Ctrl-C and its exit hook would only print a broken pipe.
+        err.print("interrupted: the local run was stopped; nothing of it is left running")
+        sys.stderr.flush()
+        os._exit(130)
     except LocalRunError as error:
         err.print(f"error: {error}", markup=False)
         raise typer.Exit(2) from None
@@ -88,7 +96,7 @@ def local(
 
 
 def _run_with_progress(options: Any) -> tuple[Any, Path]:
-    from mtrl.local.run import pipeline_template, prepare, run_local
+    from mtrl.local.run import LocalRunError, pipeline_template, prepare, run_local
     from mtrl.local.session import Observer
 
     prepared = prepare(options)  # bad input fails here, before the synth
@@ -102,7 +110,14 @@ def _run_with_progress(options: Any) -> tuple[Any, Path]:
         transient=True,  # the table below says how it ended
     ) as progress:
         pipeline = progress.add_task("synthesizing the pipeline stack", total=None)
-        template = pipeline_template()
+        try:
+            template = pipeline_template()
+        except Exception as error:  # noqa: BLE001 - jsii reports Node/CDK problems as anything
+            raise LocalRunError(
+                f"cannot synthesize the pipeline stack ({type(error).__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else 'no message'}); local mode needs "
+                "Node.js and the `cdk` extra, and the same cdk.json `make synth` accepts"
+            ) from None
         progress.update(pipeline, description="pipeline: uploading")
         training = progress.add_task(
             "training: waiting for the job", total=prepared.config.max_steps, visible=False

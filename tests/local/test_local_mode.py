@@ -161,3 +161,18 @@ def test_the_cli_exits_2_with_one_line_for_bad_input(tmp_path: Path) -> None:
     wrong = runner.invoke(app, ["local", str(text)])
     assert wrong.exit_code == 2 and "the pipeline takes .jsonl uploads only" in wrong.output
     assert "Traceback" not in missing.output + wrong.output
+
+
+def test_a_synth_that_fails_is_one_line_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken() -> dict:
+        raise RuntimeError("node: not found\nat spawn ...")
+
+    monkeypatch.setattr("mtrl.local.run.pipeline_template", broken)
+    result = CliRunner().invoke(
+        app, ["local", str(EXAMPLE / "train.jsonl"), "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 2
+    assert "cannot synthesize the pipeline stack (RuntimeError: node: not found)" in result.output
+    assert "Traceback" not in result.output and not any(tmp_path.iterdir())
