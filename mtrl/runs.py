@@ -25,6 +25,8 @@ RunStatus = Literal[
     "failed",
 ]
 FINISHED: tuple[RunStatus, ...] = ("succeeded", "failed")
+# Items of the runs table that are not runs: capacity leases (lambdas/pipeline/hyperpod_capacity.py).
+LEASE_PREFIX = "lease#"
 
 
 def run_id_for(bucket: str, key: str, version_id: str | None) -> str:
@@ -113,6 +115,8 @@ class RunStore:
         found = []
         for page in self._db.get_paginator("scan").paginate(TableName=self._table):
             for item in page["Items"]:
+                if item["run_id"]["S"].startswith(LEASE_PREFIX):
+                    continue
                 if item["status"]["S"] not in FINISHED:
                     found.append(RunRecord.model_validate_json(item["record"]["S"]))
         return found

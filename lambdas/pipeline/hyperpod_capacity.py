@@ -1,0 +1,170 @@
+"""GPU capacity on HyperPod: scale an instance group up for a run, and to zero when no run needs it.
+
+Runs hold a lease on the instance group: a string set of run ids in the runs table. Taking or
+returning it, deciding the count and asking HyperPod for it happen under a short lock on that
+item (a conditional write that expires), so a run ending never scales to zero under a run that
+has just started: `scale_up` takes the lease and raises the group's count to what the run needs
+(never lowers it); `scale_down` returns it and sets the count to zero when no run holds it.
+
+UpdateCluster replaces the instance groups it is given, so each call sends every group as
+DescribeCluster shows it (the fields UpdateCluster accepts), with the one count changed.
+boto3 rather than sagemaker-core: that one installs ~420 MB of dependencies, over Lambda's limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from mtrl.runs import LEASE_PREFIX
+
+# DescribeCluster's names for what UpdateCluster calls InstanceCount / MinInstanceCount.
+_RENAMED = {"TargetCount": "InstanceCount", "MinCount": "MinInstanceCount"}
+# Left out so a capacity change never asks for an image change as well.
+_UNCHANGED = {"ImageId", "ImageReleaseVersion"}
+
+
+LOCK_SECONDS = 60  # a lock older than this was left by a function that died
+LOCK_WAIT_SECONDS = 30
+
+
+class CapacityBusy(RuntimeError):
+    """Another run held the capacity lock for too long (Step Functions retries the state)."""
+
+
+class CapacityLeases:
+    """Which runs hold an instance group (items `lease#<cluster>/<group>` of the runs table)."""
+
+    def __init__(
+        self,
+        dynamodb: Any,
+        table: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._db, self._table = dynamodb, table
+        self._clock, self._sleep = clock, sleep
+
+    @contextmanager
+    def locked(self, group: str) -> Iterator[None]:
+        """Hold the group's lock for the block (waits up to LOCK_WAIT_SECONDS for it)."""
+        owner, key = secrets.token_hex(8), {"run_id": {"S": f"{LEASE_PREFIX}{group}"}}
+        deadline = self._clock() + LOCK_WAIT_SECONDS
+        while True:
+            now = self._clock()
+            try:
+                self._db.update_item(
+                    TableName=self._table,
+                    Key=key,
+                    UpdateExpression="SET lock_owner = :owner, lock_until = :until",
+                    ConditionExpression="attribute_not_exists(lock_until) OR lock_until < :now",
+                    ExpressionAttributeValues={
+                        ":owner": {"S": owner},
+                        ":until": {"N": str(now + LOCK_SECONDS)},
+                        ":now": {"N": str(now)},
+                    },
+                )
+                break
+            except self._db.exceptions.ConditionalCheckFailedException:
+                if self._clock() > deadline:
+                    raise CapacityBusy(f"capacity of {group} is locked by another run") from None
+                self._sleep(0.5)
+        try:
+            yield
+        finally:
+            # A lock that expired meanwhile belongs to someone else now: leave it.
+            with contextlib.suppress(self._db.exceptions.ConditionalCheckFailedException):
+                self._db.update_item(
+                    TableName=self._table,
+                    Key=key,
+                    UpdateExpression="REMOVE lock_owner, lock_until",
+                    ConditionExpression="lock_owner = :owner",
+                    ExpressionAttributeValues={":owner": {"S": owner}},
+                )
+
+    def acquire(self, group: str, run_id: str, *, now: float) -> set[str]:
+        return self._update(group, "ADD", run_id, now)
+
+    def release(self, group: str, run_id: str, *, now: float) -> set[str]:
+        """The runs that still hold the group after `run_id` let go."""
+        return self._update(group, "DELETE", run_id, now)
+
+    def _update(self, group: str, verb: str, run_id: str, now: float) -> set[str]:
+        answer = self._db.update_item(
+            TableName=self._table,
+            Key={"run_id": {"S": f"{LEASE_PREFIX}{group}"}},
+            UpdateExpression=f"{verb} holders :run SET updated_at = :now",
+            ExpressionAttributeValues={":run": {"SS": [run_id]}, ":now": {"N": str(now)}},
+            ReturnValues="ALL_NEW",
+        )
+        return set(answer["Attributes"].get("holders", {}).get("SS", []))
+
+
+class HyperPodCapacity:
+    def __init__(
+        self, sagemaker: Any, leases: CapacityLeases, *, cluster: str, instance_group: str
+    ) -> None:
+        self._sagemaker, self._leases = sagemaker, leases
+        self.cluster, self.group = cluster, instance_group
+        accepted = sagemaker.meta.service_model.operation_model("UpdateCluster").input_shape
+        self._accepted = set(accepted.members["InstanceGroups"].member.members) - _UNCHANGED
+
+    @property
+    def lease(self) -> str:
+        return f"{self.cluster}/{self.group}"
+
+    def scale_up(self, run_id: str, instances: int, *, now: float | None = None) -> int:
+        """Hold the group for the run; make sure it asks for at least `instances` nodes."""
+        with self._leases.locked(self.lease):
+            self._leases.acquire(self.lease, run_id, now=time.time() if now is None else now)
+            current = self._group()["TargetCount"]
+            if current < instances:
+                self._set_count(instances)
+        return max(current, instances)
+
+    def ready_nodes(self) -> int:
+        pages = self._sagemaker.get_paginator("list_cluster_nodes").paginate(
+            ClusterName=self.cluster, InstanceGroupNameContains=self.group
+        )
+        return sum(
+            1
+            for page in pages
+            for node in page["ClusterNodeSummaries"]
+            if node["InstanceGroupName"] == self.group
+            and node["InstanceStatus"]["Status"] == "Running"
+        )
+
+    def scale_down(self, run_id: str, *, now: float | None = None) -> bool:
+        """Let go of the group; scale it to zero when no other run holds it. True if it did."""
+        with self._leases.locked(self.lease):
+            holders = self._leases.release(
+                self.lease, run_id, now=time.time() if now is None else now
+            )
+            if holders or self._group()["TargetCount"] == 0:
+                return False
+            self._set_count(0)
+        return True
+
+    def _describe(self) -> list[dict[str, Any]]:
+        return self._sagemaker.describe_cluster(ClusterName=self.cluster)["InstanceGroups"]
+
+    def _group(self) -> dict[str, Any]:
+        for group in self._describe():
+            if group["InstanceGroupName"] == self.group:
+                return group
+        raise LookupError(f"HyperPod cluster {self.cluster} has no instance group {self.group!r}")
+
+    def _set_count(self, count: int) -> None:
+        groups = []
+        for group in self._describe():
+            spec = {_RENAMED.get(key, key): value for key, value in group.items()}
+            spec = {key: value for key, value in spec.items() if key in self._accepted}
+            if group["InstanceGroupName"] == self.group:
+                spec["InstanceCount"] = count
+            groups.append(spec)
+        self._sagemaker.update_cluster(ClusterName=self.cluster, InstanceGroups=groups)
