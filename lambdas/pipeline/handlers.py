@@ -176,22 +176,19 @@ def notify_end(
     settings = settings or _settings()
     # The run is unknown when the pipeline failed before registering it (invalid dataset).
     runs = RunStore(dynamodb or boto3.client("dynamodb"), settings.runs_table)
+    now = time.time() if now is None else now
+    error = _readable(event.get("error"))
     run = runs.get(event["run_id"])
     if run is not None and run.status not in FINISHED:
         status = "succeeded" if event.get("succeeded") else "failed"
-        run = runs.update(
-            run.run_id,
-            now=time.time() if now is None else now,
-            status=status,
-            error=_readable(event.get("error")),
-        )
+        run = runs.update(run.run_id, now=now, status=status, error=error)
     report = summary(
         run,
         run_id=event["run_id"],
         succeeded=bool(event.get("succeeded")),
-        now=time.time() if now is None else now,
+        now=now,
         failed_state=event.get("failed_state"),
-        error=_readable(event.get("error")),
+        error=error,
         teardown=event.get("teardown"),
     )
     message_id = (
