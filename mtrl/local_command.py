@@ -138,7 +138,10 @@ def _run_with_progress(options: Any) -> tuple[Any, Path]:
             )
 
         result = run_local(
-            options, template=template, observer=Observer(on_state=on_state, on_step=on_step)
+            options,
+            prepared=prepared,
+            template=template,
+            observer=Observer(on_state=on_state, on_step=on_step),
         )
         progress.update(pipeline, total=1, completed=1, description=f"pipeline: {result[0].status}")
     return result

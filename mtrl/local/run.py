@@ -96,13 +96,15 @@ def pipeline_template() -> dict[str, Any]:
 def run_local(
     options: LocalRunOptions,
     *,
+    prepared: Prepared | None = None,
     template: dict[str, Any] | None = None,
     observer: Observer | None = None,
     timeout_seconds: float | None = None,
 ) -> tuple[RunOutcome, Path]:
     """Run the pipeline once on `options.dataset`: how it ended, and the report's directory.
-    Raises LocalRunError for bad input, before any run exists."""
-    prepared = prepare(options)
+    Raises LocalRunError for bad input, before any run exists. `prepared`: the inputs as
+    `prepare(options)` already checked them (a dataset is read once)."""
+    prepared = prepared or prepare(options)
     observer = observer or Observer()
     template = template or pipeline_template()
     choices = fault_states(definition_skeleton(template))
