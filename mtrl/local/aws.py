@@ -61,6 +61,22 @@ MOTO_CONFIG: dict[str, Any] = {
 }
 
 
+def call_wsgi(app: Any, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
+    """One WSGI call, whole: status line, headers, body."""
+    answer: dict[str, Any] = {}
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        answer["status"], answer["headers"] = status, headers
+        return lambda data: None
+
+    chunks = app(environ, start_response)
+    try:
+        body = b"".join(chunks)
+    finally:
+        getattr(chunks, "close", lambda: None)()
+    return answer["status"], answer["headers"], body
+
+
 class _RequestHandler(MotoRequestHandler):
     # Buffered writes: status line, headers and body leave in one send, not one per line.
     wbufsize = 64 * 1024
@@ -89,20 +105,9 @@ class SerializedApp:
         return [body]
 
     def _serve(self, environ: dict[str, Any]) -> tuple[str, list[tuple[str, str]], bytes]:
-        answer: dict[str, Any] = {}
-
-        def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            answer["status"], answer["headers"] = status, headers
-            return lambda data: None
-
         with self._lock:
             self.requests += 1
-            chunks = self._app(environ, capture)
-            try:
-                body = b"".join(chunks)
-            finally:
-                getattr(chunks, "close", lambda: None)()
-        return answer["status"], answer["headers"], body
+            return call_wsgi(self._app, environ)
 
     def _receive(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         raw = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
@@ -297,23 +302,11 @@ class LocalAws:
                 environ["CONTENT_TYPE"] = value
             elif key != "CONTENT_LENGTH":
                 environ[f"HTTP_{key}"] = value
-        answer: dict[str, Any] = {}
-
-        def start_response(
-            status: str, headers: list[tuple[str, str]], exc_info: Any = None
-        ) -> Any:
-            answer["status"], answer["headers"] = status, headers
-            return lambda data: None
-
-        chunks = self.app(environ, start_response)
-        try:
-            content = b"".join(chunks)
-        finally:
-            getattr(chunks, "close", lambda: None)()
+        status, headers, content = call_wsgi(self.app, environ)
         return AWSResponse(
             request.url,
-            int(answer["status"].split(" ", 1)[0]),
-            HTTPHeaders.from_pairs(answer["headers"]),
+            int(status.split(" ", 1)[0]),
+            HTTPHeaders.from_pairs(headers),
             MockRawResponse(content),
         )
 
