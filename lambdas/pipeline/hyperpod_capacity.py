@@ -122,9 +122,10 @@ class HyperPodCapacity:
         """Hold the group for the run; make sure it asks for at least `instances` nodes."""
         with self._leases.locked(self.lease):
             self._leases.acquire(self.lease, run_id, now=time.time() if now is None else now)
-            current = self._group()["TargetCount"]
+            groups = self._describe()
+            current = self._group(groups)["TargetCount"]
             if current < instances:
-                self._set_count(instances)
+                self._set_count(groups, instances)
         return max(current, instances)
 
     def ready_nodes(self) -> int:
@@ -145,23 +146,25 @@ class HyperPodCapacity:
             holders = self._leases.release(
                 self.lease, run_id, now=time.time() if now is None else now
             )
-            if holders or self._group()["TargetCount"] == 0:
+            groups = self._describe()
+            if holders or self._group(groups)["TargetCount"] == 0:
                 return False
-            self._set_count(0)
+            self._set_count(groups, 0)
         return True
 
     def _describe(self) -> list[dict[str, Any]]:
         return self._sagemaker.describe_cluster(ClusterName=self.cluster)["InstanceGroups"]
 
-    def _group(self) -> dict[str, Any]:
-        for group in self._describe():
+    def _group(self, groups: list[dict[str, Any]]) -> dict[str, Any]:
+        for group in groups:
             if group["InstanceGroupName"] == self.group:
                 return group
         raise LookupError(f"HyperPod cluster {self.cluster} has no instance group {self.group!r}")
 
-    def _set_count(self, count: int) -> None:
+    def _set_count(self, described: list[dict[str, Any]], count: int) -> None:
+        """UpdateCluster with every group of `described` (one DescribeCluster) as it is."""
         groups = []
-        for group in self._describe():
+        for group in described:
             spec = {_RENAMED.get(key, key): value for key, value in group.items()}
             spec = {key: value for key, value in spec.items() if key in self._accepted}
             if group["InstanceGroupName"] == self.group:
