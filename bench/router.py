@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -27,33 +26,11 @@ from lambdas.router.proxy import Proxy
 from lambdas.router.run_queues import create_run_queues
 from mtrl.local.function_url import FunctionUrlServer
 from mtrl.local.sqs_event_source import SqsEventSource
-from mtrl.protocol import GenerateRequest, GenerateResponse, dump, parse
+from mtrl.local.trainer.scripted import ScriptedTrainer
 from reward_envs.worker.router_client import RouterClient
 
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 RUN, TOKEN = "bench-run", "bench-token"
-
-
-def trainer(sqs, queues, stop: threading.Event) -> None:
-    while not stop.is_set():
-        for message in sqs.receive_message(
-            QueueUrl=queues.generate_requests, MaxNumberOfMessages=10, WaitTimeSeconds=1
-        ).get("Messages", []):
-            request = parse(GenerateRequest, message["Body"])
-            response = GenerateResponse(
-                sample_id=request.sample_id,
-                step_id=request.step_id,
-                data={"choices": [{"message": {"role": "assistant", "content": "[crane]"}}]},
-            )
-            sqs.send_message(
-                QueueUrl=queues.generate_responses,
-                MessageBody=dump(response),
-                MessageGroupId=request.sample_id,
-                MessageDeduplicationId=request.step_id,
-            )
-            sqs.delete_message(
-                QueueUrl=queues.generate_requests, ReceiptHandle=message["ReceiptHandle"]
-            )
 
 
 def main() -> int:
@@ -72,8 +49,14 @@ def main() -> int:
         store.put_run(RUN, token=TOKEN, queues=queues.urls(), now=time.time())
         proxy = Proxy(store, sqs, wait_seconds=5)
         consumer = Consumer(store)
-        stop = threading.Event()
-        threading.Thread(target=trainer, args=(sqs, queues, stop), daemon=True).start()
+        trainer = ScriptedTrainer(
+            sqs,
+            requests_url=queues.generate_requests,
+            responses_url=queues.generate_responses,
+            reply=lambda request: "[crane]",
+            wait_seconds=1,
+        )
+        trainer.start()
         with (
             FunctionUrlServer(lambda event, _c: proxy.handle(event)) as function_url,
             SqsEventSource(
@@ -117,7 +100,7 @@ def main() -> int:
                     t for took in pool.map(conversation, range(1000, 1000 + count)) for t in took
                 ]
             elapsed = time.perf_counter() - started
-        stop.set()
+        trainer.stop.set()
     finally:
         server.terminate()
         server.wait(timeout=10)

@@ -4,7 +4,6 @@ generate-response queue -> consumer -> conversation table -> back to the workers
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 
 from botocore.credentials import Credentials
@@ -12,14 +11,8 @@ from botocore.credentials import Credentials
 from lambdas.router.proxy import Proxy
 from mtrl.local.function_url import FunctionUrlServer
 from mtrl.local.sqs_event_source import SqsEventSource
-from mtrl.protocol import (
-    GenerateRequest,
-    GenerateResponse,
-    RolloutRequest,
-    RolloutResponse,
-    dump,
-    parse,
-)
+from mtrl.local.trainer.scripted import ScriptedTrainer
+from mtrl.protocol import GenerateRequest, RolloutRequest, RolloutResponse, dump, parse
 from reward_envs.wordle import load_environment
 from reward_envs.worker.router_client import RouterClient, RouterRolloutQueues
 from reward_envs.worker.settings import WorkerSettings
@@ -30,48 +23,9 @@ ROLLOUTS = int(__import__("os").environ.get("E2E_ROLLOUTS", "100"))
 GUESSES = ["[slate]", "[moist]", "[crane]"]  # the secret is CRANE: three turns each
 
 
-class ScriptedTrainer(threading.Thread):
-    """Answers generate requests: the n-th turn of a conversation gets the n-th scripted guess."""
-
-    def __init__(self, router: Router) -> None:
-        super().__init__(daemon=True)
-        self.router = router
-        self.stop = threading.Event()
-        self.answered = 0
-
-    def run(self) -> None:
-        sqs, queues = self.router.sqs, self.router.queues
-        while not self.stop.is_set():
-            messages = sqs.receive_message(
-                QueueUrl=queues.generate_requests, MaxNumberOfMessages=10
-            ).get("Messages", [])
-            if not messages:
-                self.stop.wait(0.01)
-            for message in messages:
-                request = parse(GenerateRequest, message["Body"])
-                turn = sum(1 for m in request.messages if m.role == "assistant")
-                response = GenerateResponse(
-                    sample_id=request.sample_id,
-                    step_id=request.step_id,
-                    data={
-                        "choices": [
-                            {
-                                "message": {"role": "assistant", "content": GUESSES[turn]},
-                                "finish_reason": "stop",
-                            }
-                        ]
-                    },
-                )
-                sqs.send_message(
-                    QueueUrl=queues.generate_responses,
-                    MessageBody=dump(response),
-                    MessageGroupId=request.sample_id,
-                    MessageDeduplicationId=request.step_id,
-                )
-                sqs.delete_message(
-                    QueueUrl=queues.generate_requests, ReceiptHandle=message["ReceiptHandle"]
-                )
-                self.answered += 1
+def _scripted_guess(request: GenerateRequest) -> str:
+    """The n-th turn of a conversation gets the n-th scripted guess."""
+    return GUESSES[sum(1 for m in request.messages if m.role == "assistant")]
 
 
 def test_a_hundred_rollouts_each_answered_once_and_every_turn_recorded_once(router: Router) -> None:
@@ -85,7 +39,12 @@ def test_a_hundred_rollouts_each_answered_once_and_every_turn_recorded_once(rout
             MessageDeduplicationId=str(index),
         )
     proxy = Proxy(router.store, sqs, wait_seconds=0.2)
-    trainer = ScriptedTrainer(router)
+    trainer = ScriptedTrainer(
+        sqs,
+        requests_url=queues.generate_requests,
+        responses_url=queues.generate_responses,
+        reply=_scripted_guess,
+    )
     with (
         FunctionUrlServer(lambda event, _context: proxy.handle(event)) as url_server,
         SqsEventSource(
