@@ -164,7 +164,6 @@ class LocalPipeline:
     dispatcher: Dispatcher
     functions: dict[str, str]  # handler path -> local function name
     state_steps: dict[str, str]  # Task state -> the handler it runs (e.g. "Validate" -> "validate")
-    states: list[str]  # every state of the definition
 
     def function(self, handler: str) -> str:
         """The local function whose handler path ends with `handler` (e.g. "handlers.start_run")."""
@@ -269,7 +268,6 @@ def deploy_pipeline(
         dispatcher,
         functions={path: name for name, path in handlers.items()},
         state_steps=state_steps,
-        states=list(all_states),
     )
 
 
