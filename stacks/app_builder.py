@@ -27,6 +27,12 @@ def build_app(
     network = None if config.existing_vpc else NetworkStack(app, config=config).network
     storage = StorageStack(app, config=config)
     compute = ComputeStack(app, config=config, network=network, storage=storage.storage)
-    PipelineStack(app, config=config, storage=storage.storage, reward_fleet=compute.reward_fleet)
+    PipelineStack(
+        app,
+        config=config,
+        storage=storage.storage,
+        reward_fleet=compute.reward_fleet,
+        hyperpod=compute.hyperpod,
+    )
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return app, config

@@ -18,10 +18,13 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from lambdas.kubernetes.training_job import JobKind, ModelPreset
+
 CDK_JSON = Path(__file__).resolve().parent.parent / "cdk.json"
 
-# Kubernetes versions that SageMaker HyperPod accepts for its EKS orchestrator.
-HYPERPOD_EKS_VERSIONS = ("1.29", "1.30", "1.31", "1.32", "1.33", "1.34")
+# Kubernetes versions that SageMaker HyperPod accepts for its EKS orchestrator, from 1.30: the
+# pipeline's access is fenced by a ValidatingAdmissionPolicy (lambdas/kubernetes/rbac.py).
+HYPERPOD_EKS_VERSIONS = ("1.30", "1.31", "1.32", "1.33", "1.34")
 
 # Fargate task sizes: CPU units -> allowed memory (MiB).
 FARGATE_MEMORY_BY_CPU: dict[int, range] = {
@@ -120,6 +123,11 @@ class ExistingHyperPodCluster(_Strict):
     """An already-existing HyperPod cluster (orchestrated by `existing_eks_cluster`)."""
 
     cluster_name: str = Field(pattern=r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+    execution_role_arn: str | None = Field(
+        default=None,
+        pattern=_ROLE_ARN,
+        description="its instance groups' execution role: scaling them passes it to SageMaker",
+    )
 
 
 class PlatformConfig(_Strict):
@@ -141,6 +149,20 @@ class PlatformConfig(_Strict):
         default=[], description="IAM roles that get cluster-admin access entries"
     )
     install_training_operator: bool = True
+    training_instance_group: str | None = Field(
+        default=None,
+        description="the HyperPod instance group runs scale up and down (default: the first)",
+    )
+    training_job_kind: JobKind = "HyperPodPyTorchJob"
+    keep_warm_minutes: int = Field(
+        default=0,
+        ge=0,
+        le=24 * 60,
+        description="minutes GPU nodes stay up after the last run before scaling to zero",
+    )
+    model_presets: dict[str, ModelPreset] = Field(
+        default={}, description="images, recipes and model ids per training-config model"
+    )
     reward_worker_cpu: int = 1024
     reward_worker_memory_mib: int = 2048
     alert_email: str | None = Field(default=None, pattern=_EMAIL, description="an e-mail address")
@@ -210,6 +232,13 @@ class PlatformConfig(_Strict):
                     self.availability_zones,
                     f"must be in region {self.region}",
                 )
+        groups = [group.name for group in self.hyperpod_instance_groups]
+        if self.training_instance_group is not None and self.training_instance_group not in groups:
+            raise _key_problem(
+                "training_instance_group",
+                self.training_instance_group,
+                f"must name one of hyperpod_instance_groups ({', '.join(groups)})",
+            )
         if self.existing_eks_cluster and not self.existing_vpc:
             raise _key_problem(
                 "existing_eks_cluster",
@@ -233,6 +262,12 @@ class PlatformConfig(_Strict):
         if self.availability_zones:
             return list(self.availability_zones)
         return None
+
+    @property
+    def training_group(self) -> HyperPodInstanceGroup:
+        """The instance group that runs training (scaled per run)."""
+        name = self.training_instance_group or self.hyperpod_instance_groups[0].name
+        return next(group for group in self.hyperpod_instance_groups if group.name == name)
 
     @classmethod
     def from_context(cls, context: Mapping[str, Any]) -> PlatformConfig:

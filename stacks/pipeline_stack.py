@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import aws_cdk as cdk
+from aws_cdk import Duration
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.base import PlatformStack
 from stacks.components.fleet_control import RewardFleetControl
+from stacks.components.hyperpod import HyperPodCluster
 from stacks.components.lambda_code import pipeline_code
 from stacks.components.pipeline import TrainingPipeline
 from stacks.components.reward_fleet import RewardFleet
 from stacks.components.router import Router
 from stacks.components.storage import Storage, data_bucket_name
+from stacks.components.training_control import TrainingClusterControl
 from stacks.config import PlatformConfig
 
 
@@ -25,6 +28,7 @@ class PipelineStack(PlatformStack):
         config: PlatformConfig,
         storage: Storage,
         reward_fleet: RewardFleet,
+        hyperpod: HyperPodCluster,
     ) -> None:
         super().__init__(
             scope, "pipeline", config=config, description="training pipeline and rollout router"
@@ -56,6 +60,38 @@ class PipelineStack(PlatformStack):
             for key, value in fleet.environment.items():
                 function.add_environment(key, value)
             fleet.grant_control(function)
+        # The training job per run (HyperPod): nodes through SageMaker, the job through EKS.
+        training = TrainingClusterControl(
+            self,
+            "TrainingClusterControl",
+            config=config,
+            code=code,
+            hyperpod_cluster_arn=hyperpod.cluster_arn,
+            execution_role_arn=hyperpod.execution_role_arn,
+            runs_table=self.pipeline.runs_table,
+        )
+        for step in (
+            "register",
+            "scale_up",
+            "nodes_ready",
+            "submit_job",
+            "monitor",
+            "release_compute",
+        ):
+            for key, value in training.environment.items():
+                self.pipeline.functions[step].add_environment(key, value)
+        for step in ("scale_up", "nodes_ready", "release_compute"):
+            training.grant_capacity(self.pipeline.functions[step])
+        for step in ("submit_job", "monitor", "release_compute"):
+            training.grant_kubernetes(self.pipeline.functions[step])
+        if config.keep_warm_minutes:
+            release_idle = self.pipeline.add_scheduled_step(
+                "release_idle",
+                "Scales GPU nodes kept warm to zero once no run took them",
+                every=Duration.minutes(5),
+                environment=training.environment,
+            )
+            training.grant_capacity(release_idle)
         # Reward workers call the proxy; the grant lives here so compute never depends on us.
         workers = iam.Role.from_role_arn(
             self, "RewardWorkerRole", reward_fleet.task_role.role_arn, mutable=True

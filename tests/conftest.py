@@ -89,9 +89,11 @@ def default_app(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
 
 @pytest.fixture(scope="session")
 def pinned_app(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
-    """An environment-specific deployment: account, region, three zones, an admin role."""
+    """An environment-specific deployment: account, region, three zones, an admin role, GPU
+    nodes kept warm for half an hour."""
     return synthesize(
-        {**PINNED, "eks_admin_role_arns": [ADMIN_ROLE]}, tmp_path_factory.mktemp("pinned")
+        {**PINNED, "eks_admin_role_arns": [ADMIN_ROLE], "keep_warm_minutes": 30},
+        tmp_path_factory.mktemp("pinned"),
     )
 
 

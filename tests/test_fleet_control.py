@@ -30,15 +30,13 @@ def test_the_fleet_steps_know_where_the_fleet_lives(default_app: Synthesized) ->
             assert field.alias in variables, field.alias
 
 
-def test_roles_are_passed_only_to_ecs_tasks(default_app: Synthesized) -> None:
+def test_roles_are_passed_only_to_ecs_tasks_and_sagemaker(default_app: Synthesized) -> None:
     passes = [
         statement for _, statement in policy_statements(default_app.template("pipeline"))
         if "iam:PassRole" in as_list(statement["Action"])
     ]  # fmt: skip
-    assert passes and all(
-        s["Condition"] == {"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}}
-        for s in passes
-    )
+    services = {s["Condition"]["StringEquals"]["iam:PassedToService"] for s in passes}
+    assert services == {"ecs-tasks.amazonaws.com", "sagemaker.amazonaws.com"}
 
 
 def test_workers_read_run_queues_and_their_token_only(default_app: Synthesized) -> None:

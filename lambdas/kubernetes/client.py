@@ -52,6 +52,18 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("sagemaker.amazonaws.com/v1", "HyperPodPyTorchJob"): Kind(
         "sagemaker.amazonaws.com/v1", "hyperpodpytorchjobs"
     ),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): Kind(
+        "rbac.authorization.k8s.io/v1", "clusterroles", namespaced=False
+    ),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): Kind(
+        "rbac.authorization.k8s.io/v1", "clusterrolebindings", namespaced=False
+    ),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"): Kind(
+        "admissionregistration.k8s.io/v1", "validatingadmissionpolicies", namespaced=False
+    ),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"): Kind(
+        "admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings", namespaced=False
+    ),
 }
 
 

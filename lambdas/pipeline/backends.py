@@ -93,6 +93,10 @@ class TrainingCluster(ABC):
     def scale_down(self, run: RunContext) -> None:
         """Release the run's nodes unless another run still needs them."""
 
+    @abstractmethod
+    def release_idle(self) -> bool:
+        """Release nodes kept warm that no run took within the keep-warm period (True if so)."""
+
 
 _FLEETS: dict[str, Callable[[], RewardFleet]] = {}
 _CLUSTERS: dict[str, Callable[[], TrainingCluster]] = {}

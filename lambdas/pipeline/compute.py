@@ -17,12 +17,14 @@ import boto3
 from lambdas.pipeline import backends
 from lambdas.pipeline.backends import RunContext
 from lambdas.pipeline.ecs_fleet import EcsRewardFleet
+from lambdas.pipeline.hyperpod_training import HyperPodTrainingCluster
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.conversations import ConversationStore
 from mtrl.runs import RunStore
 
 # The deployed planes. Local mode registers its own under "local" (mtrl/local/session.py).
 backends.register_fleet("aws", EcsRewardFleet.from_env)
+backends.register_cluster("aws", HyperPodTrainingCluster.from_env)
 
 
 class RunPastDeadline(RuntimeError):
@@ -185,3 +187,8 @@ def release_compute(event: dict[str, Any], context: Any = None) -> dict[str, Any
     if event["run"]["config"]["scale_to_zero"]:
         _cluster().scale_down(run)
     return {"workers_stopped": stopped, "job_objects_deleted": deleted}
+
+
+def release_idle(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
+    """Scheduled: scale nodes kept warm to zero once no run took them for the keep-warm period."""
+    return {"released": _cluster().release_idle()}

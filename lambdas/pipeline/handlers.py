@@ -123,6 +123,7 @@ def register(
         version_id=upload.version_id,
         default_config=settings.default_config,
         now=time.time() if now is None else now,
+        presets=settings.model_presets,
     )
     return {
         "run_id": registered.run.run_id,

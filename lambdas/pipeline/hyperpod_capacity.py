@@ -4,7 +4,9 @@ Runs hold a lease on the instance group: a string set of run ids in the runs tab
 returning it, deciding the count and asking HyperPod for it happen under a short lock on that
 item (a conditional write that expires), so a run ending never scales to zero under a run that
 has just started: `scale_up` takes the lease and raises the group's count to what the run needs
-(never lowers it); `scale_down` returns it and sets the count to zero when no run holds it.
+(never lowers it); `scale_down` returns it and sets the count to zero when no run holds it —
+or, with a keep-warm period, marks the group idle and `scale_idle` (the reaper, on a schedule)
+sets it to zero once the period has passed with no run taking it again.
 
 UpdateCluster replaces the instance groups it is given, so each call sends every group as
 DescribeCluster shows it (the fields UpdateCluster accepts), with the one count changed.
@@ -28,6 +30,7 @@ _RENAMED = {"TargetCount": "InstanceCount", "MinCount": "MinInstanceCount"}
 _UNCHANGED = {"ImageId", "ImageReleaseVersion"}
 
 
+IDLE = "idle_since"  # set when the last run lets go under a keep-warm period
 LOCK_SECONDS = 60  # a lock older than this was left by a function that died
 LOCK_WAIT_SECONDS = 30
 
@@ -88,17 +91,37 @@ class CapacityLeases:
                 )
 
     def acquire(self, group: str, run_id: str, *, now: float) -> set[str]:
-        return self._update(group, "ADD", run_id, now)
+        """Hold the group for `run_id` (it is no longer idle)."""
+        return self._update(
+            group, f"ADD holders :run SET updated_at = :now REMOVE {IDLE}", run_id, now
+        )
 
     def release(self, group: str, run_id: str, *, now: float) -> set[str]:
         """The runs that still hold the group after `run_id` let go."""
-        return self._update(group, "DELETE", run_id, now)
+        return self._update(group, "DELETE holders :run SET updated_at = :now", run_id, now)
 
-    def _update(self, group: str, verb: str, run_id: str, now: float) -> set[str]:
+    def mark_idle(self, group: str, *, now: float) -> None:
+        self._db.update_item(
+            TableName=self._table,
+            Key=self._key(group),
+            UpdateExpression=f"SET {IDLE} = :now",
+            ExpressionAttributeValues={":now": {"N": str(now)}},
+        )
+
+    def idle_since(self, group: str) -> float | None:
+        """When the last run let go of the group, if none holds it since (consistent read)."""
+        item = self._db.get_item(TableName=self._table, Key=self._key(group), ConsistentRead=True)
+        value = item.get("Item", {}).get(IDLE, {}).get("N")
+        return float(value) if value is not None else None
+
+    def _key(self, group: str) -> dict[str, Any]:
+        return {"run_id": {"S": f"{LEASE_PREFIX}{group}"}}
+
+    def _update(self, group: str, expression: str, run_id: str, now: float) -> set[str]:
         answer = self._db.update_item(
             TableName=self._table,
-            Key={"run_id": {"S": f"{LEASE_PREFIX}{group}"}},
-            UpdateExpression=f"{verb} holders :run SET updated_at = :now",
+            Key=self._key(group),
+            UpdateExpression=expression,
             ExpressionAttributeValues={":run": {"SS": [run_id]}, ":now": {"N": str(now)}},
             ReturnValues="ALL_NEW",
         )
@@ -140,16 +163,34 @@ class HyperPodCapacity:
             and node["InstanceStatus"]["Status"] == "Running"
         )
 
-    def scale_down(self, run_id: str, *, now: float | None = None) -> bool:
-        """Let go of the group; scale it to zero when no other run holds it. True if it did."""
+    def scale_down(
+        self, run_id: str, *, keep_warm_seconds: float = 0, now: float | None = None
+    ) -> bool:
+        """Let go of the group; scale it to zero when no other run holds it (after
+        `keep_warm_seconds`, through `scale_idle`, when that is set). True if it did now."""
+        now = time.time() if now is None else now
         with self._leases.locked(self.lease):
-            holders = self._leases.release(
-                self.lease, run_id, now=time.time() if now is None else now
-            )
-            groups = self._describe()
-            if holders or self._group(groups)["TargetCount"] == 0:
+            if self._leases.release(self.lease, run_id, now=now):
                 return False
-            self._set_count(groups, 0)
+            if keep_warm_seconds > 0:
+                self._leases.mark_idle(self.lease, now=now)
+                return False
+            return self._to_zero()
+
+    def scale_idle(self, *, keep_warm_seconds: float, now: float | None = None) -> bool:
+        """Scale the group to zero if no run has held it for `keep_warm_seconds`. True if it did."""
+        now = time.time() if now is None else now
+        with self._leases.locked(self.lease):
+            since = self._leases.idle_since(self.lease)
+            if since is None or now - since < keep_warm_seconds:
+                return False
+            return self._to_zero()
+
+    def _to_zero(self) -> bool:
+        groups = self._describe()
+        if self._group(groups)["TargetCount"] == 0:
+            return False
+        self._set_count(groups, 0)
         return True
 
     def _describe(self) -> list[dict[str, Any]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from lambdas.kubernetes.training_job import ModelPreset, preset_for
 from mtrl.runs import RunRecord, RunStore, run_id_for
 from training_configs import (
     CostEstimate,
@@ -65,7 +66,9 @@ def register_run(
     default_config: str,
     now: float,
     prices: InstancePrices | None = None,
+    presets: dict[str, ModelPreset] | None = None,
 ) -> Registered:
+    """`presets`: the training cluster's model presets; the config must fit one of them."""
     run_id = run_id_for(bucket, key, version_id)
     name, config = resolve_config(
         s3, bucket=bucket, key=key, version_id=version_id, default=default_config
@@ -76,6 +79,8 @@ def register_run(
             f"run {run_id} ({name}): {cost.describe()}; raise budget_usd or lower deadline_hours or "
             "instance_count in the config"
         )
+    if presets is not None:
+        preset_for(config, presets)
     record = RunRecord(
         run_id=run_id,
         bucket=bucket,

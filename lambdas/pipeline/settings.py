@@ -6,8 +6,9 @@ import os
 from typing import Any
 
 import boto3
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, Json
 
+from lambdas.kubernetes.training_job import ModelPreset
 from lambdas.pipeline.resources import RouterWiring
 from training_configs.schema import DEFAULT_CONFIG
 
@@ -29,6 +30,9 @@ class PipelineSettings(BaseModel):
     reward_fleet_backend: str = Field(default="aws", alias="REWARD_FLEET_BACKEND")
     training_cluster_backend: str = Field(default="aws", alias="TRAINING_CLUSTER_BACKEND")
     poll_seconds: int = Field(default=60, ge=0, alias="POLL_SECONDS")
+    # The training cluster's model presets, to refuse a config it cannot run before any resource
+    # exists (unset where the cluster needs none: local mode).
+    model_presets: Json[dict[str, ModelPreset]] | None = Field(default=None, alias="MODEL_PRESETS")
 
     def router_wiring(
         self, *, sqs: Any = None, cloudwatch: Any = None, lambda_client: Any = None

@@ -205,6 +205,9 @@ class LocalTrainingCluster(TrainingCluster):
         self._nodes.pop(run.run_id, None)
         self._recorder.record("scale_down", run)
 
+    def release_idle(self) -> bool:
+        return False  # local nodes are never kept warm: scale_down releases them at once
+
     def alive(self) -> int:
         return sum(process.running for process in self._jobs.values())
 

@@ -59,7 +59,7 @@ class HyperPodEks(Construct):
             cluster = eks.Cluster(
                 self,
                 "Cluster",
-                cluster_name=f"{config.name_prefix}-eks",
+                cluster_name=eks_cluster_name(config),
                 version=eks.KubernetesVersion.of(config.eks_version),
                 vpc=vpc,
                 vpc_subnets=[subnets],
@@ -207,3 +207,8 @@ class HyperPodEks(Construct):
         )
         operator.node.add_dependency(cert_manager)
         operator.node.add_dependency(after)
+
+
+def eks_cluster_name(config: PlatformConfig) -> str:
+    existing = config.existing_eks_cluster
+    return existing.cluster_name if existing else f"{config.name_prefix}-eks"

@@ -19,8 +19,10 @@ INSTANCE_POLICY = "AmazonSageMakerClusterInstanceRolePolicy"
 class HyperPodCluster(Construct):
     """A HyperPod cluster on the given EKS cluster, or an existing one referenced by name.
 
-    Attributes: `cluster_name`, `cluster_arn`, `execution_role` (None for an existing cluster),
-    `resource` (the CfnCluster, None for an existing cluster).
+    Attributes: `cluster_name`, `cluster_arn`, `execution_role_arn` (None for an existing
+    cluster unless configured), `resource` (the CfnCluster, None for an existing cluster).
+    HyperPod cluster ARNs end in an id SageMaker assigns (`cluster/<12 characters>`), not the
+    name: an existing cluster's ARN is matched within the account and region.
     """
 
     def __init__(
@@ -36,14 +38,13 @@ class HyperPodCluster(Construct):
         depends_on: list[IDependable],
     ) -> None:
         super().__init__(scope, construct_id)
-        self.execution_role: iam.Role | None = None
         self.resource: sagemaker.CfnCluster | None = None
-        if config.existing_hyperpod_cluster:
-            self.cluster_name = config.existing_hyperpod_cluster.cluster_name
-            self.cluster_arn = _cluster_arn(self, self.cluster_name)
+        self.cluster_name = hyperpod_cluster_name(config)
+        existing = config.existing_hyperpod_cluster
+        if existing:
+            self.cluster_arn = _cluster_arn(self, "*")
+            self.execution_role_arn = existing.execution_role_arn
             return
-        self.cluster_name = f"{config.name_prefix}-hyperpod"
-        self.cluster_arn = _cluster_arn(self, self.cluster_name)
         subnet_ids = vpc.select_subnets(subnet_type=subnets.subnet_type).subnet_ids
         lifecycle_bucket = s3.Bucket.from_bucket_name(
             self, "LifecycleBucket", lifecycle_bucket_name(config)
@@ -51,7 +52,7 @@ class HyperPodCluster(Construct):
         role = self._execution_role(
             lifecycle_bucket, subnet_ids, security_group_id, eks_cluster_arn
         )
-        self.execution_role = role
+        self.execution_role_arn: str | None = role.role_arn
         self.resource = sagemaker.CfnCluster(
             self,
             "Cluster",
@@ -88,6 +89,7 @@ class HyperPodCluster(Construct):
                 for group in config.hyperpod_instance_groups
             ],
         )
+        self.cluster_arn = self.resource.attr_cluster_arn
         # Creation must not race the role's policy or the cluster's add-ons and nodes.
         self.resource.node.add_dependency(role)
         for dependency in depends_on:
@@ -230,10 +232,15 @@ class HyperPodCluster(Construct):
         return role
 
 
-def _cluster_arn(scope: Construct, cluster_name: str) -> str:
+def hyperpod_cluster_name(config: PlatformConfig) -> str:
+    existing = config.existing_hyperpod_cluster
+    return existing.cluster_name if existing else f"{config.name_prefix}-hyperpod"
+
+
+def _cluster_arn(scope: Construct, cluster_id: str) -> str:
     return Stack.of(scope).format_arn(
         service="sagemaker",
         resource="cluster",
-        resource_name=cluster_name,
+        resource_name=cluster_id,
         arn_format=ArnFormat.SLASH_RESOURCE_NAME,
     )

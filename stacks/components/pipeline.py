@@ -126,6 +126,7 @@ class TrainingPipeline(Construct):
             for name, description in {**steps, **compute_steps}.items()
         }
         self.consumer = consumer
+        self._code, self._environment = code, environment
         self._grant(stack, config, data_bucket, data_key, conversations)
         self.state_machine = self._state_machine(config)
         start = pipeline_function(
@@ -285,9 +286,33 @@ class TrainingPipeline(Construct):
         )
         self.functions["reap"] = reaper
 
+    def add_scheduled_step(
+        self, name: str, description: str, *, every: Duration, environment: dict[str, str]
+    ) -> lambda_.Function:
+        """A compute-plane function (lambdas/pipeline/compute.py) run on a schedule."""
+        title = name.title().replace("_", "")
+        function = pipeline_function(
+            self,
+            f"{title}Function",
+            handler=f"{COMPUTE}.{name}",
+            description=description,
+            code=self._code,
+            timeout=Duration.minutes(2),
+            environment={**self._environment, **environment},
+        )
+        events.Rule(
+            self,
+            f"{title}Schedule",
+            description=description,
+            schedule=events.Schedule.rate(every),
+            targets=[targets.LambdaFunction(function, retry_attempts=2)],
+        )
+        self.functions[name] = function
+        self._alarm(f"{title}Errors", function.metric_errors(period=Duration.minutes(5)))
+        return function
+
     def add_alarms(self) -> None:
         """Execution failed or timed out, any pipeline Lambda erroring, upload events dead-lettered."""
-        action = cw_actions.SnsAction(self.alert_topic)
         metrics = {
             "ExecutionsFailed": self.state_machine.metric_failed(period=Duration.minutes(5)),
             "ExecutionsTimedOut": self.state_machine.metric_timed_out(period=Duration.minutes(5)),
@@ -302,16 +327,20 @@ class TrainingPipeline(Construct):
             },
         }
         for name, metric in metrics.items():
-            alarm = metric.create_alarm(
-                self,
-                f"{name}Alarm",
-                threshold=1,
-                evaluation_periods=1,
-                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
-                alarm_description=f"nova-mtrl pipeline: {name}",
-            )
-            alarm.add_alarm_action(action)
+            self._alarm(name, metric)
+
+    def _alarm(self, name: str, metric: cloudwatch.IMetric) -> None:
+        """An alarm to the alert topic when `metric` reaches 1 in a period."""
+        alarm = metric.create_alarm(
+            self,
+            f"{name}Alarm",
+            threshold=1,
+            evaluation_periods=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description=f"nova-mtrl pipeline: {name}",
+        )
+        alarm.add_alarm_action(cw_actions.SnsAction(self.alert_topic))
 
     def _run_resource_arns(self, config: PlatformConfig) -> tuple[str, str]:
         """ARN patterns of the per-run queues and alarms (named from the deployment prefix)."""

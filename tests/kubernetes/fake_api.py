@@ -10,6 +10,7 @@ import json
 import ssl
 import tempfile
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -51,12 +52,20 @@ def _self_signed() -> tuple[bytes, bytes]:
 
 
 class FakeKubernetes:
-    """`objects[collection path][name]`; `accepted` tokens; `requests` as (method, path, content type)."""
+    """`objects[collection path][name]`; `accepted` tokens; `requests` as (method, path, content type).
+
+    Deleting a namespace deletes what is in it; `terminating_reads[namespace]` keeps a deleted
+    namespace readable (phase Terminating) for that many GETs, as finalizers do. `on_request`
+    (method, path) runs before each request is served: the cluster's controllers, scripted.
+    """
 
     def __init__(self) -> None:
         self.objects: dict[str, dict[str, dict[str, Any]]] = {}
         self.accepted: set[str] = set()
         self.requests: list[tuple[str, str, str]] = []
+        self.terminating_reads: dict[str, int] = {}
+        self._terminating: dict[str, int] = {}
+        self.on_request: Callable[[str, str], None] | None = None
         self._uid = 0
         certificate, key = _self_signed()
         self.ca_data = base64.b64encode(certificate).decode()
@@ -100,6 +109,8 @@ class FakeKubernetes:
                 fake.requests.append(
                     (self.command, self.path, self.headers.get("Content-Type", ""))
                 )
+                if fake.on_request:
+                    fake.on_request(self.command, url.path)
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
                 token = self.headers.get("Authorization", "").removeprefix("Bearer ")
@@ -131,6 +142,9 @@ class FakeKubernetes:
                                 **body["metadata"],
                                 "uid": f"uid-{fake._uid}",
                                 "resourceVersion": "1",
+                                "creationTimestamp": datetime.datetime.now(datetime.UTC).strftime(
+                                    "%Y-%m-%dT%H:%M:%SZ"
+                                ),
                             },
                         }
                     else:
@@ -147,6 +161,12 @@ class FakeKubernetes:
                     items[name] = stored
                     self._answer(200, stored)
                 elif self.command == "GET" and name:
+                    if collection == "/api/v1/namespaces" and fake._terminating.get(name):
+                        fake._terminating[name] -= 1
+                        self._answer(
+                            200, {"metadata": {"name": name}, "status": {"phase": "Terminating"}}
+                        )
+                        return
                     if name not in items:
                         self._status(404, "NotFound", f'"{name}" not found')
                         return
@@ -166,6 +186,11 @@ class FakeKubernetes:
                     if items.pop(name, None) is None:
                         self._status(404, "NotFound", f'"{name}" not found')
                         return
+                    if collection == "/api/v1/namespaces":
+                        inside = f"/namespaces/{name}/"
+                        for path in [p for p in fake.objects if inside in p]:
+                            del fake.objects[path]
+                        fake._terminating[name] = fake.terminating_reads.get(name, 0)
                     self._answer(200, {"kind": "Status", "status": "Success"})
 
             do_GET = do_PATCH = do_DELETE = _serve  # noqa: N815

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import boto3
 import pytest
@@ -76,6 +77,9 @@ class FakeCluster(TrainingCluster):
     def scale_down(self, run: RunContext) -> None:
         self.calls.append("scale_down")
 
+    def release_idle(self) -> bool:
+        return False
+
 
 @pytest.fixture
 def compute() -> Iterator[tuple[FakeFleet, FakeCluster]]:
@@ -100,6 +104,16 @@ GOOD = b"".join(
 def local(
     default_app: Synthesized, monkeypatch: pytest.MonkeyPatch, compute: tuple
 ) -> Iterator[tuple[LocalPipeline, dict]]:
+    with deployed_pipeline(default_app, monkeypatch, backend="fake") as deployed:
+        yield deployed
+
+
+@contextmanager
+def deployed_pipeline(
+    app: Synthesized, monkeypatch: pytest.MonkeyPatch, *, backend: str
+) -> Iterator[tuple[LocalPipeline, dict]]:
+    """The pipeline stack in moto with its state machine executing, compute from `backend`, and
+    an `inbox` queue subscribed to the alert topic."""
     for key, value in {
         "AWS_DEFAULT_REGION": REGION,
         "AWS_ACCESS_KEY_ID": "test",
@@ -110,27 +124,15 @@ def local(
     with mock_aws(config=config), in_process_lambdas() as dispatcher:
         clients = {
             name: boto3.client(name)
-            for name in (
-                "iam",
-                "dynamodb",
-                "sns",
-                "lambda",
-                "stepfunctions",
-                "s3",
-                "sqs",
-                "cloudwatch",
-            )
-        }
+            for name in ("iam", "dynamodb", "sns", "lambda", "stepfunctions", "s3", "sqs", "cloudwatch")
+        }  # fmt: skip
         overrides = {
-            "REWARD_FLEET_BACKEND": "fake",
-            "TRAINING_CLUSTER_BACKEND": "fake",
+            "REWARD_FLEET_BACKEND": backend,
+            "TRAINING_CLUSTER_BACKEND": backend,
             "POLL_SECONDS": "0",
         }
         pipeline = deploy_pipeline(
-            default_app.template("pipeline"),
-            clients=clients,
-            dispatcher=dispatcher,
-            overrides=overrides,
+            app.template("pipeline"), clients=clients, dispatcher=dispatcher, overrides=overrides
         )
         inbox = clients["sqs"].create_queue(QueueName="inbox")["QueueUrl"]
         inbox_arn = clients["sqs"].get_queue_attributes(

@@ -31,6 +31,9 @@ class Scripted(TrainingCluster):
 
     def scale_down(self, run: RunContext) -> None: ...
 
+    def release_idle(self) -> bool:
+        return False
+
 
 CONFIG = {
     "environment": "wordle",

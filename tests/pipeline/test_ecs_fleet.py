@@ -28,6 +28,12 @@ RUN = RunContext(
 
 @pytest.fixture
 def fleet(aws: None) -> EcsRewardFleet:
+    return EcsRewardFleet(deploy_fleet_base(), ecs=Recorded(boto3.client("ecs")))
+
+
+def deploy_fleet_base() -> EcsFleetSettings:
+    """What the compute stack deploys for the fleet (network, cluster, base task definition), in
+    moto; the settings the pipeline functions would get."""
     ec2, ecs, iam = boto3.client("ec2"), boto3.client("ecs"), boto3.client("iam")
     vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
     subnets = [
@@ -48,7 +54,7 @@ def fleet(aws: None) -> EcsRewardFleet:
                 "awslogs-stream-prefix": "worker"}},
         }],
     )  # fmt: skip
-    settings = EcsFleetSettings(
+    return EcsFleetSettings(
         NAME_PREFIX="nova-mtrl",
         WORKER_CLUSTER="nova-mtrl-reward-workers",
         WORKER_TASK_DEFINITION="nova-mtrl-reward-worker",
@@ -57,7 +63,6 @@ def fleet(aws: None) -> EcsRewardFleet:
         WORKER_LOG_GROUP_PREFIX="/nova-mtrl/reward-workers",
         RUN_TOKEN_PARAMETER_PREFIX="/nova-mtrl/runs",
     )
-    return EcsRewardFleet(settings, ecs=Recorded(boto3.client("ecs")))
 
 
 class Recorded:

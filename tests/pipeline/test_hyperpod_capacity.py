@@ -3,63 +3,12 @@ fake: moto has no UpdateCluster) — up for a run, to zero only when no run hold
 
 from __future__ import annotations
 
-import copy
-
 import boto3
 import pytest
 
 from lambdas.pipeline.hyperpod_capacity import CapacityBusy, CapacityLeases, HyperPodCapacity
 from mtrl.runs import RunStore, create_runs_table
-
-GROUPS = [
-    {
-        "InstanceGroupName": "system", "InstanceType": "ml.m5.2xlarge", "CurrentCount": 1,
-        "TargetCount": 1, "Status": "InService", "ExecutionRole": "arn:aws:iam::123456789012:role/hp",
-        "LifeCycleConfig": {"SourceS3Uri": "s3://sagemaker-lc/", "OnCreate": "on_create.sh"},
-        "ThreadsPerCore": 1, "CurrentImageId": "ami-1", "DesiredImageId": "ami-1",
-    },
-    {
-        "InstanceGroupName": "gpu", "InstanceType": "ml.p5.48xlarge", "CurrentCount": 0,
-        "TargetCount": 0, "Status": "InService", "ExecutionRole": "arn:aws:iam::123456789012:role/hp",
-        "LifeCycleConfig": {"SourceS3Uri": "s3://sagemaker-lc/", "OnCreate": "on_create.sh"},
-        "ThreadsPerCore": 1, "OnStartDeepHealthChecks": ["InstanceStress"],
-    },
-]  # fmt: skip
-
-
-class FakeSageMaker:
-    """DescribeCluster / UpdateCluster / ListClusterNodes of one cluster; requests recorded."""
-
-    def __init__(self) -> None:
-        self.meta = boto3.client("sagemaker").meta
-        self.groups = copy.deepcopy(GROUPS)
-        self.updates: list[dict] = []
-
-    def describe_cluster(self, ClusterName: str) -> dict:  # noqa: N803
-        assert ClusterName == "nova-mtrl"
-        return {"ClusterName": ClusterName, "InstanceGroups": copy.deepcopy(self.groups)}
-
-    def update_cluster(self, **request: object) -> dict:
-        self.updates.append(copy.deepcopy(request))
-        for spec in request["InstanceGroups"]:  # type: ignore[union-attr]
-            for group in self.groups:
-                if group["InstanceGroupName"] == spec["InstanceGroupName"]:
-                    group["TargetCount"] = spec["InstanceCount"]
-        return {"ClusterArn": "arn:aws:sagemaker:us-east-1:123456789012:cluster/x"}
-
-    def get_paginator(self, name: str) -> object:
-        groups = self.groups
-
-        class Pages:
-            def paginate(self, **_: object) -> list[dict]:
-                nodes = [
-                    {"InstanceGroupName": g["InstanceGroupName"], "InstanceStatus": {"Status": "Running"}}
-                    for g in groups for _ in range(g["TargetCount"])
-                ] + [{"InstanceGroupName": "gpu", "InstanceStatus": {"Status": "Pending"}}]  # fmt: skip
-                return [{"ClusterNodeSummaries": nodes}]
-
-        assert name == "list_cluster_nodes"
-        return Pages()
+from tests.pipeline.fake_sagemaker import FakeSageMaker
 
 
 @pytest.fixture
@@ -122,3 +71,26 @@ def test_the_lock_keeps_decisions_apart_and_expires(aws: None) -> None:
     waited = now[0]
     with leases.locked("nova-mtrl/gpu"):  # released after each block: no wait
         assert now[0] == waited
+
+
+def test_keep_warm_leaves_nodes_up_until_the_period_passes(capacity: HyperPodCapacity) -> None:
+    sagemaker = capacity._sagemaker
+    capacity.scale_up("run-a", 4, now=1000.0)
+    assert capacity.scale_down("run-a", keep_warm_seconds=600, now=2000.0) is False
+    assert capacity.scale_idle(keep_warm_seconds=600, now=2599.0) is False
+    assert len(sagemaker.updates) == 1  # still only the scale-up
+    assert capacity.scale_idle(keep_warm_seconds=600, now=2600.0) is True
+    assert sagemaker.updates[-1]["InstanceGroups"][1]["InstanceCount"] == 0
+    assert capacity.scale_idle(keep_warm_seconds=600, now=9999.0) is False  # already at zero
+
+
+def test_a_run_taking_the_group_while_warm_cancels_the_idle_mark(
+    capacity: HyperPodCapacity,
+) -> None:
+    capacity.scale_up("run-a", 4, now=1000.0)
+    capacity.scale_down("run-a", keep_warm_seconds=600, now=2000.0)
+    capacity.scale_up("run-b", 4, now=2100.0)  # reuses the warm nodes: no UpdateCluster
+    assert len(capacity._sagemaker.updates) == 1
+    assert capacity.scale_idle(keep_warm_seconds=600, now=5000.0) is False
+    capacity.scale_down("run-b", keep_warm_seconds=600, now=5000.0)
+    assert capacity.scale_idle(keep_warm_seconds=600, now=5600.0) is True

@@ -9,9 +9,11 @@ import boto3
 import pytest
 import yaml
 
+from lambdas.kubernetes.training_job import JobRenderError
 from lambdas.pipeline.notify import notify, summary
 from lambdas.pipeline.register import BudgetExceeded, register_run
 from mtrl.runs import RunStore, create_runs_table
+from stacks.config import PlatformConfig, deployment_context
 from training_configs.schema import TrainingConfigError
 
 BUCKET = "data-bucket"
@@ -160,6 +162,26 @@ def test_over_budget_is_refused_before_anything_exists(s3_and_runs) -> None:
             now=0.0,
         )
     assert boto3.client("dynamodb").scan(TableName="runs")["Count"] == 0
+
+
+def test_a_config_the_cluster_cannot_run_is_refused_before_anything_exists(s3_and_runs) -> None:
+    s3, runs = s3_and_runs
+    presets = PlatformConfig.from_context(deployment_context()).model_presets
+    small = yaml.safe_dump({**_lora(), "instance_count": 2})
+    s3.put_object(Bucket=BUCKET, Key="configs/small.yaml", Body=small.encode())
+    for config, error in (
+        ("configs/small.yaml", "instance_count 2 leaves no node for the trainer"),
+        ("rft_multiturn_lora", None),
+    ):
+        version = _upload(s3, metadata={"mtrl-config": config})
+        if error is None:
+            assert register_run(s3, runs, bucket=BUCKET, key="training-data/w.jsonl", version_id=version,
+                                default_config="rft_multiturn_lora", now=0.0, presets=presets).created  # fmt: skip
+            continue
+        with pytest.raises(JobRenderError, match=error):
+            register_run(s3, runs, bucket=BUCKET, key="training-data/w.jsonl", version_id=version,
+                         default_config="rft_multiturn_lora", now=0.0, presets=presets)  # fmt: skip
+        assert boto3.client("dynamodb").scan(TableName="runs")["Count"] == 0
 
 
 def test_failure_notification_names_state_error_and_leftovers(s3_and_runs) -> None:

@@ -1,0 +1,103 @@
+"""The pipeline's Kubernetes permissions, as objects applied once at deploy time.
+
+EKS access policies cover built-in kinds only and cannot create namespaces, so the pipeline's
+roles get an access entry in the group `<prefix>:pipeline`, and this group gets exactly what a
+run needs: its namespace, config map, Service, Deployment and job; pods and events to read.
+RBAC cannot limit a create to names of a pattern, so a ValidatingAdmissionPolicy (GA since
+Kubernetes 1.30) refuses any change by that group outside `<prefix>-run-*` namespaces.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lambdas.kubernetes.training_job import namespace_prefix
+
+ADMISSION_API = "admissionregistration.k8s.io/v1"
+RBAC_API = "rbac.authorization.k8s.io/v1"
+WRITE = ["get", "list", "create", "patch", "update", "delete"]
+# (API group, resources) the pipeline creates and deletes for a run.
+MANAGED = (
+    ("", ["namespaces", "configmaps", "services"]),
+    ("apps", ["deployments"]),
+    ("sagemaker.amazonaws.com", ["hyperpodpytorchjobs"]),
+    ("kubeflow.org", ["pytorchjobs"]),
+)
+
+
+def pipeline_group(prefix: str) -> str:
+    return f"{prefix}:pipeline"
+
+
+def pipeline_rbac(prefix: str) -> list[dict[str, Any]]:
+    """ClusterRole + binding for the pipeline group, and the policy that fences it in."""
+    name = f"{prefix}-pipeline"
+    group = pipeline_group(prefix)
+    labels = {"app.kubernetes.io/managed-by": "nova-mtrl", "nova-mtrl/deployment": prefix}
+    allowed = namespace_prefix(prefix)
+    rules = [
+        {"apiGroups": [api], "resources": resources, "verbs": WRITE} for api, resources in MANAGED
+    ]
+    rules.append({"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "list"]})
+    return [
+        {
+            "apiVersion": RBAC_API,
+            "kind": "ClusterRole",
+            "metadata": {"name": name, "labels": labels},
+            "rules": rules,
+        },
+        {
+            "apiVersion": RBAC_API,
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": name, "labels": labels},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": name,
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}],
+        },
+        {
+            "apiVersion": ADMISSION_API,
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": f"{name}-run-namespaces-only", "labels": labels},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": [api],
+                            "apiVersions": ["*"],
+                            "operations": ["CREATE", "UPDATE", "DELETE"],
+                            "resources": resources,
+                        }
+                        for api, resources in MANAGED
+                    ]
+                },
+                "matchConditions": [
+                    {
+                        "name": "pipeline-group",
+                        "expression": f"request.userInfo.groups.exists(g, g == '{group}')",
+                    }
+                ],
+                "validations": [
+                    {
+                        "expression": (
+                            "(request.resource.resource == 'namespaces' ? request.name : "
+                            f"request.namespace).startsWith('{allowed}')"
+                        ),
+                        "message": f"the nova-mtrl pipeline may only change {allowed}* namespaces",
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": ADMISSION_API,
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": f"{name}-run-namespaces-only", "labels": labels},
+            "spec": {
+                "policyName": f"{name}-run-namespaces-only",
+                "validationActions": ["Deny"],
+            },
+        },
+    ]

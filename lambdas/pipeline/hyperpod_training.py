@@ -1,0 +1,260 @@
+"""The training plane on HyperPod (backend name "aws"): nodes through SageMaker, the job
+through the EKS cluster's Kubernetes API.
+
+- scale_up / nodes_ready / scale_down: the run's lease on the GPU instance group
+  (lambdas/pipeline/hyperpod_capacity.py), with the deployment's keep-warm period;
+- submit: server-side apply of the run's objects (lambdas/kubernetes/training_job.py), so a
+  resubmission changes nothing;
+- status: the job's conditions, and what its pods say when it is stuck — image pull errors,
+  crash loops and OOM kills fail the run with that reason; unschedulable pods keep it pending
+  until `pending_limit_seconds`, then `pending_too_long`;
+- delete: the run's namespace (with everything in it), waiting until it is gone.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import boto3
+from pydantic import BaseModel, ConfigDict, Field, Json
+
+from lambdas.kubernetes.client import KubernetesClient
+from lambdas.kubernetes.token import EksTokenSource
+from lambdas.kubernetes.training_job import (
+    JOB_API,
+    JOB_NAME,
+    JobKind,
+    JobRequest,
+    ModelPreset,
+    preset_for,
+    render,
+    run_namespace,
+)
+from lambdas.pipeline.backends import JobStatus, RunContext, TrainingCluster
+from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
+from training_configs.schema import TrainingConfig
+
+IMAGE_PULL_ERRORS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
+CRASH_LOOP_RESTARTS = 3  # a container restarted this often is not coming back by itself
+DONE = {"Succeeded", "Complete", "Completed"}  # Kubeflow says Succeeded, HyperPod Complete(d)
+DELETE_POLL_SECONDS = 2.0
+
+
+class JobStillDeleting(RuntimeError):
+    """The run's namespace is still terminating (Step Functions retries the teardown step)."""
+
+
+class HyperPodSettings(BaseModel):
+    """From the functions' environment (set by the pipeline stack)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prefix: str = Field(alias="NAME_PREFIX")
+    runs_table: str = Field(alias="RUNS_TABLE")
+    eks_cluster: str = Field(alias="EKS_CLUSTER")
+    hyperpod_cluster: str = Field(alias="HYPERPOD_CLUSTER")
+    instance_group: str = Field(alias="HYPERPOD_INSTANCE_GROUP")
+    job_kind: JobKind = Field(default="HyperPodPyTorchJob", alias="TRAINING_JOB_KIND")
+    presets: Json[dict[str, ModelPreset]] = Field(alias="MODEL_PRESETS")
+    account: str = Field(alias="ACCOUNT_ID")
+    region: str = Field(alias="AWS_REGION")
+    keep_warm_seconds: float = Field(default=0, ge=0, alias="KEEP_WARM_SECONDS")
+    pending_limit_seconds: float = Field(default=1800, gt=0, alias="PENDING_LIMIT_SECONDS")
+    delete_wait_seconds: float = Field(default=90, ge=0, alias="DELETE_WAIT_SECONDS")
+
+    @classmethod
+    def from_env(cls) -> HyperPodSettings:
+        return cls.model_validate(dict(os.environ))
+
+
+class HyperPodTrainingCluster(TrainingCluster):
+    def __init__(
+        self,
+        settings: HyperPodSettings,
+        *,
+        kubernetes: KubernetesClient,
+        capacity: HyperPodCapacity,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.settings = settings
+        self.kubernetes = kubernetes
+        self.capacity = capacity
+        self._clock, self._sleep = clock, sleep
+
+    @classmethod
+    def from_env(cls) -> HyperPodTrainingCluster:
+        settings = HyperPodSettings.from_env()
+        token = EksTokenSource(settings.eks_cluster, region=settings.region)
+        kubernetes = KubernetesClient.for_eks(
+            boto3.client("eks"), settings.eks_cluster, token=token
+        )
+        leases = CapacityLeases(boto3.client("dynamodb"), settings.runs_table)
+        capacity = HyperPodCapacity(
+            boto3.client("sagemaker"),
+            leases,
+            cluster=settings.hyperpod_cluster,
+            instance_group=settings.instance_group,
+        )
+        return cls(settings, kubernetes=kubernetes, capacity=capacity)
+
+    def namespace(self, run: RunContext) -> str:
+        return run_namespace(self.settings.prefix, run.run_id)
+
+    # --- nodes ---
+
+    def scale_up(self, run: RunContext, *, instances: int) -> None:
+        self.capacity.scale_up(run.run_id, instances, now=self._clock())
+
+    def nodes_ready(self, run: RunContext) -> int:
+        return self.capacity.ready_nodes()
+
+    def scale_down(self, run: RunContext) -> None:
+        self.capacity.scale_down(
+            run.run_id, keep_warm_seconds=self.settings.keep_warm_seconds, now=self._clock()
+        )
+
+    def release_idle(self) -> bool:
+        return self.capacity.scale_idle(
+            keep_warm_seconds=self.settings.keep_warm_seconds, now=self._clock()
+        )
+
+    # --- the job ---
+
+    def job_request(self, run: RunContext, config: TrainingConfig) -> JobRequest:
+        preset = preset_for(config, self.settings.presets)
+        return JobRequest(
+            run_id=run.run_id,
+            prefix=self.settings.prefix,
+            config=config,
+            preset=preset,
+            queues=run.queues,
+            output_uri=f"s3://{run.bucket}/{run.output_prefix}",
+            dataset_uri=f"s3://{run.bucket}/{run.dataset_key}",
+            account=self.settings.account,
+            region=self.settings.region,
+            kind=self.settings.job_kind,
+        )
+
+    def submit(self, run: RunContext, *, config: dict[str, Any]) -> str:
+        objects = render(self.job_request(run, TrainingConfig.model_validate(config)))
+        for obj in objects:
+            self.kubernetes.apply(obj)
+        return f"{self.namespace(run)}/{JOB_NAME}"
+
+    def status(self, run: RunContext) -> JobStatus:
+        namespace = self.namespace(run)
+        kind = self.settings.job_kind
+        job = self.kubernetes.get(JOB_API[kind], kind, JOB_NAME, namespace)
+        if job is None:
+            return JobStatus("failed", f"training job {namespace}/{JOB_NAME} does not exist")
+        pods = self.kubernetes.list("v1", "Pod", namespace=namespace)
+        return job_status(
+            job, pods, now=self._clock(), pending_limit_seconds=self.settings.pending_limit_seconds
+        )
+
+    def delete(self, run: RunContext) -> int:
+        """Delete the run's namespace and wait until it is gone; returns how many of the run's
+        objects existed. Raises JobStillDeleting when it outlasts `delete_wait_seconds`."""
+        namespace = self.namespace(run)
+        if self.kubernetes.get("v1", "Namespace", namespace) is None:
+            return 0
+        kind = self.settings.job_kind
+        existing = 1 + sum(
+            len(self.kubernetes.list(api, name, namespace=namespace))
+            for api, name in (
+                (JOB_API[kind], kind),
+                ("apps/v1", "Deployment"),
+                ("v1", "Service"),
+                ("v1", "ConfigMap"),
+            )
+        )
+        self.kubernetes.delete("v1", "Namespace", namespace)
+        deadline = self._clock() + self.settings.delete_wait_seconds
+        while self.kubernetes.get("v1", "Namespace", namespace) is not None:
+            if self._clock() >= deadline:
+                raise JobStillDeleting(f"namespace {namespace} is still terminating")
+            self._sleep(DELETE_POLL_SECONDS)
+        return existing
+
+
+def job_status(
+    job: dict[str, Any],
+    pods: list[dict[str, Any]],
+    *,
+    now: float,
+    pending_limit_seconds: float,
+) -> JobStatus:
+    """The job's phase from its conditions, and from its pods when they are stuck."""
+    true = {
+        c["type"]: c
+        for c in job.get("status", {}).get("conditions", [])
+        if c.get("status") == "True"
+    }
+    if "Failed" in true:
+        condition = true["Failed"]
+        return JobStatus(
+            "failed", condition.get("message") or condition.get("reason") or "the job failed"
+        )
+    if true.keys() & DONE:
+        return JobStatus("succeeded")
+    problem = pod_problem(pods)
+    if problem:
+        return JobStatus("failed", problem)
+    if "Running" in true:
+        return JobStatus("running")
+    waiting = unschedulable(pods) or "waiting for the training operator to start the job"
+    created = _timestamp(job["metadata"].get("creationTimestamp"))
+    if created is not None and now - created > pending_limit_seconds:
+        minutes = int((now - created) // 60)
+        return JobStatus("pending_too_long", f"pending for {minutes} min: {waiting}")
+    return JobStatus("pending", waiting)
+
+
+def pod_problem(pods: list[dict[str, Any]]) -> str | None:
+    """The first pod failure that will not heal by waiting, as one line."""
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        status = pod.get("status", {})
+        for container in status.get("initContainerStatuses", []) + status.get(
+            "containerStatuses", []
+        ):
+            where = f"pod {name}, container {container['name']}"
+            waiting = container.get("state", {}).get("waiting") or {}
+            last = (container.get("lastState") or {}).get("terminated") or {}
+            terminated = container.get("state", {}).get("terminated") or {}
+            if waiting.get("reason") in IMAGE_PULL_ERRORS:
+                image = container.get("image", "?")
+                return f"image pull failed for {image} ({where}): {waiting.get('message') or waiting['reason']}"
+            if "OOMKilled" in (last.get("reason"), terminated.get("reason")):
+                return f"out of memory: {where} was OOMKilled; use a larger instance type or smaller batch"
+            if (
+                waiting.get("reason") == "CrashLoopBackOff"
+                and container.get("restartCount", 0) >= CRASH_LOOP_RESTARTS
+            ):
+                exit_code = last.get("exitCode")
+                return f"crash loop: {where} restarted {container['restartCount']} times (last exit code {exit_code}); see its logs"
+    return None
+
+
+def unschedulable(pods: list[dict[str, Any]]) -> str | None:
+    for pod in pods:
+        for condition in pod.get("status", {}).get("conditions", []):
+            if (
+                condition.get("type") == "PodScheduled"
+                and condition.get("reason") == "Unschedulable"
+            ):
+                return f"pod {pod['metadata']['name']} is unschedulable: {condition.get('message', '')}".rstrip(
+                    ": "
+                )
+    return None
+
+
+def _timestamp(value: str | None) -> float | None:
+    if not value:
+        return None
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()

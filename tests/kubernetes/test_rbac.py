@@ -1,0 +1,91 @@
+"""The pipeline's Kubernetes RBAC: valid objects that cover exactly what a run's job needs, and
+the deploy-time custom resource that applies and removes them (against the fake API server)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import kubernetes_validate
+import pytest
+
+from lambdas.kubernetes import bootstrap
+from lambdas.kubernetes.client import KINDS, KubernetesClient
+from lambdas.kubernetes.rbac import pipeline_rbac
+from lambdas.kubernetes.training_job import render
+from tests.kubernetes.fake_api import FakeKubernetes
+from tests.kubernetes.test_training_job import request
+
+TOKEN = "k8s-aws-v1.valid"
+EVENT = {
+    "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/nova-mtrl-pipeline/1",
+    "RequestId": "req-1",
+    "LogicalResourceId": "PipelineRbac",
+    "ResponseURL": "https://cloudformation-response.s3.amazonaws.com/signed",
+}
+
+
+def test_objects_validate_against_the_kubernetes_schemas() -> None:
+    for obj in pipeline_rbac("nova-mtrl"):
+        kubernetes_validate.validate(obj, "1.33", strict=True)
+
+
+@pytest.mark.parametrize("kind", ["HyperPodPyTorchJob", "PyTorchJob"])
+def test_the_role_and_the_fence_cover_every_kind_a_run_creates(kind: str) -> None:
+    role, _, policy, binding = pipeline_rbac("nova-mtrl")
+    allowed = {
+        (group, resource): set(rule["verbs"])
+        for rule in role["rules"] for group in rule["apiGroups"] for resource in rule["resources"]
+    }  # fmt: skip
+    fenced = {
+        (group, resource)
+        for rule in policy["spec"]["matchConstraints"]["resourceRules"]
+        for group in rule["apiGroups"] for resource in rule["resources"]
+    }  # fmt: skip
+    for obj in render(replace(request("rft_multiturn_lora"), kind=kind)):
+        api = KINDS[(obj["apiVersion"], obj["kind"])]
+        group = "" if api.api_version == "v1" else api.api_version.split("/")[0]
+        # Server-side apply creates with PATCH; teardown deletes; status reads.
+        assert {"create", "patch", "get", "delete"} <= allowed[(group, api.plural)], obj["kind"]
+        assert (group, api.plural) in fenced, obj["kind"]
+    assert {"get", "list"} <= allowed[("", "pods")] and ("", "pods") not in fenced
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert "'nova-mtrl-run-'" in policy["spec"]["validations"][0]["expression"]
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubernetes]:
+    with FakeKubernetes() as fake:
+        fake.accepted.add(TOKEN)
+        yield fake
+
+
+def test_custom_resource_applies_then_removes_and_always_answers(
+    api: FakeKubernetes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NAME_PREFIX", "nova-mtrl")
+    client = KubernetesClient(
+        api.endpoint, token=lambda **_: TOKEN, certificate_authority=api.ca_data
+    )
+    answers: list[tuple[str, dict]] = []
+    respond = lambda url, answer: answers.append((url, answer))  # noqa: E731
+
+    bootstrap.on_event({**EVENT, "RequestType": "Create"}, kubernetes=client, respond=respond)
+    assert answers[-1][0] == EVENT["ResponseURL"]
+    assert answers[-1][1]["Status"] == "SUCCESS" and answers[-1][1]["Data"] == {"Objects": 4}
+    assert answers[-1][1]["PhysicalResourceId"] == "nova-mtrl-pipeline-rbac"
+    assert "nova-mtrl-pipeline" in api.objects["/apis/rbac.authorization.k8s.io/v1/clusterroles"]
+    policies = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+    assert list(api.objects[policies]) == ["nova-mtrl-pipeline-run-namespaces-only"]
+
+    deleted = {**EVENT, "RequestType": "Delete", "PhysicalResourceId": "nova-mtrl-pipeline-rbac"}
+    bootstrap.on_event(deleted, kubernetes=client, respond=respond)
+    assert answers[-1][1]["Status"] == "SUCCESS" and answers[-1][1]["Data"] == {"Objects": 4}
+    assert not any(api.objects.values())
+    bootstrap.on_event(deleted, kubernetes=client, respond=respond)  # gone already: still fine
+    assert answers[-1][1]["Data"] == {"Objects": 0}
+
+    api.accepted.clear()  # the function lost its access entry
+    bootstrap.on_event({**EVENT, "RequestType": "Update"}, kubernetes=client, respond=respond)
+    assert answers[-1][1]["Status"] == "FAILED"
+    assert answers[-1][1]["Reason"].startswith("KubernetesError: Kubernetes API 401")

@@ -1,0 +1,248 @@
+"""The HyperPod training plane: submit / status / delete against a fake Kubernetes API server
+(HTTPS, real paths and codes), nodes through the recorded SageMaker fake and moto DynamoDB."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+
+from lambdas.kubernetes.client import KubernetesClient
+from lambdas.kubernetes.training_job import JobRenderError, run_namespace
+from lambdas.pipeline.backends import RunContext
+from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
+from lambdas.pipeline.hyperpod_training import (
+    HyperPodSettings,
+    HyperPodTrainingCluster,
+    JobStillDeleting,
+    job_status,
+)
+from mtrl.runs import create_runs_table
+from stacks.config import PlatformConfig, deployment_context
+from tests.kubernetes.fake_api import FakeKubernetes
+from tests.pipeline.fake_sagemaker import FakeSageMaker
+from training_configs.schema import load_training_config
+
+TOKEN = "k8s-aws-v1.valid"
+RUN = RunContext(
+    run_id="wordle-0a1b2c3d4e",
+    queues={
+        "rollout_requests": "https://sqs/q-rollout-requests.fifo",
+        "dlq": "https://sqs/q-dlq.fifo",
+    },
+    router_url=None,
+    run_token="",
+    environment="wordle",
+    bucket="nova-mtrl-data",
+    dataset_key="training-data/wordle.jsonl",
+    dataset_version=None,
+    output_prefix="runs/wordle-0a1b2c3d4e/",
+)
+NAMESPACE = run_namespace("nova-mtrl", RUN.run_id)
+JOBS = f"/apis/sagemaker.amazonaws.com/v1/namespaces/{NAMESPACE}/hyperpodpytorchjobs"
+CONFIG = load_training_config("rft_multiturn_lora").model_dump(mode="json")
+
+
+def settings(**overrides: Any) -> HyperPodSettings:
+    presets = PlatformConfig.from_context(deployment_context()).model_presets
+    return HyperPodSettings.model_validate(
+        {
+            "NAME_PREFIX": "nova-mtrl",
+            "RUNS_TABLE": "runs",
+            "EKS_CLUSTER": "nova-mtrl-eks",
+            "HYPERPOD_CLUSTER": "nova-mtrl",
+            "HYPERPOD_INSTANCE_GROUP": "gpu",
+            "MODEL_PRESETS": json.dumps({k: v.model_dump() for k, v in presets.items()}),
+            "ACCOUNT_ID": "123456789012",
+            "AWS_REGION": "us-east-1",
+            "DELETE_WAIT_SECONDS": "10",
+            **overrides,
+        }
+    )
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubernetes]:
+    with FakeKubernetes() as fake:
+        fake.accepted.add(TOKEN)
+        yield fake
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def make_cluster(api: FakeKubernetes, clock: Clock, **overrides: Any) -> HyperPodTrainingCluster:
+    db = boto3.client("dynamodb")
+    create_runs_table(db, "runs")
+    return HyperPodTrainingCluster(
+        settings(**overrides),
+        kubernetes=KubernetesClient(
+            api.endpoint, token=lambda **_: TOKEN, certificate_authority=api.ca_data
+        ),
+        capacity=HyperPodCapacity(
+            FakeSageMaker(), CapacityLeases(db, "runs"), cluster="nova-mtrl", instance_group="gpu"
+        ),
+        clock=clock,
+        sleep=clock.sleep,
+    )
+
+
+@pytest.fixture
+def cluster(aws: None, api: FakeKubernetes, clock: Clock) -> HyperPodTrainingCluster:
+    return make_cluster(api, clock)
+
+
+def set_job_condition(api: FakeKubernetes, kind: str, **fields: str) -> None:
+    job = api.objects[JOBS]["trainer"]
+    job["status"] = {"conditions": [{"type": kind, "status": "True", **fields}]}
+
+
+def add_pod(api: FakeKubernetes, name: str, status: dict[str, Any]) -> None:
+    pods = api.objects.setdefault(f"/api/v1/namespaces/{NAMESPACE}/pods", {})
+    pods[name] = {"metadata": {"name": name, "namespace": NAMESPACE}, "status": status}
+
+
+def test_submit_applies_every_object_once_and_is_idempotent(
+    cluster: HyperPodTrainingCluster, api: FakeKubernetes
+) -> None:
+    assert cluster.submit(RUN, config=CONFIG) == f"{NAMESPACE}/trainer"
+    first = copy.deepcopy(api.objects)
+    assert cluster.submit(RUN, config=CONFIG) == f"{NAMESPACE}/trainer"
+    assert list(api.objects[JOBS]) == ["trainer"]
+    assert (
+        api.objects[JOBS]["trainer"]["metadata"]["uid"] == first[JOBS]["trainer"]["metadata"]["uid"]
+    )
+    applied = [(method, path.split("?")[0]) for method, path, _ in api.requests]
+    assert applied[:5] == [
+        ("PATCH", f"/api/v1/namespaces/{NAMESPACE}"),
+        ("PATCH", f"/api/v1/namespaces/{NAMESPACE}/configmaps/run-settings"),
+        ("PATCH", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/generation"),
+        ("PATCH", f"/api/v1/namespaces/{NAMESPACE}/services/generation"),
+        ("PATCH", f"{JOBS}/trainer"),
+    ]
+    settings = api.objects[f"/api/v1/namespaces/{NAMESPACE}/configmaps"]["run-settings"]["data"]
+    assert settings["MTRL_OUTPUT_URI"] == "s3://nova-mtrl-data/runs/wordle-0a1b2c3d4e/"
+    assert settings["MTRL_DATASET_URI"] == "s3://nova-mtrl-data/training-data/wordle.jsonl"
+
+
+def test_a_model_without_preset_fails_before_anything_is_applied(
+    cluster: HyperPodTrainingCluster, api: FakeKubernetes
+) -> None:
+    with pytest.raises(
+        JobRenderError, match="model 'llama-9' has no preset.*nova-lite-2, qwen3-8b"
+    ):
+        cluster.submit(RUN, config={**CONFIG, "model": "llama-9"})
+    assert api.requests == []
+
+
+def test_status_follows_the_job_conditions(
+    cluster: HyperPodTrainingCluster, api: FakeKubernetes
+) -> None:
+    assert cluster.status(RUN).phase == "failed"  # not submitted: says so
+    cluster.submit(RUN, config=CONFIG)
+    assert cluster.status(RUN).phase == "pending"
+    set_job_condition(api, "Running")
+    assert cluster.status(RUN).phase == "running"
+    set_job_condition(api, "Completed")
+    assert cluster.status(RUN).phase == "succeeded"
+    set_job_condition(api, "Failed", message="NCCL timeout on rank 3")
+    assert cluster.status(RUN) == cluster.status(RUN).__class__("failed", "NCCL timeout on rank 3")
+
+
+@pytest.mark.parametrize(
+    ("container", "expected"),
+    [
+        ({"state": {"waiting": {"reason": "ImagePullBackOff", "message": "403 Forbidden"}},
+          "image": "123.dkr.ecr/trainer:v1"},
+         "image pull failed for 123.dkr.ecr/trainer:v1 (pod trainer-0, container pytorch): 403 Forbidden"),
+        ({"state": {"waiting": {"reason": "CrashLoopBackOff"}}, "restartCount": 4,
+          "lastState": {"terminated": {"reason": "Error", "exitCode": 1}}},
+         "crash loop: pod trainer-0, container pytorch restarted 4 times (last exit code 1); see its logs"),
+        ({"state": {"running": {}}, "restartCount": 1,
+          "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}},
+         "out of memory: pod trainer-0, container pytorch was OOMKilled; use a larger instance type or smaller batch"),
+    ],
+)  # fmt: skip
+def test_pod_failures_fail_the_run_with_the_reason(
+    cluster: HyperPodTrainingCluster, api: FakeKubernetes, container: dict, expected: str
+) -> None:
+    cluster.submit(RUN, config=CONFIG)
+    set_job_condition(api, "Running")
+    add_pod(api, "trainer-0", {"containerStatuses": [{"name": "pytorch", **container}]})
+    status = cluster.status(RUN)
+    assert (status.phase, status.reason) == ("failed", expected)
+
+
+def test_a_short_crash_loop_is_not_yet_a_failure() -> None:
+    pod = {"metadata": {"name": "p", "creationTimestamp": None}, "status": {"containerStatuses": [
+        {"name": "c", "state": {"waiting": {"reason": "CrashLoopBackOff"}}, "restartCount": 1}]}}  # fmt: skip
+    job = {"metadata": {}, "status": {"conditions": [{"type": "Running", "status": "True"}]}}
+    assert job_status(job, [pod], now=0, pending_limit_seconds=60).phase == "running"
+
+
+def test_unschedulable_pods_wait_then_pend_too_long(
+    cluster: HyperPodTrainingCluster, api: FakeKubernetes, clock: Clock
+) -> None:
+    cluster.submit(RUN, config=CONFIG)
+    add_pod(api, "trainer-0", {"conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."}]})  # fmt: skip
+    status = cluster.status(RUN)
+    assert status.phase == "pending"
+    assert "unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu." in status.reason
+    clock.now += 1801
+    status = cluster.status(RUN)
+    assert status.phase == "pending_too_long"
+    assert status.reason.startswith("pending for 30 min: pod trainer-0 is unschedulable")
+
+
+def test_delete_removes_the_namespace_and_waits_until_it_is_gone(
+    cluster: HyperPodTrainingCluster, api: FakeKubernetes, clock: Clock
+) -> None:
+    cluster.submit(RUN, config=CONFIG)
+    api.terminating_reads[NAMESPACE] = 3
+    started = clock.now
+    assert cluster.delete(RUN) == 5  # namespace, job, deployment, service, configmap
+    assert clock.now - started == 6  # three polls two seconds apart while it terminated
+    assert not any(NAMESPACE in path for path in api.objects if api.objects[path])
+    assert cluster.delete(RUN) == 0  # repeated: nothing left
+
+
+def test_delete_that_outlasts_the_wait_raises_for_a_retry(
+    cluster: HyperPodTrainingCluster, api: FakeKubernetes
+) -> None:
+    cluster.submit(RUN, config=CONFIG)
+    api.terminating_reads[NAMESPACE] = 100
+    with pytest.raises(JobStillDeleting, match=f"namespace {NAMESPACE} is still terminating"):
+        cluster.delete(RUN)
+
+
+def test_nodes_scale_through_the_lease_with_keep_warm(
+    aws: None, api: FakeKubernetes, clock: Clock
+) -> None:
+    cluster = make_cluster(api, clock, KEEP_WARM_SECONDS="900")
+    sagemaker = cluster.capacity._sagemaker
+    cluster.scale_up(RUN, instances=4)
+    assert cluster.nodes_ready(RUN) == 4
+    cluster.scale_down(RUN)
+    assert sagemaker.groups[1]["TargetCount"] == 4  # kept warm
+    assert cluster.capacity.scale_idle(keep_warm_seconds=900, now=clock.now + 900) is True
+    assert sagemaker.groups[1]["TargetCount"] == 0

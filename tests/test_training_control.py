@@ -1,0 +1,141 @@
+"""The pipeline's rights and settings for the training plane on HyperPod (training_control.py):
+EKS access through a Kubernetes group (RBAC applied at deploy time), SageMaker capacity calls
+on the cluster's own ARN, and the keep-warm schedule."""
+
+from __future__ import annotations
+
+import json
+
+from lambdas.kubernetes.rbac import pipeline_rbac
+from lambdas.pipeline.hyperpod_training import HyperPodSettings
+from tests.conftest import Synthesized, as_list, role_statements
+
+KUBERNETES_STEPS = ("SubmitJob", "Monitor", "ReleaseCompute")
+CAPACITY_STEPS = ("ScaleUp", "NodesReady", "ReleaseCompute")
+CLUSTER_ADMIN = "cluster-access-policy/AmazonEKSClusterAdminPolicy"
+
+
+def _function(template: dict, prefix: str) -> tuple[str, dict]:
+    (found,) = [
+        (logical_id, r) for logical_id, r in template["Resources"].items()
+        if r["Type"] == "AWS::Lambda::Function" and logical_id.startswith(prefix)
+    ]  # fmt: skip
+    return found
+
+
+def _role_id(function: dict) -> str:
+    return function["Properties"]["Role"]["Fn::GetAtt"][0]
+
+
+def _entries(template: dict) -> dict[str, dict]:
+    """Access entries by the logical id of the role they name."""
+    return {
+        r["Properties"]["PrincipalArn"]["Fn::GetAtt"][0]: r["Properties"]
+        for r in template["Resources"].values()
+        if r["Type"] == "AWS::EKS::AccessEntry"
+        and isinstance(r["Properties"]["PrincipalArn"], dict)
+    }
+
+
+def test_job_steps_reach_kubernetes_only_through_the_pipeline_group(
+    default_app: Synthesized,
+) -> None:
+    template = default_app.template("pipeline")
+    entries = _entries(template)
+    for step in KUBERNETES_STEPS:
+        _, function = _function(template, f"Pipeline{step}Function")
+        entry = entries[_role_id(function)]
+        assert entry["ClusterName"] == "nova-mtrl-eks"
+        assert entry["KubernetesGroups"] == ["nova-mtrl:pipeline"]
+        assert "AccessPolicies" not in entry  # no EKS access policy: RBAC says what it may do
+        (describe,) = [
+            s for s in role_statements(template, _role_id(function))
+            if "eks:DescribeCluster" in as_list(s["Action"])
+        ]  # fmt: skip
+        assert "cluster/nova-mtrl-eks" in json.dumps(describe["Resource"])
+
+
+def test_only_the_deploy_time_rbac_function_is_cluster_admin(default_app: Synthesized) -> None:
+    template = default_app.template("pipeline")
+    admins = [
+        role for role, entry in _entries(template).items()
+        if CLUSTER_ADMIN in json.dumps(entry.get("AccessPolicies", []))
+    ]  # fmt: skip
+    bootstrap_id, bootstrap = _function(template, "TrainingClusterControlRbacBootstrap")
+    assert admins == [_role_id(bootstrap)]
+    assert bootstrap["Properties"]["Handler"] == "lambdas.kubernetes.bootstrap.on_event"
+    ((logical_id, rbac),) = [
+        (i, r) for i, r in template["Resources"].items() if r["Type"] == "Custom::KubernetesRbac"
+    ]
+    assert rbac["Properties"]["ServiceToken"] == {"Fn::GetAtt": [bootstrap_id, "Arn"]}
+    assert json.loads(rbac["Properties"]["Objects"]) == pipeline_rbac("nova-mtrl")
+    # Applied only once the function may talk to the cluster.
+    entry_ids = [
+        i for i, r in template["Resources"].items() if r["Type"] == "AWS::EKS::AccessEntry"
+    ]
+    assert set(as_list(rbac["DependsOn"])) & set(entry_ids)
+
+
+def test_capacity_steps_act_on_the_hyperpod_cluster_and_pass_its_role_to_sagemaker(
+    default_app: Synthesized,
+) -> None:
+    template = default_app.template("pipeline")
+    for step in CAPACITY_STEPS:
+        _, function = _function(template, f"Pipeline{step}Function")
+        statements = role_statements(template, _role_id(function))
+        (capacity,) = [s for s in statements if "sagemaker:UpdateCluster" in as_list(s["Action"])]
+        assert sorted(as_list(capacity["Action"])) == [
+            "sagemaker:DescribeCluster", "sagemaker:ListClusterNodes", "sagemaker:UpdateCluster",
+        ]  # fmt: skip
+        assert "Fn::ImportValue" in json.dumps(capacity["Resource"])  # the cluster's real ARN
+        (passes,) = [
+            s for s in statements
+            if "iam:PassRole" in as_list(s["Action"]) and "sagemaker" in json.dumps(s["Condition"])
+        ]  # fmt: skip
+        assert "Fn::ImportValue" in json.dumps(passes["Resource"])  # the cluster's execution role
+
+
+def test_job_steps_have_every_setting_the_backend_reads(default_app: Synthesized) -> None:
+    template = default_app.template("pipeline")
+    for step in ("ScaleUp", "NodesReady", "SubmitJob", "Monitor", "ReleaseCompute"):
+        _, function = _function(template, f"Pipeline{step}Function")
+        variables = function["Properties"]["Environment"]["Variables"]
+        for field in HyperPodSettings.model_fields.values():
+            if field.is_required() and field.alias != "AWS_REGION":  # Lambda sets AWS_REGION
+                assert field.alias in variables, (step, field.alias)
+        assert variables["HYPERPOD_INSTANCE_GROUP"] == "gpu"
+        assert set(json.loads(variables["MODEL_PRESETS"])) == {"nova-lite-2", "qwen3-8b"}
+    _, register = _function(template, "PipelineRegisterFunction")
+    assert "MODEL_PRESETS" in register["Properties"]["Environment"]["Variables"]
+
+
+def test_no_idle_release_without_keep_warm(default_app: Synthesized) -> None:
+    template = default_app.template("pipeline")
+    assert not any(i.startswith("PipelineReleaseIdle") for i in template["Resources"])
+
+
+def test_keep_warm_adds_a_scheduled_idle_release(pinned_app: Synthesized) -> None:
+    template = pinned_app.template("pipeline")
+    function_id, function = _function(template, "PipelineReleaseIdleFunction")
+    assert function["Properties"]["Handler"] == "lambdas.pipeline.compute.release_idle"
+    assert function["Properties"]["Environment"]["Variables"]["KEEP_WARM_SECONDS"] == "1800"
+    (rule,) = [
+        r for r in template["Resources"].values()
+        if r["Type"] == "AWS::Events::Rule"
+        and any(t["Arn"] == {"Fn::GetAtt": [function_id, "Arn"]} for t in r["Properties"].get("Targets", []))
+    ]  # fmt: skip
+    assert rule["Properties"]["ScheduleExpression"] == "rate(5 minutes)"
+    statements = role_statements(template, _role_id(function))
+    assert any("sagemaker:UpdateCluster" in as_list(s["Action"]) for s in statements)
+
+
+def test_an_existing_hyperpod_cluster_is_matched_in_the_account(
+    existing_hyperpod_app: Synthesized,
+) -> None:
+    template = existing_hyperpod_app.template("pipeline")
+    _, function = _function(template, "PipelineScaleUpFunction")
+    statements = role_statements(template, _role_id(function))
+    (capacity,) = [s for s in statements if "sagemaker:UpdateCluster" in as_list(s["Action"])]
+    assert ":cluster/*" in json.dumps(capacity["Resource"])
+    # No execution role configured for the existing cluster: nothing to pass.
+    assert not any("iam:PassRole" in as_list(s["Action"]) for s in statements)
