@@ -17,7 +17,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from lambdas.router.run_queues import deployment_prefix
-from stacks.components.nag import acknowledge, acknowledge_resource
+from stacks.components.nag import acknowledge_key_grant, acknowledge_resource
 from stacks.components.reward_fleet import RewardFleet, cluster_name, log_group_name, task_family
 from stacks.config import PlatformConfig
 
@@ -211,13 +211,4 @@ class RewardFleetControl(Construct):
             self._autoscaling_role: "Only ECS's Application Auto Scaling service-linked role, created once by AWS.",
         }.items():  # fmt: skip
             acknowledge_resource(role, "AwsSolutions-IAM5", resource, reason)
-        acknowledge(
-            role,
-            "AwsSolutions-IAM5[Action::kms:ReEncrypt*]",
-            "From the data key's grant (SecureString token parameters).",
-        )
-        acknowledge(
-            role,
-            "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]",
-            "From the data key's grant (SecureString token parameters).",
-        )
+        acknowledge_key_grant(role, "the SecureString run token parameters")

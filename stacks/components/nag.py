@@ -17,6 +17,16 @@ def acknowledge(construct: IConstruct, finding: str, reason: str) -> None:
     Validations.of(construct).acknowledge(Acknowledgment(id=f"{pack}::{finding}", reason=reason))
 
 
+def acknowledge_key_grant(construct: IConstruct, what: str) -> None:
+    """The wildcard actions a KMS key's `grant_encrypt_decrypt` adds, for the data it protects."""
+    for action in ("kms:ReEncrypt*", "kms:GenerateDataKey*"):
+        acknowledge(
+            construct,
+            f"AwsSolutions-IAM5[Action::{action}]",
+            f"From the data key's grant only, which encrypts {what}.",
+        )
+
+
 def acknowledge_resource(construct: IConstruct, rule: str, resource: str, reason: str) -> None:
     """Acknowledge `rule` for one wildcard resource ARN (tokens allowed) granted to `construct`."""
     rendered = nag_text(Stack.of(construct).resolve(resource))

@@ -31,7 +31,7 @@ from constructs import Construct
 
 from lambdas.router.run_queues import deployment_prefix
 from stacks.components.functions import pipeline_function
-from stacks.components.nag import acknowledge, acknowledge_resource
+from stacks.components.nag import acknowledge, acknowledge_key_grant, acknowledge_resource
 from stacks.components.storage import RUNS_PREFIX, TRAINING_DATA_PREFIX
 from stacks.config import PlatformConfig
 from training_configs import load_training_config
@@ -271,12 +271,7 @@ class TrainingPipeline(Construct):
             alarms: "Per-run queue-age alarms are created at run time; names share the deployment prefix.",
         }.items():
             acknowledge_resource(reaper.role, "AwsSolutions-IAM5", resource, reason)
-        for action in ("kms:ReEncrypt*", "kms:GenerateDataKey*"):
-            acknowledge(
-                reaper.role,
-                f"AwsSolutions-IAM5[Action::{action}]",
-                "From the data key's grant on the KMS-encrypted runs table only.",
-            )
+        acknowledge_key_grant(reaper.role, "the runs table")
         events.Rule(
             self,
             "ReaperSchedule",
@@ -482,12 +477,7 @@ class TrainingPipeline(Construct):
         for function in f.values():
             for resource, reason in reasons.items():
                 acknowledge_resource(function.role, "AwsSolutions-IAM5", resource, reason)
-            for action in ("kms:ReEncrypt*", "kms:GenerateDataKey*"):
-                acknowledge(
-                    function.role,
-                    f"AwsSolutions-IAM5[Action::{action}]",
-                    "From the data key's grants only (KMS-encrypted tables, objects and topic).",
-                )
+            acknowledge_key_grant(function.role, "the pipeline's tables, objects and topic")
 
     def _state_machine(self, config: PlatformConfig) -> sfn.StateMachine:
         def task(

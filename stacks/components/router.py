@@ -17,7 +17,7 @@ from constructs import Construct
 from lambdas.router.conversations import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from lambdas.router.run_queues import deployment_prefix
 from stacks.components.functions import pipeline_function
-from stacks.components.nag import acknowledge, acknowledge_resource
+from stacks.components.nag import acknowledge_key_grant, acknowledge_resource
 from stacks.config import PlatformConfig
 
 
@@ -103,12 +103,7 @@ class Router(Construct):
                 "Per-run queues are created by the pipeline at run time; their names share the "
                 "deployment's prefix, which is as narrow as a name known at deploy time can be.",
             )
-            for action in ("kms:ReEncrypt*", "kms:GenerateDataKey*"):
-                acknowledge(
-                    role,
-                    f"AwsSolutions-IAM5[Action::{action}]",
-                    "From the data key's grants only (the KMS-encrypted table and run queues).",
-                )
+            acknowledge_key_grant(role, "the conversation table and the run queues")
 
     def grant_invoke_url(self, grantee: iam.IGrantable) -> None:
         """Let a reward-worker role call the proxy's Function URL (SigV4)."""

@@ -25,7 +25,7 @@ from lambdas.kubernetes.rbac import pipeline_group, pipeline_rbac
 from stacks.components.eks import eks_cluster_name
 from stacks.components.functions import pipeline_function
 from stacks.components.hyperpod import hyperpod_cluster_name
-from stacks.components.nag import acknowledge, acknowledge_resource
+from stacks.components.nag import acknowledge_key_grant, acknowledge_resource
 from stacks.config import PlatformConfig
 
 CLUSTER_ADMIN = "AmazonEKSClusterAdminPolicy"
@@ -105,12 +105,7 @@ class TrainingClusterControl(Construct):
                 "An existing HyperPod cluster's ARN ends in an id SageMaker assigned, not its "
                 "name; the actions are scoped to clusters of this account and region.",
             )
-        for action in ("kms:ReEncrypt*", "kms:GenerateDataKey*"):
-            acknowledge(
-                role,
-                f"AwsSolutions-IAM5[Action::{action}]",
-                "From the data key's grant on the KMS-encrypted runs table (capacity leases) only.",
-            )
+        acknowledge_key_grant(role, "the runs table and its capacity leases")
 
     def grant_kubernetes(self, function: lambda_.IFunction) -> None:
         """Reach the EKS API as a member of the pipeline's Kubernetes group."""
