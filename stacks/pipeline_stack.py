@@ -34,13 +34,14 @@ class PipelineStack(PlatformStack):
             scope, "pipeline", config=config, description="training pipeline and rollout router"
         )
         code = pipeline_code()
+        data_bucket = s3.Bucket.from_bucket_name(self, "DataBucket", data_bucket_name(config))
         self.router = Router(self, "Router", config=config, code=code, data_key=storage.data_key)
         self.pipeline = TrainingPipeline(
             self,
             "Pipeline",
             config=config,
             code=code,
-            data_bucket=s3.Bucket.from_bucket_name(self, "DataBucket", data_bucket_name(config)),
+            data_bucket=data_bucket,
             data_key=storage.data_key,
             conversations=self.router.table,
             router_url=self.router.proxy_url.url,
@@ -69,6 +70,9 @@ class PipelineStack(PlatformStack):
             hyperpod_cluster_arn=hyperpod.cluster_arn,
             execution_role_arn=hyperpod.execution_role_arn,
             runs_table=self.pipeline.runs_table,
+            data_bucket=data_bucket,
+            data_key=storage.data_key,
+            run_queue_arns=self.router.run_queue_arns,
         )
         for step in (
             "register",
@@ -84,6 +88,8 @@ class PipelineStack(PlatformStack):
             training.grant_capacity(self.pipeline.functions[step])
         for step in ("submit_job", "monitor", "release_compute"):
             training.grant_kubernetes(self.pipeline.functions[step])
+        for step in ("submit_job", "release_compute"):
+            training.grant_pod_identity(self.pipeline.functions[step])
         if config.keep_warm_minutes:
             release_idle = self.pipeline.add_scheduled_step(
                 "release_idle",

@@ -30,13 +30,16 @@ def test_the_fleet_steps_know_where_the_fleet_lives(default_app: Synthesized) ->
             assert field.alias in variables, field.alias
 
 
-def test_roles_are_passed_only_to_ecs_tasks_and_sagemaker(default_app: Synthesized) -> None:
+def test_roles_are_passed_only_to_the_services_that_run_them(default_app: Synthesized) -> None:
     passes = [
         statement for _, statement in policy_statements(default_app.template("pipeline"))
         if "iam:PassRole" in as_list(statement["Action"])
     ]  # fmt: skip
     services = {s["Condition"]["StringEquals"]["iam:PassedToService"] for s in passes}
-    assert services == {"ecs-tasks.amazonaws.com", "sagemaker.amazonaws.com"}
+    # Reward workers (ECS tasks), HyperPod instance groups (SageMaker), run pods (EKS Pod Identity).
+    assert services == {
+        "ecs-tasks.amazonaws.com", "sagemaker.amazonaws.com", "pods.eks.amazonaws.com",
+    }  # fmt: skip
 
 
 def test_workers_read_run_queues_and_their_token_only(default_app: Synthesized) -> None:

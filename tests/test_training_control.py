@@ -139,3 +139,37 @@ def test_an_existing_hyperpod_cluster_is_matched_in_the_account(
     assert ":cluster/*" in json.dumps(capacity["Resource"])
     # No execution role configured for the existing cluster: nothing to pass.
     assert not any("iam:PassRole" in as_list(s["Action"]) for s in statements)
+
+
+def test_run_pods_get_the_job_role_through_pod_identity_only(default_app: Synthesized) -> None:
+    template = default_app.template("pipeline")
+    ((role_id, role),) = [
+        (i, r) for i, r in template["Resources"].items()
+        if r["Type"] == "AWS::IAM::Role" and i.startswith("TrainingClusterControlJobRole")
+    ]  # fmt: skip
+    (trust,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert trust["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+    assert sorted(as_list(trust["Action"])) == ["sts:AssumeRole", "sts:TagSession"]
+    statements = role_statements(template, role_id)
+    (queues,) = [s for s in statements if "sqs:ReceiveMessage" in as_list(s["Action"])]
+    assert "nova-mtrl-*" in json.dumps(queues["Resource"])
+    (writes,) = [s for s in statements if as_list(s["Action"]) == ["s3:PutObject"]]
+    assert json.dumps(writes["Resource"]).endswith('/runs/*"]]}')
+    for step in ("SubmitJob", "ReleaseCompute"):
+        _, function = _function(template, f"Pipeline{step}Function")
+        assert function["Properties"]["Environment"]["Variables"]["TRAINING_JOB_ROLE_ARN"] == {
+            "Fn::GetAtt": [role_id, "Arn"]
+        }
+        granted = role_statements(template, _role_id(function))
+        (passes,) = [
+            s for s in granted
+            if "iam:PassRole" in as_list(s["Action"]) and "pods.eks" in json.dumps(s["Condition"])
+        ]  # fmt: skip
+        assert passes["Resource"] == {"Fn::GetAtt": [role_id, "Arn"]}
+        actions = {a for s in granted for a in as_list(s["Action"])}
+        assert {"eks:CreatePodIdentityAssociation", "eks:DeletePodIdentityAssociation"} <= actions
+    _, monitor = _function(template, "PipelineMonitorFunction")
+    monitor_actions = {
+        a for s in role_statements(template, _role_id(monitor)) for a in as_list(s["Action"])
+    }
+    assert "eks:CreatePodIdentityAssociation" not in monitor_actions

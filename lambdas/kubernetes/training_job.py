@@ -1,6 +1,8 @@
 """A run's training job as Kubernetes objects (data, no client): what `submit` applies.
 
 Per run, in a namespace of its own (`<prefix>-run-<run id>`):
+- `ServiceAccount/run-workloads`: the pods' AWS identity (an EKS Pod Identity association to
+  the deployment's training-job role, made by the backend: queues, dataset, outputs);
 - `ConfigMap/run-settings`: the run's queues, model, recipe and hyperparameters, the output
   and dataset S3 locations — read by both workloads as environment;
 - `Deployment/generation` + `Service/generation`: the vLLM server, one replica per
@@ -30,6 +32,8 @@ JOB_API = {"HyperPodPyTorchJob": "sagemaker.amazonaws.com/v1", "PyTorchJob": "ku
 JOB_NAME = "trainer"
 GENERATION = "generation"
 SETTINGS = "run-settings"
+# The workloads' identity: EKS Pod Identity maps it to the deployment's training-job IAM role.
+SERVICE_ACCOUNT = "run-workloads"
 GENERATION_PORT = 8000
 RUN_LABEL = "nova-mtrl/run"
 DEPLOYMENT_LABEL = "nova-mtrl/deployment"
@@ -165,6 +169,13 @@ def render(request: JobRequest) -> list[dict[str, Any]]:
         },
         {
             "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": _metadata(SERVICE_ACCOUNT, namespace, labels),
+            # The pods reach AWS through Pod Identity, never the Kubernetes API.
+            "automountServiceAccountToken": False,
+        },
+        {
+            "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": _metadata(SETTINGS, namespace, labels),
             "data": run_settings(request, namespace),
@@ -209,7 +220,7 @@ def _image(template: str, request: JobRequest) -> str:
 
 def _pod_spec(request: JobRequest, container: dict[str, Any]) -> dict[str, Any]:
     return {
-        # The workloads talk to SQS and S3, never to the Kubernetes API.
+        "serviceAccountName": SERVICE_ACCOUNT,
         "automountServiceAccountToken": False,
         "nodeSelector": {"node.kubernetes.io/instance-type": request.config.instance_type},
         "containers": [

@@ -4,11 +4,14 @@ through the EKS cluster's Kubernetes API.
 - scale_up / nodes_ready / scale_down: the run's lease on the GPU instance group
   (lambdas/pipeline/hyperpod_capacity.py), with the deployment's keep-warm period;
 - submit: server-side apply of the run's objects (lambdas/kubernetes/training_job.py), so a
-  resubmission changes nothing;
+  resubmission changes nothing, and an EKS Pod Identity association that gives the run's
+  service account the deployment's training-job role (one per run: associations name one
+  namespace);
 - status: the job's conditions, and what its pods say when it is stuck — image pull errors,
   crash loops and OOM kills fail the run with that reason; unschedulable pods keep it pending
   until `pending_limit_seconds`, then `pending_too_long`;
-- delete: the run's namespace (with everything in it), waiting until it is gone.
+- delete: the run's Pod Identity association and namespace (with everything in it), waiting
+  until the namespace is gone.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from lambdas.kubernetes.token import EksTokenSource
 from lambdas.kubernetes.training_job import (
     JOB_API,
     JOB_NAME,
+    RUN_LABEL,
+    SERVICE_ACCOUNT,
     JobKind,
     JobRequest,
     ModelPreset,
@@ -61,6 +66,7 @@ class HyperPodSettings(BaseModel):
     job_kind: JobKind = Field(default="HyperPodPyTorchJob", alias="TRAINING_JOB_KIND")
     presets: Json[dict[str, ModelPreset]] = Field(alias="MODEL_PRESETS")
     account: str = Field(alias="ACCOUNT_ID")
+    job_role_arn: str = Field(alias="TRAINING_JOB_ROLE_ARN")
     region: str = Field(alias="AWS_REGION")
     keep_warm_seconds: float = Field(default=0, ge=0, alias="KEEP_WARM_SECONDS")
     pending_limit_seconds: float = Field(default=1800, gt=0, alias="PENDING_LIMIT_SECONDS")
@@ -78,21 +84,22 @@ class HyperPodTrainingCluster(TrainingCluster):
         *,
         kubernetes: KubernetesClient,
         capacity: HyperPodCapacity,
+        eks: Any,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.settings = settings
         self.kubernetes = kubernetes
         self.capacity = capacity
+        self.eks = eks
         self._clock, self._sleep = clock, sleep
 
     @classmethod
     def from_env(cls) -> HyperPodTrainingCluster:
         settings = HyperPodSettings.from_env()
         token = EksTokenSource(settings.eks_cluster, region=settings.region)
-        kubernetes = KubernetesClient.for_eks(
-            boto3.client("eks"), settings.eks_cluster, token=token
-        )
+        eks = boto3.client("eks")
+        kubernetes = KubernetesClient.for_eks(eks, settings.eks_cluster, token=token)
         leases = CapacityLeases(boto3.client("dynamodb"), settings.runs_table)
         capacity = HyperPodCapacity(
             boto3.client("sagemaker"),
@@ -100,7 +107,7 @@ class HyperPodTrainingCluster(TrainingCluster):
             cluster=settings.hyperpod_cluster,
             instance_group=settings.instance_group,
         )
-        return cls(settings, kubernetes=kubernetes, capacity=capacity)
+        return cls(settings, kubernetes=kubernetes, capacity=capacity, eks=eks)
 
     def namespace(self, run: RunContext) -> str:
         return run_namespace(self.settings.prefix, run.run_id)
@@ -142,9 +149,25 @@ class HyperPodTrainingCluster(TrainingCluster):
 
     def submit(self, run: RunContext, *, config: dict[str, Any]) -> str:
         objects = render(self.job_request(run, TrainingConfig.model_validate(config)))
+        namespace = self.namespace(run)
+        # First: pods get their credentials at admission, from the association that exists then.
+        if not self._associations(namespace):
+            self.eks.create_pod_identity_association(
+                clusterName=self.settings.eks_cluster,
+                namespace=namespace,
+                serviceAccount=SERVICE_ACCOUNT,
+                roleArn=self.settings.job_role_arn,
+                tags={RUN_LABEL: run.run_id},
+            )
         for obj in objects:
             self.kubernetes.apply(obj)
-        return f"{self.namespace(run)}/{JOB_NAME}"
+        return f"{namespace}/{JOB_NAME}"
+
+    def _associations(self, namespace: str) -> list[str]:
+        pages = self.eks.get_paginator("list_pod_identity_associations").paginate(
+            clusterName=self.settings.eks_cluster, namespace=namespace
+        )
+        return [item["associationId"] for page in pages for item in page["associations"]]
 
     def status(self, run: RunContext) -> JobStatus:
         namespace = self.namespace(run)
@@ -161,16 +184,26 @@ class HyperPodTrainingCluster(TrainingCluster):
         """Delete the run's namespace and wait until it is gone; returns how many of the run's
         objects existed. Raises JobStillDeleting when it outlasts `delete_wait_seconds`."""
         namespace = self.namespace(run)
+        associations = self._associations(namespace)
+        for association in associations:
+            self.eks.delete_pod_identity_association(
+                clusterName=self.settings.eks_cluster, associationId=association
+            )
         if self.kubernetes.get("v1", "Namespace", namespace) is None:
-            return 0
+            return len(associations)
         kind = self.settings.job_kind
-        existing = 1 + sum(
-            len(self.kubernetes.list(api, name, namespace=namespace))
-            for api, name in (
-                (JOB_API[kind], kind),
-                ("apps/v1", "Deployment"),
-                ("v1", "Service"),
-                ("v1", "ConfigMap"),
+        existing = (
+            1
+            + len(associations)
+            + sum(
+                len(self.kubernetes.list(api, name, namespace=namespace))
+                for api, name in (
+                    (JOB_API[kind], kind),
+                    ("apps/v1", "Deployment"),
+                    ("v1", "Service"),
+                    ("v1", "ServiceAccount"),
+                    ("v1", "ConfigMap"),
+                )
             )
         )
         self.kubernetes.delete("v1", "Namespace", namespace)

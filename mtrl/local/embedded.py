@@ -203,6 +203,10 @@ def deploy_pipeline(
             "Ref": "local-key",
             "Arn": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/local",
         }
+    for logical_id in of_type("AWS::IAM::Role"):
+        # Named in settings (roles a step passes on); moto does not enforce IAM locally.
+        name = f"local-{logical_id}"[:64]
+        physical[logical_id] = {"Ref": name, "Arn": f"arn:aws:iam::{ACCOUNT}:role/{name}"}
     for logical_id in of_type("AWS::Lambda::Url"):
         # Local mode serves the proxy itself (mtrl/local/function_url.py) and overrides ROUTER_URL.
         physical[logical_id] = {"Ref": logical_id, "FunctionUrl": "http://127.0.0.1/"}

@@ -7,7 +7,10 @@
   HyperPod cluster, PassRole of its execution role to SageMaker only, the capacity leases;
 - `grant_kubernetes(function)`: DescribeCluster on the EKS cluster and an access entry in the
   pipeline's Kubernetes group, whose rights the deploy-time RBAC below spells out and fences
-  into run namespaces (lambdas/kubernetes/rbac.py).
+  into run namespaces (lambdas/kubernetes/rbac.py);
+- `job_role`: what a run's pods may do in AWS (its queues, its dataset, its outputs), given to
+  them per run by an EKS Pod Identity association — `grant_pod_identity(function)` lets a step
+  make and remove those associations.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from aws_cdk import CustomResource, Duration, Stack
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_eks as eks
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from lambdas.kubernetes.rbac import pipeline_group, pipeline_rbac
@@ -26,6 +31,7 @@ from stacks.components.eks import eks_cluster_name
 from stacks.components.functions import pipeline_function
 from stacks.components.hyperpod import hyperpod_cluster_name
 from stacks.components.nag import acknowledge_key_grant, acknowledge_resource
+from stacks.components.storage import RUNS_PREFIX, TRAINING_DATA_PREFIX
 from stacks.config import PlatformConfig
 
 CLUSTER_ADMIN = "AmazonEKSClusterAdminPolicy"
@@ -44,6 +50,9 @@ class TrainingClusterControl(Construct):
         hyperpod_cluster_arn: str,
         execution_role_arn: str | None,
         runs_table: dynamodb.ITable,
+        data_bucket: s3.IBucket,
+        data_key: kms.IKey,
+        run_queue_arns: str,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
@@ -56,6 +65,12 @@ class TrainingClusterControl(Construct):
         self._execution_role_arn = execution_role_arn
         self._runs_table = runs_table
         self._entries = 0
+        self.job_role = self._job_role(data_bucket, data_key, run_queue_arns)
+        self._associations = stack.format_arn(
+            service="eks",
+            resource="podidentityassociation",
+            resource_name=f"{self._eks_name}/*",
+        )
         self.environment = {
             "EKS_CLUSTER": self._eks_name,
             "HYPERPOD_CLUSTER": hyperpod_cluster_name(config),
@@ -70,6 +85,7 @@ class TrainingClusterControl(Construct):
             ),
             "ACCOUNT_ID": stack.account,
             "KEEP_WARM_SECONDS": str(config.keep_warm_minutes * 60),
+            "TRAINING_JOB_ROLE_ARN": self.job_role.role_arn,
         }
         self.rbac = self._bootstrap_rbac(code)
 
@@ -115,6 +131,78 @@ class TrainingClusterControl(Construct):
             iam.PolicyStatement(actions=["eks:DescribeCluster"], resources=[self._eks_arn])
         )
         self._access_entry(role.role_arn, groups=[pipeline_group(self._config.name_prefix)])
+
+    def grant_pod_identity(self, function: lambda_.IFunction) -> None:
+        """Make and remove the per-run Pod Identity associations to the job role."""
+        role = function.role
+        assert role is not None
+        for statement in (
+            iam.PolicyStatement(
+                actions=["eks:CreatePodIdentityAssociation", "eks:ListPodIdentityAssociations"],
+                resources=[self._eks_arn],
+            ),
+            iam.PolicyStatement(
+                actions=["eks:DeletePodIdentityAssociation", "eks:TagResource"],
+                resources=[self._associations],
+            ),
+            iam.PolicyStatement(
+                actions=["iam:PassRole"],
+                resources=[self.job_role.role_arn],
+                conditions={"StringEquals": {"iam:PassedToService": "pods.eks.amazonaws.com"}},
+            ),
+        ):
+            role.add_to_principal_policy(statement)
+        acknowledge_resource(
+            role,
+            "AwsSolutions-IAM5",
+            self._associations,
+            "Pod Identity association ids are made by EKS per run; only this cluster's.",
+        )
+
+    def _job_role(self, bucket: s3.IBucket, key: kms.IKey, run_queue_arns: str) -> iam.Role:
+        role = iam.Role(
+            self,
+            "JobRole",
+            # EKS Pod Identity assumes it and tags the session (cluster, namespace, account).
+            assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
+            description="A run's vLLM and trainer pods: its queues, its dataset, its outputs",
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "sqs:ReceiveMessage",
+                    "sqs:DeleteMessage",
+                    "sqs:ChangeMessageVisibility",
+                    "sqs:GetQueueAttributes",
+                    "sqs:SendMessage",
+                ],
+                resources=[run_queue_arns],
+            )
+        )
+        datasets = bucket.arn_for_objects(f"{TRAINING_DATA_PREFIX}*")
+        outputs = bucket.arn_for_objects(f"{RUNS_PREFIX}*")
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject", "s3:GetObjectVersion"], resources=[datasets, outputs]
+            )
+        )
+        role.add_to_policy(iam.PolicyStatement(actions=["s3:PutObject"], resources=[outputs]))
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["s3:ListBucket"],
+                resources=[bucket.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [f"{RUNS_PREFIX}*"]}},
+            )
+        )
+        key.grant_encrypt_decrypt(role)
+        for resource, reason in {
+            run_queue_arns: "Per-run queues are created at run time; names share the deployment prefix.",
+            datasets: "A run reads the dataset it was started for; datasets live under training-data/.",
+            outputs: "A run writes its checkpoints and metrics under runs/<run id>/, made at run time.",
+        }.items():  # fmt: skip
+            acknowledge_resource(role, "AwsSolutions-IAM5", resource, reason)
+        acknowledge_key_grant(role, "the run queues, the dataset and the outputs")
+        return role
 
     def _access_entry(
         self, principal_arn: str, *, groups: list[str] | None = None, admin: bool = False

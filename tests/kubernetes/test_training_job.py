@@ -51,6 +51,11 @@ def request(config: str, *, model: str = "nova-lite-2", **changes: Any) -> JobRe
     )
 
 
+def of_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = [obj for obj in objects if obj["kind"] == kind]
+    return found
+
+
 def hyperpod_job_model() -> Any:
     """HyperPod's own pydantic model of the HyperPodPyTorchJob spec (sagemaker-hyperpod, installed
     without its dependencies by `make test`; the module needs only pydantic)."""
@@ -122,7 +127,7 @@ def test_schema_validation_catches_a_misspelt_field() -> None:
     job["spec"]["runPolicy"]["jobMaxRetries"] = 0
     with pytest.raises(ValueError, match="jobMaxRetries"):
         validate(job)
-    deployment = render(request("rft_multiturn_lora"))[2]
+    deployment = of_kind(render(request("rft_multiturn_lora")), "Deployment")
     deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
     with pytest.raises(kubernetes_validate.ValidationError):
         validate(deployment)
@@ -132,7 +137,7 @@ def test_every_object_is_labelled_with_the_run_and_lives_in_its_namespace() -> N
     objects = render(request("rft_multiturn_lora"))
     namespace = run_namespace("nova-mtrl", "wordle-0a1b2c3d4e")
     assert [obj["kind"] for obj in objects] == [
-        "Namespace", "ConfigMap", "Deployment", "Service", "HyperPodPyTorchJob",
+        "Namespace", "ServiceAccount", "ConfigMap", "Deployment", "Service", "HyperPodPyTorchJob",
     ]  # fmt: skip
     for obj in objects:
         assert obj["metadata"]["labels"][RUN_LABEL] == "wordle-0a1b2c3d4e"
@@ -140,7 +145,7 @@ def test_every_object_is_labelled_with_the_run_and_lives_in_its_namespace() -> N
 
 
 def test_settings_carry_queues_recipe_and_locations_but_no_secret() -> None:
-    settings = render(request("rft_multiturn_lora"))[1]["data"]
+    settings = of_kind(render(request("rft_multiturn_lora")), "ConfigMap")["data"]
     assert settings["MTRL_QUEUE_ROLLOUT_REQUESTS"] == QUEUES["rollout_requests"]
     assert settings["MTRL_RECIPE"].endswith("nova_lite_2_0_p5_gpu_lora_rft")
     assert json.loads(settings["MTRL_HYPERPARAMETERS"])["lora"]["rank"] == 32
@@ -149,7 +154,7 @@ def test_settings_carry_queues_recipe_and_locations_but_no_secret() -> None:
 
 def test_open_weights_preset_fills_image_placeholders_and_packs_replicas() -> None:
     objects = render(request("rft_multiturn_lora", model="qwen3-8b"))
-    generation, job = objects[2], objects[-1]
+    generation, job = of_kind(objects, "Deployment"), objects[-1]
     (vllm,) = generation["spec"]["template"]["spec"]["containers"]
     assert vllm["image"] == "vllm/vllm-openai:v0.11.0"
     assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "1"
@@ -162,8 +167,10 @@ def test_open_weights_preset_fills_image_placeholders_and_packs_replicas() -> No
 
 
 def test_lora_flags_only_for_lora() -> None:
-    lora = render(request("rft_multiturn_lora"))[2]["spec"]["template"]["spec"]["containers"][0]
-    full = render(request("rft_multiturn_full"))[2]["spec"]["template"]["spec"]["containers"][0]
+    lora, full = (
+        of_kind(render(request(config)), "Deployment")["spec"]["template"]["spec"]["containers"][0]
+        for config in ("rft_multiturn_lora", "rft_multiturn_full")
+    )
     assert "--enable-lora" in lora["args"] and "--enable-lora" not in full["args"]
 
 

@@ -29,6 +29,7 @@ from tests.local.test_pipeline_execution import (
     _upload,
     deployed_pipeline,
 )
+from tests.pipeline.fake_eks import FakeEks
 from tests.pipeline.fake_sagemaker import FakeSageMaker
 from tests.pipeline.test_ecs_fleet import Recorded, deploy_fleet_base
 
@@ -76,7 +77,7 @@ def deployed(
         api.on_request = JobController(api)
         ecs = Fargate(boto3.client("ecs"))
         fleet = EcsRewardFleet(deploy_fleet_base(), ecs=ecs)
-        sagemaker = FakeSageMaker()
+        sagemaker, eks = FakeSageMaker(), FakeEks()
         # The settings as the stack wrote them for the functions.
         settings = HyperPodSettings.model_validate(
             {**pipeline.environment, "AWS_REGION": "us-east-1"}
@@ -92,10 +93,15 @@ def deployed(
                 cluster="nova-mtrl",
                 instance_group=settings.instance_group,
             ),
+            eks=eks,
         )
         backends.register_fleet(BACKEND, lambda: fleet)
         backends.register_cluster(BACKEND, lambda: cluster)
-        yield pipeline, clients, {"api": api, "ecs": ecs, "sagemaker": sagemaker, "fleet": fleet}
+        yield (
+            pipeline,
+            clients,
+            {"api": api, "ecs": ecs, "sagemaker": sagemaker, "fleet": fleet, "eks": eks},
+        )
 
 
 def test_a_run_on_the_aws_backends_submits_scales_finishes_and_leaves_nothing(deployed) -> None:
@@ -118,6 +124,10 @@ def test_a_run_on_the_aws_backends_submits_scales_finishes_and_leaves_nothing(de
         (m, p.split("?")[0]) for m, p, _ in api.requests
     ]
     assert not any(items for items in api.objects.values())
+    created_associations = [
+        op for op, _ in aws["eks"].requests if op == "CreatePodIdentityAssociation"
+    ]
+    assert len(created_associations) == 1 and aws["eks"].associations == {}
     # The fleet: a service with the config's 4 workers, then nothing of it.
     (created,) = [call for name, call in ecs.calls if name == "create_service"]
     assert created["desiredCount"] == 4
@@ -139,7 +149,7 @@ def test_a_run_on_the_aws_backends_submits_scales_finishes_and_leaves_nothing(de
     output = json.loads(described["output"])
     assert output["teardown"]["leftover"] == 0
     assert (
-        output["released"]["job_objects_deleted"] == 5
+        output["released"]["job_objects_deleted"] == 7
         and output["released"]["workers_stopped"] >= 1
     )
     (notice,) = _notifications(clients)

@@ -25,10 +25,12 @@ from lambdas.pipeline.hyperpod_training import (
 from mtrl.runs import create_runs_table
 from stacks.config import PlatformConfig, deployment_context
 from tests.kubernetes.fake_api import FakeKubernetes
+from tests.pipeline.fake_eks import FakeEks
 from tests.pipeline.fake_sagemaker import FakeSageMaker
 from training_configs.schema import load_training_config
 
 TOKEN = "k8s-aws-v1.valid"
+JOB_ROLE = "arn:aws:iam::123456789012:role/nova-mtrl-training-job"
 RUN = RunContext(
     run_id="wordle-0a1b2c3d4e",
     queues={
@@ -61,6 +63,7 @@ def settings(**overrides: Any) -> HyperPodSettings:
             "ACCOUNT_ID": "123456789012",
             "AWS_REGION": "us-east-1",
             "DELETE_WAIT_SECONDS": "10",
+            "TRAINING_JOB_ROLE_ARN": JOB_ROLE,
             **overrides,
         }
     )
@@ -100,6 +103,7 @@ def make_cluster(api: FakeKubernetes, clock: Clock, **overrides: Any) -> HyperPo
         capacity=HyperPodCapacity(
             FakeSageMaker(), CapacityLeases(db, "runs"), cluster="nova-mtrl", instance_group="gpu"
         ),
+        eks=FakeEks(),
         clock=clock,
         sleep=clock.sleep,
     )
@@ -131,8 +135,9 @@ def test_submit_applies_every_object_once_and_is_idempotent(
         api.objects[JOBS]["trainer"]["metadata"]["uid"] == first[JOBS]["trainer"]["metadata"]["uid"]
     )
     applied = [(method, path.split("?")[0]) for method, path, _ in api.requests]
-    assert applied[:5] == [
+    assert applied[:6] == [
         ("PATCH", f"/api/v1/namespaces/{NAMESPACE}"),
+        ("PATCH", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/run-workloads"),
         ("PATCH", f"/api/v1/namespaces/{NAMESPACE}/configmaps/run-settings"),
         ("PATCH", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/generation"),
         ("PATCH", f"/api/v1/namespaces/{NAMESPACE}/services/generation"),
@@ -141,6 +146,16 @@ def test_submit_applies_every_object_once_and_is_idempotent(
     settings = api.objects[f"/api/v1/namespaces/{NAMESPACE}/configmaps"]["run-settings"]["data"]
     assert settings["MTRL_OUTPUT_URI"] == "s3://nova-mtrl-data/runs/wordle-0a1b2c3d4e/"
     assert settings["MTRL_DATASET_URI"] == "s3://nova-mtrl-data/training-data/wordle.jsonl"
+    # One Pod Identity association for the run's service account, made before any pod exists.
+    (association,) = cluster.eks.associations.values()
+    assert association == {
+        "associationId": association["associationId"], "clusterName": "nova-mtrl-eks",
+        "namespace": NAMESPACE, "serviceAccount": "run-workloads", "roleArn": JOB_ROLE,
+    }  # fmt: skip
+    operations = [operation for operation, _ in cluster.eks.requests]
+    assert operations == [
+        "ListPodIdentityAssociations", "CreatePodIdentityAssociation", "ListPodIdentityAssociations",
+    ]  # fmt: skip
 
 
 def test_a_model_without_preset_fails_before_anything_is_applied(
@@ -220,7 +235,9 @@ def test_delete_removes_the_namespace_and_waits_until_it_is_gone(
     cluster.submit(RUN, config=CONFIG)
     api.terminating_reads[NAMESPACE] = 3
     started = clock.now
-    assert cluster.delete(RUN) == 5  # namespace, job, deployment, service, configmap
+    # namespace, job, deployment, service, service account, config map, Pod Identity association
+    assert cluster.delete(RUN) == 7
+    assert cluster.eks.associations == {}
     assert clock.now - started == 6  # three polls two seconds apart while it terminated
     assert not any(NAMESPACE in path for path in api.objects if api.objects[path])
     assert cluster.delete(RUN) == 0  # repeated: nothing left
