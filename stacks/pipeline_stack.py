@@ -56,7 +56,8 @@ class PipelineStack(PlatformStack):
             data_key=storage.data_key,
             run_queue_arns=self.router.run_queue_arns,
         )
-        for step in ("start_workers", "workers_healthy", "release_compute"):
+        # The reaper releases compute too, for runs whose execution cannot any more.
+        for step in ("start_workers", "workers_healthy", "release_compute", "reap"):
             function = self.pipeline.functions[step]
             for key, value in fleet.environment.items():
                 function.add_environment(key, value)
@@ -81,14 +82,15 @@ class PipelineStack(PlatformStack):
             "submit_job",
             "monitor",
             "release_compute",
+            "reap",
         ):
             for key, value in training.environment.items():
                 self.pipeline.functions[step].add_environment(key, value)
-        for step in ("scale_up", "nodes_ready", "release_compute"):
+        for step in ("scale_up", "nodes_ready", "release_compute", "reap"):
             training.grant_capacity(self.pipeline.functions[step])
-        for step in ("submit_job", "monitor", "release_compute"):
+        for step in ("submit_job", "monitor", "release_compute", "reap"):
             training.grant_kubernetes(self.pipeline.functions[step])
-        for step in ("submit_job", "release_compute"):
+        for step in ("submit_job", "release_compute", "reap"):
             training.grant_pod_identity(self.pipeline.functions[step])
         if config.keep_warm_minutes:
             release_idle = self.pipeline.add_scheduled_step(

@@ -173,3 +173,19 @@ def test_run_pods_get_the_job_role_through_pod_identity_only(default_app: Synthe
         a for s in role_statements(template, _role_id(monitor)) for a in as_list(s["Action"])
     }
     assert "eks:CreatePodIdentityAssociation" not in monitor_actions
+
+
+def test_the_reaper_can_release_a_runs_compute(default_app: Synthesized) -> None:
+    """A run stopped past its deadline never reaches ReleaseCompute: the reaper does it."""
+    template = default_app.template("pipeline")
+    _, reaper = _function(template, "PipelineReaper")
+    assert reaper["Properties"]["Handler"] == "lambdas.pipeline.handlers.reap"
+    variables = reaper["Properties"]["Environment"]["Variables"]
+    assert {"WORKER_CLUSTER", "EKS_CLUSTER", "HYPERPOD_CLUSTER", "TRAINING_JOB_ROLE_ARN"} <= set(
+        variables
+    )
+    assert _entries(template)[_role_id(reaper)]["KubernetesGroups"] == ["nova-mtrl:pipeline"]
+    actions = {a for s in role_statements(template, _role_id(reaper)) for a in as_list(s["Action"])}
+    assert {
+        "ecs:DeleteService", "sagemaker:UpdateCluster", "eks:DeletePodIdentityAssociation",
+    } <= actions  # fmt: skip

@@ -181,12 +181,43 @@ def release_compute(event: dict[str, Any], context: Any = None) -> dict[str, Any
     """Teardown of the compute planes (idempotent): workers, job, nodes."""
     if "config" not in event.get("run", {}):
         return {"workers_stopped": 0, "job_objects_deleted": 0}  # failed before registration
-    run = _context(event)
-    stopped = _fleet().stop(run)
-    deleted = _cluster().delete(run)
-    if event["run"]["config"]["scale_to_zero"]:
-        _cluster().scale_down(run)
+    return release(
+        _context(event),
+        fleet=_fleet(),
+        cluster=_cluster(),
+        scale_down=event["run"]["config"]["scale_to_zero"],
+    )
+
+
+def release(
+    run: RunContext,
+    *,
+    fleet: backends.RewardFleet,
+    cluster: backends.TrainingCluster,
+    scale_down: bool,
+) -> dict[str, int]:
+    """Stop the run's workers, delete its job, let go of its nodes (each step idempotent)."""
+    stopped = fleet.stop(run)
+    deleted = cluster.delete(run)
+    if scale_down:
+        cluster.scale_down(run)
     return {"workers_stopped": stopped, "job_objects_deleted": deleted}
+
+
+def teardown_context(run_id: str, *, bucket: str, key: str, version_id: str | None) -> RunContext:
+    """What the backends need to find and remove a run's compute: its id (names derive from
+    it) and where its data is. For the reaper, which has the run's record but not its state."""
+    return RunContext(
+        run_id=run_id,
+        queues={},
+        router_url=None,
+        run_token="",
+        environment="",
+        bucket=bucket,
+        dataset_key=key,
+        dataset_version=version_id,
+        output_prefix=f"runs/{run_id}/",
+    )
 
 
 def release_idle(event: dict[str, Any], context: Any = None) -> dict[str, Any]:

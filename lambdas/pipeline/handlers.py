@@ -14,6 +14,7 @@ from typing import Any
 import boto3
 from pydantic import BaseModel, ConfigDict
 
+from lambdas.pipeline import backends, compute
 from lambdas.pipeline.notify import notify, summary
 from lambdas.pipeline.register import register_run
 from lambdas.pipeline.resources import RouterWiring, provision_run, teardown_run
@@ -211,12 +212,14 @@ def reap(
     now: float | None = None,
 ) -> dict[str, Any]:
     """Scheduled: tear down every run past its deadline, or whose execution is no longer running
-    (stopped by hand, or lost) — so nothing keeps burning money unnoticed."""
+    (stopped by hand, or lost) — so nothing keeps burning money unnoticed. Compute first, as
+    the state machine does; a run whose compute cannot be released yet stays unfinished and is
+    tried again on the next schedule."""
     settings = settings or _settings()
     sfn = sfn or boto3.client("stepfunctions")
     runs = RunStore(dynamodb or boto3.client("dynamodb"), settings.runs_table)
     now = time.time() if now is None else now
-    reaped = []
+    reaped, retry = [], []
     for run in runs.unfinished():
         execution = settings.execution_arn(run.run_id)
         try:
@@ -232,10 +235,22 @@ def reap(
                 error="DeadlinePassed",
                 cause=f"run {run.run_id} is {reason}",
             )
+        try:
+            released = compute.release(
+                compute.teardown_context(
+                    run.run_id, bucket=run.bucket, key=run.key, version_id=run.version_id
+                ),
+                fleet=backends.reward_fleet(settings.reward_fleet_backend),
+                cluster=backends.training_cluster(settings.training_cluster_backend),
+                scale_down=True,
+            )
+        except Exception as error:  # noqa: BLE001 - one run's trouble must not stop the others
+            retry.append({"run_id": run.run_id, "error": f"{type(error).__name__}: {error}"})
+            continue
         result = teardown_run(wiring or settings.router_wiring(), run_id=run.run_id)
         runs.update(run.run_id, now=now, status="failed", error=f"reaped: {reason}")
-        reaped.append({"run_id": run.run_id, "reason": reason, **result})
-    return {"reaped": reaped}
+        reaped.append({"run_id": run.run_id, "reason": reason, **released, **result})
+    return {"reaped": reaped, "retry": retry}
 
 
 def _readable(cause: str | None) -> str | None:

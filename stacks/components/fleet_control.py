@@ -19,6 +19,7 @@ from constructs import Construct
 from lambdas.router.run_queues import deployment_prefix
 from stacks.components.nag import acknowledge_key_grant, acknowledge_resource
 from stacks.components.reward_fleet import RewardFleet, cluster_name, log_group_name, task_family
+from stacks.components.router import run_queue_access
 from stacks.config import PlatformConfig
 
 
@@ -102,16 +103,7 @@ class RewardFleetControl(Construct):
             "WorkerRunAccess",
             roles=[task_role],
             statements=[
-                iam.PolicyStatement(
-                    actions=[
-                        "sqs:ReceiveMessage",
-                        "sqs:DeleteMessage",
-                        "sqs:ChangeMessageVisibility",
-                        "sqs:GetQueueAttributes",
-                        "sqs:SendMessage",
-                    ],
-                    resources=[run_queue_arns],
-                ),
+                run_queue_access(run_queue_arns, send=True),
                 iam.PolicyStatement(
                     actions=["kms:Decrypt", "kms:GenerateDataKey"],
                     resources=[self._data_key.key_arn],

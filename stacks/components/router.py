@@ -80,17 +80,7 @@ class Router(Construct):
         self.proxy.add_to_role_policy(
             iam.PolicyStatement(actions=["sqs:SendMessage"], resources=[self.run_queue_arns])
         )
-        self.consumer.add_to_role_policy(
-            iam.PolicyStatement(
-                actions=[
-                    "sqs:ReceiveMessage",
-                    "sqs:DeleteMessage",
-                    "sqs:ChangeMessageVisibility",
-                    "sqs:GetQueueAttributes",
-                ],
-                resources=[self.run_queue_arns],
-            )
-        )
+        self.consumer.add_to_role_policy(run_queue_access(self.run_queue_arns))
         # The run queues are encrypted with the data key (SSE-KMS).
         data_key.grant_encrypt_decrypt(self.proxy)
         data_key.grant_decrypt(self.consumer)
@@ -108,3 +98,17 @@ class Router(Construct):
     def grant_invoke_url(self, grantee: iam.IGrantable) -> None:
         """Let a reward-worker role call the proxy's Function URL (SigV4)."""
         self.proxy.grant_invoke_url(grantee)
+
+
+def run_queue_access(run_queue_arns: str, *, send: bool = False) -> iam.PolicyStatement:
+    """Consume the run queues (and, with `send`, send to them): the router's consumer, the
+    reward workers and a run's pods each take their side of the rollout protocol."""
+    actions = [
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
+        "sqs:ChangeMessageVisibility",
+        "sqs:GetQueueAttributes",
+    ]
+    return iam.PolicyStatement(
+        actions=[*actions, "sqs:SendMessage"] if send else actions, resources=[run_queue_arns]
+    )

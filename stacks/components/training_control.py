@@ -31,6 +31,7 @@ from stacks.components.eks import eks_cluster_name
 from stacks.components.functions import pipeline_function
 from stacks.components.hyperpod import hyperpod_cluster_name
 from stacks.components.nag import acknowledge_key_grant, acknowledge_resource
+from stacks.components.router import run_queue_access
 from stacks.components.storage import RUNS_PREFIX, TRAINING_DATA_PREFIX
 from stacks.config import PlatformConfig
 
@@ -167,18 +168,7 @@ class TrainingClusterControl(Construct):
             assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
             description="A run's vLLM and trainer pods: its queues, its dataset, its outputs",
         )
-        role.add_to_policy(
-            iam.PolicyStatement(
-                actions=[
-                    "sqs:ReceiveMessage",
-                    "sqs:DeleteMessage",
-                    "sqs:ChangeMessageVisibility",
-                    "sqs:GetQueueAttributes",
-                    "sqs:SendMessage",
-                ],
-                resources=[run_queue_arns],
-            )
-        )
+        role.add_to_policy(run_queue_access(run_queue_arns, send=True))
         datasets = bucket.arn_for_objects(f"{TRAINING_DATA_PREFIX}*")
         outputs = bucket.arn_for_objects(f"{RUNS_PREFIX}*")
         role.add_to_policy(

@@ -7,7 +7,8 @@ import json
 import boto3
 import pytest
 
-from lambdas.pipeline import handlers
+from lambdas.pipeline import backends, handlers
+from lambdas.pipeline.backends import JobStatus, RewardFleet, RunContext, TrainingCluster
 from lambdas.pipeline.handlers import DatasetInvalid, Upload
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.conversations import create_table
@@ -208,7 +209,62 @@ def test_the_end_notification_records_how_the_run_ended(env: dict) -> None:
     assert (run.status, run.error) == ("failed", "Boom: no")
 
 
-def test_the_reaper_tears_down_overdue_and_orphaned_runs_only(env: dict) -> None:
+class RecordingCompute(RewardFleet, TrainingCluster):
+    """Both planes in one: records which runs the reaper releases; `stuck` runs fail to delete."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.stuck: set[str] = set()
+
+    def start(self, run: RunContext, *, workers: int) -> list[str]:
+        raise AssertionError("the reaper starts nothing")
+
+    def healthy(self, run: RunContext) -> int:
+        return 0
+
+    def stop(self, run: RunContext) -> int:
+        self.calls.append(("stop", run.run_id))
+        return 2
+
+    def scale_up(self, run: RunContext, *, instances: int) -> None:
+        raise AssertionError("the reaper scales nothing up")
+
+    def nodes_ready(self, run: RunContext) -> int:
+        return 0
+
+    def submit(self, run: RunContext, *, config: dict) -> str:
+        raise AssertionError("the reaper submits nothing")
+
+    def status(self, run: RunContext) -> JobStatus:
+        return JobStatus("running")
+
+    def delete(self, run: RunContext) -> int:
+        if run.run_id in self.stuck:
+            raise RuntimeError(f"namespace of {run.run_id} is still terminating")
+        self.calls.append(("delete", run.run_id))
+        return 7
+
+    def scale_down(self, run: RunContext) -> None:
+        self.calls.append(("scale_down", run.run_id))
+
+    def release_idle(self) -> bool:
+        return False
+
+
+@pytest.fixture
+def reaper_compute(env: dict) -> RecordingCompute:
+    compute = RecordingCompute()
+    backends.register_fleet("recording", lambda: compute)
+    backends.register_cluster("recording", lambda: compute)
+    env["settings"] = env["settings"].model_copy(
+        update={"reward_fleet_backend": "recording", "training_cluster_backend": "recording"}
+    )
+    return compute
+
+
+def test_the_reaper_tears_down_overdue_and_orphaned_runs_only(
+    env: dict, reaper_compute: RecordingCompute
+) -> None:
     s3, settings, sfn = env["s3"], env["settings"], env["sfn"]
     runs = RunStore(boto3.client("dynamodb"), "runs")
     ids = {}
@@ -233,6 +289,13 @@ def test_the_reaper_tears_down_overdue_and_orphaned_runs_only(env: dict) -> None
         and reaped[ids["orphaned"]]["reason"] == "its execution is MISSING"
     )
     assert all(entry["leftover"] == 0 for entry in reaped.values())
+    # Their compute went first: workers stopped, job deleted, nodes let go.
+    assert sorted(reaper_compute.calls) == sorted(
+        (call, ids[name])
+        for name in ("overdue", "orphaned")
+        for call in ("stop", "delete", "scale_down")
+    )
+    assert all(entry["job_objects_deleted"] == 7 for entry in reaped.values())
     execution = (
         f"{settings.state_machine_arn.replace(':stateMachine:', ':execution:')}:{ids['overdue']}"
     )
@@ -270,3 +333,25 @@ def test_the_validate_lambda_rejects_malformed_datasets_with_line_numbers(
         handlers.validate(_event("training-data/m.jsonl", version), s3=env["s3"])
     message = str(raised.value)
     assert ("line " in message or "file: " in message) and "full report s3://data/runs/" in message
+
+
+def test_a_run_whose_compute_will_not_go_yet_is_reaped_next_time(
+    env: dict, reaper_compute: RecordingCompute
+) -> None:
+    s3, settings, sfn = env["s3"], env["settings"], env["sfn"]
+    runs = RunStore(boto3.client("dynamodb"), "runs")
+    version = s3.put_object(Bucket=BUCKET, Key="training-data/lost.jsonl", Body=GOOD)["VersionId"]
+    upload = {"bucket": BUCKET, "key": "training-data/lost.jsonl", "version_id": version}
+    run_id = handlers.register(upload, s3=s3, settings=settings, now=0.0)["run_id"]
+    handlers.provision({"run_id": run_id}, settings=settings)
+    reaper_compute.stuck.add(run_id)
+    first = handlers.reap({}, settings=settings, sfn=sfn, now=10.0)
+    assert first["reaped"] == []
+    assert first["retry"] == [
+        {"run_id": run_id, "error": f"RuntimeError: namespace of {run_id} is still terminating"}
+    ]
+    assert runs.get(run_id).status == "registered"  # still unfinished: the next schedule retries
+    reaper_compute.stuck.clear()
+    second = handlers.reap({}, settings=settings, sfn=sfn, now=20.0)
+    assert [entry["run_id"] for entry in second["reaped"]] == [run_id]
+    assert runs.get(run_id).status == "failed"
