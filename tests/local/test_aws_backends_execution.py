@@ -50,19 +50,31 @@ class Fargate(Recorded):
 
 
 class JobController:
-    """The training operator, scripted: the job runs once read, then completes."""
+    """The training operator and kubelet, scripted: the job runs once read, then completes —
+    or, with `bad_image`, its trainer pod cannot pull its image."""
 
     def __init__(self, api: FakeKubernetes) -> None:
-        self.api, self.reads = api, 0
+        self.api, self.reads, self.bad_image = api, 0, False
 
     def __call__(self, method: str, path: str) -> None:
         if method != "GET" or not path.endswith("/hyperpodpytorchjobs/trainer"):
             return
-        for collection, items in self.api.objects.items():
+        for collection, items in list(self.api.objects.items()):
             if collection.endswith("/hyperpodpytorchjobs") and "trainer" in items:
                 self.reads += 1
-                state = "Running" if self.reads == 1 else "Completed"
+                state = "Running" if self.reads == 1 or self.bad_image else "Completed"
                 items["trainer"]["status"] = {"conditions": [{"type": state, "status": "True"}]}
+                if self.bad_image:
+                    pods = collection.replace(
+                        "/apis/sagemaker.amazonaws.com/v1", "/api/v1"
+                    ).replace("/hyperpodpytorchjobs", "/pods")
+                    self.api.objects.setdefault(pods, {})["trainer-0"] = {
+                        "metadata": {"name": "trainer-0"},
+                        "status": {"containerStatuses": [{
+                            "name": "pytorch", "image": "trainer:missing",
+                            "state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}},
+                        }]},
+                    }  # fmt: skip
 
 
 @pytest.fixture
@@ -74,7 +86,8 @@ def deployed(
         deployed_pipeline(default_app, monkeypatch, backend=BACKEND) as (pipeline, clients),
     ):
         api.accepted.add(TOKEN)
-        api.on_request = JobController(api)
+        controller = JobController(api)
+        api.on_request = controller
         ecs = Fargate(boto3.client("ecs"))
         fleet = EcsRewardFleet(deploy_fleet_base(), ecs=ecs)
         sagemaker, eks = FakeSageMaker(), FakeEks()
@@ -100,7 +113,14 @@ def deployed(
         yield (
             pipeline,
             clients,
-            {"api": api, "ecs": ecs, "sagemaker": sagemaker, "fleet": fleet, "eks": eks},
+            {
+                "api": api,
+                "ecs": ecs,
+                "sagemaker": sagemaker,
+                "fleet": fleet,
+                "eks": eks,
+                "controller": controller,
+            },
         )
 
 
@@ -154,3 +174,21 @@ def test_a_run_on_the_aws_backends_submits_scales_finishes_and_leaves_nothing(de
     )
     (notice,) = _notifications(clients)
     assert notice.startswith(f"nova-mtrl run {run_id} SUCCEEDED")
+
+
+def test_a_job_that_cannot_start_fails_the_run_with_the_reason_and_leaves_nothing(
+    deployed,
+) -> None:
+    pipeline, clients, aws = deployed
+    aws["controller"].bad_image = True
+    started = _upload(pipeline, clients, "training-data/wordle.jsonl", GOOD)
+    described = _finish(clients, started["execution_arn"])
+    assert described["status"] == "FAILED" and described["error"] == "TrainingJobFailed"
+    reason = "image pull failed for trainer:missing (pod trainer-0, container pytorch): not found"
+    assert described["cause"] == f"failed: {reason}"
+    (notice,) = _notifications(clients)
+    assert reason in notice
+    assert [u["InstanceGroups"][1]["InstanceCount"] for u in aws["sagemaker"].updates] == [4, 0]
+    assert not any(items for items in aws["api"].objects.values())
+    assert aws["eks"].associations == {}
+    assert _run_queues(clients) == []
