@@ -2,8 +2,8 @@
 
 EKS access policies cover built-in kinds only and cannot create namespaces, so the pipeline's
 roles get an access entry in the group `<prefix>:pipeline`, and this group gets exactly what a
-run needs: its namespace, service account, config map, Service, Deployment and job; pods and
-events to read.
+run needs: its namespace, service account, config map, Service, Deployment and job; pods,
+events and nodes to read.
 RBAC cannot limit a create to names of a pattern, so a ValidatingAdmissionPolicy (GA since
 Kubernetes 1.30) refuses any change by that group outside `<prefix>-run-*` namespaces.
 """
@@ -39,7 +39,9 @@ def pipeline_rbac(prefix: str) -> list[dict[str, Any]]:
     rules = [
         {"apiGroups": [api], "resources": resources, "verbs": WRITE} for api, resources in MANAGED
     ]
-    rules.append({"apiGroups": [""], "resources": ["pods", "events"], "verbs": ["get", "list"]})
+    rules.append(
+        {"apiGroups": [""], "resources": ["pods", "events", "nodes"], "verbs": ["get", "list"]}
+    )
     return [
         {
             "apiVersion": RBAC_API,

@@ -125,6 +125,7 @@ def register(
         default_config=settings.default_config,
         now=time.time() if now is None else now,
         presets=settings.model_presets,
+        instance_type=settings.training_instance_type,
     )
     return {
         "run_id": registered.run.run_id,

@@ -2,7 +2,9 @@
 through the EKS cluster's Kubernetes API.
 
 - scale_up / nodes_ready / scale_down: the run's lease on the GPU instance group
-  (lambdas/pipeline/hyperpod_capacity.py), with the deployment's keep-warm period;
+  (lambdas/pipeline/hyperpod_capacity.py), with the deployment's keep-warm period; a node
+  counts once SageMaker has it running and Kubernetes can schedule on it (Ready, not
+  cordoned, and passed HyperPod's health checks);
 - submit: server-side apply of the run's objects (lambdas/kubernetes/training_job.py), so a
   resubmission changes nothing, and an EKS Pod Identity association that gives the run's
   service account the deployment's training-job role (one per run: associations name one
@@ -47,6 +49,9 @@ IMAGE_PULL_ERRORS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "Er
 CRASH_LOOP_RESTARTS = 3  # a container restarted this often is not coming back by itself
 DONE = {"Succeeded", "Complete", "Completed"}  # Kubeflow says Succeeded, HyperPod Complete(d)
 DELETE_POLL_SECONDS = 2.0
+# HyperPod labels each node with the outcome of its health checks.
+HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 
 class JobStillDeleting(RuntimeError):
@@ -63,6 +68,7 @@ class HyperPodSettings(BaseModel):
     eks_cluster: str = Field(alias="EKS_CLUSTER")
     hyperpod_cluster: str = Field(alias="HYPERPOD_CLUSTER")
     instance_group: str = Field(alias="HYPERPOD_INSTANCE_GROUP")
+    instance_type: str = Field(alias="HYPERPOD_INSTANCE_TYPE")
     job_kind: JobKind = Field(default="HyperPodPyTorchJob", alias="TRAINING_JOB_KIND")
     presets: Json[dict[str, ModelPreset]] = Field(alias="MODEL_PRESETS")
     account: str = Field(alias="ACCOUNT_ID")
@@ -118,7 +124,15 @@ class HyperPodTrainingCluster(TrainingCluster):
         self.capacity.scale_up(run.run_id, instances, now=self._clock())
 
     def nodes_ready(self, run: RunContext) -> int:
-        return self.capacity.ready_nodes()
+        running = self.capacity.ready_nodes()
+        if running == 0:
+            return 0
+        nodes = self.kubernetes.list(
+            "v1",
+            "Node",
+            labels={INSTANCE_TYPE_LABEL: self.settings.instance_type, HEALTH_LABEL: "Schedulable"},
+        )
+        return min(running, sum(1 for node in nodes if schedulable(node)))
 
     def scale_down(self, run: RunContext) -> None:
         self.capacity.scale_down(
@@ -272,6 +286,14 @@ def pod_problem(pods: list[dict[str, Any]]) -> str | None:
                 exit_code = last.get("exitCode")
                 return f"crash loop: {where} restarted {container['restartCount']} times (last exit code {exit_code}); see its logs"
     return None
+
+
+def schedulable(node: dict[str, Any]) -> bool:
+    ready = any(
+        condition.get("type") == "Ready" and condition.get("status") == "True"
+        for condition in node.get("status", {}).get("conditions", [])
+    )
+    return ready and not node.get("spec", {}).get("unschedulable", False)
 
 
 def unschedulable(pods: list[dict[str, Any]]) -> str | None:

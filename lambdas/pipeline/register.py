@@ -67,8 +67,9 @@ def register_run(
     now: float,
     prices: InstancePrices | None = None,
     presets: dict[str, ModelPreset] | None = None,
+    instance_type: str | None = None,
 ) -> Registered:
-    """`presets`: the training cluster's model presets; the config must fit one of them."""
+    """`presets` and `instance_type`: what the training cluster offers; the config must fit."""
     run_id = run_id_for(bucket, key, version_id)
     name, config = resolve_config(
         s3, bucket=bucket, key=key, version_id=version_id, default=default_config
@@ -78,6 +79,11 @@ def register_run(
         raise BudgetExceeded(
             f"run {run_id} ({name}): {cost.describe()}; raise budget_usd or lower deadline_hours or "
             "instance_count in the config"
+        )
+    if instance_type is not None and config.instance_type != instance_type:
+        raise TrainingConfigError(
+            f"config {name}: instance_type: {config.instance_type} is not what this deployment's "
+            f"training instance group runs ({instance_type}); set instance_type: {instance_type}"
         )
     if presets is not None:
         preset_for(config, presets)

@@ -33,6 +33,7 @@ class PipelineSettings(BaseModel):
     # The training cluster's model presets, to refuse a config it cannot run before any resource
     # exists (unset where the cluster needs none: local mode).
     model_presets: Json[dict[str, ModelPreset]] | None = Field(default=None, alias="MODEL_PRESETS")
+    training_instance_type: str | None = Field(default=None, alias="HYPERPOD_INSTANCE_TYPE")
 
     def router_wiring(
         self, *, sqs: Any = None, cloudwatch: Any = None, lambda_client: Any = None

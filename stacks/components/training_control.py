@@ -76,6 +76,7 @@ class TrainingClusterControl(Construct):
             "EKS_CLUSTER": self._eks_name,
             "HYPERPOD_CLUSTER": hyperpod_cluster_name(config),
             "HYPERPOD_INSTANCE_GROUP": config.training_group.name,
+            "HYPERPOD_INSTANCE_TYPE": config.training_group.instance_type,
             "TRAINING_JOB_KIND": config.training_job_kind,
             "MODEL_PRESETS": json.dumps(
                 {

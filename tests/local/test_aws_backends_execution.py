@@ -50,13 +50,28 @@ class Fargate(Recorded):
 
 
 class JobController:
-    """The training operator and kubelet, scripted: the job runs once read, then completes —
-    or, with `bad_image`, its trainer pod cannot pull its image."""
+    """The training operator and kubelet, scripted: HyperPod's GPU nodes join as SageMaker runs
+    them; the job runs once read, then completes — or, with `bad_image`, its trainer pod cannot
+    pull its image."""
 
-    def __init__(self, api: FakeKubernetes) -> None:
-        self.api, self.reads, self.bad_image = api, 0, False
+    def _nodes(self) -> None:
+        (gpu,) = [g for g in self.sagemaker.groups if g["InstanceGroupName"] == "gpu"]
+        self.api.objects["/api/v1/nodes"] = {
+            f"hyperpod-{i}": {
+                "metadata": {"name": f"hyperpod-{i}", "labels": {
+                    "node.kubernetes.io/instance-type": gpu["InstanceType"],
+                    "sagemaker.amazonaws.com/node-health-status": "Schedulable"}},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            }
+            for i in range(gpu["TargetCount"])
+        }  # fmt: skip
+
+    def __init__(self, api: FakeKubernetes, sagemaker: FakeSageMaker) -> None:
+        self.api, self.sagemaker, self.reads, self.bad_image = api, sagemaker, 0, False
 
     def __call__(self, method: str, path: str) -> None:
+        if path == "/api/v1/nodes":
+            self._nodes()
         if method != "GET" or not path.endswith("/hyperpodpytorchjobs/trainer"):
             return
         for collection, items in list(self.api.objects.items()):
@@ -86,11 +101,11 @@ def deployed(
         deployed_pipeline(default_app, monkeypatch, backend=BACKEND) as (pipeline, clients),
     ):
         api.accepted.add(TOKEN)
-        controller = JobController(api)
-        api.on_request = controller
         ecs = Fargate(boto3.client("ecs"))
         fleet = EcsRewardFleet(deploy_fleet_base(), ecs=ecs)
         sagemaker, eks = FakeSageMaker(), FakeEks()
+        controller = JobController(api, sagemaker)
+        api.on_request = controller
         # The settings as the stack wrote them for the functions.
         settings = HyperPodSettings.model_validate(
             {**pipeline.environment, "AWS_REGION": "us-east-1"}
@@ -136,6 +151,8 @@ def test_a_run_on_the_aws_backends_submits_scales_finishes_and_leaves_nothing(de
     # GPU nodes: up to the config's 4 for the run, back to zero after it.
     counts = [update["InstanceGroups"][1]["InstanceCount"] for update in sagemaker.updates]
     assert counts == [4, 0]
+    # Nodes counted ready only once Kubernetes could schedule on them.
+    assert any(path.startswith("/api/v1/nodes?") for method, path, _ in api.requests)
     # The job: every object applied in the run's namespace, read until complete, then deleted.
     applied = [path.split("?")[0] for method, path, _ in api.requests if method == "PATCH"]
     assert applied[0] == f"/api/v1/namespaces/{namespace}"
@@ -143,7 +160,8 @@ def test_a_run_on_the_aws_backends_submits_scales_finishes_and_leaves_nothing(de
     assert ("DELETE", f"/api/v1/namespaces/{namespace}") in [
         (m, p.split("?")[0]) for m, p, _ in api.requests
     ]
-    assert not any(items for items in api.objects.values())
+    assert not any(items for path, items in api.objects.items() if namespace in path)
+    assert namespace not in api.objects["/api/v1/namespaces"]
     created_associations = [
         op for op, _ in aws["eks"].requests if op == "CreatePodIdentityAssociation"
     ]
@@ -189,6 +207,8 @@ def test_a_job_that_cannot_start_fails_the_run_with_the_reason_and_leaves_nothin
     (notice,) = _notifications(clients)
     assert reason in notice
     assert [u["InstanceGroups"][1]["InstanceCount"] for u in aws["sagemaker"].updates] == [4, 0]
-    assert not any(items for items in aws["api"].objects.values())
+    namespace = run_namespace("nova-mtrl", started["run_id"])
+    assert not any(items for path, items in aws["api"].objects.items() if namespace in path)
+    assert namespace not in aws["api"].objects["/api/v1/namespaces"]
     assert aws["eks"].associations == {}
     assert _run_queues(clients) == []

@@ -59,6 +59,7 @@ def settings(**overrides: Any) -> HyperPodSettings:
             "EKS_CLUSTER": "nova-mtrl-eks",
             "HYPERPOD_CLUSTER": "nova-mtrl",
             "HYPERPOD_INSTANCE_GROUP": "gpu",
+            "HYPERPOD_INSTANCE_TYPE": "ml.p5.48xlarge",
             "MODEL_PRESETS": json.dumps({k: v.model_dump() for k, v in presets.items()}),
             "ACCOUNT_ID": "123456789012",
             "AWS_REGION": "us-east-1",
@@ -252,13 +253,42 @@ def test_delete_that_outlasts_the_wait_raises_for_a_retry(
         cluster.delete(RUN)
 
 
+def add_node(api: FakeKubernetes, name: str, *, health: str = "Schedulable", ready: str = "True",
+             cordoned: bool = False, instance_type: str = "ml.p5.48xlarge") -> None:  # fmt: skip
+    api.objects.setdefault("/api/v1/nodes", {})[name] = {
+        "metadata": {"name": name, "labels": {
+            "node.kubernetes.io/instance-type": instance_type,
+            "sagemaker.amazonaws.com/node-health-status": health}},
+        "spec": {"unschedulable": cordoned},
+        "status": {"conditions": [{"type": "Ready", "status": ready}]},
+    }  # fmt: skip
+
+
+def test_a_node_is_ready_once_running_and_schedulable(
+    cluster: HyperPodTrainingCluster, api: FakeKubernetes
+) -> None:
+    assert cluster.nodes_ready(RUN) == 0  # nothing running: Kubernetes is not even asked
+    assert not any("/api/v1/nodes" in path for _, path, _ in api.requests)
+    cluster.scale_up(RUN, instances=4)  # SageMaker now reports 4 running
+    add_node(api, "hp-1")
+    add_node(api, "hp-2")
+    add_node(api, "hp-3", health="UnschedulablePendingReplacement")
+    add_node(api, "hp-4", ready="False")
+    add_node(api, "hp-5", cordoned=True)
+    add_node(api, "cpu-1", instance_type="ml.m5.2xlarge")
+    assert cluster.nodes_ready(RUN) == 2
+    for name in ("hp-3", "hp-4", "hp-5", "hp-6"):
+        add_node(api, name)
+    assert cluster.nodes_ready(RUN) == 4  # never more than SageMaker has running
+
+
 def test_nodes_scale_through_the_lease_with_keep_warm(
     aws: None, api: FakeKubernetes, clock: Clock
 ) -> None:
     cluster = make_cluster(api, clock, KEEP_WARM_SECONDS="900")
     sagemaker = cluster.capacity._sagemaker
     cluster.scale_up(RUN, instances=4)
-    assert cluster.nodes_ready(RUN) == 4
+    assert cluster.capacity.ready_nodes() == 4
     cluster.scale_down(RUN)
     assert sagemaker.groups[1]["TargetCount"] == 4  # kept warm
     assert cluster.capacity.scale_idle(keep_warm_seconds=900, now=clock.now + 900) is True

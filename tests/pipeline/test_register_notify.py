@@ -169,18 +169,27 @@ def test_a_config_the_cluster_cannot_run_is_refused_before_anything_exists(s3_an
     presets = PlatformConfig.from_context(deployment_context()).model_presets
     small = yaml.safe_dump({**_lora(), "instance_count": 2})
     s3.put_object(Bucket=BUCKET, Key="configs/small.yaml", Body=small.encode())
+    other = yaml.safe_dump({**_lora(), "instance_type": "ml.g5.48xlarge"})
+    s3.put_object(Bucket=BUCKET, Key="configs/other.yaml", Body=other.encode())
     for config, error in (
         ("configs/small.yaml", "instance_count 2 leaves no node for the trainer"),
+        (
+            "configs/other.yaml",
+            "instance_type: ml.g5.48xlarge is not what this deployment's "
+            r"training instance group runs \(ml.p5.48xlarge\)",
+        ),
         ("rft_multiturn_lora", None),
     ):
         version = _upload(s3, metadata={"mtrl-config": config})
         if error is None:
             assert register_run(s3, runs, bucket=BUCKET, key="training-data/w.jsonl", version_id=version,
-                                default_config="rft_multiturn_lora", now=0.0, presets=presets).created  # fmt: skip
+                                default_config="rft_multiturn_lora", now=0.0, presets=presets,
+                                instance_type="ml.p5.48xlarge").created  # fmt: skip
             continue
-        with pytest.raises(JobRenderError, match=error):
+        with pytest.raises((JobRenderError, TrainingConfigError), match=error):
             register_run(s3, runs, bucket=BUCKET, key="training-data/w.jsonl", version_id=version,
-                         default_config="rft_multiturn_lora", now=0.0, presets=presets)  # fmt: skip
+                         default_config="rft_multiturn_lora", now=0.0, presets=presets,
+                         instance_type="ml.p5.48xlarge")  # fmt: skip
         assert boto3.client("dynamodb").scan(TableName="runs")["Count"] == 0
 
 
