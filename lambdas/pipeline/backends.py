@@ -7,12 +7,16 @@ mode). Implementations register under a name; the deployment's configuration pic
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 JobPhase = Literal["pending", "running", "succeeded", "failed", "pending_too_long"]
+# A trainer's progress, one JSON object per finished step (with "step"), under the run's output
+# prefix: what a backend reads to tell a stalled job from a slow one.
+METRICS_OBJECT = "metrics.jsonl"
 
 
 @dataclass(frozen=True)
@@ -123,3 +127,20 @@ def _pick(known: dict[str, Callable[[], Any]], name: str, kind: str) -> Callable
         choices = ", ".join(sorted(known)) or "none registered"
         raise LookupError(f"no {kind} backend {name!r} (known: {choices})")
     return known[name]
+
+
+def last_step(s3: Any, *, bucket: str, key: str, tail_bytes: int = 8192) -> int | None:
+    """The last step a trainer recorded in its metrics object (None before the first), read from
+    the object's tail only: it grows by a line a step for the whole run."""
+    try:
+        body = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=-{tail_bytes}")["Body"].read()
+    except s3.exceptions.NoSuchKey:
+        return None
+    for line in reversed(body.decode("utf-8", errors="replace").splitlines()):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the tail may start mid-line
+        if isinstance(record, dict) and isinstance(record.get("step"), int):
+            return record["step"]
+    return None

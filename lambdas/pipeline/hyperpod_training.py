@@ -9,7 +9,8 @@ through the EKS cluster's Kubernetes API.
   resubmission changes nothing, and an EKS Pod Identity association that gives the run's
   service account the deployment's training-job role (one per run: associations name one
   namespace);
-- status: the job's conditions, and what its pods say when it is stuck — image pull errors,
+- status: the job's conditions, the trainer's last step (from the tail of its metrics object
+  under the run's outputs: stall detection), and what its pods say when it is stuck — image pull errors,
   crash loops and OOM kills fail the run with that reason; unschedulable pods keep it pending
   until `pending_limit_seconds`, then `pending_too_long`;
 - delete: the run's Pod Identity association and namespace (with everything in it), waiting
@@ -22,6 +23,7 @@ import datetime
 import os
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import boto3
@@ -41,7 +43,13 @@ from lambdas.kubernetes.training_job import (
     render,
     run_namespace,
 )
-from lambdas.pipeline.backends import JobStatus, RunContext, TrainingCluster
+from lambdas.pipeline.backends import (
+    METRICS_OBJECT,
+    JobStatus,
+    RunContext,
+    TrainingCluster,
+    last_step,
+)
 from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
 from training_configs.schema import TrainingConfig
 
@@ -91,13 +99,14 @@ class HyperPodTrainingCluster(TrainingCluster):
         kubernetes: KubernetesClient,
         capacity: HyperPodCapacity,
         eks: Any,
+        s3: Any,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.settings = settings
         self.kubernetes = kubernetes
         self.capacity = capacity
-        self.eks = eks
+        self.eks, self.s3 = eks, s3
         self._clock, self._sleep = clock, sleep
 
     @classmethod
@@ -113,7 +122,9 @@ class HyperPodTrainingCluster(TrainingCluster):
             cluster=settings.hyperpod_cluster,
             instance_group=settings.instance_group,
         )
-        return cls(settings, kubernetes=kubernetes, capacity=capacity, eks=eks)
+        return cls(
+            settings, kubernetes=kubernetes, capacity=capacity, eks=eks, s3=boto3.client("s3")
+        )
 
     def namespace(self, run: RunContext) -> str:
         return run_namespace(self.settings.prefix, run.run_id)
@@ -190,9 +201,11 @@ class HyperPodTrainingCluster(TrainingCluster):
         if job is None:
             return JobStatus("failed", f"training job {namespace}/{JOB_NAME} does not exist")
         pods = self.kubernetes.list("v1", "Pod", namespace=namespace)
-        return job_status(
+        status = job_status(
             job, pods, now=self._clock(), pending_limit_seconds=self.settings.pending_limit_seconds
         )
+        step = last_step(self.s3, bucket=run.bucket, key=f"{run.output_prefix}{METRICS_OBJECT}")
+        return replace(status, step=step)
 
     def delete(self, run: RunContext) -> int:
         """Delete the run's namespace and wait until it is gone; returns how many of the run's

@@ -419,6 +419,11 @@ class TrainingPipeline(Construct):
             self.runs_table.grant_read_write_data(f[name])
         conversations.grant_read_write_data(f["start_workers"])
         self.runs_table.grant_read_data(f["monitor"])
+        # The trainer's metrics under runs/<run id>/ tell the monitor its last step.
+        f["monitor"].add_to_role_policy(
+            iam.PolicyStatement(actions=["s3:GetObject"], resources=[run_outputs])
+        )
+        data_key.grant_decrypt(f["monitor"])
         f["collect"].add_to_role_policy(
             iam.PolicyStatement(
                 actions=["s3:ListBucket"],

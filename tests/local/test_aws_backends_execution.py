@@ -122,6 +122,7 @@ def deployed(
                 instance_group=settings.instance_group,
             ),
             eks=eks,
+            s3=boto3.client("s3"),
         )
         backends.register_fleet(BACKEND, lambda: fleet)
         backends.register_cluster(BACKEND, lambda: cluster)

@@ -96,6 +96,7 @@ def clock() -> Clock:
 def make_cluster(api: FakeKubernetes, clock: Clock, **overrides: Any) -> HyperPodTrainingCluster:
     db = boto3.client("dynamodb")
     create_runs_table(db, "runs")
+    boto3.client("s3").create_bucket(Bucket=RUN.bucket)  # where the trainer writes its metrics
     return HyperPodTrainingCluster(
         settings(**overrides),
         kubernetes=KubernetesClient(
@@ -105,6 +106,7 @@ def make_cluster(api: FakeKubernetes, clock: Clock, **overrides: Any) -> HyperPo
             FakeSageMaker(), CapacityLeases(db, "runs"), cluster="nova-mtrl", instance_group="gpu"
         ),
         eks=FakeEks(),
+        s3=boto3.client("s3"),
         clock=clock,
         sleep=clock.sleep,
     )
@@ -167,6 +169,23 @@ def test_a_model_without_preset_fails_before_anything_is_applied(
     ):
         cluster.submit(RUN, config={**CONFIG, "model": "llama-9"})
     assert api.requests == []
+
+
+def test_status_carries_the_trainers_last_step_from_its_metrics(
+    cluster: HyperPodTrainingCluster, api: FakeKubernetes
+) -> None:
+    s3 = boto3.client("s3")
+    cluster.submit(RUN, config=CONFIG)
+    set_job_condition(api, "Running")
+    assert cluster.status(RUN).step is None  # no metrics yet
+    lines = [
+        json.dumps({"step": step, "mean_reward": 0.1, "pad": "x" * 900}) for step in range(1, 13)
+    ]
+    s3.put_object(
+        Bucket=RUN.bucket, Key=f"{RUN.output_prefix}metrics.jsonl", Body="\n".join(lines) + "\n"
+    )
+    status = cluster.status(RUN)
+    assert (status.phase, status.step) == ("running", 12)
 
 
 def test_status_follows_the_job_conditions(

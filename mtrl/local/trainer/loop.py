@@ -25,6 +25,7 @@ from typing import Any, TextIO
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from lambdas.pipeline.backends import METRICS_OBJECT
 from mtrl.dataset import DatasetRecord, read_records
 from mtrl.local.trainer.grpo import Adam, Episode, group_advantages, objective_and_gradient
 from mtrl.local.trainer.policy import Decision, Policy
@@ -337,7 +338,7 @@ class Trainer:
         )
         self.history.append(metrics)
         self._put(
-            "metrics.jsonl",
+            METRICS_OBJECT,
             "".join(json.dumps(asdict(m)) + "\n" for m in self.history).encode(),
             "application/x-ndjson",
         )
