@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from mtrl import __version__
-from mtrl.dataset import DatasetValidator
+from mtrl.console import check_dataset, err, out, print_problem
 from mtrl.env_commands import env_app
 from mtrl.local_command import local
+from mtrl.ops_commands import cost_command, runs_command, status_command, submit_command
 from stacks.config import ConfigError, PlatformConfig, deployment_context
 
 app = typer.Typer(
@@ -23,8 +23,10 @@ app = typer.Typer(
 )
 app.add_typer(env_app, name="env")
 app.command("local")(local)
-out = Console()
-err = Console(stderr=True, soft_wrap=True, highlight=False)
+app.command("submit")(submit_command)
+app.command("runs")(runs_command)
+app.command("status")(status_command)
+app.command("cost")(cost_command)
 
 
 @app.callback()
@@ -44,22 +46,10 @@ def validate(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Check a dataset: every problem as `line N: field: what is wrong`; exit 0 valid, 1 invalid."""
-    if not file.is_file():
-        err.print(f"error: {file}: no such file (give the path of a .jsonl dataset)")
-        raise typer.Exit(2)
-    validator = DatasetValidator()
-    found = []
-    try:
-        with file.open("rb") as stream:
-            for problem in validator.problems(stream):
-                if as_json:
-                    found.append(problem.as_dict())
-                else:
-                    out.print(str(problem), highlight=False, soft_wrap=True, markup=False)
-    except OSError as error:
-        err.print(f"error: {file}: cannot read ({error.strerror})")
-        raise typer.Exit(2) from None
-    summary = validator.summary
+    found: list[dict] = []
+    summary = check_dataset(
+        file, (lambda problem: found.append(problem.as_dict())) if as_json else print_problem
+    )
     if as_json:
         out.print_json(
             json.dumps(

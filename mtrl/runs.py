@@ -112,14 +112,17 @@ class RunStore:
 
     def unfinished(self) -> list[RunRecord]:
         """Runs not yet succeeded or failed (a scan: the table holds runs, not turns)."""
-        found = []
-        for page in self._db.get_paginator("scan").paginate(TableName=self._table):
-            for item in page["Items"]:
-                if item["run_id"]["S"].startswith(LEASE_PREFIX):
-                    continue
-                if item["status"]["S"] not in FINISHED:
-                    found.append(RunRecord.model_validate_json(item["record"]["S"]))
-        return found
+        return [run for run in self.all() if run.status not in FINISHED]
+
+    def all(self) -> list[RunRecord]:
+        """Every run, newest first (capacity leases are not runs)."""
+        found = [
+            RunRecord.model_validate_json(item["record"]["S"])
+            for page in self._db.get_paginator("scan").paginate(TableName=self._table)
+            for item in page["Items"]
+            if not item["run_id"]["S"].startswith(LEASE_PREFIX)
+        ]
+        return sorted(found, key=lambda run: run.created_at, reverse=True)
 
 
 def create_runs_table(dynamodb: Any, table_name: str) -> None:

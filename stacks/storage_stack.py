@@ -5,8 +5,9 @@ from __future__ import annotations
 import aws_cdk as cdk
 from constructs import Construct
 
+from mtrl.bucket import TRAINING_DATA_PREFIX
 from stacks.base import PlatformStack
-from stacks.components.storage import TRAINING_DATA_PREFIX, Storage
+from stacks.components.storage import Storage
 from stacks.config import PlatformConfig
 
 

@@ -129,9 +129,17 @@ def _pick(known: dict[str, Callable[[], Any]], name: str, kind: str) -> Callable
     return known[name]
 
 
-def last_step(s3: Any, *, bucket: str, key: str, tail_bytes: int = 8192) -> int | None:
-    """The last step a trainer recorded in its metrics object (None before the first), read from
-    the object's tail only: it grows by a line a step for the whole run."""
+def last_step(s3: Any, *, bucket: str, key: str) -> int | None:
+    """The last step a trainer recorded in its metrics object (None before the first)."""
+    metrics = last_metrics(s3, bucket=bucket, key=key)
+    return metrics["step"] if metrics else None
+
+
+def last_metrics(
+    s3: Any, *, bucket: str, key: str, tail_bytes: int = 8192
+) -> dict[str, Any] | None:
+    """The last step's metrics a trainer recorded, read from the object's tail only: it grows
+    by a line a step for the whole run."""
     try:
         body = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=-{tail_bytes}")["Body"].read()
     except s3.exceptions.NoSuchKey:
@@ -142,5 +150,5 @@ def last_step(s3: Any, *, bucket: str, key: str, tail_bytes: int = 8192) -> int 
         except json.JSONDecodeError:
             continue  # the tail may start mid-line
         if isinstance(record, dict) and isinstance(record.get("step"), int):
-            return record["step"]
+            return record
     return None

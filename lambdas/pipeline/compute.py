@@ -20,6 +20,7 @@ from lambdas.pipeline.ecs_fleet import EcsRewardFleet
 from lambdas.pipeline.hyperpod_training import HyperPodTrainingCluster
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.conversations import ConversationStore
+from mtrl.bucket import run_output_prefix
 from mtrl.runs import RunStore
 
 # The deployed planes. Local mode registers its own under "local" (mtrl/local/session.py).
@@ -43,7 +44,7 @@ def _context(event: dict[str, Any], *, run_token: str = "") -> RunContext:
         bucket=event["bucket"],
         dataset_key=event["key"],
         dataset_version=event.get("version_id"),
-        output_prefix=f"runs/{run['run_id']}/",
+        output_prefix=run_output_prefix(run["run_id"]),
         settings={
             "rollout_concurrency": config["rollout_concurrency"],
             "rollout_timeout_seconds": config["rollout_timeout_seconds"],
@@ -159,7 +160,7 @@ def collect(event: dict[str, Any], context: Any = None, *, s3: Any = None) -> di
     """Write `runs/<run_id>/summary.json` (config, job, outputs found) next to the run's outputs."""
     s3 = s3 or boto3.client("s3")
     bucket, run_id = event["bucket"], event["run"]["run_id"]
-    prefix = f"runs/{run_id}/"
+    prefix = run_output_prefix(run_id)
     listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
     summary = {
         "run_id": run_id,
@@ -216,7 +217,7 @@ def teardown_context(run_id: str, *, bucket: str, key: str, version_id: str | No
         bucket=bucket,
         dataset_key=key,
         dataset_version=version_id,
-        output_prefix=f"runs/{run_id}/",
+        output_prefix=run_output_prefix(run_id),
     )
 
 

@@ -60,6 +60,11 @@ def _name(*parts: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "-", "-".join(parts))[:255]
 
 
+def worker_service_name(prefix: str, run_id: str) -> str:
+    """The ECS service of a run's reward workers."""
+    return _name(prefix, run_id, "workers")
+
+
 class EcsRewardFleet(RewardFleet):
     def __init__(
         self,
@@ -83,7 +88,7 @@ class EcsRewardFleet(RewardFleet):
     # --- names of a run's resources ---
 
     def service_name(self, run: RunContext) -> str:
-        return _name(self.settings.prefix, run.run_id, "workers")
+        return worker_service_name(self.settings.prefix, run.run_id)
 
     def family(self, run: RunContext) -> str:
         return _name(self.settings.task_definition, run.run_id)

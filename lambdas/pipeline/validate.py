@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from mtrl.bucket import run_output_prefix
 from mtrl.dataset import DatasetValidator, Problem
 
 MAX_REPORTED = 1000
@@ -53,7 +54,7 @@ def validate_upload(
             if len(reported) < MAX_REPORTED:
                 reported.append(problem)
     summary = validator.summary
-    report_key = f"runs/{run_id}/validation.json"
+    report_key = f"{run_output_prefix(run_id)}validation.json"
     report = {
         "dataset": f"s3://{bucket}/{key}",
         "version_id": version_id,

@@ -22,6 +22,7 @@ from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.consumer import Consumer
 from lambdas.router.conversations import ConversationStore
 from lambdas.router.proxy import Proxy
+from mtrl.bucket import run_output_prefix
 from mtrl.local.aws import LocalAws
 from mtrl.local.backends import LocalRewardFleet, LocalTrainingCluster
 from mtrl.local.embedded import (
@@ -289,7 +290,7 @@ class LocalSession:
 
     def download_outputs(self, run_id: str, directory: Path) -> list[Path]:
         """Copy what the run wrote under `runs/<run_id>/` (the embedded S3 ends with the session)."""
-        s3, prefix = self.clients["s3"], f"runs/{run_id}/"
+        s3, prefix = self.clients["s3"], run_output_prefix(run_id)
         saved = []
         pages = s3.get_paginator("list_objects_v2").paginate(
             Bucket=self.pipeline.data_bucket, Prefix=prefix

@@ -30,9 +30,9 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from lambdas.router.run_queues import deployment_prefix
+from mtrl.bucket import RUNS_PREFIX, TRAINING_DATA_PREFIX
 from stacks.components.functions import pipeline_function
 from stacks.components.nag import acknowledge, acknowledge_key_grant, acknowledge_resource
-from stacks.components.storage import RUNS_PREFIX, TRAINING_DATA_PREFIX
 from stacks.config import PlatformConfig
 from training_configs import load_training_config
 from training_configs.schema import DEFAULT_CONFIG

@@ -10,13 +10,12 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_deployment as s3deploy
 from constructs import Construct, IConstruct
 
+from mtrl.bucket import RUNS_PREFIX
 from stacks.components.nag import acknowledge, acknowledge_resource
 from stacks.config import PlatformConfig
 
 LIFECYCLE_SCRIPTS = Path(__file__).resolve().parent.parent / "assets" / "hyperpod_lifecycle"
 LIFECYCLE_PREFIX = "hyperpod-lifecycle/"
-TRAINING_DATA_PREFIX = "training-data/"
-RUNS_PREFIX = "runs/"
 
 
 class Storage(Construct):

@@ -27,12 +27,12 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from lambdas.kubernetes.rbac import pipeline_group, pipeline_rbac
+from mtrl.bucket import RUNS_PREFIX, TRAINING_DATA_PREFIX
 from stacks.components.eks import eks_cluster_name
 from stacks.components.functions import pipeline_function
 from stacks.components.hyperpod import hyperpod_cluster_name
 from stacks.components.nag import acknowledge_key_grant, acknowledge_resource
 from stacks.components.router import run_queue_access
-from stacks.components.storage import RUNS_PREFIX, TRAINING_DATA_PREFIX
 from stacks.config import PlatformConfig
 
 CLUSTER_ADMIN = "AmazonEKSClusterAdminPolicy"

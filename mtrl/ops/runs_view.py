@@ -1,0 +1,175 @@
+"""What `mtrl runs` and `mtrl status` show: the runs table, and for one run what each plane says.
+
+A run's status gathers, each from its source of truth: the execution (state machine status and
+the state it is in), the trainer's last metrics (step, reward), the run queues (depth, in flight),
+the reward fleet (running / wanted workers), the GPU instance group (running nodes), and the
+clock against the run's cost per hour and deadline. A plane that cannot be read (not created yet,
+already torn down) shows as absent rather than failing the whole view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from lambdas.pipeline.backends import METRICS_OBJECT, last_metrics
+from lambdas.pipeline.ecs_fleet import worker_service_name
+from lambdas.router.run_queues import DLQ, KINDS, queue_name
+from mtrl.bucket import run_output_prefix
+from mtrl.ops.deployment import Deployment
+from mtrl.runs import FINISHED, RunRecord, RunStore
+
+
+class UnknownRun(LookupError):
+    """No such run in the deployment's runs table."""
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    status: str
+    config: str
+    created_at: float
+    elapsed_hours: float
+    cost_per_hour: float
+    spent_usd: float
+    deadline_in_hours: float | None  # None once finished
+    error: str | None
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    kind: str
+    waiting: int
+    in_flight: int
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    summary: RunSummary
+    execution: str | None  # RUNNING, SUCCEEDED, ... (None: never started)
+    state: str | None  # the state the execution is in, or ended in
+    step: int | None
+    mean_reward: float | None
+    queues: list[QueueDepth]
+    workers: tuple[int, int] | None  # (running, wanted)
+    gpu_nodes: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize(run: RunRecord, *, now: float) -> RunSummary:
+    finished = run.status in FINISHED
+    until = run.updated_at if finished else now
+    hours = max(0.0, until - run.created_at) / 3600
+    return RunSummary(
+        run_id=run.run_id,
+        status=run.status,
+        config=run.config_name,
+        created_at=run.created_at,
+        elapsed_hours=hours,
+        cost_per_hour=run.cost_per_hour,
+        spent_usd=hours * run.cost_per_hour,
+        deadline_in_hours=None if finished else (run.deadline_at - now) / 3600,
+        error=run.error,
+    )
+
+
+def list_runs(dynamodb: Any, deployment: Deployment, *, now: float) -> list[RunSummary]:
+    """Every run of the deployment, newest first."""
+    return [summarize(run, now=now) for run in RunStore(dynamodb, deployment.runs_table).all()]
+
+
+def run_status(
+    clients: dict[str, Any], deployment: Deployment, run_id: str, *, now: float
+) -> RunStatus:
+    """`clients`: boto3 clients by service name (dynamodb, stepfunctions, s3, sqs, ecs, sagemaker)."""
+    run = RunStore(clients["dynamodb"], deployment.runs_table).get(run_id)
+    if run is None:
+        raise UnknownRun(
+            f"no run {run_id} in deployment {deployment.prefix} ({deployment.region}): "
+            "`mtrl runs` lists them"
+        )
+    execution, state = _execution(clients["stepfunctions"], deployment.execution_arn(run_id))
+    metrics = last_metrics(
+        clients["s3"], bucket=run.bucket, key=f"{run_output_prefix(run_id)}{METRICS_OBJECT}"
+    )
+    return RunStatus(
+        summary=summarize(run, now=now),
+        execution=execution,
+        state=state,
+        step=metrics["step"] if metrics else None,
+        mean_reward=metrics.get("mean_reward") if metrics else None,
+        queues=_queues(clients["sqs"], deployment.prefix, run_id),
+        workers=_workers(clients["ecs"], deployment, run_id),
+        gpu_nodes=_gpu_nodes(clients["sagemaker"], deployment),
+    )
+
+
+def _execution(sfn: Any, arn: str) -> tuple[str | None, str | None]:
+    try:
+        status = sfn.describe_execution(executionArn=arn)["status"]
+    except sfn.exceptions.ExecutionDoesNotExist:
+        return None, None
+    events = sfn.get_execution_history(executionArn=arn, reverseOrder=True, maxResults=50)
+    entered = [event for event in events["events"] if "stateEnteredEventDetails" in event]
+    if not entered:
+        return status, None
+    latest = max(entered, key=lambda event: event["id"])  # whatever order the page came in
+    return status, latest["stateEnteredEventDetails"]["name"]
+
+
+def _queues(sqs: Any, prefix: str, run_id: str) -> list[QueueDepth]:
+    depths = []
+    for kind in (*KINDS, DLQ):
+        try:
+            url = sqs.get_queue_url(QueueName=queue_name(prefix, run_id, kind))["QueueUrl"]
+            attributes = sqs.get_queue_attributes(
+                QueueUrl=url,
+                AttributeNames=[
+                    "ApproximateNumberOfMessages",
+                    "ApproximateNumberOfMessagesNotVisible",
+                ],
+            )["Attributes"]
+        except ClientError:
+            continue  # not created yet, or torn down
+        depths.append(
+            QueueDepth(
+                kind,
+                int(attributes["ApproximateNumberOfMessages"]),
+                int(attributes["ApproximateNumberOfMessagesNotVisible"]),
+            )
+        )
+    return depths
+
+
+def _workers(ecs: Any, deployment: Deployment, run_id: str) -> tuple[int, int] | None:
+    cluster = deployment.outputs.get("RewardWorkerClusterName")
+    if not cluster:
+        return None
+    service = worker_service_name(deployment.prefix, run_id)
+    try:
+        found = ecs.describe_services(cluster=cluster, services=[service])["services"]
+    except ClientError:
+        return None
+    active = [s for s in found if s["status"] == "ACTIVE"]
+    return (active[0]["runningCount"], active[0]["desiredCount"]) if active else None
+
+
+def _gpu_nodes(sagemaker: Any, deployment: Deployment) -> int | None:
+    cluster = deployment.outputs.get("HyperPodClusterName")
+    if not cluster:
+        return None
+    try:
+        pages = sagemaker.get_paginator("list_cluster_nodes").paginate(ClusterName=cluster)
+        return sum(
+            1
+            for page in pages
+            for node in page["ClusterNodeSummaries"]
+            if node["InstanceStatus"]["Status"] == "Running"
+        )
+    except ClientError:
+        return None

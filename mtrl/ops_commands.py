@@ -1,0 +1,262 @@
+"""`mtrl submit / runs / status / cost`: the run loop on a deployed platform.
+
+Every command finds the deployment from its CloudFormation stack outputs (`--prefix`,
+`--profile`, `--region`) and fails with one line naming what is missing and what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import boto3
+import typer
+from botocore.exceptions import BotoCoreError, ClientError
+from rich.table import Table
+
+from mtrl.console import check_dataset, fail, out, print_problem
+from mtrl.ops.deployment import Deployment, DeploymentError, aws_session, find_deployment
+from mtrl.ops.runs_view import (
+    RunStatus,
+    RunSummary,
+    UnknownRun,
+    list_runs,
+    run_status,
+    summarize,
+)
+from mtrl.ops.submit import SubmitError, choose_config, submit
+from mtrl.runs import RunStore
+from stacks.config import ConfigError, PlatformConfig, deployment_context
+from training_configs import TrainingConfigError, estimate, load_training_config
+from training_configs.schema import DEFAULT_CONFIG
+
+STATUS_SERVICES = ("dynamodb", "stepfunctions", "s3", "sqs", "ecs", "sagemaker")
+
+
+def _default_prefix() -> str:
+    try:
+        return PlatformConfig.from_context(deployment_context()).name_prefix
+    except (ConfigError, OSError, ValueError):
+        return PlatformConfig.model_fields["name_prefix"].default
+
+
+Prefix = Annotated[
+    str | None,
+    typer.Option(help="The deployment's name_prefix (default: cdk.json's, else nova-mtrl)."),
+]
+Profile = Annotated[str | None, typer.Option(help="The AWS profile to use.")]
+Region = Annotated[str | None, typer.Option(help="The AWS region it is deployed in.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Print JSON, for scripts.")]
+
+
+def _deployment(
+    prefix: str | None, profile: str | None, region: str | None
+) -> tuple[boto3.Session, Deployment]:
+    try:
+        session = aws_session(profile=profile, region=region)
+        return session, find_deployment(session, prefix or _default_prefix())
+    except DeploymentError as error:
+        raise fail(str(error)) from None
+
+
+def _aws_failure(error: ClientError | BotoCoreError) -> typer.Exit:
+    if isinstance(error, ClientError):
+        detail = f"{error.response['Error']['Code']}: {error.response['Error'].get('Message', '')}"
+    else:
+        detail = str(error)
+    return fail(f"AWS refused the call ({detail})", code=1)
+
+
+def submit_command(
+    file: Annotated[Path, typer.Argument(help="The dataset (.jsonl) to train on.")],
+    config: Annotated[
+        str | None,
+        typer.Option(
+            help="A training config: a YAML file or a shipped name (default: the deployment's)."
+        ),
+    ] = None,
+    name: Annotated[
+        str | None, typer.Option(help="The object name under training-data/ (default: the file's).")
+    ] = None,
+    prefix: Prefix = None,
+    profile: Profile = None,
+    region: Region = None,
+    as_json: AsJson = False,
+) -> None:
+    """Check a dataset and its config here, then upload them: the upload starts the run."""
+    summary = check_dataset(file, print_problem)
+    if not summary.valid:
+        noun = "problem" if summary.problems == 1 else "problems"
+        raise fail(f"{file}: {summary.problems} {noun}; nothing was uploaded", code=1)
+    try:
+        chosen = choose_config(config)
+    except (TrainingConfigError, SubmitError) as error:
+        raise fail(str(error)) from None
+    session, deployment = _deployment(prefix, profile, region)
+    try:
+        submitted = submit(session.client("s3"), deployment, dataset=file, chosen=chosen, name=name)
+    except SubmitError as error:
+        raise fail(str(error)) from None
+    except (ClientError, BotoCoreError) as error:
+        raise _aws_failure(error) from None
+    if as_json:
+        out.print_json(json.dumps({**asdict(submitted), "cost_per_hour": chosen.cost.per_hour}))
+        return
+    out.print(f"run {submitted.run_id} submitted", highlight=False)
+    out.print(f"  dataset    {submitted.dataset_uri}", highlight=False)
+    out.print(f"  config     {submitted.config_name}", highlight=False)
+    out.print(f"  cost       {chosen.cost.describe()}", highlight=False, soft_wrap=True)
+    out.print(f"  execution  {submitted.console_url}", highlight=False, soft_wrap=True)
+    out.print(f"  watch      mtrl status {submitted.run_id} --watch", highlight=False)
+
+
+def runs_command(
+    prefix: Prefix = None, profile: Profile = None, region: Region = None, as_json: AsJson = False
+) -> None:
+    """The deployment's runs, newest first: status, config, time, cost so far, deadline."""
+    session, deployment = _deployment(prefix, profile, region)
+    try:
+        runs = list_runs(session.client("dynamodb"), deployment, now=time.time())
+    except (ClientError, BotoCoreError) as error:
+        raise _aws_failure(error) from None
+    if as_json:
+        out.print_json(json.dumps([asdict(run) for run in runs]))
+        return
+    table = Table("run", "status", "config", "elapsed", "cost so far", "deadline in", "error",
+                  title=f"runs of {deployment.prefix} ({deployment.region})")  # fmt: skip
+    for run in runs:
+        table.add_row(*_summary_cells(run))
+    out.print(table)
+    if not runs:
+        out.print("no runs yet: `mtrl submit FILE` starts one", highlight=False)
+
+
+def _summary_cells(run: RunSummary) -> list[str]:
+    deadline = "—" if run.deadline_in_hours is None else _hours(run.deadline_in_hours)
+    return [
+        run.run_id,
+        run.status,
+        run.config,
+        _hours(run.elapsed_hours),
+        f"${run.spent_usd:,.0f} (${run.cost_per_hour:,.0f}/h)",
+        deadline,
+        run.error or "",
+    ]
+
+
+def _hours(hours: float) -> str:
+    sign = "-" if hours < 0 else ""
+    minutes = int(abs(hours) * 60)
+    return f"{sign}{minutes // 60}h{minutes % 60:02d}m"
+
+
+def status_command(
+    run_id: Annotated[str, typer.Argument(help="The run id (`mtrl runs` lists them).")],
+    watch: Annotated[
+        float | None,
+        typer.Option(
+            help="Refresh every SECONDS until the run ends (Ctrl-C stops watching).",
+            min=1.0,
+            metavar="SECONDS",
+        ),
+    ] = None,
+    prefix: Prefix = None,
+    profile: Profile = None,
+    region: Region = None,
+    as_json: AsJson = False,
+) -> None:
+    """One run: pipeline state, training step and reward, queues, workers, GPUs, cost, deadline."""
+    session, deployment = _deployment(prefix, profile, region)
+    clients = {name: session.client(name) for name in STATUS_SERVICES}
+    try:
+        while True:
+            status = _status(clients, deployment, run_id)
+            if as_json:
+                out.print_json(json.dumps(status.as_dict()))
+            else:
+                _print_status(status)
+            if watch is None or status.execution not in (None, "RUNNING"):
+                return
+            time.sleep(watch)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def _status(clients: dict[str, Any], deployment: Deployment, run_id: str) -> RunStatus:
+    try:
+        return run_status(clients, deployment, run_id, now=time.time())
+    except UnknownRun as error:
+        raise fail(str(error), code=1) from None
+    except (ClientError, BotoCoreError) as error:
+        raise _aws_failure(error) from None
+
+
+def _print_status(status: RunStatus) -> None:
+    run = status.summary
+    table = Table(show_header=False, title=f"run {run.run_id}")
+    rows = {
+        "status": run.status,
+        "execution": f"{status.execution or 'not started'}" + (f" in {status.state}" if status.state else ""),
+        "training": "no step yet" if status.step is None else (
+            f"step {status.step}" + (f", mean reward {status.mean_reward:.3f}" if status.mean_reward is not None else "")
+        ),
+        "queues": ", ".join(f"{q.kind} {q.waiting} waiting/{q.in_flight} in flight" for q in status.queues) or "none",
+        "reward workers": "none" if status.workers is None else f"{status.workers[0]} running of {status.workers[1]}",
+        "GPU nodes": "unknown" if status.gpu_nodes is None else str(status.gpu_nodes),
+        "elapsed": _hours(run.elapsed_hours),
+        "cost so far": f"${run.spent_usd:,.0f} at ${run.cost_per_hour:,.0f}/h",
+        "deadline in": "—" if run.deadline_in_hours is None else _hours(run.deadline_in_hours),
+    }  # fmt: skip
+    if run.error:
+        rows["error"] = run.error
+    for key, value in rows.items():
+        table.add_row(key, value)
+    out.print(table)
+
+
+def cost_command(
+    run_id: Annotated[
+        str | None, typer.Argument(help="A run: what it has cost so far (needs the deployment).")
+    ] = None,
+    config: Annotated[
+        str | None, typer.Option(help="A training config: a YAML file or a shipped name.")
+    ] = None,
+    prefix: Prefix = None,
+    profile: Profile = None,
+    region: Region = None,
+    as_json: AsJson = False,
+) -> None:
+    """What a config costs per hour and at most per run (offline), or what a run has cost so far."""
+    if run_id is not None:
+        session, deployment = _deployment(prefix, profile, region)
+        try:
+            run = RunStore(session.client("dynamodb"), deployment.runs_table).get(run_id)
+        except (ClientError, BotoCoreError) as error:
+            raise _aws_failure(error) from None
+        if run is None:
+            raise fail(
+                f"no run {run_id} in deployment {deployment.prefix}: `mtrl runs` lists them", code=1
+            )
+        spent = summarize(run, now=time.time())
+        if as_json:
+            out.print_json(json.dumps(asdict(spent)))
+            return
+        out.print(
+            f"run {run_id}: ${spent.spent_usd:,.0f} so far over {_hours(spent.elapsed_hours)} "
+            f"at ${spent.cost_per_hour:,.0f}/h",
+            highlight=False,
+        )
+        return
+    try:
+        cost = estimate(load_training_config(config or DEFAULT_CONFIG))
+    except TrainingConfigError as error:
+        raise fail(str(error)) from None
+    if as_json:
+        out.print_json(json.dumps({"config": config or DEFAULT_CONFIG, **asdict(cost),
+                                   "per_hour": cost.per_hour, "run_at_most": cost.run_at_most,
+                                   "within_budget": cost.within_budget}))  # fmt: skip
+        return
+    out.print(f"{config or DEFAULT_CONFIG}: {cost.describe()}", highlight=False, soft_wrap=True)

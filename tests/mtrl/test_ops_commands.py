@@ -1,0 +1,231 @@
+"""`mtrl submit / runs / status / cost` against moto: the deployment found from its stack
+outputs, what each command sends and prints, and the one-line failures (missing stacks, a
+wrong region, no credentials, an unknown run, bad input)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto.core.config import default_user_config
+from typer.testing import CliRunner
+
+from lambdas.router.run_queues import create_run_queues
+from mtrl.cli import app
+from mtrl.ops.deployment import find_deployment
+from mtrl.ops.runs_view import run_status
+from mtrl.runs import RunRecord, RunStore, create_runs_table, run_id_for
+from tests.pipeline.fake_sagemaker import FakeSageMaker
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "wordle"
+BUCKET = "nova-mtrl-data-123456789012"
+runner = CliRunner()
+
+
+def _stack(name: str, outputs: dict[str, str]) -> None:
+    template = {
+        "Resources": {"Marker": {"Type": "AWS::SNS::Topic", "Properties": {"TopicName": name}}},
+        "Outputs": {key: {"Value": value} for key, value in outputs.items()},
+    }
+    boto3.client("cloudformation").create_stack(StackName=name, TemplateBody=json.dumps(template))
+
+
+@pytest.fixture
+def deployed(aws: None, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The three stacks' outputs and what they name, in moto (us-east-1)."""
+    # moto runs executions for real (the one Wait state), so their history names the state.
+    monkeypatch.setitem(default_user_config, "stepfunctions", {"execute_state_machine": True})
+    s3, db, sfn = boto3.client("s3"), boto3.client("dynamodb"), boto3.client("stepfunctions")
+    s3.create_bucket(Bucket=BUCKET)
+    s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+    create_runs_table(db, "nova-mtrl-runs")
+    machine = sfn.create_state_machine(
+        name="nova-mtrl-pipeline",
+        definition=json.dumps({"StartAt": "Monitor", "States": {"Monitor": {"Type": "Wait", "Seconds": 3600, "End": True}}}),
+        roleArn="arn:aws:iam::123456789012:role/pipeline",
+    )["stateMachineArn"]  # fmt: skip
+    _stack("nova-mtrl-storage", {"DataBucketName": BUCKET})
+    _stack("nova-mtrl-pipeline", {"StateMachineArn": machine, "RunsTableName": "nova-mtrl-runs"})
+    _stack("nova-mtrl-compute", {"RewardWorkerClusterName": "nova-mtrl-reward-workers",
+                                 "HyperPodClusterName": "nova-mtrl-hyperpod"})  # fmt: skip
+    return {"s3": s3, "db": db, "sfn": sfn, "machine": machine}
+
+
+def _invoke(*args: str) -> Any:
+    return runner.invoke(app, [*args, "--region", "us-east-1"])
+
+
+def test_submit_uploads_config_then_dataset_and_names_the_run(deployed: dict) -> None:
+    result = _invoke(
+        "submit", str(EXAMPLE / "train.jsonl"), "--config", str(EXAMPLE / "config.yaml"), "--json"
+    )
+    assert result.exit_code == 0, result.output
+    submitted = json.loads(result.output)
+    s3 = deployed["s3"]
+    head = s3.head_object(Bucket=BUCKET, Key="training-data/train.jsonl")
+    assert submitted["run_id"] == run_id_for(BUCKET, "training-data/train.jsonl", head["VersionId"])
+    config_key = head["Metadata"]["mtrl-config"]
+    assert config_key.startswith("configs/config-") and config_key.endswith(".yaml")
+    uploaded = s3.get_object(Bucket=BUCKET, Key=config_key)["Body"].read()
+    assert uploaded == (EXAMPLE / "config.yaml").read_bytes()
+    assert submitted["execution_arn"].endswith(
+        f":execution:nova-mtrl-pipeline:{submitted['run_id']}"
+    )
+    assert submitted["console_url"].startswith("https://us-east-1.console.aws.amazon.com/states/")
+
+
+def test_submit_with_a_shipped_config_names_it_and_uploads_no_file(deployed: dict) -> None:
+    result = _invoke(
+        "submit",
+        str(EXAMPLE / "train.jsonl"),
+        "--config",
+        "rft_multiturn_full",
+        "--name",
+        "w.jsonl",
+    )
+    assert result.exit_code == 0, result.output
+    assert "mtrl status" in result.output and "within the $30,000 budget" in result.output
+    head = deployed["s3"].head_object(Bucket=BUCKET, Key="training-data/w.jsonl")
+    assert head["Metadata"]["mtrl-config"] == "rft_multiturn_full"
+    assert "Contents" not in deployed["s3"].list_objects_v2(Bucket=BUCKET, Prefix="configs/")
+
+
+def test_submit_refuses_bad_input_before_any_upload(deployed: dict, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "metadata": {"prompt": "p"}}\n{broken\n')
+    result = _invoke("submit", str(bad))
+    assert result.exit_code == 1
+    assert "line 2" in result.output and "1 problem; nothing was uploaded" in result.output
+    config = tmp_path / "c.yaml"
+    config.write_text("name: x\n")
+    result = _invoke("submit", str(EXAMPLE / "train.jsonl"), "--config", str(config))
+    assert result.exit_code == 2 and f"config {config}:" in result.output
+    over = tmp_path / "over.yaml"
+    over.write_text(
+        (EXAMPLE / "config.yaml").read_text().replace("budget_usd: 500", "budget_usd: 5")
+    )
+    result = _invoke("submit", str(EXAMPLE / "train.jsonl"), "--config", str(over))
+    assert result.exit_code == 2 and "OVER the $5 budget" in result.output
+    result = _invoke("submit", str(EXAMPLE / "train.jsonl"), "--name", "notes.txt")
+    assert (
+        result.exit_code == 2
+        and "training-data/notes.txt: the pipeline starts only for .jsonl" in result.output
+    )
+    assert "Contents" not in deployed["s3"].list_objects_v2(Bucket=BUCKET)
+    assert "Traceback" not in result.output
+
+
+def test_missing_stacks_and_a_wrong_region_are_one_line(aws: None) -> None:
+    result = _invoke("runs")
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        "error: stack nova-mtrl-storage not found in us-east-1: deploy with `make deploy`, or "
+        "pass the --region (and --prefix) it was deployed with"
+    ]
+    _stack("nova-mtrl-storage", {"DataBucketName": BUCKET})
+    result = runner.invoke(app, ["runs", "--region", "eu-west-1"])
+    assert (
+        result.exit_code == 2 and "stack nova-mtrl-storage not found in eu-west-1" in result.output
+    )
+
+
+def test_no_credentials_and_no_region_are_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_WEB_IDENTITY_TOKEN_FILE"):  # fmt: skip
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    result = runner.invoke(app, ["runs"])
+    assert result.exit_code == 2 and "no AWS region: pass --region" in result.output
+    result = runner.invoke(app, ["runs", "--region", "us-east-1"])
+    assert result.exit_code == 2 and "no AWS credentials: run `aws configure`" in result.output
+    result = runner.invoke(app, ["runs", "--region", "us-east-1", "--profile", "nope"])
+    assert result.exit_code == 2 and "AWS profile 'nope' is not configured" in result.output
+
+
+def _register(db: Any, run_id: str, *, created: float, status: str = "registered") -> None:
+    RunStore(db, "nova-mtrl-runs").register(RunRecord(
+        run_id=run_id, bucket=BUCKET, key=f"training-data/{run_id}.jsonl", config_name="rft_multiturn_lora",
+        status=status, created_at=created, updated_at=created + 1800, deadline_at=created + 12 * 3600,
+        cost_per_hour=394.0,
+    ))  # fmt: skip
+
+
+def test_runs_lists_newest_first_with_cost_so_far(deployed: dict) -> None:
+    now = time.time()
+    _register(deployed["db"], "older-1", created=now - 7200, status="succeeded")
+    _register(deployed["db"], "newer-2", created=now - 3600)
+    result = _invoke("runs", "--json")
+    assert result.exit_code == 0, result.output
+    runs = json.loads(result.output)
+    assert [r["run_id"] for r in runs] == ["newer-2", "older-1"]
+    assert runs[0]["spent_usd"] == pytest.approx(394.0, rel=0.01)  # one hour, still running
+    assert runs[1]["spent_usd"] == pytest.approx(197.0) and runs[1]["deadline_in_hours"] is None
+    table = _invoke("runs")
+    assert "newer-2" in table.output and "$394/h" in table.output
+
+
+def test_status_gathers_execution_training_queues_and_cost(deployed: dict) -> None:
+    _register(deployed["db"], "wordle-abc", created=time.time() - 600)
+    deployed["sfn"].start_execution(
+        stateMachineArn=deployed["machine"], name="wordle-abc", input="{}"
+    )
+    create_run_queues(boto3.client("sqs"), prefix="nova-mtrl", run_id="wordle-abc")
+    metrics = "".join(json.dumps({"step": s, "mean_reward": 0.1 * s}) + "\n" for s in (1, 2, 3))
+    deployed["s3"].put_object(Bucket=BUCKET, Key="runs/wordle-abc/metrics.jsonl", Body=metrics)
+    result = _invoke("status", "wordle-abc", "--json")
+    assert result.exit_code == 0, result.output
+    status = json.loads(result.output)
+    assert (status["execution"], status["state"]) == ("RUNNING", "Monitor")
+    assert status["step"] == 3 and status["mean_reward"] == pytest.approx(0.3)
+    assert [q["kind"] for q in status["queues"]] == [
+        "rollout-requests", "rollout-responses", "generate-requests", "generate-responses", "dlq",
+    ]  # fmt: skip
+    assert status["workers"] is None  # no fleet (yet): shown as absent, not an error
+    table = _invoke("status", "wordle-abc")
+    assert "step 3, mean reward 0.300" in table.output and "RUNNING in Monitor" in table.output
+
+
+def test_status_counts_the_gpu_nodes_hyperpod_runs(deployed: dict) -> None:
+    _register(deployed["db"], "r", created=0.0)
+    deployment = find_deployment(boto3.Session(region_name="us-east-1"), "nova-mtrl")
+    sagemaker = FakeSageMaker()
+    sagemaker.groups[1]["TargetCount"] = 4
+    clients = {
+        name: boto3.client(name) for name in ("dynamodb", "stepfunctions", "s3", "sqs", "ecs")
+    }
+    status = run_status({**clients, "sagemaker": sagemaker}, deployment, "r", now=60.0)
+    assert status.gpu_nodes == 5  # system node + 4 GPU nodes running (the pending one is not)
+    assert status.execution is None and status.queues == []
+
+
+def test_an_unknown_run_is_one_line(deployed: dict) -> None:
+    for command in (["status", "nope"], ["cost", "nope"]):
+        result = _invoke(*command)
+        assert result.exit_code == 1
+        assert result.output.strip() == (
+            "error: no run nope in deployment nova-mtrl"
+            + (" (us-east-1)" if command[0] == "status" else "")
+            + ": `mtrl runs` lists them"
+        )
+
+
+def test_cost_of_a_config_offline_and_of_a_run_so_far(deployed: dict) -> None:
+    result = runner.invoke(app, ["cost", "--config", "rft_multiturn_lora", "--json"])
+    estimate = json.loads(result.output)
+    assert result.exit_code == 0 and estimate["within_budget"] and estimate["per_hour"] > 390
+    _register(deployed["db"], "done-1", created=0.0, status="succeeded")
+    result = _invoke("cost", "done-1")
+    assert (
+        result.exit_code == 0
+        and result.output.strip() == "run done-1: $197 so far over 0h30m at $394/h"
+    )
