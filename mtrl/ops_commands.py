@@ -50,6 +50,13 @@ Prefix = Annotated[
 Profile = Annotated[str | None, typer.Option(help="The AWS profile to use.")]
 Region = Annotated[str | None, typer.Option(help="The AWS region it is deployed in.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print JSON, for scripts.")]
+ConfigName = Annotated[
+    str | None,
+    typer.Option(
+        "--config",
+        help="A training config: a YAML file or a shipped name (default: rft_multiturn_lora).",
+    ),
+]
 
 
 def _deployment(
@@ -72,12 +79,7 @@ def _aws_failure(error: ClientError | BotoCoreError) -> typer.Exit:
 
 def submit_command(
     file: Annotated[Path, typer.Argument(help="The dataset (.jsonl) to train on.")],
-    config: Annotated[
-        str | None,
-        typer.Option(
-            help="A training config: a YAML file or a shipped name (default: the deployment's)."
-        ),
-    ] = None,
+    config: ConfigName = None,
     name: Annotated[
         str | None, typer.Option(help="The object name under training-data/ (default: the file's).")
     ] = None,
@@ -221,9 +223,7 @@ def cost_command(
     run_id: Annotated[
         str | None, typer.Argument(help="A run: what it has cost so far (needs the deployment).")
     ] = None,
-    config: Annotated[
-        str | None, typer.Option(help="A training config: a YAML file or a shipped name.")
-    ] = None,
+    config: ConfigName = None,
     prefix: Prefix = None,
     profile: Profile = None,
     region: Region = None,
