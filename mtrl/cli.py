@@ -13,7 +13,13 @@ from mtrl import __version__
 from mtrl.console import check_dataset, err, out, print_problem
 from mtrl.env_commands import env_app
 from mtrl.local_command import local
-from mtrl.ops_commands import cost_command, runs_command, status_command, submit_command
+from mtrl.ops_commands import (
+    cost_command,
+    runs_command,
+    status_command,
+    submit_command,
+    teardown_command,
+)
 from stacks.config import ConfigError, PlatformConfig, deployment_context
 
 app = typer.Typer(
@@ -27,6 +33,7 @@ app.command("submit")(submit_command)
 app.command("runs")(runs_command)
 app.command("status")(status_command)
 app.command("cost")(cost_command)
+app.command("teardown")(teardown_command)
 
 
 @app.callback()

@@ -1,4 +1,4 @@
-"""`mtrl submit / runs / status / cost`: the run loop on a deployed platform.
+"""`mtrl submit / runs / status / cost / teardown`: the run loop on a deployed platform.
 
 Every command finds the deployment from its CloudFormation stack outputs (`--prefix`,
 `--profile`, `--region`) and fails with one line naming what is missing and what to do.
@@ -28,6 +28,7 @@ from mtrl.ops.runs_view import (
     summarize,
 )
 from mtrl.ops.submit import SubmitError, choose_config, submit
+from mtrl.ops.teardown import TeardownFailed, release_idle_nodes, teardown_run
 from mtrl.runs import RunStore
 from stacks.config import ConfigError, PlatformConfig, deployment_context
 from training_configs import TrainingConfigError, estimate, load_training_config
@@ -260,3 +261,44 @@ def cost_command(
                                    "within_budget": cost.within_budget}))  # fmt: skip
         return
     out.print(f"{config or DEFAULT_CONFIG}: {cost.describe()}", highlight=False, soft_wrap=True)
+
+
+def teardown_command(
+    run_id: Annotated[str | None, typer.Argument(help="The run to stop and tear down now.")] = None,
+    all_idle: Annotated[
+        bool, typer.Option("--all-idle", help="Scale GPU nodes no run holds to zero now.")
+    ] = False,
+    prefix: Prefix = None,
+    profile: Profile = None,
+    region: Region = None,
+    as_json: AsJson = False,
+) -> None:
+    """Stop a run and delete everything it created (idempotent), or release idle GPU nodes."""
+    if (run_id is None) == (not all_idle):
+        raise fail("give a run id (`mtrl teardown RUN`) or --all-idle, not both")
+    session, deployment = _deployment(prefix, profile, region)
+    lambda_client = session.client("lambda")
+    try:
+        if all_idle:
+            released = release_idle_nodes(lambda_client, deployment)
+            result: dict[str, Any] = {"released_idle": released}
+            message = (
+                "idle GPU nodes scaled to zero" if released else "no idle GPU nodes to release"
+            )
+        else:
+            result = teardown_run(lambda_client, deployment, run_id or "")
+            message = (
+                f"run {run_id} torn down: {result['workers_stopped']} workers stopped, "
+                f"{result['job_objects_deleted']} job objects deleted, "
+                f"{result['queues_deleted']} queues deleted, {result['leftover']} left"
+            )
+    except TeardownFailed as error:
+        raise fail(str(error), code=1) from None
+    except DeploymentError as error:
+        raise fail(str(error)) from None
+    except (ClientError, BotoCoreError) as error:
+        raise _aws_failure(error) from None
+    if as_json:
+        out.print_json(json.dumps(result))
+    else:
+        out.print(message, highlight=False, soft_wrap=True)

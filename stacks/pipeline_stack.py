@@ -110,3 +110,9 @@ class PipelineStack(PlatformStack):
         cdk.CfnOutput(self, "StateMachineArn", value=self.pipeline.state_machine.state_machine_arn)
         cdk.CfnOutput(self, "RunsTableName", value=self.pipeline.runs_table.table_name)
         cdk.CfnOutput(self, "AlertTopicArn", value=self.pipeline.alert_topic.topic_arn)
+        cdk.CfnOutput(
+            self,
+            "ReaperFunctionName",
+            value=self.pipeline.functions["reap"].function_name,
+            description="mtrl teardown invokes it to tear a run down now",
+        )

@@ -193,6 +193,9 @@ def test_a_reaper_runs_every_quarter_hour(default_app: Synthesized) -> None:
     assert schedule["Properties"]["ScheduleExpression"] == "rate(15 minutes)"
     reaper_id, _ = _functions(default_app)["reap"]
     assert schedule["Properties"]["Targets"][0]["Arn"] == {"Fn::GetAtt": [reaper_id, "Arn"]}
+    # `mtrl teardown` finds it by the stack's output.
+    outputs = default_app.template("pipeline")["Outputs"]
+    assert outputs["ReaperFunctionName"]["Value"] == {"Ref": reaper_id}
 
 
 def test_alarms_reach_the_alert_topic(default_app: Synthesized) -> None:

@@ -98,8 +98,9 @@ class TrainingCluster(ABC):
         """Release the run's nodes unless another run still needs them."""
 
     @abstractmethod
-    def release_idle(self) -> bool:
-        """Release nodes kept warm that no run took within the keep-warm period (True if so)."""
+    def release_idle(self, *, immediately: bool = False) -> bool:
+        """Release nodes kept warm that no run took within the keep-warm period — or, with
+        `immediately`, any nodes no run holds now (True if it released any)."""
 
 
 _FLEETS: dict[str, Callable[[], RewardFleet]] = {}

@@ -202,6 +202,16 @@ def notify_end(
     return {**report, "message_id": message_id}
 
 
+class ReapRequest(BaseModel):
+    """What the reaper is asked: nothing (its schedule: every overdue or orphaned run), one run
+    to tear down now (`mtrl teardown RUN`), or idle GPU nodes to release (`--all-idle`)."""
+
+    model_config = ConfigDict(extra="ignore")  # a scheduled event carries EventBridge's fields
+
+    run_id: str | None = None
+    release_idle: bool = False
+
+
 def reap(
     event: dict[str, Any],
     context: Any = None,
@@ -212,29 +222,44 @@ def reap(
     settings: PipelineSettings | None = None,
     now: float | None = None,
 ) -> dict[str, Any]:
-    """Scheduled: tear down every run past its deadline, or whose execution is no longer running
-    (stopped by hand, or lost) — so nothing keeps burning money unnoticed. Compute first, as
-    the state machine does; a run whose compute cannot be released yet stays unfinished and is
-    tried again on the next schedule."""
+    """Tear down every run past its deadline, or whose execution is no longer running (stopped
+    by hand, or lost) — so nothing keeps burning money unnoticed; or the one run asked for,
+    whatever its state. Compute first, as the state machine does; a run whose compute cannot be
+    released yet stays unfinished and is tried again on the next schedule."""
+    request = ReapRequest.model_validate(event or {})
     settings = settings or _settings()
+    if request.release_idle:
+        cluster = backends.training_cluster(settings.training_cluster_backend)
+        return {"reaped": [], "retry": [], "released_idle": cluster.release_idle(immediately=True)}
     sfn = sfn or boto3.client("stepfunctions")
     runs = RunStore(dynamodb or boto3.client("dynamodb"), settings.runs_table)
     now = time.time() if now is None else now
+    if request.run_id is None:
+        candidates = runs.unfinished()
+    else:
+        asked = runs.get(request.run_id)
+        if asked is None:
+            return {"reaped": [], "retry": [], "unknown": request.run_id}
+        candidates = [asked]
     reaped, retry = [], []
-    for run in runs.unfinished():
+    for run in candidates:
         execution = settings.execution_arn(run.run_id)
         try:
             status = sfn.describe_execution(executionArn=execution)["status"]
         except sfn.exceptions.ExecutionDoesNotExist:
             status = "MISSING"
-        if status == "RUNNING" and now <= run.deadline_at:
+        asked_for = request.run_id is not None
+        if status == "RUNNING" and now <= run.deadline_at and not asked_for:
             continue
-        reason = "past its deadline" if status == "RUNNING" else f"its execution is {status}"
+        if asked_for:
+            reason, error = "torn down on request (mtrl teardown)", "StoppedByUser"
+        elif status == "RUNNING":
+            reason, error = "past its deadline", "DeadlinePassed"
+        else:
+            reason, error = f"its execution is {status}", ""
         if status == "RUNNING":
             sfn.stop_execution(
-                executionArn=execution,
-                error="DeadlinePassed",
-                cause=f"run {run.run_id} is {reason}",
+                executionArn=execution, error=error, cause=f"run {run.run_id}: {reason}"
             )
         try:
             released = compute.release(
@@ -245,11 +270,12 @@ def reap(
                 cluster=backends.training_cluster(settings.training_cluster_backend),
                 scale_down=True,
             )
-        except Exception as error:  # noqa: BLE001 - one run's trouble must not stop the others
-            retry.append({"run_id": run.run_id, "error": f"{type(error).__name__}: {error}"})
+        except Exception as failure:  # noqa: BLE001 - one run's trouble must not stop the others
+            retry.append({"run_id": run.run_id, "error": f"{type(failure).__name__}: {failure}"})
             continue
         result = teardown_run(wiring or settings.router_wiring(), run_id=run.run_id)
-        runs.update(run.run_id, now=now, status="failed", error=f"reaped: {reason}")
+        if run.status not in FINISHED:
+            runs.update(run.run_id, now=now, status="failed", error=f"reaped: {reason}")
         reaped.append({"run_id": run.run_id, "reason": reason, **released, **result})
     return {"reaped": reaped, "retry": retry}
 

@@ -110,9 +110,15 @@ class CapacityLeases:
 
     def idle_since(self, group: str) -> float | None:
         """When the last run let go of the group, if none holds it since (consistent read)."""
-        item = self._db.get_item(TableName=self._table, Key=self._key(group), ConsistentRead=True)
-        value = item.get("Item", {}).get(IDLE, {}).get("N")
+        value = self._item(group).get(IDLE, {}).get("N")
         return float(value) if value is not None else None
+
+    def holders(self, group: str) -> set[str]:
+        return set(self._item(group).get("holders", {}).get("SS", []))
+
+    def _item(self, group: str) -> dict[str, Any]:
+        answer = self._db.get_item(TableName=self._table, Key=self._key(group), ConsistentRead=True)
+        return answer.get("Item", {})
 
     def _key(self, group: str) -> dict[str, Any]:
         return {"run_id": {"S": f"{LEASE_PREFIX}{group}"}}
@@ -183,6 +189,13 @@ class HyperPodCapacity:
         with self._leases.locked(self.lease):
             since = self._leases.idle_since(self.lease)
             if since is None or now - since < keep_warm_seconds:
+                return False
+            return self._to_zero()
+
+    def scale_unheld(self) -> bool:
+        """Scale the group to zero now if no run holds it, kept warm or not. True if it did."""
+        with self._leases.locked(self.lease):
+            if self._leases.holders(self.lease):
                 return False
             return self._to_zero()
 

@@ -150,7 +150,9 @@ class HyperPodTrainingCluster(TrainingCluster):
             run.run_id, keep_warm_seconds=self.settings.keep_warm_seconds, now=self._clock()
         )
 
-    def release_idle(self) -> bool:
+    def release_idle(self, *, immediately: bool = False) -> bool:
+        if immediately:
+            return self.capacity.scale_unheld()
         return self.capacity.scale_idle(
             keep_warm_seconds=self.settings.keep_warm_seconds, now=self._clock()
         )

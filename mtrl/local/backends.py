@@ -205,7 +205,7 @@ class LocalTrainingCluster(TrainingCluster):
         self._nodes.pop(run.run_id, None)
         self._recorder.record("scale_down", run)
 
-    def release_idle(self) -> bool:
+    def release_idle(self, *, immediately: bool = False) -> bool:
         return False  # local nodes are never kept warm: scale_down releases them at once
 
     def alive(self) -> int:

@@ -77,7 +77,7 @@ class FakeCluster(TrainingCluster):
     def scale_down(self, run: RunContext) -> None:
         self.calls.append("scale_down")
 
-    def release_idle(self) -> bool:
+    def release_idle(self, *, immediately: bool = False) -> bool:
         return False
 
 

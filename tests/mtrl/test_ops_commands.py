@@ -4,6 +4,7 @@ wrong region, no credentials, an unknown run, bad input)."""
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from pathlib import Path
@@ -14,12 +15,17 @@ import pytest
 from moto.core.config import default_user_config
 from typer.testing import CliRunner
 
+from lambdas.pipeline import backends, handlers
+from lambdas.pipeline.settings import PipelineSettings
+from lambdas.router.conversations import create_table
 from lambdas.router.run_queues import create_run_queues
+from mtrl import ops_commands
 from mtrl.cli import app
 from mtrl.ops.deployment import find_deployment
 from mtrl.ops.runs_view import run_status
 from mtrl.runs import RunRecord, RunStore, create_runs_table, run_id_for
 from tests.pipeline.fake_sagemaker import FakeSageMaker
+from tests.pipeline.test_handlers import RecordingCompute
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "wordle"
@@ -229,3 +235,88 @@ def test_cost_of_a_config_offline_and_of_a_run_so_far(deployed: dict) -> None:
         result.exit_code == 0
         and result.output.strip() == "run done-1: $197 so far over 0h30m at $394/h"
     )
+
+
+class InProcessReaper:
+    """The deployment's reaper Lambda, invoked in-process with the pipeline's settings (moto runs
+    no Lambda code); records what the CLI sends."""
+
+    def __init__(self, settings: PipelineSettings) -> None:
+        self.settings, self.requests = settings, []
+
+    def invoke(self, **request: Any) -> dict:
+        assert request["FunctionName"] == "nova-mtrl-reaper"
+        assert request["InvocationType"] == "RequestResponse"
+        payload = json.loads(request["Payload"])
+        self.requests.append(payload)
+        result = handlers.reap(payload, settings=self.settings)
+        return {"StatusCode": 200, "Payload": io.BytesIO(json.dumps(result).encode())}
+
+
+@pytest.fixture
+def reaper(deployed: dict, monkeypatch: pytest.MonkeyPatch) -> InProcessReaper:
+    boto3.client("cloudformation").update_stack(
+        StackName="nova-mtrl-pipeline",
+        TemplateBody=json.dumps({
+            "Resources": {"Marker": {"Type": "AWS::SNS::Topic", "Properties": {"TopicName": "nova-mtrl-pipeline"}}},
+            "Outputs": {"StateMachineArn": {"Value": deployed["machine"]}, "RunsTableName": {"Value": "nova-mtrl-runs"},
+                        "ReaperFunctionName": {"Value": "nova-mtrl-reaper"}},
+        }),
+    )  # fmt: skip
+    create_table(boto3.client("dynamodb"), "nova-mtrl-conversations")
+    role = boto3.client("iam").create_role(RoleName="consumer", AssumeRolePolicyDocument="{}")
+    boto3.client("lambda").create_function(
+        FunctionName="consumer", Runtime="python3.12", Role=role["Role"]["Arn"],
+        Handler="lambdas.router.consumer.handler", Code={"ZipFile": b"code"},
+    )  # fmt: skip
+    compute = RecordingCompute()
+    backends.register_fleet("recording", lambda: compute)
+    backends.register_cluster("recording", lambda: compute)
+    settings = PipelineSettings(
+        NAME_PREFIX="nova-mtrl", RUNS_TABLE="nova-mtrl-runs", CONVERSATIONS_TABLE="nova-mtrl-conversations",
+        CONSUMER_FUNCTION="consumer", STATE_MACHINE_ARN=deployed["machine"],
+        REWARD_FLEET_BACKEND="recording", TRAINING_CLUSTER_BACKEND="recording",
+    )  # fmt: skip
+    fake = InProcessReaper(settings)
+
+    class Session(boto3.Session):  # what the CLI gets: the reaper in-process, AWS from moto
+        def client(self, name: str, *args: Any, **kwargs: Any) -> Any:
+            return fake if name == "lambda" else super().client(name, *args, **kwargs)
+
+    monkeypatch.setattr(
+        ops_commands, "aws_session", lambda *, profile, region: Session(region_name=region)
+    )
+    return fake
+
+
+def test_teardown_stops_a_run_and_reports_what_it_removed(
+    deployed: dict, reaper: InProcessReaper
+) -> None:
+    _register(deployed["db"], "live-1", created=time.time())
+    deployed["sfn"].start_execution(stateMachineArn=deployed["machine"], name="live-1", input="{}")
+    create_run_queues(boto3.client("sqs"), prefix="nova-mtrl", run_id="live-1")
+    result = _invoke("teardown", "live-1")
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == (
+        "run live-1 torn down: 2 workers stopped, 7 job objects deleted, 5 queues deleted, 0 left"
+    )
+    assert reaper.requests == [{"run_id": "live-1"}]
+    status = json.loads(_invoke("status", "live-1", "--json").output)
+    assert status["execution"] == "ABORTED" and status["summary"]["status"] == "failed"
+    again = _invoke("teardown", "live-1")
+    assert again.exit_code == 0 and "0 queues deleted, 0 left" in again.output
+    unknown = _invoke("teardown", "nope")
+    assert unknown.exit_code == 1
+    assert (
+        unknown.output.strip()
+        == "error: no run nope in deployment nova-mtrl: `mtrl runs` lists them"
+    )
+
+
+def test_teardown_all_idle_and_its_usage(deployed: dict, reaper: InProcessReaper) -> None:
+    result = _invoke("teardown", "--all-idle")
+    assert result.exit_code == 0 and result.output.strip() == "idle GPU nodes scaled to zero"
+    assert reaper.requests == [{"release_idle": True}]
+    for args in (["teardown"], ["teardown", "x", "--all-idle"]):
+        result = _invoke(*args)
+        assert result.exit_code == 2 and "give a run id" in result.output

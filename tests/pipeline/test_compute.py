@@ -31,7 +31,7 @@ class Scripted(TrainingCluster):
 
     def scale_down(self, run: RunContext) -> None: ...
 
-    def release_idle(self) -> bool:
+    def release_idle(self, *, immediately: bool = False) -> bool:
         return False
 
 

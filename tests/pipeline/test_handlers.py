@@ -247,8 +247,9 @@ class RecordingCompute(RewardFleet, TrainingCluster):
     def scale_down(self, run: RunContext) -> None:
         self.calls.append(("scale_down", run.run_id))
 
-    def release_idle(self) -> bool:
-        return False
+    def release_idle(self, *, immediately: bool = False) -> bool:
+        self.calls.append(("release_idle", "immediately" if immediately else "after keep-warm"))
+        return True
 
 
 @pytest.fixture
@@ -355,3 +356,39 @@ def test_a_run_whose_compute_will_not_go_yet_is_reaped_next_time(
     second = handlers.reap({}, settings=settings, sfn=sfn, now=20.0)
     assert [entry["run_id"] for entry in second["reaped"]] == [run_id]
     assert runs.get(run_id).status == "failed"
+
+
+def test_teardown_on_request_stops_a_running_run_now_and_can_repeat(
+    env: dict, reaper_compute: RecordingCompute
+) -> None:
+    s3, settings, sfn = env["s3"], env["settings"], env["sfn"]
+    runs = RunStore(boto3.client("dynamodb"), "runs")
+    version = s3.put_object(Bucket=BUCKET, Key="training-data/now.jsonl", Body=GOOD)["VersionId"]
+    upload = {"bucket": BUCKET, "key": "training-data/now.jsonl", "version_id": version}
+    run_id = handlers.register(upload, s3=s3, settings=settings, now=0.0)["run_id"]
+    handlers.provision({"run_id": run_id}, settings=settings)
+    handlers.start_run(upload, settings=settings, sfn=sfn)
+    # The schedule leaves a running, on-time run alone; a request does not.
+    assert handlers.reap({"source": "aws.events", "detail-type": "Scheduled Event"},
+                         settings=settings, sfn=sfn, now=10.0)["reaped"] == []  # fmt: skip
+    result = handlers.reap({"run_id": run_id}, settings=settings, sfn=sfn, now=10.0)
+    (entry,) = result["reaped"]
+    assert entry["reason"] == "torn down on request (mtrl teardown)" and entry["leftover"] == 0
+    execution = sfn.describe_execution(executionArn=settings.execution_arn(run_id))
+    assert execution["status"] == "ABORTED"
+    assert (runs.get(run_id).status, runs.get(run_id).error) == (
+        "failed", "reaped: torn down on request (mtrl teardown)",
+    )  # fmt: skip
+    again = handlers.reap({"run_id": run_id}, settings=settings, sfn=sfn, now=20.0)
+    assert again["reaped"][0]["leftover"] == 0 and runs.get(run_id).status == "failed"
+    assert reaper_compute.calls.count(("delete", run_id)) == 2  # idempotent all the way down
+    unknown = handlers.reap({"run_id": "nope"}, settings=settings, sfn=sfn, now=20.0)
+    assert unknown == {"reaped": [], "retry": [], "unknown": "nope"}
+
+
+def test_releasing_idle_nodes_on_request_skips_the_keep_warm(
+    env: dict, reaper_compute: RecordingCompute
+) -> None:
+    result = handlers.reap({"release_idle": True}, settings=env["settings"])
+    assert result["released_idle"] is True
+    assert reaper_compute.calls == [("release_idle", "immediately")]

@@ -94,3 +94,14 @@ def test_a_run_taking_the_group_while_warm_cancels_the_idle_mark(
     assert capacity.scale_idle(keep_warm_seconds=600, now=5000.0) is False
     capacity.scale_down("run-b", keep_warm_seconds=600, now=5000.0)
     assert capacity.scale_idle(keep_warm_seconds=600, now=5600.0) is True
+
+
+def test_unheld_nodes_go_to_zero_on_request_whatever_the_keep_warm(
+    capacity: HyperPodCapacity,
+) -> None:
+    capacity.scale_up("run-a", 4, now=1000.0)
+    assert capacity.scale_unheld() is False  # run-a holds it
+    capacity.scale_down("run-a", keep_warm_seconds=3600, now=2000.0)
+    assert capacity.scale_unheld() is True
+    assert capacity._sagemaker.groups[1]["TargetCount"] == 0
+    assert capacity.scale_unheld() is False  # already at zero

@@ -1,0 +1,50 @@
+"""`mtrl teardown`: ask the deployment's reaper to tear a run down now, or to release idle GPU
+nodes. The reaper already holds the rights and the code to reach every plane (ECS, HyperPod,
+the Kubernetes API), so the CLI needs only to invoke it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from mtrl.ops.deployment import Deployment
+
+
+class TeardownFailed(RuntimeError):
+    """The reaper could not (yet) do what was asked; the message says what happened."""
+
+
+def invoke_reaper(
+    lambda_client: Any, deployment: Deployment, request: dict[str, Any]
+) -> dict[str, Any]:
+    response = lambda_client.invoke(
+        FunctionName=deployment.output("ReaperFunctionName"),
+        InvocationType="RequestResponse",
+        Payload=json.dumps(request).encode(),
+    )
+    payload = json.loads(response["Payload"].read() or b"{}")
+    if response.get("FunctionError"):
+        raise TeardownFailed(
+            f"the reaper failed: {payload.get('errorType', 'Error')}: {payload.get('errorMessage', '')}"
+        )
+    return payload
+
+
+def teardown_run(lambda_client: Any, deployment: Deployment, run_id: str) -> dict[str, Any]:
+    """Stop the run (if running) and tear it down; idempotent."""
+    result = invoke_reaper(lambda_client, deployment, {"run_id": run_id})
+    if result.get("unknown"):
+        raise TeardownFailed(
+            f"no run {run_id} in deployment {deployment.prefix}: `mtrl runs` lists them"
+        )
+    if result.get("retry"):
+        raise TeardownFailed(
+            f"run {run_id}: compute not released yet ({result['retry'][0]['error']}); run "
+            f"`mtrl teardown {run_id}` again, or let the reaper retry within 15 minutes"
+        )
+    (entry,) = result["reaped"]
+    return entry
+
+
+def release_idle_nodes(lambda_client: Any, deployment: Deployment) -> bool:
+    return bool(invoke_reaper(lambda_client, deployment, {"release_idle": True})["released_idle"])
