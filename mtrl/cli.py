@@ -15,6 +15,7 @@ from mtrl.env_commands import env_app
 from mtrl.local_command import local
 from mtrl.ops_commands import (
     cost_command,
+    logs_command,
     runs_command,
     status_command,
     submit_command,
@@ -33,6 +34,7 @@ app.command("submit")(submit_command)
 app.command("runs")(runs_command)
 app.command("status")(status_command)
 app.command("cost")(cost_command)
+app.command("logs")(logs_command)
 app.command("teardown")(teardown_command)
 
 

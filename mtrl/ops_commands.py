@@ -1,4 +1,4 @@
-"""`mtrl submit / runs / status / cost / teardown`: the run loop on a deployed platform.
+"""`mtrl submit / runs / status / logs / cost / teardown`: the run loop on a deployed platform.
 
 Every command finds the deployment from its CloudFormation stack outputs (`--prefix`,
 `--profile`, `--region`) and fails with one line naming what is missing and what to do.
@@ -19,6 +19,7 @@ from rich.table import Table
 
 from mtrl.console import check_dataset, fail, out, print_problem
 from mtrl.ops.deployment import Deployment, DeploymentError, aws_session, find_deployment
+from mtrl.ops.logs import Plane, follow, read, sources
 from mtrl.ops.runs_view import (
     RunStatus,
     RunSummary,
@@ -302,3 +303,41 @@ def teardown_command(
         out.print_json(json.dumps(result))
     else:
         out.print(message, highlight=False, soft_wrap=True)
+
+
+def logs_command(
+    run_id: Annotated[str, typer.Argument(help="The run id (`mtrl runs` lists them).")],
+    plane: Annotated[
+        str, typer.Option(help="pipeline (Step Functions and Lambdas), workers or trainer.")
+    ] = "pipeline",
+    since: Annotated[float, typer.Option(help="Hours back to start from.", min=0.0)] = 24.0,
+    follow_: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new lines (Ctrl-C stops).")
+    ] = False,
+    prefix: Prefix = None,
+    profile: Profile = None,
+    region: Region = None,
+) -> None:
+    """A run's log lines from the CloudWatch log groups of one plane, oldest first."""
+    if plane not in Plane.__args__:  # type: ignore[attr-defined]
+        raise fail(f"--plane {plane}: use pipeline, workers or trainer")
+    session, deployment = _deployment(prefix, profile, region)
+    try:
+        wanted = sources(deployment, run_id, plane)  # type: ignore[arg-type]
+    except DeploymentError as error:
+        raise fail(str(error)) from None
+    client = session.client("logs")
+    since_ms = int((time.time() - since * 3600) * 1000)
+    try:
+        lines = (
+            follow(client, wanted, since_ms=since_ms, sleep=time.sleep)
+            if follow_
+            else iter(read(client, wanted, since_ms=since_ms))
+        )
+        for line in lines:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(line.timestamp / 1000))
+            out.print(f"{stamp} {line.message}", highlight=False, markup=False, soft_wrap=True)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    except (ClientError, BotoCoreError) as error:
+        raise _aws_failure(error) from None

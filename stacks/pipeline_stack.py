@@ -13,7 +13,7 @@ from stacks.components.fleet_control import RewardFleetControl
 from stacks.components.hyperpod import HyperPodCluster
 from stacks.components.lambda_code import pipeline_code
 from stacks.components.pipeline import TrainingPipeline
-from stacks.components.reward_fleet import RewardFleet
+from stacks.components.reward_fleet import RewardFleet, log_group_name
 from stacks.components.router import Router
 from stacks.components.storage import Storage, data_bucket_name
 from stacks.components.training_control import TrainingClusterControl
@@ -110,6 +110,11 @@ class PipelineStack(PlatformStack):
         cdk.CfnOutput(self, "StateMachineArn", value=self.pipeline.state_machine.state_machine_arn)
         cdk.CfnOutput(self, "RunsTableName", value=self.pipeline.runs_table.table_name)
         cdk.CfnOutput(self, "AlertTopicArn", value=self.pipeline.alert_topic.topic_arn)
+        # `mtrl logs` reads these; the per-run worker groups are named after the prefix.
+        cdk.CfnOutput(
+            self, "PipelineLogGroups", value=cdk.Fn.join(",", self.pipeline.log_group_names)
+        )
+        cdk.CfnOutput(self, "RewardWorkerLogGroupPrefix", value=log_group_name(config))
         cdk.CfnOutput(
             self,
             "ReaperFunctionName",

@@ -281,6 +281,14 @@ class TrainingPipeline(Construct):
         )
         self.functions["reap"] = reaper
 
+    @property
+    def log_group_names(self) -> list[str]:
+        """Where the pipeline logs: its execution history and every function."""
+        return [
+            self.execution_logs.log_group_name,
+            *(function.log_group.log_group_name for function in self.functions.values()),
+        ]
+
     def add_scheduled_step(
         self, name: str, description: str, *, every: Duration, environment: dict[str, str]
     ) -> lambda_.Function:
@@ -656,6 +664,7 @@ class TrainingPipeline(Construct):
             retention=logs.RetentionDays.SIX_MONTHS,
             removal_policy=RemovalPolicy.DESTROY,
         )
+        self.execution_logs = log_group
         machine = sfn.StateMachine(
             self,
             "StateMachine",

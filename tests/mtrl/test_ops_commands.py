@@ -4,6 +4,7 @@ wrong region, no credentials, an unknown run, bad input)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import time
@@ -22,6 +23,7 @@ from lambdas.router.run_queues import create_run_queues
 from mtrl import ops_commands
 from mtrl.cli import app
 from mtrl.ops.deployment import find_deployment
+from mtrl.ops.logs import follow, sources
 from mtrl.ops.runs_view import run_status
 from mtrl.runs import RunRecord, RunStore, create_runs_table, run_id_for
 from tests.pipeline.fake_sagemaker import FakeSageMaker
@@ -56,10 +58,20 @@ def deployed(aws: None, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         roleArn="arn:aws:iam::123456789012:role/pipeline",
     )["stateMachineArn"]  # fmt: skip
     _stack("nova-mtrl-storage", {"DataBucketName": BUCKET})
-    _stack("nova-mtrl-pipeline", {"StateMachineArn": machine, "RunsTableName": "nova-mtrl-runs"})
+    _stack("nova-mtrl-pipeline", _pipeline_outputs(machine))
     _stack("nova-mtrl-compute", {"RewardWorkerClusterName": "nova-mtrl-reward-workers",
-                                 "HyperPodClusterName": "nova-mtrl-hyperpod"})  # fmt: skip
+                                 "HyperPodClusterName": "nova-mtrl-hyperpod", "EksClusterName": "nova-mtrl-eks"})  # fmt: skip
     return {"s3": s3, "db": db, "sfn": sfn, "machine": machine}
+
+
+def _pipeline_outputs(machine: str, **more: str) -> dict[str, str]:
+    return {
+        "StateMachineArn": machine,
+        "RunsTableName": "nova-mtrl-runs",
+        "PipelineLogGroups": "/aws/vendedlogs/states/pipeline,/aws/lambda/register",
+        "RewardWorkerLogGroupPrefix": "/nova-mtrl/reward-workers",
+        **more,
+    }
 
 
 def _invoke(*args: str) -> Any:
@@ -255,14 +267,14 @@ class InProcessReaper:
 
 @pytest.fixture
 def reaper(deployed: dict, monkeypatch: pytest.MonkeyPatch) -> InProcessReaper:
+    outputs = _pipeline_outputs(deployed["machine"], ReaperFunctionName="nova-mtrl-reaper")
+    template = {
+        "Resources": {"Marker": {"Type": "AWS::SNS::Topic", "Properties": {"TopicName": "p"}}},
+        "Outputs": {key: {"Value": value} for key, value in outputs.items()},
+    }
     boto3.client("cloudformation").update_stack(
-        StackName="nova-mtrl-pipeline",
-        TemplateBody=json.dumps({
-            "Resources": {"Marker": {"Type": "AWS::SNS::Topic", "Properties": {"TopicName": "nova-mtrl-pipeline"}}},
-            "Outputs": {"StateMachineArn": {"Value": deployed["machine"]}, "RunsTableName": {"Value": "nova-mtrl-runs"},
-                        "ReaperFunctionName": {"Value": "nova-mtrl-reaper"}},
-        }),
-    )  # fmt: skip
+        StackName="nova-mtrl-pipeline", TemplateBody=json.dumps(template)
+    )
     create_table(boto3.client("dynamodb"), "nova-mtrl-conversations")
     role = boto3.client("iam").create_role(RoleName="consumer", AssumeRolePolicyDocument="{}")
     boto3.client("lambda").create_function(
@@ -320,3 +332,93 @@ def test_teardown_all_idle_and_its_usage(deployed: dict, reaper: InProcessReaper
     for args in (["teardown"], ["teardown", "x", "--all-idle"]):
         result = _invoke(*args)
         assert result.exit_code == 2 and "give a run id" in result.output
+
+
+def _log(group: str, *lines: tuple[int, str]) -> None:
+    logs = boto3.client("logs")
+    with contextlib.suppress(logs.exceptions.ResourceAlreadyExistsException):
+        logs.create_log_group(logGroupName=group)
+    stream = f"s{len(logs.describe_log_streams(logGroupName=group)['logStreams'])}"
+    logs.create_log_stream(logGroupName=group, logStreamName=stream)
+    logs.put_log_events(
+        logGroupName=group,
+        logStreamName=stream,
+        logEvents=[{"timestamp": ts, "message": message} for ts, message in lines],
+    )
+
+
+def test_logs_of_the_pipeline_are_the_runs_lines_of_every_group_in_time_order(
+    deployed: dict,
+) -> None:
+    now = int(time.time() * 1000)
+    _log(
+        "/aws/vendedlogs/states/pipeline",
+        (now - 3000, "ExecutionStarted run-7"),
+        (now - 1000, "TaskSucceeded run-7"),
+    )
+    _log(
+        "/aws/lambda/register",
+        (now - 2000, "registered run-7 with rft_multiturn_lora"),
+        (now - 1500, "registered run-8"),
+    )
+    result = _invoke("logs", "run-7")
+    assert result.exit_code == 0, result.output
+    messages = [line.split(" ", 2)[2] for line in result.output.strip().splitlines()]
+    assert messages == [
+        "ExecutionStarted run-7", "registered run-7 with rft_multiturn_lora", "TaskSucceeded run-7",
+    ]  # fmt: skip
+
+
+def test_logs_of_the_workers_are_their_own_group_and_none_yet_is_fine(deployed: dict) -> None:
+    assert _invoke("logs", "run-7", "--plane", "workers").output == ""
+    now = int(time.time() * 1000)
+    _log("/nova-mtrl/reward-workers/run-7", (now, "worker 1 up"), (now + 1, "rollout 3 reward 1.0"))
+    result = _invoke("logs", "run-7", "--plane", "workers")
+    assert [line.split(" ", 2)[2] for line in result.output.splitlines()] == [
+        "worker 1 up", "rollout 3 reward 1.0",
+    ]  # fmt: skip
+
+
+def test_logs_of_the_trainer_ask_container_insights_for_the_runs_namespace(deployed: dict) -> None:
+    deployment = find_deployment(boto3.Session(region_name="us-east-1"), "nova-mtrl")
+    (source,) = sources(deployment, "run-7", "trainer")
+    assert source.group == "/aws/containerinsights/nova-mtrl-eks/application"
+    assert source.pattern == '{ $.kubernetes.namespace_name = "nova-mtrl-run-run-7" }'
+
+
+def test_follow_prints_each_new_line_once(deployed: dict) -> None:
+    now = int(time.time() * 1000)
+    group = "/nova-mtrl/reward-workers/run-9"
+    _log(group, (now, "first"))
+    wanted = sources(
+        find_deployment(boto3.Session(region_name="us-east-1"), "nova-mtrl"), "run-9", "workers"
+    )
+    arrivals = iter([[(now + 5, "second")], [(now + 9, "third")]])
+    lines = follow(
+        boto3.client("logs"),
+        wanted,
+        since_ms=now - 1,
+        sleep=lambda _: _log(group, *next(arrivals)),
+        rounds=3,
+    )
+    assert [line.message for line in lines] == ["first", "second", "third"]
+
+
+def test_logs_refuses_an_unknown_plane_and_an_old_deployment(deployed: dict) -> None:
+    result = _invoke("logs", "run-7", "--plane", "gpu")
+    assert (
+        result.exit_code == 2 and "--plane gpu: use pipeline, workers or trainer" in result.output
+    )
+    boto3.client("cloudformation").update_stack(
+        StackName="nova-mtrl-pipeline",
+        TemplateBody=json.dumps({
+            "Resources": {"Marker": {"Type": "AWS::SNS::Topic", "Properties": {"TopicName": "p"}}},
+            "Outputs": {"StateMachineArn": {"Value": deployed["machine"]}},
+        }),
+    )  # fmt: skip
+    result = _invoke("logs", "run-7")
+    assert result.exit_code == 2
+    assert result.output.strip() == (
+        "error: deployment nova-mtrl in us-east-1 has no output PipelineLogGroups: redeploy with "
+        "this version (make deploy)"
+    )
