@@ -53,6 +53,8 @@ class ComputeStack(PlatformStack):
                 self.eks.add_training_operator(
                     hyperpod_cluster_arn=self.hyperpod.cluster_arn, after=self.hyperpod.resource
                 )
+        if not config.existing_eks_cluster:
+            self.eks.add_container_logs()  # an existing cluster ships its logs its own way
         self.reward_fleet = RewardFleet(self, "RewardFleet", config=config, vpc=network.vpc)
 
         cdk.CfnOutput(self, "EksClusterName", value=self.eks.cluster_name)

@@ -65,6 +65,7 @@ def test_addons_needed_by_hyperpod_in_a_working_order(default_app: Synthesized) 
         "coredns",
         "cert-manager",
         "amazon-sagemaker-hyperpod-training-operator",
+        "amazon-cloudwatch-observability",
     }
     nodegroup_id, nodegroup = default_app.one("compute", "AWS::EKS::Nodegroup")
     # Nodes only become Ready with the CNI in place; CoreDNS only turns ACTIVE with nodes.
@@ -80,6 +81,19 @@ def test_addons_needed_by_hyperpod_in_a_working_order(default_app: Synthesized) 
     role = default_app.template("compute")["Resources"][role_id]
     trusted = role["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"]["Service"]
     assert trusted == "pods.eks.amazonaws.com"
+
+
+def test_container_logs_go_to_cloudwatch_through_pod_identity(default_app: Synthesized) -> None:
+    """`mtrl logs --plane trainer` reads the run's pod lines from Container Insights."""
+    _, addon = _addons(default_app)["amazon-cloudwatch-observability"]
+    (association,) = addon["Properties"]["PodIdentityAssociations"]
+    assert association["ServiceAccount"] == "cloudwatch-agent"
+    role = default_app.template("compute")["Resources"][association["RoleArn"]["Fn::GetAtt"][0]]
+    assert json.dumps(role["Properties"]["ManagedPolicyArns"]).endswith(
+        ':iam::aws:policy/CloudWatchAgentServerPolicy"]]}]'
+    )
+    nodegroup_id, _ = default_app.one("compute", "AWS::EKS::Nodegroup")
+    assert nodegroup_id in addon["DependsOn"]  # its agents are pods: they need nodes
 
 
 def test_training_operator_can_be_left_out(tmp_path) -> None:

@@ -15,6 +15,7 @@ from stacks.config import PlatformConfig
 NODE_ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
 # ... and after them (CoreDNS pods need somewhere to run before the add-on turns ACTIVE).
 SCHEDULED_ADDONS = ("coredns",)
+LOGS_POLICY = "CloudWatchAgentServerPolicy"
 
 _LOG_TYPES = [
     eks.ClusterLoggingTypes.API,
@@ -174,6 +175,36 @@ class HyperPodEks(Construct):
 
     def _addon(self, cluster: eks.Cluster, name: str) -> eks.Addon:
         return eks.Addon(self, f"Addon-{name}", cluster=cluster, addon_name=name)
+
+    def add_container_logs(self) -> None:
+        """Pod logs to CloudWatch (`/aws/containerinsights/<cluster>/application`): where
+        `mtrl logs --plane trainer` reads a run's vLLM and trainer lines."""
+        role = iam.Role(
+            self,
+            "ContainerLogsRole",
+            assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
+            description="CloudWatch agent and Fluent Bit of the EKS cluster (EKS Pod Identity)",
+            managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(LOGS_POLICY)],
+        )
+        acknowledge(
+            role,
+            f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{LOGS_POLICY}]",
+            "The AWS-maintained policy of the CloudWatch observability add-on: it writes the "
+            "cluster's container logs and metrics, and AWS keeps it in step with the agent.",
+        )
+        addon = eks.CfnAddon(
+            self,
+            "Addon-cloudwatch-observability",
+            cluster_name=self.cluster.cluster_name,
+            addon_name="amazon-cloudwatch-observability",
+            pod_identity_associations=[
+                eks.CfnAddon.PodIdentityAssociationProperty(
+                    role_arn=role.role_arn, service_account="cloudwatch-agent"
+                )
+            ],
+        )
+        for dependency in self.ready:
+            addon.node.add_dependency(dependency)
 
     def add_training_operator(self, *, hyperpod_cluster_arn: str, after: IDependable) -> None:
         """The HyperPod training operator add-on (needs cert-manager and an existing HyperPod cluster)."""
