@@ -15,6 +15,7 @@ from mtrl.env_commands import env_app
 from mtrl.local_command import local
 from mtrl.ops_commands import (
     cost_command,
+    doctor_command,
     logs_command,
     runs_command,
     status_command,
@@ -36,6 +37,7 @@ app.command("status")(status_command)
 app.command("cost")(cost_command)
 app.command("logs")(logs_command)
 app.command("teardown")(teardown_command)
+app.command("doctor")(doctor_command)
 
 
 @app.callback()

@@ -1,4 +1,5 @@
-"""`mtrl submit / runs / status / logs / cost / teardown`: the run loop on a deployed platform.
+"""`mtrl submit / runs / status / logs / cost / teardown / doctor`: the run loop on a deployed
+platform.
 
 Every command finds the deployment from its CloudFormation stack outputs (`--prefix`,
 `--profile`, `--region`) and fails with one line naming what is missing and what to do.
@@ -19,6 +20,7 @@ from rich.table import Table
 
 from mtrl.console import check_dataset, fail, out, print_problem
 from mtrl.ops.deployment import Deployment, DeploymentError, aws_session, find_deployment
+from mtrl.ops.doctor import diagnose
 from mtrl.ops.logs import Plane, follow, read, sources
 from mtrl.ops.runs_view import (
     RunStatus,
@@ -341,3 +343,29 @@ def logs_command(
         raise typer.Exit(130) from None
     except (ClientError, BotoCoreError) as error:
         raise _aws_failure(error) from None
+
+
+def doctor_command(
+    config: ConfigName = None,
+    prefix: Prefix = None,
+    profile: Profile = None,
+    region: Region = None,
+    as_json: AsJson = False,
+) -> None:
+    """Check credentials, region, the stacks, EKS, HyperPod, the GPU quota for a config and the
+    worker image; print what to fix. Exit 0 when nothing fails, 1 otherwise."""
+    try:
+        training = load_training_config(config or DEFAULT_CONFIG)
+        session = aws_session(profile=profile, region=region)
+    except (TrainingConfigError, DeploymentError) as error:
+        raise fail(str(error)) from None
+    checks = diagnose(session, prefix=prefix or _default_prefix(), config=training)
+    if as_json:
+        out.print_json(json.dumps([asdict(check) for check in checks]))
+    else:
+        table = Table("", "check", "found", "fix", title="mtrl doctor")
+        for check in checks:
+            mark = {True: "ok", False: "FAIL", None: "?"}[check.ok]
+            table.add_row(mark, check.name, check.detail, check.fix)
+        out.print(table)
+    raise typer.Exit(1 if any(check.ok is False for check in checks) else 0)

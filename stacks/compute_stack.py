@@ -61,6 +61,9 @@ class ComputeStack(PlatformStack):
         cdk.CfnOutput(self, "HyperPodClusterName", value=self.hyperpod.cluster_name)
         cdk.CfnOutput(self, "RewardWorkerClusterName", value=self.reward_fleet.cluster.cluster_name)
         cdk.CfnOutput(
+            self, "RewardWorkerTaskFamily", value=self.reward_fleet.task_definition.family
+        )
+        cdk.CfnOutput(
             self,
             "KubeconfigCommand",
             value=cdk.Fn.join(

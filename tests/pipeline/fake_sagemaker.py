@@ -32,7 +32,11 @@ class FakeSageMaker:
 
     def describe_cluster(self, ClusterName: str) -> dict:  # noqa: N803
         assert ClusterName == "nova-mtrl"
-        return {"ClusterName": ClusterName, "InstanceGroups": copy.deepcopy(self.groups)}
+        return {
+            "ClusterName": ClusterName,
+            "ClusterStatus": "InService",
+            "InstanceGroups": copy.deepcopy(self.groups),
+        }
 
     def update_cluster(self, **request: object) -> dict:
         self.updates.append(copy.deepcopy(request))

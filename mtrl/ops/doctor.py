@@ -1,0 +1,158 @@
+"""`mtrl doctor`: is this account and deployment ready for a run, and if not, what to fix.
+
+Each check says what it found and, when it fails, the fix: credentials, region, the stacks and
+their outputs, the EKS cluster (active, public endpoint — HyperPod needs it), the HyperPod
+cluster (in service, a GPU group of the config's instance type), the account's HyperPod quota
+for that type against the config's instance count, and the reward-worker image in ECR. A check
+that cannot tell (an API the account does not allow) says so rather than failing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+from mtrl.ops.deployment import Deployment, DeploymentError, find_deployment
+from training_configs import TrainingConfig
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool | None  # None: could not tell
+    detail: str
+    fix: str = ""
+
+
+def diagnose(
+    session: boto3.Session,
+    *,
+    prefix: str,
+    config: TrainingConfig,
+    clients: dict[str, Any] | None = None,
+) -> list[Check]:
+    """Every check in order; later ones are skipped when what they need is missing."""
+    client: Callable[[str], Any] = lambda name: (clients or {}).get(name) or session.client(name)  # noqa: E731
+    try:
+        who = client("sts").get_caller_identity()
+    except NoCredentialsError:
+        return [
+            Check(
+                "credentials", False, "none found", "aws configure (or aws sso login), or --profile"
+            )
+        ]
+    except ClientError as error:
+        code = error.response["Error"]["Code"]
+        return [
+            Check(
+                "credentials",
+                False,
+                f"rejected ({code})",
+                "refresh them (aws sso login) or pass --profile",
+            )
+        ]
+    checks = [
+        Check("credentials", True, who["Arn"]),
+        Check("region", True, session.region_name),
+    ]
+    try:
+        deployment = find_deployment(session, prefix)
+    except DeploymentError as error:
+        return [
+            *checks,
+            Check("stacks", False, str(error), "make deploy, or the right --region/--prefix"),
+        ]
+    checks.append(
+        Check(
+            "stacks",
+            True,
+            f"{prefix}-storage, -pipeline, -compute ({len(deployment.outputs)} outputs)",
+        )
+    )
+    for check in (_eks, _hyperpod, _quota, _worker_image):
+        try:
+            checks.append(check(client, deployment, config))
+        except DeploymentError as error:
+            checks.append(Check(check.__name__.strip("_"), False, str(error), "make deploy"))
+        except (ClientError, BotoCoreError) as error:
+            checks.append(Check(check.__name__.strip("_"), None, f"could not check: {error}"))
+    return checks
+
+
+def _eks(client: Callable[[str], Any], deployment: Deployment, config: TrainingConfig) -> Check:
+    name = deployment.output("EksClusterName")
+    cluster = client("eks").describe_cluster(name=name)["cluster"]
+    if cluster["status"] != "ACTIVE":
+        return Check(
+            "eks", False, f"{name} is {cluster['status']}", "wait for it, or see the EKS console"
+        )
+    if not cluster.get("resourcesVpcConfig", {}).get("endpointPublicAccess", False):
+        return Check("eks", False, f"{name} has no public endpoint",
+                     "HyperPod's node agents need it (else NotStabilized): enable public access")  # fmt: skip
+    return Check("eks", True, f"{name} active, Kubernetes {cluster.get('version', '?')}")
+
+
+def _hyperpod(
+    client: Callable[[str], Any], deployment: Deployment, config: TrainingConfig
+) -> Check:
+    name = deployment.output("HyperPodClusterName")
+    cluster = client("sagemaker").describe_cluster(ClusterName=name)
+    if cluster["ClusterStatus"] != "InService":
+        return Check("hyperpod", False, f"{name} is {cluster['ClusterStatus']}",
+                     "wait for it; if Failed, its FailureMessage says why (aws sagemaker describe-cluster)")  # fmt: skip
+    types = {group["InstanceType"] for group in cluster.get("InstanceGroups", [])}
+    if config.instance_type not in types:
+        return Check("hyperpod", False, f"{name} has no {config.instance_type} group ({', '.join(sorted(types))})",
+                     "set the config's instance_type to the training group's, or add the group in cdk.json")  # fmt: skip
+    return Check("hyperpod", True, f"{name} in service with a {config.instance_type} group")
+
+
+def _quota(client: Callable[[str], Any], deployment: Deployment, config: TrainingConfig) -> Check:
+    wanted = f"{config.instance_type} for cluster usage"
+    pages = (
+        client("service-quotas")
+        .get_paginator("list_service_quotas")
+        .paginate(ServiceCode="sagemaker")
+    )
+    for page in pages:
+        for quota in page["Quotas"]:
+            if quota["QuotaName"] == wanted:
+                have = int(quota["Value"])
+                if have < config.instance_count:
+                    return Check("quota", False, f"{wanted}: {have}, the config needs {config.instance_count}",
+                                 f"request an increase: Service Quotas → Amazon SageMaker → {wanted!r}")  # fmt: skip
+                return Check(
+                    "quota", True, f"{wanted}: {have} (the config needs {config.instance_count})"
+                )
+    return Check("quota", False, f"{wanted}: 0 (no such quota applied)",
+                 f"request it: Service Quotas → Amazon SageMaker → {wanted!r}")  # fmt: skip
+
+
+def _worker_image(
+    client: Callable[[str], Any], deployment: Deployment, config: TrainingConfig
+) -> Check:
+    family = deployment.output("RewardWorkerTaskFamily")
+    definition = client("ecs").describe_task_definition(taskDefinition=family)["taskDefinition"]
+    image = definition["containerDefinitions"][0]["image"]
+    registry, _, reference = image.partition("/")
+    if ".dkr.ecr." not in registry:
+        return Check("worker image", True, image)
+    repository, _, tag = reference.partition(":")
+    try:
+        client("ecr").describe_images(
+            repositoryName=repository, imageIds=[{"imageTag": tag or "latest"}]
+        )
+    except ClientError as error:
+        if error.response["Error"]["Code"] in (
+            "ImageNotFoundException",
+            "RepositoryNotFoundException",
+        ):
+            return Check(
+                "worker image", False, f"{image} is not in ECR", "make deploy builds and pushes it"
+            )
+        raise
+    return Check("worker image", True, image)

@@ -1,0 +1,138 @@
+"""`mtrl doctor` against moto and recorded fakes (moto has no HyperPod clusters and no Service
+Quotas): every check's finding and fix, and the exit code."""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import boto3
+import pytest
+from typer.testing import CliRunner
+
+from mtrl import ops_commands
+from mtrl.cli import app
+from mtrl.ops.doctor import diagnose
+from tests.mtrl.test_ops_commands import _stack
+from tests.pipeline.fake_sagemaker import FakeSageMaker
+from training_configs import load_training_config
+
+REPOSITORY = "cdk-hnb659fds-container-assets-123456789012-us-east-1"
+IMAGE = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/{REPOSITORY}:abc123"
+LORA = load_training_config("rft_multiturn_lora")  # 4 x ml.p5.48xlarge
+
+
+class Quotas:
+    """Service Quotas' list for SageMaker, as the account has it."""
+
+    def __init__(self, **values: float) -> None:
+        self.values = values
+
+    def get_paginator(self, name: str) -> Any:
+        assert name == "list_service_quotas"
+        quotas = [{"QuotaName": k, "Value": v} for k, v in self.values.items()]
+
+        class Pages:
+            def paginate(self, ServiceCode: str) -> list[dict]:  # noqa: N803
+                assert ServiceCode == "sagemaker"
+                return [{"Quotas": quotas}]
+
+        return Pages()
+
+
+@pytest.fixture
+def healthy(aws: None) -> dict[str, Any]:
+    """A deployment whose every check passes (the rest of the account in moto)."""
+    boto3.client("eks").create_cluster(
+        name="nova-mtrl-eks", roleArn="arn:aws:iam::123456789012:role/eks",
+        resourcesVpcConfig={"subnetIds": [], "endpointPublicAccess": True},
+    )  # fmt: skip
+    ecr = boto3.client("ecr")
+    ecr.create_repository(repositoryName=REPOSITORY)
+    ecr.put_image(repositoryName=REPOSITORY, imageTag="abc123", imageManifest=json.dumps(
+        {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+         "config": {}, "layers": []}))  # fmt: skip
+    boto3.client("ecs").register_task_definition(
+        family="nova-mtrl-reward-worker",
+        containerDefinitions=[{"name": "reward-worker", "image": IMAGE, "memory": 2048}],
+    )
+    _stack("nova-mtrl-storage", {"DataBucketName": "data"})
+    _stack("nova-mtrl-pipeline", {"StateMachineArn": "arn", "RunsTableName": "runs"})
+    _stack("nova-mtrl-compute", {"EksClusterName": "nova-mtrl-eks", "HyperPodClusterName": "nova-mtrl",
+                                 "RewardWorkerTaskFamily": "nova-mtrl-reward-worker"})  # fmt: skip
+    return {
+        "sagemaker": FakeSageMaker(),
+        "service-quotas": Quotas(**{"ml.p5.48xlarge for cluster usage": 4}),
+    }
+
+
+def _diagnose(clients: dict[str, Any]) -> dict[str, Any]:
+    checks = diagnose(
+        boto3.Session(region_name="us-east-1"), prefix="nova-mtrl", config=LORA, clients=clients
+    )
+    return {check.name: check for check in checks}
+
+
+def test_a_ready_deployment_passes_every_check(healthy: dict) -> None:
+    checks = _diagnose(healthy)
+    assert list(checks) == [
+        "credentials",
+        "region",
+        "stacks",
+        "eks",
+        "hyperpod",
+        "quota",
+        "worker image",
+    ]
+    assert all(check.ok for check in checks.values()), checks
+    assert checks["quota"].detail == "ml.p5.48xlarge for cluster usage: 4 (the config needs 4)"
+    assert checks["worker image"].detail == IMAGE
+
+
+def test_what_is_missing_says_how_to_fix_it(healthy: dict) -> None:
+    healthy["service-quotas"] = Quotas(**{"ml.p5.48xlarge for cluster usage": 2})
+    boto3.client("ecr").batch_delete_image(
+        repositoryName=REPOSITORY, imageIds=[{"imageTag": "abc123"}]
+    )
+    checks = _diagnose(healthy)
+    assert (checks["quota"].ok, checks["quota"].fix) == (
+        False, "request an increase: Service Quotas → Amazon SageMaker → 'ml.p5.48xlarge for cluster usage'",
+    )  # fmt: skip
+    assert (checks["worker image"].ok, checks["worker image"].fix) == (
+        False,
+        "make deploy builds and pushes it",
+    )
+    healthy["sagemaker"].groups[1]["InstanceType"] = "ml.g5.48xlarge"
+    assert "has no ml.p5.48xlarge group" in _diagnose(healthy)["hyperpod"].detail
+
+
+def test_the_cli_exits_1_on_a_failed_check_and_0_when_ready(
+    healthy: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ops_commands, "diagnose", functools.partial(diagnose, clients=healthy))
+    ready = CliRunner().invoke(app, ["doctor", "--region", "us-east-1", "--json"])
+    assert ready.exit_code == 0, ready.output
+    assert [c["ok"] for c in json.loads(ready.output)] == [True] * 7
+    healthy["service-quotas"] = Quotas()
+    missing = CliRunner().invoke(app, ["doctor", "--region", "us-east-1"])
+    assert missing.exit_code == 1 and "FAIL" in missing.output
+
+
+def test_no_stacks_stops_after_saying_so(aws: None) -> None:
+    checks = _diagnose({})
+    assert list(checks) == ["credentials", "region", "stacks"]
+    assert checks["stacks"].ok is False and "not found in us-east-1" in checks["stacks"].detail
+
+
+def test_no_credentials_is_the_first_and_only_finding(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    (check,) = diagnose(boto3.Session(region_name="us-east-1"), prefix="nova-mtrl", config=LORA)
+    assert (check.name, check.ok) == ("credentials", False)
+    assert check.fix == "aws configure (or aws sso login), or --profile"
