@@ -23,6 +23,7 @@ from mtrl.ops.deployment import Deployment, DeploymentError, aws_session, find_d
 from mtrl.ops.doctor import diagnose
 from mtrl.ops.logs import Plane, follow, read, sources
 from mtrl.ops.runs_view import (
+    QueueDepth,
     RunStatus,
     RunSummary,
     UnknownRun,
@@ -37,7 +38,7 @@ from stacks.config import ConfigError, PlatformConfig, deployment_context
 from training_configs import TrainingConfigError, estimate, load_training_config
 from training_configs.schema import DEFAULT_CONFIG
 
-STATUS_SERVICES = ("dynamodb", "stepfunctions", "s3", "sqs", "ecs", "sagemaker")
+STATUS_SERVICES = ("dynamodb", "stepfunctions", "s3", "sqs", "cloudwatch", "ecs", "sagemaker")
 
 
 def _default_prefix() -> str:
@@ -209,7 +210,7 @@ def _print_status(status: RunStatus) -> None:
         "training": "no step yet" if status.step is None else (
             f"step {status.step}" + (f", mean reward {status.mean_reward:.3f}" if status.mean_reward is not None else "")
         ),
-        "queues": ", ".join(f"{q.kind} {q.waiting} waiting/{q.in_flight} in flight" for q in status.queues) or "none",
+        "queues": "\n".join(_queue_line(q) for q in status.queues) or "none",
         "reward workers": "none" if status.workers is None else f"{status.workers[0]} running of {status.workers[1]}",
         "GPU nodes": "unknown" if status.gpu_nodes is None else str(status.gpu_nodes),
         "elapsed": _hours(run.elapsed_hours),
@@ -221,6 +222,11 @@ def _print_status(status: RunStatus) -> None:
     for key, value in rows.items():
         table.add_row(key, value)
     out.print(table)
+
+
+def _queue_line(queue: QueueDepth) -> str:
+    age = "" if queue.oldest_seconds is None else f", oldest {queue.oldest_seconds:.0f}s"
+    return f"{queue.kind}: {queue.waiting} waiting, {queue.in_flight} in flight{age}"
 
 
 def cost_command(

@@ -9,7 +9,8 @@ already torn down) shows as absent rather than failing the whole view.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -44,6 +45,7 @@ class QueueDepth:
     kind: str
     waiting: int
     in_flight: int
+    oldest_seconds: float | None = None  # CloudWatch's age of the oldest message, last 5 minutes
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,8 @@ def list_runs(dynamodb: Any, deployment: Deployment, *, now: float) -> list[RunS
 def run_status(
     clients: dict[str, Any], deployment: Deployment, run_id: str, *, now: float
 ) -> RunStatus:
-    """`clients`: boto3 clients by service name (dynamodb, stepfunctions, s3, sqs, ecs, sagemaker)."""
+    """`clients`: boto3 clients by service name (dynamodb, stepfunctions, s3, sqs, cloudwatch, ecs,
+    sagemaker)."""
     run = RunStore(clients["dynamodb"], deployment.runs_table).get(run_id)
     if run is None:
         raise UnknownRun(
@@ -103,7 +106,7 @@ def run_status(
         state=state,
         step=metrics["step"] if metrics else None,
         mean_reward=metrics.get("mean_reward") if metrics else None,
-        queues=_queues(clients["sqs"], deployment.prefix, run_id),
+        queues=_queues(clients["sqs"], clients["cloudwatch"], deployment.prefix, run_id, now=now),
         workers=_workers(clients["ecs"], deployment, run_id),
         gpu_nodes=_gpu_nodes(clients["sagemaker"], deployment),
     )
@@ -122,7 +125,7 @@ def _execution(sfn: Any, arn: str) -> tuple[str | None, str | None]:
     return status, latest["stateEnteredEventDetails"]["name"]
 
 
-def _queues(sqs: Any, prefix: str, run_id: str) -> list[QueueDepth]:
+def _queues(sqs: Any, cloudwatch: Any, prefix: str, run_id: str, *, now: float) -> list[QueueDepth]:
     depths = []
     for kind in (*KINDS, DLQ):
         try:
@@ -143,7 +146,40 @@ def _queues(sqs: Any, prefix: str, run_id: str) -> list[QueueDepth]:
                 int(attributes["ApproximateNumberOfMessagesNotVisible"]),
             )
         )
-    return depths
+    ages = _oldest_ages(cloudwatch, [queue_name(prefix, run_id, q.kind) for q in depths], now=now)
+    return [replace(q, oldest_seconds=age) for q, age in zip(depths, ages, strict=True)]
+
+
+def _oldest_ages(cloudwatch: Any, names: list[str], *, now: float) -> list[float | None]:
+    """The age of each queue's oldest message (SQS publishes it every minute), in one call."""
+    if not names:
+        return []
+    queries = [
+        {
+            "Id": f"q{index}",
+            "MetricStat": {
+                "Metric": {
+                    "Namespace": "AWS/SQS",
+                    "MetricName": "ApproximateAgeOfOldestMessage",
+                    "Dimensions": [{"Name": "QueueName", "Value": name}],
+                },
+                "Period": 60,
+                "Stat": "Maximum",
+            },
+        }
+        for index, name in enumerate(names)
+    ]
+    try:
+        results = cloudwatch.get_metric_data(
+            MetricDataQueries=queries,
+            StartTime=datetime.fromtimestamp(now - 300, UTC),
+            EndTime=datetime.fromtimestamp(now, UTC),
+            ScanBy="TimestampDescending",
+        )["MetricDataResults"]
+    except ClientError:
+        return [None] * len(names)
+    latest = {r["Id"]: r["Values"][0] for r in results if r.get("Values")}
+    return [latest.get(f"q{index}") for index in range(len(names))]
 
 
 def _workers(ecs: Any, deployment: Deployment, run_id: str) -> tuple[int, int] | None:

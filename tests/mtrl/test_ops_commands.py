@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from lambdas.pipeline import backends, handlers
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.conversations import create_table
-from lambdas.router.run_queues import create_run_queues
+from lambdas.router.run_queues import create_run_queues, queue_name
 from mtrl import ops_commands
 from mtrl.cli import app
 from mtrl.ops.deployment import find_deployment
@@ -198,6 +198,10 @@ def test_status_gathers_execution_training_queues_and_cost(deployed: dict) -> No
         stateMachineArn=deployed["machine"], name="wordle-abc", input="{}"
     )
     create_run_queues(boto3.client("sqs"), prefix="nova-mtrl", run_id="wordle-abc")
+    boto3.client("cloudwatch").put_metric_data(Namespace="AWS/SQS", MetricData=[{
+        "MetricName": "ApproximateAgeOfOldestMessage", "Value": 42.0, "Timestamp": time.time() - 60,
+        "Dimensions": [{"Name": "QueueName", "Value": queue_name("nova-mtrl", "wordle-abc", "rollout-requests")}],
+    }])  # fmt: skip
     metrics = "".join(json.dumps({"step": s, "mean_reward": 0.1 * s}) + "\n" for s in (1, 2, 3))
     deployed["s3"].put_object(Bucket=BUCKET, Key="runs/wordle-abc/metrics.jsonl", Body=metrics)
     result = _invoke("status", "wordle-abc", "--json")
@@ -208,9 +212,12 @@ def test_status_gathers_execution_training_queues_and_cost(deployed: dict) -> No
     assert [q["kind"] for q in status["queues"]] == [
         "rollout-requests", "rollout-responses", "generate-requests", "generate-responses", "dlq",
     ]  # fmt: skip
+    ages = {q["kind"]: q["oldest_seconds"] for q in status["queues"]}
+    assert ages["rollout-requests"] == 42.0 and ages["dlq"] is None  # no data: no age
     assert status["workers"] is None  # no fleet (yet): shown as absent, not an error
     table = _invoke("status", "wordle-abc")
     assert "step 3, mean reward 0.300" in table.output and "RUNNING in Monitor" in table.output
+    assert "rollout-requests: 0 waiting, 0 in flight, oldest 42s" in table.output
 
 
 def test_status_counts_the_gpu_nodes_hyperpod_runs(deployed: dict) -> None:
@@ -219,7 +226,8 @@ def test_status_counts_the_gpu_nodes_hyperpod_runs(deployed: dict) -> None:
     sagemaker = FakeSageMaker()
     sagemaker.groups[1]["TargetCount"] = 4
     clients = {
-        name: boto3.client(name) for name in ("dynamodb", "stepfunctions", "s3", "sqs", "ecs")
+        name: boto3.client(name)
+        for name in ("dynamodb", "stepfunctions", "s3", "sqs", "cloudwatch", "ecs")
     }
     status = run_status({**clients, "sagemaker": sagemaker}, deployment, "r", now=60.0)
     assert status.gpu_nodes == 5  # system node + 4 GPU nodes running (the pending one is not)
