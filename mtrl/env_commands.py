@@ -10,16 +10,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from mtrl.console import err, out
 from reward_envs.conformance import check_environment
 from reward_envs.interface import Record
 from reward_envs.registry import EnvironmentNotFound, load
 
 env_app = typer.Typer(help="Create, check and play reward environments.", no_args_is_help=True)
-out = Console()
-err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 _PACKAGE_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 # Template file -> where it goes in the new project (NAME is the package name).

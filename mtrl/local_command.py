@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -22,8 +21,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-out = Console()
-err = Console(stderr=True, soft_wrap=True, highlight=False)
+from mtrl.console import err, out
+
 EXTRAS_HINT = (
     "local mode needs the `cdk` and `local` extras: pip install -e '.[cdk,local]' (or `make demo`)"
 )
