@@ -138,6 +138,28 @@ def test_submit_refuses_bad_input_before_any_upload(deployed: dict, tmp_path: Pa
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["runs"],
+        ["status", "r"],
+        ["logs", "r"],
+        ["cost", "r"],
+        ["teardown", "r"],
+        ["submit", str(EXAMPLE / "train.jsonl")],
+    ],  # fmt: skip
+)
+def test_every_command_names_the_missing_stack(aws: None, command: list[str]) -> None:
+    result = _invoke(*command)
+    assert result.exit_code == 2
+    assert (
+        result.output.strip()
+        .splitlines()[-1]
+        .startswith("error: stack nova-mtrl-storage not found in us-east-1")
+    )
+    assert "Traceback" not in result.output
+
+
 def test_missing_stacks_and_a_wrong_region_are_one_line(aws: None) -> None:
     result = _invoke("runs")
     assert result.exit_code == 2
