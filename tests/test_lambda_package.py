@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from importlib.metadata import distribution, packages_distributions
 from pathlib import Path
 
@@ -83,3 +84,18 @@ def test_handlers_import_with_only_the_asset_and_the_runtime(
     for module in sorted(third_party):
         owner = {name.lower().replace("_", "-") for name in owners.get(module, [module])}
         assert owner & allowed, f"{module} (from {owner}) is neither packaged nor in the runtime"
+
+
+def test_the_asset_pins_what_pyproject_pins() -> None:
+    """The Lambda asset is installed from REQUIREMENTS: the same versions the project runs with."""
+    pinned = {
+        re.split(r"==", requirement)[0].lower(): requirement.lower()
+        for requirement in tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"][
+            "dependencies"
+        ]
+    }
+    for requirement in REQUIREMENTS:
+        name = requirement.split("==")[0].lower()
+        assert pinned.get(name) == requirement.lower(), (
+            f"{requirement} vs pyproject {pinned.get(name)}"
+        )
