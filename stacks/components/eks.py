@@ -179,10 +179,9 @@ class HyperPodEks(Construct):
     def add_container_logs(self) -> None:
         """Pod logs to CloudWatch (`/aws/containerinsights/<cluster>/application`): where
         `mtrl logs --plane trainer` reads a run's vLLM and trainer lines."""
-        role = iam.Role(
+        role = pod_identity_role(
             self,
             "ContainerLogsRole",
-            assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
             description="CloudWatch agent and Fluent Bit of the EKS cluster (EKS Pod Identity)",
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(LOGS_POLICY)],
         )
@@ -192,16 +191,11 @@ class HyperPodEks(Construct):
             "The AWS-maintained policy of the CloudWatch observability add-on: it writes the "
             "cluster's container logs and metrics, and AWS keeps it in step with the agent.",
         )
-        addon = eks.CfnAddon(
-            self,
+        addon = self._pod_identity_addon(
             "Addon-cloudwatch-observability",
-            cluster_name=self.cluster.cluster_name,
-            addon_name="amazon-cloudwatch-observability",
-            pod_identity_associations=[
-                eks.CfnAddon.PodIdentityAssociationProperty(
-                    role_arn=role.role_arn, service_account="cloudwatch-agent"
-                )
-            ],
+            "amazon-cloudwatch-observability",
+            service_account="cloudwatch-agent",
+            role=role,
         )
         for dependency in self.ready:
             addon.node.add_dependency(dependency)
@@ -212,10 +206,9 @@ class HyperPodEks(Construct):
             self, "Addon-cert-manager", cluster=self.cluster, addon_name="cert-manager"
         )
         cert_manager.node.add_dependency(after)
-        role = iam.Role(
+        role = pod_identity_role(
             self,
             "TrainingOperatorRole",
-            assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
             description="HyperPod training operator (EKS Pod Identity)",
         )
         role.add_to_policy(
@@ -224,20 +217,47 @@ class HyperPodEks(Construct):
                 resources=[hyperpod_cluster_arn],
             )
         )
-        operator = eks.CfnAddon(
-            self,
+        operator = self._pod_identity_addon(
             "Addon-training-operator",
-            cluster_name=self.cluster.cluster_name,
-            addon_name="amazon-sagemaker-hyperpod-training-operator",
-            pod_identity_associations=[
-                eks.CfnAddon.PodIdentityAssociationProperty(
-                    role_arn=role.role_arn,
-                    service_account="hp-training-operator-controller-manager",
-                )
-            ],
+            "amazon-sagemaker-hyperpod-training-operator",
+            service_account="hp-training-operator-controller-manager",
+            role=role,
         )
         operator.node.add_dependency(cert_manager)
         operator.node.add_dependency(after)
+
+    def _pod_identity_addon(
+        self, construct_id: str, addon_name: str, *, service_account: str, role: iam.IRole
+    ) -> eks.CfnAddon:
+        """An add-on whose service account gets `role` through EKS Pod Identity."""
+        return eks.CfnAddon(
+            self,
+            construct_id,
+            cluster_name=self.cluster.cluster_name,
+            addon_name=addon_name,
+            pod_identity_associations=[
+                eks.CfnAddon.PodIdentityAssociationProperty(
+                    role_arn=role.role_arn, service_account=service_account
+                )
+            ],
+        )
+
+
+def pod_identity_role(
+    scope: Construct,
+    construct_id: str,
+    *,
+    description: str,
+    managed_policies: list[iam.IManagedPolicy] | None = None,
+) -> iam.Role:
+    """A role pods assume through EKS Pod Identity, which tags the session (cluster, namespace)."""
+    return iam.Role(
+        scope,
+        construct_id,
+        assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
+        description=description,
+        managed_policies=managed_policies,
+    )
 
 
 def eks_cluster_name(config: PlatformConfig) -> str:

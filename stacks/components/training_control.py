@@ -28,7 +28,7 @@ from constructs import Construct
 
 from lambdas.kubernetes.rbac import pipeline_group, pipeline_rbac
 from mtrl.bucket import RUNS_PREFIX, TRAINING_DATA_PREFIX
-from stacks.components.eks import eks_cluster_name
+from stacks.components.eks import eks_cluster_name, pod_identity_role
 from stacks.components.functions import pipeline_function
 from stacks.components.hyperpod import hyperpod_cluster_name
 from stacks.components.nag import acknowledge_key_grant, acknowledge_resource
@@ -162,11 +162,9 @@ class TrainingClusterControl(Construct):
         )
 
     def _job_role(self, bucket: s3.IBucket, key: kms.IKey, run_queue_arns: str) -> iam.Role:
-        role = iam.Role(
+        role = pod_identity_role(
             self,
             "JobRole",
-            # EKS Pod Identity assumes it and tags the session (cluster, namespace, account).
-            assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
             description="A run's vLLM and trainer pods: its queues, its dataset, its outputs",
         )
         role.add_to_policy(run_queue_access(run_queue_arns, send=True))
