@@ -7,6 +7,7 @@ failure notification shows.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import Any
@@ -241,6 +242,11 @@ def reap(
         if asked is None:
             return {"reaped": [], "retry": [], "unknown": request.run_id}
         candidates = [asked]
+    # Made once, when a run needs them (a backend that cannot be made is that run's retry).
+    fleet = functools.cache(lambda: backends.reward_fleet(settings.reward_fleet_backend))
+    cluster = functools.cache(lambda: backends.training_cluster(settings.training_cluster_backend))
+    wiring = wiring or settings.router_wiring()
+    asked_for = request.run_id is not None
     reaped, retry = [], []
     for run in candidates:
         execution = settings.execution_arn(run.run_id)
@@ -248,7 +254,6 @@ def reap(
             status = sfn.describe_execution(executionArn=execution)["status"]
         except sfn.exceptions.ExecutionDoesNotExist:
             status = "MISSING"
-        asked_for = request.run_id is not None
         if status == "RUNNING" and now <= run.deadline_at and not asked_for:
             continue
         if asked_for:
@@ -266,14 +271,14 @@ def reap(
                 compute.teardown_context(
                     run.run_id, bucket=run.bucket, key=run.key, version_id=run.version_id
                 ),
-                fleet=backends.reward_fleet(settings.reward_fleet_backend),
-                cluster=backends.training_cluster(settings.training_cluster_backend),
+                fleet=fleet(),
+                cluster=cluster(),
                 scale_down=True,
             )
         except Exception as failure:  # noqa: BLE001 - one run's trouble must not stop the others
             retry.append({"run_id": run.run_id, "error": f"{type(failure).__name__}: {failure}"})
             continue
-        result = teardown_run(wiring or settings.router_wiring(), run_id=run.run_id)
+        result = teardown_run(wiring, run_id=run.run_id)
         if run.status not in FINISHED:
             runs.update(run.run_id, now=now, status="failed", error=f"reaped: {reason}")
         reaped.append({"run_id": run.run_id, "reason": reason, **released, **result})
