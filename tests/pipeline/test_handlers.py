@@ -209,6 +209,18 @@ def test_the_end_notification_records_how_the_run_ended(env: dict) -> None:
     assert (run.status, run.error) == ("failed", "Boom: no")
 
 
+def _provisioned(env: dict, name: str, *, now: float = 0.0) -> tuple[str, dict]:
+    """Upload `training-data/<name>.jsonl`, register and provision its run: (run id, upload)."""
+    s3, settings = env["s3"], env["settings"]
+    version = s3.put_object(Bucket=BUCKET, Key=f"training-data/{name}.jsonl", Body=GOOD)[
+        "VersionId"
+    ]
+    upload = {"bucket": BUCKET, "key": f"training-data/{name}.jsonl", "version_id": version}
+    run_id = handlers.register(upload, s3=s3, settings=settings, now=now)["run_id"]
+    handlers.provision({"run_id": run_id}, settings=settings)
+    return run_id, upload
+
+
 class RecordingCompute(RewardFleet, TrainingCluster):
     """Both planes in one: records which runs the reaper releases; `stuck` runs fail to delete."""
 
@@ -266,18 +278,11 @@ def reaper_compute(env: dict) -> RecordingCompute:
 def test_the_reaper_tears_down_overdue_and_orphaned_runs_only(
     env: dict, reaper_compute: RecordingCompute
 ) -> None:
-    s3, settings, sfn = env["s3"], env["settings"], env["sfn"]
+    settings, sfn = env["settings"], env["sfn"]
     runs = RunStore(boto3.client("dynamodb"), "runs")
     ids = {}
     for name in ("on-time", "overdue", "orphaned", "finished"):
-        version = s3.put_object(Bucket=BUCKET, Key=f"training-data/{name}.jsonl", Body=GOOD)[
-            "VersionId"
-        ]
-        upload = {"bucket": BUCKET, "key": f"training-data/{name}.jsonl", "version_id": version}
-        ids[name] = handlers.register(
-            upload, s3=s3, settings=settings, now=1000.0 if name != "overdue" else 0.0
-        )["run_id"]
-        handlers.provision({"run_id": ids[name]}, settings=settings)
+        ids[name], upload = _provisioned(env, name, now=1000.0 if name != "overdue" else 0.0)
         if name != "orphaned":
             handlers.start_run(upload, settings=settings, sfn=sfn)
     runs.update(ids["finished"], now=1.0, status="succeeded")
@@ -339,12 +344,9 @@ def test_the_validate_lambda_rejects_malformed_datasets_with_line_numbers(
 def test_a_run_whose_compute_will_not_go_yet_is_reaped_next_time(
     env: dict, reaper_compute: RecordingCompute
 ) -> None:
-    s3, settings, sfn = env["s3"], env["settings"], env["sfn"]
+    settings, sfn = env["settings"], env["sfn"]
     runs = RunStore(boto3.client("dynamodb"), "runs")
-    version = s3.put_object(Bucket=BUCKET, Key="training-data/lost.jsonl", Body=GOOD)["VersionId"]
-    upload = {"bucket": BUCKET, "key": "training-data/lost.jsonl", "version_id": version}
-    run_id = handlers.register(upload, s3=s3, settings=settings, now=0.0)["run_id"]
-    handlers.provision({"run_id": run_id}, settings=settings)
+    run_id, upload = _provisioned(env, "lost")
     reaper_compute.stuck.add(run_id)
     first = handlers.reap({}, settings=settings, sfn=sfn, now=10.0)
     assert first["reaped"] == []
@@ -361,12 +363,9 @@ def test_a_run_whose_compute_will_not_go_yet_is_reaped_next_time(
 def test_teardown_on_request_stops_a_running_run_now_and_can_repeat(
     env: dict, reaper_compute: RecordingCompute
 ) -> None:
-    s3, settings, sfn = env["s3"], env["settings"], env["sfn"]
+    settings, sfn = env["settings"], env["sfn"]
     runs = RunStore(boto3.client("dynamodb"), "runs")
-    version = s3.put_object(Bucket=BUCKET, Key="training-data/now.jsonl", Body=GOOD)["VersionId"]
-    upload = {"bucket": BUCKET, "key": "training-data/now.jsonl", "version_id": version}
-    run_id = handlers.register(upload, s3=s3, settings=settings, now=0.0)["run_id"]
-    handlers.provision({"run_id": run_id}, settings=settings)
+    run_id, upload = _provisioned(env, "now")
     handlers.start_run(upload, settings=settings, sfn=sfn)
     # The schedule leaves a running, on-time run alone; a request does not.
     assert handlers.reap({"source": "aws.events", "detail-type": "Scheduled Event"},
