@@ -30,8 +30,9 @@ class PipelineSettings(BaseModel):
     reward_fleet_backend: str = Field(default="aws", alias="REWARD_FLEET_BACKEND")
     training_cluster_backend: str = Field(default="aws", alias="TRAINING_CLUSTER_BACKEND")
     poll_seconds: int = Field(default=60, ge=0, alias="POLL_SECONDS")
-    # The training cluster's model presets, to refuse a config it cannot run before any resource
-    # exists (unset where the cluster needs none: local mode).
+    # What the training cluster offers (its presets and GPU type), to refuse a config it cannot
+    # run before any resource exists; unset, registration does not check. The stack sets them
+    # from the same values as the cluster's own settings (hyperpod_training.HyperPodSettings).
     model_presets: Json[dict[str, ModelPreset]] | None = Field(default=None, alias="MODEL_PRESETS")
     training_instance_type: str | None = Field(default=None, alias="HYPERPOD_INSTANCE_TYPE")
 
