@@ -18,7 +18,7 @@ from lambdas.pipeline.register import CONFIG_METADATA_KEY
 from mtrl.bucket import CONFIGS_PREFIX, TRAINING_DATA_PREFIX
 from mtrl.ops.deployment import Deployment
 from mtrl.runs import run_id_for
-from training_configs import CostEstimate, TrainingConfig, estimate, load_training_config
+from training_configs import CostEstimate, estimate, load_training_config
 from training_configs.schema import DEFAULT_CONFIG, SHIPPED
 
 
@@ -29,7 +29,6 @@ class SubmitError(ValueError):
 @dataclass(frozen=True)
 class ChosenConfig:
     name: str  # what the dataset's metadata will say (a shipped name or an S3 key)
-    config: TrainingConfig
     cost: CostEstimate
     path: Path | None = None  # the local file to upload, when not a shipped config
 
@@ -46,18 +45,17 @@ class Submitted:
 def choose_config(config: str | None) -> ChosenConfig:
     """The config a submission uses (TrainingConfigError if invalid, SubmitError if over budget)."""
     name = config or DEFAULT_CONFIG
-    parsed = load_training_config(name)
-    cost = estimate(parsed)
+    cost = estimate(load_training_config(name))
     if not cost.within_budget:
         raise SubmitError(
             f"config {name}: {cost.describe()}; raise budget_usd or lower deadline_hours or "
             "instance_count"
         )
     if name in SHIPPED:
-        return ChosenConfig(name, parsed, cost)
+        return ChosenConfig(name, cost)
     path = Path(name)
     digest = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
-    return ChosenConfig(f"{CONFIGS_PREFIX}{path.stem}-{digest}.yaml", parsed, cost, path)
+    return ChosenConfig(f"{CONFIGS_PREFIX}{path.stem}-{digest}.yaml", cost, path)
 
 
 def submit(
