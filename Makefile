@@ -13,7 +13,7 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
 help:
 	@echo "make demo     set up .venv if needed, train the Wordle example locally, offline (report in runs/)"
-	@echo "make test     set up .venv if needed, lint, run the whole check suite (pytest, cfn-lint, cdk-nag)"
+	@echo "make test     set up .venv if needed, lint, run the whole check suite (pytest, cfn-lint, cdk-nag), synth with bundling"
 	@echo "make synth    write the CloudFormation templates to cdk.out/"
 	@echo "make deploy   cdk deploy --all (AWS credentials needed)   make destroy   make diff"
 	@echo "make bench    measure synth and test times, environments and worker, router (bench/)"
@@ -38,6 +38,9 @@ lint: install
 
 test: lint
 	$(BIN)/python -m pytest
+	# The tests synthesize without Lambda bundling; deploy bundles. Do it once for real here, so a
+	# requirement with no wheel for Lambda's platform fails the check, not the first deploy.
+	$(MAKE) --no-print-directory synth
 
 synth: install
 	rm -rf cdk.out

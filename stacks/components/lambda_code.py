@@ -21,6 +21,9 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("lambdas", "mtrl", "training_configs")
 # boto3 comes with the Lambda runtime; the rest is pinned as in pyproject.toml.
 REQUIREMENTS = ("pydantic==2.14.3", "pyyaml==6.0.4", "numpy==2.4.6")
+# Lambda's Python 3.12 runtime runs on Amazon Linux 2023 (glibc 2.34): wheels built for
+# manylinux_2_28 (numpy 2.4's only ones) or older (manylinux2014, as pydantic-core's) both load.
+PLATFORMS = ("--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64")
 RUNTIME = lambda_.Runtime.PYTHON_3_12
 ARCHITECTURE = lambda_.Architecture.X86_64
 _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "local")
@@ -34,8 +37,8 @@ class PipBundling:
         subprocess.run(
             [
                 sys.executable, "-m", "pip", "install", "--quiet", "--no-compile",
-                "--target", output_dir,
-                "--platform", "manylinux2014_x86_64", "--implementation", "cp",
+                "--no-warn-conflicts", "--target", output_dir,
+                *PLATFORMS, "--implementation", "cp",
                 "--python-version", "3.12", "--only-binary=:all:",
                 *REQUIREMENTS,
             ],
