@@ -3,6 +3,8 @@ prefixes the stacks grant on, the pipeline writes to and the CLI uploads to)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 TRAINING_DATA_PREFIX = "training-data/"  # a .jsonl uploaded here starts a run
 CONFIGS_PREFIX = "configs/"  # training configs named by a dataset's metadata
 RUNS_PREFIX = "runs/"  # runs/<run id>/: checkpoints, metrics, summary
@@ -10,3 +12,11 @@ RUNS_PREFIX = "runs/"  # runs/<run id>/: checkpoints, metrics, summary
 
 def run_output_prefix(run_id: str) -> str:
     return f"{RUNS_PREFIX}{run_id}/"
+
+
+def object_exists(s3: Any, *, bucket: str, key: str) -> bool:
+    """Whether `key` is in the bucket, asked by listing its prefix: a GetObject of a missing
+    key answers 403 AccessDenied, not 404, to a caller without s3:ListBucket (S3 API reference,
+    GetObject), and ListBucket can be granted for one prefix where GetObject's 404 cannot."""
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1).get("Contents", [])
+    return bool(listed) and listed[0]["Key"] == key

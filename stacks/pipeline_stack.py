@@ -88,7 +88,7 @@ class PipelineStack(PlatformStack):
                 self.pipeline.functions[step].add_environment(key, value)
         for step in ("scale_up", "nodes_ready", "release_compute", "reap"):
             training.grant_capacity(self.pipeline.functions[step])
-        for step in ("submit_job", "monitor", "release_compute", "reap"):
+        for step in ("nodes_ready", "submit_job", "monitor", "release_compute", "reap"):
             training.grant_kubernetes(self.pipeline.functions[step])
         for step in ("submit_job", "release_compute", "reap"):
             training.grant_pod_identity(self.pipeline.functions[step])

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from mtrl.bucket import object_exists
+
 JobPhase = Literal["pending", "running", "succeeded", "failed", "pending_too_long"]
 # A trainer's progress, one JSON object per finished step (with "step"), under the run's output
 # prefix: what a backend reads to tell a stalled job from a slow one.
@@ -141,10 +143,9 @@ def last_metrics(
 ) -> dict[str, Any] | None:
     """The last step's metrics a trainer recorded, read from the object's tail only: it grows
     by a line a step for the whole run."""
-    try:
-        body = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=-{tail_bytes}")["Body"].read()
-    except s3.exceptions.NoSuchKey:
+    if not object_exists(s3, bucket=bucket, key=key):
         return None
+    body = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=-{tail_bytes}")["Body"].read()
     for line in reversed(body.decode("utf-8", errors="replace").splitlines()):
         try:
             record = json.loads(line)

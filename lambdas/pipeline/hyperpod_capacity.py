@@ -9,7 +9,10 @@ or, with a keep-warm period, marks the group idle and `scale_idle` (the reaper, 
 sets it to zero once the period has passed with no run taking it again.
 
 UpdateCluster replaces the instance groups it is given, so each call sends every group as
-DescribeCluster shows it (the fields UpdateCluster accepts), with the one count changed.
+DescribeCluster shows it, with the one count changed. The two operations' models differ in names
+and shapes (DescribeCluster's `TargetCount`, `DesiredLabels`, `DesiredInstanceTypes`, ... are
+UpdateCluster's `InstanceCount`, `Labels`, `InstanceTypes`), so a group is translated member by
+member, guided by botocore's model of UpdateCluster's input.
 boto3 rather than sagemaker-core: that one installs ~420 MB of dependencies, over Lambda's limit.
 """
 
@@ -24,10 +27,10 @@ from typing import Any
 
 from mtrl.runs import LEASE_PREFIX
 
-# DescribeCluster's names for what UpdateCluster calls InstanceCount / MinInstanceCount.
-_RENAMED = {"TargetCount": "InstanceCount", "MinCount": "MinInstanceCount"}
+# UpdateCluster's names for what DescribeCluster calls otherwise (besides Desired*/Current*).
+_DESCRIBED_AS = {"InstanceCount": "TargetCount", "MinInstanceCount": "MinCount"}
 # Left out so a capacity change never asks for an image change as well.
-_UNCHANGED = {"ImageId", "ImageReleaseVersion"}
+_UNCHANGED = frozenset({"ImageId", "ImageReleaseVersion"})
 
 
 IDLE = "idle_since"  # set when the last run lets go under a keep-warm period
@@ -140,8 +143,8 @@ class HyperPodCapacity:
     ) -> None:
         self._sagemaker, self._leases = sagemaker, leases
         self.cluster, self.group = cluster, instance_group
-        accepted = sagemaker.meta.service_model.operation_model("UpdateCluster").input_shape
-        self._accepted = set(accepted.members["InstanceGroups"].member.members) - _UNCHANGED
+        update = sagemaker.meta.service_model.operation_model("UpdateCluster").input_shape
+        self._group_shape = update.members["InstanceGroups"].member
 
     @property
     def lease(self) -> str:
@@ -219,9 +222,34 @@ class HyperPodCapacity:
         """UpdateCluster with every group of `described` (one DescribeCluster) as it is."""
         groups = []
         for group in described:
-            spec = {_RENAMED.get(key, key): value for key, value in group.items()}
-            spec = {key: value for key, value in spec.items() if key in self._accepted}
+            spec = as_update(group, self._group_shape, leave_out=_UNCHANGED)
             if group["InstanceGroupName"] == self.group:
                 spec["InstanceCount"] = count
             groups.append(spec)
         self._sagemaker.update_cluster(ClusterName=self.cluster, InstanceGroups=groups)
+
+
+def as_update(
+    described: dict[str, Any], shape: Any, *, leave_out: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """What UpdateCluster's `shape` (a botocore structure) takes of `described` (as
+    DescribeCluster shows it): each member from the one of the same name, or the one it is
+    called in DescribeCluster, or the desired value (else the current one) — so a group keeps
+    the labels, taints and instance types last asked for."""
+    spec: dict[str, Any] = {}
+    for name, member in shape.members.items():
+        if name in leave_out:
+            continue
+        for source in (name, _DESCRIBED_AS.get(name), f"Desired{name}", f"Current{name}"):
+            if source in described:
+                spec[name] = _converted(described[source], member)
+                break
+    return spec
+
+
+def _converted(value: Any, shape: Any) -> Any:
+    if shape.type_name == "structure" and isinstance(value, dict):
+        return as_update(value, shape)
+    if shape.type_name == "list" and isinstance(value, list):
+        return [_converted(item, shape.member) for item in value]
+    return value

@@ -20,6 +20,7 @@ through the EKS cluster's Kubernetes API.
 from __future__ import annotations
 
 import datetime
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -96,7 +97,7 @@ class HyperPodTrainingCluster(TrainingCluster):
         self,
         settings: HyperPodSettings,
         *,
-        kubernetes: KubernetesClient,
+        kubernetes: KubernetesClient | Callable[[], KubernetesClient],
         capacity: HyperPodCapacity,
         eks: Any,
         s3: Any,
@@ -104,17 +105,26 @@ class HyperPodTrainingCluster(TrainingCluster):
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.settings = settings
-        self.kubernetes = kubernetes
+        self._kubernetes = kubernetes
         self.capacity = capacity
         self.eks, self.s3 = eks, s3
         self._clock, self._sleep = clock, sleep
 
+    @functools.cached_property
+    def kubernetes(self) -> KubernetesClient:
+        """Made when first needed: steps that only scale nodes never reach for the EKS API."""
+        made = self._kubernetes
+        return made if isinstance(made, KubernetesClient) else made()
+
     @classmethod
     def from_env(cls) -> HyperPodTrainingCluster:
         settings = HyperPodSettings.from_env()
-        token = EksTokenSource(settings.eks_cluster, region=settings.region)
         eks = boto3.client("eks")
-        kubernetes = KubernetesClient.for_eks(eks, settings.eks_cluster, token=token)
+
+        def kubernetes() -> KubernetesClient:
+            token = EksTokenSource(settings.eks_cluster, region=settings.region)
+            return KubernetesClient.for_eks(eks, settings.eks_cluster, token=token)
+
         leases = CapacityLeases(boto3.client("dynamodb"), settings.runs_table)
         capacity = HyperPodCapacity(
             boto3.client("sagemaker"),

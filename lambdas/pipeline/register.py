@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lambdas.kubernetes.training_job import ModelPreset, preset_for
+from mtrl.bucket import CONFIGS_PREFIX, object_exists
 from mtrl.runs import RunRecord, RunStore, run_id_for
 from training_configs import (
     CostEstimate,
@@ -46,13 +47,18 @@ def resolve_config(
     if name in SHIPPED:
         return name, load_training_config(name)
     config_key = name.removeprefix(f"s3://{bucket}/")
-    try:
-        text = s3.get_object(Bucket=bucket, Key=config_key)["Body"].read().decode("utf-8")
-    except s3.exceptions.NoSuchKey:
+    if not config_key.startswith(CONFIGS_PREFIX):
+        raise TrainingConfigError(
+            f"config {name!r} (named by {CONFIG_METADATA_KEY} of {key}) is neither a shipped config "
+            f"({', '.join(SHIPPED)}) nor under s3://{bucket}/{CONFIGS_PREFIX}: upload it there "
+            "(mtrl submit does)"
+        )
+    if not object_exists(s3, bucket=bucket, key=config_key):
         raise TrainingConfigError(
             f"config s3://{bucket}/{config_key}: no such object (named by {CONFIG_METADATA_KEY} of {key}); "
             f"upload it or use one of {', '.join(SHIPPED)}"
-        ) from None
+        )
+    text = s3.get_object(Bucket=bucket, Key=config_key)["Body"].read().decode("utf-8")
     return name, parse_training_config(text, f"s3://{bucket}/{config_key}")
 
 

@@ -41,7 +41,8 @@ from moto.moto_server.werkzeug_app import (
 from moto.sqs.models import sqs_backends
 from werkzeug.serving import make_server
 
-from mtrl.local.embedded import ACCOUNT, REGION, Dispatcher, in_process_lambdas, temporary_environ
+from mtrl.local.embedded import Dispatcher, in_process_lambdas, temporary_environ
+from mtrl.local.physical import ACCOUNT, REGION
 from mtrl.local.sqs_event_source import SqsEventSource
 
 log = logging.getLogger("mtrl.local.aws")

@@ -19,18 +19,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import boto3
 from moto.awslambda_simple.models import LambdaSimpleBackend
 
 from lambdas.router.conversations import create_table
+from mtrl.local.physical import ACCOUNT, REGION, LocalNames
 from mtrl.runs import create_runs_table
-
-ACCOUNT, REGION = "123456789012", "us-east-1"
-PSEUDO = {
-    "AWS::AccountId": ACCOUNT,
-    "AWS::Region": REGION,
-    "AWS::Partition": "aws",
-    "AWS::URLSuffix": "amazonaws.com",
-}
 
 Fault = Callable[[str, dict[str, Any]], None]
 
@@ -40,8 +34,10 @@ class Dispatcher:
     """Runs the Lambda functions of the local deployment in-process.
 
     Functions run the handler their template names, one at a time under that function's
-    environment (os.environ is process-wide). A function can instead be bound to a callable
-    built with its settings (the router's proxy and consumer: long-lived, concurrent).
+    environment (os.environ is process-wide) and with an SDK session of its own, as each Lambda
+    function has (its credentials are its role's, when the environment names them). A function
+    can instead be bound to a callable built with its settings (the router's proxy and consumer:
+    long-lived, concurrent).
     """
 
     functions: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
@@ -49,6 +45,7 @@ class Dispatcher:
     fault: Fault | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     invocations: list[str] = field(default_factory=list)
+    sessions: dict[str, boto3.Session] = field(default_factory=dict)
 
     def call(self, function: str, event: dict[str, Any]) -> Any:
         """Invoke a function by name or ARN; its exception, if any, propagates."""
@@ -67,7 +64,15 @@ class Dispatcher:
             if self.fault:
                 self.fault(step, event)
             module, attribute = handler_path.rsplit(".", 1)
-            return getattr(importlib.import_module(module), attribute)(event, None)
+            handler = getattr(importlib.import_module(module), attribute)
+            outside = boto3.DEFAULT_SESSION
+            if name not in self.sessions:
+                self.sessions[name] = boto3.Session()
+            boto3.DEFAULT_SESSION = self.sessions[name]
+            try:
+                return handler(event, None)
+            finally:
+                boto3.DEFAULT_SESSION = outside
 
     def invoke(
         self,
@@ -126,33 +131,7 @@ def in_process_lambdas() -> Iterator[Dispatcher]:
         _DISPATCHER.bound.clear()
         _DISPATCHER.fault = None
         _DISPATCHER.invocations.clear()
-
-
-class Resolver:
-    """CloudFormation intrinsics, resolved against what was created locally."""
-
-    def __init__(self, physical: dict[str, dict[str, str]], imports: Mapping[str, str]) -> None:
-        self.physical = physical  # logical id -> {"Ref": ..., "Arn": ..., ...}
-        self.imports = imports
-
-    def __call__(self, value: Any) -> Any:
-        if isinstance(value, list):
-            return [self(item) for item in value]
-        if not isinstance(value, dict):
-            return value
-        if len(value) == 1:
-            ((function, argument),) = value.items()
-            if function == "Ref":
-                return PSEUDO.get(argument) or self.physical[argument]["Ref"]
-            if function == "Fn::GetAtt":
-                return self.physical[argument[0]][argument[1]]
-            if function == "Fn::Join":
-                return argument[0].join(str(self(part)) for part in argument[1])
-            if function == "Fn::Select":
-                return self(argument[1])[int(argument[0])]
-            if function == "Fn::ImportValue":
-                return self.imports.get(str(self(argument)), "")
-        return {key: self(item) for key, item in value.items()}
+        _DISPATCHER.sessions.clear()
 
 
 @dataclass
@@ -177,76 +156,61 @@ def deploy_pipeline(
     clients: Mapping[str, Any],
     dispatcher: Dispatcher,
     overrides: Mapping[str, str] | None = None,
+    imports: Mapping[str, str] | None = None,
+    credentials: Callable[[str], Mapping[str, str]] | None = None,
+    keep_data_key: bool = False,
 ) -> LocalPipeline:
     """Create the pipeline stack's resources in moto (inside `mock_aws` and `in_process_lambdas`),
-    and the data bucket its upload rule watches (versioned, as the storage stack makes it)."""
+    and the data bucket its upload rule watches (versioned, as the storage stack makes it).
+
+    `imports`: the other stacks' exports (unset, they resolve to ""); `credentials(role_arn)`:
+    the environment variables that make a function's calls its role's; `keep_data_key`: run
+    queues encrypted with the data key, as deployed (local mode lets SQS manage the key).
+    """
     resources = template["Resources"]
-    physical: dict[str, dict[str, str]] = {}
+    names = LocalNames(template, imports)
+    resolve = names.resolve
     of_type = lambda kind: {k: r for k, r in resources.items() if r["Type"] == kind}  # noqa: E731
     role = clients["iam"].create_role(RoleName="local-pipeline", AssumeRolePolicyDocument="{}")[
         "Role"
     ]["Arn"]
     for logical_id, table in of_type("AWS::DynamoDB::Table").items():
-        name = f"local-{logical_id}"
         keys = [key["AttributeName"] for key in table["Properties"]["KeySchema"]]
         # The runs table is keyed by run id alone; the conversation table by (run id, item).
-        (create_runs_table if keys == ["run_id"] else create_table)(clients["dynamodb"], name)
-        physical[logical_id] = {
-            "Ref": name,
-            "Arn": f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{name}",
-        }
+        (create_runs_table if keys == ["run_id"] else create_table)(
+            clients["dynamodb"], names[logical_id]["Ref"]
+        )
     for logical_id in of_type("AWS::SNS::Topic"):
-        arn = clients["sns"].create_topic(Name=f"local-{logical_id}")["TopicArn"]
-        physical[logical_id] = {"Ref": arn, "TopicArn": arn, "Arn": arn}
-    for logical_id in of_type("AWS::KMS::Key"):
-        physical[logical_id] = {
-            "Ref": "local-key",
-            "Arn": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/local",
-        }
-    for logical_id in of_type("AWS::IAM::Role"):
-        # Named in settings (roles a step passes on); moto does not enforce IAM locally.
-        name = f"local-{logical_id}"[:64]
-        physical[logical_id] = {"Ref": name, "Arn": f"arn:aws:iam::{ACCOUNT}:role/{name}"}
-    for logical_id in of_type("AWS::Lambda::Url"):
-        # Local mode serves the proxy itself (mtrl/local/function_url.py) and overrides ROUTER_URL.
-        physical[logical_id] = {"Ref": logical_id, "FunctionUrl": "http://127.0.0.1/"}
+        clients["sns"].create_topic(Name=names[logical_id]["TopicName"])
     functions = of_type("AWS::Lambda::Function")
-    for logical_id in functions:
-        name = f"local-{logical_id}"[:64]
-        arn = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}"
-        physical[logical_id] = {"Ref": name, "Arn": arn}
     machine_id, machine = next(iter(of_type("AWS::StepFunctions::StateMachine").items()))
-    machine_name = machine["Properties"].get("StateMachineName", "pipeline")
-    physical[machine_id] = {
-        "Ref": f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:{machine_name}",
-        "Name": machine_name,
-    }
-    resolve = Resolver(physical, imports={})
     environment: dict[str, str] = {}
     for logical_id, function in functions.items():
+        properties = function["Properties"]
         variables = {
             k: str(resolve(v))
-            for k, v in function["Properties"].get("Environment", {}).get("Variables", {}).items()
+            for k, v in properties.get("Environment", {}).get("Variables", {}).items()
         }
-        variables.pop("DATA_KEY_ARN", None)  # local queues use SQS-managed encryption
+        if not keep_data_key:
+            variables.pop("DATA_KEY_ARN", None)  # local queues use SQS-managed encryption
+        if credentials is not None:
+            variables |= credentials(str(resolve(properties["Role"])))
         variables |= dict(overrides or {})
+        name = names[logical_id]["Ref"]
         clients["lambda"].create_function(
-            FunctionName=physical[logical_id]["Ref"],
+            FunctionName=name,
             Runtime="python3.12",
             Role=role,
-            Handler=function["Properties"]["Handler"],
+            Handler=properties["Handler"],
             Code={"ZipFile": b"in-process"},
             Environment={"Variables": variables},
         )
-        dispatcher.functions[physical[logical_id]["Ref"]] = (
-            function["Properties"]["Handler"],
-            variables,
-        )
+        dispatcher.functions[name] = (properties["Handler"], variables)
         environment |= variables
     os.environ.update(environment)  # every key now; handlers only change values
     definition = _compress_retries(resolve(machine["Properties"]["DefinitionString"]))
     arn = clients["stepfunctions"].create_state_machine(
-        name=machine_name, definition=definition, roleArn=role
+        name=names[machine_id]["Name"], definition=definition, roleArn=role
     )["stateMachineArn"]
     rule = next(
         r for r in of_type("AWS::Events::Rule").values() if "EventPattern" in r["Properties"]

@@ -22,7 +22,7 @@ from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.consumer import Consumer
 from lambdas.router.conversations import ConversationStore
 from lambdas.router.proxy import Proxy
-from mtrl.bucket import run_output_prefix
+from mtrl.bucket import CONFIGS_PREFIX, run_output_prefix
 from mtrl.local.aws import LocalAws
 from mtrl.local.backends import LocalRewardFleet, LocalTrainingCluster
 from mtrl.local.embedded import (
@@ -86,7 +86,7 @@ def config_upload(prepared: Prepared) -> tuple[str, bytes | None]:
     ):
         return prepared.config_name, None
     text = yaml.safe_dump(prepared.config.model_dump(mode="json"), sort_keys=False)
-    return f"configs/{prepared.config.name}.yaml", text.encode()
+    return f"{CONFIGS_PREFIX}{prepared.config.name}.yaml", text.encode()
 
 
 class LocalSession:

@@ -144,10 +144,12 @@ class RewardFleetControl(Construct):
                 ],
                 resources=[self._services, f"{self._task_definitions}:*"],
             ),
-            # Task definitions: registering, reading and deregistering take no resource ARN.
+            iam.PolicyStatement(
+                actions=["ecs:RegisterTaskDefinition"], resources=[f"{self._task_definitions}:*"]
+            ),
+            # Task definitions: reading and deregistering take no resource ARN.
             iam.PolicyStatement(
                 actions=[
-                    "ecs:RegisterTaskDefinition",
                     "ecs:DescribeTaskDefinition",
                     "ecs:DeregisterTaskDefinition",
                     "ecs:ListTaskDefinitions",
@@ -196,7 +198,7 @@ class RewardFleetControl(Construct):
         for resource, reason in {
             self._services: "Per-run ECS services are named at run time under the deployment prefix.",
             f"{self._task_definitions}:*": "Per-run task definition families are named at run time after the base family.",
-            "*": "ECS task definition registration/description/deregistration and scalable-target description take no resource ARN.",
+            "*": "ECS task definition description, listing and deregistration and scalable-target description take no resource ARN.",
             self._parameters: "Each run's token parameter is made at run time under the deployment's /runs path.",
             self._run_log_groups: "Each run's worker log group is made at run time under the fleet's log prefix.",
             self._scalable_targets: "Scalable target ARNs are ids Application Auto Scaling makes at run time.",

@@ -30,7 +30,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from lambdas.router.run_queues import deployment_prefix
-from mtrl.bucket import RUNS_PREFIX, TRAINING_DATA_PREFIX
+from mtrl.bucket import CONFIGS_PREFIX, RUNS_PREFIX, TRAINING_DATA_PREFIX
 from stacks.components.functions import pipeline_function
 from stacks.components.nag import acknowledge, acknowledge_key_grant, acknowledge_resource
 from stacks.config import PlatformConfig
@@ -381,14 +381,17 @@ class TrainingPipeline(Construct):
         )
         for resource, reason in {
             mappings: "Mapping ids are made at run time; the condition limits deletes to the router consumer's.",
-            "*": "lambda:ListEventSourceMappings has no resource type; it is read-only.",
+            "*": "lambda:ListEventSourceMappings and sqs:ListQueues have no resource type; both only read.",
         }.items():
             acknowledge_resource(function.role, "AwsSolutions-IAM5", resource, reason)
         function.add_to_role_policy(
             iam.PolicyStatement(
-                actions=["sqs:DeleteQueue", "sqs:GetQueueUrl", "sqs:ListQueues"],
-                resources=[run_queues],
+                actions=["sqs:DeleteQueue", "sqs:GetQueueUrl"], resources=[run_queues]
             )
+        )
+        # ListQueues has no resource type (Service Authorization Reference): "*" or denied.
+        function.add_to_role_policy(
+            iam.PolicyStatement(actions=["sqs:ListQueues"], resources=["*"])
         )
         function.add_to_role_policy(
             iam.PolicyStatement(
@@ -406,7 +409,7 @@ class TrainingPipeline(Construct):
     ) -> None:
         f = self.functions
         datasets = data_bucket.arn_for_objects(f"{TRAINING_DATA_PREFIX}*")
-        configs = data_bucket.arn_for_objects("configs/*")
+        configs = data_bucket.arn_for_objects(f"{CONFIGS_PREFIX}*")
         run_outputs = data_bucket.arn_for_objects(f"{RUNS_PREFIX}*")
         f["validate"].add_to_role_policy(
             iam.PolicyStatement(
@@ -421,6 +424,9 @@ class TrainingPipeline(Construct):
                 actions=["s3:GetObject", "s3:GetObjectVersion"], resources=[datasets, configs]
             )
         )
+        # Whether a config (or a trainer's metrics) exists yet is asked by listing its prefix.
+        _grant_list(f["register"], data_bucket, CONFIGS_PREFIX)
+        _grant_list(f["monitor"], data_bucket, RUNS_PREFIX)
         for name in ("validate", "register"):
             data_key.grant_encrypt_decrypt(f[name])
         for name in ("register", "notify_end"):
@@ -432,13 +438,7 @@ class TrainingPipeline(Construct):
             iam.PolicyStatement(actions=["s3:GetObject"], resources=[run_outputs])
         )
         data_key.grant_decrypt(f["monitor"])
-        f["collect"].add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["s3:ListBucket"],
-                resources=[data_bucket.bucket_arn],
-                conditions={"StringLike": {"s3:prefix": [f"{RUNS_PREFIX}*"]}},
-            )
-        )
+        _grant_list(f["collect"], data_bucket, RUNS_PREFIX)
         f["collect"].add_to_role_policy(
             iam.PolicyStatement(actions=["s3:PutObject"], resources=[run_outputs])
         )
@@ -690,3 +690,14 @@ class TrainingPipeline(Construct):
             "Logs delivery and X-Ray actions of Step Functions have no resource-level permissions.",
         )
         return machine
+
+
+def _grant_list(function: lambda_.Function, bucket: s3.IBucket, prefix: str) -> None:
+    """ListBucket of one prefix of the bucket only."""
+    function.add_to_role_policy(
+        iam.PolicyStatement(
+            actions=["s3:ListBucket"],
+            resources=[bucket.bucket_arn],
+            conditions={"StringLike": {"s3:prefix": [f"{prefix}*"]}},
+        )
+    )

@@ -54,15 +54,20 @@ def _self_signed() -> tuple[bytes, bytes]:
 class FakeKubernetes:
     """`objects[collection path][name]`; `accepted` tokens; `requests` as (method, path, content type).
 
+    With `authenticate` (token -> user, or None), tokens are checked as EKS checks them, and
+    `callers` holds (user, method, path) of every request.
+
     Deleting a namespace deletes what is in it; `terminating_reads[namespace]` keeps a deleted
     namespace readable (phase Terminating) for that many GETs, as finalizers do. `on_request`
     (method, path) runs before each request is served: the cluster's controllers, scripted.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, authenticate: Callable[[str], str | None] | None = None) -> None:
         self.objects: dict[str, dict[str, dict[str, Any]]] = {}
         self.accepted: set[str] = set()
+        self.authenticate = authenticate
         self.requests: list[tuple[str, str, str]] = []
+        self.callers: list[tuple[str, str, str]] = []
         self.terminating_reads: dict[str, int] = {}
         self._terminating: dict[str, int] = {}
         self.on_request: Callable[[str, str], None] | None = None
@@ -114,9 +119,12 @@ class FakeKubernetes:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
                 token = self.headers.get("Authorization", "").removeprefix("Bearer ")
-                if token not in fake.accepted:
+                user = fake.authenticate(token) if fake.authenticate else None
+                if token not in fake.accepted and user is None:
                     self._status(401, "Unauthorized", "Unauthorized")
                     return
+                if user is not None:
+                    fake.callers.append((user, self.command, self.path))
                 parts = url.path.rstrip("/").split("/")
                 # /api/v1/[namespaces/NS/]PLURAL[/NAME] or /apis/GROUP/VERSION/[namespaces/NS/]PLURAL[/NAME]
                 rest = parts[3:] if parts[1] == "api" else parts[4:]

@@ -15,7 +15,7 @@ from mtrl import ops_commands
 from mtrl.cli import app
 from mtrl.ops.doctor import diagnose
 from tests.mtrl.test_ops_commands import _stack
-from tests.pipeline.fake_sagemaker import FakeSageMaker
+from tests.service_fakes import FakeSageMaker, FakeServiceQuotas
 from training_configs import load_training_config
 
 REPOSITORY = "cdk-hnb659fds-container-assets-123456789012-us-east-1"
@@ -23,26 +23,17 @@ IMAGE = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/{REPOSITORY}:abc123"
 LORA = load_training_config("rft_multiturn_lora")  # 4 x ml.p5.48xlarge
 
 
-class Quotas:
-    """Service Quotas' list for SageMaker, as the account has it."""
-
-    def __init__(self, **values: float) -> None:
-        self.values = values
-
-    def get_paginator(self, name: str) -> Any:
-        assert name == "list_service_quotas"
-        quotas = [{"QuotaName": k, "Value": v} for k, v in self.values.items()]
-
-        class Pages:
-            def paginate(self, ServiceCode: str) -> list[dict]:  # noqa: N803
-                assert ServiceCode == "sagemaker"
-                return [{"Quotas": quotas}]
-
-        return Pages()
+def quotas(**values: float) -> Any:
+    return FakeServiceQuotas(**values).client()
 
 
 @pytest.fixture
-def healthy(aws: None) -> dict[str, Any]:
+def sagemaker(aws: None) -> FakeSageMaker:
+    return FakeSageMaker()
+
+
+@pytest.fixture
+def healthy(sagemaker: FakeSageMaker) -> dict[str, Any]:
     """A deployment whose every check passes (the rest of the account in moto)."""
     boto3.client("eks").create_cluster(
         name="nova-mtrl-eks", roleArn="arn:aws:iam::123456789012:role/eks",
@@ -62,8 +53,8 @@ def healthy(aws: None) -> dict[str, Any]:
     _stack("nova-mtrl-compute", {"EksClusterName": "nova-mtrl-eks", "HyperPodClusterName": "nova-mtrl",
                                  "RewardWorkerTaskFamily": "nova-mtrl-reward-worker"})  # fmt: skip
     return {
-        "sagemaker": FakeSageMaker(),
-        "service-quotas": Quotas(**{"ml.p5.48xlarge for cluster usage": 4}),
+        "sagemaker": sagemaker.client(),
+        "service-quotas": quotas(**{"ml.p5.48xlarge for cluster usage": 4}),
     }
 
 
@@ -90,8 +81,8 @@ def test_a_ready_deployment_passes_every_check(healthy: dict) -> None:
     assert checks["worker image"].detail == IMAGE
 
 
-def test_what_is_missing_says_how_to_fix_it(healthy: dict) -> None:
-    healthy["service-quotas"] = Quotas(**{"ml.p5.48xlarge for cluster usage": 2})
+def test_what_is_missing_says_how_to_fix_it(healthy: dict, sagemaker: FakeSageMaker) -> None:
+    healthy["service-quotas"] = quotas(**{"ml.p5.48xlarge for cluster usage": 2})
     boto3.client("ecr").batch_delete_image(
         repositoryName=REPOSITORY, imageIds=[{"imageTag": "abc123"}]
     )
@@ -103,7 +94,7 @@ def test_what_is_missing_says_how_to_fix_it(healthy: dict) -> None:
         False,
         "make deploy builds and pushes it",
     )
-    healthy["sagemaker"].groups[1]["InstanceType"] = "ml.g5.48xlarge"
+    sagemaker.groups[1]["InstanceType"] = "ml.g5.48xlarge"
     assert "has no ml.p5.48xlarge group" in _diagnose(healthy)["hyperpod"].detail
 
 
@@ -114,7 +105,7 @@ def test_the_cli_exits_1_on_a_failed_check_and_0_when_ready(
     ready = CliRunner().invoke(app, ["doctor", "--region", "us-east-1", "--json"])
     assert ready.exit_code == 0, ready.output
     assert [c["ok"] for c in json.loads(ready.output)] == [True] * 7
-    healthy["service-quotas"] = Quotas()
+    healthy["service-quotas"] = quotas()
     missing = CliRunner().invoke(app, ["doctor", "--region", "us-east-1"])
     assert missing.exit_code == 1 and "FAIL" in missing.output
 

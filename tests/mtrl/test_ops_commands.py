@@ -26,8 +26,8 @@ from mtrl.ops.deployment import find_deployment
 from mtrl.ops.logs import follow, sources
 from mtrl.ops.runs_view import run_status
 from mtrl.runs import RunRecord, RunStore, create_runs_table, run_id_for
-from tests.pipeline.fake_sagemaker import FakeSageMaker
 from tests.pipeline.test_handlers import RecordingCompute
+from tests.service_fakes import FakeSageMaker
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "wordle"
@@ -245,13 +245,13 @@ def test_status_gathers_execution_training_queues_and_cost(deployed: dict) -> No
 def test_status_counts_the_gpu_nodes_hyperpod_runs(deployed: dict) -> None:
     _register(deployed["db"], "r", created=0.0)
     deployment = find_deployment(boto3.Session(region_name="us-east-1"), "nova-mtrl")
-    sagemaker = FakeSageMaker()
+    sagemaker = FakeSageMaker(name="nova-mtrl-hyperpod")
     sagemaker.groups[1]["TargetCount"] = 4
     clients = {
         name: boto3.client(name)
         for name in ("dynamodb", "stepfunctions", "s3", "sqs", "cloudwatch", "ecs")
     }
-    status = run_status({**clients, "sagemaker": sagemaker}, deployment, "r", now=60.0)
+    status = run_status({**clients, "sagemaker": sagemaker.client()}, deployment, "r", now=60.0)
     assert status.gpu_nodes == 5  # system node + 4 GPU nodes running (the pending one is not)
     assert status.execution is None and status.queues == []
 

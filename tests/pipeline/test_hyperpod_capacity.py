@@ -8,20 +8,27 @@ import pytest
 
 from lambdas.pipeline.hyperpod_capacity import CapacityBusy, CapacityLeases, HyperPodCapacity
 from mtrl.runs import RunStore, create_runs_table
-from tests.pipeline.fake_sagemaker import FakeSageMaker
+from tests.service_fakes import FakeSageMaker
 
 
 @pytest.fixture
-def capacity(aws: None) -> HyperPodCapacity:
+def sagemaker(aws: None) -> FakeSageMaker:
+    return FakeSageMaker()
+
+
+@pytest.fixture
+def capacity(sagemaker: FakeSageMaker) -> HyperPodCapacity:
     db = boto3.client("dynamodb")
     create_runs_table(db, "runs")
     leases = CapacityLeases(db, "runs")
-    return HyperPodCapacity(FakeSageMaker(), leases, cluster="nova-mtrl", instance_group="gpu")
+    return HyperPodCapacity(sagemaker.client(), leases, cluster="nova-mtrl", instance_group="gpu")
 
 
-def test_scale_up_sends_every_group_with_the_one_count_changed(capacity: HyperPodCapacity) -> None:
+def test_scale_up_sends_every_group_with_the_one_count_changed(
+    capacity: HyperPodCapacity, sagemaker: FakeSageMaker
+) -> None:
     assert capacity.scale_up("run-a", 4) == 4
-    (update,) = capacity._sagemaker.updates
+    (update,) = sagemaker.operations("UpdateCluster")
     assert update["ClusterName"] == "nova-mtrl"
     system, gpu = update["InstanceGroups"]
     assert system == {
@@ -33,16 +40,35 @@ def test_scale_up_sends_every_group_with_the_one_count_changed(capacity: HyperPo
     assert capacity.ready_nodes() == 4  # running nodes of the group only
 
 
-def test_the_group_goes_to_zero_only_when_the_last_run_ends(capacity: HyperPodCapacity) -> None:
+def test_a_group_keeps_what_was_last_asked_for_in_update_clusters_terms(
+    capacity: HyperPodCapacity, sagemaker: FakeSageMaker
+) -> None:
+    """DescribeCluster shows labels, taints, instance types and patching under other names
+    and shapes than UpdateCluster takes (botocore validates the request, as AWS would)."""
+    capacity.scale_up("run-a", 2)
+    (update,) = sagemaker.operations("UpdateCluster")
+    gpu = update["InstanceGroups"][1]
+    assert gpu["KubernetesConfig"] == {
+        "Labels": {"team": "rl", "tier": "gpu"},  # the desired labels, not the current ones
+        "Taints": [{"Key": "gpu", "Value": "true", "Effect": "NoSchedule"}],
+    }
+    assert gpu["InstanceRequirements"] == {"InstanceTypes": ["ml.p5.48xlarge"]}
+    assert gpu["AutoPatchConfig"] == {"PatchingStrategy": "ROLLING"}
+    assert "ImageId" not in update["InstanceGroups"][0]  # a capacity change is not an image change
+
+
+def test_the_group_goes_to_zero_only_when_the_last_run_ends(
+    capacity: HyperPodCapacity, sagemaker: FakeSageMaker
+) -> None:
     capacity.scale_up("run-a", 4)
     capacity.scale_up("run-b", 2)  # already enough: no request
-    assert len(capacity._sagemaker.updates) == 1
+    assert len(sagemaker.updates) == 1
     assert capacity.scale_down("run-a") is False
-    assert capacity._sagemaker.groups[1]["TargetCount"] == 4
+    assert sagemaker.groups[1]["TargetCount"] == 4
     assert capacity.scale_down("run-b") is True
-    assert capacity._sagemaker.updates[-1]["InstanceGroups"][1]["InstanceCount"] == 0
+    assert sagemaker.updates[-1]["InstanceGroups"][1]["InstanceCount"] == 0
     assert capacity.scale_down("run-b") is False  # repeated: nothing more to do
-    assert len(capacity._sagemaker.updates) == 2
+    assert len(sagemaker.updates) == 2
 
 
 def test_leases_are_not_runs(capacity: HyperPodCapacity) -> None:
@@ -73,8 +99,9 @@ def test_the_lock_keeps_decisions_apart_and_expires(aws: None) -> None:
         assert now[0] == waited
 
 
-def test_keep_warm_leaves_nodes_up_until_the_period_passes(capacity: HyperPodCapacity) -> None:
-    sagemaker = capacity._sagemaker
+def test_keep_warm_leaves_nodes_up_until_the_period_passes(
+    capacity: HyperPodCapacity, sagemaker: FakeSageMaker
+) -> None:
     capacity.scale_up("run-a", 4, now=1000.0)
     assert capacity.scale_down("run-a", keep_warm_seconds=600, now=2000.0) is False
     assert capacity.scale_idle(keep_warm_seconds=600, now=2599.0) is False
@@ -85,23 +112,23 @@ def test_keep_warm_leaves_nodes_up_until_the_period_passes(capacity: HyperPodCap
 
 
 def test_a_run_taking_the_group_while_warm_cancels_the_idle_mark(
-    capacity: HyperPodCapacity,
+    capacity: HyperPodCapacity, sagemaker: FakeSageMaker
 ) -> None:
     capacity.scale_up("run-a", 4, now=1000.0)
     capacity.scale_down("run-a", keep_warm_seconds=600, now=2000.0)
     capacity.scale_up("run-b", 4, now=2100.0)  # reuses the warm nodes: no UpdateCluster
-    assert len(capacity._sagemaker.updates) == 1
+    assert len(sagemaker.updates) == 1
     assert capacity.scale_idle(keep_warm_seconds=600, now=5000.0) is False
     capacity.scale_down("run-b", keep_warm_seconds=600, now=5000.0)
     assert capacity.scale_idle(keep_warm_seconds=600, now=5600.0) is True
 
 
 def test_unheld_nodes_go_to_zero_on_request_whatever_the_keep_warm(
-    capacity: HyperPodCapacity,
+    capacity: HyperPodCapacity, sagemaker: FakeSageMaker
 ) -> None:
     capacity.scale_up("run-a", 4, now=1000.0)
     assert capacity.scale_unheld() is False  # run-a holds it
     capacity.scale_down("run-a", keep_warm_seconds=3600, now=2000.0)
     assert capacity.scale_unheld() is True
-    assert capacity._sagemaker.groups[1]["TargetCount"] == 0
+    assert sagemaker.groups[1]["TargetCount"] == 0
     assert capacity.scale_unheld() is False  # already at zero

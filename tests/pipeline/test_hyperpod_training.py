@@ -25,8 +25,7 @@ from lambdas.pipeline.hyperpod_training import (
 from mtrl.runs import create_runs_table
 from stacks.config import PlatformConfig, deployment_context
 from tests.kubernetes.fake_api import FakeKubernetes
-from tests.pipeline.fake_eks import FakeEks
-from tests.pipeline.fake_sagemaker import FakeSageMaker
+from tests.service_fakes import FakeEks, FakeSageMaker
 from training_configs.schema import load_training_config
 
 TOKEN = "k8s-aws-v1.valid"
@@ -93,7 +92,18 @@ def clock() -> Clock:
     return Clock()
 
 
-def make_cluster(api: FakeKubernetes, clock: Clock, **overrides: Any) -> HyperPodTrainingCluster:
+@pytest.fixture
+def eks() -> FakeEks:
+    return FakeEks()
+
+
+def make_cluster(
+    api: FakeKubernetes,
+    clock: Clock,
+    eks: FakeEks | None = None,
+    sagemaker: FakeSageMaker | None = None,
+    **overrides: Any,
+) -> HyperPodTrainingCluster:
     db = boto3.client("dynamodb")
     create_runs_table(db, "runs")
     boto3.client("s3").create_bucket(Bucket=RUN.bucket)  # where the trainer writes its metrics
@@ -103,9 +113,12 @@ def make_cluster(api: FakeKubernetes, clock: Clock, **overrides: Any) -> HyperPo
             api.endpoint, token=lambda **_: TOKEN, certificate_authority=api.ca_data
         ),
         capacity=HyperPodCapacity(
-            FakeSageMaker(), CapacityLeases(db, "runs"), cluster="nova-mtrl", instance_group="gpu"
+            (sagemaker or FakeSageMaker()).client(),
+            CapacityLeases(db, "runs"),
+            cluster="nova-mtrl",
+            instance_group="gpu",
         ),
-        eks=FakeEks(),
+        eks=(eks or FakeEks()).client(),
         s3=boto3.client("s3"),
         clock=clock,
         sleep=clock.sleep,
@@ -113,8 +126,8 @@ def make_cluster(api: FakeKubernetes, clock: Clock, **overrides: Any) -> HyperPo
 
 
 @pytest.fixture
-def cluster(aws: None, api: FakeKubernetes, clock: Clock) -> HyperPodTrainingCluster:
-    return make_cluster(api, clock)
+def cluster(aws: None, api: FakeKubernetes, clock: Clock, eks: FakeEks) -> HyperPodTrainingCluster:
+    return make_cluster(api, clock, eks)
 
 
 def set_job_condition(api: FakeKubernetes, kind: str, **fields: str) -> None:
@@ -128,7 +141,7 @@ def add_pod(api: FakeKubernetes, name: str, status: dict[str, Any]) -> None:
 
 
 def test_submit_applies_every_object_once_and_is_idempotent(
-    cluster: HyperPodTrainingCluster, api: FakeKubernetes
+    cluster: HyperPodTrainingCluster, api: FakeKubernetes, eks: FakeEks
 ) -> None:
     assert cluster.submit(RUN, config=CONFIG) == f"{NAMESPACE}/trainer"
     first = copy.deepcopy(api.objects)
@@ -150,12 +163,12 @@ def test_submit_applies_every_object_once_and_is_idempotent(
     assert settings["MTRL_OUTPUT_URI"] == "s3://nova-mtrl-data/runs/wordle-0a1b2c3d4e/"
     assert settings["MTRL_DATASET_URI"] == "s3://nova-mtrl-data/training-data/wordle.jsonl"
     # One Pod Identity association for the run's service account, made before any pod exists.
-    (association,) = cluster.eks.associations.values()
-    assert association == {
-        "associationId": association["associationId"], "clusterName": "nova-mtrl-eks",
-        "namespace": NAMESPACE, "serviceAccount": "run-workloads", "roleArn": JOB_ROLE,
+    (association,) = eks.associations.values()
+    assert {k: association[k] for k in ("clusterName", "namespace", "serviceAccount", "roleArn")} == {
+        "clusterName": "nova-mtrl-eks", "namespace": NAMESPACE, "serviceAccount": "run-workloads",
+        "roleArn": JOB_ROLE,
     }  # fmt: skip
-    operations = [operation for operation, _ in cluster.eks.requests]
+    operations = [operation for operation, _ in eks.requests]
     assert operations == [
         "ListPodIdentityAssociations", "CreatePodIdentityAssociation", "ListPodIdentityAssociations",
     ]  # fmt: skip
@@ -250,14 +263,14 @@ def test_unschedulable_pods_wait_then_pend_too_long(
 
 
 def test_delete_removes_the_namespace_and_waits_until_it_is_gone(
-    cluster: HyperPodTrainingCluster, api: FakeKubernetes, clock: Clock
+    cluster: HyperPodTrainingCluster, api: FakeKubernetes, clock: Clock, eks: FakeEks
 ) -> None:
     cluster.submit(RUN, config=CONFIG)
     api.terminating_reads[NAMESPACE] = 3
     started = clock.now
     # namespace, job, deployment, service, service account, config map, Pod Identity association
     assert cluster.delete(RUN) == 7
-    assert cluster.eks.associations == {}
+    assert eks.associations == {}
     assert clock.now - started == 6  # three polls two seconds apart while it terminated
     assert not any(NAMESPACE in path for path in api.objects if api.objects[path])
     assert cluster.delete(RUN) == 0  # repeated: nothing left
@@ -304,8 +317,8 @@ def test_a_node_is_ready_once_running_and_schedulable(
 def test_nodes_scale_through_the_lease_with_keep_warm(
     aws: None, api: FakeKubernetes, clock: Clock
 ) -> None:
-    cluster = make_cluster(api, clock, KEEP_WARM_SECONDS="900")
-    sagemaker = cluster.capacity._sagemaker
+    sagemaker = FakeSageMaker()
+    cluster = make_cluster(api, clock, sagemaker=sagemaker, KEEP_WARM_SECONDS="900")
     cluster.scale_up(RUN, instances=4)
     assert cluster.capacity.ready_nodes() == 4
     cluster.scale_down(RUN)

@@ -121,8 +121,25 @@ def test_uploaded_config_file_and_its_errors(s3_and_runs) -> None:
         now=0.0,
     )
     assert registered.config.name == "mine" and registered.config.max_steps == 5
+    # Missing: found out by listing configs/ (a GetObject would answer 403 on AWS, not 404).
+    s3.put_object(Bucket=BUCKET, Key="configs/missing.yaml.bak", Body=mine.encode())
     version = _upload(s3, metadata={"mtrl-config": "configs/missing.yaml"})
     with pytest.raises(TrainingConfigError, match="configs/missing.yaml: no such object"):
+        register_run(
+            s3,
+            runs,
+            bucket=BUCKET,
+            key="training-data/w.jsonl",
+            version_id=version,
+            default_config="rft_multiturn_lora",
+            now=0.0,
+        )
+    # Anywhere else in the bucket: the pipeline may not read it, and says where configs go.
+    s3.put_object(Bucket=BUCKET, Key="elsewhere/mine.yaml", Body=mine.encode())
+    version = _upload(s3, metadata={"mtrl-config": "elsewhere/mine.yaml"})
+    with pytest.raises(
+        TrainingConfigError, match=r"nor under s3://data-bucket/configs/: upload it there"
+    ):
         register_run(
             s3,
             runs,

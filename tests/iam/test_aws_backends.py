@@ -1,0 +1,93 @@
+"""Done-when of the compute backends: the synthesized state machine, executed by moto's
+interpreter on the deployed backends ("aws", made by each function from its environment) — the
+ECS reward fleet on moto ECS (a Fargate stand-in reports the wanted tasks running), the HyperPod
+training cluster through the SageMaker and EKS fakes and a Kubernetes API whose operator and
+kubelet are scripted — submits the job, scales the fleet, sees the job finish, and tears down
+every object, service and instance it created; a job that cannot pull its image fails the run
+with that reason, torn down the same."""
+
+from __future__ import annotations
+
+import json
+
+from lambdas.kubernetes.training_job import run_namespace
+from tests.iam.conftest import Scenario, Scenarios
+
+PREFIX = "nova-mtrl"
+
+
+def _released(scenarios: Scenarios, run: Scenario) -> None:
+    """Nothing of the run is left: GPU nodes back to zero, namespace and association gone,
+    its ECS service, task definitions and token, its queues."""
+    world = scenarios.world
+    counts = [u["InstanceGroups"][0]["InstanceCount"] for u in world.sagemaker.updates[run.updates]]
+    assert counts == [4, 0]  # up to the config's 4 for the run, back to zero after it
+    namespace = run_namespace(PREFIX, run.run_id)
+    assert not any(items for path, items in world.kubernetes.objects.items() if namespace in path)
+    assert namespace not in world.kubernetes.objects["/api/v1/namespaces"]
+    assert not [a for a in world.eks.associations.values() if a["namespace"] == namespace]
+    calls = world.recorder.calls[run.calls]
+    (created,) = [c.params for c in calls if c.operation == "CreateService"]
+    assert created["desiredCount"] == 4
+    assert run.left == {"active services": 0, "task definitions": 0, "parameters": 0, "queues": []}
+
+
+def test_a_run_on_the_aws_backends_submits_scales_finishes_and_leaves_nothing(
+    scenarios: Scenarios,
+) -> None:
+    run = scenarios.runs["succeeds"]
+    assert run.described["status"] == "SUCCEEDED", run.described
+    world = scenarios.world
+    requests = world.kubernetes.requests[run.kubernetes]
+    namespace = run_namespace(PREFIX, run.run_id)
+    # Nodes counted ready only once Kubernetes could schedule on them.
+    assert any(path.startswith("/api/v1/nodes?") for _, path, _ in requests)
+    # The job: every object applied in the run's namespace, read until complete, then deleted.
+    applied = [path.split("?")[0] for method, path, _ in requests if method == "PATCH"]
+    assert applied[0] == f"/api/v1/namespaces/{namespace}"
+    assert applied[-1].endswith(f"/namespaces/{namespace}/hyperpodpytorchjobs/trainer")
+    assert ("DELETE", f"/api/v1/namespaces/{namespace}") in [
+        (m, p.split("?")[0]) for m, p, _ in requests
+    ]
+    calls = world.recorder.calls[run.calls]
+    assert [c.operation for c in calls].count("CreatePodIdentityAssociation") == 1
+    assert [c.operation for c in calls].count("DeleteService") == 1
+    _released(scenarios, run)
+    output = json.loads(run.described["output"])
+    assert output["teardown"]["leftover"] == 0
+    assert (
+        output["released"]["job_objects_deleted"] == 7
+        and output["released"]["workers_stopped"] >= 1
+    )
+
+
+def test_a_job_that_cannot_start_fails_the_run_with_the_reason_and_leaves_nothing(
+    scenarios: Scenarios,
+) -> None:
+    run = scenarios.runs["job cannot start"]
+    assert run.described["status"] == "FAILED" and run.described["error"] == "TrainingJobFailed"
+    reason = "image pull failed for trainer:missing (pod trainer-0, container pytorch): not found"
+    assert run.described["cause"] == f"failed: {reason}"
+    _released(scenarios, run)
+
+
+def test_an_invalid_dataset_creates_nothing(scenarios: Scenarios) -> None:
+    run = scenarios.runs["invalid dataset"]
+    assert run.described["status"] == "FAILED" and run.described["error"] == "DatasetInvalid"
+    assert not [
+        c for c in scenarios.world.recorder.calls[run.calls] if c.operation.startswith("Create")
+    ]
+
+
+def test_each_run_is_notified_once(scenarios: Scenarios) -> None:
+    notices = scenarios.notifications
+    for name, status in (
+        ("succeeds", "SUCCEEDED"),
+        ("job cannot start", "FAILED"),
+        ("invalid dataset", "FAILED"),
+    ):
+        run_id = scenarios.runs[name].run_id
+        assert [n for n in notices if f" {run_id} " in n][0].startswith(
+            f"{PREFIX} run {run_id} {status}"
+        )
+    assert len(notices) == 3

@@ -1,0 +1,344 @@
+"""The deployed app, offline, with every principal its own: the pipeline stack deployed into moto
+with each function signing as its role, the compute stack's fleet base and the HyperPod and EKS
+fakes behind real botocore clients, a Kubernetes API that authenticates EKS tokens — and every
+AWS and Kubernetes request recorded with who made it.
+
+The compute backends are the deployed ones ("aws"), made by each function from its own
+environment as on Lambda: nothing is injected.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import boto3
+import botocore.handlers
+from moto import mock_aws
+
+from lambdas.kubernetes.token import CLUSTER_HEADER, PREFIX
+from mtrl.local.embedded import (
+    LocalPipeline,
+    deploy_pipeline,
+    in_process_lambdas,
+    matches,
+    upload_event,
+)
+from mtrl.local.physical import REGION
+from tests.conftest import Synthesized
+from tests.iam.authorization import Directory
+from tests.iam.deployment import Deployment
+from tests.iam.recorder import Recorder
+from tests.kubernetes.fake_api import FakeKubernetes
+from tests.service_fakes import FakeEks, FakeSageMaker
+
+HARNESS_KEYS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+CLIENTS = ("iam", "dynamodb", "sns", "lambda", "stepfunctions", "s3", "sqs", "cloudwatch", "ecs")
+
+
+@dataclass
+class World:
+    app: Synthesized
+    deployment: Deployment
+    recorder: Recorder
+    pipeline: LocalPipeline
+    clients: dict[str, Any]  # the harness's own (uploads, inspection)
+    kubernetes: FakeKubernetes
+    sagemaker: FakeSageMaker
+    eks: FakeEks
+    directory: Directory
+    inbox: str
+
+    def function(self, handler: str) -> str:
+        return self.pipeline.function(handler)
+
+    def invoke(self, handler: str, event: dict[str, Any]) -> Any:
+        """Invoke a function as its trigger would (EventBridge, a schedule, a CLI)."""
+        return self.pipeline.dispatcher.call(self.function(handler), event)
+
+    def upload(
+        self, key: str, body: bytes, metadata: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """A dataset lands under training-data/: the rule starts the run."""
+        bucket = self.pipeline.data_bucket
+        version = self.clients["s3"].put_object(
+            Bucket=bucket, Key=key, Body=body, Metadata=metadata or {}
+        )["VersionId"]
+        event = upload_event(bucket, key, version)
+        assert matches(self.pipeline.upload_pattern, event)
+        return self.invoke("handlers.start_run", event)
+
+    def finish(self, execution_arn: str, timeout: float = 120) -> dict[str, Any]:
+        sfn = self.clients["stepfunctions"]
+        deadline = time.monotonic() + timeout
+        while (described := sfn.describe_execution(executionArn=execution_arn))[
+            "status"
+        ] == "RUNNING":
+            if time.monotonic() > deadline:
+                events = sfn.get_execution_history(executionArn=execution_arn)["events"]
+                entered = [
+                    e["stateEnteredEventDetails"]["name"]
+                    for e in events
+                    if "stateEnteredEventDetails" in e
+                ]
+                raise AssertionError(f"{execution_arn} did not finish; last states: {entered[-6:]}")
+            time.sleep(0.05)
+        return described
+
+    def notifications(self) -> list[str]:
+        answer = self.clients["sqs"].receive_message(QueueUrl=self.inbox, MaxNumberOfMessages=10)
+        return [message["Body"] for message in answer.get("Messages", [])]
+
+
+def eks_user(recorder: Recorder, cluster: str):  # type: ignore[no-untyped-def]
+    """EKS's authenticator: the principal whose credentials presigned the token's STS
+    GetCallerIdentity, for this cluster (signed `x-k8s-aws-id` header), else None."""
+
+    def authenticate(token: str) -> str | None:
+        if not token.startswith(PREFIX):
+            return None
+        encoded = token.removeprefix(PREFIX)
+        url = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+        query = parse_qs(urlsplit(url).query)
+        if (
+            query.get("Action") != ["GetCallerIdentity"]
+            or CLUSTER_HEADER not in query.get("X-Amz-SignedHeaders", [""])[0]
+        ):
+            return None
+        if urlsplit(url).hostname != f"sts.{REGION}.amazonaws.com":
+            return None
+        access_key = query["X-Amz-Credential"][0].split("/")[0]
+        return recorder.principal_of(access_key)
+
+    return authenticate
+
+
+def _api_shape(value: Any) -> Any:
+    """A CloudFormation ECS property (PascalCase) as the ECS API spells it (camelCase)."""
+    if isinstance(value, list):
+        return [_api_shape(item) for item in value]
+    if isinstance(value, dict):
+        return {
+            key[0].lower() + key[1:]: item if key == "Options" else _api_shape(item)
+            for key, item in value.items()
+        }
+    return value
+
+
+def _deploy_compute(deployment: Deployment) -> dict[str, Any]:
+    """What the pipeline's functions find of the compute stack: the reward fleet's cluster and
+    base task definition (moto), and the HyperPod cluster's instance groups."""
+    ecs = boto3.client("ecs")
+    for stack, logical_id, _ in deployment.resources("AWS::ECS::Cluster"):
+        ecs.create_cluster(clusterName=deployment.names[stack][logical_id]["Ref"])
+    for stack, _, resource in deployment.resources("AWS::ECS::TaskDefinition"):
+        properties = _api_shape(deployment.resolve(stack, resource["Properties"]))
+        properties.pop("tags", None)
+        ecs.register_task_definition(**properties)
+    ((stack, logical_id, cluster),) = deployment.resources("AWS::SageMaker::Cluster")
+    properties = deployment.resolve(stack, cluster["Properties"])
+    groups = [
+        {
+            **{k: v for k, v in group.items() if k not in ("InstanceCount",)},
+            "TargetCount": group["InstanceCount"],
+            "CurrentCount": group["InstanceCount"],
+            "Status": "InService",
+            # What an operator may have set on the group since: kept by every update.
+            "KubernetesConfig": {
+                "CurrentLabels": {"team": "rl"},
+                "DesiredLabels": {"team": "rl"},
+                "CurrentTaints": [],
+                "DesiredTaints": [],
+            },
+        }
+        for group in properties["InstanceGroups"]
+    ]
+    return {
+        "name": properties["ClusterName"],
+        "arn": deployment.names[stack][logical_id]["ClusterArn"],
+        "groups": groups,
+    }
+
+
+def _directory(deployment: Deployment) -> Directory:
+    """Which key encrypts what, as the templates deploy it."""
+    directory = Directory()
+    for stack, logical_id, resource in deployment.resources("AWS::S3::Bucket"):
+        properties = deployment.resolve(stack, resource["Properties"])
+        for rule in properties.get("BucketEncryption", {}).get(
+            "ServerSideEncryptionConfiguration", []
+        ):
+            key = rule["ServerSideEncryptionByDefault"].get("KMSMasterKeyID")
+            if key:
+                directory.keys[deployment.names[stack][logical_id]["Arn"]] = key
+    for stack, logical_id, resource in deployment.resources("AWS::DynamoDB::Table"):
+        key = (
+            deployment.resolve(stack, resource["Properties"])
+            .get("SSESpecification", {})
+            .get("KMSMasterKeyId")
+        )
+        if key:
+            directory.keys[deployment.names[stack][logical_id]["Arn"]] = key
+    for stack, logical_id, resource in deployment.resources("AWS::SNS::Topic"):
+        key = deployment.resolve(stack, resource["Properties"]).get("KmsMasterKeyId")
+        if key:
+            directory.keys[deployment.names[stack][logical_id]["TopicArn"]] = key
+    for stack, logical_id, resource in deployment.resources("AWS::Lambda::Function"):
+        names = deployment.names[stack][logical_id]
+        directory.function_roles[names["Arn"]] = str(
+            deployment.resolve(stack, resource["Properties"]["Role"])
+        )
+    return directory
+
+
+def fargate_runs_what_is_wanted(parsed: dict[str, Any], **_: Any) -> None:
+    """moto's ECS starts no tasks: a service's wanted tasks are reported running, as Fargate
+    would once they start (what DescribeServices can answer)."""
+    for service in parsed.get("services", []):
+        if service.get("status") == "ACTIVE":
+            service["runningCount"] = service["desiredCount"]
+
+
+FARGATE = ("after-call.ecs.DescribeServices", fargate_runs_what_is_wanted)
+
+
+def _deploy_network(templates: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The app's VPC, subnets and security groups in moto (ECS checks them), by logical id."""
+    ec2 = boto3.client("ec2")
+    vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+    known: dict[str, dict[str, dict[str, Any]]] = {}
+    for stack, template in templates.items():
+        for logical_id, resource in template["Resources"].items():
+            if resource["Type"] == "AWS::EC2::Subnet":
+                index = sum(len(found) for found in known.values())
+                subnet = ec2.create_subnet(VpcId=vpc, CidrBlock=f"10.0.{index}.0/24")["Subnet"][
+                    "SubnetId"
+                ]
+                known.setdefault(stack, {})[logical_id] = {"Ref": subnet, "SubnetId": subnet}
+            elif resource["Type"] == "AWS::EC2::SecurityGroup":
+                group = ec2.create_security_group(
+                    GroupName=logical_id, Description="proof", VpcId=vpc
+                )["GroupId"]
+                known.setdefault(stack, {})[logical_id] = {"Ref": group, "GroupId": group}
+    return known
+
+
+@contextlib.contextmanager
+def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
+    for key, value in {**HARNESS_KEYS, "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION}.items():
+        monkeypatch.setenv(key, value)
+    recorder = Recorder()
+    config = {"stepfunctions": {"execute_state_machine": True}, "lambda": {"use_docker": False}}
+    with contextlib.ExitStack() as stack:
+        kubernetes = stack.enter_context(
+            FakeKubernetes(authenticate=eks_user(recorder, f"{app.config.name_prefix}-eks"))
+        )
+        stack.enter_context(mock_aws(config=config))
+        deployment = Deployment(app.templates, known=_deploy_network(app.templates))
+        dispatcher = stack.enter_context(in_process_lambdas())
+        stack.enter_context(recorder.installed())
+        botocore.handlers.BUILTIN_HANDLERS.append(FARGATE)
+        stack.callback(botocore.handlers.BUILTIN_HANDLERS.remove, FARGATE)
+        hyperpod = _deploy_compute(deployment)
+        sagemaker = FakeSageMaker(name=hyperpod["name"], arn=hyperpod["arn"])
+        sagemaker.groups = hyperpod["groups"]
+        stack.enter_context(sagemaker.installed())
+        eks_name = next(
+            str(deployment.resolve(s, r["Properties"]["Name"]))
+            for s, _, r in deployment.resources("AWS::EKS::Cluster")
+        )
+        eks = FakeEks(cluster=eks_name, endpoint=kubernetes.endpoint, ca_data=kubernetes.ca_data)
+        stack.enter_context(eks.installed())
+        clients = {name: boto3.client(name) for name in CLIENTS}
+        pipeline = deploy_pipeline(
+            app.template("pipeline"),
+            clients=clients,
+            dispatcher=dispatcher,
+            overrides={"POLL_SECONDS": "0"},
+            imports=deployment.exports,
+            credentials=recorder.credentials,
+            keep_data_key=True,
+        )
+        sqs = clients["sqs"]
+        inbox = sqs.create_queue(QueueName="inbox")["QueueUrl"]
+        inbox_arn = sqs.get_queue_attributes(QueueUrl=inbox, AttributeNames=["QueueArn"])[
+            "Attributes"
+        ]["QueueArn"]
+        clients["sns"].subscribe(
+            TopicArn=pipeline.environment["ALERT_TOPIC_ARN"], Protocol="sqs", Endpoint=inbox_arn,
+            Attributes={"RawMessageDelivery": "true"},
+        )  # fmt: skip
+        yield World(
+            app=app,
+            deployment=deployment,
+            recorder=recorder,
+            pipeline=pipeline,
+            clients=clients,
+            kubernetes=kubernetes,
+            sagemaker=sagemaker,
+            eks=eks,
+            directory=_directory(deployment),
+            inbox=inbox,
+        )
+
+
+def dataset(records: int = 3) -> bytes:
+    return b"".join(
+        json.dumps({"id": f"w{i}", "metadata": {"prompt": "Play.", "answer": "crane"}}).encode()
+        + b"\n"
+        for i in range(records)
+    )
+
+
+class JobController:
+    """The training operator and kubelet, scripted: HyperPod's GPU nodes join as SageMaker runs
+    them; a run's job runs once read, then completes — or, as `outcome` says, its trainer pod
+    cannot pull its image ("bad_image"), or it keeps running ("hold")."""
+
+    def __init__(self, api: FakeKubernetes, sagemaker: FakeSageMaker, group: str = "gpu") -> None:
+        self.api, self.sagemaker, self.group = api, sagemaker, group
+        self.outcome = "complete"
+        self._reads: dict[str, int] = {}
+
+    def _nodes(self) -> None:
+        (gpu,) = [g for g in self.sagemaker.groups if g["InstanceGroupName"] == self.group]
+        self.api.objects["/api/v1/nodes"] = {
+            f"hyperpod-{i}": {
+                "metadata": {"name": f"hyperpod-{i}", "labels": {
+                    "node.kubernetes.io/instance-type": gpu["InstanceType"],
+                    "sagemaker.amazonaws.com/node-health-status": "Schedulable"}},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            }
+            for i in range(gpu["TargetCount"])
+        }  # fmt: skip
+
+    def __call__(self, method: str, path: str) -> None:
+        if path == "/api/v1/nodes":
+            self._nodes()
+        if method != "GET" or not path.endswith("/trainer") or "jobs/" not in path:
+            return
+        collection = path.rsplit("/", 1)[0]
+        items = self.api.objects.get(collection, {})
+        if "trainer" not in items:
+            return
+        reads = self._reads[collection] = self._reads.get(collection, 0) + 1
+        done = self.outcome == "complete" and reads > 1
+        state = "Completed" if done else "Running"
+        items["trainer"]["status"] = {"conditions": [{"type": state, "status": "True"}]}
+        if self.outcome == "bad_image":
+            pods = collection.replace("/apis/sagemaker.amazonaws.com/v1", "/api/v1").replace(
+                "/hyperpodpytorchjobs", "/pods"
+            )
+            self.api.objects.setdefault(pods, {})["trainer-0"] = {
+                "metadata": {"name": "trainer-0"},
+                "status": {"containerStatuses": [{
+                    "name": "pytorch", "image": "trainer:missing",
+                    "state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}},
+                }]},
+            }  # fmt: skip

@@ -1,0 +1,284 @@
+"""AWS APIs that moto lacks (HyperPod's UpdateCluster, EKS Pod Identity, an EKS endpoint of
+our choosing), answered by Python behind real botocore clients.
+
+The code under test holds an ordinary boto3 client: botocore validates each request against the
+service's model as it would for AWS; every answer is checked against the operation's output
+shape (and every error code against the operation's modelled errors), then sent back on the wire
+as the service's JSON protocol would and parsed by botocore — so a fake can only answer what the
+real API could. Operations a fake does not define go on to moto as usual.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import itertools
+import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+import boto3
+import botocore.handlers
+from botocore.awsrequest import AWSResponse
+from botocore.validate import ParamValidator
+
+REGION, ACCOUNT = "us-east-1", "123456789012"
+# Errors any operation may answer (the common errors of every AWS API).
+COMMON_ERRORS = {"AccessDeniedException", "ThrottlingException", "ValidationException"}
+
+
+class AwsError(Exception):
+    def __init__(self, code: str, message: str, status: int = 400) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code, self.message, self.status = code, message, status
+
+
+class _Raw:
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self._body
+
+
+def _wire(value: Any) -> Any:
+    """JSON protocols send timestamps as epoch seconds."""
+    if isinstance(value, datetime.datetime):
+        return value.timestamp()
+    raise TypeError(f"cannot send {value!r}")
+
+
+class ServiceFake:
+    """Operations answered by this object's snake_case methods (keyword arguments = the API's
+    parameters); `requests` holds (operation, parameters) in order."""
+
+    service: ClassVar[str]
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        model = boto3.client(self.service, region_name=REGION).meta.service_model
+        self._service_id = model.service_id.hyphenize()
+
+    def client(self, **kwargs: Any) -> Any:
+        """A client of this API (and moto, for what the fake does not answer)."""
+        client = boto3.client(self.service, region_name=REGION, **kwargs)
+        for event, handler in self._handlers():
+            client.meta.events.register(event, handler)
+        return client
+
+    @contextmanager
+    def installed(self) -> Iterator[ServiceFake]:
+        """Every client made meanwhile, anywhere in the process, reaches this fake."""
+        handlers = self._handlers()
+        botocore.handlers.BUILTIN_HANDLERS.extend(handlers)
+        boto3.DEFAULT_SESSION = None
+        try:
+            yield self
+        finally:
+            for handler in handlers:
+                botocore.handlers.BUILTIN_HANDLERS.remove(handler)
+            boto3.DEFAULT_SESSION = None
+
+    def operations(self, name: str) -> list[dict[str, Any]]:
+        return [params for operation, params in self.requests if operation == name]
+
+    def _handlers(self) -> list[tuple[str, Any]]:
+        return [
+            (f"before-parameter-build.{self._service_id}", self._keep_request),
+            (f"before-send.{self._service_id}", self._answer),
+        ]
+
+    @staticmethod
+    def _keep_request(
+        params: dict[str, Any], model: Any, context: dict[str, Any], **_: Any
+    ) -> None:
+        context["fake_request"] = (model, copy.deepcopy(params))
+
+    def _answer(self, request: Any, **_: Any) -> Any:
+        model, params = request.context["fake_request"]
+        method = getattr(self, re.sub(r"(?<!^)(?=[A-Z])", "_", model.name).lower(), None)
+        if method is None:
+            return None
+        self.requests.append((model.name, copy.deepcopy(params)))
+        url = request.url
+        # Every before-send handler runs; moto's (when mocking) would answer this request too,
+        # so it leaves for a host no AWS API lives at once this answer is made.
+        request.url = "https://answered-by-a-fake.invalid/"
+        headers = {"Content-Type": "application/x-amz-json-1.1", "x-amzn-RequestId": "fake"}
+        try:
+            answer = method(**params)
+        except AwsError as error:
+            known = {shape.name for shape in model.error_shapes} | COMMON_ERRORS
+            assert error.code in known, f"{model.name} cannot answer {error.code} (known: {known})"
+            body = json.dumps({"__type": error.code, "message": error.message}).encode()
+            return AWSResponse(url, error.status, headers, _Raw(body))
+        report = ParamValidator().validate(answer, model.output_shape)
+        assert not report.has_errors(), (
+            f"the {self.service} fake answered {model.name} with what the API cannot: "
+            f"{report.generate_report()}"
+        )
+        body = json.dumps(answer, default=_wire).encode()
+        return AWSResponse(url, 200, headers, _Raw(body))
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+# Two groups as DescribeCluster shows them: the system group, and a GPU group at zero with
+# Kubernetes labels and taints, flexible instance types and auto-patching (members whose names
+# and shapes differ between DescribeCluster and UpdateCluster).
+GROUPS = [
+    {
+        "InstanceGroupName": "system", "InstanceType": "ml.m5.2xlarge", "CurrentCount": 1,
+        "TargetCount": 1, "Status": "InService", "ExecutionRole": f"arn:aws:iam::{ACCOUNT}:role/hp",
+        "LifeCycleConfig": {"SourceS3Uri": "s3://sagemaker-lc/", "OnCreate": "on_create.sh"},
+        "ThreadsPerCore": 1, "CurrentImageId": "ami-0123456789abcdef0", "DesiredImageId": "ami-0123456789abcdef0",
+    },
+    {
+        "InstanceGroupName": "gpu", "InstanceType": "ml.p5.48xlarge", "CurrentCount": 0,
+        "TargetCount": 0, "Status": "InService", "ExecutionRole": f"arn:aws:iam::{ACCOUNT}:role/hp",
+        "LifeCycleConfig": {"SourceS3Uri": "s3://sagemaker-lc/", "OnCreate": "on_create.sh"},
+        "ThreadsPerCore": 1, "OnStartDeepHealthChecks": ["InstanceStress"],
+        "KubernetesConfig": {
+            "CurrentLabels": {"team": "rl"}, "DesiredLabels": {"team": "rl", "tier": "gpu"},
+            "CurrentTaints": [{"Key": "gpu", "Value": "true", "Effect": "NoSchedule"}],
+            "DesiredTaints": [{"Key": "gpu", "Value": "true", "Effect": "NoSchedule"}],
+        },
+        "InstanceRequirements": {
+            "CurrentInstanceTypes": ["ml.p5.48xlarge"], "DesiredInstanceTypes": ["ml.p5.48xlarge"],
+        },
+        "AutoPatchConfig": {"PatchingStrategy": "ROLLING"},
+    },
+]  # fmt: skip
+
+
+class FakeSageMaker(ServiceFake):
+    """One HyperPod cluster: DescribeCluster, UpdateCluster (counts), ListClusterNodes."""
+
+    service = "sagemaker"
+
+    def __init__(self, *, name: str = "nova-mtrl", arn: str | None = None) -> None:
+        super().__init__()
+        self.name = name
+        self.arn = arn or f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:cluster/0a1b2c3d4e5f"
+        self.groups = copy.deepcopy(GROUPS)
+        self.updates: list[dict[str, Any]] = []
+
+    def _known(self, name: str) -> None:
+        if name not in (self.name, self.arn):
+            raise AwsError("ResourceNotFound", f"Cluster {name} not found")
+
+    def describe_cluster(self, ClusterName: str) -> dict[str, Any]:  # noqa: N803
+        self._known(ClusterName)
+        return {
+            "ClusterArn": self.arn,
+            "ClusterName": self.name,
+            "ClusterStatus": "InService",
+            "CreationTime": _now(),
+            "InstanceGroups": copy.deepcopy(self.groups),
+        }
+
+    def update_cluster(self, ClusterName: str, **request: Any) -> dict[str, Any]:  # noqa: N803
+        self._known(ClusterName)
+        self.updates.append(copy.deepcopy(request))
+        for spec in request.get("InstanceGroups", []):
+            for group in self.groups:
+                if group["InstanceGroupName"] == spec["InstanceGroupName"]:
+                    group["TargetCount"] = spec["InstanceCount"]
+        return {"ClusterArn": self.arn}
+
+    def list_cluster_nodes(self, ClusterName: str, **_: Any) -> dict[str, Any]:  # noqa: N803
+        self._known(ClusterName)
+        nodes = [
+            {"InstanceGroupName": g["InstanceGroupName"], "InstanceId": f"i-{g['InstanceGroupName']}{n:012d}",
+             "InstanceType": g["InstanceType"], "LaunchTime": _now(), "InstanceStatus": {"Status": "Running"}}
+            for g in self.groups for n in range(g["TargetCount"])
+        ] + [{"InstanceGroupName": "gpu", "InstanceId": "i-gpupending000", "InstanceType": "ml.p5.48xlarge",
+              "LaunchTime": _now(), "InstanceStatus": {"Status": "Pending"}}]  # fmt: skip
+        return {"ClusterNodeSummaries": nodes}
+
+
+class FakeEks(ServiceFake):
+    """EKS Pod Identity associations (moto has none) and, with `endpoint`, DescribeCluster of
+    one cluster whose Kubernetes API is served at that endpoint with that CA."""
+
+    service = "eks"
+
+    def __init__(
+        self, *, cluster: str = "nova-mtrl-eks", endpoint: str | None = None, ca_data: str = ""
+    ) -> None:
+        super().__init__()
+        self.cluster, self.endpoint, self.ca_data = cluster, endpoint, ca_data
+        self.associations: dict[str, dict[str, Any]] = {}
+        self._ids = itertools.count(1)
+        if endpoint is None:
+            self.describe_cluster = None  # type: ignore[assignment]  # moto answers
+
+    def describe_cluster(self, name: str) -> dict[str, Any]:
+        if name != self.cluster:
+            raise AwsError("ResourceNotFoundException", f"No cluster found for name: {name}.", 404)
+        return {
+            "cluster": {
+                "name": name,
+                "arn": f"arn:aws:eks:{REGION}:{ACCOUNT}:cluster/{name}",
+                "status": "ACTIVE",
+                "endpoint": self.endpoint,
+                "certificateAuthority": {"data": self.ca_data},
+                "accessConfig": {"authenticationMode": "API"},
+            }
+        }
+
+    def create_pod_identity_association(self, **params: Any) -> dict[str, Any]:
+        association_id = f"a-{next(self._ids):017d}"
+        association = {
+            "associationId": association_id,
+            "associationArn": f"arn:aws:eks:{REGION}:{ACCOUNT}:podidentityassociation/{params['clusterName']}/{association_id}",
+            **{
+                key: params[key]
+                for key in ("clusterName", "namespace", "serviceAccount", "roleArn")
+            },
+            "createdAt": _now(),
+        }
+        self.associations[association_id] = association
+        return {"association": association}
+
+    def delete_pod_identity_association(
+        self, clusterName: str, associationId: str
+    ) -> dict[str, Any]:  # noqa: N803
+        if associationId not in self.associations:
+            raise AwsError("ResourceNotFoundException", f"No association {associationId}", 404)
+        return {"association": self.associations.pop(associationId)}
+
+    def list_pod_identity_associations(self, clusterName: str, **params: Any) -> dict[str, Any]:  # noqa: N803
+        found = [
+            {k: a[k] for k in ("clusterName", "namespace", "serviceAccount", "associationArn", "associationId")}
+            for a in self.associations.values()
+            if a["clusterName"] == clusterName and a["namespace"] == params.get("namespace", a["namespace"])
+        ]  # fmt: skip
+        return {"associations": found}
+
+
+class FakeServiceQuotas(ServiceFake):
+    """The account's SageMaker quotas (moto has none): ListServiceQuotas."""
+
+    service = "service-quotas"
+
+    def __init__(self, **values: float) -> None:
+        super().__init__()
+        self.values = values
+
+    def list_service_quotas(self, ServiceCode: str, **_: Any) -> dict[str, Any]:  # noqa: N803
+        return {
+            "Quotas": [
+                {
+                    "ServiceCode": ServiceCode,
+                    "QuotaName": name,
+                    "QuotaCode": f"L-{index:08X}",
+                    "Value": value,
+                }
+                for index, (name, value) in enumerate(self.values.items())
+            ]
+        }
