@@ -29,15 +29,50 @@ from mtrl.runs import create_runs_table
 Fault = Callable[[str, dict[str, Any]], None]
 
 
+CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+
+
+class _ThreadSessions:
+    """What `boto3.DEFAULT_SESSION` is while functions run in-process: in a thread that runs a
+    function, that function's session; elsewhere, the process's own (made when first used)."""
+
+    def __init__(self, own: boto3.Session | None) -> None:
+        self._own = own
+        self._local = threading.local()
+
+    @contextmanager
+    def running(self, session: boto3.Session) -> Iterator[None]:
+        outside = getattr(self._local, "session", None)
+        self._local.session = session
+        try:
+            yield
+        finally:
+            self._local.session = outside
+
+    def __getattr__(self, name: str) -> Any:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            if self._own is None:
+                self._own = boto3.Session()
+            session = self._own
+        return getattr(session, name)
+
+
+def _thread_sessions() -> _ThreadSessions:
+    if not isinstance(boto3.DEFAULT_SESSION, _ThreadSessions):
+        boto3.DEFAULT_SESSION = _ThreadSessions(boto3.DEFAULT_SESSION)  # type: ignore[assignment]
+    return boto3.DEFAULT_SESSION  # type: ignore[return-value]
+
+
 @dataclass
 class Dispatcher:
     """Runs the Lambda functions of the local deployment in-process.
 
     Functions run the handler their template names, one at a time under that function's
-    environment (os.environ is process-wide) and with an SDK session of its own, as each Lambda
-    function has (its credentials are its role's, when the environment names them). A function
-    can instead be bound to a callable built with its settings (the router's proxy and consumer:
-    long-lived, concurrent).
+    environment (os.environ is process-wide), and with an SDK session of their own as each Lambda
+    function has: signed with the credentials its environment names (its role's), which never
+    enter os.environ. A function can instead be bound to a callable built with its settings (the
+    router's proxy and consumer: long-lived, concurrent).
     """
 
     functions: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
@@ -58,21 +93,21 @@ class Dispatcher:
             # Only values change here, never the set of keys (deploy_pipeline set them all):
             # other threads may be reading os.environ meanwhile (boto3 does, for proxies).
             for key, value in environment.items():
-                if os.environ.get(key) != value:
+                if key not in CREDENTIALS and os.environ.get(key) != value:
                     os.environ[key] = value
             self.invocations.append(step)
             if self.fault:
                 self.fault(step, event)
             module, attribute = handler_path.rsplit(".", 1)
             handler = getattr(importlib.import_module(module), attribute)
-            outside = boto3.DEFAULT_SESSION
             if name not in self.sessions:
-                self.sessions[name] = boto3.Session()
-            boto3.DEFAULT_SESSION = self.sessions[name]
-            try:
+                self.sessions[name] = boto3.Session(
+                    aws_access_key_id=environment.get("AWS_ACCESS_KEY_ID"),
+                    aws_secret_access_key=environment.get("AWS_SECRET_ACCESS_KEY"),
+                    aws_session_token=environment.get("AWS_SESSION_TOKEN"),
+                )
+            with _thread_sessions().running(self.sessions[name]):
                 return handler(event, None)
-            finally:
-                boto3.DEFAULT_SESSION = outside
 
     def invoke(
         self,
@@ -118,7 +153,9 @@ def temporary_environ(values: Mapping[str, str], *, remove: tuple[str, ...] = ()
 def in_process_lambdas() -> Iterator[Dispatcher]:
     """While active, moto's Docker-less Lambda runs our handlers instead of echoing input.
     The functions' environment variables stay set in os.environ until it ends."""
-    LambdaSimpleBackend.invoke = lambda self, *args: _DISPATCHER.invoke(self, *args)  # type: ignore[method-assign]
+    LambdaSimpleBackend.invoke = lambda self, *args, **kwargs: _DISPATCHER.invoke(
+        self, *args, **kwargs
+    )  # type: ignore[method-assign]
     saved = dict(os.environ)
     try:
         yield _DISPATCHER
@@ -132,6 +169,8 @@ def in_process_lambdas() -> Iterator[Dispatcher]:
         _DISPATCHER.fault = None
         _DISPATCHER.invocations.clear()
         _DISPATCHER.sessions.clear()
+        if isinstance(boto3.DEFAULT_SESSION, _ThreadSessions):
+            boto3.DEFAULT_SESSION = None
 
 
 @dataclass
@@ -206,8 +245,9 @@ def deploy_pipeline(
             Environment={"Variables": variables},
         )
         dispatcher.functions[name] = (properties["Handler"], variables)
-        environment |= variables
-    os.environ.update(environment)  # every key now; handlers only change values
+        environment |= {k: v for k, v in variables.items() if k not in CREDENTIALS}
+    # Every key now (handlers only change values); credentials stay with each function's session.
+    os.environ.update({k: v for k, v in environment.items() if k not in CREDENTIALS})
     definition = _compress_retries(resolve(machine["Properties"]["DefinitionString"]))
     arn = clients["stepfunctions"].create_state_machine(
         name=names[machine_id]["Name"], definition=definition, roleArn=role

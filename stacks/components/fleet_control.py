@@ -79,6 +79,15 @@ class RewardFleetControl(Construct):
         self._scalable_targets = stack.format_arn(
             service="application-autoscaling", resource="scalable-target", resource_name="*"
         )
+        # Target tracking makes (and removes) its alarms with the caller's rights (ECS Developer
+        # Guide, "IAM permissions required for Amazon ECS service auto scaling"); they are named
+        # `TargetTracking-<scalable target's resource id>-…`.
+        self._scaling_alarms = stack.format_arn(
+            service="cloudwatch",
+            resource="alarm",
+            resource_name=f"TargetTracking-service/{cluster}/{deployment_prefix(prefix)}*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
         self._autoscaling_role = stack.format_arn(
             service="iam",
             region="",
@@ -182,6 +191,14 @@ class RewardFleetControl(Construct):
                 resources=[self._scalable_targets],
             ),
             iam.PolicyStatement(
+                actions=[
+                    "cloudwatch:PutMetricAlarm",
+                    "cloudwatch:DescribeAlarms",
+                    "cloudwatch:DeleteAlarms",
+                ],
+                resources=[self._scaling_alarms],
+            ),
+            iam.PolicyStatement(
                 actions=["iam:CreateServiceLinkedRole"],
                 resources=[self._autoscaling_role],
                 conditions={
@@ -202,6 +219,7 @@ class RewardFleetControl(Construct):
             self._parameters: "Each run's token parameter is made at run time under the deployment's /runs path.",
             self._run_log_groups: "Each run's worker log group is made at run time under the fleet's log prefix.",
             self._scalable_targets: "Scalable target ARNs are ids Application Auto Scaling makes at run time.",
+            self._scaling_alarms: "Target tracking names its alarms after each run's service, made at run time.",
             self._autoscaling_role: "Only ECS's Application Auto Scaling service-linked role, created once by AWS.",
         }.items():  # fmt: skip
             acknowledge_resource(role, "AwsSolutions-IAM5", resource, reason)

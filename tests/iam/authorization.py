@@ -207,6 +207,8 @@ class Authorization:
     def _context(self, call: Call) -> dict[str, Any]:
         p = call.params
         match call.service, call.operation:
+            case "lambda", "InvokeFunctionUrl":
+                return {"lambda:FunctionUrlAuthType": "AWS_IAM"}
             case "s3", ("ListObjectsV2" | "ListObjects" | "ListObjectVersions"):
                 return {"s3:prefix": p.get("Prefix", "")}
             case "lambda", ("CreateEventSourceMapping" | "ListEventSourceMappings"):
@@ -349,6 +351,18 @@ class Authorization:
                 created = (call.response or {}).get("association", {}).get("associationArn")
                 if p.get("tags") and created:
                     yield Need(who, Request("eks:TagResource", created), f"{why} (tags)")
+            case "lambda", "InvokeFunctionUrl":
+                # Lambda Developer Guide, "Control access to function URLs": a call through an
+                # AWS_IAM function URL needs lambda:InvokeFunction too, via the URL.
+                yield Need(
+                    who,
+                    Request(
+                        "lambda:InvokeFunction",
+                        _function_arn(p["FunctionName"]),
+                        {"lambda:InvokedViaFunctionUrl": "true"},
+                    ),
+                    why,
+                )
             case "sagemaker", "UpdateCluster":
                 # SageMaker HyperPod: UpdateCluster passes each instance group's execution role.
                 for group in p.get("InstanceGroups", []) + p.get("RestrictedInstanceGroups", []):

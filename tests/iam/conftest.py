@@ -6,11 +6,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import boto3
 import pytest
+import yaml
 
+from lambdas.pipeline.register import CONFIG_METADATA_KEY
 from tests.conftest import Synthesized
-from tests.iam.world import JobController, World, dataset, deployed_world
+from tests.iam.world import (
+    JobController,
+    World,
+    dataset,
+    deployed_world,
+    exchange_rollouts,
+    wait_for_state,
+)
+from training_configs import load_training_config
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -37,6 +46,8 @@ class Scenarios:
     world: World
     runs: dict[str, Scenario] = field(default_factory=dict)
     notifications: list[str] = field(default_factory=list)
+    exchange: dict[str, Any] = field(default_factory=dict)
+    reaped: list[dict[str, Any]] = field(default_factory=list)
 
     def run(
         self, name: str, key: str, body: bytes, controller: JobController, outcome: str
@@ -60,10 +71,52 @@ class Scenarios:
         run.left = _left(world, run)
         self.runs[name] = run
 
+    def run_held_and_reaped(self, controller: JobController) -> None:
+        """A run stopped by hand in the console while its planes exchange rollouts: the reaper's
+        schedule tears it down; `mtrl teardown` of it again, and of idle nodes, after."""
+        world = self.world
+        controller.outcome = "hold"
+        marks = (
+            len(world.recorder.calls),
+            len(world.kubernetes.requests),
+            len(world.sagemaker.updates),
+        )
+        key = "training-data/held.jsonl"
+        # A config of its own (as `mtrl submit` uploads it): workers scale on the backlog.
+        config = load_training_config("rft_multiturn_lora").model_dump(mode="json")
+        config |= {"name": "held", "reward_workers_max": 8}
+        world.clients["s3"].put_object(
+            Bucket=world.pipeline.data_bucket,
+            Key="configs/held.yaml",
+            Body=yaml.safe_dump(config).encode(),
+        )
+        started = world.upload(key, dataset(), metadata={CONFIG_METADATA_KEY: "configs/held.yaml"})
+        wait_for_state(world, started["execution_arn"], "WaitForJob")
+        sfn = world.clients["stepfunctions"]
+        sfn.stop_execution(executionArn=started["execution_arn"], error="Stopped", cause="by hand")
+        # Stopping the execution stops nothing the run made: its planes go on until reaped.
+        self.exchange = exchange_rollouts(world, started["run_id"], key)
+        self.reaped = [
+            world.invoke(
+                "handlers.reap", {"source": "aws.events", "detail-type": "Scheduled Event"}
+            ),
+            world.invoke("handlers.reap", {"run_id": started["run_id"]}),
+            world.invoke("handlers.reap", {"release_idle": True}),
+        ]
+        run = Scenario(
+            run_id=started["run_id"],
+            described=sfn.describe_execution(executionArn=started["execution_arn"]),
+            calls=slice(marks[0], len(world.recorder.calls)),
+            kubernetes=slice(marks[1], len(world.kubernetes.requests)),
+            updates=slice(marks[2], len(world.sagemaker.updates)),
+        )
+        run.left = _left(world, run)
+        self.runs["stopped by hand"] = run
+
 
 def _left(world: World, run: Scenario) -> dict[str, Any]:
     """The run's ECS services still active, task definitions, token parameters and queues."""
-    ecs = boto3.client("ecs")
+    ecs = world.harness.client("ecs")
     created = [c.params for c in world.recorder.calls[run.calls] if c.operation == "CreateService"]
     services = [
         service["status"]
@@ -79,7 +132,7 @@ def _left(world: World, run: Scenario) -> dict[str, Any]:
             len(ecs.list_task_definitions(familyPrefix=f, status="ACTIVE")["taskDefinitionArns"])
             for f in families
         ),
-        "parameters": len(boto3.client("ssm").describe_parameters()["Parameters"]),
+        "parameters": len(world.harness.client("ssm").describe_parameters()["Parameters"]),
         "queues": [
             u
             for u in world.clients["sqs"].list_queues().get("QueueUrls", [])
@@ -106,5 +159,6 @@ def scenarios(default_app: Synthesized) -> Scenarios:
         played.run(
             "invalid dataset", "training-data/broken.jsonl", b"{not json\n", controller, "complete"
         )
+        played.run_held_and_reaped(controller)
         played.notifications = world.notifications()
     return played

@@ -80,6 +80,12 @@ class Recorder:
                 botocore.handlers.BUILTIN_HANDLERS.remove(handler)
             boto3.DEFAULT_SESSION = None
 
+    def record(self, access_key: str, service: str, operation: str, params: dict[str, Any]) -> None:
+        """A request made other than through botocore (an HTTP call signed with SigV4)."""
+        principal = self._principals.get(access_key, "anonymous")
+        with self._lock:
+            self.calls.append(Call(principal, service, operation, params, None, None))
+
     def by(self, principal: str) -> list[Call]:
         return [call for call in self.calls if call.principal == principal]
 

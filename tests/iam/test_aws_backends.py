@@ -91,3 +91,21 @@ def test_each_run_is_notified_once(scenarios: Scenarios) -> None:
             f"{PREFIX} run {run_id} {status}"
         )
     assert len(notices) == 3
+
+
+def test_a_run_stopped_by_hand_is_reaped_and_leaves_nothing(scenarios: Scenarios) -> None:
+    run = scenarios.runs["stopped by hand"]
+    assert run.described["status"] == "ABORTED"
+    # Meanwhile its planes worked: two Wordle rollouts of three turns, each answered once.
+    assert scenarios.exchange == {"completed": 2, "responses": 2, "turns": 6}
+    scheduled, on_request, idle = scenarios.reaped
+    ((reaped,),) = [scheduled["reaped"]]
+    assert reaped["run_id"] == run.run_id and reaped["reason"] == "its execution is ABORTED"
+    assert reaped["workers_stopped"] == 4 and reaped["job_objects_deleted"] == 7
+    # Its config let the workers scale on the backlog: a target, a policy, then neither.
+    operations = [c.operation for c in scenarios.world.recorder.calls[run.calls]]
+    assert operations.count("PutScalingPolicy") == 1
+    assert operations.count("DeregisterScalableTarget") == 1
+    assert on_request["reaped"][0]["queues_deleted"] == 0  # repeated: nothing more to do
+    assert idle == {"reaped": [], "retry": [], "released_idle": False}
+    _released(scenarios, run)

@@ -20,9 +20,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import boto3
 import botocore.handlers
+from botocore.credentials import Credentials
 from moto import mock_aws
 
 from lambdas.kubernetes.token import CLUSTER_HEADER, PREFIX
+from lambdas.router.run_queues import DLQ, KINDS, queue_name
 from mtrl.local.embedded import (
     LocalPipeline,
     deploy_pipeline,
@@ -30,11 +32,18 @@ from mtrl.local.embedded import (
     matches,
     upload_event,
 )
-from mtrl.local.physical import REGION
+from mtrl.local.function_url import FunctionUrlServer
+from mtrl.local.physical import ACCOUNT, REGION
+from mtrl.local.trainer.scripted import ScriptedTrainer
+from mtrl.protocol import RolloutRequest, dump
+from reward_envs.wordle import load_environment
+from reward_envs.worker.router_client import RouterClient, RouterRolloutQueues
+from reward_envs.worker.settings import WorkerSettings
+from reward_envs.worker.worker import RewardWorker
 from tests.conftest import Synthesized
 from tests.iam.authorization import Directory
 from tests.iam.deployment import Deployment
-from tests.iam.recorder import Recorder
+from tests.iam.recorder import SECRET, Recorder
 from tests.kubernetes.fake_api import FakeKubernetes
 from tests.service_fakes import FakeEks, FakeSageMaker
 
@@ -48,7 +57,8 @@ class World:
     deployment: Deployment
     recorder: Recorder
     pipeline: LocalPipeline
-    clients: dict[str, Any]  # the harness's own (uploads, inspection)
+    harness: boto3.Session  # the tests' own (uploads, inspection), not a principal of the app
+    clients: dict[str, Any]  # the harness's clients
     kubernetes: FakeKubernetes
     sagemaker: FakeSageMaker
     eks: FakeEks
@@ -255,12 +265,17 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
         )
         eks = FakeEks(cluster=eks_name, endpoint=kubernetes.endpoint, ca_data=kubernetes.ca_data)
         stack.enter_context(eks.installed())
-        clients = {name: boto3.client(name) for name in CLIENTS}
+        harness = boto3.Session(
+            aws_access_key_id="test", aws_secret_access_key="test", region_name=REGION
+        )
+        clients = {name: harness.client(name) for name in CLIENTS}
         pipeline = deploy_pipeline(
             app.template("pipeline"),
             clients=clients,
             dispatcher=dispatcher,
-            overrides={"POLL_SECONDS": "0"},
+            # The proxy answers at once (a step not yet done is polled for): functions run one
+            # at a time here, and a waiting proxy would hold back the consumer it waits for.
+            overrides={"POLL_SECONDS": "0", "WAIT_SECONDS": "0"},
             imports=deployment.exports,
             credentials=recorder.credentials,
             keep_data_key=True,
@@ -279,6 +294,7 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
             deployment=deployment,
             recorder=recorder,
             pipeline=pipeline,
+            harness=harness,
             clients=clients,
             kubernetes=kubernetes,
             sagemaker=sagemaker,
@@ -342,3 +358,110 @@ class JobController:
                     "state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}},
                 }]},
             }  # fmt: skip
+
+
+def role_of(deployment: Deployment, stack_suffix: str, logical_prefix: str) -> str:
+    """The ARN of the one role of stack `<prefix>-<stack_suffix>` whose logical id starts so."""
+    (arn,) = [
+        role.arn
+        for role in deployment.roles.values()
+        if role.stack.endswith(f"-{stack_suffix}") and role.logical_id.startswith(logical_prefix)
+    ]
+    return arn
+
+
+def wait_for_state(world: World, execution_arn: str, state: str, timeout: float = 60) -> None:
+    sfn = world.clients["stepfunctions"]
+    deadline = time.monotonic() + timeout
+    while True:
+        events = sfn.get_execution_history(executionArn=execution_arn)["events"]
+        if any(e.get("stateEnteredEventDetails", {}).get("name") == state for e in events):
+            return
+        assert time.monotonic() < deadline, f"{execution_arn} never entered {state}"
+        time.sleep(0.05)
+
+
+GUESSES = ["[slate]", "[moist]", "[crane]"]  # the secret is CRANE: three turns
+
+
+def exchange_rollouts(
+    world: World, run_id: str, dataset_key: str, rollouts: int = 2
+) -> dict[str, Any]:
+    """A run's planes at work, each as its own role: the trainer (the job role of the run's
+    pods) reads its dataset, asks for rollouts, answers generate requests and writes metrics;
+    a reward worker (the fleet's task role) plays them through the proxy's function URL (SigV4);
+    the router's consumer records the answers (Lambda, through the run's event source mapping)."""
+    prefix = world.app.config.name_prefix
+    deployment, recorder = world.deployment, world.recorder
+    trainer_session = recorder.session(
+        role_of(deployment, "pipeline", "TrainingClusterControlJobRole")
+    )
+    worker_role = role_of(deployment, "compute", "RewardFleetTaskRole")
+    worker_key = recorder.access_key(worker_role)
+    worker_session = recorder.session(worker_role)
+    queues = {
+        kind: world.clients["sqs"].get_queue_url(QueueName=queue_name(prefix, run_id, kind))[
+            "QueueUrl"
+        ]
+        for kind in (*KINDS, DLQ)
+    }
+    # What ECS hands the workers from the run's parameter (with the execution role).
+    token = world.harness.client("ssm").get_parameter(
+        Name=f"/{prefix}/runs/{run_id}/token", WithDecryption=True
+    )["Parameter"]["Value"]
+    bucket = world.pipeline.data_bucket
+    s3, sqs = trainer_session.client("s3"), trainer_session.client("sqs")
+    s3.get_object(Bucket=bucket, Key=dataset_key)["Body"].read()
+    for index in range(rollouts):
+        request = RolloutRequest(sample_id=f"w{index}_0", data={"answer": "crane"})
+        sqs.send_message(
+            QueueUrl=queues["rollout-requests"], MessageBody=dump(request),
+            MessageGroupId=request.sample_id, MessageDeduplicationId=request.sample_id,
+        )  # fmt: skip
+    proxy = world.function("router.proxy.handler")
+    proxy_arn = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{proxy}"
+
+    def function_url(event: dict[str, Any], _: Any) -> dict[str, Any]:
+        key = event["requestContext"]["authorizer"]["iam"]["accessKey"]
+        recorder.record(key, "lambda", "InvokeFunctionUrl", {"FunctionName": proxy_arn})
+        return world.pipeline.dispatcher.call(proxy, event)
+
+    trainer = ScriptedTrainer(
+        sqs,
+        requests_url=queues["generate-requests"],
+        responses_url=queues["generate-responses"],
+        reply=lambda request: GUESSES[sum(1 for m in request.messages if m.role == "assistant")],
+    )
+    with FunctionUrlServer(function_url) as url:
+        trainer.start()
+        client = RouterClient(
+            url.url, run_id=run_id, run_token=token, region=REGION,
+            credentials=lambda: Credentials(worker_key, SECRET),
+        )  # fmt: skip
+        settings = WorkerSettings(
+            rollout_request_queue_url=queues["rollout-requests"],
+            dead_letter_queue_url=queues["dlq"],
+            wait_seconds=0,
+            rollout_timeout_seconds=60,
+        )
+        reporting = RouterRolloutQueues(
+            worker_session.client("sqs"), client,
+            requests_url=queues["rollout-requests"], dead_letter_url=queues["dlq"],
+        )  # fmt: skip
+        worker = RewardWorker(
+            queues=reporting, environment=load_environment(), model=client, settings=settings
+        )
+        stats = worker.run(exit_when_idle=True)
+        trainer.stop.set()
+        trainer.join(timeout=10)
+    answered = sqs.receive_message(
+        QueueUrl=queues["rollout-responses"], MaxNumberOfMessages=10
+    ).get("Messages", [])
+    for message in answered:
+        sqs.delete_message(
+            QueueUrl=queues["rollout-responses"], ReceiptHandle=message["ReceiptHandle"]
+        )
+    s3.put_object(
+        Bucket=bucket, Key=f"runs/{run_id}/metrics.jsonl", Body=b'{"step": 1, "mean_reward": 0.8}\n'
+    )
+    return {"completed": stats.completed, "responses": len(answered), "turns": trainer.answered}
