@@ -9,8 +9,10 @@ consumers count those and never crash on them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import re
 import time
 from typing import Any, Literal
 
@@ -20,6 +22,30 @@ VERSION = "v0"
 MAX_BODY_BYTES = 256 * 1024  # the SQS message size limit
 
 StopReason = Literal["end_of_conversation", "max_turns", "timeout", "env_error"]
+
+
+# SQS FIFO message group and deduplication ids: 1-128 alphanumeric and punctuation characters
+# (botocore's SendMessage documentation of MessageGroupId and MessageDeduplicationId).
+_FIFO_ID = re.compile(r"[!-~]{1,128}")
+ID_LENGTH = 128  # sample and step ids
+
+
+def fifo_id(value: str) -> str:
+    """`value` as an SQS FIFO group or deduplication id: itself when SQS takes it, else a
+    digest of it (as unique; a sample id may hold spaces or letters SQS refuses)."""
+    if _FIFO_ID.fullmatch(value):
+        return value
+    return f"sha256-{hashlib.sha256(value.encode()).hexdigest()}"
+
+
+def step_id_for(sample_id: str, turn: int) -> str:
+    """The id of a sample's `turn`th model turn, `<sample id>_<turn>`, shortened with a digest
+    of the sample id when that would pass ID_LENGTH (ids stay unique per sample and turn)."""
+    suffix = f"_{turn}"
+    if len(sample_id) + len(suffix) <= ID_LENGTH:
+        return f"{sample_id}{suffix}"
+    digest = hashlib.sha256(sample_id.encode()).hexdigest()[:16]
+    return f"{sample_id[: ID_LENGTH - len(suffix) - 17]}~{digest}{suffix}"
 
 
 class ProtocolError(ValueError):
@@ -51,7 +77,7 @@ class RolloutRequest(_Message):
     """Trainer → workers (queue `rollout-requests`): play one episode of one sample."""
 
     timestamp: float = Field(default_factory=time.time)
-    sample_id: str = Field(min_length=1, max_length=128)
+    sample_id: str = Field(min_length=1, max_length=ID_LENGTH)
     max_length: int = Field(default=10240, gt=0)
     rewards: RewardSpec = RewardSpec()
     data: dict[str, Any]
@@ -85,7 +111,7 @@ class RolloutResponse(_Message):
     an environment failure is never reported as a reward of 0.
     """
 
-    sample_id: str = Field(min_length=1, max_length=128)
+    sample_id: str = Field(min_length=1, max_length=ID_LENGTH)
     stop_reason: StopReason
     rewards: dict[str, float | None]
     metrics: list[Metric] = []
@@ -116,8 +142,8 @@ class ChatMessage(BaseModel):
 class GenerateRequest(_Message):
     """Proxy → trainer (queue `generate-requests`): the next model turn of a conversation."""
 
-    sample_id: str = Field(min_length=1, max_length=128)
-    step_id: str = Field(min_length=1, max_length=128)
+    sample_id: str = Field(min_length=1, max_length=ID_LENGTH)
+    step_id: str = Field(min_length=1, max_length=ID_LENGTH)
     messages: list[ChatMessage] = Field(min_length=1)
 
 
@@ -139,8 +165,8 @@ class Choice(BaseModel):
 class GenerateResponse(_Message):
     """Trainer → router (queue `generate-responses`): the completion for one step."""
 
-    sample_id: str = Field(min_length=1, max_length=128)
-    step_id: str = Field(min_length=1, max_length=128)
+    sample_id: str = Field(min_length=1, max_length=ID_LENGTH)
+    step_id: str = Field(min_length=1, max_length=ID_LENGTH)
     data: dict[Literal["choices"], list[Choice]]
     finish_reason: str | None = None
 
@@ -210,7 +236,7 @@ class RolloutReport(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    id: str = Field(min_length=1, max_length=128)
+    id: str = Field(min_length=1, max_length=ID_LENGTH)
     aggregate_reward_score: float | None
     metrics_list: list[Metric] = []
     stop_reason: StopReason = "end_of_conversation"

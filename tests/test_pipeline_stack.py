@@ -153,6 +153,11 @@ def test_upload_rule_matches_jsonl_under_training_data_and_has_a_dlq(
     (target,) = rule["Properties"]["Targets"]
     start_id, _ = _functions(default_app)["start_run"]
     assert target["Arn"] == {"Fn::GetAtt": [start_id, "Arn"]} and "DeadLetterConfig" in target
+    # EventBridge cannot deliver to a queue under the AWS managed key alias/aws/sqs (EventBridge
+    # User Guide, "Using dead-letter queues"): the dead-letter queue is SQS-managed.
+    (dlq_id,) = [v for v in target["DeadLetterConfig"]["Arn"].values()][0][:1]
+    queue = default_app.template("pipeline")["Resources"][dlq_id]["Properties"]
+    assert queue.get("SqsManagedSseEnabled") is True and "KmsMasterKeyId" not in queue
 
 
 def test_step_permissions_are_scoped(default_app: Synthesized) -> None:

@@ -27,11 +27,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from lambdas.router.conversations import ConversationStore, RunRecord
 from mtrl.protocol import (
+    ID_LENGTH,
     ChatCompletionRequest,
     GenerateRequest,
     RolloutReport,
     StepStatus,
     dump,
+    fifo_id,
+    step_id_for,
 )
 
 MAX_BODY_BYTES = 256 * 1024
@@ -176,10 +179,12 @@ class Proxy:
     def _chat(self, event: FunctionUrlEvent, run: RunRecord) -> tuple[int, dict[str, Any]]:
         request: ChatCompletionRequest = self._body(event, ChatCompletionRequest)
         sample_id = event.header(SAMPLE_HEADER) or request.user
-        if not sample_id or len(sample_id) > 128:
-            raise HttpError(400, f"name the sample in header {SAMPLE_HEADER} (1-128 characters)")
+        if not sample_id or len(sample_id) > ID_LENGTH:
+            raise HttpError(
+                400, f"name the sample in header {SAMPLE_HEADER} (1-{ID_LENGTH} characters)"
+            )
         turn = 1 + sum(1 for message in request.messages if message.role == "assistant")
-        step_id = f"{sample_id}_{turn}"
+        step_id = step_id_for(sample_id, turn)
         now = self.clock()
         if turn == 1:
             self.store.begin_rollout(run.run_id, sample_id, now=now)
@@ -201,8 +206,8 @@ class Proxy:
         self.sqs.send_message(
             QueueUrl=run.queues["generate_requests"],
             MessageBody=dump(generate),
-            MessageGroupId=sample_id,
-            MessageDeduplicationId=step_id,
+            MessageGroupId=fifo_id(sample_id),
+            MessageDeduplicationId=fifo_id(step_id),
         )
         self.store.set_step_status(
             run.run_id, step_id, "processing", expected="pending", now=self.clock()
@@ -250,8 +255,8 @@ class Proxy:
         self.sqs.send_message(
             QueueUrl=run.queues["rollout_responses"],
             MessageBody=dump(response),
-            MessageGroupId=report.id,
-            MessageDeduplicationId=request_id[:128],
+            MessageGroupId=fifo_id(report.id),
+            MessageDeduplicationId=fifo_id(request_id),
         )
         first = self.store.finish_rollout(
             run.run_id,

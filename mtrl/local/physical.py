@@ -36,6 +36,7 @@ NAME_PROPERTY = {
     "AWS::SQS::Queue": "QueueName",
     "AWS::DynamoDB::Table": "TableName",
     "AWS::SNS::Topic": "TopicName",
+    "AWS::Events::Rule": "Name",
 }
 
 
@@ -91,6 +92,8 @@ def _arns(kind: str, name: str, logical_id: str) -> dict[str, Any]:
             return {"Ref": name, "ClusterArn": f"{prefix.format('sagemaker')}:cluster/{short[:12]}"}
         case "AWS::ECR::Repository":
             return {"Ref": name, "Arn": f"{prefix.format('ecr')}:repository/{name}"}
+        case "AWS::Events::Rule":
+            return {"Ref": name, "Arn": f"{prefix.format('events')}:rule/{name}"}
         case "AWS::EC2::SecurityGroup":
             return {"Ref": f"sg-{short[:17]}", "GroupId": f"sg-{short[:17]}"}
         case "AWS::EC2::Subnet":

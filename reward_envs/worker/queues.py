@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mtrl.protocol import RolloutResponse, dump
+from mtrl.protocol import RolloutResponse, dump, fifo_id
 
 
 @dataclass(frozen=True)
@@ -97,8 +97,8 @@ class SqsRolloutQueues:
                     {
                         "Id": str(index),
                         "MessageBody": dump(response),
-                        "MessageGroupId": response.sample_id,
-                        "MessageDeduplicationId": delivery.message_id,
+                        "MessageGroupId": fifo_id(response.sample_id),
+                        "MessageDeduplicationId": fifo_id(delivery.message_id),
                     }
                     for index, (delivery, response) in chunk
                 ],
@@ -115,8 +115,8 @@ class SqsRolloutQueues:
         self._sqs.send_message(
             QueueUrl=self.dead_letter_url,
             MessageBody=delivery.body,
-            MessageGroupId=delivery.group_id or "poison",
-            MessageDeduplicationId=delivery.message_id,
+            MessageGroupId=fifo_id(delivery.group_id or "poison"),
+            MessageDeduplicationId=fifo_id(delivery.message_id),
             MessageAttributes={
                 "reason": {"DataType": "String", "StringValue": reason[:1000]},
                 "source_message_id": {"DataType": "String", "StringValue": delivery.message_id},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -50,7 +52,11 @@ class HyperPodCluster(Construct):
             self, "LifecycleBucket", lifecycle_bucket_name(config)
         )
         role = self._execution_role(
-            lifecycle_bucket, subnet_ids, security_group_id, eks_cluster_arn
+            lifecycle_bucket,
+            subnet_ids,
+            security_group_id,
+            eks_cluster_arn,
+            image_repositories=ecr_repositories(Stack.of(self), config),
         )
         self.execution_role_arn: str | None = role.role_arn
         self.resource = sagemaker.CfnCluster(
@@ -101,6 +107,8 @@ class HyperPodCluster(Construct):
         subnet_ids: list[str],
         security_group_id: str,
         eks_cluster_arn: str,
+        *,
+        image_repositories: list[str],
     ) -> iam.Role:
         stack = Stack.of(self)
         role = iam.Role(
@@ -127,7 +135,6 @@ class HyperPodCluster(Construct):
         network_interfaces = stack.format_arn(
             service="ec2", resource="network-interface", resource_name="*"
         )
-        ecr_repositories = stack.format_arn(service="ecr", resource="repository", resource_name="*")
         role.add_to_policy(
             iam.PolicyStatement(
                 sid="CreateNodeInterfacesInOurSubnets",
@@ -174,17 +181,19 @@ class HyperPodCluster(Construct):
                 resources=["*"],
             )
         )
-        role.add_to_policy(
-            iam.PolicyStatement(
-                sid="PullImages",
-                actions=[
-                    "ecr:BatchCheckLayerAvailability",
-                    "ecr:BatchGetImage",
-                    "ecr:GetDownloadUrlForLayer",
-                ],
-                resources=[ecr_repositories],
+        if image_repositories:
+            # The kubelet pulls the presets' images with this role: Nova's live in AWS's account.
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="PullImages",
+                    actions=[
+                        "ecr:BatchCheckLayerAvailability",
+                        "ecr:BatchGetImage",
+                        "ecr:GetDownloadUrlForLayer",
+                    ],
+                    resources=image_repositories,
+                )
             )
-        )
         role.add_to_policy(
             iam.PolicyStatement(
                 sid="EcrLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"]
@@ -213,13 +222,6 @@ class HyperPodCluster(Construct):
         acknowledge_resource(
             role,
             "AwsSolutions-IAM5",
-            ecr_repositories,
-            "Nodes pull the vLLM and trainer images that each run's training config names; "
-            "read-only, in this account and region.",
-        )
-        acknowledge_resource(
-            role,
-            "AwsSolutions-IAM5",
             lifecycle_bucket.arn_for_objects("*"),
             "Nodes read their lifecycle scripts, the only objects in that bucket.",
         )
@@ -244,3 +246,26 @@ def _cluster_arn(scope: Construct, cluster_id: str) -> str:
         resource_name=cluster_id,
         arn_format=ArnFormat.SLASH_RESOURCE_NAME,
     )
+
+
+# An image in ECR: <account>.dkr.ecr.<region>.amazonaws.com/<repository>[:tag|@digest], where a
+# preset may write {account}, {region} and {prefix} for the deployment's.
+_ECR_IMAGE = re.compile(
+    r"^(?P<account>\{account\}|\d{12})\.dkr\.ecr\.(?P<region>\{region\}|[a-z0-9-]+)\.amazonaws\.com/"
+    r"(?P<repository>[^:@]+)"
+)
+
+
+def ecr_repositories(stack: Stack, config: PlatformConfig) -> list[str]:
+    """The ECR repositories of the model presets' images (none for images elsewhere)."""
+    found = set()
+    for preset in config.model_presets.values():
+        for image in (preset.trainer_image, preset.generation_image):
+            match = _ECR_IMAGE.match(image)
+            if match is None:
+                continue
+            account = stack.account if match["account"] == "{account}" else match["account"]
+            region = stack.region if match["region"] == "{region}" else match["region"]
+            repository = match["repository"].replace("{prefix}", config.name_prefix)
+            found.add(f"arn:{stack.partition}:ecr:{region}:{account}:repository/{repository}")
+    return sorted(found)

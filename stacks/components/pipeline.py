@@ -144,7 +144,9 @@ class TrainingPipeline(Construct):
         self.trigger_dlq = sqs.Queue(
             self,
             "TriggerDeadLetters",
-            encryption=sqs.QueueEncryption.KMS_MANAGED,
+            # SQS-managed: EventBridge cannot use the AWS managed key alias/aws/sqs to deliver
+            # dead letters (EventBridge User Guide, "Using dead-letter queues").
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
             enforce_ssl=True,
             retention_period=Duration.days(14),
         )

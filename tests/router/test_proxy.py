@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
-from mtrl.protocol import GenerateRequest, RolloutResponse, parse
+from mtrl.protocol import GenerateRequest, RolloutResponse, parse, step_id_for
 from tests.router.conftest import OTHER_TOKEN, RUN, Router, answer, event
 
 CHAT = "/v1/chat/completions"
@@ -31,6 +32,19 @@ def test_chat_enqueues_one_generate_request_and_returns_a_step_to_poll(router: R
     )
     assert message["Attributes"]["MessageGroupId"] == "s1_0"
     assert message["Attributes"]["MessageDeduplicationId"] == "s1_0_1"
+
+
+def test_a_sample_id_sqs_would_refuse_still_makes_a_valid_step_and_message(router: Router) -> None:
+    """128 characters with spaces: its step id stays within 128 and unique, and the group and
+    deduplication ids SQS sees are ones SQS takes (1-128 alphanumerics and punctuation)."""
+    sample = "rec " + "x" * 122 + "_0"
+    status, body = chat(router, sample=sample)
+    assert status == 202 and len(body["step_id"]) <= 128 and body["step_id"].endswith("_1")
+    assert body["step_id"] != step_id_for("rec " + "x" * 122 + "_1", 1)
+    (message,) = router.messages(router.queues.generate_requests)
+    assert parse(GenerateRequest, message["Body"]).sample_id == sample
+    for key in ("MessageGroupId", "MessageDeduplicationId"):
+        assert re.fullmatch(r"[!-~]{1,128}", message["Attributes"][key])
 
 
 def test_a_retried_chat_is_the_same_step_and_is_not_enqueued_again(router: Router) -> None:

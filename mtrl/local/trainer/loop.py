@@ -38,6 +38,7 @@ from mtrl.protocol import (
     RolloutRequest,
     RolloutResponse,
     dump,
+    fifo_id,
     parse,
 )
 from training_configs.schema import TrainingConfig
@@ -165,8 +166,8 @@ class Trainer:
                 {
                     "Id": str(len(replies)),
                     "MessageBody": dump(response),
-                    "MessageGroupId": request.sample_id,
-                    "MessageDeduplicationId": request.step_id,
+                    "MessageGroupId": fifo_id(request.sample_id),
+                    "MessageDeduplicationId": fifo_id(request.step_id),
                 }
             )
         if replies:
@@ -239,8 +240,8 @@ class Trainer:
                     {
                         "Id": str(i),
                         "MessageBody": dump(request),
-                        "MessageGroupId": request.sample_id,
-                        "MessageDeduplicationId": request.sample_id,
+                        "MessageGroupId": fifo_id(request.sample_id),
+                        "MessageDeduplicationId": fifo_id(request.sample_id),
                     }
                     for i, request in enumerate(requests[start : start + 10])
                 ],

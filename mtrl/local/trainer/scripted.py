@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from mtrl.protocol import GenerateRequest, GenerateResponse, dump, parse
+from mtrl.protocol import GenerateRequest, GenerateResponse, dump, fifo_id, parse
 
 
 class ScriptedTrainer(threading.Thread):
@@ -56,8 +56,8 @@ class ScriptedTrainer(threading.Thread):
                 self.sqs.send_message(
                     QueueUrl=self.responses_url,
                     MessageBody=dump(response),
-                    MessageGroupId=request.sample_id,
-                    MessageDeduplicationId=request.step_id,
+                    MessageGroupId=fifo_id(request.sample_id),
+                    MessageDeduplicationId=fifo_id(request.step_id),
                 )
                 self.sqs.delete_message(
                     QueueUrl=self.requests_url, ReceiptHandle=message["ReceiptHandle"]
