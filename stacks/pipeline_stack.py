@@ -9,13 +9,14 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.base import PlatformStack
+from stacks.components.access import NEEDS, grant_needs
 from stacks.components.fleet_control import RewardFleetControl
 from stacks.components.hyperpod import HyperPodCluster
 from stacks.components.lambda_code import pipeline_code
 from stacks.components.pipeline import TrainingPipeline
 from stacks.components.reward_fleet import RewardFleet, log_group_name
 from stacks.components.router import Router
-from stacks.components.storage import Storage, data_bucket_name
+from stacks.components.storage import DataBucketAccess, Storage, data_bucket_name
 from stacks.components.training_control import TrainingClusterControl
 from stacks.config import PlatformConfig
 
@@ -47,22 +48,15 @@ class PipelineStack(PlatformStack):
             router_url=self.router.proxy_url.url,
             consumer=self.router.consumer,
         )
-        # The reward fleet per run (ECS): where it lives, and the rights to run it.
+        # The reward fleet per run (ECS) and the training job per run (HyperPod: nodes through
+        # SageMaker, the job through EKS): where they live, for the steps that use them.
         fleet = RewardFleetControl(
             self,
             "RewardFleetControl",
             config=config,
             reward_fleet=reward_fleet,
             data_key=storage.data_key,
-            run_queue_arns=self.router.run_queue_arns,
         )
-        # The reaper releases compute too, for runs whose execution cannot any more.
-        for step in ("start_workers", "workers_healthy", "release_compute", "reap"):
-            function = self.pipeline.functions[step]
-            for key, value in fleet.environment.items():
-                function.add_environment(key, value)
-            fleet.grant_control(function)
-        # The training job per run (HyperPod): nodes through SageMaker, the job through EKS.
         training = TrainingClusterControl(
             self,
             "TrainingClusterControl",
@@ -70,41 +64,42 @@ class PipelineStack(PlatformStack):
             code=code,
             hyperpod_cluster_arn=hyperpod.cluster_arn,
             execution_role_arn=hyperpod.execution_role_arn,
-            runs_table=self.pipeline.runs_table,
-            data_bucket=data_bucket,
-            data_key=storage.data_key,
-            run_queue_arns=self.router.run_queue_arns,
         )
-        for step in (
-            "register",
-            "scale_up",
-            "nodes_ready",
-            "submit_job",
-            "monitor",
-            "release_compute",
-            "reap",
-        ):
-            for key, value in training.environment.items():
-                self.pipeline.functions[step].add_environment(key, value)
-        for step in ("scale_up", "nodes_ready", "release_compute", "reap"):
-            training.grant_capacity(self.pipeline.functions[step])
-        for step in ("nodes_ready", "submit_job", "monitor", "release_compute", "reap"):
-            training.grant_kubernetes(self.pipeline.functions[step])
-        for step in ("submit_job", "release_compute", "reap"):
-            training.grant_pod_identity(self.pipeline.functions[step])
+        functions = self.pipeline.functions
         if config.keep_warm_minutes:
-            release_idle = self.pipeline.add_scheduled_step(
+            self.pipeline.add_scheduled_step(
                 "release_idle",
                 "Scales GPU nodes kept warm to zero once no run took them",
                 every=Duration.minutes(5),
                 environment=training.environment,
             )
-            training.grant_capacity(release_idle)
-        # Reward workers call the proxy; the grant lives here so compute never depends on us.
-        workers = iam.Role.from_role_arn(
-            self, "RewardWorkerRole", reward_fleet.task_role.role_arn, mutable=True
+        for step, function in functions.items():
+            needs = set(NEEDS[step])
+            if needs & fleet.provides:
+                for key, value in fleet.environment.items():
+                    function.add_environment(key, value)
+            # Register checks a config against the training plane (presets, instance type).
+            if needs & training.provides or step == "register":
+                for key, value in training.environment.items():
+                    function.add_environment(key, value)
+        # What every function and workload may do: declared once (stacks/components/access.py).
+        roles: dict[str, iam.IRole] = {step: f.role for step, f in functions.items() if f.role}
+        roles |= {
+            "proxy": self.router.proxy.role,
+            "consumer": self.router.consumer.role,
+            "reward_worker": fleet.task_role,
+            "run_pods": training.job_role,
+        }  # type: ignore[dict-item]
+        grant_needs(
+            roles,
+            [
+                DataBucketAccess(data_bucket, storage.data_key),
+                self.pipeline,
+                self.router,
+                fleet,
+                training,
+            ],
         )
-        self.router.grant_invoke_url(workers)
         cdk.CfnOutput(self, "RouterUrl", value=self.router.proxy_url.url)
         cdk.CfnOutput(self, "ConversationTableName", value=self.router.table.table_name)
         cdk.CfnOutput(self, "StateMachineArn", value=self.pipeline.state_machine.state_machine_arn)

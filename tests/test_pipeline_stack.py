@@ -170,7 +170,8 @@ def test_step_permissions_are_scoped(default_app: Synthesized) -> None:
             for statement in role_statements(template, role_id)
             for action in as_list(statement["Action"])
         }
-    assert re.search(r"training-data/\*", grants["validate"]["s3:GetObject"])
+    assert re.search(r"training-data/\*", grants["validate"]["s3:GetObjectVersion"])
+    assert "s3:GetObject" not in grants["validate"]  # only the version that started the run
     assert (
         re.search(r"runs/\*", grants["validate"]["s3:PutObject"])
         and "s3:PutObject" not in grants["register"]

@@ -80,12 +80,13 @@ def test_capacity_steps_act_on_the_hyperpod_cluster_and_pass_its_role_to_sagemak
     default_app: Synthesized,
 ) -> None:
     template = default_app.template("pipeline")
-    for step in CAPACITY_STEPS:
+    for step in ("ScaleUp", "ReleaseCompute"):
         _, function = _function(template, f"Pipeline{step}Function")
         statements = role_statements(template, _role_id(function))
         (capacity,) = [s for s in statements if "sagemaker:UpdateCluster" in as_list(s["Action"])]
         assert sorted(as_list(capacity["Action"])) == [
-            "sagemaker:DescribeCluster", "sagemaker:ListClusterNodes", "sagemaker:UpdateCluster",
+            "sagemaker:BatchAddClusterNodes", "sagemaker:BatchDeleteClusterNodes",
+            "sagemaker:DescribeCluster", "sagemaker:UpdateCluster",
         ]  # fmt: skip
         assert "Fn::ImportValue" in json.dumps(capacity["Resource"])  # the cluster's real ARN
         (passes,) = [
@@ -93,6 +94,13 @@ def test_capacity_steps_act_on_the_hyperpod_cluster_and_pass_its_role_to_sagemak
             if "iam:PassRole" in as_list(s["Action"]) and "sagemaker" in json.dumps(s["Condition"])
         ]  # fmt: skip
         assert "Fn::ImportValue" in json.dumps(passes["Resource"])  # the cluster's execution role
+    # Counting nodes is all NodesReady does with SageMaker: it cannot change the cluster.
+    _, nodes_ready = _function(template, "PipelineNodesReadyFunction")
+    actions = {
+        a for s in role_statements(template, _role_id(nodes_ready)) for a in as_list(s["Action"])
+    }
+    assert "sagemaker:ListClusterNodes" in actions
+    assert not {"sagemaker:UpdateCluster", "iam:PassRole"} & actions
 
 
 def test_job_steps_have_every_setting_the_backend_reads(default_app: Synthesized) -> None:
@@ -153,21 +161,35 @@ def test_run_pods_get_the_job_role_through_pod_identity_only(default_app: Synthe
     statements = role_statements(template, role_id)
     (queues,) = [s for s in statements if "sqs:ReceiveMessage" in as_list(s["Action"])]
     assert "nova-mtrl-*" in json.dumps(queues["Resource"])
-    (writes,) = [s for s in statements if as_list(s["Action"]) == ["s3:PutObject"]]
+    (writes,) = [s for s in statements if "s3:PutObject" in as_list(s["Action"])]
     assert json.dumps(writes["Resource"]).endswith('/runs/*"]]}')
     for step in ("SubmitJob", "ReleaseCompute"):
         _, function = _function(template, f"Pipeline{step}Function")
         assert function["Properties"]["Environment"]["Variables"]["TRAINING_JOB_ROLE_ARN"] == {
             "Fn::GetAtt": [role_id, "Arn"]
         }
-        granted = role_statements(template, _role_id(function))
-        (passes,) = [
-            s for s in granted
-            if "iam:PassRole" in as_list(s["Action"]) and "pods.eks" in json.dumps(s["Condition"])
-        ]  # fmt: skip
-        assert passes["Resource"] == {"Fn::GetAtt": [role_id, "Arn"]}
-        actions = {a for s in granted for a in as_list(s["Action"])}
-        assert {"eks:CreatePodIdentityAssociation", "eks:DeletePodIdentityAssociation"} <= actions
+    # SubmitJob makes the association (passing the job role to pods.eks); ReleaseCompute removes
+    # it and can give the role to nothing.
+    _, submit = _function(template, "PipelineSubmitJobFunction")
+    granted = role_statements(template, _role_id(submit))
+    (passes,) = [
+        s for s in granted
+        if "iam:PassRole" in as_list(s["Action"]) and "pods.eks" in json.dumps(s["Condition"])
+    ]  # fmt: skip
+    assert passes["Resource"] == {"Fn::GetAtt": [role_id, "Arn"]}
+    actions = {a for s in granted for a in as_list(s["Action"])}
+    assert "eks:CreatePodIdentityAssociation" in actions
+    assert "eks:DeletePodIdentityAssociation" not in actions
+    _, release = _function(template, "PipelineReleaseComputeFunction")
+    actions = {
+        a for s in role_statements(template, _role_id(release)) for a in as_list(s["Action"])
+    }
+    assert "eks:DeletePodIdentityAssociation" in actions
+    assert "eks:CreatePodIdentityAssociation" not in actions
+    assert not any(
+        "pods.eks" in json.dumps(s.get("Condition", {}))
+        for s in role_statements(template, _role_id(release))
+    )
     _, monitor = _function(template, "PipelineMonitorFunction")
     monitor_actions = {
         a for s in role_statements(template, _role_id(monitor)) for a in as_list(s["Action"])

@@ -2,10 +2,11 @@
 
 - `environment`: where the fleet lives (cluster, base task definition, subnets, security
   group, log and token prefixes), for the functions that start, watch and stop it;
-- `grant_control(function)`: per-run services, task definitions, log groups, token
-  parameters and backlog scaling — each scoped to the deployment's names where IAM allows;
-- the workers' own access: the task role reads the run queues and reports to their dead-letter
-  queue; the execution role reads the run token parameter and writes the per-run log groups.
+- the needs FLEET_START, FLEET_WATCH and FLEET_STOP (stacks/components/access.py): per-run
+  services, task definitions, log groups, token parameters and backlog scaling — each scoped to
+  the deployment's names where IAM allows;
+- `task_role`: the workers' own role (its needs are declared with the others); the execution
+  role reads the run token parameter and writes the per-run log groups, for ECS.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from lambdas.router.run_queues import deployment_prefix
-from stacks.components.nag import acknowledge_key_grant, acknowledge_resource
+from stacks.components.access import Need
+from stacks.components.nag import acknowledge_resource
 from stacks.components.reward_fleet import RewardFleet, cluster_name, log_group_name, task_family
-from stacks.components.router import run_queue_access
 from stacks.config import PlatformConfig
 
 
 class RewardFleetControl(Construct):
-    """Attributes: `environment`."""
+    """Attributes: `environment`, `task_role` (the workers'); provides the fleet's needs."""
 
     def __init__(
         self,
@@ -34,7 +35,6 @@ class RewardFleetControl(Construct):
         config: PlatformConfig,
         reward_fleet: RewardFleet,
         data_key: kms.IKey,
-        run_queue_arns: str,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
@@ -94,30 +94,29 @@ class RewardFleetControl(Construct):
             resource="role",
             resource_name="aws-service-role/ecs.application-autoscaling.amazonaws.com/*",
         )
-        self._grant_workers(run_queue_arns)
-
-    def _grant_workers(self, run_queue_arns: str) -> None:
-        # The roles live in the compute stack; the grants that name run-time things live here.
-        task_role = iam.Role.from_role_arn(
-            self, "TaskRole", self._fleet.task_role.role_arn, mutable=True
+        self._wildcards = {
+            self._services: "Per-run ECS services are named at run time under the deployment prefix.",
+            f"{self._task_definitions}:*": "Per-run task definition families are named at run time after the base family.",
+            "*": "ECS task definition description, listing and deregistration and scalable-target "
+            "description take no resource ARN (Service Authorization Reference).",
+            self._parameters: "Each run's token parameter is made at run time under the deployment's /runs path.",
+            self._run_log_groups: "Each run's worker log group is made at run time under the fleet's log prefix.",
+            self._scalable_targets: "Scalable target ARNs are ids Application Auto Scaling makes at run time.",
+            self._scaling_alarms: "Target tracking names its alarms after each run's service, made at run time.",
+            self._autoscaling_role: "Only ECS's Application Auto Scaling service-linked role, created once by AWS.",
+        }  # fmt: skip
+        self.task_role = iam.Role.from_role_arn(
+            self, "TaskRole", reward_fleet.task_role.role_arn, mutable=True
         )
+        self._grant_execution_role()
+
+    def _grant_execution_role(self) -> None:
+        # ECS starts each task with the execution role: the run's token and log group.
         execution_role = iam.Role.from_role_arn(
             self,
             "ExecutionRole",
             self._fleet.task_definition.obtain_execution_role().role_arn,
             mutable=True,
-        )
-        worker_access = iam.Policy(
-            self,
-            "WorkerRunAccess",
-            roles=[task_role],
-            statements=[
-                run_queue_access(run_queue_arns, send=True),
-                iam.PolicyStatement(
-                    actions=["kms:Decrypt", "kms:GenerateDataKey"],
-                    resources=[self._data_key.key_arn],
-                ),
-            ],
         )
         startup = iam.Policy(
             self,
@@ -132,95 +131,93 @@ class RewardFleetControl(Construct):
                 ),
             ],
         )
-        for policy, resource, reason in (
-            (worker_access, run_queue_arns, "Per-run queues are created at run time; names share the deployment prefix."),
-            (startup, self._parameters, "Each run's token parameter is made at run time under the deployment's /runs path."),
-            (startup, f"{self._run_log_groups}:*", "Each run's worker log group is made at run time under the fleet's log prefix."),
-        ):  # fmt: skip
-            acknowledge_resource(policy, "AwsSolutions-IAM5", resource, reason)
+        for resource in (self._parameters, f"{self._run_log_groups}:*"):
+            reason = self._wildcards.get(resource) or self._wildcards[self._run_log_groups]
+            acknowledge_resource(startup, "AwsSolutions-IAM5", resource, reason)
 
-    def grant_control(self, function: iam.IGrantable) -> None:
-        """Start, watch and stop per-run fleets."""
+    provides = frozenset({Need.FLEET_START, Need.FLEET_WATCH, Need.FLEET_STOP})
+
+    def grant(self, need: Need, role: iam.IRole) -> None:
+        services, definitions = self._services, f"{self._task_definitions}:*"
         fleet = self._fleet
-        statements = [
-            iam.PolicyStatement(
-                actions=[
-                    "ecs:CreateService",
-                    "ecs:DescribeServices",
-                    "ecs:UpdateService",
-                    "ecs:DeleteService",
-                    "ecs:TagResource",
-                ],
-                resources=[self._services, f"{self._task_definitions}:*"],
-            ),
-            iam.PolicyStatement(
-                actions=["ecs:RegisterTaskDefinition"], resources=[f"{self._task_definitions}:*"]
-            ),
-            # Task definitions: reading and deregistering take no resource ARN.
-            iam.PolicyStatement(
-                actions=[
-                    "ecs:DescribeTaskDefinition",
-                    "ecs:DeregisterTaskDefinition",
-                    "ecs:ListTaskDefinitions",
-                    "application-autoscaling:DescribeScalableTargets",
-                ],
-                resources=["*"],
-            ),
-            iam.PolicyStatement(
-                actions=["iam:PassRole"],
-                resources=[
-                    fleet.task_role.role_arn,
-                    fleet.task_definition.obtain_execution_role().role_arn,
-                ],
-                conditions={"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}},
-            ),
-            iam.PolicyStatement(
-                actions=["ssm:PutParameter", "ssm:GetParameter", "ssm:DeleteParameter"],
-                resources=[self._parameters],
-            ),
-            iam.PolicyStatement(
-                actions=["logs:CreateLogGroup", "logs:PutRetentionPolicy", "logs:TagResource"],
-                resources=[self._run_log_groups],
-            ),
-            iam.PolicyStatement(
-                actions=[
-                    "application-autoscaling:RegisterScalableTarget",
-                    "application-autoscaling:DeregisterScalableTarget",
-                    "application-autoscaling:PutScalingPolicy",
-                ],
-                resources=[self._scalable_targets],
-            ),
-            iam.PolicyStatement(
-                actions=[
-                    "cloudwatch:PutMetricAlarm",
-                    "cloudwatch:DescribeAlarms",
-                    "cloudwatch:DeleteAlarms",
-                ],
-                resources=[self._scaling_alarms],
-            ),
-            iam.PolicyStatement(
-                actions=["iam:CreateServiceLinkedRole"],
-                resources=[self._autoscaling_role],
-                conditions={
-                    "StringLike": {
-                        "iam:AWSServiceName": "ecs.application-autoscaling.amazonaws.com"
-                    }
-                },
-            ),
-        ]
+        match need:
+            case Need.FLEET_START:
+                statements = [
+                    _allow(["ecs:DescribeServices", "ecs:CreateService"], services),
+                    _allow(["ecs:RegisterTaskDefinition"], definitions),
+                    # Tags on creation need ecs:TagResource (ECS Developer Guide).
+                    _allow(["ecs:TagResource"], services, definitions),
+                    # The base task definition: DescribeTaskDefinition has no resource type.
+                    _allow(["ecs:DescribeTaskDefinition"], "*"),
+                    iam.PolicyStatement(
+                        actions=["iam:PassRole"],
+                        resources=[
+                            fleet.task_role.role_arn,
+                            fleet.task_definition.obtain_execution_role().role_arn,
+                        ],
+                        conditions={
+                            "StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}
+                        },
+                    ),
+                    _allow(["ssm:PutParameter", "ssm:GetParameter"], self._parameters),
+                    # The token is a SecureString under the data key (PutParameter: kms:Encrypt).
+                    _allow(["kms:Encrypt"], self._data_key.key_arn),
+                    _allow(
+                        ["logs:CreateLogGroup", "logs:PutRetentionPolicy", "logs:TagResource"],
+                        self._run_log_groups,
+                    ),
+                    _allow(
+                        [
+                            "application-autoscaling:RegisterScalableTarget",
+                            "application-autoscaling:PutScalingPolicy",
+                        ],
+                        self._scalable_targets,
+                    ),
+                    # Registering checks the caller may change the service (Application Auto
+                    # Scaling User Guide, "Permissions validation").
+                    _allow(["ecs:UpdateService"], services),
+                    _allow(
+                        ["cloudwatch:PutMetricAlarm", "cloudwatch:DescribeAlarms"],
+                        self._scaling_alarms,
+                    ),
+                    # The first scalable target of an account makes the service-linked role.
+                    iam.PolicyStatement(
+                        actions=["iam:CreateServiceLinkedRole"],
+                        resources=[self._autoscaling_role],
+                        conditions={
+                            "StringLike": {
+                                "iam:AWSServiceName": "ecs.application-autoscaling.amazonaws.com"
+                            }
+                        },
+                    ),
+                ]
+            case Need.FLEET_WATCH:
+                statements = [_allow(["ecs:DescribeServices"], services)]
+            case Need.FLEET_STOP:
+                statements = [
+                    _allow(
+                        ["ecs:DescribeServices", "ecs:UpdateService", "ecs:DeleteService"], services
+                    ),
+                    # Listing and deregistering task definitions have no resource type.
+                    _allow(["ecs:ListTaskDefinitions", "ecs:DeregisterTaskDefinition"], "*"),
+                    _allow(["application-autoscaling:DescribeScalableTargets"], "*"),
+                    _allow(
+                        ["application-autoscaling:DeregisterScalableTarget"], self._scalable_targets
+                    ),
+                    _allow(
+                        ["cloudwatch:DeleteAlarms", "cloudwatch:DescribeAlarms"],
+                        self._scaling_alarms,
+                    ),
+                    _allow(["ssm:DeleteParameter"], self._parameters),
+                ]
         for statement in statements:
-            function.grant_principal.add_to_principal_policy(statement)
-        self._data_key.grant_encrypt_decrypt(function)  # the token parameter is a SecureString
-        role = function.grant_principal
-        for resource, reason in {
-            self._services: "Per-run ECS services are named at run time under the deployment prefix.",
-            f"{self._task_definitions}:*": "Per-run task definition families are named at run time after the base family.",
-            "*": "ECS task definition description, listing and deregistration and scalable-target description take no resource ARN.",
-            self._parameters: "Each run's token parameter is made at run time under the deployment's /runs path.",
-            self._run_log_groups: "Each run's worker log group is made at run time under the fleet's log prefix.",
-            self._scalable_targets: "Scalable target ARNs are ids Application Auto Scaling makes at run time.",
-            self._scaling_alarms: "Target tracking names its alarms after each run's service, made at run time.",
-            self._autoscaling_role: "Only ECS's Application Auto Scaling service-linked role, created once by AWS.",
-        }.items():  # fmt: skip
-            acknowledge_resource(role, "AwsSolutions-IAM5", resource, reason)
-        acknowledge_key_grant(role, "the SecureString run token parameters")
+            role.add_to_principal_policy(statement)
+            for resource in statement.resources:
+                if resource in self._wildcards:
+                    acknowledge_resource(
+                        role, "AwsSolutions-IAM5", resource, self._wildcards[resource]
+                    )
+
+
+def _allow(actions: list[str], *resources: str) -> iam.PolicyStatement:
+    return iam.PolicyStatement(actions=actions, resources=list(resources))

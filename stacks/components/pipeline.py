@@ -30,9 +30,10 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from lambdas.router.run_queues import deployment_prefix
-from mtrl.bucket import CONFIGS_PREFIX, RUNS_PREFIX, TRAINING_DATA_PREFIX
+from mtrl.bucket import TRAINING_DATA_PREFIX
+from stacks.components.access import Need, grant_table_key
 from stacks.components.functions import pipeline_function
-from stacks.components.nag import acknowledge, acknowledge_key_grant, acknowledge_resource
+from stacks.components.nag import acknowledge, acknowledge_resource
 from stacks.config import PlatformConfig
 from training_configs import load_training_config
 from training_configs.schema import DEFAULT_CONFIG
@@ -42,7 +43,8 @@ COMPUTE = "lambdas.pipeline.compute"
 
 
 class TrainingPipeline(Construct):
-    """Attributes: `runs_table`, `alert_topic`, `state_machine`, `upload_rule`, `functions`."""
+    """Attributes: `runs_table`, `alert_topic`, `state_machine`, `upload_rule`, `functions`.
+    Provides the needs about runs, executions and alerts (`provides`, `grant`)."""
 
     def __init__(
         self,
@@ -125,10 +127,15 @@ class TrainingPipeline(Construct):
             )
             for name, description in {**steps, **compute_steps}.items()
         }
-        self.consumer = consumer
         self._code, self._environment = code, environment
-        self._grant(stack, config, data_bucket, data_key, conversations)
+        self._data_key = data_key
         self.state_machine = self._state_machine(config)
+        self._executions = stack.format_arn(
+            service="states",
+            resource="execution",
+            resource_name=f"{config.name_prefix}-pipeline:*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
         start = pipeline_function(
             self,
             "StartRun",
@@ -138,9 +145,8 @@ class TrainingPipeline(Construct):
             timeout=Duration.seconds(30),
             environment={**environment, "STATE_MACHINE_ARN": self.state_machine.state_machine_arn},
         )
-        self.state_machine.grant_start_execution(start)
         self.functions["start_run"] = start
-        self._reaper(config, code, environment)
+        self._reaper(code, environment)
         self.trigger_dlq = sqs.Queue(
             self,
             "TriggerDeadLetters",
@@ -239,9 +245,7 @@ class TrainingPipeline(Construct):
         )
         return dashboard
 
-    def _reaper(
-        self, config: PlatformConfig, code: lambda_.Code, environment: dict[str, str]
-    ) -> None:
+    def _reaper(self, code: lambda_.Code, environment: dict[str, str]) -> None:
         """Every 15 minutes: tear down runs past their deadline or whose execution ended."""
         reaper = pipeline_function(
             self,
@@ -252,28 +256,6 @@ class TrainingPipeline(Construct):
             timeout=Duration.minutes(5),
             environment={**environment, "STATE_MACHINE_ARN": self.state_machine.state_machine_arn},
         )
-        stack = Stack.of(self)
-        executions = stack.format_arn(
-            service="states",
-            resource="execution",
-            resource_name=f"{config.name_prefix}-pipeline:*",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )
-        reaper.add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["states:DescribeExecution", "states:StopExecution"], resources=[executions]
-            )
-        )
-        self.runs_table.grant_read_write_data(reaper)
-        run_queues, alarms = self._run_resource_arns(config)
-        self._grant_teardown(reaper, run_queues, alarms, self.consumer)
-        for resource, reason in {
-            executions: "Executions are named by run id at run time; only this state machine's.",
-            run_queues: "Per-run queues are created at run time; names share the deployment prefix.",
-            alarms: "Per-run queue-age alarms are created at run time; names share the deployment prefix.",
-        }.items():
-            acknowledge_resource(reaper.role, "AwsSolutions-IAM5", resource, reason)
-        acknowledge_key_grant(reaper.role, "the runs table")
         events.Rule(
             self,
             "ReaperSchedule",
@@ -282,6 +264,62 @@ class TrainingPipeline(Construct):
             targets=[targets.LambdaFunction(reaper, retry_attempts=2)],
         )
         self.functions["reap"] = reaper
+
+    # --- the needs it provides (stacks/components/access.py) ---
+
+    provides = frozenset(
+        {
+            Need.RUNS_GET,
+            Need.RUNS_SCAN,
+            Need.RUNS_PUT,
+            Need.CAPACITY_LEASES,
+            Need.CAPACITY_LEASES_READ,
+            Need.EXECUTION_START,
+            Need.EXECUTIONS_STOP,
+            Need.ALERTS_PUBLISH,
+        }
+    )
+
+    def grant(self, need: Need, role: iam.IRole) -> None:
+        table = self.runs_table.table_arn
+        match need:
+            case Need.RUNS_GET:
+                self._table(role, table, ["dynamodb:GetItem"], writes=False)
+            case Need.RUNS_SCAN:
+                self._table(role, table, ["dynamodb:Scan"], writes=False)
+            case Need.RUNS_PUT:
+                self._table(role, table, ["dynamodb:PutItem"], writes=True)
+            case Need.CAPACITY_LEASES:
+                self._table(role, table, ["dynamodb:UpdateItem"], writes=True)
+            case Need.CAPACITY_LEASES_READ:
+                self._table(role, table, ["dynamodb:GetItem"], writes=False)
+            case Need.EXECUTION_START:
+                self.state_machine.grant_start_execution(role)
+            case Need.EXECUTIONS_STOP:
+                role.add_to_principal_policy(
+                    iam.PolicyStatement(
+                        actions=["states:DescribeExecution", "states:StopExecution"],
+                        resources=[self._executions],
+                    )
+                )
+                acknowledge_resource(
+                    role,
+                    "AwsSolutions-IAM5",
+                    self._executions,
+                    "Executions are named by run id at run time; only this state machine's.",
+                )
+            case Need.ALERTS_PUBLISH:
+                self.alert_topic.grant_publish(role)
+                acknowledge(
+                    role,
+                    "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]",
+                    "From the alert topic's grant_publish: SNS encrypts each message with the "
+                    "topic's key for the publisher.",
+                )
+
+    def _table(self, role: iam.IRole, table: str, actions: list[str], *, writes: bool) -> None:
+        role.add_to_principal_policy(iam.PolicyStatement(actions=actions, resources=[table]))
+        grant_table_key(role, self._data_key, writes=writes)
 
     @property
     def log_group_names(self) -> list[str]:
@@ -346,153 +384,6 @@ class TrainingPipeline(Construct):
             alarm_description=f"nova-mtrl pipeline: {name}",
         )
         alarm.add_alarm_action(cw_actions.SnsAction(self.alert_topic))
-
-    def _run_resource_arns(self, config: PlatformConfig) -> tuple[str, str]:
-        """ARN patterns of the per-run queues and alarms (named from the deployment prefix)."""
-        stack = Stack.of(self)
-        pattern = f"{deployment_prefix(config.name_prefix)}*"
-        queues = stack.format_arn(service="sqs", resource=pattern)
-        alarms = stack.format_arn(
-            service="cloudwatch",
-            resource="alarm",
-            resource_name=pattern,
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )
-        return queues, alarms
-
-    @staticmethod
-    def _grant_teardown(
-        function: lambda_.Function, run_queues: str, alarms: str, consumer: lambda_.IFunction
-    ) -> None:
-        # Event source mappings have run-time ids: any mapping, but only of the router's consumer.
-        mappings = Stack.of(function).format_arn(
-            service="lambda",
-            resource="event-source-mapping",
-            resource_name="*",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )
-        function.add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["lambda:DeleteEventSourceMapping"],
-                resources=[mappings],
-                conditions={"StringEquals": {"lambda:FunctionArn": consumer.function_arn}},
-            )
-        )
-        function.add_to_role_policy(
-            iam.PolicyStatement(actions=["lambda:ListEventSourceMappings"], resources=["*"])
-        )
-        for resource, reason in {
-            mappings: "Mapping ids are made at run time; the condition limits deletes to the router consumer's.",
-            "*": "lambda:ListEventSourceMappings and sqs:ListQueues have no resource type; both only read.",
-        }.items():
-            acknowledge_resource(function.role, "AwsSolutions-IAM5", resource, reason)
-        function.add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["sqs:DeleteQueue", "sqs:GetQueueUrl"], resources=[run_queues]
-            )
-        )
-        # ListQueues has no resource type (Service Authorization Reference): "*" or denied.
-        function.add_to_role_policy(
-            iam.PolicyStatement(actions=["sqs:ListQueues"], resources=["*"])
-        )
-        function.add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["cloudwatch:DeleteAlarms", "cloudwatch:DescribeAlarms"], resources=[alarms]
-            )
-        )
-
-    def _grant(
-        self,
-        stack: Stack,
-        config: PlatformConfig,
-        data_bucket: s3.IBucket,
-        data_key: kms.IKey,
-        conversations: dynamodb.ITable,
-    ) -> None:
-        f = self.functions
-        datasets = data_bucket.arn_for_objects(f"{TRAINING_DATA_PREFIX}*")
-        configs = data_bucket.arn_for_objects(f"{CONFIGS_PREFIX}*")
-        run_outputs = data_bucket.arn_for_objects(f"{RUNS_PREFIX}*")
-        f["validate"].add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["s3:GetObject", "s3:GetObjectVersion"], resources=[datasets]
-            )
-        )
-        f["validate"].add_to_role_policy(
-            iam.PolicyStatement(actions=["s3:PutObject"], resources=[run_outputs])
-        )
-        f["register"].add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["s3:GetObject", "s3:GetObjectVersion"], resources=[datasets, configs]
-            )
-        )
-        # Whether a config (or a trainer's metrics) exists yet is asked by listing its prefix.
-        _grant_list(f["register"], data_bucket, CONFIGS_PREFIX)
-        _grant_list(f["monitor"], data_bucket, RUNS_PREFIX)
-        for name in ("validate", "register"):
-            data_key.grant_encrypt_decrypt(f[name])
-        for name in ("register", "notify_end"):
-            self.runs_table.grant_read_write_data(f[name])
-        conversations.grant_read_write_data(f["start_workers"])
-        self.runs_table.grant_read_data(f["monitor"])
-        # The trainer's metrics under runs/<run id>/ tell the monitor its last step.
-        f["monitor"].add_to_role_policy(
-            iam.PolicyStatement(actions=["s3:GetObject"], resources=[run_outputs])
-        )
-        data_key.grant_decrypt(f["monitor"])
-        _grant_list(f["collect"], data_bucket, RUNS_PREFIX)
-        f["collect"].add_to_role_policy(
-            iam.PolicyStatement(actions=["s3:PutObject"], resources=[run_outputs])
-        )
-        data_key.grant_encrypt_decrypt(f["collect"])
-        run_queues, alarms = self._run_resource_arns(config)
-        f["provision"].add_to_role_policy(
-            iam.PolicyStatement(
-                actions=[
-                    "sqs:CreateQueue",
-                    "sqs:GetQueueAttributes",
-                    "sqs:GetQueueUrl",
-                    "sqs:TagQueue",
-                ],
-                resources=[run_queues],
-            )
-        )
-        f["provision"].add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["cloudwatch:PutMetricAlarm", "cloudwatch:TagResource"], resources=[alarms]
-            )
-        )
-        self._grant_teardown(f["teardown"], run_queues, alarms, self.consumer)
-        # The consumer's mapping is made with the run's queues (and checked for first).
-        f["provision"].add_to_role_policy(
-            iam.PolicyStatement(
-                actions=["lambda:CreateEventSourceMapping"],
-                resources=["*"],
-                conditions={"StringEquals": {"lambda:FunctionArn": self.consumer.function_arn}},
-            )
-        )
-        f["provision"].add_to_role_policy(
-            iam.PolicyStatement(actions=["lambda:ListEventSourceMappings"], resources=["*"])
-        )
-        acknowledge_resource(
-            f["provision"].role,
-            "AwsSolutions-IAM5",
-            "*",
-            "lambda:CreateEventSourceMapping and ListEventSourceMappings have no resource type; "
-            "creation is conditioned on the router consumer's ARN.",
-        )
-        self.alert_topic.grant_publish(f["notify_end"])
-        reasons = {
-            datasets: "Datasets are uploaded at run time under training-data/; read-only.",
-            configs: "Training configs named by an upload's metadata live under configs/; read-only.",
-            run_outputs: "Each run writes its reports under runs/<run_id>/, named at run time.",
-            run_queues: "Per-run queues are created at run time; names share the deployment prefix.",
-            alarms: "Per-run queue-age alarms are created at run time; names share the deployment prefix.",
-        }
-        for function in f.values():
-            for resource, reason in reasons.items():
-                acknowledge_resource(function.role, "AwsSolutions-IAM5", resource, reason)
-            acknowledge_key_grant(function.role, "the pipeline's tables, objects and topic")
 
     def _state_machine(self, config: PlatformConfig) -> sfn.StateMachine:
         def task(
@@ -692,14 +583,3 @@ class TrainingPipeline(Construct):
             "Logs delivery and X-Ray actions of Step Functions have no resource-level permissions.",
         )
         return machine
-
-
-def _grant_list(function: lambda_.Function, bucket: s3.IBucket, prefix: str) -> None:
-    """ListBucket of one prefix of the bucket only."""
-    function.add_to_role_policy(
-        iam.PolicyStatement(
-            actions=["s3:ListBucket"],
-            resources=[bucket.bucket_arn],
-            conditions={"StringLike": {"s3:prefix": [f"{prefix}*"]}},
-        )
-    )

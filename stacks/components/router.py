@@ -1,13 +1,14 @@
 """The rollout router's long-lived part: conversation table, proxy (Function URL), consumer.
 
 Per-run queues, event source mappings and queue-age alarms are created per run by the
-pipeline (lambdas/router/run_queues.py, lambdas/router/alarms.py); this construct grants its
-functions access to them by name prefix, since their names are only known at run time.
+pipeline (lambdas/router/run_queues.py, lambdas/router/alarms.py); this construct provides the
+needs about them (stacks/components/access.py) by name prefix, since their names are only known
+at run time.
 """
 
 from __future__ import annotations
 
-from aws_cdk import Duration, RemovalPolicy, Stack
+from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -16,13 +17,15 @@ from constructs import Construct
 
 from lambdas.router.conversations import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from lambdas.router.run_queues import deployment_prefix
+from stacks.components.access import Need, grant_table_key
 from stacks.components.functions import pipeline_function
-from stacks.components.nag import acknowledge_key_grant, acknowledge_resource
+from stacks.components.nag import acknowledge, acknowledge_resource
 from stacks.config import PlatformConfig
 
 
 class Router(Construct):
-    """Attributes: `table`, `proxy`, `proxy_url`, `consumer`, `run_queue_arns`."""
+    """Attributes: `table`, `proxy`, `proxy_url`, `consumer`, `run_queue_arns`; provides the
+    needs about conversations, run queues, their alarms and the consumer (`provides`, `grant`)."""
 
     def __init__(
         self,
@@ -75,40 +78,123 @@ class Router(Construct):
             timeout=Duration.seconds(60),
             environment={"TABLE_NAME": self.table.table_name},
         )
-        for function in (self.proxy, self.consumer):
-            self.table.grant_read_write_data(function)
-        self.proxy.add_to_role_policy(
-            iam.PolicyStatement(actions=["sqs:SendMessage"], resources=[self.run_queue_arns])
+        self._data_key = data_key
+        self._alarms = stack.format_arn(
+            service="cloudwatch",
+            resource="alarm",
+            resource_name=f"{deployment_prefix(config.name_prefix)}*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
-        self.consumer.add_to_role_policy(run_queue_access(self.run_queue_arns))
-        # The run queues are encrypted with the data key (SSE-KMS).
-        data_key.grant_encrypt_decrypt(self.proxy)
-        data_key.grant_decrypt(self.consumer)
-        for function in (self.proxy, self.consumer):
-            role = function.role
-            acknowledge_resource(
-                role,
-                "AwsSolutions-IAM5",
-                self.run_queue_arns,
-                "Per-run queues are created by the pipeline at run time; their names share the "
-                "deployment's prefix, which is as narrow as a name known at deploy time can be.",
-            )
-            acknowledge_key_grant(role, "the conversation table and the run queues")
+        # Event source mappings have run-time ids: any mapping, but only of the consumer.
+        self._mappings = stack.format_arn(
+            service="lambda",
+            resource="event-source-mapping",
+            resource_name="*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        self._wildcards = {
+            self.run_queue_arns: "A run's queues are made at run time; their names share the "
+            "deployment's prefix, as narrow as a name known at deploy time can be.",
+            self._alarms: "A run's queue-age alarms are made at run time; their names share the "
+            "deployment's prefix.",
+            self._mappings: "Event source mapping ids are made at run time; the condition limits "
+            "it to the router consumer's mappings.",
+        }
 
-    def grant_invoke_url(self, grantee: iam.IGrantable) -> None:
-        """Let a reward-worker role call the proxy's Function URL (SigV4)."""
-        self.proxy.grant_invoke_url(grantee)
-
-
-def run_queue_access(run_queue_arns: str, *, send: bool = False) -> iam.PolicyStatement:
-    """Consume the run queues (and, with `send`, send to them): the router's consumer, the
-    reward workers and a run's pods each take their side of the rollout protocol."""
-    actions = [
-        "sqs:ReceiveMessage",
-        "sqs:DeleteMessage",
-        "sqs:ChangeMessageVisibility",
-        "sqs:GetQueueAttributes",
-    ]
-    return iam.PolicyStatement(
-        actions=[*actions, "sqs:SendMessage"] if send else actions, resources=[run_queue_arns]
+    provides = frozenset(
+        {
+            Need.CONVERSATIONS_GET,
+            Need.CONVERSATIONS_PUT,
+            Need.CONVERSATIONS_UPDATE,
+            Need.RUN_QUEUES_CREATE,
+            Need.RUN_QUEUES_DELETE,
+            Need.RUN_QUEUES_SEND,
+            Need.RUN_QUEUES_RECEIVE,
+            Need.RUN_QUEUES_POLL,
+            Need.QUEUE_ALARMS_CREATE,
+            Need.QUEUE_ALARMS_DELETE,
+            Need.CONSUMER_CONNECT,
+            Need.CONSUMER_DISCONNECT,
+            Need.PROXY_INVOKE,
+        }
     )
+
+    def grant(self, need: Need, role: iam.IRole) -> None:  # noqa: C901 - one case per need
+        queues, key = self.run_queue_arns, self._data_key.key_arn
+        match need:
+            case Need.CONVERSATIONS_GET:
+                self._allow(role, ["dynamodb:GetItem"], self.table.table_arn)
+                grant_table_key(role, self._data_key, writes=False)
+            case Need.CONVERSATIONS_PUT | Need.CONVERSATIONS_UPDATE:
+                action = "PutItem" if need is Need.CONVERSATIONS_PUT else "UpdateItem"
+                self._allow(role, [f"dynamodb:{action}"], self.table.table_arn)
+                grant_table_key(role, self._data_key, writes=True)
+            case Need.RUN_QUEUES_CREATE:
+                # Tagging on creation needs sqs:TagQueue (SQS API Reference, CreateQueue).
+                self._allow(
+                    role, ["sqs:CreateQueue", "sqs:TagQueue", "sqs:GetQueueAttributes"], queues
+                )
+            case Need.RUN_QUEUES_DELETE:
+                self._allow(role, ["sqs:GetQueueUrl", "sqs:DeleteQueue"], queues)
+                # ListQueues has no resource type (Service Authorization Reference).
+                self._allow(role, ["sqs:ListQueues"], "*")
+            case Need.RUN_QUEUES_SEND:
+                # Producers to an SSE-KMS queue (SQS Developer Guide, "Key management").
+                self._allow(role, ["sqs:SendMessage"], queues)
+                self._allow(role, ["kms:GenerateDataKey", "kms:Decrypt"], key)
+            case Need.RUN_QUEUES_RECEIVE:
+                # Consumers of an SSE-KMS queue decrypt (SQS Developer Guide, "Key management");
+                # a long piece of work extends its message's visibility.
+                actions = ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"]
+                self._allow(role, actions, queues)
+                self._allow(role, ["kms:Decrypt"], key)
+            case Need.RUN_QUEUES_POLL:
+                # The execution role of a function an SQS queue triggers (Lambda Developer Guide,
+                # "Using Lambda with Amazon SQS").
+                actions = ["sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:GetQueueAttributes"]
+                self._allow(role, actions, queues)
+                self._allow(role, ["kms:Decrypt"], key)
+            case Need.QUEUE_ALARMS_CREATE:
+                self._allow(
+                    role, ["cloudwatch:PutMetricAlarm", "cloudwatch:TagResource"], self._alarms
+                )
+            case Need.QUEUE_ALARMS_DELETE:
+                self._allow(
+                    role, ["cloudwatch:DeleteAlarms", "cloudwatch:DescribeAlarms"], self._alarms
+                )
+            case Need.CONSUMER_CONNECT | Need.CONSUMER_DISCONNECT:
+                # Creating has no resource type; the condition names the consumer either way.
+                action, resource = (
+                    ("lambda:CreateEventSourceMapping", "*")
+                    if need is Need.CONSUMER_CONNECT
+                    else ("lambda:DeleteEventSourceMapping", self._mappings)
+                )
+                role.add_to_principal_policy(
+                    iam.PolicyStatement(
+                        actions=[action],
+                        resources=[resource],
+                        conditions={
+                            "StringEquals": {"lambda:FunctionArn": self.consumer.function_arn}
+                        },
+                    )
+                )
+                self._acknowledge(role, resource)
+                self._allow(role, ["lambda:ListEventSourceMappings"], "*")
+            case Need.PROXY_INVOKE:
+                self.proxy.grant_invoke_url(role)
+
+    def _allow(self, role: iam.IRole, actions: list[str], resource: str) -> None:
+        role.add_to_principal_policy(iam.PolicyStatement(actions=actions, resources=[resource]))
+        self._acknowledge(role, resource)
+
+    def _acknowledge(self, role: iam.IRole, resource: str) -> None:
+        if resource in self._wildcards:
+            acknowledge_resource(role, "AwsSolutions-IAM5", resource, self._wildcards[resource])
+        elif resource == "*":
+            acknowledge(
+                role,
+                "AwsSolutions-IAM5[Resource::*]",
+                "sqs:ListQueues, lambda:ListEventSourceMappings and CreateEventSourceMapping have "
+                "no resource type (Service Authorization Reference); creation is conditioned on "
+                "the consumer's ARN.",
+            )

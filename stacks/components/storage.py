@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from aws_cdk import Aws, DefaultStackSynthesizer, Duration, RemovalPolicy, Stack
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_deployment as s3deploy
 from constructs import Construct, IConstruct
 
-from mtrl.bucket import RUNS_PREFIX
+from mtrl.bucket import CONFIGS_PREFIX, RUNS_PREFIX, TRAINING_DATA_PREFIX
+from stacks.components.access import Need
 from stacks.components.nag import acknowledge, acknowledge_resource
 from stacks.config import PlatformConfig
 
@@ -192,3 +194,72 @@ def _cdk_singleton(stack: Stack, id_prefix: str) -> IConstruct:
             f"expected one {id_prefix}* construct in {stack.stack_name}, found {len(matches)}"
         )
     return matches[0]
+
+
+class DataBucketAccess:
+    """The needs about the data bucket's objects (stacks/components/access.py): each prefix
+    with what it is read, listed or written for, and the data key as S3 uses it (SSE-KMS: an
+    upload needs kms:GenerateDataKey, a download kms:Decrypt — S3 User Guide, "Using
+    server-side encryption with AWS KMS keys")."""
+
+    provides = frozenset(
+        {
+            Need.DATASETS_READ,
+            Need.DATASETS_READ_CURRENT,
+            Need.CONFIGS_READ,
+            Need.OUTPUTS_LIST,
+            Need.OUTPUTS_READ,
+            Need.OUTPUTS_WRITE,
+        }
+    )
+
+    def __init__(self, bucket: s3.IBucket, key: kms.IKey) -> None:
+        self._bucket, self._key = bucket, key
+
+    def grant(self, need: Need, role: iam.IRole) -> None:
+        match need:
+            case Need.DATASETS_READ:
+                # The pipeline reads a dataset at the version whose upload started the run.
+                self._objects(role, TRAINING_DATA_PREFIX, "s3:GetObjectVersion")
+                self._use_key(role, "kms:Decrypt")
+            case Need.DATASETS_READ_CURRENT:
+                self._objects(role, TRAINING_DATA_PREFIX, "s3:GetObject")
+                self._use_key(role, "kms:Decrypt")
+            case Need.CONFIGS_READ:
+                self._list(role, CONFIGS_PREFIX)
+                self._objects(role, CONFIGS_PREFIX, "s3:GetObject")
+                self._use_key(role, "kms:Decrypt")
+            case Need.OUTPUTS_LIST:
+                self._list(role, RUNS_PREFIX)
+            case Need.OUTPUTS_READ:
+                self._objects(role, RUNS_PREFIX, "s3:GetObject")
+                self._use_key(role, "kms:Decrypt")
+            case Need.OUTPUTS_WRITE:
+                self._objects(role, RUNS_PREFIX, "s3:PutObject")
+                self._use_key(role, "kms:GenerateDataKey")
+
+    def _objects(self, role: iam.IRole, prefix: str, *actions: str) -> None:
+        objects = self._bucket.arn_for_objects(f"{prefix}*")
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=list(actions), resources=[objects])
+        )
+        acknowledge_resource(
+            role,
+            "AwsSolutions-IAM5",
+            objects,
+            f"Objects under {prefix} are named at run time (datasets, configs, run ids); only that prefix.",
+        )
+
+    def _list(self, role: iam.IRole, prefix: str) -> None:
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["s3:ListBucket"],
+                resources=[self._bucket.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [f"{prefix}*"]}},
+            )
+        )
+
+    def _use_key(self, role: iam.IRole, action: str) -> None:
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=[action], resources=[self._key.key_arn])
+        )

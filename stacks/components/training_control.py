@@ -3,14 +3,13 @@
 
 - `environment`: the clusters, the instance group, the job kind, the model presets and the
   keep-warm period, for the functions that scale, submit, watch and release;
-- `grant_capacity(function)`: DescribeCluster / UpdateCluster / ListClusterNodes on the
-  HyperPod cluster, PassRole of its execution role to SageMaker only, the capacity leases;
-- `grant_kubernetes(function)`: DescribeCluster on the EKS cluster and an access entry in the
-  pipeline's Kubernetes group, whose rights the deploy-time RBAC below spells out and fences
-  into run namespaces (lambdas/kubernetes/rbac.py);
-- `job_role`: what a run's pods may do in AWS (its queues, its dataset, its outputs), given to
-  them per run by an EKS Pod Identity association — `grant_pod_identity(function)` lets a step
-  make and remove those associations.
+- the needs NODES_SCALE (DescribeCluster / UpdateCluster on the HyperPod cluster, PassRole of
+  its execution role to SageMaker only), NODES_COUNT (ListClusterNodes), KUBERNETES
+  (DescribeCluster on the EKS cluster and an access entry in the pipeline's Kubernetes group,
+  whose rights the deploy-time RBAC below spells out and fences into run namespaces,
+  lambdas/kubernetes/rbac.py), POD_IDENTITY_CREATE / _DELETE (stacks/components/access.py);
+- `job_role`: a run's pods' role, given to them per run by an EKS Pod Identity association
+  (its needs are declared with the others).
 """
 
 from __future__ import annotations
@@ -18,28 +17,24 @@ from __future__ import annotations
 import json
 
 from aws_cdk import CustomResource, Duration, Stack
-from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_eks as eks
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from lambdas.kubernetes.rbac import pipeline_group, pipeline_rbac
-from mtrl.bucket import RUNS_PREFIX, TRAINING_DATA_PREFIX
+from stacks.components.access import Need
 from stacks.components.eks import eks_cluster_name, pod_identity_role
 from stacks.components.functions import pipeline_function
 from stacks.components.hyperpod import hyperpod_cluster_name
-from stacks.components.nag import acknowledge_key_grant, acknowledge_resource
-from stacks.components.router import run_queue_access
+from stacks.components.nag import acknowledge_resource
 from stacks.config import PlatformConfig
 
 CLUSTER_ADMIN = "AmazonEKSClusterAdminPolicy"
 
 
 class TrainingClusterControl(Construct):
-    """Attributes: `environment`."""
+    """Attributes: `environment`, `job_role`, `rbac`; provides the training plane's needs."""
 
     def __init__(
         self,
@@ -50,10 +45,6 @@ class TrainingClusterControl(Construct):
         code: lambda_.Code,
         hyperpod_cluster_arn: str,
         execution_role_arn: str | None,
-        runs_table: dynamodb.ITable,
-        data_bucket: s3.IBucket,
-        data_key: kms.IKey,
-        run_queue_arns: str,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
@@ -64,9 +55,9 @@ class TrainingClusterControl(Construct):
         )
         self._hyperpod_arn = hyperpod_cluster_arn
         self._execution_role_arn = execution_role_arn
-        self._runs_table = runs_table
         self._entries = 0
-        self.job_role = self._job_role(data_bucket, data_key, run_queue_arns)
+        self.job_role = self._job_role()
+        self._entered: set[str] = set()
         self._associations = stack.format_arn(
             service="eks",
             resource="podidentityassociation",
@@ -91,107 +82,126 @@ class TrainingClusterControl(Construct):
         }
         self.rbac = self._bootstrap_rbac(code)
 
-    def grant_capacity(self, function: lambda_.IFunction) -> None:
-        """Scale the training instance group and hold its lease."""
-        role = function.role
-        assert role is not None
-        role.add_to_principal_policy(
-            iam.PolicyStatement(
-                actions=[
+    provides = frozenset(
+        {
+            Need.NODES_SCALE,
+            Need.NODES_COUNT,
+            Need.KUBERNETES,
+            Need.POD_IDENTITY_CREATE,
+            Need.POD_IDENTITY_DELETE,
+        }
+    )
+
+    def grant(self, need: Need, role: iam.IRole) -> None:
+        match need:
+            case Need.NODES_SCALE:
+                # UpdateCluster, and what the Service Authorization Reference lists as its
+                # dependent actions for an EKS-orchestrated cluster whose images stay as they
+                # are: node changes, the EKS cluster, and the access entry HyperPod keeps for
+                # the instance groups' execution role (ClusterMetadata.EksRoleAccessEntries).
+                cluster_actions = [
                     "sagemaker:DescribeCluster",
                     "sagemaker:UpdateCluster",
-                    "sagemaker:ListClusterNodes",
-                ],
-                resources=[self._hyperpod_arn],
-            )
-        )
-        if self._execution_role_arn:
-            # UpdateCluster hands every instance group's execution role back to SageMaker.
-            role.add_to_principal_policy(
-                iam.PolicyStatement(
-                    actions=["iam:PassRole"],
-                    resources=[self._execution_role_arn],
-                    conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}},
+                    "sagemaker:BatchAddClusterNodes",
+                    "sagemaker:BatchDeleteClusterNodes",
+                ]
+                self._allow(role, cluster_actions, self._hyperpod_arn)
+                self._allow(role, ["eks:DescribeCluster"], self._eks_arn)
+                if self._execution_role_arn:
+                    # UpdateCluster hands every instance group's execution role back to SageMaker.
+                    self._pass(role, self._execution_role_arn, "sagemaker.amazonaws.com")
+                    self._execution_role_entry(role, self._execution_role_arn)
+            case Need.NODES_COUNT:
+                self._allow(role, ["sagemaker:ListClusterNodes"], self._hyperpod_arn)
+            case Need.KUBERNETES:
+                self._allow(role, ["eks:DescribeCluster"], self._eks_arn)
+                if role.node.path not in self._entered:
+                    self._entered.add(role.node.path)
+                    self._access_entry(
+                        role.role_arn, groups=[pipeline_group(self._config.name_prefix)]
+                    )
+            case Need.POD_IDENTITY_CREATE:
+                self._allow(
+                    role,
+                    ["eks:ListPodIdentityAssociations", "eks:CreatePodIdentityAssociation"],
+                    self._eks_arn,
                 )
-            )
-        self._runs_table.grant_read_write_data(role)
-        if self._config.existing_hyperpod_cluster:
+                # The association is tagged with its run on creation.
+                self._allow(role, ["eks:TagResource"], self._associations)
+                self._pass(role, self.job_role.role_arn, "pods.eks.amazonaws.com")
+            case Need.POD_IDENTITY_DELETE:
+                self._allow(role, ["eks:ListPodIdentityAssociations"], self._eks_arn)
+                self._allow(role, ["eks:DeletePodIdentityAssociation"], self._associations)
+
+    def _allow(self, role: iam.IRole, actions: list[str], resource: str) -> None:
+        role.add_to_principal_policy(iam.PolicyStatement(actions=actions, resources=[resource]))
+        if resource == self._associations:
             acknowledge_resource(
                 role,
                 "AwsSolutions-IAM5",
-                self._hyperpod_arn,
+                resource,
+                "Pod Identity association ids are made by EKS per run; only this cluster's.",
+            )
+        elif resource == self._hyperpod_arn and self._config.existing_hyperpod_cluster:
+            acknowledge_resource(
+                role,
+                "AwsSolutions-IAM5",
+                resource,
                 "An existing HyperPod cluster's ARN ends in an id SageMaker assigned, not its "
                 "name; the actions are scoped to clusters of this account and region.",
             )
-        acknowledge_key_grant(role, "the runs table and its capacity leases")
 
-    def grant_kubernetes(self, function: lambda_.IFunction) -> None:
-        """Reach the EKS API as a member of the pipeline's Kubernetes group."""
-        role = function.role
-        assert role is not None
-        role.add_to_principal_policy(
-            iam.PolicyStatement(actions=["eks:DescribeCluster"], resources=[self._eks_arn])
+    def _execution_role_entry(self, role: iam.IRole, execution_role_arn: str) -> None:
+        """The EKS access entry of the execution role only: made, read, given its access policy
+        or removed by HyperPod with the caller's rights, for that principal and no other
+        (`eks:principalArn`, a condition key of each of these actions)."""
+        stack = Stack.of(self)
+        entries = stack.format_arn(
+            service="eks",
+            resource="access-entry",
+            resource_name=f"{self._eks_name}/role/{stack.account}/*",
         )
-        self._access_entry(role.role_arn, groups=[pipeline_group(self._config.name_prefix)])
-
-    def grant_pod_identity(self, function: lambda_.IFunction) -> None:
-        """Make and remove the per-run Pod Identity associations to the job role."""
-        role = function.role
-        assert role is not None
-        for statement in (
+        only_it = {"StringEquals": {"eks:principalArn": execution_role_arn}}
+        role.add_to_principal_policy(
             iam.PolicyStatement(
-                actions=["eks:CreatePodIdentityAssociation", "eks:ListPodIdentityAssociations"],
-                resources=[self._eks_arn],
-            ),
+                actions=["eks:CreateAccessEntry"], resources=[self._eks_arn], conditions=only_it
+            )
+        )
+        role.add_to_principal_policy(
             iam.PolicyStatement(
-                actions=["eks:DeletePodIdentityAssociation", "eks:TagResource"],
-                resources=[self._associations],
-            ),
-            iam.PolicyStatement(
-                actions=["iam:PassRole"],
-                resources=[self.job_role.role_arn],
-                conditions={"StringEquals": {"iam:PassedToService": "pods.eks.amazonaws.com"}},
-            ),
-        ):
-            role.add_to_principal_policy(statement)
+                actions=[
+                    "eks:DescribeAccessEntry",
+                    "eks:AssociateAccessPolicy",
+                    "eks:DeleteAccessEntry",
+                ],
+                resources=[entries],
+                conditions=only_it,
+            )
+        )
         acknowledge_resource(
             role,
             "AwsSolutions-IAM5",
-            self._associations,
-            "Pod Identity association ids are made by EKS per run; only this cluster's.",
+            entries,
+            "An access entry ARN ends in an id EKS assigns; the eks:principalArn condition keeps "
+            "it to the HyperPod execution role's entry on this cluster.",
         )
 
-    def _job_role(self, bucket: s3.IBucket, key: kms.IKey, run_queue_arns: str) -> iam.Role:
-        role = pod_identity_role(
+    @staticmethod
+    def _pass(role: iam.IRole, passed: str, service: str) -> None:
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["iam:PassRole"],
+                resources=[passed],
+                conditions={"StringEquals": {"iam:PassedToService": service}},
+            )
+        )
+
+    def _job_role(self) -> iam.Role:
+        return pod_identity_role(
             self,
             "JobRole",
             description="A run's vLLM and trainer pods: its queues, its dataset, its outputs",
         )
-        role.add_to_policy(run_queue_access(run_queue_arns, send=True))
-        datasets = bucket.arn_for_objects(f"{TRAINING_DATA_PREFIX}*")
-        outputs = bucket.arn_for_objects(f"{RUNS_PREFIX}*")
-        role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["s3:GetObject", "s3:GetObjectVersion"], resources=[datasets, outputs]
-            )
-        )
-        role.add_to_policy(iam.PolicyStatement(actions=["s3:PutObject"], resources=[outputs]))
-        role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["s3:ListBucket"],
-                resources=[bucket.bucket_arn],
-                conditions={"StringLike": {"s3:prefix": [f"{RUNS_PREFIX}*"]}},
-            )
-        )
-        key.grant_encrypt_decrypt(role)
-        for resource, reason in {
-            run_queue_arns: "Per-run queues are created at run time; names share the deployment prefix.",
-            datasets: "A run reads the dataset it was started for; datasets live under training-data/.",
-            outputs: "A run writes its checkpoints and metrics under runs/<run id>/, made at run time.",
-        }.items():  # fmt: skip
-            acknowledge_resource(role, "AwsSolutions-IAM5", resource, reason)
-        acknowledge_key_grant(role, "the run queues, the dataset and the outputs")
-        return role
 
     def _access_entry(
         self, principal_arn: str, *, groups: list[str] | None = None, admin: bool = False

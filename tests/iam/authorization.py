@@ -309,6 +309,18 @@ class Authorization:
     def _implied(self, call: Call) -> Iterator[Need]:  # noqa: C901 - one rule per documented case
         p, op, who, why = call.params, call.operation, call.principal, str(call)
         yield from self._keys(call)
+        if (
+            op in ("CreateService", "RegisterTaskDefinition")
+            and call.service == "ecs"
+            and p.get("tags")
+        ):
+            # ECS Developer Guide, "Grant permission to tag resources on creation".
+            for resource, _ in self._resources(call, f"ecs:{op}"):
+                yield Need(
+                    who,
+                    Request("ecs:TagResource", resource, {"ecs:CreateAction": op}),
+                    f"{why} (tags)",
+                )
         match call.service, op:
             case "sqs", "CreateQueue" if p.get("tags"):
                 # SQS API reference, CreateQueue: tagging on creation needs sqs:TagQueue.
@@ -331,14 +343,6 @@ class Authorization:
                     Request("logs:TagResource", _arn("logs", f"log-group:{p['logGroupName']}")),
                     f"{why} (tags)",
                 )
-            case "ecs", ("CreateService" | "RegisterTaskDefinition") if p.get("tags"):
-                # ECS Developer Guide, "Grant permission to tag resources on creation".
-                for resource, _ in self._resources(call, f"ecs:{op}"):
-                    yield Need(
-                        who,
-                        Request("ecs:TagResource", resource, {"ecs:CreateAction": op}),
-                        f"{why} (tags)",
-                    )
             case "ecs", "RegisterTaskDefinition":
                 # ECS Developer Guide, task IAM role / task execution role: iam:PassRole.
                 for role in {p.get("taskRoleArn"), p.get("executionRoleArn")} - {None}:

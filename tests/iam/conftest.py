@@ -1,8 +1,18 @@
-"""The deployed app's scenarios, run once per test session (on one worker: every test of this
-package is in the xdist group "deployed"), for the behaviour tests and the IAM proof alike."""
+"""The deployed app's scenarios, played once per test session (on one worker: every test of this
+package is in the xdist group "deployed"), for the behaviour tests and the IAM proof alike:
+
+- "succeeds": a run with a config of its own (workers scale on the backlog) runs to the end;
+- "job cannot start": its trainer image cannot be pulled; the run fails, all is released;
+- "invalid dataset": refused at validation, nothing created;
+- "stopped by hand": stopped in the console while its planes exchange rollouts (trainer,
+  reward worker, router); the reaper's schedule tears it down, `mtrl teardown` repeats it;
+- "torn down on request": `mtrl teardown RUN` while it runs.
+"""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +28,11 @@ from tests.iam.world import (
     deployed_world,
     exchange_rollouts,
     wait_for_state,
+    write_metrics_as_the_trainer,
 )
 from training_configs import load_training_config
+
+SCALING_CONFIG = "configs/scaling.yaml"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -44,65 +57,24 @@ class Scenario:
 @dataclass
 class Scenarios:
     world: World
+    controller: JobController
     runs: dict[str, Scenario] = field(default_factory=dict)
     notifications: list[str] = field(default_factory=list)
     exchange: dict[str, Any] = field(default_factory=dict)
     reaped: list[dict[str, Any]] = field(default_factory=list)
 
-    def run(
-        self, name: str, key: str, body: bytes, controller: JobController, outcome: str
-    ) -> None:
+    @contextlib.contextmanager
+    def _recorded(self, name: str, outcome: str) -> Iterator[dict[str, Any]]:
         world = self.world
-        controller.outcome = outcome
+        self.controller.outcome = outcome
         marks = (
             len(world.recorder.calls),
             len(world.kubernetes.requests),
             len(world.sagemaker.updates),
         )
-        started = world.upload(key, body)
-        described = world.finish(started["execution_arn"])
-        run = Scenario(
-            run_id=started["run_id"],
-            described=described,
-            calls=slice(marks[0], len(world.recorder.calls)),
-            kubernetes=slice(marks[1], len(world.kubernetes.requests)),
-            updates=slice(marks[2], len(world.sagemaker.updates)),
-        )
-        run.left = _left(world, run)
-        self.runs[name] = run
-
-    def run_held_and_reaped(self, controller: JobController) -> None:
-        """A run stopped by hand in the console while its planes exchange rollouts: the reaper's
-        schedule tears it down; `mtrl teardown` of it again, and of idle nodes, after."""
-        world = self.world
-        controller.outcome = "hold"
-        marks = (
-            len(world.recorder.calls),
-            len(world.kubernetes.requests),
-            len(world.sagemaker.updates),
-        )
-        key = "training-data/held.jsonl"
-        # A config of its own (as `mtrl submit` uploads it): workers scale on the backlog.
-        config = load_training_config("rft_multiturn_lora").model_dump(mode="json")
-        config |= {"name": "held", "reward_workers_max": 8}
-        world.clients["s3"].put_object(
-            Bucket=world.pipeline.data_bucket,
-            Key="configs/held.yaml",
-            Body=yaml.safe_dump(config).encode(),
-        )
-        started = world.upload(key, dataset(), metadata={CONFIG_METADATA_KEY: "configs/held.yaml"})
-        wait_for_state(world, started["execution_arn"], "WaitForJob")
+        started: dict[str, Any] = {}
+        yield started
         sfn = world.clients["stepfunctions"]
-        sfn.stop_execution(executionArn=started["execution_arn"], error="Stopped", cause="by hand")
-        # Stopping the execution stops nothing the run made: its planes go on until reaped.
-        self.exchange = exchange_rollouts(world, started["run_id"], key)
-        self.reaped = [
-            world.invoke(
-                "handlers.reap", {"source": "aws.events", "detail-type": "Scheduled Event"}
-            ),
-            world.invoke("handlers.reap", {"run_id": started["run_id"]}),
-            world.invoke("handlers.reap", {"release_idle": True}),
-        ]
         run = Scenario(
             run_id=started["run_id"],
             described=sfn.describe_execution(executionArn=started["execution_arn"]),
@@ -111,7 +83,42 @@ class Scenarios:
             updates=slice(marks[2], len(world.sagemaker.updates)),
         )
         run.left = _left(world, run)
-        self.runs["stopped by hand"] = run
+        self.runs[name] = run
+
+    def run(
+        self, name: str, key: str, body: bytes, *, outcome: str, config: str | None = None
+    ) -> None:
+        with self._recorded(name, outcome) as started:
+            metadata = {CONFIG_METADATA_KEY: config} if config else None
+            started |= self.world.upload(key, body, metadata)
+            self.world.finish(started["execution_arn"])
+
+    def run_stopped_by_hand(self) -> None:
+        world = self.world
+        with self._recorded("stopped by hand", "hold") as started:
+            key = "training-data/held.jsonl"
+            started |= world.upload(key, dataset(), {CONFIG_METADATA_KEY: SCALING_CONFIG})
+            wait_for_state(world, started["execution_arn"], "WaitForJob")
+            world.clients["stepfunctions"].stop_execution(
+                executionArn=started["execution_arn"], error="Stopped", cause="by hand"
+            )
+            # Stopping the execution stops nothing the run made: its planes go on until reaped.
+            self.exchange = exchange_rollouts(world, started["run_id"], key)
+            self.reaped = [
+                world.invoke(
+                    "handlers.reap", {"source": "aws.events", "detail-type": "Scheduled Event"}
+                ),
+                world.invoke("handlers.reap", {"run_id": started["run_id"]}),
+                world.invoke("handlers.reap", {"release_idle": True}),
+            ]
+
+    def run_torn_down_on_request(self) -> None:
+        world = self.world
+        with self._recorded("torn down on request", "hold") as started:
+            started |= world.upload("training-data/unwanted.jsonl", dataset())
+            wait_for_state(world, started["execution_arn"], "WaitForJob")
+            self.reaped.append(world.invoke("handlers.reap", {"run_id": started["run_id"]}))
+            world.finish(started["execution_arn"])  # the interpreter notices the stop
 
 
 def _left(world: World, run: Scenario) -> dict[str, Any]:
@@ -150,15 +157,31 @@ def scenarios(default_app: Synthesized) -> Scenarios:
         deployed_world(default_app, monkeypatch) as world,
     ):
         controller = JobController(world.kubernetes, world.sagemaker)
+        controller.on_running = lambda namespace: write_metrics_as_the_trainer(world, namespace)
         world.kubernetes.on_request = controller
-        played = Scenarios(world)
-        played.run("succeeds", "training-data/wordle.jsonl", dataset(), controller, "complete")
+        # A config of its own (as `mtrl submit` uploads it): workers scale on the backlog.
+        config = load_training_config("rft_multiturn_lora").model_dump(mode="json")
+        config |= {"name": "scaling", "reward_workers_max": 8}
+        world.clients["s3"].put_object(
+            Bucket=world.pipeline.data_bucket,
+            Key=SCALING_CONFIG,
+            Body=yaml.safe_dump(config).encode(),
+        )
+        played = Scenarios(world, controller)
         played.run(
-            "job cannot start", "training-data/wordle-2.jsonl", dataset(), controller, "bad_image"
+            "succeeds",
+            "training-data/wordle.jsonl",
+            dataset(),
+            outcome="complete",
+            config=SCALING_CONFIG,
         )
         played.run(
-            "invalid dataset", "training-data/broken.jsonl", b"{not json\n", controller, "complete"
+            "job cannot start", "training-data/wordle-2.jsonl", dataset(), outcome="bad_image"
         )
-        played.run_held_and_reaped(controller)
+        played.run(
+            "invalid dataset", "training-data/broken.jsonl", b"{not json\n", outcome="complete"
+        )
+        played.run_stopped_by_hand()
+        played.run_torn_down_on_request()
         played.notifications = world.notifications()
     return played

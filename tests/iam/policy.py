@@ -170,5 +170,12 @@ class Policies:
             )
         return Decision(bool(allowed), tuple(allowed))
 
+    def allows_action(self, action: str) -> bool:
+        """Whether some Allow statement grants `action` at all (on whatever resource)."""
+        return any(
+            statement.effect == "Allow" and statement.matching_actions(action)
+            for statement in self.statements
+        )
+
     def grants(self) -> set[Grant]:
         return {g for s in self.statements if s.effect == "Allow" for g in s.grants()}

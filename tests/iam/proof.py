@@ -93,14 +93,21 @@ class Proof:
                     )
 
     def unused(self, report: Report, principals: Iterable[str]) -> dict[str, list[Grant]]:
-        """Allow grants of `principals` that no request used."""
+        """Allow grants of `principals` that no request used (a grant of an action that an
+        action the principal performed depends on counts as used: the service acts with it)."""
         found = {}
         for principal in principals:
             policies = self.policies(principal)
             if policies is None:
                 continue
+            dependents = {d.dependent for d in report.dependents if d.principal == principal}
             idle = sorted(
-                (g for g in policies.grants() if g not in report.used),
+                (
+                    g
+                    for g in policies.grants()
+                    if g not in report.used
+                    and not any(matches(g.action, d, ignore_case=True) for d in dependents)
+                ),
                 key=lambda g: (g.action, g.resource),
             )
             if idle:

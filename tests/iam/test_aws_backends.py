@@ -54,6 +54,11 @@ def test_a_run_on_the_aws_backends_submits_scales_finishes_and_leaves_nothing(
     assert [c.operation for c in calls].count("DeleteService") == 1
     _released(scenarios, run)
     output = json.loads(run.described["output"])
+    # The monitor read the trainer's metrics (written with its pods' role) for its last step.
+    assert output["job"]["step"] == 1
+    # Its config let workers scale on the backlog; ReleaseCompute took the scaling away too.
+    assert [c.operation for c in calls].count("PutScalingPolicy") == 1
+    assert [c.operation for c in calls].count("DeregisterScalableTarget") == 1
     assert output["teardown"]["leftover"] == 0
     assert (
         output["released"]["job_objects_deleted"] == 7
@@ -97,8 +102,8 @@ def test_a_run_stopped_by_hand_is_reaped_and_leaves_nothing(scenarios: Scenarios
     run = scenarios.runs["stopped by hand"]
     assert run.described["status"] == "ABORTED"
     # Meanwhile its planes worked: two Wordle rollouts of three turns, each answered once.
-    assert scenarios.exchange == {"completed": 2, "responses": 2, "turns": 6}
-    scheduled, on_request, idle = scenarios.reaped
+    assert scenarios.exchange == {"completed": 2, "responses": 2, "turns": 6, "dead-lettered": 1}
+    scheduled, on_request, idle, _ = scenarios.reaped
     ((reaped,),) = [scheduled["reaped"]]
     assert reaped["run_id"] == run.run_id and reaped["reason"] == "its execution is ABORTED"
     assert reaped["workers_stopped"] == 4 and reaped["job_objects_deleted"] == 7
@@ -108,4 +113,15 @@ def test_a_run_stopped_by_hand_is_reaped_and_leaves_nothing(scenarios: Scenarios
     assert operations.count("DeregisterScalableTarget") == 1
     assert on_request["reaped"][0]["queues_deleted"] == 0  # repeated: nothing more to do
     assert idle == {"reaped": [], "retry": [], "released_idle": False}
+    _released(scenarios, run)
+
+
+def test_a_run_torn_down_on_request_is_stopped_and_leaves_nothing(scenarios: Scenarios) -> None:
+    run = scenarios.runs["torn down on request"]
+    ((reaped,),) = [scenarios.reaped[-1]["reaped"]]
+    assert (
+        reaped["run_id"] == run.run_id
+        and reaped["reason"] == "torn down on request (mtrl teardown)"
+    )
+    assert run.described["status"] == "ABORTED"
     _released(scenarios, run)

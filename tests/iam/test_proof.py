@@ -9,8 +9,8 @@ import json
 import pytest
 
 from tests.iam.conftest import Scenarios
-from tests.iam.policy import Request, as_list
-from tests.iam.proof import Proof, Report
+from tests.iam.policy import Request, as_list, matches
+from tests.iam.proof import Proof, Report, explained
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +84,63 @@ def test_each_rule_may_invoke_its_target_and_dead_letter_its_events(scenarios: S
                     and rule_arn in json.dumps(statement.get("Condition", {}))
                 ]
                 assert allowing, f"{logical_id}'s dead letters cannot reach {queue}"
+
+
+# Grants no scenario uses, each kept for a reason: (principal pattern, action pattern) -> why.
+KEPT = {
+    ("*", "logs:CreateLogStream"): "The Lambda runtime (or ECS's awslogs driver) writes the "
+    "function's (or task's) logs with the role; no request of the code does.",
+    ("*", "logs:PutLogEvents"): "The Lambda runtime (or ECS's awslogs driver) writes the logs.",
+    ("*", "xray:Put*"): "Active tracing: the Lambda runtime sends the function's trace segments.",
+    ("*", "kms:DescribeKey"): "DynamoDB uses a table's key for its caller and does not publish "
+    "which KMS calls each operation makes: callers hold what aws-cdk-lib's table grants give.",
+    ("*", "kms:Encrypt"): "As kms:DescribeKey: DynamoDB writes under the table's key.",
+    ("*", "kms:ReEncrypt*"): "As kms:DescribeKey: DynamoDB writes under the table's key.",
+    ("*", "kms:GenerateDataKey*"): "As kms:DescribeKey: DynamoDB writes under the table's key.",
+    ("*", "iam:CreateServiceLinkedRole"): "The first scalable target of an account makes "
+    "Application Auto Scaling's role for ECS; every later run finds it there.",
+    ("*RegisterFunctionRole*", "dynamodb:GetItem"): "A Register retried after a timeout finds the "
+    "run its first attempt stored (RunStore.register).",
+    ("*", "sqs:ChangeMessageVisibility"): "Workers and trainers extend a long episode's message "
+    "(the worker's heartbeat); these episodes end sooner.",
+}
+# Dependent actions (Service Authorization Reference) that the calls made here do not need.
+NOT_NEEDED = {
+    ("sagemaker:UpdateCluster", "ec2:*"): "For a custom AMI (ImageId) only; a capacity change "
+    "sends none (lambdas/pipeline/hyperpod_capacity.py leaves images as they are).",
+    ("application-autoscaling:RegisterScalableTarget", "application-autoscaling:TagResource"): (
+        "For tags on the scalable target; none are sent."
+    ),
+}
+
+
+def test_every_grant_is_used_or_kept_for_a_reason(scenarios: Scenarios, report: Report) -> None:
+    world = scenarios.world
+    proof = Proof(world.deployment, world.directory)
+    exercised = sorted({need.principal for need in report.needs})
+    assert len(exercised) >= 19
+    unexplained = [
+        f"{principal.rsplit('/', 1)[-1]}: {grant.action} on {grant.resource}"
+        for principal, grants in proof.unused(report, exercised).items()
+        for grant in grants
+        if explained(grant, principal, KEPT) is None
+    ]
+    assert unexplained == [], "\n".join(unexplained)
+
+
+def test_every_dependent_action_is_granted_or_not_needed(
+    report: Report, scenarios: Scenarios
+) -> None:
+    deployment = scenarios.world.deployment
+    missing = sorted(
+        {
+            f"{d.principal.rsplit('/', 1)[-1]}: {d.action} depends on {d.dependent}"
+            for d in report.dependents
+            if not deployment.policies(d.principal).allows_action(d.dependent)
+            and not any(
+                matches(action, d.action) and matches(dependent, d.dependent)
+                for action, dependent in NOT_NEEDED
+            )
+        }
+    )
+    assert report.dependents and missing == [], "\n".join(missing)

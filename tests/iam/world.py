@@ -13,7 +13,7 @@ import base64
 import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -320,6 +320,7 @@ class JobController:
     def __init__(self, api: FakeKubernetes, sagemaker: FakeSageMaker, group: str = "gpu") -> None:
         self.api, self.sagemaker, self.group = api, sagemaker, group
         self.outcome = "complete"
+        self.on_running: Callable[[str], None] = lambda namespace: None  # the trainer at work
         self._reads: dict[str, int] = {}
 
     def _nodes(self) -> None:
@@ -344,6 +345,8 @@ class JobController:
         if "trainer" not in items:
             return
         reads = self._reads[collection] = self._reads.get(collection, 0) + 1
+        if reads == 1 and self.outcome != "bad_image":
+            self.on_running(collection.split("/namespaces/")[1].split("/")[0])
         done = self.outcome == "complete" and reads > 1
         state = "Completed" if done else "Running"
         items["trainer"]["status"] = {"conditions": [{"type": state, "status": "True"}]}
@@ -412,6 +415,11 @@ def exchange_rollouts(
     bucket = world.pipeline.data_bucket
     s3, sqs = trainer_session.client("s3"), trainer_session.client("sqs")
     s3.get_object(Bucket=bucket, Key=dataset_key)["Body"].read()
+    # One the worker cannot read: it goes to the run's dead-letter queue, not into a rollout.
+    sqs.send_message(
+        QueueUrl=queues["rollout-requests"], MessageBody="{not a rollout request",
+        MessageGroupId="poison", MessageDeduplicationId="poison",
+    )  # fmt: skip
     for index in range(rollouts):
         request = RolloutRequest(sample_id=f"w{index}_0", data={"answer": "crane"})
         sqs.send_message(
@@ -461,7 +469,26 @@ def exchange_rollouts(
         sqs.delete_message(
             QueueUrl=queues["rollout-responses"], ReceiptHandle=message["ReceiptHandle"]
         )
-    s3.put_object(
-        Bucket=bucket, Key=f"runs/{run_id}/metrics.jsonl", Body=b'{"step": 1, "mean_reward": 0.8}\n'
+    dead = world.clients["sqs"].receive_message(QueueUrl=queues["dlq"], MaxNumberOfMessages=10)
+    return {
+        "completed": stats.completed,
+        "responses": len(answered),
+        "turns": trainer.answered,
+        "dead-lettered": len(dead.get("Messages", [])),
+    }
+
+
+def write_metrics_as_the_trainer(world: World, namespace: str) -> None:
+    """The trainer, with its pods' role, records its first step where its job says (the run's
+    settings in its namespace): what the monitor reads to tell a stalled job from a slow one."""
+    settings = world.kubernetes.objects[f"/api/v1/namespaces/{namespace}/configmaps"][
+        "run-settings"
+    ]
+    output = urlsplit(settings["data"]["MTRL_OUTPUT_URI"])
+    trainer = world.recorder.session(
+        role_of(world.deployment, "pipeline", "TrainingClusterControlJobRole")
     )
-    return {"completed": stats.completed, "responses": len(answered), "turns": trainer.answered}
+    trainer.client("s3").put_object(
+        Bucket=output.hostname, Key=f"{output.path.lstrip('/')}metrics.jsonl",
+        Body=b'{"step": 1, "mean_reward": 0.4}\n',
+    )  # fmt: skip

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import time
 from collections.abc import Iterator
@@ -256,7 +257,10 @@ def test_unschedulable_pods_wait_then_pend_too_long(
     status = cluster.status(RUN)
     assert status.phase == "pending"
     assert "unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu." in status.reason
-    clock.now += 1801
+    # Half an hour after the job was made (the API server stamped it, to the second).
+    stamp = api.objects[JOBS]["trainer"]["metadata"]["creationTimestamp"]
+    created = datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    clock.now = created.timestamp() + 1801
     status = cluster.status(RUN)
     assert status.phase == "pending_too_long"
     assert status.reason.startswith("pending for 30 min: pod trainer-0 is unschedulable")
