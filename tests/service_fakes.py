@@ -29,6 +29,20 @@ REGION, ACCOUNT = "us-east-1", "123456789012"
 COMMON_ERRORS = {"AccessDeniedException", "ThrottlingException", "ValidationException"}
 
 
+@contextmanager
+def every_client(handlers: list[tuple[str, Any]]) -> Iterator[None]:
+    """botocore event `handlers` on every client made meanwhile, in any session (the default
+    one is made anew so that its clients have them too)."""
+    botocore.handlers.BUILTIN_HANDLERS.extend(handlers)
+    boto3.DEFAULT_SESSION = None
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            botocore.handlers.BUILTIN_HANDLERS.remove(handler)
+        boto3.DEFAULT_SESSION = None
+
+
 class AwsError(Exception):
     def __init__(self, code: str, message: str, status: int = 400) -> None:
         super().__init__(f"{code}: {message}")
@@ -71,15 +85,8 @@ class ServiceFake:
     @contextmanager
     def installed(self) -> Iterator[ServiceFake]:
         """Every client made meanwhile, anywhere in the process, reaches this fake."""
-        handlers = self._handlers()
-        botocore.handlers.BUILTIN_HANDLERS.extend(handlers)
-        boto3.DEFAULT_SESSION = None
-        try:
+        with every_client(self._handlers()):
             yield self
-        finally:
-            for handler in handlers:
-                botocore.handlers.BUILTIN_HANDLERS.remove(handler)
-            boto3.DEFAULT_SESSION = None
 
     def operations(self, name: str) -> list[dict[str, Any]]:
         return [params for operation, params in self.requests if operation == name]

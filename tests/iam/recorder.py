@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import boto3
-import botocore.handlers
+
+from tests.service_fakes import every_client
 
 SECRET = "proof-secret"
 HARNESS = "harness"  # the tests' own setup and inspection, not a deployed principal
@@ -71,14 +72,8 @@ class Recorder:
             ("after-call", self._answered),
             ("after-call-error", self._failed),
         ]
-        botocore.handlers.BUILTIN_HANDLERS.extend(handlers)
-        boto3.DEFAULT_SESSION = None
-        try:
+        with every_client(handlers):
             yield self
-        finally:
-            for handler in handlers:
-                botocore.handlers.BUILTIN_HANDLERS.remove(handler)
-            boto3.DEFAULT_SESSION = None
 
     def record(self, access_key: str, service: str, operation: str, params: dict[str, Any]) -> None:
         """A request made other than through botocore (an HTTP call signed with SigV4)."""

@@ -19,7 +19,6 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import boto3
-import botocore.handlers
 from botocore.credentials import Credentials
 from moto import mock_aws
 
@@ -45,7 +44,7 @@ from tests.iam.authorization import Directory
 from tests.iam.deployment import Deployment
 from tests.iam.recorder import SECRET, Recorder
 from tests.kubernetes.fake_api import FakeKubernetes
-from tests.service_fakes import FakeEks, FakeSageMaker
+from tests.service_fakes import FakeEks, FakeSageMaker, every_client
 
 HARNESS_KEYS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
 CLIENTS = ("iam", "dynamodb", "sns", "lambda", "stepfunctions", "s3", "sqs", "cloudwatch", "ecs")
@@ -253,8 +252,7 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
         deployment = Deployment(app.templates, known=_deploy_network(app.templates))
         dispatcher = stack.enter_context(in_process_lambdas())
         stack.enter_context(recorder.installed())
-        botocore.handlers.BUILTIN_HANDLERS.append(FARGATE)
-        stack.callback(botocore.handlers.BUILTIN_HANDLERS.remove, FARGATE)
+        stack.enter_context(every_client([FARGATE]))
         hyperpod = _deploy_compute(deployment)
         sagemaker = FakeSageMaker(name=hyperpod["name"], arn=hyperpod["arn"])
         sagemaker.groups = hyperpod["groups"]

@@ -11,7 +11,7 @@ import yaml
 
 from lambdas.kubernetes.training_job import JobRenderError
 from lambdas.pipeline.notify import notify, summary
-from lambdas.pipeline.register import BudgetExceeded, register_run
+from lambdas.pipeline.register import BudgetExceeded, Registered, register_run
 from mtrl.runs import RunStore, create_runs_table
 from stacks.config import PlatformConfig, deployment_context
 from training_configs.schema import TrainingConfigError
@@ -85,10 +85,10 @@ def test_default_config_registers_once_per_upload(s3_and_runs) -> None:
     assert newer.created and newer.run.run_id != first.run.run_id
 
 
-def test_config_named_in_object_metadata(s3_and_runs) -> None:
-    s3, runs = s3_and_runs
-    version = _upload(s3, metadata={"mtrl-config": "rft_multiturn_full"})
-    registered = register_run(
+def _register_with(s3: object, runs: object, config: str) -> Registered:
+    """Register an upload whose metadata names `config`."""
+    version = _upload(s3, metadata={"mtrl-config": config})
+    return register_run(
         s3,
         runs,
         bucket=BUCKET,
@@ -97,6 +97,11 @@ def test_config_named_in_object_metadata(s3_and_runs) -> None:
         default_config="rft_multiturn_lora",
         now=0.0,
     )
+
+
+def test_config_named_in_object_metadata(s3_and_runs) -> None:
+    s3, runs = s3_and_runs
+    registered = _register_with(s3, runs, "rft_multiturn_full")
     assert registered.run.config_name == "rft_multiturn_full" and registered.config.lora is None
 
 
@@ -110,74 +115,29 @@ def test_uploaded_config_file_and_its_errors(s3_and_runs) -> None:
         }
     )
     s3.put_object(Bucket=BUCKET, Key="configs/mine.yaml", Body=mine.encode())
-    version = _upload(s3, metadata={"mtrl-config": "configs/mine.yaml"})
-    registered = register_run(
-        s3,
-        runs,
-        bucket=BUCKET,
-        key="training-data/w.jsonl",
-        version_id=version,
-        default_config="rft_multiturn_lora",
-        now=0.0,
-    )
+    registered = _register_with(s3, runs, "configs/mine.yaml")
     assert registered.config.name == "mine" and registered.config.max_steps == 5
     # Missing: found out by listing configs/ (a GetObject would answer 403 on AWS, not 404).
     s3.put_object(Bucket=BUCKET, Key="configs/missing.yaml.bak", Body=mine.encode())
-    version = _upload(s3, metadata={"mtrl-config": "configs/missing.yaml"})
     with pytest.raises(TrainingConfigError, match="configs/missing.yaml: no such object"):
-        register_run(
-            s3,
-            runs,
-            bucket=BUCKET,
-            key="training-data/w.jsonl",
-            version_id=version,
-            default_config="rft_multiturn_lora",
-            now=0.0,
-        )
+        _register_with(s3, runs, "configs/missing.yaml")
     # Anywhere else in the bucket: the pipeline may not read it, and says where configs go.
     s3.put_object(Bucket=BUCKET, Key="elsewhere/mine.yaml", Body=mine.encode())
-    version = _upload(s3, metadata={"mtrl-config": "elsewhere/mine.yaml"})
     with pytest.raises(
         TrainingConfigError, match=r"nor under s3://data-bucket/configs/: upload it there"
     ):
-        register_run(
-            s3,
-            runs,
-            bucket=BUCKET,
-            key="training-data/w.jsonl",
-            version_id=version,
-            default_config="rft_multiturn_lora",
-            now=0.0,
-        )
+        _register_with(s3, runs, "elsewhere/mine.yaml")
     s3.put_object(Bucket=BUCKET, Key="configs/bad.yaml", Body=b"name: x\nrecipe: SFT\n")
-    version = _upload(s3, metadata={"mtrl-config": "configs/bad.yaml"})
     with pytest.raises(TrainingConfigError, match=r"config s3://data-bucket/configs/bad.yaml: "):
-        register_run(
-            s3,
-            runs,
-            bucket=BUCKET,
-            key="training-data/w.jsonl",
-            version_id=version,
-            default_config="rft_multiturn_lora",
-            now=0.0,
-        )
+        _register_with(s3, runs, "configs/bad.yaml")
 
 
 def test_over_budget_is_refused_before_anything_exists(s3_and_runs) -> None:
     s3, runs = s3_and_runs
     cheap = yaml.safe_dump({**_lora(), "budget_usd": 100})
     s3.put_object(Bucket=BUCKET, Key="configs/cheap.yaml", Body=cheap.encode())
-    version = _upload(s3, metadata={"mtrl-config": "configs/cheap.yaml"})
     with pytest.raises(BudgetExceeded, match=r"OVER the \$100 budget; raise budget_usd"):
-        register_run(
-            s3,
-            runs,
-            bucket=BUCKET,
-            key="training-data/w.jsonl",
-            version_id=version,
-            default_config="rft_multiturn_lora",
-            now=0.0,
-        )
+        _register_with(s3, runs, "configs/cheap.yaml")
     assert boto3.client("dynamodb").scan(TableName="runs")["Count"] == 0
 
 
