@@ -14,6 +14,7 @@ import pytest
 from lambdas.kubernetes.client import KubernetesClient, KubernetesError
 from lambdas.kubernetes.token import EksTokenSource, eks_token
 from tests.kubernetes.fake_api import FakeKubernetes
+from tests.service_fakes import FakeEks
 
 TOKEN = "k8s-aws-v1.valid"
 JOB = {
@@ -120,16 +121,15 @@ def test_the_cluster_ca_is_required(api: FakeKubernetes) -> None:
         untrusting.get("v1", "Namespace", "run-1")
 
 
-def test_endpoint_and_ca_come_from_describe_cluster(api: FakeKubernetes) -> None:
-    class Eks:
-        def describe_cluster(self, name: str) -> dict:
-            assert name == "nova-mtrl"
-            return {
-                "cluster": {"endpoint": api.endpoint, "certificateAuthority": {"data": api.ca_data}}
-            }
-
-    client = KubernetesClient.for_eks(Eks(), "nova-mtrl", token=lambda **_: TOKEN)
+def test_endpoint_and_ca_come_from_describe_cluster(
+    api: FakeKubernetes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(key, "test")
+    eks = FakeEks(cluster="nova-mtrl", endpoint=api.endpoint, ca_data=api.ca_data)
+    client = KubernetesClient.for_eks(eks.client(), "nova-mtrl", token=lambda **_: TOKEN)
     assert client.list("v1", "Pod", namespace="run-1") == []
+    assert eks.operations("DescribeCluster") == [{"name": "nova-mtrl"}]
 
 
 def _decoded(token: str) -> str:

@@ -8,6 +8,7 @@ import pytest
 
 from lambdas.pipeline.backends import RunContext
 from lambdas.pipeline.ecs_fleet import EcsFleetSettings, EcsRewardFleet, FleetFailed
+from tests.service_fakes import ServiceFake
 
 RUN = RunContext(
     run_id="wordle-abc123",
@@ -194,14 +195,23 @@ def test_stop_removes_everything_and_can_repeat(fleet: EcsRewardFleet) -> None:
     ]
 
 
-def test_a_tripped_circuit_breaker_is_a_failure_with_its_reason(fleet: EcsRewardFleet) -> None:
-    class Ecs:
-        def describe_services(self, **_: object) -> dict:
-            return {"services": [{"status": "ACTIVE", "runningCount": 0, "deployments": [
-                {"rolloutState": "FAILED", "rolloutStateReason": "ECS deployment circuit breaker: tasks failed to start."}]}]}  # fmt: skip
+class TrippedBreaker(ServiceFake):
+    """ECS reporting a service whose deployment the circuit breaker stopped."""
 
+    service = "ecs"
+
+    def describe_services(self, **_: object) -> dict:
+        return {"services": [{"status": "ACTIVE", "runningCount": 0, "deployments": [
+            {"rolloutState": "FAILED", "rolloutStateReason": "ECS deployment circuit breaker: tasks failed to start."}]}]}  # fmt: skip
+
+
+def test_a_tripped_circuit_breaker_is_a_failure_with_its_reason(fleet: EcsRewardFleet) -> None:
     broken = EcsRewardFleet(
-        fleet.settings, ecs=Ecs(), autoscaling=fleet.autoscaling, logs=fleet.logs, ssm=fleet.ssm
+        fleet.settings,
+        ecs=TrippedBreaker().client(),
+        autoscaling=fleet.autoscaling,
+        logs=fleet.logs,
+        ssm=fleet.ssm,
     )
     with pytest.raises(
         FleetFailed, match="wordle-abc123 failed to start: ECS deployment circuit breaker"
