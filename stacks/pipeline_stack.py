@@ -9,7 +9,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.base import PlatformStack
-from stacks.components.access import NEEDS, grant_needs
+from stacks.components.access import NEEDS, OperatorPolicy, StacksAccess, grant_needs
 from stacks.components.fleet_control import RewardFleetControl
 from stacks.components.hyperpod import HyperPodCluster
 from stacks.components.lambda_code import pipeline_code
@@ -84,21 +84,35 @@ class PipelineStack(PlatformStack):
                     function.add_environment(key, value)
         # What every function and workload may do: declared once (stacks/components/access.py).
         roles: dict[str, iam.IRole] = {step: f.role for step, f in functions.items() if f.role}
+        self.operator_policy = OperatorPolicy(
+            self,
+            "OperatorPolicy",
+            managed_policy_name=f"{config.name_prefix}-operator",
+            description="What the mtrl CLI needs: submit, runs, status, cost, logs, teardown, doctor",
+        )
         roles |= {
             "proxy": self.router.proxy.role,
             "consumer": self.router.consumer.role,
             "reward_worker": fleet.task_role,
             "run_pods": training.job_role,
+            "operator": self.operator_policy,
         }  # type: ignore[dict-item]
         grant_needs(
             roles,
             [
                 DataBucketAccess(data_bucket, storage.data_key),
+                StacksAccess(self, config.name_prefix),
                 self.pipeline,
                 self.router,
                 fleet,
                 training,
             ],
+        )
+        cdk.CfnOutput(
+            self,
+            "OperatorPolicyArn",
+            value=self.operator_policy.managed_policy_arn,
+            description="Attach to the role or permission set of whoever runs mtrl",
         )
         cdk.CfnOutput(self, "RouterUrl", value=self.router.proxy_url.url)
         cdk.CfnOutput(self, "ConversationTableName", value=self.router.table.table_name)

@@ -232,7 +232,12 @@ class FakeEks(ServiceFake):
                 "name": name,
                 "arn": f"arn:aws:eks:{REGION}:{ACCOUNT}:cluster/{name}",
                 "status": "ACTIVE",
+                "version": "1.33",
                 "endpoint": self.endpoint,
+                "resourcesVpcConfig": {
+                    "endpointPublicAccess": True,
+                    "endpointPrivateAccess": False,
+                },
                 "certificateAuthority": {"data": self.ca_data},
                 "accessConfig": {"authenticationMode": "API"},
             }

@@ -12,10 +12,11 @@ from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Protocol
 
+from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 
-from stacks.components.nag import acknowledge_key_grant
+from stacks.components.nag import acknowledge_key_grant, acknowledge_resource
 
 
 class Need(StrEnum):
@@ -60,6 +61,18 @@ class Need(StrEnum):
     KUBERNETES = "use the EKS cluster's Kubernetes API"
     POD_IDENTITY_CREATE = "give a run's pods the job role"
     POD_IDENTITY_DELETE = "take the job role from a run's pods"
+    # The operator running `mtrl` (submit, runs, status, cost, logs, teardown, doctor).
+    DEPLOYMENT_READ = "find the deployment from its stacks' outputs"
+    DATASETS_UPLOAD = "upload datasets"
+    CONFIGS_UPLOAD = "upload configs"
+    EXECUTIONS_READ = "read executions and their history"
+    REAPER_INVOKE = "ask the reaper to tear a run down"
+    PIPELINE_LOGS_READ = "read the pipeline's logs"
+    QUEUES_WATCH = "read run queues' depths and ages"
+    WORKER_LOGS_READ = "read the reward workers' logs"
+    WORKER_IMAGE_CHECK = "check the reward worker's image"
+    TRAINER_LOGS_READ = "read the training pods' logs"
+    CLUSTERS_CHECK = "check the EKS and HyperPod clusters and the GPU quota"
 
 
 _TEARDOWN = (
@@ -111,6 +124,14 @@ NEEDS: Mapping[str, tuple[Need, ...]] = {
     "run_pods": (
         Need.DATASETS_READ_CURRENT, Need.OUTPUTS_WRITE, Need.RUN_QUEUES_RECEIVE, Need.RUN_QUEUES_SEND,
     ),
+    # The operator's managed policy (stack output OperatorPolicyArn), for the `mtrl` commands.
+    "operator": (
+        Need.DEPLOYMENT_READ, Need.DATASETS_UPLOAD, Need.CONFIGS_UPLOAD, Need.RUNS_SCAN,
+        Need.RUNS_GET, Need.EXECUTIONS_READ, Need.OUTPUTS_LIST, Need.OUTPUTS_READ,
+        Need.QUEUES_WATCH, Need.FLEET_WATCH, Need.NODES_COUNT, Need.REAPER_INVOKE,
+        Need.PIPELINE_LOGS_READ, Need.WORKER_LOGS_READ, Need.TRAINER_LOGS_READ,
+        Need.WORKER_IMAGE_CHECK, Need.CLUSTERS_CHECK,
+    ),
 }  # fmt: skip
 
 
@@ -120,6 +141,66 @@ class AccessProvider(Protocol):
     provides: frozenset[Need]
 
     def grant(self, need: Need, role: iam.IRole) -> None: ...
+
+
+class OperatorPolicy(iam.ManagedPolicy):
+    """The managed policy for the people who run `mtrl` (attach it to their role or permission
+    set): needs are granted to it as to a role."""
+
+    def add_to_principal_policy(
+        self, statement: iam.PolicyStatement
+    ) -> iam.AddToPrincipalPolicyResult:
+        self.add_statements(statement)
+        return iam.AddToPrincipalPolicyResult(statement_added=True)
+
+
+class StacksAccess:
+    """The deployment's own stacks: `mtrl` finds everything from their outputs."""
+
+    provides = frozenset({Need.DEPLOYMENT_READ})
+
+    def __init__(self, stack: Stack, prefix: str) -> None:
+        self._stacks = stack.format_arn(
+            service="cloudformation", resource="stack", resource_name=f"{prefix}-*/*"
+        )
+
+    def grant(self, need: Need, role: iam.IRole) -> None:
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=["cloudformation:DescribeStacks"], resources=[self._stacks])
+        )
+        acknowledge_resource(
+            role,
+            "AwsSolutions-IAM5",
+            self._stacks,
+            "Stack ARNs end in an id CloudFormation assigns; only this deployment's stacks.",
+        )
+
+
+def grant_log_reading(role: iam.IRole, *group_arns: str) -> None:
+    """FilterLogEvents on log groups, each named as `arn:...:log-group:<name>:*` — the form IAM
+    policies take for most CloudWatch Logs actions (CloudWatch Logs API Reference, LogGroup
+    `arn`)."""
+    role.add_to_principal_policy(
+        iam.PolicyStatement(actions=["logs:FilterLogEvents"], resources=list(group_arns))
+    )
+    for group in group_arns:
+        acknowledge_resource(
+            role,
+            "AwsSolutions-IAM5",
+            group,
+            "A log group named as IAM wants it (`:*`: its streams, named by the service at run "
+            "time); reading only.",
+        )
+
+
+def log_group_arn(stack: Stack, name: str) -> str:
+    """The ARN IAM policies use for a log group (with `:*`)."""
+    return stack.format_arn(
+        service="logs",
+        resource="log-group",
+        resource_name=f"{name}:*",
+        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+    )
 
 
 def grant_needs(roles: Mapping[str, iam.IRole], providers: Iterable[AccessProvider]) -> None:

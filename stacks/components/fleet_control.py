@@ -18,7 +18,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from lambdas.router.run_queues import deployment_prefix
-from stacks.components.access import Need
+from stacks.components.access import Need, grant_log_reading, log_group_arn
 from stacks.components.nag import acknowledge_resource
 from stacks.components.reward_fleet import RewardFleet, cluster_name, log_group_name, task_family
 from stacks.config import PlatformConfig
@@ -75,6 +75,14 @@ class RewardFleetControl(Construct):
             resource="log-group",
             resource_name=f"{log_prefix}/*",
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        )
+        self._log_prefix = log_prefix
+        # The worker image is a CDK asset, in the bootstrap's container assets repository.
+        qualifier = cdk.DefaultStackSynthesizer.DEFAULT_QUALIFIER
+        self._image_repository = stack.format_arn(
+            service="ecr",
+            resource="repository",
+            resource_name=f"cdk-{qualifier}-container-assets-{stack.account}-{stack.region}",
         )
         self._scalable_targets = stack.format_arn(
             service="application-autoscaling", resource="scalable-target", resource_name="*"
@@ -135,7 +143,15 @@ class RewardFleetControl(Construct):
             reason = self._wildcards.get(resource) or self._wildcards[self._run_log_groups]
             acknowledge_resource(startup, "AwsSolutions-IAM5", resource, reason)
 
-    provides = frozenset({Need.FLEET_START, Need.FLEET_WATCH, Need.FLEET_STOP})
+    provides = frozenset(
+        {
+            Need.FLEET_START,
+            Need.FLEET_WATCH,
+            Need.FLEET_STOP,
+            Need.WORKER_LOGS_READ,
+            Need.WORKER_IMAGE_CHECK,
+        }
+    )
 
     def grant(self, need: Need, role: iam.IRole) -> None:
         services, definitions = self._services, f"{self._task_definitions}:*"
@@ -209,6 +225,14 @@ class RewardFleetControl(Construct):
                         self._scaling_alarms,
                     ),
                     _allow(["ssm:DeleteParameter"], self._parameters),
+                ]
+            case Need.WORKER_LOGS_READ:
+                grant_log_reading(role, log_group_arn(Stack.of(self), f"{self._log_prefix}/*"))
+                statements = []
+            case Need.WORKER_IMAGE_CHECK:
+                statements = [
+                    _allow(["ecs:DescribeTaskDefinition"], "*"),
+                    _allow(["ecr:DescribeImages"], self._image_repository),
                 ]
         for statement in statements:
             role.add_to_principal_policy(statement)

@@ -31,7 +31,7 @@ from constructs import Construct
 
 from lambdas.router.run_queues import deployment_prefix
 from mtrl.bucket import TRAINING_DATA_PREFIX
-from stacks.components.access import Need, grant_table_key
+from stacks.components.access import Need, grant_log_reading, grant_table_key
 from stacks.components.functions import pipeline_function
 from stacks.components.nag import acknowledge, acknowledge_resource
 from stacks.config import PlatformConfig
@@ -277,6 +277,9 @@ class TrainingPipeline(Construct):
             Need.EXECUTION_START,
             Need.EXECUTIONS_STOP,
             Need.ALERTS_PUBLISH,
+            Need.EXECUTIONS_READ,
+            Need.REAPER_INVOKE,
+            Need.PIPELINE_LOGS_READ,
         }
     )
 
@@ -308,6 +311,29 @@ class TrainingPipeline(Construct):
                     self._executions,
                     "Executions are named by run id at run time; only this state machine's.",
                 )
+            case Need.EXECUTIONS_READ:
+                role.add_to_principal_policy(
+                    iam.PolicyStatement(
+                        actions=["states:DescribeExecution", "states:GetExecutionHistory"],
+                        resources=[self._executions],
+                    )
+                )
+                acknowledge_resource(
+                    role,
+                    "AwsSolutions-IAM5",
+                    self._executions,
+                    "Executions are named by run id at run time; only this state machine's.",
+                )
+            case Need.REAPER_INVOKE:
+                role.add_to_principal_policy(
+                    iam.PolicyStatement(
+                        actions=["lambda:InvokeFunction"],
+                        resources=[self.functions["reap"].function_arn],
+                    )
+                )
+            case Need.PIPELINE_LOGS_READ:
+                groups = [self.execution_logs, *(f.log_group for f in self.functions.values())]
+                grant_log_reading(role, *(group.log_group_arn for group in groups))
             case Need.ALERTS_PUBLISH:
                 self.alert_topic.grant_publish(role)
                 acknowledge(

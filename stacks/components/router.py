@@ -116,6 +116,7 @@ class Router(Construct):
             Need.CONSUMER_CONNECT,
             Need.CONSUMER_DISCONNECT,
             Need.PROXY_INVOKE,
+            Need.QUEUES_WATCH,
         }
     )
 
@@ -182,6 +183,10 @@ class Router(Construct):
                 self._allow(role, ["lambda:ListEventSourceMappings"], "*")
             case Need.PROXY_INVOKE:
                 self.proxy.grant_invoke_url(role)
+            case Need.QUEUES_WATCH:
+                self._allow(role, ["sqs:GetQueueUrl", "sqs:GetQueueAttributes"], queues)
+                # GetMetricData has no resource type (Service Authorization Reference).
+                self._allow(role, ["cloudwatch:GetMetricData"], "*")
 
     def _allow(self, role: iam.IRole, actions: list[str], resource: str) -> None:
         role.add_to_principal_policy(iam.PolicyStatement(actions=actions, resources=[resource]))
@@ -194,7 +199,7 @@ class Router(Construct):
             acknowledge(
                 role,
                 "AwsSolutions-IAM5[Resource::*]",
-                "sqs:ListQueues, lambda:ListEventSourceMappings and CreateEventSourceMapping have "
-                "no resource type (Service Authorization Reference); creation is conditioned on "
-                "the consumer's ARN.",
+                "sqs:ListQueues, lambda:ListEventSourceMappings, CreateEventSourceMapping and "
+                "cloudwatch:GetMetricData have no resource type (Service Authorization "
+                "Reference); creating a mapping is conditioned on the consumer's ARN.",
             )

@@ -210,6 +210,8 @@ class DataBucketAccess:
             Need.OUTPUTS_LIST,
             Need.OUTPUTS_READ,
             Need.OUTPUTS_WRITE,
+            Need.DATASETS_UPLOAD,
+            Need.CONFIGS_UPLOAD,
         }
     )
 
@@ -237,6 +239,15 @@ class DataBucketAccess:
             case Need.OUTPUTS_WRITE:
                 self._objects(role, RUNS_PREFIX, "s3:PutObject")
                 self._use_key(role, "kms:GenerateDataKey")
+            case Need.DATASETS_UPLOAD | Need.CONFIGS_UPLOAD:
+                # A dataset's version is read back after its upload (it names the run); a large
+                # file goes up in parts, which needs kms:Decrypt too (S3 User Guide, SSE-KMS).
+                if need is Need.DATASETS_UPLOAD:
+                    self._objects(role, TRAINING_DATA_PREFIX, "s3:PutObject", "s3:GetObject")
+                else:
+                    self._objects(role, CONFIGS_PREFIX, "s3:PutObject")
+                self._use_key(role, "kms:GenerateDataKey")
+                self._use_key(role, "kms:Decrypt")
 
     def _objects(self, role: iam.IRole, prefix: str, *actions: str) -> None:
         objects = self._bucket.arn_for_objects(f"{prefix}*")

@@ -23,11 +23,11 @@ from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from lambdas.kubernetes.rbac import pipeline_group, pipeline_rbac
-from stacks.components.access import Need
+from stacks.components.access import Need, grant_log_reading, log_group_arn
 from stacks.components.eks import eks_cluster_name, pod_identity_role
 from stacks.components.functions import pipeline_function
 from stacks.components.hyperpod import hyperpod_cluster_name
-from stacks.components.nag import acknowledge_resource
+from stacks.components.nag import acknowledge, acknowledge_resource
 from stacks.config import PlatformConfig
 
 CLUSTER_ADMIN = "AmazonEKSClusterAdminPolicy"
@@ -89,6 +89,8 @@ class TrainingClusterControl(Construct):
             Need.KUBERNETES,
             Need.POD_IDENTITY_CREATE,
             Need.POD_IDENTITY_DELETE,
+            Need.TRAINER_LOGS_READ,
+            Need.CLUSTERS_CHECK,
         }
     )
 
@@ -129,6 +131,24 @@ class TrainingClusterControl(Construct):
                 # The association is tagged with its run on creation.
                 self._allow(role, ["eks:TagResource"], self._associations)
                 self._pass(role, self.job_role.role_arn, "pods.eks.amazonaws.com")
+            case Need.TRAINER_LOGS_READ:
+                # Container Insights writes every pod's lines to the cluster's application group.
+                group = f"/aws/containerinsights/{self._eks_name}/application"
+                grant_log_reading(role, log_group_arn(Stack.of(self), group))
+            case Need.CLUSTERS_CHECK:
+                self._allow(role, ["eks:DescribeCluster"], self._eks_arn)
+                self._allow(role, ["sagemaker:DescribeCluster"], self._hyperpod_arn)
+                # Quotas have no resource type (Service Authorization Reference).
+                role.add_to_principal_policy(
+                    iam.PolicyStatement(
+                        actions=["servicequotas:ListServiceQuotas"], resources=["*"]
+                    )
+                )
+                acknowledge(
+                    role,
+                    "AwsSolutions-IAM5[Resource::*]",
+                    "servicequotas:ListServiceQuotas has no resource type; it only reads quotas.",
+                )
             case Need.POD_IDENTITY_DELETE:
                 self._allow(role, ["eks:ListPodIdentityAssociations"], self._eks_arn)
                 self._allow(role, ["eks:DeletePodIdentityAssociation"], self._associations)

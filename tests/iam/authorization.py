@@ -267,7 +267,12 @@ class Authorization:
                 names = p.get("AlarmNames") or ([p["AlarmName"]] if "AlarmName" in p else ["*"])
                 return [_arn("cloudwatch", f"alarm:{name}") for name in names]
             case "logs":
-                return [_arn("logs", f"log-group:{p['logGroupName']}")]
+                # Policies name a log group with `:*` for all but its tag actions (CloudWatch Logs
+                # API Reference, LogGroup `arn`): that is the form requests are matched in.
+                group = _arn("logs", f"log-group:{p['logGroupName']}")
+                return [
+                    group if op.endswith(("TagResource", "ListTagsForResource")) else f"{group}:*"
+                ]
             case "ecs":
                 cluster = _cluster_name(p.get("cluster", "default"))
                 if op == "RegisterTaskDefinition":

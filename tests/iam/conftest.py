@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +28,8 @@ from tests.iam.world import (
     dataset,
     deployed_world,
     exchange_rollouts,
+    publish_stacks,
+    run_cli,
     wait_for_state,
     write_metrics_as_the_trainer,
 )
@@ -62,6 +65,30 @@ class Scenarios:
     notifications: list[str] = field(default_factory=list)
     exchange: dict[str, Any] = field(default_factory=dict)
     reaped: list[dict[str, Any]] = field(default_factory=list)
+    monkeypatch: Any = None
+    cli: dict[str, Any] = field(default_factory=dict)  # `mtrl` command -> its CliRunner result
+
+    def use_the_cli(self, tmp: Path) -> None:
+        """The operator's commands, after the runs: each reads or changes the deployment."""
+        world, run_id = self.world, self.runs["succeeds"].run_id
+        config = tmp / "mine.yaml"
+        config.write_text(
+            yaml.safe_dump(load_training_config("rft_multiturn_lora").model_dump(mode="json"))
+        )
+        data = tmp / "operator.jsonl"
+        data.write_bytes(dataset())
+        commands = {
+            "doctor": ("doctor",),
+            "submit": ("submit", str(data), "--config", str(config)),
+            "runs": ("runs",),
+            "cost": ("cost", run_id),
+            "logs pipeline": ("logs", run_id, "--plane", "pipeline"),
+            "logs workers": ("logs", run_id, "--plane", "workers"),
+            "logs trainer": ("logs", run_id, "--plane", "trainer"),
+            "teardown": ("teardown", run_id),
+        }
+        for name, command in commands.items():
+            self.cli[name] = run_cli(world, self.monkeypatch, *command)
 
     @contextlib.contextmanager
     def _recorded(self, name: str, outcome: str) -> Iterator[dict[str, Any]]:
@@ -104,6 +131,7 @@ class Scenarios:
             )
             # Stopping the execution stops nothing the run made: its planes go on until reaped.
             self.exchange = exchange_rollouts(world, started["run_id"], key)
+            self.cli["status"] = run_cli(world, self.monkeypatch, "status", started["run_id"])
             self.reaped = [
                 world.invoke(
                     "handlers.reap", {"source": "aws.events", "detail-type": "Scheduled Event"}
@@ -149,7 +177,7 @@ def _left(world: World, run: Scenario) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def scenarios(default_app: Synthesized) -> Scenarios:
+def scenarios(default_app: Synthesized, tmp_path_factory: pytest.TempPathFactory) -> Scenarios:
     """Played, and the world closed again (moto, the fakes and the recorder hooks are process
     wide): the tests read the records and what was observed meanwhile."""
     with (
@@ -167,7 +195,8 @@ def scenarios(default_app: Synthesized) -> Scenarios:
             Key=SCALING_CONFIG,
             Body=yaml.safe_dump(config).encode(),
         )
-        played = Scenarios(world, controller)
+        publish_stacks(world)
+        played = Scenarios(world, controller, monkeypatch=monkeypatch)
         played.run(
             "succeeds",
             "training-data/wordle.jsonl",
@@ -183,5 +212,6 @@ def scenarios(default_app: Synthesized) -> Scenarios:
         )
         played.run_stopped_by_hand()
         played.run_torn_down_on_request()
+        played.use_the_cli(tmp_path_factory.mktemp("operator"))
         played.notifications = world.notifications()
     return played

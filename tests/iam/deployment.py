@@ -94,6 +94,19 @@ class Deployment:
                     )
         return Policies(statements)
 
+    def managed_policy(self, logical_prefix: str) -> Policies:
+        """The statements of the one customer managed policy whose logical id starts so."""
+        ((stack, logical_id, resource),) = [
+            found
+            for found in self.resources("AWS::IAM::ManagedPolicy")
+            if found[1].startswith(logical_prefix)
+        ]
+        return Policies(
+            self._statements(
+                stack, f"{stack}/{logical_id}", resource["Properties"]["PolicyDocument"]
+            )
+        )
+
     def _statements(self, stack: str, source: str, document: dict[str, Any]) -> list[Statement]:
         resolved = self.resolve(stack, document)
         return [

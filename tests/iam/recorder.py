@@ -87,7 +87,7 @@ class Recorder:
     # --- botocore event handlers ---
 
     def _parameters(self, params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
-        context["proof_params"] = copy.deepcopy(params)
+        context["proof_params"] = _copied(params)
 
     def _caller(self, model: Any, request_signer: Any, context: dict[str, Any], **_: Any) -> None:
         context["proof_model"] = model
@@ -118,7 +118,21 @@ class Recorder:
             operation=model.name,
             params=context.get("proof_params", {}),
             error=error,
-            response=copy.deepcopy(response) if isinstance(response, dict) else None,
+            response=_copied(response) if isinstance(response, dict) else None,
         )
         with self._lock:
             self.calls.append(call)
+
+
+def _copied(value: Any) -> Any:
+    """Parameters and answers as data: a body being streamed is kept as its kind only."""
+    if isinstance(value, dict):
+        return {key: _copied(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_copied(item) for item in value]
+    if value is None or isinstance(value, str | int | float | bool | bytes):
+        return value
+    try:
+        return copy.deepcopy(value)
+    except TypeError:
+        return f"<{type(value).__name__}>"

@@ -11,12 +11,19 @@ import pytest
 from tests.iam.conftest import Scenarios
 from tests.iam.policy import Request, as_list, matches
 from tests.iam.proof import Proof, Report, explained
+from tests.iam.world import OPERATOR
+
+
+def _proof(scenarios: Scenarios) -> Proof:
+    world = scenarios.world
+    operator = world.deployment.managed_policy("OperatorPolicy")
+    return Proof(world.deployment, world.directory, policies={OPERATOR: operator})
 
 
 @pytest.fixture(scope="module")
 def report(scenarios: Scenarios) -> Report:
     world = scenarios.world
-    proof = Proof(world.deployment, world.directory)
+    proof = _proof(scenarios)
     checked = proof.check(world.recorder.calls)
     (rbac,) = [r for _, _, r in world.deployment.resources("Custom::KubernetesRbac")]
     proof.check_kubernetes(
@@ -111,12 +118,15 @@ NOT_NEEDED = {
     ("application-autoscaling:RegisterScalableTarget", "application-autoscaling:TagResource"): (
         "For tags on the scalable target; none are sent."
     ),
+    ("cloudformation:DescribeStacks", "cloudformation:ListStacks"): "For describing every stack "
+    "at once; mtrl names each of its stacks.",
+    ("servicequotas:ListServiceQuotas", "*"): "For the quotas of those services (Auto Scaling, "
+    "DynamoDB, ...); mtrl doctor lists SageMaker's only.",
 }
 
 
 def test_every_grant_is_used_or_kept_for_a_reason(scenarios: Scenarios, report: Report) -> None:
-    world = scenarios.world
-    proof = Proof(world.deployment, world.directory)
+    proof = _proof(scenarios)
     exercised = sorted({need.principal for need in report.needs})
     assert len(exercised) >= 19
     unexplained = [
@@ -131,12 +141,11 @@ def test_every_grant_is_used_or_kept_for_a_reason(scenarios: Scenarios, report: 
 def test_every_dependent_action_is_granted_or_not_needed(
     report: Report, scenarios: Scenarios
 ) -> None:
-    deployment = scenarios.world.deployment
     missing = sorted(
         {
             f"{d.principal.rsplit('/', 1)[-1]}: {d.action} depends on {d.dependent}"
             for d in report.dependents
-            if not deployment.policies(d.principal).allows_action(d.dependent)
+            if not _proof(scenarios).policies(d.principal).allows_action(d.dependent)
             and not any(
                 matches(action, d.action) and matches(dependent, d.dependent)
                 for action, dependent in NOT_NEEDED
@@ -144,3 +153,19 @@ def test_every_dependent_action_is_granted_or_not_needed(
         }
     )
     assert report.dependents and missing == [], "\n".join(missing)
+
+
+def test_the_operator_runs_every_mtrl_command_on_the_operator_policy(
+    scenarios: Scenarios, report: Report
+) -> None:
+    """Each command did its work (doctor finds only the worker image missing: moto's ECR has
+    none), and every request it made is among those proven allowed above."""
+    results = {name: (result.exit_code, result.output) for name, result in scenarios.cli.items()}
+    assert {name for name, (code, _) in results.items() if code != 0} == {"doctor"}, results
+    assert "FAIL │ worker image" in results["doctor"][1].replace("  ", " ")
+    assert "torn down" in results["teardown"][1] and "$394/h" in results["cost"][1]
+    operator_actions = {n.request.action for n in report.needs if n.principal == OPERATOR}
+    assert {
+        "cloudformation:DescribeStacks", "s3:PutObject", "dynamodb:Scan", "states:GetExecutionHistory",
+        "logs:FilterLogEvents", "lambda:InvokeFunction", "sagemaker:DescribeCluster",
+    } <= operator_actions  # fmt: skip

@@ -44,7 +44,7 @@ from tests.iam.authorization import Directory
 from tests.iam.deployment import Deployment
 from tests.iam.recorder import SECRET, Recorder
 from tests.kubernetes.fake_api import FakeKubernetes
-from tests.service_fakes import FakeEks, FakeSageMaker, every_client
+from tests.service_fakes import FakeEks, FakeSageMaker, FakeServiceQuotas, every_client
 
 HARNESS_KEYS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
 CLIENTS = ("iam", "dynamodb", "sns", "lambda", "stepfunctions", "s3", "sqs", "cloudwatch", "ecs")
@@ -263,6 +263,9 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
         )
         eks = FakeEks(cluster=eks_name, endpoint=kubernetes.endpoint, ca_data=kubernetes.ca_data)
         stack.enter_context(eks.installed())
+        stack.enter_context(
+            FakeServiceQuotas(**{"ml.p5.48xlarge for cluster usage": 4}).installed()
+        )
         harness = boto3.Session(
             aws_access_key_id="test", aws_secret_access_key="test", region_name=REGION
         )
@@ -490,3 +493,39 @@ def write_metrics_as_the_trainer(world: World, namespace: str) -> None:
         Bucket=output.hostname, Key=f"{output.path.lstrip('/')}metrics.jsonl",
         Body=b'{"step": 1, "mean_reward": 0.4}\n',
     )  # fmt: skip
+
+
+def publish_stacks(world: World) -> None:
+    """The stacks as CloudFormation shows them once deployed: their outputs, which `mtrl`
+    reads to find everything."""
+    cloudformation = world.harness.client("cloudformation")
+    for stack, template in world.deployment.templates.items():
+        outputs = {
+            key: {"Value": str(world.deployment.resolve(stack, output["Value"]))}
+            for key, output in template.get("Outputs", {}).items()
+        }
+        body = {
+            "Resources": {
+                "Marker": {
+                    "Type": "AWS::SNS::Topic",
+                    "Properties": {"TopicName": f"{stack}-marker"},
+                }
+            },
+            "Outputs": outputs,
+        }
+        cloudformation.create_stack(StackName=stack, TemplateBody=json.dumps(body))
+
+
+OPERATOR = "operator"  # the principal of the operator's managed policy
+
+
+def run_cli(world: World, monkeypatch: Any, *args: str) -> Any:
+    """`mtrl ARGS` as someone holding the operator's managed policy would run it."""
+    from typer.testing import CliRunner
+
+    from mtrl.cli import app
+
+    with monkeypatch.context() as scoped:
+        for key, value in world.recorder.credentials(OPERATOR).items():
+            scoped.setenv(key, value)
+        return CliRunner().invoke(app, [*args, "--region", REGION])

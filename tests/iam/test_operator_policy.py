@@ -1,0 +1,48 @@
+"""The README shows the operator's policy exactly as the pipeline stack makes it (the managed
+policy `<prefix>-operator`, declared as the "operator" entry of stacks/components/access.py and
+checked by the IAM proof against every `mtrl` command). `UPDATE_README=1` rewrites it."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from stacks.components.nag import nag_text
+from tests.conftest import Synthesized
+from tests.iam.policy import as_list
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+BEGIN, END = "<!-- operator-policy -->", "<!-- /operator-policy -->"
+
+
+def rendered(app: Synthesized) -> str:
+    """The policy document, references written as cdk-nag writes them (`<Logical.Arn>`)."""
+    ((_, policy),) = [
+        (logical_id, resource)
+        for logical_id, resource in app.template("pipeline")["Resources"].items()
+        if resource["Type"] == "AWS::IAM::ManagedPolicy" and logical_id.startswith("OperatorPolicy")
+    ]
+    statements = [
+        {
+            "Effect": statement["Effect"],
+            "Action": sorted(as_list(statement["Action"])),
+            "Resource": sorted(nag_text(r) for r in as_list(statement["Resource"])),
+            **({"Condition": statement["Condition"]} if "Condition" in statement else {}),
+        }
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
+    ]
+    statements.sort(key=lambda s: (s["Action"], s["Resource"]))
+    document = json.dumps({"Version": "2012-10-17", "Statement": statements}, indent=2)
+    return f"{BEGIN}\n```json\n{document}\n```\n{END}"
+
+
+def test_the_readme_shows_the_operator_policy_the_stack_makes(default_app: Synthesized) -> None:
+    text = README.read_text()
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    wanted = rendered(default_app)
+    if os.environ.get("UPDATE_README"):
+        README.write_text(text[:start] + wanted + text[end:])
+        text = README.read_text()
+        start, end = text.index(BEGIN), text.index(END) + len(END)
+    assert text[start:end] == wanted, "the README's operator policy is stale: UPDATE_README=1"
