@@ -25,6 +25,7 @@ from tests.conftest import Synthesized
 from tests.iam.world import (
     JobController,
     World,
+    custom_resource,
     dataset,
     deployed_world,
     exchange_rollouts,
@@ -67,6 +68,7 @@ class Scenarios:
     reaped: list[dict[str, Any]] = field(default_factory=list)
     monkeypatch: Any = None
     cli: dict[str, Any] = field(default_factory=dict)  # `mtrl` command -> its CliRunner result
+    rbac: list[dict[str, Any]] = field(default_factory=list)  # the custom resource's answers
 
     def use_the_cli(self, tmp: Path) -> None:
         """The operator's commands, after the runs: each reads or changes the deployment."""
@@ -197,6 +199,8 @@ def scenarios(default_app: Synthesized, tmp_path_factory: pytest.TempPathFactory
         )
         publish_stacks(world)
         played = Scenarios(world, controller, monkeypatch=monkeypatch)
+        # The deploy applies the pipeline's Kubernetes RBAC (a custom resource), first of all.
+        played.rbac.append(custom_resource(world, "kubernetes.bootstrap.on_event", "Create"))
         played.run(
             "succeeds",
             "training-data/wordle.jsonl",
@@ -213,5 +217,7 @@ def scenarios(default_app: Synthesized, tmp_path_factory: pytest.TempPathFactory
         played.run_stopped_by_hand()
         played.run_torn_down_on_request()
         played.use_the_cli(tmp_path_factory.mktemp("operator"))
+        # `make destroy` removes it again.
+        played.rbac.append(custom_resource(world, "kubernetes.bootstrap.on_event", "Delete"))
         played.notifications = world.notifications()
     return played

@@ -125,3 +125,14 @@ def test_a_run_torn_down_on_request_is_stopped_and_leaves_nothing(scenarios: Sce
     )
     assert run.described["status"] == "ABORTED"
     _released(scenarios, run)
+
+
+def test_the_deploy_applies_the_pipelines_rbac_and_the_destroy_removes_it(
+    scenarios: Scenarios,
+) -> None:
+    created, deleted = scenarios.rbac
+    assert (created["Status"], created["Data"]["Objects"]) == ("SUCCESS", 4)
+    assert (deleted["Status"], deleted["Data"]["Objects"]) == ("SUCCESS", 4)
+    assert (
+        created["PhysicalResourceId"] == deleted["PhysicalResourceId"] == "nova-mtrl-pipeline-rbac"
+    )

@@ -12,9 +12,11 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -529,3 +531,39 @@ def run_cli(world: World, monkeypatch: Any, *args: str) -> Any:
         for key, value in world.recorder.credentials(OPERATOR).items():
             scoped.setenv(key, value)
         return CliRunner().invoke(app, [*args, "--region", REGION])
+
+
+def custom_resource(world: World, handler: str, request_type: str) -> dict[str, Any]:
+    """CloudFormation's call of a custom resource function, and the answer the function PUT to
+    the pre-signed response URL (served here on loopback)."""
+    answers: list[dict[str, Any]] = []
+
+    class ResponseUrl(BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:  # noqa: N802 - the HTTP verb
+            answers.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), ResponseUrl)
+    thread = threading.Thread(target=server.handle_request, daemon=True)
+    thread.start()
+    event = {
+        "RequestType": request_type,
+        "ResponseURL": f"http://127.0.0.1:{server.server_address[1]}/response",
+        "StackId": f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/{world.app.config.name_prefix}-pipeline/1",
+        "RequestId": f"{request_type.lower()}-1",
+        "LogicalResourceId": "PipelineRbac",
+        **(
+            {"PhysicalResourceId": f"{world.app.config.name_prefix}-pipeline-rbac"}
+            if request_type != "Create"
+            else {}
+        ),
+    }
+    world.invoke(handler, event)
+    thread.join(timeout=10)
+    server.server_close()
+    (answer,) = answers
+    return answer
