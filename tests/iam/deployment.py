@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mtrl.local.physical import LocalNames, exports
-from tests.iam.policy import Policies, Statement, as_list
+from tests.iam.policy import Policies, Statement
 
 
 @dataclass(frozen=True)
@@ -18,8 +18,7 @@ class Role:
     logical_id: str
     arn: str
     name: str
-    trusted: tuple[str, ...]  # the service principals that may assume it
-    managed_policies: tuple[str, ...]
+    managed_policies: tuple[str, ...]  # their documents are AWS's: the proof cannot see them
 
 
 @dataclass(frozen=True)
@@ -58,15 +57,10 @@ class Deployment:
         for stack, logical_id, resource in self.resources("AWS::IAM::Role"):
             names = self.names[stack][logical_id]
             properties = resource["Properties"]
-            trusted = tuple(
-                service
-                for statement in properties["AssumeRolePolicyDocument"]["Statement"]
-                for service in as_list(statement.get("Principal", {}).get("Service", []))
-            )
             managed = tuple(
                 str(self.resolve(stack, arn)) for arn in properties.get("ManagedPolicyArns", [])
             )
-            yield Role(stack, logical_id, names["Arn"], names["Ref"], trusted, managed)
+            yield Role(stack, logical_id, names["Arn"], names["Ref"], managed)
 
     def role(self, stack: str, logical_id: str) -> Role:
         return self.roles[self.names[stack][logical_id]["Arn"]]
@@ -124,12 +118,3 @@ class Deployment:
                 policies=tuple(p["PolicyArn"] for p in properties.get("AccessPolicies") or ()),
             )
         return entries
-
-    def function_roles(self) -> dict[str, Role]:
-        """Each Lambda function's role, by the function's local name."""
-        found = {}
-        for stack, logical_id, resource in self.resources("AWS::Lambda::Function"):
-            arn = str(self.resolve(stack, resource["Properties"]["Role"]))
-            if arn in self.roles:
-                found[self.names[stack][logical_id]["Ref"]] = self.roles[arn]
-        return found

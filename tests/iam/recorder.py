@@ -81,9 +81,6 @@ class Recorder:
         with self._lock:
             self.calls.append(Call(principal, service, operation, params, None, None))
 
-    def by(self, principal: str) -> list[Call]:
-        return [call for call in self.calls if call.principal == principal]
-
     # --- botocore event handlers ---
 
     def _parameters(self, params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
