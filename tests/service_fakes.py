@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import io
 import itertools
 import json
 import re
@@ -50,11 +51,16 @@ class AwsError(Exception):
 
 
 class _Raw:
+    """The body as urllib3 hands it to botocore: streamed, or read (a streaming payload)."""
+
     def __init__(self, body: bytes) -> None:
-        self._body = body
+        self._body = io.BytesIO(body)
 
     def stream(self, **_: Any) -> Iterator[bytes]:
-        yield self._body
+        yield self._body.read()
+
+    def read(self, amount: int | None = None, **_: Any) -> bytes:
+        return self._body.read(amount)
 
 
 def _wire(value: Any) -> Any:
@@ -126,8 +132,32 @@ class ServiceFake:
             f"the {self.service} fake answered {model.name} with what the API cannot: "
             f"{report.generate_report()}"
         )
-        body = json.dumps(answer, default=_wire).encode()
-        return AWSResponse(url, 200, headers, _Raw(body))
+        return _response(url, answer, model.output_shape, headers)
+
+
+def _response(url: str, answer: dict[str, Any], shape: Any, headers: dict[str, str]) -> AWSResponse:
+    """`answer` on the wire as the operation's REST or JSON protocol puts it: members bound to
+    headers or the status code there, a payload member as the body, the rest as a JSON body."""
+    status, body = 200, {}
+    payload = shape.serialization.get("payload") if shape is not None else None
+    for name, value in answer.items():
+        member = shape.members[name]
+        location = member.serialization.get("location")
+        if location == "statusCode":
+            status = int(value)
+        elif location == "header":
+            headers[member.serialization.get("name", name)] = str(value)
+        elif name != payload:
+            body[name] = value
+    if payload is not None:
+        raw = answer.get(payload, b"")
+        return AWSResponse(
+            url,
+            status,
+            headers,
+            _Raw(raw if isinstance(raw, bytes) else json.dumps(raw, default=_wire).encode()),
+        )
+    return AWSResponse(url, status, headers, _Raw(json.dumps(body, default=_wire).encode()))
 
 
 def _now() -> datetime.datetime:

@@ -298,23 +298,11 @@ class TrainingPipeline(Construct):
                 self._table(role, table, ["dynamodb:GetItem"], writes=False)
             case Need.EXECUTION_START:
                 self.state_machine.grant_start_execution(role)
-            case Need.EXECUTIONS_STOP:
+            case Need.EXECUTIONS_STOP | Need.EXECUTIONS_READ:
+                second = "StopExecution" if need is Need.EXECUTIONS_STOP else "GetExecutionHistory"
                 role.add_to_principal_policy(
                     iam.PolicyStatement(
-                        actions=["states:DescribeExecution", "states:StopExecution"],
-                        resources=[self._executions],
-                    )
-                )
-                acknowledge_resource(
-                    role,
-                    "AwsSolutions-IAM5",
-                    self._executions,
-                    "Executions are named by run id at run time; only this state machine's.",
-                )
-            case Need.EXECUTIONS_READ:
-                role.add_to_principal_policy(
-                    iam.PolicyStatement(
-                        actions=["states:DescribeExecution", "states:GetExecutionHistory"],
+                        actions=["states:DescribeExecution", f"states:{second}"],
                         resources=[self._executions],
                     )
                 )

@@ -5,7 +5,6 @@ wrong region, no credentials, an unknown run, bad input)."""
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from mtrl.ops.logs import follow, sources
 from mtrl.ops.runs_view import run_status
 from mtrl.runs import RunRecord, RunStore, create_runs_table, run_id_for
 from tests.pipeline.test_handlers import RecordingCompute
-from tests.service_fakes import FakeSageMaker
+from tests.service_fakes import FakeSageMaker, ServiceFake
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "wordle"
@@ -279,20 +278,25 @@ def test_cost_of_a_config_offline_and_of_a_run_so_far(deployed: dict) -> None:
     )
 
 
-class InProcessReaper:
+class InProcessReaper(ServiceFake):
     """The deployment's reaper Lambda, invoked in-process with the pipeline's settings (moto runs
-    no Lambda code); records what the CLI sends."""
+    no Lambda code); `requests` are what the CLI sent."""
+
+    service = "lambda"
 
     def __init__(self, settings: PipelineSettings) -> None:
-        self.settings, self.requests = settings, []
+        super().__init__()
+        self.settings = settings
+
+    @property
+    def payloads(self) -> list[dict]:
+        return [json.loads(params["Payload"]) for params in self.operations("Invoke")]
 
     def invoke(self, **request: Any) -> dict:
         assert request["FunctionName"] == "nova-mtrl-reaper"
         assert request["InvocationType"] == "RequestResponse"
-        payload = json.loads(request["Payload"])
-        self.requests.append(payload)
-        result = handlers.reap(payload, settings=self.settings)
-        return {"StatusCode": 200, "Payload": io.BytesIO(json.dumps(result).encode())}
+        result = handlers.reap(json.loads(request["Payload"]), settings=self.settings)
+        return {"StatusCode": 200, "Payload": json.dumps(result).encode()}
 
 
 @pytest.fixture
@@ -323,7 +327,7 @@ def reaper(deployed: dict, monkeypatch: pytest.MonkeyPatch) -> InProcessReaper:
 
     class Session(boto3.Session):  # what the CLI gets: the reaper in-process, AWS from moto
         def client(self, name: str, *args: Any, **kwargs: Any) -> Any:
-            return fake if name == "lambda" else super().client(name, *args, **kwargs)
+            return fake.client() if name == "lambda" else super().client(name, *args, **kwargs)
 
     monkeypatch.setattr(
         ops_commands, "aws_session", lambda *, profile, region: Session(region_name=region)
@@ -342,7 +346,7 @@ def test_teardown_stops_a_run_and_reports_what_it_removed(
     assert result.output.strip() == (
         "run live-1 torn down: 2 workers stopped, 7 job objects deleted, 5 queues deleted, 0 left"
     )
-    assert reaper.requests == [{"run_id": "live-1"}]
+    assert reaper.payloads == [{"run_id": "live-1"}]
     status = json.loads(_invoke("status", "live-1", "--json").output)
     assert status["execution"] == "ABORTED" and status["summary"]["status"] == "failed"
     again = _invoke("teardown", "live-1")
@@ -358,7 +362,7 @@ def test_teardown_stops_a_run_and_reports_what_it_removed(
 def test_teardown_all_idle_and_its_usage(deployed: dict, reaper: InProcessReaper) -> None:
     result = _invoke("teardown", "--all-idle")
     assert result.exit_code == 0 and result.output.strip() == "idle GPU nodes scaled to zero"
-    assert reaper.requests == [{"release_idle": True}]
+    assert reaper.payloads == [{"release_idle": True}]
     for args in (["teardown"], ["teardown", "x", "--all-idle"]):
         result = _invoke(*args)
         assert result.exit_code == 2 and "give a run id" in result.output
