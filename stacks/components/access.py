@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_iam as iam
@@ -176,6 +176,28 @@ class StacksAccess:
         )
 
 
+class Allow:
+    """Adds statements to roles. Resources named at run time are wildcards cdk-nag flags: each
+    one in `wildcards` is acknowledged, on the role it is granted to, with the reason there."""
+
+    def __init__(self, wildcards: Mapping[str, str]) -> None:
+        self.wildcards = wildcards
+
+    def __call__(
+        self,
+        role: iam.IRole,
+        actions: list[str],
+        *resources: str,
+        conditions: Mapping[str, Any] | None = None,
+    ) -> None:
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=actions, resources=list(resources), conditions=conditions)
+        )
+        for resource in resources:
+            if resource in self.wildcards:
+                acknowledge_resource(role, "AwsSolutions-IAM5", resource, self.wildcards[resource])
+
+
 def grant_log_reading(role: iam.IRole, *group_arns: str) -> None:
     """FilterLogEvents on log groups, each named as `arn:...:log-group:<name>:*` — the form IAM
     policies take for most CloudWatch Logs actions (CloudWatch Logs API Reference, LogGroup
@@ -213,7 +235,8 @@ def grant_needs(roles: Mapping[str, iam.IRole], providers: Iterable[AccessProvid
                 raise ValueError(f"{need!r} is provided twice")
             owner[need] = provider
     for principal, role in roles.items():
-        for need in NEEDS[principal]:
+        # A need listed twice (shared tuples, as the reaper's) is granted once.
+        for need in dict.fromkeys(NEEDS[principal]):
             if need not in owner:
                 raise LookupError(f"no construct provides {need!r} (needed by {principal})")
             owner[need].grant(need, role)

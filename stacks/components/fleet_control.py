@@ -18,7 +18,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from lambdas.router.run_queues import deployment_prefix
-from stacks.components.access import Need, grant_log_reading, log_group_arn
+from stacks.components.access import Allow, Need, grant_log_reading, log_group_arn
 from stacks.components.nag import acknowledge_resource
 from stacks.components.reward_fleet import RewardFleet, cluster_name, log_group_name, task_family
 from stacks.config import PlatformConfig
@@ -102,7 +102,7 @@ class RewardFleetControl(Construct):
             resource="role",
             resource_name="aws-service-role/ecs.application-autoscaling.amazonaws.com/*",
         )
-        self._wildcards = {
+        self._allow = Allow({
             self._services: "Per-run ECS services are named at run time under the deployment prefix.",
             f"{self._task_definitions}:*": "Per-run task definition families are named at run time after the base family.",
             "*": "ECS task definition description, listing and deregistration and scalable-target "
@@ -112,7 +112,7 @@ class RewardFleetControl(Construct):
             self._scalable_targets: "Scalable target ARNs are ids Application Auto Scaling makes at run time.",
             self._scaling_alarms: "Target tracking names its alarms after each run's service, made at run time.",
             self._autoscaling_role: "Only ECS's Application Auto Scaling service-linked role, created once by AWS.",
-        }  # fmt: skip
+        })  # fmt: skip
         self.task_role = iam.Role.from_role_arn(
             self, "TaskRole", reward_fleet.task_role.role_arn, mutable=True
         )
@@ -139,8 +139,11 @@ class RewardFleetControl(Construct):
                 ),
             ],
         )
-        for resource in (self._parameters, f"{self._run_log_groups}:*"):
-            reason = self._wildcards.get(resource) or self._wildcards[self._run_log_groups]
+        reasons = self._allow.wildcards
+        for resource, reason in (
+            (self._parameters, reasons[self._parameters]),
+            (f"{self._run_log_groups}:*", reasons[self._run_log_groups]),
+        ):
             acknowledge_resource(startup, "AwsSolutions-IAM5", resource, reason)
 
     provides = frozenset(
@@ -155,93 +158,81 @@ class RewardFleetControl(Construct):
 
     def grant(self, need: Need, role: iam.IRole) -> None:
         services, definitions = self._services, f"{self._task_definitions}:*"
-        fleet = self._fleet
+        fleet, allow = self._fleet, self._allow
         match need:
             case Need.FLEET_START:
-                statements = [
-                    _allow(["ecs:DescribeServices", "ecs:CreateService"], services),
-                    _allow(["ecs:RegisterTaskDefinition"], definitions),
-                    # Tags on creation need ecs:TagResource (ECS Developer Guide).
-                    _allow(["ecs:TagResource"], services, definitions),
-                    # The base task definition: DescribeTaskDefinition has no resource type.
-                    _allow(["ecs:DescribeTaskDefinition"], "*"),
-                    iam.PolicyStatement(
-                        actions=["iam:PassRole"],
-                        resources=[
-                            fleet.task_role.role_arn,
-                            fleet.task_definition.obtain_execution_role().role_arn,
-                        ],
-                        conditions={
-                            "StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}
-                        },
-                    ),
-                    _allow(["ssm:PutParameter", "ssm:GetParameter"], self._parameters),
-                    # The token is a SecureString under the data key (PutParameter: kms:Encrypt).
-                    _allow(["kms:Encrypt"], self._data_key.key_arn),
-                    _allow(
-                        ["logs:CreateLogGroup", "logs:PutRetentionPolicy", "logs:TagResource"],
-                        self._run_log_groups,
-                    ),
-                    _allow(
-                        [
-                            "application-autoscaling:RegisterScalableTarget",
-                            "application-autoscaling:PutScalingPolicy",
-                        ],
-                        self._scalable_targets,
-                    ),
-                    # Registering checks the caller may change the service (Application Auto
-                    # Scaling User Guide, "Permissions validation").
-                    _allow(["ecs:UpdateService"], services),
-                    _allow(
-                        ["cloudwatch:PutMetricAlarm", "cloudwatch:DescribeAlarms"],
-                        self._scaling_alarms,
-                    ),
-                    # The first scalable target of an account makes the service-linked role.
-                    iam.PolicyStatement(
-                        actions=["iam:CreateServiceLinkedRole"],
-                        resources=[self._autoscaling_role],
-                        conditions={
-                            "StringLike": {
-                                "iam:AWSServiceName": "ecs.application-autoscaling.amazonaws.com"
-                            }
-                        },
-                    ),
-                ]
+                allow(role, ["ecs:DescribeServices", "ecs:CreateService"], services)
+                allow(role, ["ecs:RegisterTaskDefinition"], definitions)
+                # Tags on creation need ecs:TagResource (ECS Developer Guide).
+                allow(role, ["ecs:TagResource"], services, definitions)
+                # The base task definition: DescribeTaskDefinition has no resource type.
+                allow(role, ["ecs:DescribeTaskDefinition"], "*")
+                allow(
+                    role,
+                    ["iam:PassRole"],
+                    fleet.task_role.role_arn,
+                    fleet.task_definition.obtain_execution_role().role_arn,
+                    conditions={"StringEquals": {"iam:PassedToService": "ecs-tasks.amazonaws.com"}},
+                )
+                allow(role, ["ssm:PutParameter", "ssm:GetParameter"], self._parameters)
+                # The token is a SecureString under the data key (PutParameter: kms:Encrypt).
+                allow(role, ["kms:Encrypt"], self._data_key.key_arn)
+                allow(
+                    role,
+                    ["logs:CreateLogGroup", "logs:PutRetentionPolicy", "logs:TagResource"],
+                    self._run_log_groups,
+                )
+                allow(
+                    role,
+                    [
+                        "application-autoscaling:RegisterScalableTarget",
+                        "application-autoscaling:PutScalingPolicy",
+                    ],
+                    self._scalable_targets,
+                )
+                # Registering checks the caller may change the service (Application Auto
+                # Scaling User Guide, "Permissions validation").
+                allow(role, ["ecs:UpdateService"], services)
+                allow(
+                    role,
+                    ["cloudwatch:PutMetricAlarm", "cloudwatch:DescribeAlarms"],
+                    self._scaling_alarms,
+                )
+                # The first scalable target of an account makes the service-linked role.
+                allow(
+                    role,
+                    ["iam:CreateServiceLinkedRole"],
+                    self._autoscaling_role,
+                    conditions={
+                        "StringLike": {
+                            "iam:AWSServiceName": "ecs.application-autoscaling.amazonaws.com"
+                        }
+                    },
+                )
             case Need.FLEET_WATCH:
-                statements = [_allow(["ecs:DescribeServices"], services)]
+                allow(role, ["ecs:DescribeServices"], services)
             case Need.FLEET_STOP:
-                statements = [
-                    _allow(
-                        ["ecs:DescribeServices", "ecs:UpdateService", "ecs:DeleteService"], services
-                    ),
-                    # Listing and deregistering task definitions have no resource type.
-                    _allow(["ecs:ListTaskDefinitions", "ecs:DeregisterTaskDefinition"], "*"),
-                    _allow(["application-autoscaling:DescribeScalableTargets"], "*"),
-                    _allow(
-                        ["application-autoscaling:DeregisterScalableTarget"], self._scalable_targets
-                    ),
-                    _allow(
-                        ["cloudwatch:DeleteAlarms", "cloudwatch:DescribeAlarms"],
-                        self._scaling_alarms,
-                    ),
-                    _allow(["ssm:DeleteParameter"], self._parameters),
-                ]
+                allow(
+                    role,
+                    ["ecs:DescribeServices", "ecs:UpdateService", "ecs:DeleteService"],
+                    services,
+                )
+                # Listing and deregistering task definitions have no resource type.
+                allow(role, ["ecs:ListTaskDefinitions", "ecs:DeregisterTaskDefinition"], "*")
+                allow(role, ["application-autoscaling:DescribeScalableTargets"], "*")
+                allow(
+                    role,
+                    ["application-autoscaling:DeregisterScalableTarget"],
+                    self._scalable_targets,
+                )
+                allow(
+                    role,
+                    ["cloudwatch:DeleteAlarms", "cloudwatch:DescribeAlarms"],
+                    self._scaling_alarms,
+                )
+                allow(role, ["ssm:DeleteParameter"], self._parameters)
             case Need.WORKER_LOGS_READ:
                 grant_log_reading(role, log_group_arn(Stack.of(self), f"{self._log_prefix}/*"))
-                statements = []
             case Need.WORKER_IMAGE_CHECK:
-                statements = [
-                    _allow(["ecs:DescribeTaskDefinition"], "*"),
-                    _allow(["ecr:DescribeImages"], self._image_repository),
-                ]
-        for statement in statements:
-            role.add_to_principal_policy(statement)
-            for resource in statement.resources:
-                if resource in self._wildcards:
-                    acknowledge_resource(
-                        role, "AwsSolutions-IAM5", resource, self._wildcards[resource]
-                    )
-
-
-def _allow(actions: list[str], *resources: str) -> iam.PolicyStatement:
-    return iam.PolicyStatement(actions=actions, resources=list(resources))
+                allow(role, ["ecs:DescribeTaskDefinition"], "*")
+                allow(role, ["ecr:DescribeImages"], self._image_repository)

@@ -284,18 +284,17 @@ class TrainingPipeline(Construct):
     )
 
     def grant(self, need: Need, role: iam.IRole) -> None:
-        table = self.runs_table.table_arn
         match need:
             case Need.RUNS_GET:
-                self._table(role, table, ["dynamodb:GetItem"], writes=False)
+                self._table(role, "dynamodb:GetItem", writes=False)
             case Need.RUNS_SCAN:
-                self._table(role, table, ["dynamodb:Scan"], writes=False)
+                self._table(role, "dynamodb:Scan", writes=False)
             case Need.RUNS_PUT:
-                self._table(role, table, ["dynamodb:PutItem"], writes=True)
+                self._table(role, "dynamodb:PutItem", writes=True)
             case Need.CAPACITY_LEASES:
-                self._table(role, table, ["dynamodb:UpdateItem"], writes=True)
+                self._table(role, "dynamodb:UpdateItem", writes=True)
             case Need.CAPACITY_LEASES_READ:
-                self._table(role, table, ["dynamodb:GetItem"], writes=False)
+                self._table(role, "dynamodb:GetItem", writes=False)
             case Need.EXECUTION_START:
                 self.state_machine.grant_start_execution(role)
             case Need.EXECUTIONS_STOP | Need.EXECUTIONS_READ:
@@ -331,8 +330,10 @@ class TrainingPipeline(Construct):
                     "topic's key for the publisher.",
                 )
 
-    def _table(self, role: iam.IRole, table: str, actions: list[str], *, writes: bool) -> None:
-        role.add_to_principal_policy(iam.PolicyStatement(actions=actions, resources=[table]))
+    def _table(self, role: iam.IRole, action: str, *, writes: bool) -> None:
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=[action], resources=[self.runs_table.table_arn])
+        )
         grant_table_key(role, self._data_key, writes=writes)
 
     @property

@@ -17,9 +17,8 @@ from constructs import Construct
 
 from lambdas.router.conversations import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from lambdas.router.run_queues import deployment_prefix
-from stacks.components.access import Need, grant_table_key
+from stacks.components.access import Allow, Need, grant_table_key
 from stacks.components.functions import pipeline_function
-from stacks.components.nag import acknowledge, acknowledge_resource
 from stacks.config import PlatformConfig
 
 
@@ -92,14 +91,19 @@ class Router(Construct):
             resource_name="*",
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
-        self._wildcards = {
-            self.run_queue_arns: "A run's queues are made at run time; their names share the "
-            "deployment's prefix, as narrow as a name known at deploy time can be.",
-            self._alarms: "A run's queue-age alarms are made at run time; their names share the "
-            "deployment's prefix.",
-            self._mappings: "Event source mapping ids are made at run time; the condition limits "
-            "it to the router consumer's mappings.",
-        }
+        self._allow = Allow(
+            {
+                self.run_queue_arns: "A run's queues are made at run time; their names share the "
+                "deployment's prefix, as narrow as a name known at deploy time can be.",
+                self._alarms: "A run's queue-age alarms are made at run time; their names share "
+                "the deployment's prefix.",
+                self._mappings: "Event source mapping ids are made at run time; the condition "
+                "limits it to the router consumer's mappings.",
+                "*": "sqs:ListQueues, lambda:ListEventSourceMappings, CreateEventSourceMapping and "
+                "cloudwatch:GetMetricData have no resource type (Service Authorization "
+                "Reference); creating a mapping is conditioned on the consumer's ARN.",
+            }
+        )
 
     provides = frozenset(
         {
@@ -170,16 +174,12 @@ class Router(Construct):
                     if need is Need.CONSUMER_CONNECT
                     else ("lambda:DeleteEventSourceMapping", self._mappings)
                 )
-                role.add_to_principal_policy(
-                    iam.PolicyStatement(
-                        actions=[action],
-                        resources=[resource],
-                        conditions={
-                            "StringEquals": {"lambda:FunctionArn": self.consumer.function_arn}
-                        },
-                    )
+                self._allow(
+                    role,
+                    [action],
+                    resource,
+                    conditions={"StringEquals": {"lambda:FunctionArn": self.consumer.function_arn}},
                 )
-                self._acknowledge(role, resource)
                 self._allow(role, ["lambda:ListEventSourceMappings"], "*")
             case Need.PROXY_INVOKE:
                 self.proxy.grant_invoke_url(role)
@@ -187,19 +187,3 @@ class Router(Construct):
                 self._allow(role, ["sqs:GetQueueUrl", "sqs:GetQueueAttributes"], queues)
                 # GetMetricData has no resource type (Service Authorization Reference).
                 self._allow(role, ["cloudwatch:GetMetricData"], "*")
-
-    def _allow(self, role: iam.IRole, actions: list[str], resource: str) -> None:
-        role.add_to_principal_policy(iam.PolicyStatement(actions=actions, resources=[resource]))
-        self._acknowledge(role, resource)
-
-    def _acknowledge(self, role: iam.IRole, resource: str) -> None:
-        if resource in self._wildcards:
-            acknowledge_resource(role, "AwsSolutions-IAM5", resource, self._wildcards[resource])
-        elif resource == "*":
-            acknowledge(
-                role,
-                "AwsSolutions-IAM5[Resource::*]",
-                "sqs:ListQueues, lambda:ListEventSourceMappings, CreateEventSourceMapping and "
-                "cloudwatch:GetMetricData have no resource type (Service Authorization "
-                "Reference); creating a mapping is conditioned on the consumer's ARN.",
-            )

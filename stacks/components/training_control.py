@@ -23,11 +23,11 @@ from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from lambdas.kubernetes.rbac import pipeline_group, pipeline_rbac
-from stacks.components.access import Need, grant_log_reading, log_group_arn
+from stacks.components.access import Allow, Need, grant_log_reading, log_group_arn
 from stacks.components.eks import eks_cluster_name, pod_identity_role
 from stacks.components.functions import pipeline_function
 from stacks.components.hyperpod import hyperpod_cluster_name
-from stacks.components.nag import acknowledge, acknowledge_resource
+from stacks.components.nag import acknowledge_resource
 from stacks.config import PlatformConfig
 
 CLUSTER_ADMIN = "AmazonEKSClusterAdminPolicy"
@@ -57,12 +57,22 @@ class TrainingClusterControl(Construct):
         self._execution_role_arn = execution_role_arn
         self._entries = 0
         self.job_role = self._job_role()
-        self._entered: set[str] = set()
         self._associations = stack.format_arn(
             service="eks",
             resource="podidentityassociation",
             resource_name=f"{self._eks_name}/*",
         )
+        wildcards = {
+            self._associations: "Pod Identity association ids are made by EKS per run; only "
+            "this cluster's.",
+            "*": "servicequotas:ListServiceQuotas has no resource type; it only reads quotas.",
+        }
+        if config.existing_hyperpod_cluster:
+            wildcards[hyperpod_cluster_arn] = (
+                "An existing HyperPod cluster's ARN ends in an id SageMaker assigned, not its "
+                "name; the actions are scoped to clusters of this account and region."
+            )
+        self._allow = Allow(wildcards)
         self.environment = {
             "EKS_CLUSTER": self._eks_name,
             "HYPERPOD_CLUSTER": hyperpod_cluster_name(config),
@@ -117,11 +127,7 @@ class TrainingClusterControl(Construct):
                 self._allow(role, ["sagemaker:ListClusterNodes"], self._hyperpod_arn)
             case Need.KUBERNETES:
                 self._allow(role, ["eks:DescribeCluster"], self._eks_arn)
-                if role.node.path not in self._entered:
-                    self._entered.add(role.node.path)
-                    self._access_entry(
-                        role.role_arn, groups=[pipeline_group(self._config.name_prefix)]
-                    )
+                self._access_entry(role.role_arn, groups=[pipeline_group(self._config.name_prefix)])
             case Need.POD_IDENTITY_CREATE:
                 self._allow(
                     role,
@@ -139,37 +145,10 @@ class TrainingClusterControl(Construct):
                 self._allow(role, ["eks:DescribeCluster"], self._eks_arn)
                 self._allow(role, ["sagemaker:DescribeCluster"], self._hyperpod_arn)
                 # Quotas have no resource type (Service Authorization Reference).
-                role.add_to_principal_policy(
-                    iam.PolicyStatement(
-                        actions=["servicequotas:ListServiceQuotas"], resources=["*"]
-                    )
-                )
-                acknowledge(
-                    role,
-                    "AwsSolutions-IAM5[Resource::*]",
-                    "servicequotas:ListServiceQuotas has no resource type; it only reads quotas.",
-                )
+                self._allow(role, ["servicequotas:ListServiceQuotas"], "*")
             case Need.POD_IDENTITY_DELETE:
                 self._allow(role, ["eks:ListPodIdentityAssociations"], self._eks_arn)
                 self._allow(role, ["eks:DeletePodIdentityAssociation"], self._associations)
-
-    def _allow(self, role: iam.IRole, actions: list[str], resource: str) -> None:
-        role.add_to_principal_policy(iam.PolicyStatement(actions=actions, resources=[resource]))
-        if resource == self._associations:
-            acknowledge_resource(
-                role,
-                "AwsSolutions-IAM5",
-                resource,
-                "Pod Identity association ids are made by EKS per run; only this cluster's.",
-            )
-        elif resource == self._hyperpod_arn and self._config.existing_hyperpod_cluster:
-            acknowledge_resource(
-                role,
-                "AwsSolutions-IAM5",
-                resource,
-                "An existing HyperPod cluster's ARN ends in an id SageMaker assigned, not its "
-                "name; the actions are scoped to clusters of this account and region.",
-            )
 
     def _execution_role_entry(self, role: iam.IRole, execution_role_arn: str) -> None:
         """The EKS access entry of the execution role only: made, read, given its access policy
@@ -206,14 +185,12 @@ class TrainingClusterControl(Construct):
             "it to the HyperPod execution role's entry on this cluster.",
         )
 
-    @staticmethod
-    def _pass(role: iam.IRole, passed: str, service: str) -> None:
-        role.add_to_principal_policy(
-            iam.PolicyStatement(
-                actions=["iam:PassRole"],
-                resources=[passed],
-                conditions={"StringEquals": {"iam:PassedToService": service}},
-            )
+    def _pass(self, role: iam.IRole, passed: str, service: str) -> None:
+        self._allow(
+            role,
+            ["iam:PassRole"],
+            passed,
+            conditions={"StringEquals": {"iam:PassedToService": service}},
         )
 
     def _job_role(self) -> iam.Role:
