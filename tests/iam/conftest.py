@@ -22,6 +22,7 @@ import yaml
 
 from lambdas.pipeline.register import CONFIG_METADATA_KEY
 from tests.conftest import Synthesized
+from tests.executions import wait_for_state
 from tests.iam.world import (
     JobController,
     World,
@@ -31,7 +32,6 @@ from tests.iam.world import (
     exchange_rollouts,
     publish_stacks,
     run_cli,
-    wait_for_state,
     write_metrics_as_the_trainer,
 )
 from training_configs import load_training_config
@@ -127,7 +127,7 @@ class Scenarios:
         with self._recorded("stopped by hand", "hold") as started:
             key = "training-data/held.jsonl"
             started |= world.upload(key, dataset(), {CONFIG_METADATA_KEY: SCALING_CONFIG})
-            wait_for_state(world, started["execution_arn"], "WaitForJob")
+            wait_for_state(world.clients["stepfunctions"], started["execution_arn"], "WaitForJob")
             world.clients["stepfunctions"].stop_execution(
                 executionArn=started["execution_arn"], error="Stopped", cause="by hand"
             )
@@ -146,7 +146,7 @@ class Scenarios:
         world = self.world
         with self._recorded("torn down on request", "hold") as started:
             started |= world.upload("training-data/unwanted.jsonl", dataset())
-            wait_for_state(world, started["execution_arn"], "WaitForJob")
+            wait_for_state(world.clients["stepfunctions"], started["execution_arn"], "WaitForJob")
             self.reaped.append(world.invoke("handlers.reap", {"run_id": started["run_id"]}))
             world.finish(started["execution_arn"])  # the interpreter notices the stop
 

@@ -13,7 +13,6 @@ import base64
 import contextlib
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -42,6 +41,7 @@ from reward_envs.worker.router_client import RouterClient, RouterRolloutQueues
 from reward_envs.worker.settings import WorkerSettings
 from reward_envs.worker.worker import RewardWorker
 from tests.conftest import Synthesized
+from tests.executions import finished
 from tests.iam.authorization import Directory
 from tests.iam.deployment import Deployment
 from tests.iam.recorder import SECRET, Recorder
@@ -85,22 +85,8 @@ class World:
         assert matches(self.pipeline.upload_pattern, event)
         return self.invoke("handlers.start_run", event)
 
-    def finish(self, execution_arn: str, timeout: float = 120) -> dict[str, Any]:
-        sfn = self.clients["stepfunctions"]
-        deadline = time.monotonic() + timeout
-        while (described := sfn.describe_execution(executionArn=execution_arn))[
-            "status"
-        ] == "RUNNING":
-            if time.monotonic() > deadline:
-                events = sfn.get_execution_history(executionArn=execution_arn)["events"]
-                entered = [
-                    e["stateEnteredEventDetails"]["name"]
-                    for e in events
-                    if "stateEnteredEventDetails" in e
-                ]
-                raise AssertionError(f"{execution_arn} did not finish; last states: {entered[-6:]}")
-            time.sleep(0.05)
-        return described
+    def finish(self, execution_arn: str) -> dict[str, Any]:
+        return finished(self.clients["stepfunctions"], execution_arn, timeout=120)
 
     def notifications(self) -> list[str]:
         answer = self.clients["sqs"].receive_message(QueueUrl=self.inbox, MaxNumberOfMessages=10)
@@ -374,17 +360,6 @@ def role_of(deployment: Deployment, stack_suffix: str, logical_prefix: str) -> s
         if role.stack.endswith(f"-{stack_suffix}") and role.logical_id.startswith(logical_prefix)
     ]
     return arn
-
-
-def wait_for_state(world: World, execution_arn: str, state: str, timeout: float = 60) -> None:
-    sfn = world.clients["stepfunctions"]
-    deadline = time.monotonic() + timeout
-    while True:
-        events = sfn.get_execution_history(executionArn=execution_arn)["events"]
-        if any(e.get("stateEnteredEventDetails", {}).get("name") == state for e in events):
-            return
-        assert time.monotonic() < deadline, f"{execution_arn} never entered {state}"
-        time.sleep(0.05)
 
 
 GUESSES = ["[slate]", "[moist]", "[crane]"]  # the secret is CRANE: three turns

@@ -5,7 +5,6 @@ every state — each ends with nothing left, a notification, and the right final
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -25,6 +24,7 @@ from mtrl.local.embedded import (
     upload_event,
 )
 from tests.conftest import Synthesized
+from tests.executions import finished
 
 
 class FakeFleet(RewardFleet):
@@ -155,22 +155,6 @@ def _upload(pipeline: LocalPipeline, clients: dict, key: str, body: bytes) -> di
     return handlers.start_run(event, settings=PipelineSettings.model_validate(pipeline.environment))
 
 
-def _finish(clients: dict, execution_arn: str) -> dict:
-    deadline = time.monotonic() + 60
-    while (described := clients["stepfunctions"].describe_execution(executionArn=execution_arn))[
-        "status"
-    ] == "RUNNING":
-        if time.monotonic() > deadline:
-            events = clients["stepfunctions"].get_execution_history(executionArn=execution_arn)[
-                "events"
-            ]
-            raise AssertionError(
-                f"execution did not finish; last events: {[e['type'] for e in events[-10:]]}"
-            )
-        time.sleep(0.05)
-    return described
-
-
 def _notifications(clients: dict) -> list[str]:
     return [
         m["Body"]
@@ -204,7 +188,7 @@ def test_a_valid_upload_runs_to_success_and_leaves_nothing(local, compute) -> No
     pipeline, clients = local
     fleet, cluster = compute
     started = _upload(pipeline, clients, "training-data/wordle.jsonl", GOOD)
-    described = _finish(clients, started["execution_arn"])
+    described = finished(clients["stepfunctions"], started["execution_arn"])
     assert described["status"] == "SUCCEEDED", described
     assert pipeline.dispatcher.invocations == [
         "validate", "register", "provision", "scale_up", "nodes_ready", "nodes_ready", "start_workers",
@@ -230,7 +214,7 @@ def test_a_duplicate_event_is_one_run(local) -> None:
     settings = PipelineSettings.model_validate(pipeline.environment)
     event = upload_event(pipeline.data_bucket, "training-data/w.jsonl", version)
     first = handlers.start_run(event, settings=settings)
-    _finish(clients, first["execution_arn"])
+    finished(clients["stepfunctions"], first["execution_arn"])
     second = handlers.start_run(event, settings=settings)
     assert second == {**first, "already_finished": True}
     assert (
@@ -246,7 +230,7 @@ def test_a_duplicate_event_is_one_run(local) -> None:
 def test_an_invalid_dataset_fails_at_validation_and_creates_nothing(local) -> None:
     pipeline, clients = local
     started = _upload(pipeline, clients, "training-data/bad.jsonl", GOOD + b"{broken\n")
-    described = _finish(clients, started["execution_arn"])
+    described = finished(clients["stepfunctions"], started["execution_arn"])
     assert described["status"] == "FAILED" and described["error"] == "DatasetInvalid"
     assert "line 4: line: not valid JSON" in described["cause"]
     assert pipeline.dispatcher.invocations == [
@@ -300,7 +284,7 @@ def test_a_fault_in_any_state_fails_the_run_with_its_error_and_tears_down(
 
     pipeline.dispatcher.fault = fault
     started = _upload(pipeline, clients, "training-data/w.jsonl", GOOD)
-    described = _finish(clients, started["execution_arn"])
+    described = finished(clients["stepfunctions"], started["execution_arn"])
     assert described["status"] == "FAILED", described
     assert described["error"] == "Injected" and f"injected into {step}" in described["cause"]
     assert _run_queues(clients) == []
@@ -320,7 +304,7 @@ def test_a_transient_teardown_fault_is_retried(local) -> None:
 
     pipeline.dispatcher.fault = fault
     started = _upload(pipeline, clients, "training-data/w.jsonl", GOOD)
-    described = _finish(clients, started["execution_arn"])
+    described = finished(clients["stepfunctions"], started["execution_arn"])
     assert described["status"] == "SUCCEEDED", described
     assert pipeline.dispatcher.invocations.count("teardown") == 2 and _run_queues(clients) == []
 
@@ -333,7 +317,7 @@ def test_a_failed_training_job_fails_the_run_and_releases_compute(local, compute
         JobStatus("failed", reason="ImagePullBackOff: trainer image not found"),
     ]
     started = _upload(pipeline, clients, "training-data/w.jsonl", GOOD)
-    described = _finish(clients, started["execution_arn"])
+    described = finished(clients["stepfunctions"], started["execution_arn"])
     assert described["status"] == "FAILED" and described["error"] == "TrainingJobFailed"
     assert described["cause"] == "failed: ImagePullBackOff: trainer image not found"
     assert cluster.calls[-2:] == ["delete", "scale_down"] and fleet.calls == ["start", "stop"]
