@@ -33,6 +33,7 @@ def build_app(
         storage=storage.storage,
         reward_fleet=compute.reward_fleet,
         hyperpod=compute.hyperpod,
+        cluster_network=compute.eks.network,
     )
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return app, config

@@ -8,6 +8,8 @@ from constructs import Construct
 from stacks.base import PlatformStack
 from stacks.components.eks import HyperPodEks
 from stacks.components.hyperpod import HyperPodCluster
+from stacks.components.hyperpod_dependencies import HyperPodDependencies
+from stacks.components.lambda_code import pipeline_code
 from stacks.components.network import Network
 from stacks.components.reward_fleet import RewardFleet
 from stacks.components.storage import Storage
@@ -36,6 +38,15 @@ class ComputeStack(PlatformStack):
             subnets=network.private_subnets,
             secrets_key=storage.data_key,
         )
+        ready = list(self.eks.ready)
+        self.chart: HyperPodDependencies | None = None
+        if config.install_hyperpod_chart and not config.existing_hyperpod_cluster:
+            # AWS requires the chart before the HyperPod cluster: without its device plugins
+            # no GPU pod schedules, without its health agent node recovery has nothing to act on.
+            self.chart = HyperPodDependencies(
+                self, "HyperPodChart", config=config, eks=self.eks, code=pipeline_code()
+            )
+            ready.append(self.chart.installed)
         self.hyperpod = HyperPodCluster(
             self,
             "HyperPod",
@@ -44,7 +55,7 @@ class ComputeStack(PlatformStack):
             security_group_id=self.eks.security_group_id,
             vpc=network.vpc,
             subnets=network.private_subnets,
-            depends_on=self.eks.ready,
+            depends_on=ready,
         )
         if self.hyperpod.resource is not None:
             # HyperPod reads its scripts when the first node starts: they must be uploaded.

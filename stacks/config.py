@@ -24,7 +24,10 @@ CDK_JSON = Path(__file__).resolve().parent.parent / "cdk.json"
 
 # Kubernetes versions that SageMaker HyperPod accepts for its EKS orchestrator, from 1.30: the
 # pipeline's access is fenced by a ValidatingAdmissionPolicy (lambdas/kubernetes/rbac.py).
-HYPERPOD_EKS_VERSIONS = ("1.30", "1.31", "1.32", "1.33", "1.34")
+# AWS's "Getting started with Amazon EKS support in SageMaker HyperPod" lists up to 1.34 as read
+# here; 1.35 is accepted but unverified (README, "Deploy").
+HYPERPOD_EKS_VERSIONS = ("1.30", "1.31", "1.32", "1.33", "1.34", "1.35")
+UNVERIFIED_EKS_VERSIONS = ("1.35",)
 
 # Fargate task sizes: CPU units -> allowed memory (MiB).
 FARGATE_MEMORY_BY_CPU: dict[int, range] = {
@@ -148,7 +151,19 @@ class PlatformConfig(_Strict):
     eks_admin_role_arns: list[Annotated[str, Field(pattern=_ROLE_ARN)]] = Field(
         default=[], description="IAM roles that get cluster-admin access entries"
     )
+    eks_public_access_cidrs: list[str] = Field(
+        default=["0.0.0.0/0"],
+        min_length=1,
+        description="IPv4 CIDR blocks the EKS API's public endpoint admits (operators' kubectl); "
+        "nodes and the platform's functions use the private endpoint",
+    )
     install_training_operator: bool = True
+    install_hyperpod_chart: bool = Field(
+        default=True,
+        description="install AWS's HyperPod Helm chart before creating the HyperPod cluster "
+        "(off only for an EKS cluster that has it already; an existing HyperPod cluster's "
+        "owner installed it)",
+    )
     training_instance_group: str | None = Field(
         default=None,
         description="the HyperPod instance group runs scale up and down (default: the first)",
@@ -181,6 +196,18 @@ class PlatformConfig(_Strict):
         if not 16 <= network.prefixlen <= 20:
             raise ValueError("must have a prefix length between /16 and /20")
         return str(network)
+
+    @field_validator("eks_public_access_cidrs")
+    @classmethod
+    def _public_access_cidrs(cls, value: list[str]) -> list[str]:
+        for cidr in value:
+            try:
+                ipaddress.IPv4Network(cidr, strict=True)
+            except ValueError as err:
+                raise ValueError(
+                    f"{cidr!r} is not an IPv4 CIDR block such as 203.0.113.0/24 ({err})"
+                ) from None
+        return value
 
     @field_validator("eks_version")
     @classmethod

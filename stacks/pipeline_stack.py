@@ -11,6 +11,7 @@ from constructs import Construct
 from stacks.base import PlatformStack
 from stacks.components.access import NEEDS, OperatorPolicy, StacksAccess, grant_needs
 from stacks.components.fleet_control import RewardFleetControl
+from stacks.components.functions import ClusterNetwork
 from stacks.components.hyperpod import HyperPodCluster
 from stacks.components.lambda_code import pipeline_code
 from stacks.components.pipeline import TrainingPipeline
@@ -30,7 +31,9 @@ class PipelineStack(PlatformStack):
         storage: Storage,
         reward_fleet: RewardFleet,
         hyperpod: HyperPodCluster,
+        cluster_network: ClusterNetwork,
     ) -> None:
+        """`cluster_network`: where the functions that call the EKS API run (the compute stack's)."""
         super().__init__(
             scope, "pipeline", config=config, description="training pipeline and rollout router"
         )
@@ -47,6 +50,7 @@ class PipelineStack(PlatformStack):
             conversations=self.router.table,
             router_url=self.router.proxy_url.url,
             consumer=self.router.consumer,
+            cluster_network=cluster_network,
         )
         # The reward fleet per run (ECS) and the training job per run (HyperPod: nodes through
         # SageMaker, the job through EKS): where they live, for the steps that use them.
@@ -64,6 +68,7 @@ class PipelineStack(PlatformStack):
             code=code,
             hyperpod_cluster_arn=hyperpod.cluster_arn,
             execution_role_arn=hyperpod.execution_role_arn,
+            cluster_network=cluster_network,
         )
         functions = self.pipeline.functions
         if config.keep_warm_minutes:

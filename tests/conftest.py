@@ -24,6 +24,7 @@ os.environ["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"
 
 from stacks.app_builder import build_app  # noqa: E402
 from stacks.config import PlatformConfig  # noqa: E402
+from tests.kubernetes.fake_api import FakeKubernetes, serving  # noqa: E402
 
 NO_BUNDLING = {"aws:cdk:bundling-stacks": []}
 
@@ -122,6 +123,13 @@ def every_app(
         "existing": existing_app,
         "existing-hyperpod": existing_hyperpod_app,
     }
+
+
+@pytest.fixture
+def api() -> Iterator[FakeKubernetes]:
+    """A Kubernetes API server (tests/kubernetes/fake_api.py) that accepts its TOKEN."""
+    with serving() as fake:
+        yield fake
 
 
 @pytest.fixture

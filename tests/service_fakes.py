@@ -15,13 +15,13 @@ import datetime
 import io
 import itertools
 import json
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
 import boto3
 import botocore.handlers
+from botocore import xform_name
 from botocore.awsrequest import AWSResponse
 from botocore.validate import ParamValidator
 
@@ -111,7 +111,7 @@ class ServiceFake:
 
     def _answer(self, request: Any, **_: Any) -> Any:
         model, params = request.context["fake_request"]
-        method = getattr(self, re.sub(r"(?<!^)(?=[A-Z])", "_", model.name).lower(), None)
+        method = getattr(self, xform_name(model.name), None)
         if method is None:
             return None
         self.requests.append((model.name, copy.deepcopy(params)))
@@ -266,7 +266,7 @@ class FakeEks(ServiceFake):
                 "endpoint": self.endpoint,
                 "resourcesVpcConfig": {
                     "endpointPublicAccess": True,
-                    "endpointPrivateAccess": False,
+                    "endpointPrivateAccess": True,
                 },
                 "certificateAuthority": {"data": self.ca_data},
                 "accessConfig": {"authenticationMode": "API"},
@@ -304,23 +304,28 @@ class FakeEks(ServiceFake):
 
 
 class FakeServiceQuotas(ServiceFake):
-    """The account's SageMaker quotas (moto has none): ListServiceQuotas."""
+    """The account's SageMaker quotas (moto has none): the applied values (ListServiceQuotas,
+    only quotas raised for the account) and AWS's defaults (ListAWSDefaultServiceQuotas)."""
 
     service = "service-quotas"
 
-    def __init__(self, **values: float) -> None:
+    def __init__(self, defaults: dict[str, float] | None = None, **applied: float) -> None:
         super().__init__()
-        self.values = values
+        self.values = applied
+        self.defaults = defaults or {}
 
-    def list_service_quotas(self, ServiceCode: str, **_: Any) -> dict[str, Any]:  # noqa: N803
+    @staticmethod
+    def _quotas(service: str, values: dict[str, float]) -> dict[str, Any]:
         return {
             "Quotas": [
-                {
-                    "ServiceCode": ServiceCode,
-                    "QuotaName": name,
-                    "QuotaCode": f"L-{index:08X}",
-                    "Value": value,
-                }
-                for index, (name, value) in enumerate(self.values.items())
+                {"ServiceCode": service, "QuotaName": name,
+                 "QuotaCode": f"L-{sum(map(ord, name)):08X}", "Value": value}
+                for name, value in values.items()
             ]
-        }
+        }  # fmt: skip
+
+    def list_service_quotas(self, ServiceCode: str, **_: Any) -> dict[str, Any]:  # noqa: N803
+        return self._quotas(ServiceCode, self.values)
+
+    def list_aws_default_service_quotas(self, ServiceCode: str, **_: Any) -> dict[str, Any]:  # noqa: N803
+        return self._quotas(ServiceCode, self.defaults)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from tests.conftest import ADMIN_ROLE, Synthesized
+import pytest
+
+from tests.conftest import ADMIN_ROLE, Synthesized, synthesize
 
 
 def _addons(app: Synthesized) -> dict[str, tuple[str, dict]]:
@@ -19,6 +21,11 @@ def test_cluster_endpoint_auth_logging_and_encryption(default_app: Synthesized) 
     properties = cluster["Properties"]
     assert properties["Name"] == "nova-mtrl-eks"
     assert properties["Version"] == default_app.config.eks_version
+    # Nodes join through the private endpoint, as AWS's HyperPod EKS Terraform modules keep it
+    # (aws-samples/awsome-distributed-training, 7.sagemaker-hyperpod-eks/terraform-modules:
+    # endpoint_private_access "required for nodes to join"); functions and operators use the
+    # public one.
+    assert properties["ResourcesVpcConfig"]["EndpointPrivateAccess"] is True
     assert properties["ResourcesVpcConfig"]["EndpointPublicAccess"] is True
     assert properties["AccessConfig"]["AuthenticationMode"] == "API_AND_CONFIG_MAP"
     assert properties["ComputeConfig"] == {"Enabled": False}
@@ -105,8 +112,12 @@ def test_training_operator_can_be_left_out(tmp_path) -> None:
 
 
 def test_admin_roles_get_cluster_admin_access_entries(pinned_app: Synthesized) -> None:
-    _, entry = pinned_app.one("compute", "AWS::EKS::AccessEntry")
-    assert entry["Properties"]["PrincipalArn"] == ADMIN_ROLE
+    # The configured admin's entry (the other is the chart installer's).
+    (entry,) = [
+        entry
+        for entry in pinned_app.resources("compute", "AWS::EKS::AccessEntry").values()
+        if entry["Properties"]["PrincipalArn"] == ADMIN_ROLE
+    ]
     (policy,) = entry["Properties"]["AccessPolicies"]
     assert json.dumps(policy["PolicyArn"]).endswith(
         ':cluster-access-policy/AmazonEKSClusterAdminPolicy"]]}'
@@ -118,3 +129,28 @@ def test_existing_cluster_is_referenced_not_created(existing_app: Synthesized) -
     assert not existing_app.resources("compute", "AWS::EKS::Cluster")
     assert not existing_app.resources("compute", "AWS::EKS::Nodegroup")
     assert existing_app.template("compute")["Outputs"]["EksClusterName"]["Value"] == "team-eks"
+
+
+def test_kubernetes_1_35_is_accepted_with_a_warning_that_it_is_unverified(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    app = synthesize({"eks_version": "1.35"}, tmp_path_factory.mktemp("k8s-1-35"))
+    _, cluster = app.one("compute", "AWS::EKS::Cluster")
+    assert cluster["Properties"]["Version"] == "1.35"
+    warnings = _warnings(app)
+    assert any("Kubernetes 1.35" in text and "unverified" in text for text in warnings), warnings
+
+
+def test_a_listed_version_gets_no_such_warning(default_app: Synthesized) -> None:
+    assert not any("unverified" in text for text in _warnings(default_app))
+
+
+def _warnings(app: Synthesized) -> list[str]:
+    """What synth warned about (cdk.out/<stack>.metadata.json)."""
+    return [
+        str(entry["data"])
+        for metadata in app.outdir.glob("*.metadata.json")
+        for entries in json.loads(metadata.read_text()).values()
+        for entry in entries
+        if entry["type"] == "aws:cdk:warning"
+    ]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from pathlib import Path
 
 from tests.conftest import Synthesized, as_list, role_statements, synthesize
 
@@ -124,3 +127,19 @@ def test_nodes_pull_the_presets_images_from_their_repositories_only(
     assert ":708977205387:repository/nova-fine-tune-repo" in nova and "AWS::Region" in nova
     assert '"AWS::AccountId"' in ours and ":repository/nova-mtrl-grpo-trainer" in ours
     assert "*" not in "".join(resources)
+
+
+def test_the_lifecycle_script_logs_to_its_file_and_to_stdout(tmp_path) -> None:
+    """stdout is what reaches the cluster's CloudWatch log group; the file stays on the node."""
+    script = Path(__file__).parents[1] / "stacks" / "assets" / "hyperpod_lifecycle" / "on_create.sh"
+    done = subprocess.run(
+        ["bash", str(script)],
+        env={**os.environ, "PROVISION_LOG_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "nova-mtrl on_create start" in done.stdout
+    assert "nova-mtrl on_create done" in done.stdout
+    written = (tmp_path / "provisioning.log").read_text()
+    assert written.splitlines() == done.stdout.splitlines()

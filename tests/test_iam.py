@@ -48,6 +48,7 @@ def test_one_role_per_plane(default_app: Synthesized) -> None:
         "ecs-tasks.amazonaws.com",  # reward-worker task execution (image pull, logs)
         "ecs-tasks.amazonaws.com",  # reward-worker task role
         "eks.amazonaws.com",  # EKS control plane
+        "lambda.amazonaws.com",  # the HyperPod Helm chart's installer (deploy time)
         "pods.eks.amazonaws.com",  # container logs to CloudWatch (observability add-on)
         "pods.eks.amazonaws.com",  # HyperPod training operator
         "sagemaker.amazonaws.com",  # HyperPod nodes

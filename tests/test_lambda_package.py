@@ -57,6 +57,7 @@ def test_handlers_import_with_only_the_asset_and_the_runtime(
         "lambdas.pipeline.handlers",
         "lambdas.pipeline.compute",
         "lambdas.kubernetes.bootstrap",
+        "lambdas.kubernetes.chart_install",
     } <= modules
     for package in PACKAGES:
         shutil.copytree(PROJECT_ROOT / package, tmp_path / package, ignore=_IGNORED)

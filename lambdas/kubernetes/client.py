@@ -37,7 +37,7 @@ class Kind:
         return f"{group}{scope}/{self.plural}{item}"
 
 
-# The kinds the pipeline creates or reads, by (apiVersion, kind).
+# The kinds the pipeline and the deploy-time installs create or read, by (apiVersion, kind).
 KINDS: dict[tuple[str, str], Kind] = {
     ("v1", "Namespace"): Kind("v1", "namespaces", namespaced=False),
     ("v1", "ServiceAccount"): Kind("v1", "serviceaccounts"),
@@ -48,6 +48,15 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("v1", "Node"): Kind("v1", "nodes", namespaced=False),
     ("apps/v1", "Deployment"): Kind("apps/v1", "deployments"),
     ("apps/v1", "StatefulSet"): Kind("apps/v1", "statefulsets"),
+    ("apps/v1", "DaemonSet"): Kind("apps/v1", "daemonsets"),
+    ("v1", "Secret"): Kind("v1", "secrets"),
+    ("batch/v1", "Job"): Kind("batch/v1", "jobs"),
+    ("scheduling.k8s.io/v1", "PriorityClass"): Kind(
+        "scheduling.k8s.io/v1", "priorityclasses", namespaced=False
+    ),
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): Kind(
+        "apiextensions.k8s.io/v1", "customresourcedefinitions", namespaced=False
+    ),
     ("kubeflow.org/v1", "PyTorchJob"): Kind("kubeflow.org/v1", "pytorchjobs"),
     ("sagemaker.amazonaws.com/v1", "HyperPodPyTorchJob"): Kind(
         "sagemaker.amazonaws.com/v1", "hyperpodpytorchjobs"
@@ -58,11 +67,21 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): Kind(
         "rbac.authorization.k8s.io/v1", "clusterrolebindings", namespaced=False
     ),
+    ("rbac.authorization.k8s.io/v1", "Role"): Kind("rbac.authorization.k8s.io/v1", "roles"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): Kind(
+        "rbac.authorization.k8s.io/v1", "rolebindings"
+    ),
     ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"): Kind(
         "admissionregistration.k8s.io/v1", "validatingadmissionpolicies", namespaced=False
     ),
     ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"): Kind(
         "admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings", namespaced=False
+    ),
+    ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration"): Kind(
+        "admissionregistration.k8s.io/v1", "validatingwebhookconfigurations", namespaced=False
+    ),
+    ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"): Kind(
+        "admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations", namespaced=False
     ),
 }
 

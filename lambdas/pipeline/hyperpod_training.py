@@ -57,6 +57,9 @@ from training_configs.schema import TrainingConfig
 IMAGE_PULL_ERRORS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 CRASH_LOOP_RESTARTS = 3  # a container restarted this often is not coming back by itself
 DONE = {"Succeeded", "Complete", "Completed"}  # Kubeflow says Succeeded, HyperPod Complete(d)
+# HyperPod's operator may report PodsRunning where Kubeflow's says Running (AWS's own job test,
+# aws/sagemaker-hyperpod-cli test/integration_tests/init/test_pytorch_job_creation.py).
+RUNNING = {"Running", "PodsRunning"}
 DELETE_POLL_SECONDS = 2.0
 # HyperPod labels each node with the outcome of its health checks.
 HEALTH_LABEL = "sagemaker.amazonaws.com/node-health-status"
@@ -277,7 +280,7 @@ def job_status(
     problem = pod_problem(pods)
     if problem:
         return JobStatus("failed", problem)
-    if "Running" in true:
+    if true.keys() & RUNNING:
         return JobStatus("running")
     waiting = unschedulable(pods) or "waiting for the training operator to start the job"
     created = _timestamp(job["metadata"].get("creationTimestamp"))

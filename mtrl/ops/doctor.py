@@ -19,6 +19,9 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 from mtrl.ops.deployment import Deployment, DeploymentError, find_deployment
 from training_configs import TrainingConfig
 
+# The account-wide HyperPod quota (SageMaker docs, "SageMaker HyperPod prerequisites").
+TOTAL_INSTANCES = "Total number of instances allowed across SageMaker HyperPod clusters"
+
 
 @dataclass(frozen=True)
 class Check:
@@ -90,9 +93,10 @@ def _eks(client: Callable[[str], Any], deployment: Deployment, config: TrainingC
         return Check(
             "eks", False, f"{name} is {cluster['status']}", "wait for it, or see the EKS console"
         )
-    if not cluster.get("resourcesVpcConfig", {}).get("endpointPublicAccess", False):
-        return Check("eks", False, f"{name} has no public endpoint",
-                     "HyperPod's node agents need it (else NotStabilized): enable public access")  # fmt: skip
+    if not cluster.get("resourcesVpcConfig", {}).get("endpointPrivateAccess", False):
+        return Check("eks", False, f"{name} has no private endpoint",
+                     "the nodes and the platform's functions reach the API server inside the VPC: "
+                     "enable private endpoint access")  # fmt: skip
     return Check("eks", True, f"{name} active, Kubernetes {cluster.get('version', '?')}")
 
 
@@ -112,24 +116,39 @@ def _hyperpod(
 
 
 def _quota(client: Callable[[str], Any], deployment: Deployment, config: TrainingConfig) -> Check:
-    wanted = f"{config.instance_type} for cluster usage"
-    pages = (
-        client("service-quotas")
-        .get_paginator("list_service_quotas")
-        .paginate(ServiceCode="sagemaker")
-    )
-    for page in pages:
-        for quota in page["Quotas"]:
-            if quota["QuotaName"] == wanted:
-                have = int(quota["Value"])
-                if have < config.instance_count:
-                    return Check("quota", False, f"{wanted}: {have}, the config needs {config.instance_count}",
-                                 f"request an increase: Service Quotas → Amazon SageMaker → {wanted!r}")  # fmt: skip
-                return Check(
-                    "quota", True, f"{wanted}: {have} (the config needs {config.instance_count})"
-                )
-    return Check("quota", False, f"{wanted}: 0 (no such quota applied)",
-                 f"request it: Service Quotas → Amazon SageMaker → {wanted!r}")  # fmt: skip
+    """The quotas AWS lists for HyperPod capacity (SageMaker docs, "SageMaker HyperPod
+    prerequisites"): the instance type's, and the total across the account's HyperPod clusters.
+    A quota never raised has no applied value: its AWS default counts."""
+    needed = config.instance_count
+    names = [f"{config.instance_type} for cluster usage", TOTAL_INSTANCES]
+    found = _quota_values(client("service-quotas"), names)
+    parts, short = [], []
+    for name in names:
+        value, source = found.get(name, (0, "no such quota"))
+        parts.append(f"{name}: {value}" + ("" if source == "applied" else f" ({source})"))
+        if value < needed:
+            short.append(repr(name))
+    detail = f"{'; '.join(parts)} (the config needs {needed})"
+    if short:
+        return Check("quota", False, detail,
+                     f"request an increase: Service Quotas → Amazon SageMaker → {' and '.join(short)}")  # fmt: skip
+    return Check("quota", True, detail)
+
+
+def _quota_values(quotas: Any, names: list[str]) -> dict[str, tuple[int, str]]:
+    """name -> (value, "applied" or "AWS default") for the SageMaker quotas named."""
+    found: dict[str, tuple[int, str]] = {}
+    for operation, source in (
+        ("list_service_quotas", "applied"),
+        ("list_aws_default_service_quotas", "AWS default"),
+    ):
+        if len(found) == len(names):
+            break
+        for page in quotas.get_paginator(operation).paginate(ServiceCode="sagemaker"):
+            for quota in page["Quotas"]:
+                if quota["QuotaName"] in names and quota["QuotaName"] not in found:
+                    found[quota["QuotaName"]] = (int(quota["Value"]), source)
+    return found
 
 
 def _worker_image(

@@ -1,21 +1,25 @@
-"""The EKS cluster that orchestrates HyperPod: public endpoint, access entries, add-ons."""
+"""The EKS cluster that orchestrates HyperPod: private and public endpoint, access entries,
+add-ons."""
 
 from __future__ import annotations
 
+from aws_cdk import Annotations
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct, IDependable
 
+from stacks.components.functions import ClusterNetwork
 from stacks.components.nag import acknowledge
-from stacks.config import PlatformConfig
+from stacks.config import UNVERIFIED_EKS_VERSIONS, PlatformConfig
 
 # Installed before the system nodes start (nodes need the CNI to become Ready) ...
 NODE_ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
 # ... and after them (CoreDNS pods need somewhere to run before the add-on turns ACTIVE).
 SCHEDULED_ADDONS = ("coredns",)
 LOGS_POLICY = "CloudWatchAgentServerPolicy"
+CLUSTER_ADMIN = "AmazonEKSClusterAdminPolicy"
 
 _LOG_TYPES = [
     eks.ClusterLoggingTypes.API,
@@ -30,7 +34,8 @@ class HyperPodEks(Construct):
     """A new EKS cluster for HyperPod, or an imported one.
 
     Attributes: `cluster` (ICluster), `cluster_name`, `cluster_arn`, `security_group_id`
-    (shared with the HyperPod nodes), `ready` (what HyperPod must wait for).
+    (shared with the HyperPod nodes), `network` (where functions that call the API server run),
+    `ready` (what HyperPod must wait for).
     """
 
     def __init__(
@@ -64,9 +69,14 @@ class HyperPodEks(Construct):
                 version=eks.KubernetesVersion.of(config.eks_version),
                 vpc=vpc,
                 vpc_subnets=[subnets],
-                # HyperPod's node agents reach the API server through the public endpoint;
-                # with a private-only endpoint cluster creation ends in NotStabilized.
-                endpoint_access=eks.EndpointAccess.PUBLIC,
+                # Private access lets nodes in the private subnets join from inside the VPC
+                # (AWS's HyperPod EKS Terraform modules keep it on: "required for nodes to
+                # join"); the platform's functions use it too (ClusterNetwork). The public
+                # endpoint serves operators, from the configured addresses only —
+                # IAM-authenticated either way.
+                endpoint_access=eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(
+                    *config.eks_public_access_cidrs
+                ),
                 # Auto Mode off: HyperPod brings its own nodes.
                 default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
                 default_capacity=0,
@@ -82,9 +92,10 @@ class HyperPodEks(Construct):
             acknowledge(
                 cluster,
                 "AwsSolutions-EKS1",
-                "HyperPod with the EKS orchestrator requires the public API endpoint (creation "
-                "fails with NotStabilized otherwise); access is IAM-authenticated via access "
-                "entries only.",
+                "The API endpoint is private and public: nodes and the platform's functions use "
+                "the private one; the public one serves operators (kubectl), from the CIDR blocks "
+                "in eks_public_access_cidrs only. Every request is IAM-authenticated (access "
+                "entries only).",
             )
             acknowledge(
                 cluster.role,
@@ -92,16 +103,29 @@ class HyperPodEks(Construct):
                 "The EKS service role must carry the AWS-maintained AmazonEKSClusterPolicy; EKS "
                 "keeps it in step with the control plane.",
             )
+            if config.eks_version in UNVERIFIED_EKS_VERSIONS:
+                Annotations.of(cluster).add_warning_v2(
+                    "nova-mtrl:eks-version-unverified",
+                    f"Kubernetes {config.eks_version}: AWS's HyperPod EKS prerequisites list "
+                    "versions up to 1.34; this one is accepted but unverified with HyperPod.",
+                )
             self.cluster = cluster
             self.security_group_id = cluster.cluster_security_group_id
             self.ready = self._add_nodes_and_addons(cluster, subnets)
         self.cluster_name = self.cluster.cluster_name
         self.cluster_arn = self.cluster.cluster_arn
+        self.network = ClusterNetwork(
+            vpc=vpc,
+            subnets=subnets,
+            security_group=ec2.SecurityGroup.from_security_group_id(
+                self, "ClusterSecurityGroup", self.security_group_id
+            ),
+        )
         for index, role_arn in enumerate(config.eks_admin_role_arns):
             self.grant_access(
                 f"Admin{index}",
                 principal_arn=role_arn,
-                policy="AmazonEKSClusterAdminPolicy",
+                policy=CLUSTER_ADMIN,
             )
 
     def grant_access(

@@ -31,8 +31,8 @@ from constructs import Construct
 
 from lambdas.router.run_queues import deployment_prefix
 from mtrl.bucket import TRAINING_DATA_PREFIX
-from stacks.components.access import Need, grant_log_reading, grant_table_key
-from stacks.components.functions import pipeline_function
+from stacks.components.access import NEEDS, Need, grant_log_reading, grant_table_key
+from stacks.components.functions import ClusterNetwork, pipeline_function
 from stacks.components.nag import acknowledge, acknowledge_resource
 from stacks.config import PlatformConfig
 from training_configs import load_training_config
@@ -58,9 +58,11 @@ class TrainingPipeline(Construct):
         conversations: dynamodb.ITable,
         router_url: str,
         consumer: lambda_.IFunction,
+        cluster_network: ClusterNetwork,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
+        self._cluster_network = cluster_network
         self.runs_table = dynamodb.Table(
             self,
             "Runs",
@@ -124,6 +126,7 @@ class TrainingPipeline(Construct):
                 timeout=Duration.minutes(15 if name == "validate" else 2),
                 environment=environment,
                 memory_size=1024 if name == "validate" else 512,
+                network=self._network(name),
             )
             for name, description in {**steps, **compute_steps}.items()
         }
@@ -255,6 +258,7 @@ class TrainingPipeline(Construct):
             code=code,
             timeout=Duration.minutes(5),
             environment={**environment, "STATE_MACHINE_ARN": self.state_machine.state_machine_arn},
+            network=self._network("reap"),
         )
         events.Rule(
             self,
@@ -344,6 +348,10 @@ class TrainingPipeline(Construct):
             *(function.log_group.log_group_name for function in self.functions.values()),
         ]
 
+    def _network(self, step: str) -> ClusterNetwork | None:
+        """A step that calls the Kubernetes API runs where the API's private endpoint is."""
+        return self._cluster_network if Need.KUBERNETES in NEEDS[step] else None
+
     def add_scheduled_step(
         self, name: str, description: str, *, every: Duration, environment: dict[str, str]
     ) -> lambda_.Function:
@@ -357,6 +365,7 @@ class TrainingPipeline(Construct):
             code=self._code,
             timeout=Duration.minutes(2),
             environment={**self._environment, **environment},
+            network=self._network(name),
         )
         events.Rule(
             self,

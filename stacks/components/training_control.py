@@ -24,13 +24,11 @@ from constructs import Construct
 
 from lambdas.kubernetes.rbac import pipeline_group, pipeline_rbac
 from stacks.components.access import Allow, Need, grant_log_reading, log_group_arn
-from stacks.components.eks import eks_cluster_name, pod_identity_role
-from stacks.components.functions import pipeline_function
+from stacks.components.eks import CLUSTER_ADMIN, eks_cluster_name, pod_identity_role
+from stacks.components.functions import ClusterNetwork, pipeline_function
 from stacks.components.hyperpod import hyperpod_cluster_name
 from stacks.components.nag import acknowledge_resource
 from stacks.config import PlatformConfig
-
-CLUSTER_ADMIN = "AmazonEKSClusterAdminPolicy"
 
 
 class TrainingClusterControl(Construct):
@@ -45,6 +43,7 @@ class TrainingClusterControl(Construct):
         code: lambda_.Code,
         hyperpod_cluster_arn: str,
         execution_role_arn: str | None,
+        cluster_network: ClusterNetwork,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
@@ -65,7 +64,8 @@ class TrainingClusterControl(Construct):
         wildcards = {
             self._associations: "Pod Identity association ids are made by EKS per run; only "
             "this cluster's.",
-            "*": "servicequotas:ListServiceQuotas has no resource type; it only reads quotas.",
+            "*": "servicequotas:ListServiceQuotas and ListAWSDefaultServiceQuotas have no resource "
+            "type; they only read quotas.",
         }
         if config.existing_hyperpod_cluster:
             wildcards[hyperpod_cluster_arn] = (
@@ -90,7 +90,7 @@ class TrainingClusterControl(Construct):
             "KEEP_WARM_SECONDS": str(config.keep_warm_minutes * 60),
             "TRAINING_JOB_ROLE_ARN": self.job_role.role_arn,
         }
-        self.rbac = self._bootstrap_rbac(code)
+        self.rbac = self._bootstrap_rbac(code, cluster_network)
 
     provides = frozenset(
         {
@@ -145,7 +145,14 @@ class TrainingClusterControl(Construct):
                 self._allow(role, ["eks:DescribeCluster"], self._eks_arn)
                 self._allow(role, ["sagemaker:DescribeCluster"], self._hyperpod_arn)
                 # Quotas have no resource type (Service Authorization Reference).
-                self._allow(role, ["servicequotas:ListServiceQuotas"], "*")
+                self._allow(
+                    role,
+                    [
+                        "servicequotas:ListServiceQuotas",
+                        "servicequotas:ListAWSDefaultServiceQuotas",
+                    ],
+                    "*",
+                )
             case Need.POD_IDENTITY_DELETE:
                 self._allow(role, ["eks:ListPodIdentityAssociations"], self._eks_arn)
                 self._allow(role, ["eks:DeletePodIdentityAssociation"], self._associations)
@@ -222,7 +229,7 @@ class TrainingClusterControl(Construct):
         )
         return entry
 
-    def _bootstrap_rbac(self, code: lambda_.Code) -> CustomResource:
+    def _bootstrap_rbac(self, code: lambda_.Code, network: ClusterNetwork) -> CustomResource:
         """Applies the pipeline's RBAC at deploy time. Its role is the one cluster admin here:
         creating RBAC needs the rights it grants; only CloudFormation invokes it."""
         function = pipeline_function(
@@ -236,6 +243,7 @@ class TrainingClusterControl(Construct):
                 "NAME_PREFIX": self._config.name_prefix,
                 "EKS_CLUSTER": self._eks_name,
             },
+            network=network,
         )
         function.add_to_role_policy(
             iam.PolicyStatement(actions=["eks:DescribeCluster"], resources=[self._eks_arn])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,10 @@ import pytest
 import yaml
 
 from lambdas.pipeline.register import CONFIG_METADATA_KEY
+from mtrl.local.physical import REGION
+from stacks.components.hyperpod_dependencies import chart_request
+from stacks.render_hyperpod_chart import render
+from tests.chart_rendering import manifest, rendering
 from tests.conftest import Synthesized
 from tests.executions import wait_for_state
 from tests.iam.world import (
@@ -69,6 +73,7 @@ class Scenarios:
     monkeypatch: Any = None
     cli: dict[str, Any] = field(default_factory=dict)  # `mtrl` command -> its CliRunner result
     rbac: list[dict[str, Any]] = field(default_factory=list)  # the custom resource's answers
+    chart: list[dict[str, Any]] = field(default_factory=list)  # the chart install's answers
 
     def use_the_cli(self, tmp: Path) -> None:
         """The operator's commands, after the runs: each reads or changes the deployment."""
@@ -178,6 +183,18 @@ def _left(world: World, run: Scenario) -> dict[str, Any]:
     }
 
 
+def publish_chart_rendering(world: World, cache: Path) -> None:
+    """What `cdk deploy` uploads for the chart before the stacks change: the renderer's output
+    (git and helm faked, as in tests/test_render_hyperpod_chart.py) in the bootstrap bucket."""
+    ((stack, _, chart),) = world.deployment.resources("Custom::HyperPodHelmChart")
+    asset = world.deployment.resolve(stack, chart["Properties"]["Manifest"])
+    request = replace(chart_request(world.app.config), region=REGION)
+    path = render(request, cache=cache, run=lambda argv, cwd: manifest(rendering()))
+    s3 = world.clients["s3"]
+    s3.create_bucket(Bucket=asset["Bucket"])
+    s3.put_object(Bucket=asset["Bucket"], Key=asset["Key"], Body=path.read_bytes())
+
+
 @pytest.fixture(scope="session")
 def scenarios(default_app: Synthesized, tmp_path_factory: pytest.TempPathFactory) -> Scenarios:
     """Played, and the world closed again (moto, the fakes and the recorder hooks are process
@@ -199,8 +216,11 @@ def scenarios(default_app: Synthesized, tmp_path_factory: pytest.TempPathFactory
         )
         publish_stacks(world)
         played = Scenarios(world, controller, monkeypatch=monkeypatch)
-        # The deploy applies the pipeline's Kubernetes RBAC (a custom resource), first of all.
-        played.rbac.append(custom_resource(world, "kubernetes.bootstrap.on_event", "Create"))
+        # The deploy installs AWS's HyperPod chart (rendered at publish time: its asset) before
+        # the HyperPod cluster, then the pipeline's Kubernetes RBAC.
+        publish_chart_rendering(world, tmp_path_factory.mktemp("chart"))
+        played.chart.append(custom_resource(world, "Custom::HyperPodHelmChart", "Create"))
+        played.rbac.append(custom_resource(world, "Custom::KubernetesRbac", "Create"))
         played.run(
             "succeeds",
             "training-data/wordle.jsonl",
@@ -218,6 +238,7 @@ def scenarios(default_app: Synthesized, tmp_path_factory: pytest.TempPathFactory
         played.run_torn_down_on_request()
         played.use_the_cli(tmp_path_factory.mktemp("operator"))
         # `make destroy` removes it again.
-        played.rbac.append(custom_resource(world, "kubernetes.bootstrap.on_event", "Delete"))
+        played.rbac.append(custom_resource(world, "Custom::KubernetesRbac", "Delete"))
+        played.chart.append(custom_resource(world, "Custom::HyperPodHelmChart", "Delete"))
         played.notifications = world.notifications()
     return played

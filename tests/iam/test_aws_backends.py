@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from lambdas.kubernetes.training_job import run_namespace
+from tests.chart_rendering import rendering
 from tests.iam.conftest import Scenario, Scenarios
 
 PREFIX = "nova-mtrl"
@@ -125,6 +126,34 @@ def test_a_run_torn_down_on_request_is_stopped_and_leaves_nothing(scenarios: Sce
     )
     assert run.described["status"] == "ABORTED"
     _released(scenarios, run)
+
+
+def test_the_deploy_installs_the_hyperpod_chart_and_the_destroy_removes_it(
+    scenarios: Scenarios,
+) -> None:
+    created, deleted = scenarios.chart
+    assert created["Status"] == deleted["Status"] == "SUCCESS", (created, deleted)
+    installed = created["Data"]["Objects"]
+    assert installed == deleted["Data"]["Objects"] == len(rendering())
+    assert (
+        created["PhysicalResourceId"]
+        == deleted["PhysicalResourceId"]
+        == ("nova-mtrl-eks/hyperpod-dependencies")
+    )
+    # The installer signed as itself: it read its rendering and found the cluster (the IAM
+    # proof checks both against its role), then the objects went again (the namespaces every
+    # cluster has stay).
+    world = scenarios.world
+    installer = {
+        (call.service, call.operation)
+        for call in world.recorder.calls
+        if "HyperPodChartInstaller" in call.principal
+    }
+    assert installer == {("s3", "GetObject"), ("eks", "DescribeCluster")}
+    api = world.kubernetes
+    assert "/apis/apps/v1/namespaces/kube-system/daemonsets" in api.objects
+    assert not api.objects["/apis/apps/v1/namespaces/kube-system/daemonsets"]
+    assert "aws-hyperpod" not in api.objects["/api/v1/namespaces"]
 
 
 def test_the_deploy_applies_the_pipelines_rbac_and_the_destroy_removes_it(

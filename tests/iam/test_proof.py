@@ -106,6 +106,9 @@ KEPT = {
     "function's (or task's) logs with the role; no request of the code does.",
     ("*", "logs:PutLogEvents"): "The Lambda runtime (or ECS's awslogs driver) writes the logs.",
     ("*", "xray:Put*"): "Active tracing: the Lambda runtime sends the function's trace segments.",
+    ("*", "ec2:*NetworkInterface*"): "Lambda attaches a function that calls the EKS API to the VPC "
+    "with its role (Lambda Developer Guide, VPC access); no request of the code does.",
+    ("*", "ec2:*PrivateIpAddresses"): "As ec2:*NetworkInterface*: Lambda manages the interfaces.",
     ("*", "kms:DescribeKey"): "DynamoDB uses a table's key for its caller and does not publish "
     "which KMS calls each operation makes: callers hold what aws-cdk-lib's table grants give.",
     ("*", "kms:Encrypt"): "As kms:DescribeKey: DynamoDB writes under the table's key.",

@@ -12,9 +12,10 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -26,6 +27,8 @@ from moto import mock_aws
 from lambdas.kubernetes.token import CLUSTER_HEADER, PREFIX
 from lambdas.router.run_queues import DLQ, KINDS, queue_name
 from mtrl.local.embedded import (
+    CREDENTIALS,
+    Dispatcher,
     LocalPipeline,
     deploy_pipeline,
     in_process_lambdas,
@@ -35,6 +38,7 @@ from mtrl.local.embedded import (
 from mtrl.local.function_url import FunctionUrlServer
 from mtrl.local.physical import ACCOUNT, REGION
 from mtrl.local.trainer.scripted import ScriptedTrainer
+from mtrl.ops.doctor import TOTAL_INSTANCES
 from mtrl.protocol import RolloutRequest, dump
 from reward_envs.wordle import load_environment
 from reward_envs.worker.router_client import RouterClient, RouterRolloutQueues
@@ -65,6 +69,7 @@ class World:
     eks: FakeEks
     directory: Directory
     inbox: str
+    physical_ids: dict[str, str] = field(default_factory=dict)  # custom resources' answers
 
     def function(self, handler: str) -> str:
         return self.pipeline.function(handler)
@@ -163,6 +168,26 @@ def _deploy_compute(deployment: Deployment) -> dict[str, Any]:
     }
 
 
+def _deploy_compute_functions(
+    deployment: Deployment, dispatcher: Dispatcher, credentials: Callable[[str], dict[str, str]]
+) -> None:
+    """The compute stack's functions (the chart's installer), as deployed: their environment,
+    each signing as its role."""
+    for stack, logical_id, resource in deployment.resources("AWS::Lambda::Function"):
+        if not stack.endswith("-compute"):
+            continue
+        properties = resource["Properties"]
+        variables = {
+            key: str(deployment.resolve(stack, value))
+            for key, value in properties.get("Environment", {}).get("Variables", {}).items()
+        }
+        variables |= credentials(str(deployment.resolve(stack, properties["Role"])))
+        name = deployment.names[stack][logical_id]["Ref"]
+        dispatcher.functions[name] = (properties["Handler"], variables)
+        # Every key before any call, as deploy_pipeline does (handlers only change values).
+        os.environ.update({k: v for k, v in variables.items() if k not in CREDENTIALS})
+
+
 def _directory(deployment: Deployment) -> Directory:
     """Which key encrypts what, as the templates deploy it."""
     directory = Directory()
@@ -252,7 +277,9 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
         eks = FakeEks(cluster=eks_name, endpoint=kubernetes.endpoint, ca_data=kubernetes.ca_data)
         stack.enter_context(eks.installed())
         stack.enter_context(
-            FakeServiceQuotas(**{"ml.p5.48xlarge for cluster usage": 4}).installed()
+            FakeServiceQuotas(
+                defaults={TOTAL_INSTANCES: 30}, **{"ml.p5.48xlarge for cluster usage": 4}
+            ).installed()
         )
         harness = boto3.Session(
             aws_access_key_id="test", aws_secret_access_key="test", region_name=REGION
@@ -269,6 +296,7 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
             credentials=recorder.credentials,
             keep_data_key=True,
         )
+        _deploy_compute_functions(deployment, dispatcher, recorder.credentials)
         sqs = clients["sqs"]
         inbox = sqs.create_queue(QueueName="inbox")["QueueUrl"]
         inbox_arn = sqs.get_queue_attributes(QueueUrl=inbox, AttributeNames=["QueueArn"])[
@@ -508,8 +536,9 @@ def run_cli(world: World, monkeypatch: Any, *args: str) -> Any:
         return CliRunner().invoke(app, [*args, "--region", REGION])
 
 
-def custom_resource(world: World, handler: str, request_type: str) -> dict[str, Any]:
-    """CloudFormation's call of a custom resource function, and the answer the function PUT to
+def custom_resource(world: World, resource_type: str, request_type: str) -> dict[str, Any]:
+    """CloudFormation's call of the function behind the app's one custom resource of
+    `resource_type`, with the properties synthesized for it, and the answer the function PUT to
     the pre-signed response URL (served here on loopback)."""
     answers: list[dict[str, Any]] = []
 
@@ -525,20 +554,26 @@ def custom_resource(world: World, handler: str, request_type: str) -> dict[str, 
     server = HTTPServer(("127.0.0.1", 0), ResponseUrl)
     thread = threading.Thread(target=server.handle_request, daemon=True)
     thread.start()
+    ((stack, logical_id, resource),) = world.deployment.resources(resource_type)
+    properties = world.deployment.resolve(stack, resource["Properties"])
+    function = properties.pop("ServiceToken")
     event = {
         "RequestType": request_type,
         "ResponseURL": f"http://127.0.0.1:{server.server_address[1]}/response",
-        "StackId": f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/{world.app.config.name_prefix}-pipeline/1",
+        "StackId": f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/{stack}/1",
         "RequestId": f"{request_type.lower()}-1",
-        "LogicalResourceId": "PipelineRbac",
+        "LogicalResourceId": logical_id,
+        "ResourceType": resource_type,
+        "ResourceProperties": properties,
         **(
-            {"PhysicalResourceId": f"{world.app.config.name_prefix}-pipeline-rbac"}
+            {"PhysicalResourceId": world.physical_ids[logical_id]}
             if request_type != "Create"
             else {}
         ),
     }
-    world.invoke(handler, event)
+    world.pipeline.dispatcher.call(function, event)
     thread.join(timeout=10)
     server.server_close()
     (answer,) = answers
+    world.physical_ids[logical_id] = answer["PhysicalResourceId"]
     return answer

@@ -10,7 +10,8 @@ import json
 import ssl
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+from lambdas.kubernetes.client import KubernetesClient
 
 
 def _self_signed() -> tuple[bytes, bytes]:
@@ -63,7 +66,13 @@ class FakeKubernetes:
     """
 
     def __init__(self, authenticate: Callable[[str], str | None] | None = None) -> None:
-        self.objects: dict[str, dict[str, dict[str, Any]]] = {}
+        # What every cluster starts with: objects go into a namespace that exists.
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {
+            "/api/v1/namespaces": {
+                name: {"metadata": {"name": name, "uid": name, "resourceVersion": "1"}}
+                for name in ("default", "kube-system")
+            }
+        }
         self.accepted: set[str] = set()
         self.authenticate = authenticate
         self.requests: list[tuple[str, str, str]] = []
@@ -141,6 +150,12 @@ class FakeKubernetes:
                     if "fieldManager" not in parse_qs(url.query):
                         self._status(422, "Invalid", "fieldManager is required for apply patch")
                         return
+                    namespace = (
+                        parts[parts.index("namespaces") + 1] if "namespaces" in parts[:-2] else None
+                    )
+                    if namespace and namespace not in fake.objects.get("/api/v1/namespaces", {}):
+                        self._status(404, "NotFound", f'namespaces "{namespace}" not found')
+                        return
                     stored = items.get(name)
                     if stored is None:
                         fake._uid += 1
@@ -207,3 +222,22 @@ class FakeKubernetes:
                 pass
 
         return Api
+
+
+# A bearer token the tests' API server accepts (`serving()`), for clients that need no EKS.
+TOKEN = "k8s-aws-v1.valid"
+
+
+@contextmanager
+def serving() -> Iterator[FakeKubernetes]:
+    """A fake API server that accepts TOKEN."""
+    with FakeKubernetes() as fake:
+        fake.accepted.add(TOKEN)
+        yield fake
+
+
+def client_of(api: FakeKubernetes) -> KubernetesClient:
+    """Our client of `api`, with TOKEN and the server's CA."""
+    return KubernetesClient(
+        api.endpoint, token=lambda **_: TOKEN, certificate_authority=api.ca_data
+    )

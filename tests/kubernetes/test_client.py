@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import datetime
-from collections.abc import Iterator
 from urllib.parse import parse_qs, urlsplit
 
 import boto3
@@ -13,10 +12,9 @@ import pytest
 
 from lambdas.kubernetes.client import KubernetesClient, KubernetesError
 from lambdas.kubernetes.token import EksTokenSource, eks_token
-from tests.kubernetes.fake_api import FakeKubernetes
+from tests.kubernetes.fake_api import TOKEN, FakeKubernetes, client_of
 from tests.service_fakes import FakeEks
 
-TOKEN = "k8s-aws-v1.valid"
 JOB = {
     "apiVersion": "sagemaker.amazonaws.com/v1",
     "kind": "HyperPodPyTorchJob",
@@ -26,22 +24,17 @@ JOB = {
 
 
 @pytest.fixture
-def api() -> Iterator[FakeKubernetes]:
-    with FakeKubernetes() as fake:
-        fake.accepted.add(TOKEN)
-        yield fake
-
-
-@pytest.fixture
 def client(api: FakeKubernetes) -> KubernetesClient:
-    return KubernetesClient(
-        api.endpoint, token=lambda **_: TOKEN, certificate_authority=api.ca_data
-    )
+    return client_of(api)
 
 
 def test_apply_creates_once_and_updates_in_place(
     api: FakeKubernetes, client: KubernetesClient
 ) -> None:
+    with pytest.raises(KubernetesError, match='404 NotFound: namespaces "run-1" not found'):
+        client.apply(JOB)  # objects go into a namespace that exists
+    client.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "run-1"}})
+    api.requests.clear()
     created = client.apply(JOB)
     again = client.apply(JOB)
     assert again["metadata"]["uid"] == created["metadata"]["uid"]

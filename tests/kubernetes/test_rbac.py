@@ -3,25 +3,25 @@ the deploy-time custom resource that applies and removes them (against the fake 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
 from dataclasses import replace
 
 import kubernetes_validate
 import pytest
 
 from lambdas.kubernetes import bootstrap
-from lambdas.kubernetes.client import KINDS, KubernetesClient
+from lambdas.kubernetes.client import KINDS
 from lambdas.kubernetes.rbac import pipeline_rbac
 from lambdas.kubernetes.training_job import render
-from tests.kubernetes.fake_api import FakeKubernetes
+from tests.kubernetes.fake_api import FakeKubernetes, client_of
 from tests.kubernetes.test_training_job import request
 
-TOKEN = "k8s-aws-v1.valid"
 EVENT = {
     "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/nova-mtrl-pipeline/1",
     "RequestId": "req-1",
     "LogicalResourceId": "PipelineRbac",
     "ResponseURL": "https://cloudformation-response.s3.amazonaws.com/signed",
+    "ResourceProperties": {"Objects": json.dumps(pipeline_rbac("nova-mtrl"))},
 }
 
 
@@ -53,20 +53,11 @@ def test_the_role_and_the_fence_cover_every_kind_a_run_creates(kind: str) -> Non
     assert "'nova-mtrl-run-'" in policy["spec"]["validations"][0]["expression"]
 
 
-@pytest.fixture
-def api() -> Iterator[FakeKubernetes]:
-    with FakeKubernetes() as fake:
-        fake.accepted.add(TOKEN)
-        yield fake
-
-
 def test_custom_resource_applies_then_removes_and_always_answers(
     api: FakeKubernetes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NAME_PREFIX", "nova-mtrl")
-    client = KubernetesClient(
-        api.endpoint, token=lambda **_: TOKEN, certificate_authority=api.ca_data
-    )
+    client = client_of(api)
     answers: list[tuple[str, dict]] = []
     respond = lambda url, answer: answers.append((url, answer))  # noqa: E731
 
@@ -81,11 +72,16 @@ def test_custom_resource_applies_then_removes_and_always_answers(
     deleted = {**EVENT, "RequestType": "Delete", "PhysicalResourceId": "nova-mtrl-pipeline-rbac"}
     bootstrap.on_event(deleted, kubernetes=client, respond=respond)
     assert answers[-1][1]["Status"] == "SUCCESS" and answers[-1][1]["Data"] == {"Objects": 4}
-    assert not any(api.objects.values())
+    assert [path for path, items in api.objects.items() if items] == ["/api/v1/namespaces"]
     bootstrap.on_event(deleted, kubernetes=client, respond=respond)  # gone already: still fine
     assert answers[-1][1]["Data"] == {"Objects": 0}
 
     api.accepted.clear()  # the function lost its access entry
-    bootstrap.on_event({**EVENT, "RequestType": "Update"}, kubernetes=client, respond=respond)
+    updated = {
+        **EVENT,
+        "RequestType": "Update",
+        "OldResourceProperties": EVENT["ResourceProperties"],
+    }
+    bootstrap.on_event(updated, kubernetes=client, respond=respond)
     assert answers[-1][1]["Status"] == "FAILED"
     assert answers[-1][1]["Reason"].startswith("KubernetesError: Kubernetes API 401")

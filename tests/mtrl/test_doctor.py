@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from mtrl import ops_commands
 from mtrl.cli import app
-from mtrl.ops.doctor import diagnose
+from mtrl.ops.doctor import TOTAL_INSTANCES, diagnose
 from tests.mtrl.test_ops_commands import _stack
 from tests.service_fakes import FakeSageMaker, FakeServiceQuotas
 from training_configs import load_training_config
@@ -23,8 +23,8 @@ IMAGE = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/{REPOSITORY}:abc123"
 LORA = load_training_config("rft_multiturn_lora")  # 4 x ml.p5.48xlarge
 
 
-def quotas(**values: float) -> Any:
-    return FakeServiceQuotas(**values).client()
+def quotas(defaults: dict[str, float] | None = None, **applied: float) -> Any:
+    return FakeServiceQuotas(defaults, **applied).client()
 
 
 @pytest.fixture
@@ -37,7 +37,8 @@ def healthy(sagemaker: FakeSageMaker) -> dict[str, Any]:
     """A deployment whose every check passes (the rest of the account in moto)."""
     boto3.client("eks").create_cluster(
         name="nova-mtrl-eks", roleArn="arn:aws:iam::123456789012:role/eks",
-        resourcesVpcConfig={"subnetIds": [], "endpointPublicAccess": True},
+        resourcesVpcConfig={"subnetIds": [], "endpointPublicAccess": True,
+                            "endpointPrivateAccess": True},
     )  # fmt: skip
     ecr = boto3.client("ecr")
     ecr.create_repository(repositoryName=REPOSITORY)
@@ -54,7 +55,7 @@ def healthy(sagemaker: FakeSageMaker) -> dict[str, Any]:
                                  "RewardWorkerTaskFamily": "nova-mtrl-reward-worker"})  # fmt: skip
     return {
         "sagemaker": sagemaker.client(),
-        "service-quotas": quotas(**{"ml.p5.48xlarge for cluster usage": 4}),
+        "service-quotas": quotas(**{"ml.p5.48xlarge for cluster usage": 4, TOTAL_INSTANCES: 8}),
     }
 
 
@@ -77,12 +78,18 @@ def test_a_ready_deployment_passes_every_check(healthy: dict) -> None:
         "worker image",
     ]
     assert all(check.ok for check in checks.values()), checks
-    assert checks["quota"].detail == "ml.p5.48xlarge for cluster usage: 4 (the config needs 4)"
+    assert checks["quota"].detail == (
+        "ml.p5.48xlarge for cluster usage: 4; "
+        "Total number of instances allowed across SageMaker HyperPod clusters: 8 "
+        "(the config needs 4)"
+    )
     assert checks["worker image"].detail == IMAGE
 
 
 def test_what_is_missing_says_how_to_fix_it(healthy: dict, sagemaker: FakeSageMaker) -> None:
-    healthy["service-quotas"] = quotas(**{"ml.p5.48xlarge for cluster usage": 2})
+    healthy["service-quotas"] = quotas(
+        **{"ml.p5.48xlarge for cluster usage": 2, TOTAL_INSTANCES: 8}
+    )
     boto3.client("ecr").batch_delete_image(
         repositoryName=REPOSITORY, imageIds=[{"imageTag": "abc123"}]
     )
@@ -96,6 +103,28 @@ def test_what_is_missing_says_how_to_fix_it(healthy: dict, sagemaker: FakeSageMa
     )
     sagemaker.groups[1]["InstanceType"] = "ml.g5.48xlarge"
     assert "has no ml.p5.48xlarge group" in _diagnose(healthy)["hyperpod"].detail
+
+
+def test_a_quota_never_raised_counts_at_its_aws_default(healthy: dict) -> None:
+    # Applied values exist only for quotas raised for the account; the rest are AWS's defaults.
+    healthy["service-quotas"] = quotas(
+        {TOTAL_INSTANCES: 30, "ml.p5.48xlarge for cluster usage": 0},
+        **{"ml.p5.48xlarge for cluster usage": 4},
+    )
+    check = _diagnose(healthy)["quota"]
+    assert check.ok, check
+    assert f"{TOTAL_INSTANCES}: 30 (AWS default)" in check.detail
+    healthy["service-quotas"] = quotas({TOTAL_INSTANCES: 0, "ml.p5.48xlarge for cluster usage": 0})
+    check = _diagnose(healthy)["quota"]
+    assert check.ok is False
+    assert check.detail == (
+        "ml.p5.48xlarge for cluster usage: 0 (AWS default); "
+        f"{TOTAL_INSTANCES}: 0 (AWS default) (the config needs 4)"
+    )
+    assert check.fix == (
+        "request an increase: Service Quotas → Amazon SageMaker → "
+        f"'ml.p5.48xlarge for cluster usage' and {TOTAL_INSTANCES!r}"
+    )
 
 
 def test_the_cli_exits_1_on_a_failed_check_and_0_when_ready(
@@ -127,3 +156,16 @@ def test_no_credentials_is_the_first_and_only_finding(
     (check,) = diagnose(boto3.Session(region_name="us-east-1"), prefix="nova-mtrl", config=LORA)
     assert (check.name, check.ok) == ("credentials", False)
     assert check.fix == "aws configure (or aws sso login), or --profile"
+
+
+def test_an_eks_cluster_without_its_private_endpoint_is_named_with_the_fix(healthy: dict) -> None:
+    eks = boto3.client("eks")
+    eks.delete_cluster(name="nova-mtrl-eks")
+    eks.create_cluster(
+        name="nova-mtrl-eks", roleArn="arn:aws:iam::123456789012:role/eks",
+        resourcesVpcConfig={"subnetIds": [], "endpointPublicAccess": True,
+                            "endpointPrivateAccess": False},
+    )  # fmt: skip
+    check = _diagnose(healthy)["eks"]
+    assert (check.ok, check.detail) == (False, "nova-mtrl-eks has no private endpoint")
+    assert "enable private endpoint access" in check.fix

@@ -7,13 +7,11 @@ import copy
 import datetime
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import boto3
 import pytest
 
-from lambdas.kubernetes.client import KubernetesClient
 from lambdas.kubernetes.training_job import JobRenderError, run_namespace
 from lambdas.pipeline.backends import RunContext
 from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
@@ -25,11 +23,10 @@ from lambdas.pipeline.hyperpod_training import (
 )
 from mtrl.runs import create_runs_table
 from stacks.config import PlatformConfig, deployment_context
-from tests.kubernetes.fake_api import FakeKubernetes
+from tests.kubernetes.fake_api import FakeKubernetes, client_of
 from tests.service_fakes import FakeEks, FakeSageMaker
 from training_configs.schema import load_training_config
 
-TOKEN = "k8s-aws-v1.valid"
 JOB_ROLE = "arn:aws:iam::123456789012:role/nova-mtrl-training-job"
 RUN = RunContext(
     run_id="wordle-0a1b2c3d4e",
@@ -82,13 +79,6 @@ class Clock:
 
 
 @pytest.fixture
-def api() -> Iterator[FakeKubernetes]:
-    with FakeKubernetes() as fake:
-        fake.accepted.add(TOKEN)
-        yield fake
-
-
-@pytest.fixture
 def clock() -> Clock:
     return Clock()
 
@@ -110,9 +100,7 @@ def make_cluster(
     boto3.client("s3").create_bucket(Bucket=RUN.bucket)  # where the trainer writes its metrics
     return HyperPodTrainingCluster(
         settings(**overrides),
-        kubernetes=KubernetesClient(
-            api.endpoint, token=lambda **_: TOKEN, certificate_authority=api.ca_data
-        ),
+        kubernetes=client_of(api),
         capacity=HyperPodCapacity(
             (sagemaker or FakeSageMaker()).client(),
             CapacityLeases(db, "runs"),
@@ -245,6 +233,16 @@ def test_a_short_crash_loop_is_not_yet_a_failure() -> None:
         {"name": "c", "state": {"waiting": {"reason": "CrashLoopBackOff"}}, "restartCount": 1}]}}  # fmt: skip
     job = {"metadata": {}, "status": {"conditions": [{"type": "Running", "status": "True"}]}}
     assert job_status(job, [pod], now=0, pending_limit_seconds=60).phase == "running"
+
+
+@pytest.mark.parametrize("condition", ["Running", "PodsRunning"])
+def test_hyperpods_pods_running_condition_counts_as_running(condition: str) -> None:
+    # Source: AWS's own HyperPodPyTorchJob test waits for either (aws/sagemaker-hyperpod-cli,
+    # test/integration_tests/init/test_pytorch_job_creation.py).
+    job = {"metadata": {}, "status": {"conditions": [{"type": condition, "status": "True"}]}}
+    assert job_status(job, [], now=0, pending_limit_seconds=60).phase == "running"
+    job["status"]["conditions"][0]["status"] = "False"
+    assert job_status(job, [], now=0, pending_limit_seconds=60).phase == "pending"
 
 
 def test_unschedulable_pods_wait_then_pend_too_long(

@@ -1,0 +1,52 @@
+"""Deploy-time custom resource: installs AWS's HyperPod Helm chart on the EKS cluster before the
+HyperPod cluster is created, and removes it after that cluster on destroy.
+
+The chart was rendered and checked on the deploying machine (stacks/render_hyperpod_chart.py)
+and uploaded as a CDK asset: `Manifest` names it ({Bucket, Key}); a new rendering is a new key,
+so CloudFormation sends an Update and the objects the chart dropped are deleted
+(lambdas/kubernetes/bootstrap.py). A rendering for another region than this function's fails
+the deploy rather than install images from the wrong registry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import boto3
+
+from lambdas.kubernetes.bootstrap import Objects, custom_resource
+from lambdas.kubernetes.client import KubernetesClient
+
+
+def rendered_objects(s3: Any, properties: dict[str, Any], *, region: str) -> Objects:
+    manifest = properties["Manifest"]
+    body = s3.get_object(Bucket=manifest["Bucket"], Key=manifest["Key"])["Body"].read()
+    rendering = json.loads(body)
+    if rendering["region"] != region:
+        raise ValueError(
+            f"the HyperPod Helm chart was rendered for {rendering['region']} but this deploys to "
+            f"{region}: set `region` in cdk.json (or AWS_REGION when deploying) to {region}"
+        )
+    return rendering["objects"]
+
+
+def on_event(
+    event: dict[str, Any],
+    context: Any = None,
+    *,
+    kubernetes: KubernetesClient | None = None,
+    respond: Callable[[str, dict[str, Any]], None] | None = None,
+    s3: Any = None,
+) -> None:
+    region = os.environ["AWS_REGION"]
+    s3 = s3 or boto3.client("s3")
+    custom_resource(
+        event,
+        physical_id=f"{os.environ['EKS_CLUSTER']}/{os.environ['RELEASE']}",
+        objects_of=lambda properties: rendered_objects(s3, properties, region=region),
+        kubernetes=kubernetes,
+        respond=respond,
+    )

@@ -1,0 +1,223 @@
+"""AWS's HyperPod Helm chart, as this deployment installs it: which commit, which parts, and what
+its rendering must hold before anything is applied.
+
+Sources:
+- SageMaker docs, "Installing packages on the Amazon EKS cluster using Helm": the chart
+  (aws/sagemaker-hyperpod-cli, `helm_chart/HyperPodHelmChart`) is required and goes in before
+  the HyperPod cluster is created; release `hyperpod-dependencies` in `kube-system`; the
+  `aws-hyperpod` namespace cannot change.
+- AWS's own HyperPod cluster stack (PyPI `hyperpod-cluster-stack-template` 1.0.2,
+  `creation_template.yaml`, parameter `HelmOperators`): the parts AWS turns on — the health
+  monitoring agent, deep health check, job auto-restart, HyperPod patching and the device
+  plugins among them.
+- The device plugins' own documentation for the resources they advertise: NVIDIA's
+  k8s-device-plugin (`nvidia.com/gpu`), AWS's EFA plugin (`vpc.amazonaws.com/efa`), AWS Neuron's
+  device plugin (`aws.amazon.com/neuron`, `aws.amazon.com/neuroncore`, `aws.amazon.com/neurondevice`).
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from lambdas.kubernetes.client import KINDS
+from lambdas.kubernetes.training_job import ACCELERATORS
+
+REPOSITORY = "https://github.com/aws/sagemaker-hyperpod-cli.git"
+# Pinned: a chart change reaches a deployment only through a commit here (2026-06-22).
+COMMIT = "011ca927123e02b35a399935bbb3ab1905fe33c7"
+CHART_PATH = "helm_chart/HyperPodHelmChart"
+RELEASE = "hyperpod-dependencies"
+NAMESPACE = "kube-system"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+
+
+class Part(enum.Enum):
+    """A part of the chart this deployment relies on, found in the rendering by its image."""
+
+    NVIDIA = ("nvidia-device-plugin", "k8s-device-plugin", ("nvidia.com/gpu",))
+    EFA = ("aws-efa-k8s-device-plugin", "aws-efa-k8s-device-plugin", ("vpc.amazonaws.com/efa",))
+    NEURON = (
+        "neuron-device-plugin",
+        "neuron-device-plugin",
+        ("aws.amazon.com/neuron", "aws.amazon.com/neuroncore", "aws.amazon.com/neurondevice"),
+    )
+    HEALTH_AGENT = ("health-monitoring-agent", "hyperpod-health-monitoring-agent", ())
+
+    def __init__(self, values_key: str, image: str, advertises: tuple[str, ...]) -> None:
+        self.values_key = values_key
+        self.image = image  # a DaemonSet with a container of this image name is the part
+        self.advertises = advertises
+
+
+DEVICE_PLUGINS = (Part.NVIDIA, Part.EFA, Part.NEURON)
+# Installed elsewhere: cert-manager and the HyperPod training operator are EKS add-ons
+# (stacks/components/eks.py); the rest is not used by the platform.
+_OFF = (
+    "cert-manager",
+    "mlflow",
+    "mpi-operator",
+    "inferenceOperators",
+    "storage",
+    "gpu-operator",
+    "cluster-role-and-bindings",
+    "namespaced-role-and-bindings",
+    "team-role-and-bindings",
+)
+# What AWS's cluster stack turns on for HyperPod's resilience, always.
+_ON = ("health-monitoring-agent", "deep-health-check", "job-auto-restart", "hyperpod-patching")
+
+
+def is_nvidia(instance_type: str) -> bool:
+    return instance_type.startswith(("ml.p", "ml.g"))
+
+
+def is_neuron(instance_type: str) -> bool:
+    return instance_type.startswith(("ml.trn", "ml.inf"))
+
+
+def parts_needed(instance_type: str) -> set[Part]:
+    """The chart parts a node of this type needs: its accelerator's device plugin, EFA where
+    the platform's pods ask for EFA interfaces on it, and the health agent on accelerators."""
+    needed: set[Part] = set()
+    if is_nvidia(instance_type):
+        needed |= {Part.NVIDIA, Part.HEALTH_AGENT}
+    if is_neuron(instance_type):
+        needed |= {Part.NEURON, Part.HEALTH_AGENT}
+    if ACCELERATORS.get(instance_type, (0, 0))[1] > 0 or is_neuron(instance_type):
+        needed.add(Part.EFA)
+    return needed
+
+
+@dataclass(frozen=True)
+class ChartRequest:
+    """What the deploy-time rendering needs (stacks/render_hyperpod_chart.py)."""
+
+    kube_version: str
+    region: str | None  # None: the deploying machine's default region
+    instance_types: tuple[str, ...]
+    kubeflow_training_operator: bool
+
+    def values(self, region: str) -> dict[str, Any]:
+        """Helm values: only what this deployment needs, everything else off."""
+        needed = set().union(*(parts_needed(t) for t in self.instance_types))
+        values: dict[str, Any] = {
+            # `helm template` has no cluster to look the region up in: the health agent's image
+            # comes from a registry per region, so the region is given.
+            "global": {"region": region},
+            "trainingOperators": {"enabled": self.kubeflow_training_operator},
+        }
+        values |= {key: {"enabled": False} for key in _OFF}
+        values |= {key: {"enabled": True} for key in _ON}
+        for plugin in DEVICE_PLUGINS:
+            values[plugin.values_key] = {"devicePlugin": {"enabled": plugin in needed}}
+        return values
+
+    def encode(self) -> str:
+        """One command-line argument that no shell splits or expands (base64url of JSON): some
+        CDK CLI versions run asset executables through a shell."""
+        data = {
+            "kube_version": self.kube_version,
+            "region": self.region,
+            "instance_types": list(self.instance_types),
+            "kubeflow_training_operator": self.kubeflow_training_operator,
+        }
+        return base64.urlsafe_b64encode(json.dumps(data, sort_keys=True).encode()).decode()
+
+    @classmethod
+    def decode(cls, argument: str) -> ChartRequest:
+        data = json.loads(base64.urlsafe_b64decode(argument.encode()))
+        return cls(
+            kube_version=data["kube_version"],
+            region=data["region"],
+            instance_types=tuple(data["instance_types"]),
+            kubeflow_training_operator=data["kubeflow_training_operator"],
+        )
+
+
+class RenderingError(ValueError):
+    """The chart's rendering lacks something this deployment needs (the message says what)."""
+
+
+def check_rendering(objects: list[dict[str, Any]], request: ChartRequest) -> None:
+    """Every object is of a kind our client can apply; every part the instance types need is a
+    DaemonSet that schedules on them. Raises RenderingError naming each problem and its fix."""
+    problems = [
+        f"{obj.get('kind')} {obj.get('metadata', {}).get('name')} ({obj.get('apiVersion')}): a "
+        "kind lambdas/kubernetes/client.py does not know; add it to KINDS"
+        for obj in objects
+        if (obj.get("apiVersion"), obj.get("kind")) not in KINDS
+    ]
+    daemonsets = [obj for obj in objects if obj.get("kind") == "DaemonSet"]
+    for instance_type in request.instance_types:
+        for part in sorted(parts_needed(instance_type), key=lambda p: p.name):
+            found = [ds for ds in daemonsets if part.image in _image_names(ds)]
+            if not found:
+                problems.append(
+                    f"no {part.values_key} DaemonSet in the chart, needed on {instance_type}"
+                )
+            elif not any(_schedules_on(ds, instance_type) for ds in found):
+                problems.append(
+                    f"the chart's {part.values_key} does not run on {instance_type} (its node "
+                    "affinity leaves it out): pick a supported instance type or pin a chart "
+                    "commit that supports it in stacks/hyperpod_chart.py"
+                )
+    if problems:
+        raise RenderingError(
+            f"the HyperPod Helm chart at {COMMIT[:12]} cannot serve this deployment:\n  "
+            + "\n  ".join(problems)
+        )
+
+
+def advertised(instance_types: Iterable[str]) -> set[str]:
+    """The extended resources the installed plugins make nodes of these types advertise."""
+    return {
+        resource
+        for instance_type in instance_types
+        for part in parts_needed(instance_type)
+        for resource in part.advertises
+    }
+
+
+def _image_names(daemonset: dict[str, Any]) -> set[str]:
+    """The containers' image names without registry, path and tag: `nvcr.io/nvidia/
+    k8s-device-plugin:v0.16.1` is `k8s-device-plugin` (not the EFA plugin's
+    `aws-efa-k8s-device-plugin`, which ends the same)."""
+    spec = daemonset.get("spec", {}).get("template", {}).get("spec", {})
+    return {
+        c.get("image", "").split("@")[0].rsplit("/", 1)[-1].split(":")[0]
+        for c in spec.get("containers", [])
+    }
+
+
+def _schedules_on(daemonset: dict[str, Any], instance_type: str) -> bool:
+    """Whether the DaemonSet's required node affinity admits nodes of `instance_type` (any
+    term matching; a term's instance-type expressions all matching)."""
+    spec = daemonset.get("spec", {}).get("template", {}).get("spec", {})
+    required = (
+        (spec.get("affinity") or {})
+        .get("nodeAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution")
+    )
+    if not required:
+        return True
+    return any(_term_admits(term, instance_type) for term in required["nodeSelectorTerms"])
+
+
+def _term_admits(term: dict[str, Any], instance_type: str) -> bool:
+    for expression in term.get("matchExpressions", []):
+        if expression["key"] != INSTANCE_TYPE_LABEL:
+            continue
+        values = expression.get("values", [])
+        operator = expression["operator"]
+        if operator == "In" and instance_type not in values:
+            return False
+        if operator == "NotIn" and instance_type in values:
+            return False
+        if operator == "DoesNotExist":
+            return False
+    return True

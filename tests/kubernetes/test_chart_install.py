@@ -1,0 +1,120 @@
+"""The deploy-time install of AWS's HyperPod Helm chart (lambdas/kubernetes/chart_install.py)
+against the fake API server, which refuses objects in a namespace that does not exist yet:
+create in a working order, update to a new rendering (what the chart dropped goes), delete
+everything, and fail the deploy with the reason — a rendering for another region, the API's
+own message."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from lambdas.kubernetes import chart_install
+from tests.chart_rendering import rendering
+from tests.kubernetes.fake_api import FakeKubernetes, client_of
+
+BUCKET = "cdk-hnb659fds-assets-123456789012-us-east-1"
+EVENT = {
+    "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/nova-mtrl-compute/1",
+    "RequestId": "req-1",
+    "LogicalResourceId": "HyperPodChart",
+    "ResponseURL": "https://cloudformation-response.s3.amazonaws.com/signed",
+}
+DAEMONSETS = "/apis/apps/v1/namespaces/kube-system/daemonsets"
+
+
+@pytest.fixture
+def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("EKS_CLUSTER", "nova-mtrl-eks")
+    monkeypatch.setenv("RELEASE", "hyperpod-dependencies")
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        yield client
+
+
+def upload(s3: Any, key: str, objects: list[dict[str, Any]], region: str = "us-east-1") -> dict:
+    """A rendering as stacks/render_hyperpod_chart.py writes it (namespaces filled in)."""
+    for obj in objects:
+        if obj["kind"] == "DaemonSet":
+            obj["metadata"].setdefault("namespace", "kube-system")
+    body = {"commit": "c", "release": "hyperpod-dependencies", "region": region, "objects": objects}
+    s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(body).encode())
+    return {"Manifest": {"Bucket": BUCKET, "Key": key}}
+
+
+def call(api: FakeKubernetes, s3: Any, event: dict[str, Any]) -> dict[str, Any]:
+    answers: list[dict[str, Any]] = []
+    client = client_of(api)
+    chart_install.on_event(
+        {**EVENT, **event}, kubernetes=client, s3=s3,
+        respond=lambda url, answer: answers.append(answer),
+    )  # fmt: skip
+    (answer,) = answers
+    return answer
+
+
+def test_installs_in_a_working_order_then_updates_and_removes_everything(
+    api: FakeKubernetes, s3: Any
+) -> None:
+    first = upload(s3, "v1.json", rendering())
+    created = call(api, s3, {"RequestType": "Create", "ResourceProperties": first})
+    assert created["Status"] == "SUCCESS", created
+    assert created["PhysicalResourceId"] == "nova-mtrl-eks/hyperpod-dependencies"
+    assert created["Data"] == {"Objects": 7}
+    # The namespace came before what lives in it (the API refuses otherwise).
+    assert "aws-hyperpod" in api.objects["/api/v1/namespaces"]
+    applied = [path for method, path, _ in api.requests if method == "PATCH"]
+    assert applied[0].startswith("/api/v1/namespaces/aws-hyperpod?")
+    assert set(api.objects[DAEMONSETS]) == {
+        "hyperpod-dependencies-nvidia-device-plugin",
+        "hyperpod-dependencies-aws-efa-k8s-device-plugin",
+    }
+
+    # A new rendering without the EFA plugin: applied, and the plugin it dropped is deleted.
+    second = upload(s3, "v2.json", rendering(plugins=("nvidia-device-plugin",)))
+    updated = call(api, s3, {
+        "RequestType": "Update", "PhysicalResourceId": created["PhysicalResourceId"],
+        "ResourceProperties": second, "OldResourceProperties": first,
+    })  # fmt: skip
+    assert updated["Status"] == "SUCCESS", updated
+    assert set(api.objects[DAEMONSETS]) == {"hyperpod-dependencies-nvidia-device-plugin"}
+
+    deleted = call(api, s3, {
+        "RequestType": "Delete", "PhysicalResourceId": created["PhysicalResourceId"],
+        "ResourceProperties": second,
+    })  # fmt: skip
+    assert deleted["Status"] == "SUCCESS" and deleted["Data"] == {"Objects": 6}
+    assert not api.objects[DAEMONSETS]
+    assert set(api.objects["/api/v1/namespaces"]) == {"default", "kube-system"}
+    deletes = [path for method, path, _ in api.requests if method == "DELETE"]
+    assert deletes[-1] == "/api/v1/namespaces/aws-hyperpod"  # what others live in goes last
+
+
+def test_a_rendering_for_another_region_fails_the_deploy_and_installs_nothing(
+    api: FakeKubernetes, s3: Any
+) -> None:
+    properties = upload(s3, "v1.json", rendering(), region="us-west-2")
+    answer = call(api, s3, {"RequestType": "Create", "ResourceProperties": properties})
+    assert answer["Status"] == "FAILED"
+    assert "rendered for us-west-2 but this deploys to us-east-1" in answer["Reason"]
+    assert "set `region` in cdk.json" in answer["Reason"]
+    assert not [r for r in api.requests if r[0] == "PATCH"]
+
+
+def test_the_apis_refusal_reaches_cloudformation(api: FakeKubernetes, s3: Any) -> None:
+    # An object in a namespace the chart never creates: the API's own message is the reason.
+    stray = {"apiVersion": "v1", "kind": "ServiceAccount",
+             "metadata": {"name": "agent", "namespace": "nowhere"}}  # fmt: skip
+    properties = upload(s3, "v1.json", [*rendering(), stray])
+    answer = call(api, s3, {"RequestType": "Create", "ResourceProperties": properties})
+    assert answer["Status"] == "FAILED"
+    assert answer["Reason"] == (
+        'KubernetesError: Kubernetes API 404 NotFound: namespaces "nowhere" not found'
+    )
