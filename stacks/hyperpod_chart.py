@@ -34,6 +34,7 @@ CHART_PATH = "helm_chart/HyperPodHelmChart"
 RELEASE = "hyperpod-dependencies"
 NAMESPACE = "kube-system"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+KUBEFLOW_PYTORCH_JOBS = "pytorchjobs.kubeflow.org"
 
 
 class Part(enum.Enum):
@@ -152,6 +153,15 @@ def check_rendering(objects: list[dict[str, Any]], request: ChartRequest) -> Non
         for obj in objects
         if (obj.get("apiVersion"), obj.get("kind")) not in KINDS
     ]
+    if request.kubeflow_training_operator and not any(
+        obj.get("kind") == "CustomResourceDefinition"
+        and obj.get("metadata", {}).get("name") == KUBEFLOW_PYTORCH_JOBS
+        for obj in objects
+    ):
+        problems.append(
+            f"no CustomResourceDefinition {KUBEFLOW_PYTORCH_JOBS}: the jobs of "
+            "training_job_kind PyTorchJob need Kubeflow's training operator and its CRDs"
+        )
     daemonsets = [obj for obj in objects if obj.get("kind") == "DaemonSet"]
     for instance_type in request.instance_types:
         for part in sorted(parts_needed(instance_type), key=lambda p: p.name):

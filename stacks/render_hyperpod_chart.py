@@ -103,6 +103,9 @@ def render(
         manifest = run(
             [
                 "helm", "template", RELEASE, str(chart),
+                # `helm install` installs the charts' crds/ (Kubeflow's job kinds); `template`
+                # prints them only when asked.
+                "--include-crds",
                 "--namespace", NAMESPACE,
                 "--kube-version", request.kube_version,
                 "--values", str(values_file),

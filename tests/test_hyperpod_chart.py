@@ -132,6 +132,17 @@ def test_a_rendering_missing_a_part_stops_the_deploy_naming_it(
     assert COMMIT[:12] in str(raised.value)
 
 
+def test_kubeflow_jobs_need_the_chart_to_bring_their_crd() -> None:
+    kubeflow = replace(P5, kubeflow_training_operator=True)
+    with pytest.raises(
+        RenderingError, match="no CustomResourceDefinition pytorchjobs.kubeflow.org"
+    ):
+        check_rendering(rendering(), kubeflow)
+    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+           "metadata": {"name": "pytorchjobs.kubeflow.org"}}  # fmt: skip
+    check_rendering([*rendering(), crd], kubeflow)
+
+
 def test_a_trainium_group_needs_the_neuron_plugin() -> None:
     trainium = replace(P5, instance_types=("ml.trn1.32xlarge",))
     with pytest.raises(RenderingError, match="no neuron-device-plugin DaemonSet"):

@@ -54,6 +54,7 @@ def test_renders_the_pinned_commit_with_our_values_and_hands_over_checked_object
     assert template[:4] == ["helm", "template", RELEASE, update[3]]
     assert template[template.index("--namespace") + 1] == NAMESPACE
     assert template[template.index("--kube-version") + 1] == "1.33"
+    assert "--include-crds" in template  # as `helm install` does with the charts' crds/
     # The deploying machine's region (the stack names none) is the one rendered for.
     assert tools.values == REQUEST.values("eu-west-1")
     handed = json.loads(path.read_text())

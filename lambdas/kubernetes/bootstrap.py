@@ -76,11 +76,12 @@ def custom_resource(
     event: dict[str, Any],
     *,
     physical_id: str,
-    objects_of: Callable[[dict[str, Any]], Objects],
+    objects_of: Callable[[dict[str, Any], bool], Objects],
     kubernetes: KubernetesClient | None,
     respond: Callable[[str, dict[str, Any]], None] | None,
 ) -> None:
-    """Reconcile the objects `objects_of(properties)` names and answer CloudFormation."""
+    """Reconcile the objects `objects_of(properties, applying)` names and answer CloudFormation;
+    `applying` is False for the objects of a previous revision or of a delete."""
     answer = {
         "PhysicalResourceId": event.get("PhysicalResourceId") or physical_id,
         "StackId": event["StackId"],
@@ -88,17 +89,16 @@ def custom_resource(
         "LogicalResourceId": event["LogicalResourceId"],
     }
     try:
-        objects = objects_of(event["ResourceProperties"])
+        request_type = event["RequestType"]
+        objects = objects_of(event["ResourceProperties"], request_type != "Delete")
         previous = (
-            objects_of(event["OldResourceProperties"]) if event["RequestType"] == "Update" else []
+            objects_of(event["OldResourceProperties"], False) if request_type == "Update" else []
         )
         if kubernetes is None:
             cluster = os.environ["EKS_CLUSTER"]
             token = EksTokenSource(cluster, region=os.environ["AWS_REGION"])
             kubernetes = KubernetesClient.for_eks(boto3.client("eks"), cluster, token=token)
-        touched = reconcile(
-            kubernetes, objects, request_type=event["RequestType"], previous=previous
-        )
+        touched = reconcile(kubernetes, objects, request_type=request_type, previous=previous)
         answer |= {"Status": "SUCCESS", "Data": {"Objects": touched}}
     except Exception as error:  # noqa: BLE001 - CloudFormation must hear about every failure
         log.exception("%s %s failed", event["LogicalResourceId"], event["RequestType"])
@@ -116,7 +116,7 @@ def on_event(
     custom_resource(
         event,
         physical_id=f"{os.environ['NAME_PREFIX']}-pipeline-rbac",
-        objects_of=lambda properties: json.loads(properties["Objects"]),
+        objects_of=lambda properties, applying: json.loads(properties["Objects"]),
         kubernetes=kubernetes,
         respond=respond,
     )

@@ -21,11 +21,18 @@ from lambdas.kubernetes.bootstrap import Objects, custom_resource
 from lambdas.kubernetes.client import KubernetesClient
 
 
-def rendered_objects(s3: Any, properties: dict[str, Any], *, region: str) -> Objects:
+def rendered_objects(
+    s3: Any, properties: dict[str, Any], *, region: str, applying: bool = True
+) -> Objects:
+    """The rendering's objects. One for another region is refused when it is to be applied;
+    as a previous revision or one being deleted (a rollback of that refusal) it is nothing to
+    remove: it was never applied."""
     manifest = properties["Manifest"]
     body = s3.get_object(Bucket=manifest["Bucket"], Key=manifest["Key"])["Body"].read()
     rendering = json.loads(body)
     if rendering["region"] != region:
+        if not applying:
+            return []
         raise ValueError(
             f"the HyperPod Helm chart was rendered for {rendering['region']} but this deploys to "
             f"{region}: set `region` in cdk.json (or AWS_REGION when deploying) to {region}"
@@ -46,7 +53,9 @@ def on_event(
     custom_resource(
         event,
         physical_id=f"{os.environ['EKS_CLUSTER']}/{os.environ['RELEASE']}",
-        objects_of=lambda properties: rendered_objects(s3, properties, region=region),
+        objects_of=lambda properties, applying: rendered_objects(
+            s3, properties, region=region, applying=applying
+        ),
         kubernetes=kubernetes,
         respond=respond,
     )

@@ -106,6 +106,18 @@ def test_a_rendering_for_another_region_fails_the_deploy_and_installs_nothing(
     assert "rendered for us-west-2 but this deploys to us-east-1" in answer["Reason"]
     assert "set `region` in cdk.json" in answer["Reason"]
     assert not [r for r in api.requests if r[0] == "PATCH"]
+    # CloudFormation's rollback deletes what the refused create made: nothing, and says so.
+    rollback = call(api, s3, {"RequestType": "Delete", "ResourceProperties": properties,
+                              "PhysicalResourceId": answer["PhysicalResourceId"]})  # fmt: skip
+    assert (rollback["Status"], rollback["Data"]) == ("SUCCESS", {"Objects": 0})
+    assert not [r for r in api.requests if r[0] == "DELETE"]
+    # An update back from it (the rollback of a failed update) installs the good rendering and
+    # has nothing of the refused one to remove.
+    good = upload(s3, "good.json", rendering())
+    back = call(api, s3, {"RequestType": "Update", "ResourceProperties": good,
+                          "OldResourceProperties": properties,
+                          "PhysicalResourceId": answer["PhysicalResourceId"]})  # fmt: skip
+    assert (back["Status"], back["Data"]) == ("SUCCESS", {"Objects": 7})
 
 
 def test_the_apis_refusal_reaches_cloudformation(api: FakeKubernetes, s3: Any) -> None:
