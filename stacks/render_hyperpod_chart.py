@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import boto3
 import yaml
 
 from lambdas.kubernetes.client import KINDS
@@ -62,8 +63,6 @@ def run_tool(argv: Sequence[str], cwd: Path) -> str:
 
 def default_region() -> str | None:
     """The region `cdk deploy` deploys an environment-agnostic stack to: the AWS CLI's."""
-    import boto3
-
     return boto3.session.Session().region_name
 
 
@@ -84,9 +83,8 @@ def render(
             "AWS_REGION, as for `cdk deploy`"
         )
     values = request.values(region)
-    key = hashlib.sha256(
-        json.dumps([COMMIT, request.kube_version, values], sort_keys=True).encode()
-    ).hexdigest()[:16]
+    # Every input, the instance types among them: a cached rendering was checked for them.
+    key = hashlib.sha256(json.dumps([COMMIT, request.encode(), region]).encode()).hexdigest()[:16]
     output = cache / key / "objects.json"
     if output.exists():
         return output

@@ -41,7 +41,7 @@ def test_cluster_endpoint_auth_logging_and_encryption(default_app: Synthesized) 
     assert properties["EncryptionConfig"][0]["Resources"] == ["secrets"]
 
 
-def test_no_kubectl_layer_or_custom_resource_is_synthesized(
+def test_no_kubectl_layer_or_cdks_kubectl_custom_resources_are_synthesized(
     every_app: dict[str, Synthesized],
 ) -> None:
     for synthesized in every_app.values():

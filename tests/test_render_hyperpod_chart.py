@@ -83,6 +83,13 @@ def test_a_rendering_is_made_once_per_input(tmp_path: Path) -> None:
     assert again == first and len(tools.commands) == 5
     other = renderer.render(replace(REQUEST, region="us-west-2"), cache=tmp_path, run=tools)
     assert other != first and len(tools.commands) == 10
+    # Another instance type is checked afresh, even where the values are the same.
+    renderer.render(
+        replace(REQUEST, region="us-east-1", instance_types=("ml.g5.12xlarge",)),
+        cache=tmp_path,
+        run=tools,
+    )
+    assert len(tools.commands) == 15
 
 
 def test_no_region_anywhere_is_an_error_that_says_where_to_set_one(tmp_path: Path) -> None:
