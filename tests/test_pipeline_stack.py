@@ -6,7 +6,13 @@ import importlib
 import json
 import re
 
+import pytest
+from pydantic import ValidationError
+
+from stacks.components.pipeline import AFTER_DEADLINE_HOURS
 from tests.conftest import Synthesized, as_list, role_statements
+from training_configs import load_training_config
+from training_configs.schema import SHIPPED, TrainingConfig
 
 
 def _definition(app: Synthesized) -> dict:
@@ -135,7 +141,22 @@ def test_state_machine_logs_everything_traces_and_times_out(default_app: Synthes
     properties = machine["Properties"]
     assert properties["LoggingConfiguration"]["Level"] == "ALL"
     assert properties["TracingConfiguration"] == {"Enabled": True}
-    assert _definition(default_app)["TimeoutSeconds"] == (12 + 2) * 3600
+
+
+def test_no_valid_run_is_cut_short_by_the_state_machines_own_limit(
+    default_app: Synthesized,
+) -> None:
+    """The execution's limit is a backstop: every deadline a config may set, plus the release,
+    teardown and notice after it, fits (a run past its deadline must end through the pipeline,
+    torn down and notified, not TIMED_OUT)."""
+    limit = _definition(default_app)["TimeoutSeconds"]
+    after = AFTER_DEADLINE_HOURS * 3600
+    for name in SHIPPED:  # rft_multiturn_full ships 24 h, twice the default's 12
+        assert load_training_config(name).deadline_hours * 3600 + after <= limit, name
+    longest = load_training_config("rft_multiturn_full").model_dump() | {"deadline_hours": 720}
+    assert TrainingConfig.model_validate(longest).deadline_hours * 3600 + after <= limit
+    with pytest.raises(ValidationError):  # ... and no valid config asks for more
+        TrainingConfig.model_validate(longest | {"deadline_hours": 720.5})
 
 
 def test_upload_rule_matches_jsonl_under_training_data_and_has_a_dlq(

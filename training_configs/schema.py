@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 Recipe = Literal["RFT_MULTITURN_LORA", "RFT_MULTITURN_FULL"]
 SHIPPED = ("rft_multiturn_lora", "rft_multiturn_full")
 DEFAULT_CONFIG = "rft_multiturn_lora"  # what a run uses when its upload names none
+# The longest a run may take (a month); the pipeline's state machine outlives any valid run.
+MAX_DEADLINE_HOURS = 720.0
 
 
 class TrainingConfigError(ValueError):
@@ -69,7 +71,7 @@ class TrainingConfig(BaseModel):
         description="scale the reward fleet out to this many workers on backlog (default: no scaling)",
     )
     environment: str = Field(default="wordle", min_length=1)
-    deadline_hours: float = Field(gt=0.0, le=720.0)
+    deadline_hours: float = Field(gt=0.0, le=MAX_DEADLINE_HOURS)
     budget_usd: float = Field(gt=0.0)
     scale_to_zero: bool = True
     lora: LoraSettings | None = None

@@ -35,10 +35,11 @@ from stacks.components.access import NEEDS, Need, grant_log_reading, grant_table
 from stacks.components.functions import ClusterNetwork, pipeline_function
 from stacks.components.nag import acknowledge, acknowledge_resource
 from stacks.config import PlatformConfig
-from training_configs import load_training_config
-from training_configs.schema import DEFAULT_CONFIG
+from training_configs.schema import DEFAULT_CONFIG, MAX_DEADLINE_HOURS
 
 HANDLERS = "lambdas.pipeline.handlers"
+# Validation before a run's deadline starts, and release, teardown and notice after it passes.
+AFTER_DEADLINE_HOURS = 2
 COMPUTE = "lambdas.pipeline.compute"
 
 
@@ -574,7 +575,6 @@ class TrainingPipeline(Construct):
             poll_until("Nodes", compute("NodesReady", "nodes_ready", "$.nodes"), "$.nodes", workers)
         )
         definition = validate.next(register).next(provision).next(nodes)
-        deadline = load_training_config(DEFAULT_CONFIG).deadline_hours
         log_group = logs.LogGroup(
             self,
             "ExecutionLogs",
@@ -587,8 +587,10 @@ class TrainingPipeline(Construct):
             "StateMachine",
             state_machine_name=f"{config.name_prefix}-pipeline",
             definition_body=sfn.DefinitionBody.from_chainable(definition),
-            # The run's own deadline is enforced by the pipeline; this is the hard stop after it.
-            timeout=Duration.hours(deadline + 2),
+            # Each run's deadline is enforced by the pipeline itself (Monitor, the waits, the
+            # reaper), which then releases, tears down and notifies; the execution's own limit
+            # is only a backstop and must outlast the longest deadline a config may set.
+            timeout=Duration.hours(MAX_DEADLINE_HOURS + AFTER_DEADLINE_HOURS),
             tracing_enabled=True,
             logs=sfn.LogOptions(
                 destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=True
