@@ -24,7 +24,7 @@ import time
 import boto3
 
 from bench.moto_server import moto_server
-from mtrl.protocol import RolloutRequest, dump
+from domain.protocol import RolloutRequest, dump
 from reward_envs.interface import Record
 from reward_envs.wordle import load_environment, words
 from reward_envs.wordle.solver import default_solver

@@ -20,10 +20,10 @@ import boto3
 from botocore.credentials import Credentials
 
 from bench.moto_server import moto_server
+from domain.run_queues import create_run_queues
 from lambdas.router.consumer import Consumer
 from lambdas.router.conversations import ConversationStore, create_table
 from lambdas.router.proxy import Proxy
-from lambdas.router.run_queues import create_run_queues
 from mtrl.local.function_url import FunctionUrlServer
 from mtrl.local.sqs_event_source import SqsEventSource
 from mtrl.local.trainer.scripted import ScriptedTrainer

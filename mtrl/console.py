@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from mtrl.dataset import DatasetValidator, Problem, Summary
+from domain.dataset import DatasetValidator, Problem, Summary
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True, highlight=False)

@@ -182,7 +182,7 @@ def _print_result(outcome: Any, directory: Path) -> None:
 
 
 def _preflight(prepared: Any, endpoint: str, model: str, limit: int, out_dir: Path) -> None:
-    from mtrl.dataset import read_records
+    from domain.dataset import read_records
     from mtrl.local.evaluate import evaluate
     from reward_envs.registry import load
     from reward_envs.worker.model_client import OpenAICompatibleClient

@@ -18,6 +18,7 @@ import typer
 from botocore.exceptions import BotoCoreError, ClientError
 from rich.table import Table
 
+from domain.runs import RunStore
 from mtrl.console import check_dataset, fail, out, print_problem
 from mtrl.ops.deployment import Deployment, DeploymentError, aws_session, find_deployment
 from mtrl.ops.doctor import diagnose
@@ -33,7 +34,6 @@ from mtrl.ops.runs_view import (
 )
 from mtrl.ops.submit import SubmitError, choose_config, submit
 from mtrl.ops.teardown import TeardownFailed, release_idle_nodes, teardown_run
-from mtrl.runs import RunStore
 from stacks.config import ConfigError, PlatformConfig, deployment_context
 from training_configs import TrainingConfigError, estimate, load_training_config
 from training_configs.schema import DEFAULT_CONFIG

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from lambdas.kubernetes.training_job import JobKind, ModelPreset
+from domain.presets import JobKind, ModelPreset
 
 CDK_JSON = Path(__file__).resolve().parent.parent / "cdk.json"
 

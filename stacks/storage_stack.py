@@ -5,7 +5,7 @@ from __future__ import annotations
 import aws_cdk as cdk
 from constructs import Construct
 
-from mtrl.bucket import TRAINING_DATA_PREFIX
+from domain.bucket import TRAINING_DATA_PREFIX
 from stacks.base import PlatformStack
 from stacks.components.storage import Storage
 from stacks.config import PlatformConfig

@@ -21,13 +21,11 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from domain.presets import JobKind, ModelPreset
+from training_configs.schema import TrainingConfig
 
-from training_configs.schema import Recipe, TrainingConfig
-
-JobKind = Literal["HyperPodPyTorchJob", "PyTorchJob"]
 JOB_API = {"HyperPodPyTorchJob": "sagemaker.amazonaws.com/v1", "PyTorchJob": "kubeflow.org/v1"}
 JOB_NAME = "trainer"
 GENERATION = "generation"
@@ -56,22 +54,6 @@ ACCELERATORS: dict[str, tuple[int, int]] = {
 
 class JobRenderError(ValueError):
     """The training config and the deployment's presets do not make a job (the message says why)."""
-
-
-class ModelPreset(BaseModel):
-    """Where a model's containers and recipes come from. Image URIs may use `{account}`,
-    `{region}` and `{prefix}`, filled in for the deployment."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model_id: str = Field(min_length=1, description="the base model as the recipe names it")
-    recipes: dict[Recipe, str] = Field(description="recipe id per RFT_MULTITURN_* recipe")
-    trainer_image: str = Field(min_length=1)
-    generation_image: str = Field(min_length=1, description="an OpenAI-compatible vLLM server")
-    generation_model: str | None = Field(
-        default=None, description="what vLLM loads (default: model_id)"
-    )
-    generation_gpus: int = Field(default=8, ge=1, le=8, description="GPUs per vLLM replica")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The compute steps of a run, over the backend interfaces (lambdas/pipeline/backends.py).
+"""The compute steps of a run, over the backend interfaces (domain/backends.py).
 
 Each step is a thin handler: the state (run id, config, queues) comes in, one backend call
 goes out, a small result comes back for the state machine's Choice states. Which backends
@@ -14,14 +14,14 @@ from typing import Any
 
 import boto3
 
-from lambdas.pipeline import backends
-from lambdas.pipeline.backends import RunContext
+from domain import backends
+from domain.backends import RunContext
+from domain.bucket import run_output_prefix
+from domain.runs import RunStore
 from lambdas.pipeline.ecs_fleet import EcsRewardFleet
 from lambdas.pipeline.hyperpod_training import HyperPodTrainingCluster
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.conversations import ConversationStore
-from mtrl.bucket import run_output_prefix
-from mtrl.runs import RunStore
 
 # The deployed planes. Local mode registers its own under "local" (mtrl/local/session.py).
 backends.register_fleet("aws", EcsRewardFleet.from_env)

@@ -18,8 +18,8 @@ from typing import Any
 import boto3
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from lambdas.pipeline.backends import RewardFleet, RunContext, worker_environment
-from lambdas.router.run_queues import queue_name
+from domain.backends import RewardFleet, RunContext, worker_environment
+from domain.run_queues import queue_name
 
 CONTAINER = "reward-worker"  # the container of the deployment's worker task definition
 LOG_RETENTION_DAYS = 90

@@ -15,13 +15,14 @@ from typing import Any
 import boto3
 from pydantic import BaseModel, ConfigDict
 
-from lambdas.pipeline import backends, compute
+from domain import backends
+from domain.runs import FINISHED, RunStore, run_id_for
+from lambdas.pipeline import compute
 from lambdas.pipeline.notify import notify, summary
 from lambdas.pipeline.register import register_run
 from lambdas.pipeline.resources import RouterWiring, provision_run, teardown_run
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.pipeline.validate import validate_upload
-from mtrl.runs import FINISHED, RunStore, run_id_for
 
 
 class DatasetInvalid(ValueError):

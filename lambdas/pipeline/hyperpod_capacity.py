@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from mtrl.runs import LEASE_PREFIX
+from domain.runs import LEASE_PREFIX
 
 # UpdateCluster's names for what DescribeCluster calls otherwise (besides Desired*/Current*).
 _DESCRIBED_AS = {"InstanceCount": "TargetCount", "MinInstanceCount": "MinCount"}

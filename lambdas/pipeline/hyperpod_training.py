@@ -30,6 +30,13 @@ from typing import Any
 import boto3
 from pydantic import BaseModel, ConfigDict, Field, Json
 
+from domain.backends import (
+    METRICS_OBJECT,
+    JobStatus,
+    RunContext,
+    TrainingCluster,
+    last_step,
+)
 from lambdas.kubernetes.client import KubernetesClient
 from lambdas.kubernetes.token import EksTokenSource
 from lambdas.kubernetes.training_job import (
@@ -43,13 +50,6 @@ from lambdas.kubernetes.training_job import (
     preset_for,
     render,
     run_namespace,
-)
-from lambdas.pipeline.backends import (
-    METRICS_OBJECT,
-    JobStatus,
-    RunContext,
-    TrainingCluster,
-    last_step,
 )
 from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
 from training_configs.schema import TrainingConfig

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mtrl.runs import RunRecord
+from domain.runs import RunRecord
 
 
 def summary(

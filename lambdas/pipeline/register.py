@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lambdas.kubernetes.training_job import ModelPreset, preset_for
-from mtrl.bucket import CONFIGS_PREFIX, object_exists
-from mtrl.runs import RunRecord, RunStore, run_id_for
+from domain.bucket import CONFIGS_PREFIX, object_exists
+from domain.presets import ModelPreset
+from domain.runs import RunRecord, RunStore, run_id_for
+from lambdas.kubernetes.training_job import preset_for
 from training_configs import (
     CostEstimate,
     InstancePrices,

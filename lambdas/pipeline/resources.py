@@ -10,19 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lambdas.router.alarms import alarm_names, create_queue_alarms, delete_queue_alarms
-from lambdas.router.event_sources import (
-    connect_consumer,
-    consumer_mappings,
-    disconnect_consumer,
-)
-from lambdas.router.run_queues import (
+from domain.run_queues import (
     DLQ,
     KINDS,
     create_run_queues,
     delete_run_queues,
     queue_base,
     queue_name,
+)
+from lambdas.router.alarms import alarm_names, create_queue_alarms, delete_queue_alarms
+from lambdas.router.event_sources import (
+    connect_consumer,
+    consumer_mappings,
+    disconnect_consumer,
 )
 
 

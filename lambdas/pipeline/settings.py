@@ -8,7 +8,7 @@ from typing import Any
 import boto3
 from pydantic import BaseModel, ConfigDict, Field, Json
 
-from lambdas.kubernetes.training_job import ModelPreset
+from domain.presets import ModelPreset
 from lambdas.pipeline.resources import RouterWiring
 from training_configs.schema import DEFAULT_CONFIG
 

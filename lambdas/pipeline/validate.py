@@ -12,8 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from mtrl.bucket import run_output_prefix
-from mtrl.dataset import DatasetValidator, Problem
+from domain.bucket import run_output_prefix
+from domain.dataset import DatasetValidator, Problem
 
 MAX_REPORTED = 1000
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lambdas.router.run_queues import KINDS, queue_base, queue_name
+from domain.run_queues import KINDS, queue_base, queue_name
 
 DEFAULT_MAX_AGE_SECONDS = 900
 

@@ -18,8 +18,8 @@ from typing import Any
 import boto3
 from pydantic import BaseModel, ConfigDict
 
+from domain.protocol import GenerateResponse, ProtocolError, parse
 from lambdas.router.conversations import ConversationStore
-from mtrl.protocol import GenerateResponse, ProtocolError, parse
 
 log = logging.getLogger("mtrl.router.consumer")
 

@@ -25,8 +25,7 @@ from typing import Any
 import boto3
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from lambdas.router.conversations import ConversationStore, RunRecord
-from mtrl.protocol import (
+from domain.protocol import (
     ID_LENGTH,
     ChatCompletionRequest,
     GenerateRequest,
@@ -36,6 +35,7 @@ from mtrl.protocol import (
     fifo_id,
     step_id_for,
 )
+from lambdas.router.conversations import ConversationStore, RunRecord
 
 MAX_BODY_BYTES = 256 * 1024
 RUN_HEADER, TOKEN_HEADER, SAMPLE_HEADER, REQUEST_HEADER = (

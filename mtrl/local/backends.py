@@ -1,4 +1,4 @@
-"""The compute planes in local mode, behind the pipeline's interfaces (lambdas/pipeline/backends.py).
+"""The compute planes in local mode, behind the pipeline's interfaces (domain/backends.py).
 
 - `LocalRewardFleet`: reward workers as local processes running the real worker
   (`python -m reward_envs.worker`), pointed at the run's queues and the local router.
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lambdas.pipeline.backends import (
+from domain.backends import (
     JobStatus,
     RewardFleet,
     RunContext,

@@ -22,9 +22,9 @@ from typing import Any
 import boto3
 from moto.awslambda_simple.models import LambdaSimpleBackend
 
+from domain.runs import create_runs_table
 from lambdas.router.conversations import create_table
 from mtrl.local.physical import ACCOUNT, REGION, LocalNames
-from mtrl.runs import create_runs_table
 
 Fault = Callable[[str, dict[str, Any]], None]
 

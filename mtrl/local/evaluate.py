@@ -17,8 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from mtrl.dataset import DatasetRecord
-from mtrl.protocol import RewardSpec, RolloutRequest, RolloutResponse
+from domain.dataset import DatasetRecord
+from domain.protocol import RewardSpec, RolloutRequest, RolloutResponse
 from reward_envs.interface import Environment
 from reward_envs.worker.model_client import ModelClient
 from reward_envs.worker.rollout import run_rollout

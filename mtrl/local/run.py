@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mtrl.dataset import DatasetValidator
+from domain.dataset import DatasetValidator
 from mtrl.local.embedded import definition_skeleton, fault_states
 from mtrl.local.report import write_report
 from mtrl.local.session import LocalSession, Observer, Prepared, RunOutcome

@@ -15,14 +15,14 @@ from typing import Any
 
 import yaml
 
-from lambdas.pipeline import backends
+from domain import backends
+from domain.bucket import CONFIGS_PREFIX, run_output_prefix
 from lambdas.pipeline.register import CONFIG_METADATA_KEY
 from lambdas.pipeline.resources import leftover_resources
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.consumer import Consumer
 from lambdas.router.conversations import ConversationStore
 from lambdas.router.proxy import Proxy
-from mtrl.bucket import CONFIGS_PREFIX, run_output_prefix
 from mtrl.local.aws import LocalAws
 from mtrl.local.backends import LocalRewardFleet, LocalTrainingCluster
 from mtrl.local.embedded import (

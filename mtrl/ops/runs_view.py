@@ -15,12 +15,12 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from lambdas.pipeline.backends import METRICS_OBJECT, last_metrics
+from domain.backends import METRICS_OBJECT, last_metrics
+from domain.bucket import run_output_prefix
+from domain.run_queues import DLQ, KINDS, queue_name
+from domain.runs import FINISHED, RunRecord, RunStore
 from lambdas.pipeline.ecs_fleet import worker_service_name
-from lambdas.router.run_queues import DLQ, KINDS, queue_name
-from mtrl.bucket import run_output_prefix
 from mtrl.ops.deployment import Deployment
-from mtrl.runs import FINISHED, RunRecord, RunStore
 
 
 class UnknownRun(LookupError):

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from domain.bucket import CONFIGS_PREFIX, TRAINING_DATA_PREFIX
+from domain.runs import run_id_for
 from lambdas.pipeline.register import CONFIG_METADATA_KEY
-from mtrl.bucket import CONFIGS_PREFIX, TRAINING_DATA_PREFIX
 from mtrl.ops.deployment import Deployment
-from mtrl.runs import run_id_for
 from training_configs import CostEstimate, estimate, load_training_config
 from training_configs.schema import DEFAULT_CONFIG, SHIPPED
 

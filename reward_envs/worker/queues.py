@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mtrl.protocol import RolloutResponse, dump, fifo_id
+from domain.protocol import RolloutResponse, dump, fifo_id
 
 
 @dataclass(frozen=True)

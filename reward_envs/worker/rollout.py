@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mtrl.protocol import Metric, RolloutRequest, RolloutResponse
+from domain.protocol import Metric, RolloutRequest, RolloutResponse
 from reward_envs.interface import Environment, Message, Record
 from reward_envs.worker.model_client import ModelClient, ModelError
 

@@ -20,7 +20,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from mtrl.protocol import RolloutReport, RolloutResponse
+from domain.protocol import RolloutReport, RolloutResponse
 from reward_envs.interface import Message
 from reward_envs.worker.model_client import ModelClient, ModelError, ModelTimeout
 from reward_envs.worker.queues import Delivery, SqsRolloutQueues

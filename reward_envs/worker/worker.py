@@ -21,7 +21,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from enum import Enum
 
-from mtrl.protocol import ProtocolError, RolloutRequest, parse
+from domain.protocol import ProtocolError, RolloutRequest, parse
 from reward_envs.interface import Environment
 from reward_envs.worker.model_client import ModelClient
 from reward_envs.worker.queues import Delivery, SqsRolloutQueues

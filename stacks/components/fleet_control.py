@@ -17,7 +17,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
-from lambdas.router.run_queues import deployment_prefix
+from domain.run_queues import deployment_prefix
 from stacks.components.access import Allow, Need, grant_log_reading, log_group_arn
 from stacks.components.nag import acknowledge_resource
 from stacks.components.reward_fleet import RewardFleet, cluster_name, log_group_name, task_family

@@ -1,6 +1,6 @@
 """Lambda code for the pipeline's functions, packaged without Docker.
 
-The asset holds our `lambdas`, `mtrl` and `training_configs` packages plus their few
+The asset holds our `lambdas`, `domain` and `training_configs` packages plus their few
 third-party requirements, installed by pip for the Lambda platform (manylinux x86_64, CPython
 3.12) on the deploying machine. Docker is only the fallback CDK uses when local bundling is impossible.
 """
@@ -18,7 +18,7 @@ import jsii
 from aws_cdk import aws_lambda as lambda_
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("lambdas", "mtrl", "training_configs")
+PACKAGES = ("lambdas", "domain", "training_configs")
 # boto3 comes with the Lambda runtime; the rest is pinned as in pyproject.toml.
 REQUIREMENTS = ("pydantic==2.14.3", "pyyaml==6.0.4", "numpy==2.4.6")
 # Lambda's Python 3.12 runtime runs on Amazon Linux 2023 (glibc 2.34): wheels built for
@@ -26,7 +26,7 @@ REQUIREMENTS = ("pydantic==2.14.3", "pyyaml==6.0.4", "numpy==2.4.6")
 PLATFORMS = ("--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64")
 RUNTIME = lambda_.Runtime.PYTHON_3_12
 ARCHITECTURE = lambda_.Architecture.X86_64
-_IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "local")
+_IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc")
 
 
 @jsii.implements(cdk.ILocalBundling)

@@ -29,8 +29,8 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-from lambdas.router.run_queues import deployment_prefix
-from mtrl.bucket import TRAINING_DATA_PREFIX
+from domain.bucket import TRAINING_DATA_PREFIX
+from domain.run_queues import deployment_prefix
 from stacks.components.access import NEEDS, Need, grant_log_reading, grant_table_key
 from stacks.components.functions import ClusterNetwork, pipeline_function
 from stacks.components.nag import acknowledge, acknowledge_resource

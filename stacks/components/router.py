@@ -1,7 +1,7 @@
 """The rollout router's long-lived part: conversation table, proxy (Function URL), consumer.
 
 Per-run queues, event source mappings and queue-age alarms are created per run by the
-pipeline (lambdas/router/run_queues.py, lambdas/router/alarms.py); this construct provides the
+pipeline (domain/run_queues.py, lambdas/router/alarms.py); this construct provides the
 needs about them (stacks/components/access.py) by name prefix, since their names are only known
 at run time.
 """
@@ -15,8 +15,8 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
+from domain.run_queues import deployment_prefix
 from lambdas.router.conversations import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
-from lambdas.router.run_queues import deployment_prefix
 from stacks.components.access import Allow, Need, grant_table_key
 from stacks.components.functions import pipeline_function
 from stacks.config import PlatformConfig

@@ -11,7 +11,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_deployment as s3deploy
 from constructs import Construct, IConstruct
 
-from mtrl.bucket import CONFIGS_PREFIX, RUNS_PREFIX, TRAINING_DATA_PREFIX
+from domain.bucket import CONFIGS_PREFIX, RUNS_PREFIX, TRAINING_DATA_PREFIX
 from stacks.components.access import Need
 from stacks.components.nag import acknowledge, acknowledge_resource
 from stacks.config import PlatformConfig

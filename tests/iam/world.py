@@ -24,8 +24,9 @@ import boto3
 from botocore.credentials import Credentials
 from moto import mock_aws
 
+from domain.protocol import RolloutRequest, dump
+from domain.run_queues import DLQ, KINDS, queue_name
 from lambdas.kubernetes.token import CLUSTER_HEADER, PREFIX
-from lambdas.router.run_queues import DLQ, KINDS, queue_name
 from mtrl.local.embedded import (
     CREDENTIALS,
     Dispatcher,
@@ -39,7 +40,6 @@ from mtrl.local.function_url import FunctionUrlServer
 from mtrl.local.physical import ACCOUNT, REGION
 from mtrl.local.trainer.scripted import ScriptedTrainer
 from mtrl.ops.doctor import TOTAL_INSTANCES
-from mtrl.protocol import RolloutRequest, dump
 from reward_envs.wordle import load_environment
 from reward_envs.worker.router_client import RouterClient, RouterRolloutQueues
 from reward_envs.worker.settings import WorkerSettings

@@ -14,11 +14,11 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from domain.presets import ModelPreset
 from lambdas.kubernetes.training_job import (
     RUN_LABEL,
     JobRenderError,
     JobRequest,
-    ModelPreset,
     node_split,
     render,
     run_namespace,

@@ -12,8 +12,9 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from lambdas.pipeline import backends, handlers
-from lambdas.pipeline.backends import JobStatus, RewardFleet, RunContext, TrainingCluster
+from domain import backends
+from domain.backends import JobStatus, RewardFleet, RunContext, TrainingCluster
+from lambdas.pipeline import handlers
 from lambdas.pipeline.settings import PipelineSettings
 from mtrl.local.embedded import (
     REGION,

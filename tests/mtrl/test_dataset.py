@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from domain.dataset import DatasetValidator, read_records
 from mtrl.cli import app
-from mtrl.dataset import DatasetValidator, read_records
 
 GOOD = {
     "id": "w-1",

@@ -15,16 +15,17 @@ import pytest
 from moto.core.config import default_user_config
 from typer.testing import CliRunner
 
-from lambdas.pipeline import backends, handlers
+from domain import backends
+from domain.run_queues import create_run_queues, queue_name
+from domain.runs import RunRecord, RunStore, create_runs_table, run_id_for
+from lambdas.pipeline import handlers
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.conversations import create_table
-from lambdas.router.run_queues import create_run_queues, queue_name
 from mtrl import ops_commands
 from mtrl.cli import app
 from mtrl.ops.deployment import find_deployment
 from mtrl.ops.logs import follow, sources
 from mtrl.ops.runs_view import run_status
-from mtrl.runs import RunRecord, RunStore, create_runs_table, run_id_for
 from tests.pipeline.test_handlers import RecordingCompute
 from tests.service_fakes import FakeSageMaker, ServiceFake
 

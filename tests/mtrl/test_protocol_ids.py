@@ -9,7 +9,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mtrl.protocol import ID_LENGTH, fifo_id, step_id_for
+from domain.protocol import ID_LENGTH, fifo_id, step_id_for
 
 SQS_ID = re.compile(r"[!-~]{1,128}")
 samples = st.text(min_size=1, max_size=ID_LENGTH)

@@ -7,9 +7,10 @@ import json
 import boto3
 import pytest
 
-from lambdas.pipeline import backends, compute
-from lambdas.pipeline.backends import JobStatus, RunContext, TrainingCluster
-from mtrl.runs import RunRecord, RunStore, create_runs_table
+from domain import backends
+from domain.backends import JobStatus, RunContext, TrainingCluster
+from domain.runs import RunRecord, RunStore, create_runs_table
+from lambdas.pipeline import compute
 
 
 class Scripted(TrainingCluster):

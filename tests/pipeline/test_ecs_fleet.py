@@ -6,7 +6,7 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from lambdas.pipeline.backends import RunContext
+from domain.backends import RunContext
 from lambdas.pipeline.ecs_fleet import EcsFleetSettings, EcsRewardFleet, FleetFailed
 from tests.service_fakes import ServiceFake
 

@@ -7,12 +7,13 @@ import json
 import boto3
 import pytest
 
-from lambdas.pipeline import backends, handlers
-from lambdas.pipeline.backends import JobStatus, RewardFleet, RunContext, TrainingCluster
+from domain import backends
+from domain.backends import JobStatus, RewardFleet, RunContext, TrainingCluster
+from domain.runs import RunStore, create_runs_table
+from lambdas.pipeline import handlers
 from lambdas.pipeline.handlers import DatasetInvalid, Upload
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.conversations import create_table
-from mtrl.runs import RunStore, create_runs_table
 
 BUCKET = "data"
 GOOD = b'{"id": "a", "metadata": {"prompt": "p", "answer": "crane"}}\n'

@@ -6,8 +6,8 @@ from __future__ import annotations
 import boto3
 import pytest
 
+from domain.runs import RunStore, create_runs_table
 from lambdas.pipeline.hyperpod_capacity import CapacityBusy, CapacityLeases, HyperPodCapacity
-from mtrl.runs import RunStore, create_runs_table
 from tests.service_fakes import FakeSageMaker
 
 

@@ -12,8 +12,9 @@ from typing import Any
 import boto3
 import pytest
 
+from domain.backends import RunContext
+from domain.runs import create_runs_table
 from lambdas.kubernetes.training_job import JobRenderError, run_namespace
-from lambdas.pipeline.backends import RunContext
 from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
 from lambdas.pipeline.hyperpod_training import (
     HyperPodSettings,
@@ -21,7 +22,6 @@ from lambdas.pipeline.hyperpod_training import (
     JobStillDeleting,
     job_status,
 )
-from mtrl.runs import create_runs_table
 from stacks.config import PlatformConfig, deployment_context
 from tests.kubernetes.fake_api import FakeKubernetes, client_of
 from tests.service_fakes import FakeEks, FakeSageMaker

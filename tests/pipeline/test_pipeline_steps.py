@@ -9,6 +9,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
+from domain.runs import RunRecord, RunStore, create_runs_table, run_id_for
 from lambdas.pipeline.resources import (
     RouterWiring,
     leftover_resources,
@@ -16,7 +17,6 @@ from lambdas.pipeline.resources import (
     teardown_run,
 )
 from lambdas.pipeline.validate import validate_upload
-from mtrl.runs import RunRecord, RunStore, create_runs_table, run_id_for
 
 BUCKET = "data-bucket"
 GOOD = b'{"id": "a", "metadata": {"prompt": "p", "answer": "crane"}}\n{"id": "b", "metadata": {"prompt": "p"}}\n'

@@ -9,10 +9,10 @@ import boto3
 import pytest
 import yaml
 
+from domain.runs import RunStore, create_runs_table
 from lambdas.kubernetes.training_job import JobRenderError
 from lambdas.pipeline.notify import notify, summary
 from lambdas.pipeline.register import BudgetExceeded, Registered, register_run
-from mtrl.runs import RunStore, create_runs_table
 from stacks.config import PlatformConfig, deployment_context
 from training_configs.schema import TrainingConfigError
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from mtrl.protocol import RolloutRequest
+from domain.protocol import RolloutRequest
 from reward_envs.interface import Message
 from reward_envs.wordle import load_environment
 from reward_envs.worker.model_client import CallableModel, ModelError

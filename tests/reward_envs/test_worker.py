@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import boto3
 import pytest
 
-from mtrl.protocol import RolloutRequest, RolloutResponse, dump, parse
+from domain.protocol import RolloutRequest, RolloutResponse, dump, parse
 from reward_envs.interface import Message
 from reward_envs.wordle import load_environment
 from reward_envs.worker.model_client import CallableModel

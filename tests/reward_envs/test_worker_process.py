@@ -16,7 +16,7 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from mtrl.protocol import RolloutRequest, RolloutResponse, dump, parse
+from domain.protocol import RolloutRequest, RolloutResponse, dump, parse
 
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "test",

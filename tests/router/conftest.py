@@ -9,10 +9,10 @@ from typing import Any
 import boto3
 import pytest
 
+from domain.run_queues import RunQueues, create_run_queues
 from lambdas.router.consumer import Consumer
 from lambdas.router.conversations import ConversationStore, create_table
 from lambdas.router.proxy import Proxy
-from lambdas.router.run_queues import RunQueues, create_run_queues
 from tests.aws import Serialized
 
 TABLE = "conversations"

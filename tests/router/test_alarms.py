@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import boto3
 
+from domain.run_queues import queue_name
 from lambdas.router.alarms import create_queue_alarms, delete_queue_alarms
-from lambdas.router.run_queues import queue_name
 
 TOPIC = "arn:aws:sns:us-east-1:123456789012:nova-mtrl-alerts"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from mtrl.protocol import GenerateResponse, dump
+from domain.protocol import GenerateResponse, dump
 from tests.router.conftest import RUN, Router
 
 

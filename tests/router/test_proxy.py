@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from mtrl.protocol import GenerateRequest, RolloutResponse, parse, step_id_for
+from domain.protocol import GenerateRequest, RolloutResponse, parse, step_id_for
 from tests.router.conftest import OTHER_TOKEN, RUN, Router, answer, event
 
 CHAT = "/v1/chat/completions"

@@ -8,11 +8,11 @@ from collections import Counter
 
 from botocore.credentials import Credentials
 
+from domain.protocol import GenerateRequest, RolloutRequest, RolloutResponse, dump, parse
 from lambdas.router.proxy import Proxy
 from mtrl.local.function_url import FunctionUrlServer
 from mtrl.local.sqs_event_source import SqsEventSource
 from mtrl.local.trainer.scripted import ScriptedTrainer
-from mtrl.protocol import GenerateRequest, RolloutRequest, RolloutResponse, dump, parse
 from reward_envs.wordle import load_environment
 from reward_envs.worker.router_client import RouterClient, RouterRolloutQueues
 from reward_envs.worker.settings import WorkerSettings

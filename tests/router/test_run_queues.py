@@ -6,7 +6,7 @@ import json
 
 import boto3
 
-from lambdas.router.run_queues import (
+from domain.run_queues import (
     KINDS,
     MAX_RECEIVE_COUNT,
     create_run_queues,

@@ -25,11 +25,9 @@ from typing import Any, TextIO
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from lambdas.pipeline.backends import METRICS_OBJECT
-from mtrl.dataset import DatasetRecord, read_records
-from mtrl.local.trainer.grpo import Adam, Episode, group_advantages, objective_and_gradient
-from mtrl.local.trainer.policy import Decision, Policy
-from mtrl.protocol import (
+from domain.backends import METRICS_OBJECT
+from domain.dataset import DatasetRecord, read_records
+from domain.protocol import (
     Choice,
     GenerateRequest,
     GenerateResponse,
@@ -41,6 +39,8 @@ from mtrl.protocol import (
     fifo_id,
     parse,
 )
+from mtrl.local.trainer.grpo import Adam, Episode, group_advantages, objective_and_gradient
+from mtrl.local.trainer.policy import Decision, Policy
 from training_configs.schema import TrainingConfig
 
 log = logging.getLogger("mtrl.trainer")

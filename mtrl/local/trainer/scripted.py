@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from mtrl.protocol import GenerateRequest, GenerateResponse, dump, fifo_id, parse
+from domain.protocol import GenerateRequest, GenerateResponse, dump, fifo_id, parse
 
 
 class ScriptedTrainer(threading.Thread):

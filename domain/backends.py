@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from mtrl.bucket import object_exists
+from domain.bucket import object_exists
 
 JobPhase = Literal["pending", "running", "succeeded", "failed", "pending_too_long"]
 # A trainer's progress, one JSON object per finished step (with "step"), under the run's output

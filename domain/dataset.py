@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from mtrl.protocol import ChatMessage
+from domain.protocol import ChatMessage
 
 MAX_LINE_BYTES = 1024 * 1024
 MAX_FILE_BYTES = 10 * 1024**3
