@@ -11,11 +11,28 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any
 
 from domain.bucket import object_exists
 
-JobPhase = Literal["pending", "running", "succeeded", "failed", "pending_too_long"]
+
+class Phase(StrEnum):
+    """A run's job as Monitor reports it: what the training cluster says of the job, and the
+    pipeline's own reasons to stop a run. The state machine's `JobDone?` choice reads these."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    PENDING_TOO_LONG = "pending_too_long"
+    STALLED = "stalled"
+    PAST_DEADLINE = "past_deadline"
+    OVER_BUDGET = "over_budget"
+
+
+# The job goes on: Monitor polls again.
+WAITING = (Phase.PENDING, Phase.RUNNING)
 # A trainer's progress, one JSON object per finished step (with "step"), under the run's output
 # prefix: what a backend reads to tell a stalled job from a slow one.
 METRICS_OBJECT = "metrics.jsonl"
@@ -55,7 +72,7 @@ def worker_environment(run: RunContext) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class JobStatus:
-    phase: JobPhase
+    phase: Phase
     reason: str = ""
     step: int | None = None
 

@@ -39,6 +39,11 @@ def run_id_for(bucket: str, key: str, version_id: str | None) -> str:
     return f"{slug}-{digest}"
 
 
+def execution_arn(state_machine_arn: str, run_id: str) -> str:
+    """The ARN of a run's pipeline execution: executions are named by run id."""
+    return f"{state_machine_arn.replace(':stateMachine:', ':execution:')}:{run_id}"
+
+
 class RunRecord(BaseModel):
     model_config = ConfigDict(frozen=True)
 

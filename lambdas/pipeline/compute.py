@@ -18,6 +18,7 @@ from domain import backends
 from domain.backends import RunContext
 from domain.bucket import run_output_prefix
 from domain.runs import RunStore
+from lambdas.pipeline import policies
 from lambdas.pipeline.ecs_fleet import EcsRewardFleet
 from lambdas.pipeline.hyperpod_training import HyperPodTrainingCluster
 from lambdas.pipeline.settings import PipelineSettings
@@ -113,47 +114,30 @@ def submit_job(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
 def monitor(
     event: dict[str, Any], context: Any = None, *, dynamodb: Any = None, now: float | None = None
 ) -> dict[str, Any]:
-    """One poll: the job's phase, or `past_deadline` / `over_budget` when the run must stop."""
+    """One poll: the job's phase, or the pipeline's reason to stop the run
+    (lambdas/pipeline/policies.py)."""
     run_id = event["run"]["run_id"]
+    config = event["run"]["config"]
     now = time.time() if now is None else now
     record = RunStore(
         dynamodb or boto3.client("dynamodb"), PipelineSettings.from_env().runs_table
     ).get(run_id)
-    if record is not None:
-        if now > record.deadline_at:
-            return {"phase": "past_deadline", "reason": f"run {run_id} passed its deadline"}
-        spent = (now - record.created_at) / 3600 * record.cost_per_hour
-        if spent > event["run"]["config"]["budget_usd"]:
-            return {
-                "phase": "over_budget",
-                "reason": f"run {run_id} spent about ${spent:,.0f}, over its budget",
-            }
+    verdict = record and policies.must_stop(record, budget_usd=config["budget_usd"], now=now)
+    if verdict:
+        return {"phase": verdict.phase, "reason": verdict.reason}
     status = _cluster().status(_context(event))
-    previous = event.get("job") or {}
-    # Stall: running, but the training step has not moved for longer than a rollout may take.
-    unchanged = (
-        status.phase == "running"
-        and status.step is not None
-        and status.step == previous.get("step")
+    quiet = policies.quiet_polls(status, event.get("job") or {})
+    verdict = policies.stalled(
+        status,
+        quiet,
+        rollout_timeout_seconds=config["rollout_timeout_seconds"],
+        poll_seconds=event["run"].get("poll_seconds", 60),
     )
-    quiet_polls = previous.get("quiet_polls", 0) + 1 if unchanged else 0
-    config = event["run"]["config"]
-    stalled_after = max(
-        3, 3 * config["rollout_timeout_seconds"] // max(1, event["run"].get("poll_seconds", 60))
-    )
-    if quiet_polls >= stalled_after:
-        return {
-            "phase": "stalled",
-            "reason": f"no training progress past step {status.step} for {quiet_polls} polls; check the run's queue ages",
-            "step": status.step,
-            "quiet_polls": quiet_polls,
-        }
-    return {
-        "phase": status.phase,
-        "reason": status.reason,
-        "step": status.step,
-        "quiet_polls": quiet_polls,
-    }
+    if verdict:
+        return {"phase": verdict.phase, "reason": verdict.reason, "step": status.step,
+                "quiet_polls": quiet}  # fmt: skip
+    return {"phase": status.phase, "reason": status.reason, "step": status.step,
+            "quiet_polls": quiet}  # fmt: skip
 
 
 def collect(event: dict[str, Any], context: Any = None, *, s3: Any = None) -> dict[str, Any]:

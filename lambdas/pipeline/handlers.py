@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from domain import backends
 from domain.runs import FINISHED, RunStore, run_id_for
-from lambdas.pipeline import compute
+from lambdas.pipeline import compute, policies
 from lambdas.pipeline.notify import notify, summary
 from lambdas.pipeline.register import register_run
 from lambdas.pipeline.resources import RouterWiring, provision_run, teardown_run
@@ -255,17 +255,15 @@ def reap(
             status = sfn.describe_execution(executionArn=execution)["status"]
         except sfn.exceptions.ExecutionDoesNotExist:
             status = "MISSING"
-        if status == "RUNNING" and now <= run.deadline_at and not asked_for:
+        decided = policies.reaping(
+            execution_status=status, deadline_at=run.deadline_at, now=now, asked_for=asked_for
+        )
+        if decided is None:
             continue
-        if asked_for:
-            reason, error = "torn down on request (mtrl teardown)", "StoppedByUser"
-        elif status == "RUNNING":
-            reason, error = "past its deadline", "DeadlinePassed"
-        else:
-            reason, error = f"its execution is {status}", ""
-        if status == "RUNNING":
+        reason = decided.reason
+        if decided.stop_execution:
             sfn.stop_execution(
-                executionArn=execution, error=error, cause=f"run {run.run_id}: {reason}"
+                executionArn=execution, error=decided.error, cause=f"run {run.run_id}: {reason}"
             )
         try:
             released = compute.release(

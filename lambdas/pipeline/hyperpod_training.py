@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, Json
 from domain.backends import (
     METRICS_OBJECT,
     JobStatus,
+    Phase,
     RunContext,
     TrainingCluster,
     last_step,
@@ -214,7 +215,7 @@ class HyperPodTrainingCluster(TrainingCluster):
         kind = self.settings.job_kind
         job = self.kubernetes.get(JOB_API[kind], kind, JOB_NAME, namespace)
         if job is None:
-            return JobStatus("failed", f"training job {namespace}/{JOB_NAME} does not exist")
+            return JobStatus(Phase.FAILED, f"training job {namespace}/{JOB_NAME} does not exist")
         pods = self.kubernetes.list("v1", "Pod", namespace=namespace)
         status = job_status(
             job, pods, now=self._clock(), pending_limit_seconds=self.settings.pending_limit_seconds
@@ -273,21 +274,21 @@ def job_status(
     if "Failed" in true:
         condition = true["Failed"]
         return JobStatus(
-            "failed", condition.get("message") or condition.get("reason") or "the job failed"
+            Phase.FAILED, condition.get("message") or condition.get("reason") or "the job failed"
         )
     if true.keys() & DONE:
-        return JobStatus("succeeded")
+        return JobStatus(Phase.SUCCEEDED)
     problem = pod_problem(pods)
     if problem:
-        return JobStatus("failed", problem)
+        return JobStatus(Phase.FAILED, problem)
     if true.keys() & RUNNING:
-        return JobStatus("running")
+        return JobStatus(Phase.RUNNING)
     waiting = unschedulable(pods) or "waiting for the training operator to start the job"
     created = _timestamp(job["metadata"].get("creationTimestamp"))
     if created is not None and now - created > pending_limit_seconds:
         minutes = int((now - created) // 60)
-        return JobStatus("pending_too_long", f"pending for {minutes} min: {waiting}")
-    return JobStatus("pending", waiting)
+        return JobStatus(Phase.PENDING_TOO_LONG, f"pending for {minutes} min: {waiting}")
+    return JobStatus(Phase.PENDING, waiting)
 
 
 def pod_problem(pods: list[dict[str, Any]]) -> str | None:

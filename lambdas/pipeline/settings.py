@@ -9,6 +9,7 @@ import boto3
 from pydantic import BaseModel, ConfigDict, Field, Json
 
 from domain.presets import ModelPreset
+from domain.runs import execution_arn
 from lambdas.pipeline.resources import RouterWiring
 from training_configs.schema import DEFAULT_CONFIG
 
@@ -56,4 +57,4 @@ class PipelineSettings(BaseModel):
         """The ARN of the run's execution (executions are named by run id)."""
         if not self.state_machine_arn:
             raise ValueError("STATE_MACHINE_ARN is not set for this function")
-        return f"{self.state_machine_arn.replace(':stateMachine:', ':execution:')}:{run_id}"
+        return execution_arn(self.state_machine_arn, run_id)

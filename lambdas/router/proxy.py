@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from domain.protocol import (
     ID_LENGTH,
+    MAX_BODY_BYTES,
     ChatCompletionRequest,
     GenerateRequest,
     RolloutReport,
@@ -37,7 +38,6 @@ from domain.protocol import (
 )
 from lambdas.router.conversations import ConversationStore, RunRecord
 
-MAX_BODY_BYTES = 256 * 1024
 RUN_HEADER, TOKEN_HEADER, SAMPLE_HEADER, REQUEST_HEADER = (
     "x-mtrl-run-id",
     "x-mtrl-run-token",

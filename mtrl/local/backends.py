@@ -25,6 +25,7 @@ from typing import Any
 
 from domain.backends import (
     JobStatus,
+    Phase,
     RewardFleet,
     RunContext,
     TrainingCluster,
@@ -181,17 +182,17 @@ class LocalTrainingCluster(TrainingCluster):
     def status(self, run: RunContext) -> JobStatus:
         process = self._jobs.get(run.run_id)
         if process is None:
-            return JobStatus("pending", "not submitted")
+            return JobStatus(Phase.PENDING, "not submitted")
         with self._lock:
             steps = [entry["step"] for entry in self.progress[run.run_id] if "step" in entry]
         step = steps[-1] if steps else None
         code = process.popen.poll()
         if code is None:
-            return JobStatus("running", step=step)
+            return JobStatus(Phase.RUNNING, step=step)
         if code == 0:
-            return JobStatus("succeeded", step=step)
+            return JobStatus(Phase.SUCCEEDED, step=step)
         reason = process.last_error_line() or f"exit code {code}"
-        return JobStatus("failed", f"trainer exited with code {code}: {reason}", step=step)
+        return JobStatus(Phase.FAILED, f"trainer exited with code {code}: {reason}", step=step)
 
     def delete(self, run: RunContext) -> int:
         process = self._jobs.get(run.run_id)

@@ -20,6 +20,8 @@ from botocore.exceptions import (
     ProfileNotFound,
 )
 
+from domain.runs import execution_arn
+
 PARTS = ("storage", "pipeline", "compute")
 # Stack states in which the outputs are those of a finished deployment.
 USABLE = {"CREATE_COMPLETE", "UPDATE_COMPLETE", "UPDATE_ROLLBACK_COMPLETE", "IMPORT_COMPLETE"}
@@ -58,7 +60,7 @@ class Deployment:
         return self.output("RunsTableName")
 
     def execution_arn(self, run_id: str) -> str:
-        return f"{self.state_machine_arn.replace(':stateMachine:', ':execution:')}:{run_id}"
+        return execution_arn(self.state_machine_arn, run_id)
 
     def execution_console_url(self, run_id: str) -> str:
         return (

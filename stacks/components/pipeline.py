@@ -29,6 +29,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
+from domain.backends import WAITING, Phase
 from domain.bucket import TRAINING_DATA_PREFIX
 from domain.run_queues import deployment_prefix
 from stacks.components.access import NEEDS, Need, grant_log_reading, grant_table_key
@@ -553,10 +554,10 @@ class TrainingPipeline(Construct):
         )
         job_wait.next(monitor).next(
             sfn.Choice(self, "JobDone?")
-            .when(sfn.Condition.string_equals("$.job.phase", "succeeded"), finish)
+            .when(sfn.Condition.string_equals("$.job.phase", Phase.SUCCEEDED), finish)
             .when(
                 sfn.Condition.or_(
-                    *(sfn.Condition.string_equals("$.job.phase", p) for p in ("pending", "running"))
+                    *(sfn.Condition.string_equals("$.job.phase", p) for p in WAITING)
                 ),
                 job_wait,
             )

@@ -1,0 +1,75 @@
+"""When the pipeline stops a run or tears it down: pure rules of (the run, what was seen, now),
+which Monitor and the reaper apply (lambdas/pipeline/compute.py, handlers.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from domain.backends import JobStatus, Phase
+from domain.runs import RunRecord
+
+
+@dataclass(frozen=True)
+class Verdict:
+    phase: Phase
+    reason: str
+
+
+def must_stop(run: RunRecord, *, budget_usd: float, now: float) -> Verdict | None:
+    """Past its deadline, or its cost so far (full burn since it was registered) over budget."""
+    if now > run.deadline_at:
+        return Verdict(Phase.PAST_DEADLINE, f"run {run.run_id} passed its deadline")
+    spent = (now - run.created_at) / 3600 * run.cost_per_hour
+    if spent > budget_usd:
+        return Verdict(
+            Phase.OVER_BUDGET, f"run {run.run_id} spent about ${spent:,.0f}, over its budget"
+        )
+    return None
+
+
+def quiet_polls(status: JobStatus, previous: dict[str, Any]) -> int:
+    """Polls in a row the running job's training step has not moved (0 when it moved)."""
+    unchanged = (
+        status.phase == Phase.RUNNING
+        and status.step is not None
+        and status.step == previous.get("step")
+    )
+    return previous.get("quiet_polls", 0) + 1 if unchanged else 0
+
+
+def stalled(
+    status: JobStatus, quiet: int, *, rollout_timeout_seconds: int, poll_seconds: int
+) -> Verdict | None:
+    """Stalled: the step stood still for longer than three rollouts may take (three polls at
+    least), so a slow step is not mistaken for a dead one."""
+    if quiet >= max(3, 3 * rollout_timeout_seconds // max(1, poll_seconds)):
+        return Verdict(
+            Phase.STALLED,
+            f"no training progress past step {status.step} for {quiet} polls; check the run's "
+            "queue ages",
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class Reaping:
+    reason: str
+    error: str  # the error the execution is stopped with ("" when it is not running)
+    stop_execution: bool
+
+
+def reaping(
+    *, execution_status: str, deadline_at: float, now: float, asked_for: bool
+) -> Reaping | None:
+    """Whether the reaper tears a run down: asked for (`mtrl teardown`), whatever its state; a
+    running execution past the run's deadline; or an execution that no longer runs — stopped by
+    hand, failed, timed out or gone ("MISSING") — whose run is not finished. None: leave it."""
+    running = execution_status == "RUNNING"
+    if asked_for:
+        return Reaping("torn down on request (mtrl teardown)", "StoppedByUser", running)
+    if running:
+        if now <= deadline_at:
+            return None
+        return Reaping("past its deadline", "DeadlinePassed", True)
+    return Reaping(f"its execution is {execution_status}", "", False)

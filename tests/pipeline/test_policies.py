@@ -1,0 +1,78 @@
+"""The pipeline's rules for stopping and reaping runs, as pure functions of (the run, what was
+seen, now) — including the cases that cost money when wrong: an execution stopped by hand,
+failed or timed out must still have its run torn down."""
+
+from __future__ import annotations
+
+import pytest
+
+from domain.backends import JobStatus, Phase
+from domain.runs import RunRecord
+from lambdas.pipeline.policies import must_stop, quiet_polls, reaping, stalled
+
+HOUR = 3600.0
+RUN = RunRecord(
+    run_id="wordle-1", bucket="b", key="training-data/w.jsonl", config_name="c",
+    created_at=0.0, updated_at=0.0, deadline_at=10 * HOUR, cost_per_hour=400.0,
+)  # fmt: skip
+
+
+def test_a_run_within_its_deadline_and_budget_goes_on() -> None:
+    assert must_stop(RUN, budget_usd=4_000, now=5 * HOUR) is None
+    assert must_stop(RUN, budget_usd=4_000, now=10 * HOUR) is None  # the deadline itself
+
+
+def test_past_its_deadline_or_over_budget_it_stops_saying_why() -> None:
+    late = must_stop(RUN, budget_usd=1e9, now=10 * HOUR + 1)
+    assert late is not None and late.phase == Phase.PAST_DEADLINE
+    spent = must_stop(RUN, budget_usd=1_000, now=3 * HOUR)  # $1,200 at $400/h
+    assert spent is not None and spent.phase == Phase.OVER_BUDGET
+    assert spent.reason == "run wordle-1 spent about $1,200, over its budget"
+    assert must_stop(RUN, budget_usd=1_200, now=3 * HOUR) is None  # at the budget, not over
+
+
+def test_quiet_polls_count_only_a_running_step_that_stands_still() -> None:
+    running = JobStatus(Phase.RUNNING, step=7)
+    assert quiet_polls(running, {"step": 7, "quiet_polls": 4}) == 5
+    assert quiet_polls(running, {"step": 6, "quiet_polls": 4}) == 0
+    assert quiet_polls(JobStatus(Phase.PENDING, step=7), {"step": 7, "quiet_polls": 4}) == 0
+    assert quiet_polls(JobStatus(Phase.RUNNING), {"step": None, "quiet_polls": 4}) == 0
+    assert quiet_polls(running, {}) == 0  # the first poll has nothing to compare
+
+
+@pytest.mark.parametrize(
+    ("rollout_seconds", "poll_seconds", "threshold"),
+    [(600, 60, 30), (10, 60, 3), (600, 0, 1800)],  # three rollouts' time; at least three polls
+)
+def test_stalled_after_three_rollouts_time_and_never_before_three_polls(
+    rollout_seconds: int, poll_seconds: int, threshold: int
+) -> None:
+    status = JobStatus(Phase.RUNNING, step=12)
+    kwargs = {"rollout_timeout_seconds": rollout_seconds, "poll_seconds": poll_seconds}
+    assert stalled(status, threshold - 1, **kwargs) is None
+    verdict = stalled(status, threshold, **kwargs)
+    assert verdict is not None and verdict.phase == Phase.STALLED
+    assert f"past step 12 for {threshold} polls" in verdict.reason
+
+
+@pytest.mark.parametrize("status", ["SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "MISSING"])
+def test_a_run_whose_execution_no_longer_runs_is_reaped_whatever_ended_it(status: str) -> None:
+    decided = reaping(execution_status=status, deadline_at=10 * HOUR, now=HOUR, asked_for=False)
+    assert decided is not None
+    assert (decided.reason, decided.stop_execution) == (f"its execution is {status}", False)
+
+
+def test_a_running_execution_is_left_alone_until_its_deadline() -> None:
+    assert reaping(execution_status="RUNNING", deadline_at=HOUR, now=HOUR, asked_for=False) is None
+    late = reaping(execution_status="RUNNING", deadline_at=HOUR, now=HOUR + 1, asked_for=False)
+    assert late is not None
+    assert (late.reason, late.error, late.stop_execution) == (
+        "past its deadline", "DeadlinePassed", True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("status", "stops"), [("RUNNING", True), ("ABORTED", False)])
+def test_a_teardown_asked_for_is_done_whatever_the_state(status: str, stops: bool) -> None:
+    decided = reaping(execution_status=status, deadline_at=10 * HOUR, now=HOUR, asked_for=True)
+    assert decided is not None
+    assert (decided.error, decided.stop_execution) == ("StoppedByUser", stops)
