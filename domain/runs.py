@@ -60,6 +60,17 @@ class RunRecord(BaseModel):
     error: str | None = None
     resources: dict[str, Any] = Field(default_factory=dict)
 
+    def hours(self, now: float) -> float:
+        """How long the run has held compute: from registration to now, or to its last update
+        once it finished."""
+        until = self.updated_at if self.status in FINISHED else now
+        return max(0.0, until - self.created_at) / 3600
+
+    def spent_usd(self, now: float) -> float:
+        """Its cost so far, at the full burn its registration estimated (the one rule for it:
+        budgets, notices and `mtrl status`/`cost` all read this)."""
+        return self.hours(now) * self.cost_per_hour
+
 
 class RunStore:
     """The runs table: key `run_id`; every write conditional."""

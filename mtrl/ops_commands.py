@@ -25,7 +25,7 @@ from mtrl.ops.doctor import diagnose
 from mtrl.ops.logs import Plane, follow, read, sources
 from mtrl.ops.runs_view import (
     QueueDepth,
-    RunStatus,
+    RunDetails,
     RunSummary,
     UnknownRun,
     list_runs,
@@ -192,7 +192,7 @@ def status_command(
         raise typer.Exit(130) from None
 
 
-def _status(clients: dict[str, Any], deployment: Deployment, run_id: str) -> RunStatus:
+def _status(clients: dict[str, Any], deployment: Deployment, run_id: str) -> RunDetails:
     try:
         return run_status(clients, deployment, run_id, now=time.time())
     except UnknownRun as error:
@@ -201,7 +201,7 @@ def _status(clients: dict[str, Any], deployment: Deployment, run_id: str) -> Run
         raise _aws_failure(error) from None
 
 
-def _print_status(status: RunStatus) -> None:
+def _print_status(status: RunDetails) -> None:
     run = status.summary
     table = Table(show_header=False, title=f"run {run.run_id}")
     rows = {

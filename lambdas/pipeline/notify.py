@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from domain.bucket import run_output_prefix
 from domain.runs import RunRecord
 
 
@@ -26,16 +27,14 @@ def summary(
             "error": error,
             "teardown": teardown,
         }
-    hours = max(0.0, now - run.created_at) / 3600
     return {
         "run_id": run.run_id,
         "status": "SUCCEEDED" if succeeded else "FAILED",
         "dataset": f"s3://{run.bucket}/{run.key}",
         "config": run.config_name,
-        "duration_hours": round(hours, 3),
-        "cost_estimate_usd": round(hours * run.cost_per_hour, 2),
-        "results": f"s3://{run.bucket}/runs/{run.run_id}/",
-        "reward_curve": f"s3://{run.bucket}/runs/{run.run_id}/reward_curve.png",
+        "duration_hours": round(run.hours(now), 3),
+        "cost_estimate_usd": round(run.spent_usd(now), 2),
+        "results": f"s3://{run.bucket}/{run_output_prefix(run.run_id)}",
         "failed_state": failed_state,
         "error": error,
         "teardown": teardown,

@@ -17,10 +17,10 @@ class Verdict:
 
 
 def must_stop(run: RunRecord, *, budget_usd: float, now: float) -> Verdict | None:
-    """Past its deadline, or its cost so far (full burn since it was registered) over budget."""
+    """Past its deadline, or its cost so far over budget."""
     if now > run.deadline_at:
         return Verdict(Phase.PAST_DEADLINE, f"run {run.run_id} passed its deadline")
-    spent = (now - run.created_at) / 3600 * run.cost_per_hour
+    spent = run.spent_usd(now)
     if spent > budget_usd:
         return Verdict(
             Phase.OVER_BUDGET, f"run {run.run_id} spent about ${spent:,.0f}, over its budget"

@@ -46,7 +46,9 @@ def create_table(dynamodb: Any, table_name: str) -> None:
 
 
 @dataclass(frozen=True)
-class RunRecord:
+class RouterRegistration:
+    """What the router knows of a run it serves: who may speak for it, and its queues."""
+
     run_id: str
     token_sha256: str
     queues: dict[str, str]
@@ -103,11 +105,11 @@ class ConversationStore:
                 },
             )
 
-    def get_run(self, run_id: str) -> RunRecord | None:
+    def get_run(self, run_id: str) -> RouterRegistration | None:
         item = self._get(run_id, "run")
         if item is None or "token_sha256" not in item:
             return None
-        return RunRecord(
+        return RouterRegistration(
             run_id=run_id,
             token_sha256=item["token_sha256"]["S"],
             queues=json.loads(item["queues"]["S"]),

@@ -36,7 +36,7 @@ from domain.protocol import (
     fifo_id,
     step_id_for,
 )
-from lambdas.router.conversations import ConversationStore, RunRecord
+from lambdas.router.conversations import ConversationStore, RouterRegistration
 
 RUN_HEADER, TOKEN_HEADER, SAMPLE_HEADER, REQUEST_HEADER = (
     "x-mtrl-run-id",
@@ -152,7 +152,7 @@ class Proxy:
             404, f"no route {method} {path}: use {COMPLETIONS} or {REPORT}", "not_found"
         )
 
-    def _run(self, event: FunctionUrlEvent) -> RunRecord:
+    def _run(self, event: FunctionUrlEvent) -> RouterRegistration:
         run_id = event.header(RUN_HEADER)
         if not run_id:
             raise HttpError(400, f"missing header {RUN_HEADER}")
@@ -176,7 +176,7 @@ class Proxy:
             where = ".".join(str(part) for part in first["loc"]) or "body"
             raise HttpError(400, f"{where}: {first['msg']}") from None
 
-    def _chat(self, event: FunctionUrlEvent, run: RunRecord) -> tuple[int, dict[str, Any]]:
+    def _chat(self, event: FunctionUrlEvent, run: RouterRegistration) -> tuple[int, dict[str, Any]]:
         request: ChatCompletionRequest = self._body(event, ChatCompletionRequest)
         sample_id = event.header(SAMPLE_HEADER) or request.user
         if not sample_id or len(sample_id) > ID_LENGTH:
@@ -200,7 +200,7 @@ class Proxy:
         return self._wait_for(run, step_id)
 
     def _enqueue(
-        self, run: RunRecord, sample_id: str, step_id: str, request: ChatCompletionRequest
+        self, run: RouterRegistration, sample_id: str, step_id: str, request: ChatCompletionRequest
     ) -> None:
         generate = GenerateRequest(sample_id=sample_id, step_id=step_id, messages=request.messages)
         self.sqs.send_message(
@@ -214,7 +214,7 @@ class Proxy:
         )
         self.counters.enqueued += 1
 
-    def _wait_for(self, run: RunRecord, step_id: str) -> tuple[int, dict[str, Any]]:
+    def _wait_for(self, run: RouterRegistration, step_id: str) -> tuple[int, dict[str, Any]]:
         deadline = self.clock() + self.wait_seconds
         pause = 0.02
         while True:
@@ -233,7 +233,7 @@ class Proxy:
                 self.sleep(min(pause, remaining))
                 pause = min(pause * 2, 0.5)
 
-    def _status(self, run: RunRecord, step_id: str) -> tuple[int, dict[str, Any]]:
+    def _status(self, run: RouterRegistration, step_id: str) -> tuple[int, dict[str, Any]]:
         step = self.store.get_step(run.run_id, step_id)
         if step is None:
             raise HttpError(404, f"no step {step_id!r} in run {run.run_id!r}", "not_found")
@@ -242,7 +242,9 @@ class Proxy:
         )
         return 200, StepStatus(step_id=step_id, status=step.status, result=result).model_dump()
 
-    def _report(self, event: FunctionUrlEvent, run: RunRecord) -> tuple[int, dict[str, Any]]:
+    def _report(
+        self, event: FunctionUrlEvent, run: RouterRegistration
+    ) -> tuple[int, dict[str, Any]]:
         report: RolloutReport = self._body(event, RolloutReport)
         try:
             response = report.as_response()

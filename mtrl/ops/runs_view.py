@@ -49,7 +49,10 @@ class QueueDepth:
 
 
 @dataclass(frozen=True)
-class RunStatus:
+class RunDetails:
+    """What `mtrl status` shows of one run: its summary, execution, training progress, queues,
+    workers and GPU nodes."""
+
     summary: RunSummary
     execution: str | None  # RUNNING, SUCCEEDED, ... (None: never started)
     state: str | None  # the state the execution is in, or ended in
@@ -65,16 +68,14 @@ class RunStatus:
 
 def summarize(run: RunRecord, *, now: float) -> RunSummary:
     finished = run.status in FINISHED
-    until = run.updated_at if finished else now
-    hours = max(0.0, until - run.created_at) / 3600
     return RunSummary(
         run_id=run.run_id,
         status=run.status,
         config=run.config_name,
         created_at=run.created_at,
-        elapsed_hours=hours,
+        elapsed_hours=run.hours(now),
         cost_per_hour=run.cost_per_hour,
-        spent_usd=hours * run.cost_per_hour,
+        spent_usd=run.spent_usd(now),
         deadline_in_hours=None if finished else (run.deadline_at - now) / 3600,
         error=run.error,
     )
@@ -87,7 +88,7 @@ def list_runs(dynamodb: Any, deployment: Deployment, *, now: float) -> list[RunS
 
 def run_status(
     clients: dict[str, Any], deployment: Deployment, run_id: str, *, now: float
-) -> RunStatus:
+) -> RunDetails:
     """`clients`: boto3 clients by service name (dynamodb, stepfunctions, s3, sqs, cloudwatch, ecs,
     sagemaker)."""
     run = RunStore(clients["dynamodb"], deployment.runs_table).get(run_id)
@@ -100,7 +101,7 @@ def run_status(
     metrics = last_metrics(
         clients["s3"], bucket=run.bucket, key=f"{run_output_prefix(run_id)}{METRICS_OBJECT}"
     )
-    return RunStatus(
+    return RunDetails(
         summary=summarize(run, now=now),
         execution=execution,
         state=state,

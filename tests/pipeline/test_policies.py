@@ -76,3 +76,12 @@ def test_a_teardown_asked_for_is_done_whatever_the_state(status: str, stops: boo
     decided = reaping(execution_status=status, deadline_at=10 * HOUR, now=HOUR, asked_for=True)
     assert decided is not None
     assert (decided.error, decided.stop_execution) == ("StoppedByUser", stops)
+
+
+def test_cost_so_far_runs_to_now_then_stops_when_the_run_finishes() -> None:
+    """One rule for budgets, notices and `mtrl status`/`cost`: full burn from registration to
+    now, frozen at the last update once the run finished, never negative."""
+    assert RUN.hours(now=2 * HOUR) == 2 and RUN.spent_usd(now=2 * HOUR) == 800
+    done = RUN.model_copy(update={"status": "succeeded", "updated_at": 3 * HOUR})
+    assert done.spent_usd(now=50 * HOUR) == 1_200
+    assert RUN.spent_usd(now=-HOUR) == 0  # a clock behind the registration
