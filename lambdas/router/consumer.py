@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from domain.protocol import GenerateResponse, ProtocolError, parse
 from lambdas.router.conversations import ConversationStore
+from lambdas.router.metrics import PROBLEMS_KEPT, Counts, publish, router_metrics
 
 log = logging.getLogger("mtrl.router.consumer")
 
@@ -39,14 +41,14 @@ class SqsEvent(BaseModel):
 
 
 @dataclass
-class ConsumerCounters:
+class ConsumerCounters(Counts):
     completed: int = 0
     duplicates: int = 0
     malformed: int = 0
     unknown_steps: int = 0
     unknown_queues: int = 0
     errors: int = 0
-    problems: list[str] = field(default_factory=list)
+    problems: deque[str] = field(default_factory=lambda: deque(maxlen=PROBLEMS_KEPT))
 
 
 class Consumer:
@@ -106,11 +108,16 @@ class Consumer:
 
 
 _consumer: Consumer | None = None
+_metrics = router_metrics("consumer", os.environ.get("NAME_PREFIX", "nova-mtrl"))
 
 
+@_metrics.log_metrics
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Lambda entry point (SQS event source with ReportBatchItemFailures)."""
     global _consumer
     if _consumer is None:
         _consumer = Consumer(ConversationStore(boto3.client("dynamodb"), os.environ["TABLE_NAME"]))
-    return _consumer.handle(event)
+    try:
+        return _consumer.handle(event)
+    finally:
+        publish(_metrics, _consumer.counters)

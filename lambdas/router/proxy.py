@@ -37,6 +37,7 @@ from domain.protocol import (
     step_id_for,
 )
 from lambdas.router.conversations import ConversationStore, RouterRegistration
+from lambdas.router.metrics import Counts, publish, router_metrics
 
 RUN_HEADER, TOKEN_HEADER, SAMPLE_HEADER, REQUEST_HEADER = (
     "x-mtrl-run-id",
@@ -84,7 +85,7 @@ class HttpError(Exception):
 
 
 @dataclass
-class ProxyCounters:
+class ProxyCounters(Counts):
     requests: int = 0
     client_errors: int = 0
     enqueued: int = 0
@@ -285,8 +286,10 @@ def _error(problem: HttpError) -> tuple[int, dict[str, Any]]:
 
 
 _proxy: Proxy | None = None
+_metrics = router_metrics("proxy", os.environ.get("NAME_PREFIX", "nova-mtrl"))
 
 
+@_metrics.log_metrics
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Lambda entry point: clients built once per container from TABLE_NAME and WAIT_SECONDS."""
     global _proxy
@@ -295,4 +298,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         _proxy = Proxy(
             store, boto3.client("sqs"), wait_seconds=float(os.environ.get("WAIT_SECONDS", "5"))
         )
-    return _proxy.handle(event)
+    try:
+        return _proxy.handle(event)
+    finally:
+        publish(_metrics, _proxy.counters)

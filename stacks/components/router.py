@@ -65,7 +65,11 @@ class Router(Construct):
             description="Rollout router proxy: OpenAI-shaped API over the run's queues",
             code=code,
             timeout=Duration.seconds(30),
-            environment={"TABLE_NAME": self.table.table_name, "WAIT_SECONDS": "5"},
+            environment={
+                "TABLE_NAME": self.table.table_name,
+                "WAIT_SECONDS": "5",
+                "NAME_PREFIX": config.name_prefix,  # the metrics' deployment dimension
+            },
         )
         self.proxy_url = self.proxy.add_function_url(auth_type=lambda_.FunctionUrlAuthType.AWS_IAM)
         self.consumer = pipeline_function(
@@ -75,7 +79,7 @@ class Router(Construct):
             description="Rollout router: records generate responses in the conversation table",
             code=code,
             timeout=Duration.seconds(60),
-            environment={"TABLE_NAME": self.table.table_name},
+            environment={"TABLE_NAME": self.table.table_name, "NAME_PREFIX": config.name_prefix},
         )
         self._data_key = data_key
         self._alarms = stack.format_arn(

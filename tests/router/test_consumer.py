@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from domain.protocol import GenerateResponse, dump
-from tests.router.conftest import RUN, Router
+from lambdas.router import consumer
+from lambdas.router.metrics import PROBLEMS_KEPT
+from tests.router.conftest import RUN, TABLE, Router
 
 
 def _response(step_id: str, content: str = "[crane]") -> str:
@@ -96,3 +100,33 @@ def test_out_of_order_responses_are_each_recorded_once(router: Router) -> None:
     assert {router.store.get_step(RUN, s).status for s in ("s_0_1", "s_0_2", "t_0_1")} == {
         "completed"
     }
+
+
+def test_the_lambda_publishes_each_invocations_counts_as_cloudwatch_metrics(
+    router: Router, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What the consumer counted leaves the container (embedded metric format on the log):
+    per invocation, then reset; its list of problems stays bounded in a warm container."""
+    monkeypatch.setenv("TABLE_NAME", TABLE)
+    monkeypatch.setattr(consumer, "_consumer", None)
+    router.store.start_step(RUN, "s_0_1", sample_id="s_0", now=router.clock())
+    consumer.handler(_event(router, "{not json", _response("s_0_1")), None)
+    (emitted,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
+    (definition,) = emitted["_aws"]["CloudWatchMetrics"]
+    assert definition["Namespace"] == "nova-mtrl/router"
+    assert {"deployment", "service"} <= set(definition["Dimensions"][0])
+    assert (emitted["service"], emitted["malformed"], emitted["completed"]) == (
+        "consumer",
+        [1],
+        [1],
+    )
+    assert {m["Name"] for m in definition["Metrics"]} == {"malformed", "completed"}  # no zeros
+
+    consumer.handler(_event(router, *["{not json"] * 3), None)
+    (again,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
+    assert again["malformed"] == [3] and "completed" not in again  # this invocation's counts only
+
+    kept = consumer._consumer.counters.problems  # type: ignore[union-attr]
+    for _ in range(PROBLEMS_KEPT + 10):
+        consumer._consumer.handle(_event(router, "{not json"))  # type: ignore[union-attr]
+    assert len(kept) == PROBLEMS_KEPT
