@@ -38,6 +38,13 @@ def fifo_id(value: str) -> str:
     return f"sha256-{hashlib.sha256(value.encode()).hexdigest()}"
 
 
+def sample_id_for(record_id: str, number: int) -> str:
+    """The id of a record's `number`th sample, `<record id>_<number>`, the record id cut to fit
+    ID_LENGTH; `RolloutRequest.record_id` reads the (cut) record id back."""
+    suffix = f"_{number}"
+    return record_id[: ID_LENGTH - len(suffix)] + suffix
+
+
 def step_id_for(sample_id: str, turn: int) -> str:
     """The id of a sample's `turn`th model turn, `<sample id>_<turn>`, shortened with a digest
     of the sample id when that would pass ID_LENGTH (ids stay unique per sample and turn)."""

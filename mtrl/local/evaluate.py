@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.dataset import DatasetRecord
-from domain.protocol import RewardSpec, RolloutRequest, RolloutResponse
+from domain.protocol import RewardSpec, RolloutRequest, RolloutResponse, sample_id_for
 from reward_envs.interface import Environment
 from reward_envs.worker.model_client import ModelClient
 from reward_envs.worker.rollout import run_rollout
@@ -82,7 +82,7 @@ def evaluate(
     reward_range = RewardSpec(range=(environment.reward_range.low, environment.reward_range.high))
     requests = [
         RolloutRequest(
-            sample_id=f"{record.id[:100]}_{k}", rewards=reward_range, data=dict(record.metadata)
+            sample_id=sample_id_for(record.id, k), rewards=reward_range, data=dict(record.metadata)
         )
         for record in records
         for k in range(group_size)
@@ -93,7 +93,7 @@ def evaluate(
 
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="preflight") as pool:
         responses = list(pool.map(play, requests))
-    groups: dict[str, list[float]] = {record.id[:100]: [] for record in records}
+    groups: dict[str, list[float]] = {request.record_id: [] for request in requests}
     for request, response in zip(requests, responses, strict=True):
         if response.aggregate_score is not None:
             groups[request.record_id].append(response.aggregate_score)

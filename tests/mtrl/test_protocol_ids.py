@@ -9,7 +9,7 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from domain.protocol import ID_LENGTH, fifo_id, step_id_for
+from domain.protocol import ID_LENGTH, RolloutRequest, fifo_id, sample_id_for, step_id_for
 
 SQS_ID = re.compile(r"[!-~]{1,128}")
 samples = st.text(min_size=1, max_size=ID_LENGTH)
@@ -35,3 +35,14 @@ def test_step_ids_fit_and_never_collide(a: str, b: str, turn_a: int, turn_b: int
 
 def test_a_short_step_id_reads_as_sample_and_turn() -> None:
     assert step_id_for("w3_0", 2) == "w3_0_2"
+
+
+@given(st.text(min_size=1, max_size=256), st.integers(0, 10**9))
+def test_sample_ids_fit_and_name_their_record(record_id: str, number: int) -> None:
+    sample = sample_id_for(record_id, number)
+    assert len(sample) <= ID_LENGTH and sample.endswith(f"_{number}")
+    request = RolloutRequest(sample_id=sample, data={"prompt": "p"})
+    # The record id comes back whole when it fit, else as its first characters.
+    assert record_id.startswith(request.record_id)
+    if len(record_id) + len(f"_{number}") <= ID_LENGTH:
+        assert request.record_id == record_id

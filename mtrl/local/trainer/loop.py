@@ -38,13 +38,13 @@ from domain.protocol import (
     dump,
     fifo_id,
     parse,
+    sample_id_for,
 )
 from mtrl.local.trainer.grpo import Adam, Episode, group_advantages, objective_and_gradient
 from mtrl.local.trainer.policy import Decision, Policy
 from training_configs.schema import TrainingConfig
 
 log = logging.getLogger("mtrl.trainer")
-MAX_SAMPLE_ID = 128
 
 
 class TrainingJob(BaseModel):
@@ -218,8 +218,7 @@ class Trainer:
             samples = []
             for k in range(group_size):
                 number = ((step - 1) * wanted + slot) * group_size + k
-                suffix = f"_{number}"
-                samples.append(record.id[: MAX_SAMPLE_ID - len(suffix)] + suffix)
+                samples.append(sample_id_for(record.id, number))
             groups[f"{slot}"] = samples
             requests += [
                 RolloutRequest(
