@@ -82,6 +82,12 @@ class Dispatcher:
     invocations: list[str] = field(default_factory=list)
     sessions: dict[str, boto3.Session] = field(default_factory=dict)
 
+    def add(self, name: str, handler: str, environment: dict[str, str]) -> None:
+        """Function `name` runs `handler` under `environment`. Its keys (never its credentials)
+        enter os.environ now, so a call only ever changes values (see `call`)."""
+        self.functions[name] = (handler, environment)
+        os.environ.update({k: v for k, v in environment.items() if k not in CREDENTIALS})
+
     def call(self, function: str, event: dict[str, Any]) -> Any:
         """Invoke a function by name or ARN; its exception, if any, propagates."""
         name = function.rsplit(":", 1)[-1] if function.startswith("arn:") else function
@@ -189,6 +195,14 @@ class LocalPipeline:
         return name
 
 
+def function_environment(
+    properties: Mapping[str, Any], resolve: Callable[[Any], Any]
+) -> dict[str, str]:
+    """A function's environment variables as its template sets them, resolved."""
+    variables = properties.get("Environment", {}).get("Variables", {})
+    return {key: str(resolve(value)) for key, value in variables.items()}
+
+
 def deploy_pipeline(
     template: dict[str, Any],
     *,
@@ -226,10 +240,7 @@ def deploy_pipeline(
     environment: dict[str, str] = {}
     for logical_id, function in functions.items():
         properties = function["Properties"]
-        variables = {
-            k: str(resolve(v))
-            for k, v in properties.get("Environment", {}).get("Variables", {}).items()
-        }
+        variables = function_environment(properties, resolve)
         if not keep_data_key:
             variables.pop("DATA_KEY_ARN", None)  # local queues use SQS-managed encryption
         if credentials is not None:
@@ -244,10 +255,8 @@ def deploy_pipeline(
             Code={"ZipFile": b"in-process"},
             Environment={"Variables": variables},
         )
-        dispatcher.functions[name] = (properties["Handler"], variables)
+        dispatcher.add(name, properties["Handler"], variables)
         environment |= {k: v for k, v in variables.items() if k not in CREDENTIALS}
-    # Every key now (handlers only change values); credentials stay with each function's session.
-    os.environ.update({k: v for k, v in environment.items() if k not in CREDENTIALS})
     definition = _compress_retries(resolve(machine["Properties"]["DefinitionString"]))
     arn = clients["stepfunctions"].create_state_machine(
         name=names[machine_id]["Name"], definition=definition, roleArn=role

@@ -14,6 +14,7 @@ from constructs import Construct
 
 from stacks.components.lambda_code import ARCHITECTURE, RUNTIME
 from stacks.components.nag import acknowledge, acknowledge_resource
+from stacks.components.network import interface_scope
 
 
 @dataclass(frozen=True)
@@ -96,23 +97,13 @@ def _allow_network_interfaces(role: iam.Role, network: ClusterNetwork) -> None:
     "Giving Lambda functions access to resources in an Amazon VPC"): create interfaces in these
     subnets and this security group, describe them (all resources only), delete them and manage
     their addresses."""
-    stack = Stack.of(role)
-    interfaces = stack.format_arn(service="ec2", resource="network-interface", resource_name="*")
-    subnets = [
-        stack.format_arn(service="ec2", resource="subnet", resource_name=subnet_id)
-        for subnet_id in network.vpc.select_subnets(
-            subnet_type=network.subnets.subnet_type
-        ).subnet_ids
-    ]
-    group = stack.format_arn(
-        service="ec2",
-        resource="security-group",
-        resource_name=network.security_group.security_group_id,
+    create, interfaces = interface_scope(
+        Stack.of(role),
+        subnet_ids=network.vpc.select_subnets(subnet_type=network.subnets.subnet_type).subnet_ids,
+        security_group_id=network.security_group.security_group_id,
     )
     role.add_to_policy(
-        iam.PolicyStatement(
-            actions=["ec2:CreateNetworkInterface"], resources=[*subnets, group, interfaces]
-        )
+        iam.PolicyStatement(actions=["ec2:CreateNetworkInterface"], resources=create)
     )
     role.add_to_policy(
         iam.PolicyStatement(

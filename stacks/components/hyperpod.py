@@ -12,6 +12,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct, IDependable
 
 from stacks.components.nag import acknowledge, acknowledge_resource
+from stacks.components.network import interface_scope
 from stacks.components.storage import lifecycle_bucket_name, lifecycle_scripts_uri
 from stacks.config import PlatformConfig
 
@@ -125,21 +126,14 @@ class HyperPodCluster(Construct):
             "(node health agents, CloudWatch metrics); AWS keeps it in step with HyperPod.",
         )
         lifecycle_bucket.grant_read(role)
-        subnet_arns = [
-            stack.format_arn(service="ec2", resource="subnet", resource_name=subnet_id)
-            for subnet_id in subnet_ids
-        ]
-        security_group_arn = stack.format_arn(
-            service="ec2", resource="security-group", resource_name=security_group_id
-        )
-        network_interfaces = stack.format_arn(
-            service="ec2", resource="network-interface", resource_name="*"
+        create, network_interfaces = interface_scope(
+            stack, subnet_ids=subnet_ids, security_group_id=security_group_id
         )
         role.add_to_policy(
             iam.PolicyStatement(
                 sid="CreateNodeInterfacesInOurSubnets",
                 actions=["ec2:CreateNetworkInterface"],
-                resources=[*subnet_arns, security_group_arn, network_interfaces],
+                resources=create,
             )
         )
         role.add_to_policy(

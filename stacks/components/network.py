@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
-from aws_cdk import RemovalPolicy
+from aws_cdk import RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from stacks.config import PlatformConfig
+
+
+def interface_scope(
+    stack: Stack, *, subnet_ids: list[str], security_group_id: str
+) -> tuple[list[str], str]:
+    """What `ec2:CreateNetworkInterface` may be limited to for interfaces in these subnets and
+    this security group (the subnets, the group, and interfaces), and the ARN of any network
+    interface: their ids are made at run time."""
+    interfaces = stack.format_arn(service="ec2", resource="network-interface", resource_name="*")
+    subnets = [
+        stack.format_arn(service="ec2", resource="subnet", resource_name=subnet_id)
+        for subnet_id in subnet_ids
+    ]
+    group = stack.format_arn(
+        service="ec2", resource="security-group", resource_name=security_group_id
+    )
+    return [*subnets, group, interfaces], interfaces
+
 
 # The AWS APIs the planes call from private subnets: image pulls (ECR), cluster and pod auth
 # (EKS, EKS Auth, STS), logs, the rollout queues (SQS), the pipeline (Lambda) and HyperPod

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
-import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,10 +28,10 @@ from domain.protocol import RolloutRequest, dump
 from domain.run_queues import DLQ, KINDS, queue_name
 from lambdas.kubernetes.token import CLUSTER_HEADER, PREFIX
 from mtrl.local.embedded import (
-    CREDENTIALS,
     Dispatcher,
     LocalPipeline,
     deploy_pipeline,
+    function_environment,
     in_process_lambdas,
     matches,
     upload_event,
@@ -177,15 +177,11 @@ def _deploy_compute_functions(
         if not stack.endswith("-compute"):
             continue
         properties = resource["Properties"]
-        variables = {
-            key: str(deployment.resolve(stack, value))
-            for key, value in properties.get("Environment", {}).get("Variables", {}).items()
-        }
-        variables |= credentials(str(deployment.resolve(stack, properties["Role"])))
+        resolve = functools.partial(deployment.resolve, stack)
+        variables = function_environment(properties, resolve)
+        variables |= credentials(str(resolve(properties["Role"])))
         name = deployment.names[stack][logical_id]["Ref"]
-        dispatcher.functions[name] = (properties["Handler"], variables)
-        # Every key before any call, as deploy_pipeline does (handlers only change values).
-        os.environ.update({k: v for k, v in variables.items() if k not in CREDENTIALS})
+        dispatcher.add(name, properties["Handler"], variables)
 
 
 def _directory(deployment: Deployment) -> Directory:
