@@ -53,6 +53,9 @@ def test_functions_that_call_the_eks_api_run_in_the_private_subnets_in_the_clust
 
 
 def test_their_roles_may_manage_network_interfaces_only_there(default_app: Synthesized) -> None:
+    """The actions Lambda takes with a VPC function's role (Lambda Developer Guide, "Giving
+    Lambda functions access to resources in an Amazon VPC"; AWS's AWSLambdaENIManagementAccess
+    lists the same five), scoped to the function's subnets and security group."""
     part, function = _functions(default_app)["lambdas.pipeline.compute.monitor"]
     template = default_app.template(part)
     role = function["Properties"]["Role"]["Fn::GetAtt"][0]

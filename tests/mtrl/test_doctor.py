@@ -106,7 +106,9 @@ def test_what_is_missing_says_how_to_fix_it(healthy: dict, sagemaker: FakeSageMa
 
 
 def test_a_quota_never_raised_counts_at_its_aws_default(healthy: dict) -> None:
-    # Applied values exist only for quotas raised for the account; the rest are AWS's defaults.
+    # Applied values exist only for quotas raised for the account; the rest are AWS's defaults
+    # (botocore's service-quotas model: ListServiceQuotas, ListAWSDefaultServiceQuotas). The
+    # quota names are those of SageMaker docs, "SageMaker HyperPod prerequisites".
     healthy["service-quotas"] = quotas(
         {TOTAL_INSTANCES: 30, "ml.p5.48xlarge for cluster usage": 0},
         **{"ml.p5.48xlarge for cluster usage": 4},
