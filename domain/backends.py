@@ -1,15 +1,15 @@
-"""The two expensive planes behind one small interface each, chosen by configuration.
+"""The two expensive planes behind one small interface each.
 
 The pipeline's compute steps only talk to these: `RewardFleet` (ECS Fargate on AWS, local
 processes in local mode) and `TrainingCluster` (HyperPod on AWS, the local trainer in local
-mode). Implementations register under a name; the deployment's configuration picks one.
+mode). Which implementation serves is decided where the steps are composed
+(lambdas/pipeline/composition.py for the deployed ones; local mode gives its own).
 """
 
 from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -120,33 +120,6 @@ class TrainingCluster(ABC):
     def release_idle(self, *, immediately: bool = False) -> bool:
         """Release nodes kept warm that no run took within the keep-warm period — or, with
         `immediately`, any nodes no run holds now (True if it released any)."""
-
-
-_FLEETS: dict[str, Callable[[], RewardFleet]] = {}
-_CLUSTERS: dict[str, Callable[[], TrainingCluster]] = {}
-
-
-def register_fleet(name: str, factory: Callable[[], RewardFleet]) -> None:
-    _FLEETS[name] = factory
-
-
-def register_cluster(name: str, factory: Callable[[], TrainingCluster]) -> None:
-    _CLUSTERS[name] = factory
-
-
-def reward_fleet(name: str) -> RewardFleet:
-    return _pick(_FLEETS, name, "reward fleet")()
-
-
-def training_cluster(name: str) -> TrainingCluster:
-    return _pick(_CLUSTERS, name, "training cluster")()
-
-
-def _pick(known: dict[str, Callable[[], Any]], name: str, kind: str) -> Callable[[], Any]:
-    if name not in known:
-        choices = ", ".join(sorted(known)) or "none registered"
-        raise LookupError(f"no {kind} backend {name!r} (known: {choices})")
-    return known[name]
 
 
 def last_step(s3: Any, *, bucket: str, key: str) -> int | None:

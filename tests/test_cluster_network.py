@@ -37,7 +37,7 @@ def test_functions_that_call_the_eks_api_run_in_the_private_subnets_in_the_clust
     functions = _functions(app)
     placed = {handler for handler, (_, f) in functions.items() if "VpcConfig" in f["Properties"]}
     assert placed == {handler for handler in functions if _calls_kubernetes(handler)}
-    assert {"lambdas.pipeline.compute.submit_job", "lambdas.pipeline.handlers.reap"} <= placed
+    assert {"lambdas.pipeline.handlers.submit_job", "lambdas.pipeline.handlers.reap"} <= placed
     assert placed >= DEPLOY_TIME
     for handler in placed:
         part, function = functions[handler]
@@ -56,7 +56,7 @@ def test_their_roles_may_manage_network_interfaces_only_there(default_app: Synth
     """The actions Lambda takes with a VPC function's role (Lambda Developer Guide, "Giving
     Lambda functions access to resources in an Amazon VPC"; AWS's AWSLambdaENIManagementAccess
     lists the same five), scoped to the function's subnets and security group."""
-    part, function = _functions(default_app)["lambdas.pipeline.compute.monitor"]
+    part, function = _functions(default_app)["lambdas.pipeline.handlers.monitor"]
     template = default_app.template(part)
     role = function["Properties"]["Role"]["Fn::GetAtt"][0]
     statements = role_statements(template, role)

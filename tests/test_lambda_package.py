@@ -55,7 +55,7 @@ def test_handlers_import_with_only_the_asset_and_the_runtime(
     modules = _handler_modules(default_app)
     assert {
         "lambdas.pipeline.handlers",
-        "lambdas.pipeline.compute",
+        "lambdas.router.proxy",
         "lambdas.kubernetes.bootstrap",
         "lambdas.kubernetes.chart_install",
     } <= modules

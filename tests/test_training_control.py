@@ -125,7 +125,7 @@ def test_no_idle_release_without_keep_warm(default_app: Synthesized) -> None:
 def test_keep_warm_adds_a_scheduled_idle_release(pinned_app: Synthesized) -> None:
     template = pinned_app.template("pipeline")
     function_id, function = _function(template, "PipelineReleaseIdleFunction")
-    assert function["Properties"]["Handler"] == "lambdas.pipeline.compute.release_idle"
+    assert function["Properties"]["Handler"] == "lambdas.pipeline.handlers.release_idle"
     assert function["Properties"]["Environment"]["Variables"]["KEEP_WARM_SECONDS"] == "1800"
     (rule,) = [
         r for r in template["Resources"].values()

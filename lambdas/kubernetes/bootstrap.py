@@ -1,7 +1,7 @@
 """Deploy-time custom resources that put Kubernetes objects on the EKS cluster and take them off
 again — with our own client, no kubectl layer:
 
-- `on_event`: the objects given inline (`Objects`, JSON): the pipeline's RBAC
+- `apply_inline` (Lambda entry `on_event`): the objects given inline (`Objects`, JSON): the pipeline's RBAC
   (lambdas/kubernetes/rbac.py);
 - lambdas/kubernetes/chart_install.py: AWS's HyperPod Helm chart, rendered at deploy time.
 
@@ -13,20 +13,21 @@ the pre-signed `ResponseURL`; every outcome, errors included, is reported there.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import boto3
-
+from lambdas.clients import Clients, Handler, lambda_entries
 from lambdas.kubernetes.client import KubernetesClient
-from lambdas.kubernetes.token import EksTokenSource
+from lambdas.kubernetes.token import EksTokenSource, regional_sts
 
 log = logging.getLogger(__name__)
 Objects = list[dict[str, Any]]
+Respond = Callable[[str, dict[str, Any]], None]
 # What others are made of or live in comes first; what intercepts requests (webhooks) last.
 _FIRST = ("Namespace", "CustomResourceDefinition", "PriorityClass", "ServiceAccount", "Secret",
           "ConfigMap", "ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding")  # fmt: skip
@@ -77,11 +78,12 @@ def custom_resource(
     *,
     physical_id: str,
     objects_of: Callable[[dict[str, Any], bool], Objects],
-    kubernetes: KubernetesClient | None,
-    respond: Callable[[str, dict[str, Any]], None] | None,
+    kubernetes: Callable[[], KubernetesClient],
+    respond: Respond,
 ) -> None:
     """Reconcile the objects `objects_of(properties, applying)` names and answer CloudFormation;
-    `applying` is False for the objects of a previous revision or of a delete."""
+    `applying` is False for the objects of a previous revision or of a delete. `kubernetes()`
+    is called inside, so not reaching the cluster is an answer too."""
     answer = {
         "PhysicalResourceId": event.get("PhysicalResourceId") or physical_id,
         "StackId": event["StackId"],
@@ -94,38 +96,59 @@ def custom_resource(
         previous = (
             objects_of(event["OldResourceProperties"], False) if request_type == "Update" else []
         )
-        if kubernetes is None:
-            cluster = os.environ["EKS_CLUSTER"]
-            token = EksTokenSource(cluster, region=os.environ["AWS_REGION"])
-            kubernetes = KubernetesClient.for_eks(boto3.client("eks"), cluster, token=token)
-        touched = reconcile(kubernetes, objects, request_type=request_type, previous=previous)
+        touched = reconcile(kubernetes(), objects, request_type=request_type, previous=previous)
         answer |= {"Status": "SUCCESS", "Data": {"Objects": touched}}
     except Exception as error:  # noqa: BLE001 - CloudFormation must hear about every failure
         log.exception("%s %s failed", event["LogicalResourceId"], event["RequestType"])
         answer |= {"Status": "FAILED", "Reason": f"{type(error).__name__}: {error}"[:1000]}
-    (respond or _put)(event["ResponseURL"], answer)
+    respond(event["ResponseURL"], answer)
 
 
-def on_event(
+def apply_inline(
     event: dict[str, Any],
-    context: Any = None,
     *,
-    kubernetes: KubernetesClient | None = None,
-    respond: Callable[[str, dict[str, Any]], None] | None = None,
+    prefix: str,
+    kubernetes: Callable[[], KubernetesClient],
+    respond: Respond,
 ) -> None:
+    """The pipeline's RBAC: the objects in the `Objects` property (JSON)."""
     custom_resource(
         event,
-        physical_id=f"{os.environ['NAME_PREFIX']}-pipeline-rbac",
+        physical_id=f"{prefix}-pipeline-rbac",
         objects_of=lambda properties, applying: json.loads(properties["Objects"]),
         kubernetes=kubernetes,
         respond=respond,
     )
 
 
-def _put(url: str, answer: dict[str, Any]) -> None:
+def eks_kubernetes(
+    environment: Mapping[str, str], clients: Clients
+) -> Callable[[], KubernetesClient]:
+    """The client of the function's EKS cluster (`EKS_CLUSTER`), as the function's role."""
+    cluster, region = environment["EKS_CLUSTER"], environment["AWS_REGION"]
+    return lambda: KubernetesClient.for_eks(
+        clients("eks"), cluster, token=EksTokenSource(cluster, sts=regional_sts(clients, region))
+    )
+
+
+def compose(environment: Mapping[str, str], clients: Clients) -> dict[str, Handler]:
+    apply = functools.partial(
+        apply_inline,
+        prefix=environment["NAME_PREFIX"],
+        kubernetes=eks_kubernetes(environment, clients),
+        respond=put_answer,
+    )
+    return {"on_event": apply}
+
+
+def put_answer(url: str, answer: dict[str, Any]) -> None:
+    """The answer to CloudFormation, PUT to the pre-signed response URL."""
     body = json.dumps(answer).encode()
     request = urllib.request.Request(
         url, data=body, method="PUT", headers={"Content-Type": "", "Content-Length": str(len(body))}
     )
     with urllib.request.urlopen(request, timeout=30):  # noqa: S310 - CloudFormation's S3 URL
         pass
+
+
+on_event = lambda_entries(compose, os.environ)("on_event")

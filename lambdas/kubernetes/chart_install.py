@@ -10,14 +10,20 @@ the deploy rather than install images from the wrong registry.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import boto3
-
-from lambdas.kubernetes.bootstrap import Objects, custom_resource
+from lambdas.clients import Clients, Handler, lambda_entries
+from lambdas.kubernetes.bootstrap import (
+    Objects,
+    Respond,
+    custom_resource,
+    eks_kubernetes,
+    put_answer,
+)
 from lambdas.kubernetes.client import KubernetesClient
 
 
@@ -40,22 +46,38 @@ def rendered_objects(
     return rendering["objects"]
 
 
-def on_event(
+def install_chart(
     event: dict[str, Any],
-    context: Any = None,
     *,
-    kubernetes: KubernetesClient | None = None,
-    respond: Callable[[str, dict[str, Any]], None] | None = None,
-    s3: Any = None,
+    s3: Any,
+    region: str,
+    release: str,
+    kubernetes: Callable[[], KubernetesClient],
+    respond: Respond,
 ) -> None:
-    region = os.environ["AWS_REGION"]
-    s3 = s3 or boto3.client("s3")
+    """The rendering the `Manifest` property names, applied as release `release`
+    (`<cluster>/<release name>`, the physical id)."""
     custom_resource(
         event,
-        physical_id=f"{os.environ['EKS_CLUSTER']}/{os.environ['RELEASE']}",
+        physical_id=release,
         objects_of=lambda properties, applying: rendered_objects(
             s3, properties, region=region, applying=applying
         ),
         kubernetes=kubernetes,
         respond=respond,
     )
+
+
+def compose(environment: Mapping[str, str], clients: Clients) -> dict[str, Handler]:
+    install = functools.partial(
+        install_chart,
+        s3=clients("s3"),
+        region=environment["AWS_REGION"],
+        release=f"{environment['EKS_CLUSTER']}/{environment['RELEASE']}",
+        kubernetes=eks_kubernetes(environment, clients),
+        respond=put_answer,
+    )
+    return {"on_event": install}
+
+
+on_event = lambda_entries(compose, os.environ)("on_event")

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import boto3
+from lambdas.clients import Clients
 
 PREFIX = "k8s-aws-v1."
 CLUSTER_HEADER = "x-k8s-aws-id"
@@ -45,14 +45,12 @@ class EksTokenSource:
         self,
         cluster_name: str,
         *,
-        region: str,
-        sts: Any = None,
+        sts: Any,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`sts`: a client of the cluster's region (`regional_sts`)."""
         self._cluster = cluster_name
-        self._sts = sts or boto3.client(
-            "sts", region_name=region, endpoint_url=f"https://sts.{region}.amazonaws.com"
-        )
+        self._sts = sts
         self._clock = clock
         self._token: str | None = None
         self._made_at = 0.0
@@ -63,3 +61,8 @@ class EksTokenSource:
             self._token = eks_token(self._cluster, sts=self._sts)
             self._made_at = self._clock()
         return self._token
+
+
+def regional_sts(clients: Clients, region: str) -> Any:
+    """An STS client of `region`'s own endpoint: the host EKS expects in a token."""
+    return clients("sts", region_name=region, endpoint_url=f"https://sts.{region}.amazonaws.com")

@@ -1,4 +1,4 @@
-"""The reward fleet on ECS Fargate: one service per run (backend name "aws").
+"""The reward fleet on ECS Fargate: one service per run.
 
 For a run it registers a task definition of its own (a copy of the deployment's worker task
 definition with the run's queues, router and limits in its environment, and the run token as a
@@ -11,15 +11,15 @@ backlog per running task. Stopping scales to zero and deletes all of it; every s
 from __future__ import annotations
 
 import contextlib
-import os
 import re
+from collections.abc import Mapping
 from typing import Any
 
-import boto3
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from domain.backends import RewardFleet, RunContext, worker_environment
 from domain.run_queues import queue_name
+from lambdas.clients import Clients
 
 CONTAINER = "reward-worker"  # the container of the deployment's worker task definition
 LOG_RETENTION_DAYS = 90
@@ -51,8 +51,8 @@ class EcsFleetSettings(BaseModel):
         return [s for s in value.split(",") if s] if isinstance(value, str) else value
 
     @classmethod
-    def from_env(cls) -> EcsFleetSettings:
-        return cls.model_validate(dict(os.environ))
+    def from_environment(cls, environment: Mapping[str, str]) -> EcsFleetSettings:
+        return cls.model_validate(dict(environment))
 
 
 def _name(*parts: str) -> str:
@@ -70,20 +70,23 @@ class EcsRewardFleet(RewardFleet):
         self,
         settings: EcsFleetSettings,
         *,
-        ecs: Any = None,
-        autoscaling: Any = None,
-        logs: Any = None,
-        ssm: Any = None,
+        ecs: Any,
+        autoscaling: Any,
+        logs: Any,
+        ssm: Any,
     ) -> None:
         self.settings = settings
-        self.ecs = ecs or boto3.client("ecs")
-        self.autoscaling = autoscaling or boto3.client("application-autoscaling")
-        self.logs = logs or boto3.client("logs")
-        self.ssm = ssm or boto3.client("ssm")
+        self.ecs, self.autoscaling, self.logs, self.ssm = ecs, autoscaling, logs, ssm
 
     @classmethod
-    def from_env(cls) -> EcsRewardFleet:
-        return cls(EcsFleetSettings.from_env())
+    def from_environment(cls, environment: Mapping[str, str], clients: Clients) -> EcsRewardFleet:
+        return cls(
+            EcsFleetSettings.from_environment(environment),
+            ecs=clients("ecs"),
+            autoscaling=clients("application-autoscaling"),
+            logs=clients("logs"),
+            ssm=clients("ssm"),
+        )
 
     # --- names of a run's resources ---
 

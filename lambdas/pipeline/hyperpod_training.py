@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import datetime
 import functools
-import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-import boto3
 from pydantic import BaseModel, ConfigDict, Field, Json
 
 from domain.backends import (
@@ -38,8 +36,9 @@ from domain.backends import (
     TrainingCluster,
     last_step,
 )
+from lambdas.clients import Clients
 from lambdas.kubernetes.client import KubernetesClient
-from lambdas.kubernetes.token import EksTokenSource
+from lambdas.kubernetes.token import EksTokenSource, regional_sts
 from lambdas.kubernetes.training_job import (
     JOB_API,
     JOB_NAME,
@@ -92,8 +91,8 @@ class HyperPodSettings(BaseModel):
     delete_wait_seconds: float = Field(default=90, ge=0, alias="DELETE_WAIT_SECONDS")
 
     @classmethod
-    def from_env(cls) -> HyperPodSettings:
-        return cls.model_validate(dict(os.environ))
+    def from_environment(cls, environment: Mapping[str, str]) -> HyperPodSettings:
+        return cls.model_validate(dict(environment))
 
 
 class HyperPodTrainingCluster(TrainingCluster):
@@ -121,24 +120,24 @@ class HyperPodTrainingCluster(TrainingCluster):
         return made if isinstance(made, KubernetesClient) else made()
 
     @classmethod
-    def from_env(cls) -> HyperPodTrainingCluster:
-        settings = HyperPodSettings.from_env()
-        eks = boto3.client("eks")
+    def from_environment(
+        cls, environment: Mapping[str, str], clients: Clients
+    ) -> HyperPodTrainingCluster:
+        settings = HyperPodSettings.from_environment(environment)
+        eks = clients("eks")
 
         def kubernetes() -> KubernetesClient:
-            token = EksTokenSource(settings.eks_cluster, region=settings.region)
+            token = EksTokenSource(settings.eks_cluster, sts=regional_sts(clients, settings.region))
             return KubernetesClient.for_eks(eks, settings.eks_cluster, token=token)
 
-        leases = CapacityLeases(boto3.client("dynamodb"), settings.runs_table)
+        leases = CapacityLeases(clients("dynamodb"), settings.runs_table)
         capacity = HyperPodCapacity(
-            boto3.client("sagemaker"),
+            clients("sagemaker"),
             leases,
             cluster=settings.hyperpod_cluster,
             instance_group=settings.instance_group,
         )
-        return cls(
-            settings, kubernetes=kubernetes, capacity=capacity, eks=eks, s3=boto3.client("s3")
-        )
+        return cls(settings, kubernetes=kubernetes, capacity=capacity, eks=eks, s3=clients("s3"))
 
     def namespace(self, run: RunContext) -> str:
         return run_namespace(self.settings.prefix, run.run_id)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from collections.abc import Mapping
 
-import boto3
 from pydantic import BaseModel, ConfigDict, Field, Json
 
 from domain.presets import ModelPreset
 from domain.runs import execution_arn
+from lambdas.clients import Clients
 from lambdas.pipeline.resources import RouterWiring
 from training_configs.schema import DEFAULT_CONFIG
 
@@ -28,8 +27,6 @@ class PipelineSettings(BaseModel):
     data_key_arn: str | None = Field(default=None, alias="DATA_KEY_ARN")
     alert_topic_arn: str | None = Field(default=None, alias="ALERT_TOPIC_ARN")
     router_url: str | None = Field(default=None, alias="ROUTER_URL")
-    reward_fleet_backend: str = Field(default="aws", alias="REWARD_FLEET_BACKEND")
-    training_cluster_backend: str = Field(default="aws", alias="TRAINING_CLUSTER_BACKEND")
     poll_seconds: int = Field(default=60, ge=0, alias="POLL_SECONDS")
     # What the training cluster offers (its presets and GPU type), to refuse a config it cannot
     # run before any resource exists; unset, registration does not check. The stack sets them
@@ -37,21 +34,19 @@ class PipelineSettings(BaseModel):
     model_presets: Json[dict[str, ModelPreset]] | None = Field(default=None, alias="MODEL_PRESETS")
     training_instance_type: str | None = Field(default=None, alias="HYPERPOD_INSTANCE_TYPE")
 
-    def router_wiring(
-        self, *, sqs: Any = None, cloudwatch: Any = None, lambda_client: Any = None
-    ) -> RouterWiring:
-        """The run resources' clients (boto3's unless given) and names."""
+    def router_wiring(self, clients: Clients) -> RouterWiring:
+        """The run resources' clients and names."""
         return RouterWiring(
-            sqs=sqs or boto3.client("sqs"),
-            cloudwatch=cloudwatch or boto3.client("cloudwatch"),
-            lambda_client=lambda_client or boto3.client("lambda"),
+            sqs=clients("sqs"),
+            cloudwatch=clients("cloudwatch"),
+            lambda_client=clients("lambda"),
             consumer_function=self.consumer_function,
             prefix=self.name_prefix,
         )
 
     @classmethod
-    def from_env(cls) -> PipelineSettings:
-        return cls.model_validate(dict(os.environ))
+    def from_environment(cls, environment: Mapping[str, str]) -> PipelineSettings:
+        return cls.model_validate(dict(environment))
 
     def execution_arn(self, run_id: str) -> str:
         """The ARN of the run's execution (executions are named by run id)."""

@@ -8,11 +8,12 @@ the run's dead-letter queue, where they stay visible; the counters say how many 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ import boto3
 from pydantic import BaseModel, ConfigDict
 
 from domain.protocol import GenerateResponse, ProtocolError, parse
+from lambdas.clients import Clients
 from lambdas.router.conversations import ConversationStore
 from lambdas.router.metrics import PROBLEMS_KEPT, Counts, publish, router_metrics
 
@@ -107,17 +109,21 @@ class Consumer:
         return False
 
 
-_consumer: Consumer | None = None
-_metrics = router_metrics("consumer", os.environ.get("NAME_PREFIX", "nova-mtrl"))
+def consumer_for(environment: Mapping[str, str], clients: Clients) -> Consumer:
+    """The consumer of a function with this environment (`TABLE_NAME`)."""
+    return Consumer(ConversationStore(clients("dynamodb"), environment["TABLE_NAME"]))
+
+
+_ENVIRONMENT = dict(os.environ)  # read at load; the consumer is made at the first invocation
+_consumer = functools.cache(lambda: consumer_for(_ENVIRONMENT, Clients(boto3.Session())))
+_metrics = router_metrics("consumer", _ENVIRONMENT.get("NAME_PREFIX", "nova-mtrl"))
 
 
 @_metrics.log_metrics
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     """Lambda entry point (SQS event source with ReportBatchItemFailures)."""
-    global _consumer
-    if _consumer is None:
-        _consumer = Consumer(ConversationStore(boto3.client("dynamodb"), os.environ["TABLE_NAME"]))
+    consumer = _consumer()
     try:
-        return _consumer.handle(event)
+        return consumer.handle(event)
     finally:
-        publish(_metrics, _consumer.counters)
+        publish(_metrics, consumer.counters)

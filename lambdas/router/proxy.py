@@ -15,10 +15,11 @@ so far, so a retried call maps to the same step and never enqueues twice.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,7 @@ from domain.protocol import (
     fifo_id,
     step_id_for,
 )
+from lambdas.clients import Clients
 from lambdas.router.conversations import ConversationStore, RouterRegistration
 from lambdas.router.metrics import Counts, publish, router_metrics
 
@@ -285,20 +287,23 @@ def _error(problem: HttpError) -> tuple[int, dict[str, Any]]:
     }
 
 
-_proxy: Proxy | None = None
-_metrics = router_metrics("proxy", os.environ.get("NAME_PREFIX", "nova-mtrl"))
+def proxy_for(environment: Mapping[str, str], clients: Clients) -> Proxy:
+    """The proxy of a function with this environment (`TABLE_NAME`, `WAIT_SECONDS`)."""
+    store = ConversationStore(clients("dynamodb"), environment["TABLE_NAME"])
+    wait_seconds = float(environment.get("WAIT_SECONDS", "5"))
+    return Proxy(store, clients("sqs"), wait_seconds=wait_seconds)
+
+
+_ENVIRONMENT = dict(os.environ)  # read at load; the proxy is made at the first invocation
+_proxy = functools.cache(lambda: proxy_for(_ENVIRONMENT, Clients(boto3.Session())))
+_metrics = router_metrics("proxy", _ENVIRONMENT.get("NAME_PREFIX", "nova-mtrl"))
 
 
 @_metrics.log_metrics
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """Lambda entry point: clients built once per container from TABLE_NAME and WAIT_SECONDS."""
-    global _proxy
-    if _proxy is None:
-        store = ConversationStore(boto3.client("dynamodb"), os.environ["TABLE_NAME"])
-        _proxy = Proxy(
-            store, boto3.client("sqs"), wait_seconds=float(os.environ.get("WAIT_SECONDS", "5"))
-        )
+    """Lambda entry point."""
+    proxy = _proxy()
     try:
-        return _proxy.handle(event)
+        return proxy.handle(event)
     finally:
-        publish(_metrics, _proxy.counters)
+        publish(_metrics, proxy.counters)

@@ -10,10 +10,9 @@ since moto cannot start a state machine from a rule. Used by local mode and the 
 
 from __future__ import annotations
 
-import importlib
+import functools
 import json
 import os
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,7 +22,13 @@ import boto3
 from moto.awslambda_simple.models import LambdaSimpleBackend
 
 from domain.runs import create_runs_table
+from lambdas.clients import Clients, Compose, Handler
+from lambdas.kubernetes import bootstrap, chart_install
+from lambdas.pipeline.composition import compose as compose_pipeline
+from lambdas.pipeline.dependencies import Compute
+from lambdas.router.consumer import consumer_for
 from lambdas.router.conversations import create_table
+from lambdas.router.proxy import proxy_for
 from mtrl.local.physical import ACCOUNT, REGION, LocalNames
 
 Fault = Callable[[str, dict[str, Any]], None]
@@ -32,88 +37,68 @@ Fault = Callable[[str, dict[str, Any]], None]
 CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
-class _ThreadSessions:
-    """What `boto3.DEFAULT_SESSION` is while functions run in-process: in a thread that runs a
-    function, that function's session; elsewhere, the process's own (made when first used)."""
-
-    def __init__(self, own: boto3.Session | None) -> None:
-        self._own = own
-        self._local = threading.local()
-
-    @contextmanager
-    def running(self, session: boto3.Session) -> Iterator[None]:
-        outside = getattr(self._local, "session", None)
-        self._local.session = session
-        try:
-            yield
-        finally:
-            self._local.session = outside
-
-    def __getattr__(self, name: str) -> Any:
-        session = getattr(self._local, "session", None)
-        if session is None:
-            if self._own is None:
-                self._own = boto3.Session()
-            session = self._own
-        return getattr(session, name)
+def _pipeline(compute: Compute | None) -> Compose:
+    return lambda environment, clients: compose_pipeline(environment, clients, compute=compute)
 
 
-def _thread_sessions() -> _ThreadSessions:
-    if not isinstance(boto3.DEFAULT_SESSION, _ThreadSessions):
-        boto3.DEFAULT_SESSION = _ThreadSessions(boto3.DEFAULT_SESSION)  # type: ignore[assignment]
-    return boto3.DEFAULT_SESSION  # type: ignore[return-value]
+# Each Lambda entry module's composition (what its handlers are made of), by module.
+_ROUTER: dict[str, Compose] = {
+    "lambdas.router.proxy": lambda env, clients: {"handler": proxy_for(env, clients).handle},
+    "lambdas.router.consumer": lambda env, clients: {"handler": consumer_for(env, clients).handle},
+    "lambdas.kubernetes.bootstrap": bootstrap.compose,
+    "lambdas.kubernetes.chart_install": chart_install.compose,
+}
+
+
+def composed_handler(
+    handler: str, environment: Mapping[str, str], *, compute: Compute | None = None
+) -> Handler:
+    """The function as Lambda runs it: its handler composed, at its first invocation, from its
+    own environment, with AWS clients signed with the credentials that environment names (its
+    role's; none: the process's). The pipeline's steps use `compute` if given, else the
+    deployed planes."""
+    module, name = handler.rsplit(".", 1)
+    composers = {"lambdas.pipeline.handlers": _pipeline(compute), **_ROUTER}
+    if module not in composers:
+        raise LookupError(f"no local composition for the handler {handler}")
+    # What Lambda's runtime adds to every function's environment.
+    environment = {"AWS_REGION": REGION, "AWS_DEFAULT_REGION": REGION, **environment}
+
+    @functools.cache
+    def composed() -> Handler:
+        session = boto3.Session(
+            aws_access_key_id=environment.get("AWS_ACCESS_KEY_ID"),
+            aws_secret_access_key=environment.get("AWS_SECRET_ACCESS_KEY"),
+            aws_session_token=environment.get("AWS_SESSION_TOKEN"),
+            region_name=REGION,
+        )
+        return composers[module](environment, Clients(session))[name]
+
+    return lambda event: composed()(event)
 
 
 @dataclass
 class Dispatcher:
-    """Runs the Lambda functions of the local deployment in-process.
+    """Runs the Lambda functions of the local deployment in-process, concurrently as Lambda does:
+    each function by name, its handler composed from its own settings (`composed_handler`)."""
 
-    Functions run the handler their template names, one at a time under that function's
-    environment (os.environ is process-wide), and with an SDK session of their own as each Lambda
-    function has: signed with the credentials its environment names (its role's), which never
-    enter os.environ. A function can instead be bound to a callable built with its settings (the
-    router's proxy and consumer: long-lived, concurrent).
-    """
-
-    functions: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)
-    bound: dict[str, Callable[[dict[str, Any], Any], Any]] = field(default_factory=dict)
+    functions: dict[str, Handler] = field(default_factory=dict)
+    handlers: dict[str, str] = field(default_factory=dict)  # name -> the template's handler
     fault: Fault | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
     invocations: list[str] = field(default_factory=list)
-    sessions: dict[str, boto3.Session] = field(default_factory=dict)
 
-    def add(self, name: str, handler: str, environment: dict[str, str]) -> None:
-        """Function `name` runs `handler` under `environment`. Its keys (never its credentials)
-        enter os.environ now, so a call only ever changes values (see `call`)."""
-        self.functions[name] = (handler, environment)
-        os.environ.update({k: v for k, v in environment.items() if k not in CREDENTIALS})
+    def add(self, name: str, handler: str, run: Handler) -> None:
+        """Function `name`, whose template names `handler`, runs `run`."""
+        self.functions[name], self.handlers[name] = run, handler
 
     def call(self, function: str, event: dict[str, Any]) -> Any:
         """Invoke a function by name or ARN; its exception, if any, propagates."""
         name = function.rsplit(":", 1)[-1] if function.startswith("arn:") else function
-        if name in self.bound:
-            return self.bound[name](event, None)
-        handler_path, environment = self.functions[name]
-        step = handler_path.rsplit(".", 1)[-1]
-        with self.lock:
-            # Only values change here, never the set of keys (deploy_pipeline set them all):
-            # other threads may be reading os.environ meanwhile (boto3 does, for proxies).
-            for key, value in environment.items():
-                if key not in CREDENTIALS and os.environ.get(key) != value:
-                    os.environ[key] = value
-            self.invocations.append(step)
-            if self.fault:
-                self.fault(step, event)
-            module, attribute = handler_path.rsplit(".", 1)
-            handler = getattr(importlib.import_module(module), attribute)
-            if name not in self.sessions:
-                self.sessions[name] = boto3.Session(
-                    aws_access_key_id=environment.get("AWS_ACCESS_KEY_ID"),
-                    aws_secret_access_key=environment.get("AWS_SECRET_ACCESS_KEY"),
-                    aws_session_token=environment.get("AWS_SESSION_TOKEN"),
-                )
-            with _thread_sessions().running(self.sessions[name]):
-                return handler(event, None)
+        step = self.handlers[name].rsplit(".", 1)[-1]
+        self.invocations.append(step)
+        if self.fault:
+            self.fault(step, event)
+        return self.functions[name](event)
 
     def invoke(
         self,
@@ -157,26 +142,18 @@ def temporary_environ(values: Mapping[str, str], *, remove: tuple[str, ...] = ()
 
 @contextmanager
 def in_process_lambdas() -> Iterator[Dispatcher]:
-    """While active, moto's Docker-less Lambda runs our handlers instead of echoing input.
-    The functions' environment variables stay set in os.environ until it ends."""
+    """While active, moto's Docker-less Lambda runs our handlers instead of echoing input."""
     LambdaSimpleBackend.invoke = lambda self, *args, **kwargs: _DISPATCHER.invoke(
         self, *args, **kwargs
     )  # type: ignore[method-assign]
-    saved = dict(os.environ)
     try:
         yield _DISPATCHER
     finally:
         LambdaSimpleBackend.invoke = _ORIGINAL_INVOKE  # type: ignore[method-assign]
-        for key in set(os.environ) - set(saved):
-            del os.environ[key]
-        os.environ.update(saved)
         _DISPATCHER.functions.clear()
-        _DISPATCHER.bound.clear()
+        _DISPATCHER.handlers.clear()
         _DISPATCHER.fault = None
         _DISPATCHER.invocations.clear()
-        _DISPATCHER.sessions.clear()
-        if isinstance(boto3.DEFAULT_SESSION, _ThreadSessions):
-            boto3.DEFAULT_SESSION = None
 
 
 @dataclass
@@ -208,6 +185,7 @@ def deploy_pipeline(
     *,
     clients: Mapping[str, Any],
     dispatcher: Dispatcher,
+    compute: Compute | None = None,
     overrides: Mapping[str, str] | None = None,
     imports: Mapping[str, str] | None = None,
     credentials: Callable[[str], Mapping[str, str]] | None = None,
@@ -216,9 +194,11 @@ def deploy_pipeline(
     """Create the pipeline stack's resources in moto (inside `mock_aws` and `in_process_lambdas`),
     and the data bucket its upload rule watches (versioned, as the storage stack makes it).
 
-    `imports`: the other stacks' exports (unset, they resolve to ""); `credentials(role_arn)`:
-    the environment variables that make a function's calls its role's; `keep_data_key`: run
-    queues encrypted with the data key, as deployed (local mode lets SQS manage the key).
+    `compute`: the planes the pipeline's steps use (unset: the deployed ones, made from each
+    function's environment); `imports`: the other stacks' exports (unset, they resolve to "");
+    `credentials(role_arn)`: the environment variables that make a function's calls its role's;
+    `keep_data_key`: run queues encrypted with the data key, as deployed (local mode lets SQS
+    manage the key).
     """
     resources = template["Resources"]
     names = LocalNames(template, imports)
@@ -255,7 +235,8 @@ def deploy_pipeline(
             Code={"ZipFile": b"in-process"},
             Environment={"Variables": variables},
         )
-        dispatcher.add(name, properties["Handler"], variables)
+        handler = properties["Handler"]
+        dispatcher.add(name, handler, composed_handler(handler, variables, compute=compute))
         environment |= {k: v for k, v in variables.items() if k not in CREDENTIALS}
     definition = _compress_retries(resolve(machine["Properties"]["DefinitionString"]))
     arn = clients["stepfunctions"].create_state_machine(
@@ -270,7 +251,7 @@ def deploy_pipeline(
     clients["s3"].put_bucket_versioning(
         Bucket=data_bucket, VersioningConfiguration={"Status": "Enabled"}
     )
-    handlers = {name: path for name, (path, _) in dispatcher.functions.items()}
+    handlers = dict(dispatcher.handlers)
     all_states = json.loads(definition)["States"]
     state_steps = {
         state: handlers[spec["Resource"].rsplit(":", 1)[-1]].rsplit(".", 1)[-1]

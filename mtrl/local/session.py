@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from domain import backends
 from domain.bucket import CONFIGS_PREFIX, run_output_prefix
+from lambdas.pipeline.dependencies import Compute
 from lambdas.pipeline.register import CONFIG_METADATA_KEY
 from lambdas.pipeline.resources import leftover_resources
 from lambdas.pipeline.settings import PipelineSettings
@@ -34,7 +34,6 @@ from mtrl.local.embedded import (
 from mtrl.local.function_url import FunctionUrlServer
 from training_configs.schema import SHIPPED, TrainingConfig, load_training_config
 
-BACKEND = "local"
 POLL_SECONDS = "1"
 CLIENTS = ("iam", "dynamodb", "sns", "lambda", "stepfunctions", "s3", "sqs", "cloudwatch")
 
@@ -121,8 +120,6 @@ class LocalSession:
         self.cluster = LocalTrainingCluster(
             environment=aws.environment(), log_dir=logs, seed=self._seed
         )
-        backends.register_fleet(BACKEND, lambda: self.fleet)
-        backends.register_cluster(BACKEND, lambda: self.cluster)
         # Whatever a run leaves running is stopped when the session ends (after it was counted).
         self._stack.callback(self._stop_processes)
         proxy_name: list[str] = []
@@ -133,35 +130,29 @@ class LocalSession:
             self._template,
             clients=self.clients,
             dispatcher=aws.dispatcher,
-            overrides={
-                "REWARD_FLEET_BACKEND": BACKEND,
-                "TRAINING_CLUSTER_BACKEND": BACKEND,
-                "POLL_SECONDS": POLL_SECONDS,
-                "ROUTER_URL": router.url,
-            },
+            compute=Compute(fleet=lambda: self.fleet, cluster=lambda: self.cluster),
+            overrides={"POLL_SECONDS": POLL_SECONDS, "ROUTER_URL": router.url},
         )
-        # The router's functions are long-lived and concurrent: bound to objects built with
-        # their own settings rather than run one at a time under their environment.
+        # In one process nothing needs polling: the consumer tells the proxy's waits when a
+        # step's answer is in.
         proxy_name.append(self.pipeline.function("router.proxy.handler"))
         consumer = self.pipeline.function("router.consumer.handler")
-        table = self._function_environment(proxy_name[0])["TABLE_NAME"]
-        store = ConversationStore(self.clients["dynamodb"], table)
+        store = ConversationStore(
+            self.clients["dynamodb"], self.pipeline.environment["CONVERSATIONS_TABLE"]
+        )
         signals = StepSignals()
         proxy = Proxy(store, self.clients["sqs"], wait_seconds=5.0, step_changes=signals.wait)
-        aws.dispatcher.bound[proxy_name[0]] = lambda event, _: proxy.handle(event)
+        aws.dispatcher.functions[proxy_name[0]] = proxy.handle
         consume = Consumer(store).handle
 
-        def consumer_then_signal(event: dict[str, Any], _: Any) -> dict[str, Any]:
+        def consumer_then_signal(event: dict[str, Any]) -> dict[str, Any]:
             try:
                 return consume(event)
             finally:
                 signals.completed(event)
 
-        aws.dispatcher.bound[consumer] = consumer_then_signal
+        aws.dispatcher.functions[consumer] = consumer_then_signal
         self._inbox = self._subscribe_inbox()
-
-    def _function_environment(self, name: str) -> dict[str, str]:
-        return self.pipeline.dispatcher.functions[name][1]
 
     def _subscribe_inbox(self) -> str:
         """An SQS queue on the alert topic: the run's notification, as a subscriber gets it."""
@@ -308,11 +299,7 @@ class LocalSession:
         settings = PipelineSettings.model_validate(self.pipeline.environment)
         return {
             "resources": leftover_resources(
-                settings.router_wiring(
-                    sqs=self.clients["sqs"],
-                    cloudwatch=self.clients["cloudwatch"],
-                    lambda_client=self.clients["lambda"],
-                ),
+                settings.router_wiring(lambda service: self.clients[service]),
                 run_id=run_id,
             ),
             "processes": self.fleet.alive() + self.cluster.alive(),

@@ -41,7 +41,6 @@ from training_configs.schema import DEFAULT_CONFIG, MAX_DEADLINE_HOURS
 HANDLERS = "lambdas.pipeline.handlers"
 # Validation before a run's deadline starts, and release, teardown and notice after it passes.
 AFTER_DEADLINE_HOURS = 2
-COMPUTE = "lambdas.pipeline.compute"
 
 
 class TrainingPipeline(Construct):
@@ -96,9 +95,6 @@ class TrainingPipeline(Construct):
             "ALERT_TOPIC_ARN": self.alert_topic.topic_arn,
             "ROUTER_URL": router_url,
             "CONSUMER_FUNCTION": consumer.function_name,
-            # The compute planes' implementations (AWS: ECS and HyperPod) are configuration.
-            "REWARD_FLEET_BACKEND": "aws",
-            "TRAINING_CLUSTER_BACKEND": "aws",
             "POLL_SECONDS": "60",
         }
         steps = {
@@ -122,7 +118,7 @@ class TrainingPipeline(Construct):
             name: pipeline_function(
                 self,
                 f"{name.title().replace('_', '')}Function",
-                handler=f"{COMPUTE if name in compute_steps else HANDLERS}.{name}",
+                handler=f"{HANDLERS}.{name}",
                 description=description,
                 code=code,
                 timeout=Duration.minutes(15 if name == "validate" else 2),
@@ -362,7 +358,7 @@ class TrainingPipeline(Construct):
         function = pipeline_function(
             self,
             f"{title}Function",
-            handler=f"{COMPUTE}.{name}",
+            handler=f"{HANDLERS}.{name}",
             description=description,
             code=self._code,
             timeout=Duration.minutes(2),

@@ -30,6 +30,7 @@ from lambdas.kubernetes.token import CLUSTER_HEADER, PREFIX
 from mtrl.local.embedded import (
     Dispatcher,
     LocalPipeline,
+    composed_handler,
     deploy_pipeline,
     function_environment,
     in_process_lambdas,
@@ -180,8 +181,8 @@ def _deploy_compute_functions(
         resolve = functools.partial(deployment.resolve, stack)
         variables = function_environment(properties, resolve)
         variables |= credentials(str(resolve(properties["Role"])))
-        name = deployment.names[stack][logical_id]["Ref"]
-        dispatcher.add(name, properties["Handler"], variables)
+        name, handler = deployment.names[stack][logical_id]["Ref"], properties["Handler"]
+        dispatcher.add(name, handler, composed_handler(handler, variables))
 
 
 def _directory(deployment: Deployment) -> Directory:
@@ -285,8 +286,7 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
             app.template("pipeline"),
             clients=clients,
             dispatcher=dispatcher,
-            # The proxy answers at once (a step not yet done is polled for): functions run one
-            # at a time here, and a waiting proxy would hold back the consumer it waits for.
+            # The proxy answers at once (a step not yet done is polled for).
             overrides={"POLL_SECONDS": "0", "WAIT_SECONDS": "0"},
             imports=deployment.exports,
             credentials=recorder.credentials,

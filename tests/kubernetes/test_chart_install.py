@@ -29,10 +29,7 @@ DAEMONSETS = "/apis/apps/v1/namespaces/kube-system/daemonsets"
 
 
 @pytest.fixture
-def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    monkeypatch.setenv("AWS_REGION", "us-east-1")
-    monkeypatch.setenv("EKS_CLUSTER", "nova-mtrl-eks")
-    monkeypatch.setenv("RELEASE", "hyperpod-dependencies")
+def s3() -> Iterator[Any]:
     with mock_aws():
         client = boto3.client("s3", region_name="us-east-1")
         client.create_bucket(Bucket=BUCKET)
@@ -52,8 +49,9 @@ def upload(s3: Any, key: str, objects: list[dict[str, Any]], region: str = "us-e
 def call(api: FakeKubernetes, s3: Any, event: dict[str, Any]) -> dict[str, Any]:
     answers: list[dict[str, Any]] = []
     client = client_of(api)
-    chart_install.on_event(
-        {**EVENT, **event}, kubernetes=client, s3=s3,
+    chart_install.install_chart(
+        {**EVENT, **event}, s3=s3, region="us-east-1",
+        release="nova-mtrl-eks/hyperpod-dependencies", kubernetes=lambda: client,
         respond=lambda url, answer: answers.append(answer),
     )  # fmt: skip
     (answer,) = answers

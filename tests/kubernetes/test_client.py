@@ -166,7 +166,7 @@ def test_the_token_source_renews_before_the_minute_is_up(monkeypatch: pytest.Mon
 
     monkeypatch.setattr("lambdas.kubernetes.token.eks_token", mint)
     now = [0.0]
-    source = EksTokenSource("nova-mtrl", region="us-west-2", sts=object(), clock=lambda: now[0])
+    source = EksTokenSource("nova-mtrl", sts=object(), clock=lambda: now[0])
     assert source() == "k8s-aws-v1.1"
     now[0] = 40.0  # within the 60 s, outside the 15 s margin
     assert source() == "k8s-aws-v1.1"

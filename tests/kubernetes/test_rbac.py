@@ -3,6 +3,7 @@ the deploy-time custom resource that applies and removes them (against the fake 
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import replace
 
@@ -54,14 +55,16 @@ def test_the_role_and_the_fence_cover_every_kind_a_run_creates(kind: str) -> Non
 
 
 def test_custom_resource_applies_then_removes_and_always_answers(
-    api: FakeKubernetes, monkeypatch: pytest.MonkeyPatch
+    api: FakeKubernetes,
 ) -> None:
-    monkeypatch.setenv("NAME_PREFIX", "nova-mtrl")
     client = client_of(api)
     answers: list[tuple[str, dict]] = []
     respond = lambda url, answer: answers.append((url, answer))  # noqa: E731
+    on_event = functools.partial(
+        bootstrap.apply_inline, prefix="nova-mtrl", kubernetes=lambda: client, respond=respond
+    )
 
-    bootstrap.on_event({**EVENT, "RequestType": "Create"}, kubernetes=client, respond=respond)
+    on_event({**EVENT, "RequestType": "Create"})
     assert answers[-1][0] == EVENT["ResponseURL"]
     assert answers[-1][1]["Status"] == "SUCCESS" and answers[-1][1]["Data"] == {"Objects": 4}
     assert answers[-1][1]["PhysicalResourceId"] == "nova-mtrl-pipeline-rbac"
@@ -70,10 +73,10 @@ def test_custom_resource_applies_then_removes_and_always_answers(
     assert list(api.objects[policies]) == ["nova-mtrl-pipeline-run-namespaces-only"]
 
     deleted = {**EVENT, "RequestType": "Delete", "PhysicalResourceId": "nova-mtrl-pipeline-rbac"}
-    bootstrap.on_event(deleted, kubernetes=client, respond=respond)
+    on_event(deleted)
     assert answers[-1][1]["Status"] == "SUCCESS" and answers[-1][1]["Data"] == {"Objects": 4}
     assert [path for path, items in api.objects.items() if items] == ["/api/v1/namespaces"]
-    bootstrap.on_event(deleted, kubernetes=client, respond=respond)  # gone already: still fine
+    on_event(deleted)  # gone already: still fine
     assert answers[-1][1]["Data"] == {"Objects": 0}
 
     api.accepted.clear()  # the function lost its access entry
@@ -82,6 +85,6 @@ def test_custom_resource_applies_then_removes_and_always_answers(
         "RequestType": "Update",
         "OldResourceProperties": EVENT["ResourceProperties"],
     }
-    bootstrap.on_event(updated, kubernetes=client, respond=respond)
+    on_event(updated)
     assert answers[-1][1]["Status"] == "FAILED"
     assert answers[-1][1]["Reason"].startswith("KubernetesError: Kubernetes API 401")

@@ -56,9 +56,13 @@ def test_in_process_clients_share_the_servers_state() -> None:
 def test_an_event_source_mapping_is_polled_until_it_is_deleted() -> None:
     with LocalAws() as aws:
         batches: list[list[str]] = []
-        aws.dispatcher.bound["consumer"] = lambda event, _: (
-            batches.append([json.loads(r["body"])["n"] for r in event["Records"]])
-            or {"batchItemFailures": []}
+        aws.dispatcher.add(
+            "consumer",
+            "lambdas.router.consumer.handler",
+            lambda event: (
+                batches.append([json.loads(r["body"])["n"] for r in event["Records"]])
+                or {"batchItemFailures": []}
+            ),
         )
         role = aws.client("iam").create_role(RoleName="r", AssumeRolePolicyDocument="{}")
         lambda_client, sqs = aws.client("lambda"), aws.client("sqs")

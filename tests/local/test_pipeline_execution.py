@@ -12,10 +12,8 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from domain import backends
 from domain.backends import JobStatus, RewardFleet, RunContext, TrainingCluster
-from lambdas.pipeline import handlers
-from lambdas.pipeline.settings import PipelineSettings
+from lambdas.pipeline.dependencies import Compute
 from mtrl.local.embedded import (
     REGION,
     LocalPipeline,
@@ -90,8 +88,6 @@ def compute() -> Iterator[tuple[FakeFleet, FakeCluster]]:
             [JobStatus("pending"), JobStatus("running", step=1), JobStatus("succeeded", step=2)]
         ),
     )
-    backends.register_fleet("fake", lambda: fleet)
-    backends.register_cluster("fake", lambda: cluster)
     yield fleet, cluster
 
 
@@ -105,16 +101,18 @@ GOOD = b"".join(
 def local(
     default_app: Synthesized, monkeypatch: pytest.MonkeyPatch, compute: tuple
 ) -> Iterator[tuple[LocalPipeline, dict]]:
-    with deployed_pipeline(default_app, monkeypatch, backend="fake") as deployed:
+    fleet, cluster = compute
+    planes = Compute(fleet=lambda: fleet, cluster=lambda: cluster)
+    with deployed_pipeline(default_app, monkeypatch, compute=planes) as deployed:
         yield deployed
 
 
 @contextmanager
 def deployed_pipeline(
-    app: Synthesized, monkeypatch: pytest.MonkeyPatch, *, backend: str
+    app: Synthesized, monkeypatch: pytest.MonkeyPatch, *, compute: Compute
 ) -> Iterator[tuple[LocalPipeline, dict]]:
-    """The pipeline stack in moto with its state machine executing, compute from `backend`, and
-    an `inbox` queue subscribed to the alert topic."""
+    """The pipeline stack in moto with its state machine executing on `compute`, and an `inbox`
+    queue subscribed to the alert topic."""
     for key, value in {
         "AWS_DEFAULT_REGION": REGION,
         "AWS_ACCESS_KEY_ID": "test",
@@ -127,13 +125,12 @@ def deployed_pipeline(
             name: boto3.client(name)
             for name in ("iam", "dynamodb", "sns", "lambda", "stepfunctions", "s3", "sqs", "cloudwatch")
         }  # fmt: skip
-        overrides = {
-            "REWARD_FLEET_BACKEND": backend,
-            "TRAINING_CLUSTER_BACKEND": backend,
-            "POLL_SECONDS": "0",
-        }
         pipeline = deploy_pipeline(
-            app.template("pipeline"), clients=clients, dispatcher=dispatcher, overrides=overrides
+            app.template("pipeline"),
+            clients=clients,
+            dispatcher=dispatcher,
+            compute=compute,
+            overrides={"POLL_SECONDS": "0"},
         )
         inbox = clients["sqs"].create_queue(QueueName="inbox")["QueueUrl"]
         inbox_arn = clients["sqs"].get_queue_attributes(
@@ -153,7 +150,7 @@ def _upload(pipeline: LocalPipeline, clients: dict, key: str, body: bytes) -> di
     version = clients["s3"].put_object(Bucket=pipeline.data_bucket, Key=key, Body=body)["VersionId"]
     event = upload_event(pipeline.data_bucket, key, version)
     assert matches(pipeline.upload_pattern, event)
-    return handlers.start_run(event, settings=PipelineSettings.model_validate(pipeline.environment))
+    return pipeline.dispatcher.call(pipeline.function("handlers.start_run"), event)
 
 
 def _notifications(clients: dict) -> list[str]:
@@ -192,7 +189,7 @@ def test_a_valid_upload_runs_to_success_and_leaves_nothing(local, compute) -> No
     described = finished(clients["stepfunctions"], started["execution_arn"])
     assert described["status"] == "SUCCEEDED", described
     assert pipeline.dispatcher.invocations == [
-        "validate", "register", "provision", "scale_up", "nodes_ready", "nodes_ready", "start_workers",
+        "start_run", "validate", "register", "provision", "scale_up", "nodes_ready", "nodes_ready", "start_workers",
         "workers_healthy", "submit_job", "monitor", "monitor", "monitor", "collect", "release_compute",
         "teardown", "notify_end",
     ]  # fmt: skip
@@ -212,11 +209,11 @@ def test_a_duplicate_event_is_one_run(local) -> None:
     version = clients["s3"].put_object(
         Bucket=pipeline.data_bucket, Key="training-data/w.jsonl", Body=GOOD
     )["VersionId"]
-    settings = PipelineSettings.model_validate(pipeline.environment)
     event = upload_event(pipeline.data_bucket, "training-data/w.jsonl", version)
-    first = handlers.start_run(event, settings=settings)
+    start = pipeline.function("handlers.start_run")
+    first = pipeline.dispatcher.call(start, event)
     finished(clients["stepfunctions"], first["execution_arn"])
-    second = handlers.start_run(event, settings=settings)
+    second = pipeline.dispatcher.call(start, event)
     assert second == {**first, "already_finished": True}
     assert (
         len(
@@ -235,6 +232,7 @@ def test_an_invalid_dataset_fails_at_validation_and_creates_nothing(local) -> No
     assert described["status"] == "FAILED" and described["error"] == "DatasetInvalid"
     assert "line 4: line: not valid JSON" in described["cause"]
     assert pipeline.dispatcher.invocations == [
+        "start_run",
         "validate",
         "release_compute",
         "teardown",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,11 @@ import pytest
 from moto.core.config import default_user_config
 from typer.testing import CliRunner
 
-from domain import backends
 from domain.run_queues import create_run_queues, queue_name
 from domain.runs import RunRecord, RunStore, create_runs_table, run_id_for
-from lambdas.pipeline import handlers
-from lambdas.pipeline.settings import PipelineSettings
+from lambdas.clients import Clients
+from lambdas.pipeline.composition import compose
+from lambdas.pipeline.dependencies import Compute
 from lambdas.router.conversations import create_table
 from mtrl import ops_commands
 from mtrl.cli import app
@@ -285,9 +286,9 @@ class InProcessReaper(ServiceFake):
 
     service = "lambda"
 
-    def __init__(self, settings: PipelineSettings) -> None:
+    def __init__(self, reap: Callable[[dict], dict]) -> None:
         super().__init__()
-        self.settings = settings
+        self.reap = reap
 
     @property
     def payloads(self) -> list[dict]:
@@ -296,7 +297,7 @@ class InProcessReaper(ServiceFake):
     def invoke(self, **request: Any) -> dict:
         assert request["FunctionName"] == "nova-mtrl-reaper"
         assert request["InvocationType"] == "RequestResponse"
-        result = handlers.reap(json.loads(request["Payload"]), settings=self.settings)
+        result = self.reap(json.loads(request["Payload"]))
         return {"StatusCode": 200, "Payload": json.dumps(result).encode()}
 
 
@@ -317,14 +318,17 @@ def reaper(deployed: dict, monkeypatch: pytest.MonkeyPatch) -> InProcessReaper:
         Handler="lambdas.router.consumer.handler", Code={"ZipFile": b"code"},
     )  # fmt: skip
     compute = RecordingCompute()
-    backends.register_fleet("recording", lambda: compute)
-    backends.register_cluster("recording", lambda: compute)
-    settings = PipelineSettings(
-        NAME_PREFIX="nova-mtrl", RUNS_TABLE="nova-mtrl-runs", CONVERSATIONS_TABLE="nova-mtrl-conversations",
-        CONSUMER_FUNCTION="consumer", STATE_MACHINE_ARN=deployed["machine"],
-        REWARD_FLEET_BACKEND="recording", TRAINING_CLUSTER_BACKEND="recording",
-    )  # fmt: skip
-    fake = InProcessReaper(settings)
+    environment = {
+        "NAME_PREFIX": "nova-mtrl", "RUNS_TABLE": "nova-mtrl-runs",
+        "CONVERSATIONS_TABLE": "nova-mtrl-conversations", "CONSUMER_FUNCTION": "consumer",
+        "STATE_MACHINE_ARN": deployed["machine"],
+    }  # fmt: skip
+    steps = compose(
+        environment,
+        Clients(boto3.Session()),
+        compute=Compute(fleet=lambda: compute, cluster=lambda: compute),
+    )
+    fake = InProcessReaper(steps["reap"])
 
     class Session(boto3.Session):  # what the CLI gets: the reaper in-process, AWS from moto
         def client(self, name: str, *args: Any, **kwargs: Any) -> Any:

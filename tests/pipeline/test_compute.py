@@ -7,10 +7,12 @@ import json
 import boto3
 import pytest
 
-from domain import backends
 from domain.backends import JobStatus, RunContext, TrainingCluster
 from domain.runs import RunRecord, RunStore, create_runs_table
-from lambdas.pipeline import compute
+from lambdas.clients import Clients
+from lambdas.pipeline.compute import ComputeSteps
+from lambdas.pipeline.dependencies import Compute, Dependencies
+from lambdas.pipeline.settings import PipelineSettings
 
 
 class Scripted(TrainingCluster):
@@ -45,18 +47,25 @@ CONFIG = {
 }
 
 
+SETTINGS = PipelineSettings(
+    NAME_PREFIX="nova-mtrl",
+    RUNS_TABLE="runs",
+    CONVERSATIONS_TABLE="conversations",
+    CONSUMER_FUNCTION="consumer",
+)
+
+
+def steps(cluster: TrainingCluster | None = None, *, now: float = 0.0) -> ComputeSteps:
+    """The compute steps at `now`, with `cluster` as the training plane (and no reward fleet)."""
+    unused = lambda: pytest.fail("this step needs no other plane")  # noqa: E731
+    compute = Compute(fleet=unused, cluster=(lambda: cluster) if cluster else unused)
+    return ComputeSteps(Dependencies(SETTINGS, Clients(boto3.Session()), compute, lambda: now))
+
+
 @pytest.fixture
-def state(aws: None, monkeypatch: pytest.MonkeyPatch) -> dict:
+def state(aws: None) -> dict:
     db = boto3.client("dynamodb")
     create_runs_table(db, "runs")
-    for key, value in {
-        "NAME_PREFIX": "nova-mtrl",
-        "RUNS_TABLE": "runs",
-        "CONVERSATIONS_TABLE": "conversations",
-        "CONSUMER_FUNCTION": "consumer",
-    }.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setenv("TRAINING_CLUSTER_BACKEND", "scripted")
     RunStore(db, "runs").register(
         RunRecord(
             run_id="r",
@@ -76,31 +85,25 @@ def state(aws: None, monkeypatch: pytest.MonkeyPatch) -> dict:
     }
 
 
-def _cluster(status: JobStatus) -> Scripted:
-    cluster = Scripted(status)
-    backends.register_cluster("scripted", lambda: cluster)
-    return cluster
-
-
 def test_monitor_reports_the_job_phase(state: dict) -> None:
-    _cluster(JobStatus("failed", reason="OOMKilled"))
-    assert compute.monitor(state, now=60.0)["phase"] == "failed"
+    cluster = Scripted(JobStatus("failed", reason="OOMKilled"))
+    assert steps(cluster, now=60.0).monitor(state)["phase"] == "failed"
 
 
 def test_monitor_stops_runs_past_deadline_or_over_budget(state: dict) -> None:
-    _cluster(JobStatus("running", step=3))
-    assert compute.monitor(state, now=4000.0)["phase"] == "past_deadline"
+    cluster = Scripted(JobStatus("running", step=3))
+    assert steps(cluster, now=4000.0).monitor(state)["phase"] == "past_deadline"
     # 60 $/h: $100 is spent after 6,000 s; the deadline comes first unless it is later.
     RunStore(boto3.client("dynamodb"), "runs").update("r", now=1.0, deadline_at=10_000.0)
-    verdict = compute.monitor(state, now=7000.0)
+    verdict = steps(cluster, now=7000.0).monitor(state)
     assert verdict["phase"] == "over_budget" and "$117" in verdict["reason"]
 
 
 def test_monitor_calls_a_run_without_progress_stalled(state: dict) -> None:
-    _cluster(JobStatus("running", step=7))
+    monitor = steps(Scripted(JobStatus("running", step=7)), now=100.0).monitor
     verdicts = []
     for _ in range(4):
-        verdict = compute.monitor(state, now=100.0)
+        verdict = monitor(state)
         state["job"] = verdict
         verdicts.append(verdict["phase"])
     assert verdicts == ["running", "running", "running", "stalled"]
@@ -111,14 +114,13 @@ def test_collect_writes_the_run_summary(aws: None) -> None:
     s3 = boto3.client("s3")
     s3.create_bucket(Bucket="bucket-1")
     s3.put_object(Bucket="bucket-1", Key="runs/r/metrics.jsonl", Body=b"{}\n")
-    result = compute.collect(
+    result = steps().collect(
         {
             "bucket": "bucket-1",
             "key": "training-data/x.jsonl",
             "run": {"run_id": "r", "config": CONFIG},
             "job": {"phase": "succeeded", "step": 9},
-        },
-        s3=s3,
+        }
     )
     summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
     assert result == {"results": "s3://bucket-1/runs/r/", "objects": 1}

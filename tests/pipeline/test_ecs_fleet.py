@@ -29,7 +29,13 @@ RUN = RunContext(
 
 @pytest.fixture
 def fleet(aws: None) -> EcsRewardFleet:
-    return EcsRewardFleet(deploy_fleet_base(), ecs=Recorded(boto3.client("ecs")))
+    return EcsRewardFleet(
+        deploy_fleet_base(),
+        ecs=Recorded(boto3.client("ecs")),
+        autoscaling=boto3.client("application-autoscaling"),
+        logs=boto3.client("logs"),
+        ssm=boto3.client("ssm"),
+    )
 
 
 def deploy_fleet_base() -> EcsFleetSettings:

@@ -7,11 +7,12 @@ import json
 import boto3
 import pytest
 
-from domain import backends
 from domain.backends import JobStatus, RewardFleet, RunContext, TrainingCluster
 from domain.runs import RunStore, create_runs_table
-from lambdas.pipeline import handlers
-from lambdas.pipeline.handlers import DatasetInvalid, Upload
+from lambdas.clients import Clients
+from lambdas.pipeline.composition import compose
+from lambdas.pipeline.dependencies import Compute
+from lambdas.pipeline.run_steps import DatasetInvalid, Upload
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.conversations import create_table
 
@@ -62,26 +63,55 @@ def env(aws: None) -> dict:
         ),
         roleArn="arn:aws:iam::123456789012:role/pipeline",
     )["stateMachineArn"]
-    settings = PipelineSettings(
-        NAME_PREFIX="nova-mtrl",
-        RUNS_TABLE="runs",
-        CONVERSATIONS_TABLE="conversations",
-        CONSUMER_FUNCTION=_consumer_function(),
-        STATE_MACHINE_ARN=machine,
-        ALERT_TOPIC_ARN=sns.create_topic(Name="alerts")["TopicArn"],
+    environment = {
+        "NAME_PREFIX": "nova-mtrl",
+        "RUNS_TABLE": "runs",
+        "CONVERSATIONS_TABLE": "conversations",
+        "CONSUMER_FUNCTION": _consumer_function(),
+        "STATE_MACHINE_ARN": machine,
+        "ALERT_TOPIC_ARN": sns.create_topic(Name="alerts")["TopicArn"],
+    }
+    clock, compute = Clock(), RecordingCompute()
+    steps = compose(
+        environment,
+        Clients(boto3.Session()),
+        compute=Compute(fleet=lambda: compute, cluster=lambda: compute),
+        clock=clock,
     )
-    return {"s3": s3, "settings": settings, "sfn": sfn}
+    return {
+        "s3": s3,
+        "settings": PipelineSettings.from_environment(environment),
+        "sfn": sfn,
+        "steps": steps,
+        "clock": clock,
+        "compute": compute,
+    }
 
 
-def test_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for key, value in {
-        "NAME_PREFIX": "p",
-        "RUNS_TABLE": "r",
-        "CONVERSATIONS_TABLE": "c",
-        "CONSUMER_FUNCTION": "f",
-    }.items():
-        monkeypatch.setenv(key, value)
-    settings = PipelineSettings.from_env()
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def call(env: dict, step: str, event: dict, *, now: float | None = None) -> dict:
+    """Run a pipeline step as its function would, at `now` if given."""
+    if now is not None:
+        env["clock"].now = now
+    return env["steps"][step](event)
+
+
+def test_settings_come_from_the_environment() -> None:
+    settings = PipelineSettings.from_environment(
+        {
+            "NAME_PREFIX": "p",
+            "RUNS_TABLE": "r",
+            "CONVERSATIONS_TABLE": "c",
+            "CONSUMER_FUNCTION": "f",
+        }
+    )
     assert (settings.name_prefix, settings.default_config) == ("p", "rft_multiturn_lora")
 
 
@@ -89,12 +119,8 @@ def test_an_upload_event_starts_one_execution_named_after_the_run(env: dict) -> 
     version = env["s3"].put_object(Bucket=BUCKET, Key="training-data/w.jsonl", Body=GOOD)[
         "VersionId"
     ]
-    first = handlers.start_run(
-        _event("training-data/w.jsonl", version), settings=env["settings"], sfn=env["sfn"]
-    )
-    again = handlers.start_run(
-        _event("training-data/w.jsonl", version), settings=env["settings"], sfn=env["sfn"]
-    )
+    first = call(env, "start_run", _event("training-data/w.jsonl", version))
+    again = call(env, "start_run", _event("training-data/w.jsonl", version))
     assert first["execution_arn"] == again["execution_arn"] and first["execution_arn"].endswith(
         f":{first['run_id']}"
     )
@@ -118,22 +144,22 @@ def test_invalid_dataset_raises_with_line_numbers_and_creates_nothing(env: dict)
         DatasetInvalid,
         match=r"1 problems \(line 2: line: not valid JSON .*\); full report s3://data/runs/bad-",
     ):
-        handlers.validate(_event("training-data/bad.jsonl", version), s3=env["s3"])
+        call(env, "validate", _event("training-data/bad.jsonl", version))
     assert not boto3.client("sqs").list_queues().get("QueueUrls")
 
 
 def test_the_happy_path_of_steps_then_teardown_and_notification(env: dict) -> None:
-    s3, settings = env["s3"], env["settings"]
+    s3 = env["s3"]
     version = s3.put_object(Bucket=BUCKET, Key="training-data/w.jsonl", Body=GOOD)["VersionId"]
     upload = {"bucket": BUCKET, "key": "training-data/w.jsonl", "version_id": version}
-    checked = handlers.validate(upload, s3=s3)
-    registered = handlers.register(upload, s3=s3, settings=settings, now=0.0)
+    checked = call(env, "validate", upload)
+    registered = call(env, "register", upload, now=0.0)
     assert (
         registered["run_id"] == checked["run_id"]
         and registered["created"]
         and registered["config"]["recipe"] == "RFT_MULTITURN_LORA"
     )
-    provisioned = handlers.provision({"run_id": registered["run_id"]}, settings=settings)
+    provisioned = call(env, "provision", {"run_id": registered["run_id"]})
     assert set(provisioned["queues"]) == {
         "rollout_requests",
         "rollout_responses",
@@ -147,13 +173,14 @@ def test_the_happy_path_of_steps_then_teardown_and_notification(env: dict) -> No
         provisioned["queues"]["generate_responses"].rsplit("/", 1)[-1]
     )
     assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
-    assert handlers.provision({"run_id": registered["run_id"]}, settings=settings) == provisioned
+    assert call(env, "provision", {"run_id": registered["run_id"]}) == provisioned
     assert len(_consumer_mappings()) == 1
-    down = handlers.teardown({"run_id": registered["run_id"]}, settings=settings)
+    down = call(env, "teardown", {"run_id": registered["run_id"]})
     assert down["leftover"] == 0 and down["queues_deleted"] == 5 and _consumer_mappings() == []
-    told = handlers.notify_end(
+    told = call(
+        env,
+        "notify_end",
         {"run_id": registered["run_id"], "succeeded": True, "teardown": down},
-        settings=settings,
         now=3600.0,
     )
     assert told["status"] == "SUCCEEDED" and told["message_id"] and told["duration_hours"] == 1.0
@@ -171,14 +198,15 @@ def test_a_failure_before_registration_is_still_notified(env: dict) -> None:
         Endpoint=arn,
         Attributes={"RawMessageDelivery": "true"},
     )
-    told = handlers.notify_end(
+    told = call(
+        env,
+        "notify_end",
         {
             "run_id": "bad-123",
             "succeeded": False,
             "failed_state": "Validate",
             "error": "s3://data/x.jsonl: 2 problems (line 3: ...)",
         },
-        settings=env["settings"],
         now=5.0,
     )
     assert told["status"] == "FAILED" and told["message_id"]
@@ -189,21 +217,22 @@ def test_a_failure_before_registration_is_still_notified(env: dict) -> None:
 
 
 def test_the_end_notification_records_how_the_run_ended(env: dict) -> None:
-    s3, settings = env["s3"], env["settings"]
+    s3 = env["s3"]
     version = s3.put_object(Bucket=BUCKET, Key="training-data/w.jsonl", Body=GOOD)["VersionId"]
-    registered = handlers.register(
+    registered = call(
+        env,
+        "register",
         {"bucket": BUCKET, "key": "training-data/w.jsonl", "version_id": version},
-        s3=s3,
-        settings=settings,
         now=0.0,
     )
-    handlers.notify_end(
+    call(
+        env,
+        "notify_end",
         {
             "run_id": registered["run_id"],
             "succeeded": False,
             "error": '{"errorType": "Boom", "errorMessage": "no"}',
         },
-        settings=settings,
         now=10.0,
     )
     run = RunStore(boto3.client("dynamodb"), "runs").get(registered["run_id"])
@@ -212,13 +241,13 @@ def test_the_end_notification_records_how_the_run_ended(env: dict) -> None:
 
 def _provisioned(env: dict, name: str, *, now: float = 0.0) -> tuple[str, dict]:
     """Upload `training-data/<name>.jsonl`, register and provision its run: (run id, upload)."""
-    s3, settings = env["s3"], env["settings"]
+    s3 = env["s3"]
     version = s3.put_object(Bucket=BUCKET, Key=f"training-data/{name}.jsonl", Body=GOOD)[
         "VersionId"
     ]
     upload = {"bucket": BUCKET, "key": f"training-data/{name}.jsonl", "version_id": version}
-    run_id = handlers.register(upload, s3=s3, settings=settings, now=now)["run_id"]
-    handlers.provision({"run_id": run_id}, settings=settings)
+    run_id = call(env, "register", upload, now=now)["run_id"]
+    call(env, "provision", {"run_id": run_id})
     return run_id, upload
 
 
@@ -267,13 +296,7 @@ class RecordingCompute(RewardFleet, TrainingCluster):
 
 @pytest.fixture
 def reaper_compute(env: dict) -> RecordingCompute:
-    compute = RecordingCompute()
-    backends.register_fleet("recording", lambda: compute)
-    backends.register_cluster("recording", lambda: compute)
-    env["settings"] = env["settings"].model_copy(
-        update={"reward_fleet_backend": "recording", "training_cluster_backend": "recording"}
-    )
-    return compute
+    return env["compute"]
 
 
 def test_the_reaper_tears_down_overdue_and_orphaned_runs_only(
@@ -285,10 +308,10 @@ def test_the_reaper_tears_down_overdue_and_orphaned_runs_only(
     for name in ("on-time", "overdue", "orphaned", "finished"):
         ids[name], upload = _provisioned(env, name, now=1000.0 if name != "overdue" else 0.0)
         if name != "orphaned":
-            handlers.start_run(upload, settings=settings, sfn=sfn)
+            call(env, "start_run", upload)
     runs.update(ids["finished"], now=1.0, status="succeeded")
     deadline_of_overdue = runs.get(ids["overdue"]).deadline_at
-    result = handlers.reap({}, settings=settings, sfn=sfn, now=deadline_of_overdue + 1)
+    result = call(env, "reap", {}, now=deadline_of_overdue + 1)
     reaped = {entry["run_id"]: entry for entry in result["reaped"]}
     assert set(reaped) == {ids["overdue"], ids["orphaned"]}
     assert (
@@ -337,7 +360,7 @@ def test_the_validate_lambda_rejects_malformed_datasets_with_line_numbers(
         "VersionId"
     ]
     with pytest.raises(DatasetInvalid) as raised:
-        handlers.validate(_event("training-data/m.jsonl", version), s3=env["s3"])
+        call(env, "validate", _event("training-data/m.jsonl", version))
     message = str(raised.value)
     assert ("line " in message or "file: " in message) and "full report s3://data/runs/" in message
 
@@ -345,18 +368,17 @@ def test_the_validate_lambda_rejects_malformed_datasets_with_line_numbers(
 def test_a_run_whose_compute_will_not_go_yet_is_reaped_next_time(
     env: dict, reaper_compute: RecordingCompute
 ) -> None:
-    settings, sfn = env["settings"], env["sfn"]
     runs = RunStore(boto3.client("dynamodb"), "runs")
     run_id, upload = _provisioned(env, "lost")
     reaper_compute.stuck.add(run_id)
-    first = handlers.reap({}, settings=settings, sfn=sfn, now=10.0)
+    first = call(env, "reap", {}, now=10.0)
     assert first["reaped"] == []
     assert first["retry"] == [
         {"run_id": run_id, "error": f"RuntimeError: namespace of {run_id} is still terminating"}
     ]
     assert runs.get(run_id).status == "registered"  # still unfinished: the next schedule retries
     reaper_compute.stuck.clear()
-    second = handlers.reap({}, settings=settings, sfn=sfn, now=20.0)
+    second = call(env, "reap", {}, now=20.0)
     assert [entry["run_id"] for entry in second["reaped"]] == [run_id]
     assert runs.get(run_id).status == "failed"
 
@@ -367,11 +389,10 @@ def test_teardown_on_request_stops_a_running_run_now_and_can_repeat(
     settings, sfn = env["settings"], env["sfn"]
     runs = RunStore(boto3.client("dynamodb"), "runs")
     run_id, upload = _provisioned(env, "now")
-    handlers.start_run(upload, settings=settings, sfn=sfn)
+    call(env, "start_run", upload)
     # The schedule leaves a running, on-time run alone; a request does not.
-    assert handlers.reap({"source": "aws.events", "detail-type": "Scheduled Event"},
-                         settings=settings, sfn=sfn, now=10.0)["reaped"] == []  # fmt: skip
-    result = handlers.reap({"run_id": run_id}, settings=settings, sfn=sfn, now=10.0)
+    assert call(env, "reap", {"source": "aws.events", "detail-type": "Scheduled Event"}, now=10.0)["reaped"] == []  # fmt: skip
+    result = call(env, "reap", {"run_id": run_id}, now=10.0)
     (entry,) = result["reaped"]
     assert entry["reason"] == "torn down on request (mtrl teardown)" and entry["leftover"] == 0
     execution = sfn.describe_execution(executionArn=settings.execution_arn(run_id))
@@ -379,16 +400,16 @@ def test_teardown_on_request_stops_a_running_run_now_and_can_repeat(
     assert (runs.get(run_id).status, runs.get(run_id).error) == (
         "failed", "reaped: torn down on request (mtrl teardown)",
     )  # fmt: skip
-    again = handlers.reap({"run_id": run_id}, settings=settings, sfn=sfn, now=20.0)
+    again = call(env, "reap", {"run_id": run_id}, now=20.0)
     assert again["reaped"][0]["leftover"] == 0 and runs.get(run_id).status == "failed"
     assert reaper_compute.calls.count(("delete", run_id)) == 2  # idempotent all the way down
-    unknown = handlers.reap({"run_id": "nope"}, settings=settings, sfn=sfn, now=20.0)
+    unknown = call(env, "reap", {"run_id": "nope"}, now=20.0)
     assert unknown == {"reaped": [], "retry": [], "unknown": "nope"}
 
 
 def test_releasing_idle_nodes_on_request_skips_the_keep_warm(
     env: dict, reaper_compute: RecordingCompute
 ) -> None:
-    result = handlers.reap({"release_idle": True}, settings=env["settings"])
+    result = call(env, "reap", {"release_idle": True})
     assert result["released_idle"] is True
     assert reaper_compute.calls == [("release_idle", "immediately")]

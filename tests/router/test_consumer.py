@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import boto3
 import pytest
 
 from domain.protocol import GenerateResponse, dump
+from lambdas.clients import Clients
 from lambdas.router import consumer
 from lambdas.router.metrics import PROBLEMS_KEPT
 from tests.router.conftest import RUN, TABLE, Router
@@ -107,8 +109,9 @@ def test_the_lambda_publishes_each_invocations_counts_as_cloudwatch_metrics(
 ) -> None:
     """What the consumer counted leaves the container (embedded metric format on the log):
     per invocation, then reset; its list of problems stays bounded in a warm container."""
-    monkeypatch.setenv("TABLE_NAME", TABLE)
-    monkeypatch.setattr(consumer, "_consumer", None)
+    # The entry point's consumer, as composed for a function whose environment names the table.
+    made = consumer.consumer_for({"TABLE_NAME": TABLE}, Clients(boto3.Session()))
+    monkeypatch.setattr(consumer, "_consumer", lambda: made)
     router.store.start_step(RUN, "s_0_1", sample_id="s_0", now=router.clock())
     consumer.handler(_event(router, "{not json", _response("s_0_1")), None)
     (emitted,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
@@ -126,7 +129,7 @@ def test_the_lambda_publishes_each_invocations_counts_as_cloudwatch_metrics(
     (again,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
     assert again["malformed"] == [3] and "completed" not in again  # this invocation's counts only
 
-    kept = consumer._consumer.counters.problems  # type: ignore[union-attr]
+    kept = made.counters.problems
     for _ in range(PROBLEMS_KEPT + 10):
-        consumer._consumer.handle(_event(router, "{not json"))  # type: ignore[union-attr]
+        made.handle(_event(router, "{not json"))
     assert len(kept) == PROBLEMS_KEPT

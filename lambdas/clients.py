@@ -1,0 +1,50 @@
+"""What every Lambda entry point shares: one principal's AWS clients, made when first asked for
+and kept for the container's life; and the entry points themselves, each handing its event to
+handlers composed once from the function's environment as it was when the module loaded."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import boto3
+
+Handler = Callable[[dict[str, Any]], Any]
+Compose = Callable[[Mapping[str, str], "Clients"], Mapping[str, Handler]]
+
+
+class Clients:
+    """`clients("s3")`: the session's client for a service (with `options`, one per options)."""
+
+    def __init__(self, session: boto3.Session) -> None:
+        self._session = session
+        self._made: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+        self._lock = threading.Lock()  # making a client is not thread-safe; using one is
+
+    def __call__(self, service: str, **options: str) -> Any:
+        key = (service, tuple(sorted(options.items())))
+        with self._lock:
+            if key not in self._made:
+                self._made[key] = self._session.client(service, **options)  # type: ignore[call-overload]
+            return self._made[key]
+
+
+def lambda_entries(
+    compose: Compose, environment: Mapping[str, str]
+) -> Callable[[str], Callable[[dict[str, Any], Any], Any]]:
+    """`entry(name)`: the Lambda handler that runs `compose(environment, ...)[name]`. Called as
+    the entry module loads, with `os.environ`: a copy is taken then; the handlers are composed at
+    the first invocation and then reused."""
+    environment = dict(environment)
+    composed = functools.cache(lambda: compose(environment, Clients(boto3.Session())))
+
+    def entry(name: str) -> Callable[[dict[str, Any], Any], Any]:
+        def handler(event: dict[str, Any], context: Any = None) -> Any:
+            return composed()[name](event)
+
+        handler.__name__ = handler.__qualname__ = name
+        return handler
+
+    return entry

@@ -1,0 +1,61 @@
+"""Where the pipeline's steps are put together: settings from the function's environment, its
+AWS clients, and the compute planes — the deployed ones (ECS, HyperPod) unless others are given
+(local mode gives its local processes). Every pipeline function has the same steps; its
+handler names the one it runs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from lambdas.clients import Clients, Handler
+from lambdas.pipeline.compute import ComputeSteps
+from lambdas.pipeline.dependencies import Compute, Dependencies
+from lambdas.pipeline.ecs_fleet import EcsRewardFleet
+from lambdas.pipeline.hyperpod_training import HyperPodTrainingCluster
+from lambdas.pipeline.reaper import Reaper
+from lambdas.pipeline.run_steps import RunSteps
+from lambdas.pipeline.settings import PipelineSettings
+
+
+def deployed_compute(environment: Mapping[str, str], clients: Clients) -> Compute:
+    """ECS Fargate reward workers and the HyperPod training cluster, as the stack set them up."""
+    return Compute(
+        fleet=lambda: EcsRewardFleet.from_environment(environment, clients),
+        cluster=lambda: HyperPodTrainingCluster.from_environment(environment, clients),
+    )
+
+
+def compose(
+    environment: Mapping[str, str],
+    clients: Clients,
+    *,
+    compute: Compute | None = None,
+    clock: Callable[[], float] = time.time,
+) -> dict[str, Handler]:
+    """The pipeline's steps by handler name."""
+    dependencies = Dependencies(
+        settings=PipelineSettings.from_environment(environment),
+        clients=clients,
+        compute=compute or deployed_compute(environment, clients),
+        clock=clock,
+    )
+    runs, work, reaper = RunSteps(dependencies), ComputeSteps(dependencies), Reaper(dependencies)
+    return {
+        "start_run": runs.start_run,
+        "validate": runs.validate,
+        "register": runs.register,
+        "provision": runs.provision,
+        "scale_up": work.scale_up,
+        "nodes_ready": work.nodes_ready,
+        "start_workers": work.start_workers,
+        "workers_healthy": work.workers_healthy,
+        "submit_job": work.submit_job,
+        "monitor": work.monitor,
+        "collect": work.collect,
+        "release_compute": work.release_compute,
+        "teardown": runs.teardown,
+        "notify_end": runs.notify_end,
+        "reap": reaper.reap,
+        "release_idle": work.release_idle,
+    }

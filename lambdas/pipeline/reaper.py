@@ -1,0 +1,91 @@
+"""The reaper: on a schedule, every run past its deadline or whose execution is no longer
+running; on request, one run now (`mtrl teardown RUN`) or the idle GPU nodes (`--all-idle`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from domain.runs import FINISHED, RunStore
+from lambdas.pipeline import policies
+from lambdas.pipeline.compute import release, teardown_context
+from lambdas.pipeline.dependencies import Dependencies
+from lambdas.pipeline.resources import teardown_run
+
+
+class ReapRequest(BaseModel):
+    """What the reaper is asked: nothing (its schedule: every overdue or orphaned run), one run
+    to tear down now, or idle GPU nodes to release."""
+
+    model_config = ConfigDict(extra="ignore")  # a scheduled event carries EventBridge's fields
+
+    run_id: str | None = None
+    release_idle: bool = False
+
+
+class Reaper:
+    def __init__(self, dependencies: Dependencies) -> None:
+        self.settings, self.clients = dependencies.settings, dependencies.clients
+        self.compute, self.clock = dependencies.compute, dependencies.clock
+
+    def reap(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Tear down every run past its deadline, or whose execution is no longer running
+        (stopped by hand, or lost) — so nothing keeps burning money unnoticed; or the one run
+        asked for, whatever its state. Compute first, as the state machine does; a run whose
+        compute cannot be released yet stays unfinished and is tried again on the next
+        schedule."""
+        request = ReapRequest.model_validate(event or {})
+        if request.release_idle:
+            released = self.compute.cluster.release_idle(immediately=True)
+            return {"reaped": [], "retry": [], "released_idle": released}
+        sfn = self.clients("stepfunctions")
+        runs = RunStore(self.clients("dynamodb"), self.settings.runs_table)
+        now = self.clock()
+        if request.run_id is None:
+            candidates = runs.unfinished()
+        else:
+            asked = runs.get(request.run_id)
+            if asked is None:
+                return {"reaped": [], "retry": [], "unknown": request.run_id}
+            candidates = [asked]
+        wiring = self.settings.router_wiring(self.clients)
+        reaped, retry = [], []
+        for run in candidates:
+            execution = self.settings.execution_arn(run.run_id)
+            try:
+                status = sfn.describe_execution(executionArn=execution)["status"]
+            except sfn.exceptions.ExecutionDoesNotExist:
+                status = "MISSING"
+            decided = policies.reaping(
+                execution_status=status,
+                deadline_at=run.deadline_at,
+                now=now,
+                asked_for=request.run_id is not None,
+            )
+            if decided is None:
+                continue
+            reason = decided.reason
+            if decided.stop_execution:
+                sfn.stop_execution(
+                    executionArn=execution, error=decided.error, cause=f"run {run.run_id}: {reason}"
+                )
+            try:
+                # A backend that cannot be made (or fails) is this run's retry, not the others'.
+                released = release(
+                    teardown_context(
+                        run.run_id, bucket=run.bucket, key=run.key, version_id=run.version_id
+                    ),
+                    self.compute,
+                    scale_down=True,
+                )
+            except Exception as failure:  # noqa: BLE001 - one run's trouble must not stop the others
+                retry.append(
+                    {"run_id": run.run_id, "error": f"{type(failure).__name__}: {failure}"}
+                )
+                continue
+            result = teardown_run(wiring, run_id=run.run_id)
+            if run.status not in FINISHED:
+                runs.update(run.run_id, now=now, status="failed", error=f"reaped: {reason}")
+            reaped.append({"run_id": run.run_id, "reason": reason, **released, **result})
+        return {"reaped": reaped, "retry": retry}

@@ -1,0 +1,103 @@
+"""How the Lambda code is put together: every function's settings are read from its environment
+once, when its module loads; its AWS clients come from one session; its compute planes are
+given where its steps are composed — so local mode binds its own by composing, nothing patches
+the environment, and functions can run side by side."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import threading
+from pathlib import Path
+
+import boto3
+import pytest
+
+from domain.runs import RunRecord, RunStore, create_runs_table
+from lambdas.clients import Clients
+from lambdas.pipeline import handlers
+from lambdas.pipeline.composition import compose
+from mtrl.local.embedded import Dispatcher
+
+LAMBDAS = Path(__file__).resolve().parents[2] / "lambdas"
+ENVIRONMENT = {
+    "NAME_PREFIX": "nova-mtrl",
+    "RUNS_TABLE": "runs-at-load",
+    "CONVERSATIONS_TABLE": "conversations",
+    "CONSUMER_FUNCTION": "consumer",
+}
+
+
+def test_every_step_has_an_entry_point_and_every_entry_point_a_step() -> None:
+    steps = compose(ENVIRONMENT, Clients(boto3.Session(region_name="us-east-1")))
+    entries = {name for name, value in vars(handlers).items() if callable(value) and name in steps}
+    assert entries == set(steps)
+    assert all(getattr(handlers, name).__name__ == name for name in steps)
+
+
+def test_an_entry_point_reads_its_environment_once_when_it_loads(
+    aws: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = boto3.client("dynamodb")
+    create_runs_table(db, "runs-at-load")
+    RunStore(db, "runs-at-load").register(
+        RunRecord(
+            run_id="r", bucket="b", key="training-data/x.jsonl", config_name="c",
+            created_at=0.0, updated_at=0.0, deadline_at=3600.0, cost_per_hour=1.0,
+        )
+    )  # fmt: skip
+    for key, value in ENVIRONMENT.items():
+        monkeypatch.setenv(key, value)
+    entry = importlib.reload(handlers)  # as Lambda loads it, with the function's environment
+    monkeypatch.setenv("RUNS_TABLE", "a-table-that-does-not-exist")
+    told = entry.notify_end({"run_id": "r", "succeeded": True}, None)
+    assert told["status"] == "SUCCEEDED"
+    assert RunStore(db, "runs-at-load").get("r").status == "succeeded"
+
+
+def _violations(tree: ast.AST) -> list[str]:
+    """`os.environ` read inside a function, or a client of boto3's default session."""
+    found = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        inside = in_function or isinstance(
+            node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
+        )
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            name = f"{node.value.id}.{node.attr}"
+            if (name == "os.environ" and inside) or name in ("boto3.client", "boto3.resource"):
+                found.append(f"line {node.lineno}: {name}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, inside)
+
+    visit(tree, False)
+    return found
+
+
+def test_no_lambda_code_reads_the_environment_after_load_or_uses_the_default_session() -> None:
+    found = {
+        str(path.relative_to(LAMBDAS)): problems
+        for path in sorted(LAMBDAS.rglob("*.py"))
+        if (problems := _violations(ast.parse(path.read_text())))
+    }
+    assert found == {}
+
+
+def test_the_check_sees_both() -> None:
+    source = "import os, boto3\nA = os.environ\ndef f():\n    return os.environ['X'], boto3.client('s3')\n"
+    assert _violations(ast.parse(source)) == ["line 4: os.environ", "line 4: boto3.client"]
+
+
+def test_local_functions_run_side_by_side() -> None:
+    """One function waits for another to run: they would deadlock if the dispatcher ran one
+    function at a time (as it did while functions shared os.environ)."""
+    other_ran = threading.Event()
+    dispatcher = Dispatcher()
+    dispatcher.add("waits", "lambdas.pipeline.handlers.monitor", lambda e: other_ran.wait(10))
+    dispatcher.add("other", "lambdas.pipeline.handlers.collect", lambda e: other_ran.set())
+    waited: list[bool] = []
+    waiting = threading.Thread(target=lambda: waited.append(dispatcher.call("waits", {})))
+    waiting.start()
+    dispatcher.call("other", {})
+    waiting.join(timeout=10)
+    assert waited == [True] and dispatcher.invocations == ["monitor", "collect"]
