@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from domain.bucket import object_exists
+from training_configs.schema import TrainingConfig
 
 
 class Phase(StrEnum):
@@ -46,26 +47,34 @@ class RunContext:
     queues: dict[str, str]
     router_url: str | None
     run_token: str
-    environment: str
     bucket: str
     dataset_key: str
     dataset_version: str | None
     output_prefix: str
-    settings: dict[str, Any] = field(default_factory=dict)
+    # What the run was registered with; None when only tearing down (the reaper knows the run's
+    # record, not its state).
+    config: TrainingConfig | None = None
+
+    @property
+    def training(self) -> TrainingConfig:
+        if self.config is None:
+            raise ValueError(f"run {self.run_id}: no training config in this context")
+        return self.config
 
 
 def worker_environment(run: RunContext) -> dict[str, str]:
     """The reward workers' MTRL_* settings for a run (reward_envs/worker/settings.py), without
     the run token: each fleet hands that over its own way."""
+    config = run.training
     values = {
         "MTRL_ROLLOUT_REQUEST_QUEUE_URL": run.queues["rollout_requests"],
         "MTRL_DEAD_LETTER_QUEUE_URL": run.queues["dlq"],
         "MTRL_ROUTER_URL": run.router_url or "",
         "MTRL_RUN_ID": run.run_id,
-        "MTRL_ENVIRONMENT": run.environment,
-        "MTRL_CONCURRENCY": str(run.settings.get("rollout_concurrency", 16)),
-        "MTRL_ROLLOUT_TIMEOUT_SECONDS": str(run.settings.get("rollout_timeout_seconds", 600)),
-        "MTRL_MAX_TURNS": str(run.settings.get("max_turns") or ""),
+        "MTRL_ENVIRONMENT": config.environment,
+        "MTRL_CONCURRENCY": str(config.rollout_concurrency),
+        "MTRL_ROLLOUT_TIMEOUT_SECONDS": str(config.rollout_timeout_seconds),
+        "MTRL_MAX_TURNS": str(config.max_turns),
     }
     return {key: value for key, value in values.items() if value}
 
@@ -101,8 +110,9 @@ class TrainingCluster(ABC):
         """How many schedulable nodes the run has."""
 
     @abstractmethod
-    def submit(self, run: RunContext, *, config: dict[str, Any]) -> str:
-        """Submit the run's training job (idempotent: a resubmission returns the same job)."""
+    def submit(self, run: RunContext) -> str:
+        """Submit the run's training job with its config (idempotent: a resubmission returns
+        the same job)."""
 
     @abstractmethod
     def status(self, run: RunContext) -> JobStatus:

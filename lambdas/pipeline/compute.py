@@ -13,6 +13,7 @@ from typing import Any
 
 from domain.backends import RunContext
 from domain.bucket import run_output_prefix
+from domain.run_state import JobReport, RegisteredRun, RunState
 from domain.runs import RunStore
 from lambdas.pipeline import policies
 from lambdas.pipeline.dependencies import Compute, Dependencies
@@ -28,117 +29,111 @@ class ComputeSteps:
         self.settings, self.clients = dependencies.settings, dependencies.clients
         self.compute, self.clock = dependencies.compute, dependencies.clock
 
-    def _context(self, event: dict[str, Any], *, run_token: str = "") -> RunContext:
-        run, config = event["run"], event["run"]["config"]
+    def _context(self, state: RunState, *, run_token: str = "") -> RunContext:
+        run = state.registered
         return RunContext(
-            run_id=run["run_id"],
-            queues=event.get("resources", {}).get("queues", {}),
+            run_id=run.run_id,
+            queues=state.resources.queues if state.resources else {},
             router_url=self.settings.router_url,
             run_token=run_token,
-            environment=config["environment"],
-            bucket=event["bucket"],
-            dataset_key=event["key"],
-            dataset_version=event.get("version_id"),
-            output_prefix=run_output_prefix(run["run_id"]),
-            settings={
-                "rollout_concurrency": config["rollout_concurrency"],
-                "rollout_timeout_seconds": config["rollout_timeout_seconds"],
-                "reward_workers_max": config.get("reward_workers_max"),
-                "max_turns": config["max_turns"],
-            },
+            bucket=state.bucket,
+            dataset_key=state.key,
+            dataset_version=state.version_id,
+            output_prefix=run_output_prefix(run.run_id),
+            config=run.config,
         )
 
-    def _check_deadline(self, event: dict[str, Any]) -> None:
-        if self.clock() > event["run"]["deadline_at"]:
-            raise RunPastDeadline(
-                f"run {event['run']['run_id']} passed its deadline while waiting for compute"
-            )
+    def _check_deadline(self, run: RegisteredRun) -> None:
+        if self.clock() > run.deadline_at:
+            raise RunPastDeadline(f"run {run.run_id} passed its deadline while waiting for compute")
 
     def scale_up(self, event: dict[str, Any]) -> dict[str, Any]:
-        config = event["run"]["config"]
-        instances = config["instance_count"]
-        self.compute.cluster.scale_up(self._context(event), instances=instances)
-        return {"instances": instances, "scale_to_zero": config["scale_to_zero"]}
+        state = RunState.model_validate(event)
+        config = state.registered.config
+        self.compute.cluster.scale_up(self._context(state), instances=config.instance_count)
+        return {"instances": config.instance_count, "scale_to_zero": config.scale_to_zero}
 
     def nodes_ready(self, event: dict[str, Any]) -> dict[str, Any]:
-        self._check_deadline(event)
-        wanted = event["run"]["config"]["instance_count"]
-        ready = self.compute.cluster.nodes_ready(self._context(event))
-        return {"ready": ready >= wanted, "nodes": ready}
+        state = RunState.model_validate(event)
+        self._check_deadline(state.registered)
+        ready = self.compute.cluster.nodes_ready(self._context(state))
+        return {"ready": ready >= state.registered.config.instance_count, "nodes": ready}
 
     def start_workers(self, event: dict[str, Any]) -> dict[str, Any]:
         """Start the reward fleet with a fresh run token (stored hashed; never in the state)."""
-        run_id = event["run"]["run_id"]
-        token = secrets.token_urlsafe(32)
+        state = RunState.model_validate(event)
+        run, token = state.registered, secrets.token_urlsafe(32)
+        queues = state.resources.queues if state.resources else {}
         store = ConversationStore(self.clients("dynamodb"), self.settings.conversations_table)
-        store.put_run(run_id, token=token, queues=event["resources"]["queues"], now=self.clock())
+        store.put_run(run.run_id, token=token, queues=queues, now=self.clock())
         workers = self.compute.fleet.start(
-            self._context(event, run_token=token), workers=event["run"]["config"]["reward_workers"]
+            self._context(state, run_token=token), workers=run.config.reward_workers
         )
         return {"workers": len(workers)}
 
     def workers_healthy(self, event: dict[str, Any]) -> dict[str, Any]:
-        self._check_deadline(event)
-        wanted = event["run"]["config"]["reward_workers"]
-        healthy = self.compute.fleet.healthy(self._context(event))
-        return {"ready": healthy >= wanted, "healthy": healthy}
+        state = RunState.model_validate(event)
+        self._check_deadline(state.registered)
+        healthy = self.compute.fleet.healthy(self._context(state))
+        return {"ready": healthy >= state.registered.config.reward_workers, "healthy": healthy}
 
     def submit_job(self, event: dict[str, Any]) -> dict[str, Any]:
-        job = self.compute.cluster.submit(self._context(event), config=event["run"]["config"])
-        return {"job": job}
+        state = RunState.model_validate(event)
+        return {"job": self.compute.cluster.submit(self._context(state))}
 
     def monitor(self, event: dict[str, Any]) -> dict[str, Any]:
         """One poll: the job's phase, or the pipeline's reason to stop the run
         (lambdas/pipeline/policies.py)."""
-        run_id, config = event["run"]["run_id"], event["run"]["config"]
-        record = RunStore(self.clients("dynamodb"), self.settings.runs_table).get(run_id)
+        state = RunState.model_validate(event)
+        run = state.registered
+        record = RunStore(self.clients("dynamodb"), self.settings.runs_table).get(run.run_id)
         verdict = record and policies.must_stop(
-            record, budget_usd=config["budget_usd"], now=self.clock()
+            record, budget_usd=run.config.budget_usd, now=self.clock()
         )
         if verdict:
-            return {"phase": verdict.phase, "reason": verdict.reason}
-        status = self.compute.cluster.status(self._context(event))
-        quiet = policies.quiet_polls(status, event.get("job") or {})
+            return JobReport(phase=verdict.phase, reason=verdict.reason).model_dump(mode="json")
+        status = self.compute.cluster.status(self._context(state))
+        quiet = policies.quiet_polls(status, state.job)
         verdict = policies.stalled(
             status,
             quiet,
-            rollout_timeout_seconds=config["rollout_timeout_seconds"],
-            poll_seconds=event["run"].get("poll_seconds", 60),
+            rollout_timeout_seconds=run.config.rollout_timeout_seconds,
+            poll_seconds=run.poll_seconds,
         )
         phase, reason = (
             (verdict.phase, verdict.reason) if verdict else (status.phase, status.reason)
         )
-        return {"phase": phase, "reason": reason, "step": status.step, "quiet_polls": quiet}
+        report = JobReport(phase=phase, reason=reason, step=status.step, quiet_polls=quiet)
+        return report.model_dump(mode="json")
 
     def collect(self, event: dict[str, Any]) -> dict[str, Any]:
         """Write `runs/<run_id>/summary.json` (config, job, outputs found) next to the outputs."""
-        s3 = self.clients("s3")
-        bucket, run_id = event["bucket"], event["run"]["run_id"]
-        prefix = run_output_prefix(run_id)
-        listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+        state = RunState.model_validate(event)
+        s3, run = self.clients("s3"), state.registered
+        prefix = run_output_prefix(run.run_id)
+        listed = s3.list_objects_v2(Bucket=state.bucket, Prefix=prefix).get("Contents", [])
         summary = {
-            "run_id": run_id,
-            "dataset": f"s3://{bucket}/{event['key']}",
-            "config": event["run"]["config"],
-            "job": event.get("job"),
+            "run_id": run.run_id,
+            "dataset": f"s3://{state.bucket}/{state.key}",
+            "config": run.config.model_dump(mode="json"),
+            "job": state.job.model_dump(mode="json") if state.job else None,
             "outputs": sorted(item["Key"].removeprefix(prefix) for item in listed),
         }
         s3.put_object(
-            Bucket=bucket,
+            Bucket=state.bucket,
             Key=f"{prefix}summary.json",
             Body=json.dumps(summary, indent=2).encode(),
             ContentType="application/json",
         )
-        return {"results": f"s3://{bucket}/{prefix}", "objects": len(listed)}
+        return {"results": f"s3://{state.bucket}/{prefix}", "objects": len(listed)}
 
     def release_compute(self, event: dict[str, Any]) -> dict[str, Any]:
         """Teardown of the compute planes (idempotent): workers, job, nodes."""
-        if "config" not in event.get("run", {}):
+        state = RunState.model_validate(event)
+        if state.run is None:
             return {"workers_stopped": 0, "job_objects_deleted": 0}  # failed before registration
         return release(
-            self._context(event),
-            self.compute,
-            scale_down=event["run"]["config"]["scale_to_zero"],
+            self._context(state), self.compute, scale_down=state.run.config.scale_to_zero
         )
 
     def release_idle(self, event: dict[str, Any]) -> dict[str, Any]:
@@ -164,7 +159,6 @@ def teardown_context(run_id: str, *, bucket: str, key: str, version_id: str | No
         queues={},
         router_url=None,
         run_token="",
-        environment="",
         bucket=bucket,
         dataset_key=key,
         dataset_version=version_id,

@@ -132,7 +132,7 @@ class EcsRewardFleet(RewardFleet):
                 enableECSManagedTags=True,
                 tags=[{"key": RUN_TAG, "value": run.run_id}],
             )
-        maximum = run.settings.get("reward_workers_max") or workers
+        maximum = run.training.reward_workers_max or workers
         if maximum > workers:
             self._scale_on_backlog(run, minimum=workers, maximum=maximum)
         return [f"{self.service_name(run)}/{index}" for index in range(workers)]
@@ -262,7 +262,7 @@ class EcsRewardFleet(RewardFleet):
             ScalableDimension=SCALABLE_DIMENSION,
             PolicyType="TargetTrackingScaling",
             TargetTrackingScalingPolicyConfiguration={
-                "TargetValue": float(run.settings.get("rollout_concurrency", 16)),
+                "TargetValue": float(run.training.rollout_concurrency),
                 "ScaleInCooldown": 120,
                 "ScaleOutCooldown": 60,
                 "CustomizedMetricSpecification": {

@@ -187,8 +187,8 @@ class HyperPodTrainingCluster(TrainingCluster):
             kind=self.settings.job_kind,
         )
 
-    def submit(self, run: RunContext, *, config: dict[str, Any]) -> str:
-        objects = render(self.job_request(run, TrainingConfig.model_validate(config)))
+    def submit(self, run: RunContext) -> str:
+        objects = render(self.job_request(run, run.training))
         namespace = self.namespace(run)
         # First: pods get their credentials at admission, from the association that exists then.
         if not self._associations(namespace):

@@ -4,9 +4,9 @@ which Monitor and the reaper apply (lambdas/pipeline/compute.py, handlers.py).""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from domain.backends import JobStatus, Phase
+from domain.run_state import JobReport
 from domain.runs import RunRecord
 
 
@@ -28,14 +28,14 @@ def must_stop(run: RunRecord, *, budget_usd: float, now: float) -> Verdict | Non
     return None
 
 
-def quiet_polls(status: JobStatus, previous: dict[str, Any]) -> int:
+def quiet_polls(status: JobStatus, previous: JobReport | None) -> int:
     """Polls in a row the running job's training step has not moved (0 when it moved)."""
+    if previous is None:
+        return 0
     unchanged = (
-        status.phase == Phase.RUNNING
-        and status.step is not None
-        and status.step == previous.get("step")
+        status.phase == Phase.RUNNING and status.step is not None and status.step == previous.step
     )
-    return previous.get("quiet_polls", 0) + 1 if unchanged else 0
+    return previous.quiet_polls + 1 if unchanged else 0
 
 
 def stalled(

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from domain.run_state import RegisteredRun, RunResources
 from domain.runs import FINISHED, RunStore, run_id_for
 from lambdas.pipeline.dependencies import Dependencies
 from lambdas.pipeline.notify import notify, summary
@@ -112,14 +113,14 @@ class RunSteps:
             presets=settings.model_presets,
             instance_type=settings.training_instance_type,
         )
-        return {
-            "run_id": registered.run.run_id,
-            "poll_seconds": settings.poll_seconds,
-            "created": registered.created,
-            "config": registered.config.model_dump(mode="json"),
-            "cost_per_hour": registered.cost.per_hour,
-            "deadline_at": registered.run.deadline_at,
-        }
+        return RegisteredRun(
+            run_id=registered.run.run_id,
+            poll_seconds=settings.poll_seconds,
+            created=registered.created,
+            config=registered.config,
+            cost_per_hour=registered.cost.per_hour,
+            deadline_at=registered.run.deadline_at,
+        ).model_dump(mode="json")
 
     def provision(self, event: dict[str, Any]) -> dict[str, Any]:
         provisioned = provision_run(
@@ -128,11 +129,10 @@ class RunSteps:
             kms_key_id=self.settings.data_key_arn,
             alert_topic_arn=self.settings.alert_topic_arn,
         )
-        return {
-            "run_id": event["run_id"],
-            "queues": provisioned.queues,
-            "alarms": provisioned.alarms,
-        }
+        resources = RunResources(
+            run_id=event["run_id"], queues=provisioned.queues, alarms=provisioned.alarms
+        )
+        return resources.model_dump(mode="json")
 
     def teardown(self, event: dict[str, Any]) -> dict[str, Any]:
         result = teardown_run(self.settings.router_wiring(self._clients), run_id=event["run_id"])

@@ -145,11 +145,11 @@ class LocalTrainingCluster(TrainingCluster):
     def nodes_ready(self, run: RunContext) -> int:
         return self._nodes.get(run.run_id, 0)
 
-    def submit(self, run: RunContext, *, config: dict[str, Any]) -> str:
+    def submit(self, run: RunContext) -> str:
         job_id = f"{run.run_id}-trainer"
         if run.run_id in self._jobs:
             return job_id
-        environment = load(run.environment)
+        environment = load(run.training.environment)
         job = TrainingJob(
             run_id=run.run_id,
             bucket=run.bucket,
@@ -157,7 +157,7 @@ class LocalTrainingCluster(TrainingCluster):
             dataset_version=run.dataset_version,
             output_prefix=run.output_prefix,
             queues=run.queues,
-            config=config,
+            config=run.training,
             reward_range=(environment.reward_range.low, environment.reward_range.high),
             seed=self._seed,
         )

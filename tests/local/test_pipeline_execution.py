@@ -62,7 +62,7 @@ class FakeCluster(TrainingCluster):
         self.polls += 1
         return 0 if self.polls == 1 else 4
 
-    def submit(self, run: RunContext, *, config: dict) -> str:
+    def submit(self, run: RunContext) -> str:
         self.calls.append("submit")
         return f"job-{run.run_id}"
 

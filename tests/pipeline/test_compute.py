@@ -8,11 +8,13 @@ import boto3
 import pytest
 
 from domain.backends import JobStatus, RunContext, TrainingCluster
+from domain.run_state import RegisteredRun
 from domain.runs import RunRecord, RunStore, create_runs_table
 from lambdas.clients import Clients
 from lambdas.pipeline.compute import ComputeSteps
 from lambdas.pipeline.dependencies import Compute, Dependencies
 from lambdas.pipeline.settings import PipelineSettings
+from training_configs.schema import load_training_config
 
 
 class Scripted(TrainingCluster):
@@ -23,7 +25,7 @@ class Scripted(TrainingCluster):
     def nodes_ready(self, run: RunContext) -> int:
         return 0
 
-    def submit(self, run: RunContext, *, config: dict) -> str:
+    def submit(self, run: RunContext) -> str:
         return "job"
 
     def status(self, run: RunContext) -> JobStatus:
@@ -38,14 +40,16 @@ class Scripted(TrainingCluster):
         return False
 
 
-CONFIG = {
-    "environment": "wordle",
-    "rollout_concurrency": 4,
-    "max_turns": 6,
-    "rollout_timeout_seconds": 60,
-    "budget_usd": 100.0,
-}
+CONFIG = (
+    load_training_config("rft_multiturn_lora")
+    .model_copy(update={"rollout_timeout_seconds": 60, "budget_usd": 100.0})
+    .model_dump(mode="json")
+)
 
+# Register's result for run "r" (deadline at 3600 s, $60/h).
+REGISTERED = RegisteredRun(
+    run_id="r", poll_seconds=60, created=True, config=CONFIG, cost_per_hour=60.0, deadline_at=3600.0
+).model_dump(mode="json")
 
 SETTINGS = PipelineSettings(
     NAME_PREFIX="nova-mtrl",
@@ -79,7 +83,7 @@ def state(aws: None) -> dict:
         )
     )
     return {
-        "run": {"run_id": "r", "config": CONFIG, "poll_seconds": 60, "deadline_at": 3600.0},
+        "run": REGISTERED,
         "bucket": "b",
         "key": "training-data/x.jsonl",
     }
@@ -118,10 +122,33 @@ def test_collect_writes_the_run_summary(aws: None) -> None:
         {
             "bucket": "bucket-1",
             "key": "training-data/x.jsonl",
-            "run": {"run_id": "r", "config": CONFIG},
+            "run": REGISTERED,
             "job": {"phase": "succeeded", "step": 9},
         }
     )
     summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
     assert result == {"results": "s3://bucket-1/runs/r/", "objects": 1}
     assert summary["outputs"] == ["metrics.jsonl"] and summary["job"]["step"] == 9
+
+
+def test_the_state_is_parsed_once_and_typed(state: dict) -> None:
+    """A step reads the run's config as registered (a TrainingConfig, not a dict to re-default);
+    a state the steps before never completed is named, not a KeyError."""
+    cluster = Scripted(JobStatus("pending"))
+    assert steps(cluster).scale_up(state) == {
+        "instances": CONFIG["instance_count"],
+        "scale_to_zero": CONFIG["scale_to_zero"],
+    }
+    with pytest.raises(
+        ValueError, match="s3://b/training-data/x.jsonl: the run was never registered"
+    ):
+        steps(cluster).submit_job({"bucket": "b", "key": "training-data/x.jsonl"})
+    unregistered = {
+        "bucket": "b",
+        "key": "training-data/x.jsonl",
+        "error": {"Error": "DatasetInvalid"},
+    }
+    assert steps(cluster).release_compute(unregistered) == {
+        "workers_stopped": 0,
+        "job_objects_deleted": 0,
+    }

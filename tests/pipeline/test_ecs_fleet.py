@@ -3,12 +3,15 @@ run token never sits in plain environment, backlog scaling, idempotence, and a f
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import boto3
 import pytest
 
 from domain.backends import RunContext
 from lambdas.pipeline.ecs_fleet import EcsFleetSettings, EcsRewardFleet, FleetFailed
 from tests.service_fakes import ServiceFake
+from training_configs.schema import load_training_config
 
 RUN = RunContext(
     run_id="wordle-abc123",
@@ -18,12 +21,13 @@ RUN = RunContext(
     },
     router_url="https://router.lambda-url.us-east-1.on.aws/",
     run_token="secret-token",
-    environment="wordle",
     bucket="data",
     dataset_key="training-data/w.jsonl",
     dataset_version=None,
     output_prefix="runs/wordle-abc123/",
-    settings={"rollout_concurrency": 16, "rollout_timeout_seconds": 600, "max_turns": 6},
+    config=load_training_config("rft_multiturn_lora").model_copy(
+        update={"rollout_concurrency": 16, "rollout_timeout_seconds": 600, "max_turns": 6}
+    ),
 )
 
 
@@ -163,7 +167,7 @@ def test_start_is_idempotent(fleet: EcsRewardFleet) -> None:
 
 
 def test_the_fleet_scales_on_backlog_per_task_when_allowed(fleet: EcsRewardFleet) -> None:
-    run = RunContext(**{**RUN.__dict__, "settings": {**RUN.settings, "reward_workers_max": 10}})
+    run = replace(RUN, config=RUN.training.model_copy(update={"reward_workers_max": 10}))
     fleet.start(run, workers=2)
     scaling = boto3.client("application-autoscaling")
     (target,) = scaling.describe_scalable_targets(ServiceNamespace="ecs")["ScalableTargets"]

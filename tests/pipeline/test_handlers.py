@@ -274,7 +274,7 @@ class RecordingCompute(RewardFleet, TrainingCluster):
     def nodes_ready(self, run: RunContext) -> int:
         return 0
 
-    def submit(self, run: RunContext, *, config: dict) -> str:
+    def submit(self, run: RunContext) -> str:
         raise AssertionError("the reaper submits nothing")
 
     def status(self, run: RunContext) -> JobStatus:

@@ -7,6 +7,7 @@ import copy
 import datetime
 import json
 import time
+from dataclasses import replace
 from typing import Any
 
 import boto3
@@ -36,15 +37,14 @@ RUN = RunContext(
     },
     router_url=None,
     run_token="",
-    environment="wordle",
     bucket="nova-mtrl-data",
     dataset_key="training-data/wordle.jsonl",
     dataset_version=None,
     output_prefix="runs/wordle-0a1b2c3d4e/",
+    config=load_training_config("rft_multiturn_lora"),
 )
 NAMESPACE = run_namespace("nova-mtrl", RUN.run_id)
 JOBS = f"/apis/sagemaker.amazonaws.com/v1/namespaces/{NAMESPACE}/hyperpodpytorchjobs"
-CONFIG = load_training_config("rft_multiturn_lora").model_dump(mode="json")
 
 
 def settings(**overrides: Any) -> HyperPodSettings:
@@ -132,9 +132,9 @@ def add_pod(api: FakeKubernetes, name: str, status: dict[str, Any]) -> None:
 def test_submit_applies_every_object_once_and_is_idempotent(
     cluster: HyperPodTrainingCluster, api: FakeKubernetes, eks: FakeEks
 ) -> None:
-    assert cluster.submit(RUN, config=CONFIG) == f"{NAMESPACE}/trainer"
+    assert cluster.submit(RUN) == f"{NAMESPACE}/trainer"
     first = copy.deepcopy(api.objects)
-    assert cluster.submit(RUN, config=CONFIG) == f"{NAMESPACE}/trainer"
+    assert cluster.submit(RUN) == f"{NAMESPACE}/trainer"
     assert list(api.objects[JOBS]) == ["trainer"]
     assert (
         api.objects[JOBS]["trainer"]["metadata"]["uid"] == first[JOBS]["trainer"]["metadata"]["uid"]
@@ -169,7 +169,7 @@ def test_a_model_without_preset_fails_before_anything_is_applied(
     with pytest.raises(
         JobRenderError, match="model 'llama-9' has no preset.*nova-lite-2, qwen3-8b"
     ):
-        cluster.submit(RUN, config={**CONFIG, "model": "llama-9"})
+        cluster.submit(replace(RUN, config=RUN.training.model_copy(update={"model": "llama-9"})))
     assert api.requests == []
 
 
@@ -177,7 +177,7 @@ def test_status_carries_the_trainers_last_step_from_its_metrics(
     cluster: HyperPodTrainingCluster, api: FakeKubernetes
 ) -> None:
     s3 = boto3.client("s3")
-    cluster.submit(RUN, config=CONFIG)
+    cluster.submit(RUN)
     set_job_condition(api, "Running")
     assert cluster.status(RUN).step is None  # no metrics yet
     lines = [
@@ -194,7 +194,7 @@ def test_status_follows_the_job_conditions(
     cluster: HyperPodTrainingCluster, api: FakeKubernetes
 ) -> None:
     assert cluster.status(RUN).phase == "failed"  # not submitted: says so
-    cluster.submit(RUN, config=CONFIG)
+    cluster.submit(RUN)
     assert cluster.status(RUN).phase == "pending"
     set_job_condition(api, "Running")
     assert cluster.status(RUN).phase == "running"
@@ -221,7 +221,7 @@ def test_status_follows_the_job_conditions(
 def test_pod_failures_fail_the_run_with_the_reason(
     cluster: HyperPodTrainingCluster, api: FakeKubernetes, container: dict, expected: str
 ) -> None:
-    cluster.submit(RUN, config=CONFIG)
+    cluster.submit(RUN)
     set_job_condition(api, "Running")
     add_pod(api, "trainer-0", {"containerStatuses": [{"name": "pytorch", **container}]})
     status = cluster.status(RUN)
@@ -248,7 +248,7 @@ def test_hyperpods_pods_running_condition_counts_as_running(condition: str) -> N
 def test_unschedulable_pods_wait_then_pend_too_long(
     cluster: HyperPodTrainingCluster, api: FakeKubernetes, clock: Clock
 ) -> None:
-    cluster.submit(RUN, config=CONFIG)
+    cluster.submit(RUN)
     add_pod(api, "trainer-0", {"conditions": [{
         "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
         "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."}]})  # fmt: skip
@@ -267,7 +267,7 @@ def test_unschedulable_pods_wait_then_pend_too_long(
 def test_delete_removes_the_namespace_and_waits_until_it_is_gone(
     cluster: HyperPodTrainingCluster, api: FakeKubernetes, clock: Clock, eks: FakeEks
 ) -> None:
-    cluster.submit(RUN, config=CONFIG)
+    cluster.submit(RUN)
     api.terminating_reads[NAMESPACE] = 3
     started = clock.now
     # namespace, job, deployment, service, service account, config map, Pod Identity association
@@ -281,7 +281,7 @@ def test_delete_removes_the_namespace_and_waits_until_it_is_gone(
 def test_delete_that_outlasts_the_wait_raises_for_a_retry(
     cluster: HyperPodTrainingCluster, api: FakeKubernetes
 ) -> None:
-    cluster.submit(RUN, config=CONFIG)
+    cluster.submit(RUN)
     api.terminating_reads[NAMESPACE] = 100
     with pytest.raises(JobStillDeleting, match=f"namespace {NAMESPACE} is still terminating"):
         cluster.delete(RUN)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from domain.backends import JobStatus, Phase
+from domain.run_state import JobReport
 from domain.runs import RunRecord
 from lambdas.pipeline.policies import must_stop, quiet_polls, reaping, stalled
 
@@ -33,11 +34,12 @@ def test_past_its_deadline_or_over_budget_it_stops_saying_why() -> None:
 
 def test_quiet_polls_count_only_a_running_step_that_stands_still() -> None:
     running = JobStatus(Phase.RUNNING, step=7)
-    assert quiet_polls(running, {"step": 7, "quiet_polls": 4}) == 5
-    assert quiet_polls(running, {"step": 6, "quiet_polls": 4}) == 0
-    assert quiet_polls(JobStatus(Phase.PENDING, step=7), {"step": 7, "quiet_polls": 4}) == 0
-    assert quiet_polls(JobStatus(Phase.RUNNING), {"step": None, "quiet_polls": 4}) == 0
-    assert quiet_polls(running, {}) == 0  # the first poll has nothing to compare
+    seen = lambda step: JobReport(phase=Phase.RUNNING, step=step, quiet_polls=4)  # noqa: E731
+    assert quiet_polls(running, seen(7)) == 5
+    assert quiet_polls(running, seen(6)) == 0
+    assert quiet_polls(JobStatus(Phase.PENDING, step=7), seen(7)) == 0
+    assert quiet_polls(JobStatus(Phase.RUNNING), seen(None)) == 0
+    assert quiet_polls(running, None) == 0  # the first poll has nothing to compare
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,65 @@
+"""A run's state between the pipeline's steps: what the state machine carries from one Lambda
+to the next (its input, and each step's result at its path), as typed models. Each step parses
+the state once; each step that adds to it returns one of these, serialized."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from domain.backends import Phase
+from training_configs.schema import TrainingConfig
+
+
+class RegisteredRun(BaseModel):
+    """Register's result, at `$.run`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    poll_seconds: int
+    created: bool
+    config: TrainingConfig
+    cost_per_hour: float
+    deadline_at: float
+
+
+class RunResources(BaseModel):
+    """Provision's result, at `$.resources`: the run's queues by kind and its alarms."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    queues: dict[str, str]
+    alarms: list[str]
+
+
+class JobReport(BaseModel):
+    """Monitor's result, at `$.job`: the job's phase (the `JobDone?` choice reads it), or the
+    pipeline's reason to stop the run; the training step seen, and for how many polls."""
+
+    model_config = ConfigDict(frozen=True)
+
+    phase: Phase
+    reason: str = ""
+    step: int | None = None
+    quiet_polls: int = 0
+
+
+class RunState(BaseModel):
+    """The execution's state as a step receives it whole: the upload it started with, and what
+    the steps before it added (absent before they ran: a failure before Register has no run)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    bucket: str
+    key: str
+    version_id: str | None = None
+    run: RegisteredRun | None = None
+    resources: RunResources | None = None
+    job: JobReport | None = None
+
+    @property
+    def registered(self) -> RegisteredRun:
+        if self.run is None:
+            raise ValueError(f"s3://{self.bucket}/{self.key}: the run was never registered")
+        return self.run
