@@ -15,6 +15,7 @@ from stacks.components.functions import ClusterNetwork
 from stacks.components.hyperpod import HyperPodCluster
 from stacks.components.lambda_code import pipeline_code
 from stacks.components.pipeline import TrainingPipeline
+from stacks.components.pipeline_steps import STEP
 from stacks.components.reward_fleet import RewardFleet, log_group_name
 from stacks.components.router import Router
 from stacks.components.storage import DataBucketAccess, Storage, data_bucket_name
@@ -73,10 +74,7 @@ class PipelineStack(PlatformStack):
         functions = self.pipeline.functions
         if config.keep_warm_minutes:
             self.pipeline.add_scheduled_step(
-                "release_idle",
-                "Scales GPU nodes kept warm to zero once no run took them",
-                every=Duration.minutes(5),
-                environment=training.environment,
+                STEP["release_idle"], every=Duration.minutes(5), environment=training.environment
             )
         for step, function in functions.items():
             needs = set(NEEDS[step])

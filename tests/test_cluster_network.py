@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from stacks.components.access import NEEDS, Need
+from stacks.components.access import NEEDS
+from stacks.components.needs import Need
 from stacks.config import ConfigError, PlatformConfig, deployment_context
 from tests.conftest import Synthesized, as_list, role_statements, synthesize
 

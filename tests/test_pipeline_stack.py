@@ -9,7 +9,7 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from stacks.components.pipeline import AFTER_DEADLINE_HOURS
+from stacks.components.pipeline_states import AFTER_DEADLINE_HOURS
 from tests.conftest import Synthesized, as_list, role_statements
 from training_configs import load_training_config
 from training_configs.schema import SHIPPED, TrainingConfig

@@ -32,6 +32,7 @@ from mtrl.local.embedded import (
     upload_event,
 )
 from mtrl.local.function_url import FunctionUrlServer
+from stacks.components.pipeline_steps import STEP
 from training_configs.schema import SHIPPED, TrainingConfig, load_training_config
 
 POLL_SECONDS = "1"
@@ -204,7 +205,8 @@ class LocalSession:
         event = upload_event(bucket, key, version)
         if not matches(self.pipeline.upload_pattern, event):
             raise RuntimeError(f"the upload rule does not match {key}")
-        started = self.pipeline.dispatcher.call(self.pipeline.function("handlers.start_run"), event)
+        start = self.pipeline.function(STEP["start_run"].handler)
+        started = self.pipeline.dispatcher.call(start, event)
         self._execution = started["execution_arn"]
         return started["run_id"], started["execution_arn"]
 

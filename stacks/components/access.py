@@ -9,7 +9,6 @@ grant against the requests: a need added here and never used, or used and not he
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from enum import StrEnum
 from typing import Any, Protocol
 
 from aws_cdk import ArnFormat, Stack
@@ -17,102 +16,13 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 
 from stacks.components.nag import acknowledge_key_grant, acknowledge_resource
+from stacks.components.needs import Need
+from stacks.components.pipeline_steps import STEPS
 
-
-class Need(StrEnum):
-    # The data bucket (datasets, configs, a run's outputs).
-    DATASETS_READ = "read the dataset version a run started with"
-    DATASETS_READ_CURRENT = "read datasets as they are now"
-    CONFIGS_READ = "read configs"
-    OUTPUTS_LIST = "list a run's outputs"
-    OUTPUTS_READ = "read a run's outputs"
-    OUTPUTS_WRITE = "write a run's outputs"
-    # The runs table and the capacity leases in it.
-    RUNS_GET = "read a run"
-    RUNS_SCAN = "list the runs"
-    RUNS_PUT = "store a run"
-    CAPACITY_LEASES = "take and return GPU capacity leases"
-    CAPACITY_LEASES_READ = "read who holds GPU capacity, since when idle"
-    # The pipeline itself.
-    EXECUTION_START = "start an execution"
-    EXECUTIONS_STOP = "describe and stop executions"
-    ALERTS_PUBLISH = "publish to the alert topic"
-    # The router: conversations, run queues, their alarms, the consumer's mappings.
-    CONVERSATIONS_GET = "read a conversation record"
-    CONVERSATIONS_PUT = "store a new conversation record"
-    CONVERSATIONS_UPDATE = "change a conversation record"
-    RUN_QUEUES_CREATE = "create a run's queues"
-    RUN_QUEUES_DELETE = "delete a run's queues"
-    RUN_QUEUES_SEND = "send to run queues"
-    RUN_QUEUES_RECEIVE = "receive from run queues"
-    RUN_QUEUES_POLL = "let Lambda poll run queues for the consumer"
-    QUEUE_ALARMS_CREATE = "create a run's queue alarms"
-    QUEUE_ALARMS_DELETE = "delete a run's queue alarms"
-    CONSUMER_CONNECT = "connect a run's queue to the consumer"
-    CONSUMER_DISCONNECT = "disconnect a run's queue from the consumer"
-    PROXY_INVOKE = "call the proxy's function URL"
-    # The reward fleet (ECS).
-    FLEET_START = "start a run's reward workers"
-    FLEET_WATCH = "count a run's reward workers"
-    FLEET_STOP = "stop a run's reward workers"
-    # The training plane (HyperPod, EKS).
-    NODES_SCALE = "scale the training instance group"
-    NODES_COUNT = "count the training group's nodes"
-    KUBERNETES = "use the EKS cluster's Kubernetes API"
-    POD_IDENTITY_CREATE = "give a run's pods the job role"
-    POD_IDENTITY_DELETE = "take the job role from a run's pods"
-    # The operator running `mtrl` (submit, runs, status, cost, logs, teardown, doctor).
-    DEPLOYMENT_READ = "find the deployment from its stacks' outputs"
-    DATASETS_UPLOAD = "upload datasets"
-    CONFIGS_UPLOAD = "upload configs"
-    EXECUTIONS_READ = "read executions and their history"
-    REAPER_INVOKE = "ask the reaper to tear a run down"
-    PIPELINE_LOGS_READ = "read the pipeline's logs"
-    QUEUES_WATCH = "read run queues' depths and ages"
-    WORKER_LOGS_READ = "read the reward workers' logs"
-    WORKER_IMAGE_CHECK = "check the reward worker's image"
-    TRAINER_LOGS_READ = "read the training pods' logs"
-    CLUSTERS_CHECK = "check the EKS and HyperPod clusters and the GPU quota"
-
-
-_TEARDOWN = (
-    Need.CONSUMER_DISCONNECT,
-    Need.RUN_QUEUES_DELETE,
-    Need.QUEUE_ALARMS_DELETE,
-)
-_RELEASE = (
-    Need.FLEET_STOP,
-    Need.KUBERNETES,
-    Need.POD_IDENTITY_DELETE,
-    Need.NODES_SCALE,
-    Need.CAPACITY_LEASES,
-)
-_RELEASE_IDLE = (Need.NODES_SCALE, Need.CAPACITY_LEASES, Need.CAPACITY_LEASES_READ)
-
-# Per principal: the pipeline's functions by step (lambdas/pipeline/), the router's functions,
-# the reward workers (task role) and a run's pods (job role).
+# Per principal: the pipeline's functions by step (stacks/components/pipeline_steps.py), the
+# router's functions, the reward workers (task role) and a run's pods (job role).
 NEEDS: Mapping[str, tuple[Need, ...]] = {
-    "start_run": (Need.EXECUTION_START,),
-    "validate": (Need.DATASETS_READ, Need.OUTPUTS_WRITE),
-    # RUNS_GET: a retried Register finds the run its first attempt stored.
-    "register": (Need.DATASETS_READ, Need.CONFIGS_READ, Need.RUNS_PUT, Need.RUNS_GET),
-    "provision": (Need.RUN_QUEUES_CREATE, Need.QUEUE_ALARMS_CREATE, Need.CONSUMER_CONNECT),
-    "scale_up": (Need.NODES_SCALE, Need.CAPACITY_LEASES),
-    "nodes_ready": (Need.NODES_COUNT, Need.KUBERNETES),
-    "start_workers": (Need.CONVERSATIONS_PUT, Need.FLEET_START),
-    "workers_healthy": (Need.FLEET_WATCH,),
-    "submit_job": (Need.KUBERNETES, Need.POD_IDENTITY_CREATE),
-    "monitor": (Need.RUNS_GET, Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.KUBERNETES),
-    "collect": (Need.OUTPUTS_LIST, Need.OUTPUTS_WRITE),
-    "release_compute": _RELEASE,
-    "teardown": _TEARDOWN,
-    "notify_end": (Need.RUNS_GET, Need.RUNS_PUT, Need.ALERTS_PUBLISH),
-    # The reaper also releases idle nodes on request (`mtrl teardown --all-idle`).
-    "reap": (
-        Need.RUNS_SCAN, Need.RUNS_GET, Need.RUNS_PUT, Need.EXECUTIONS_STOP,
-        *_RELEASE, *_RELEASE_IDLE, *_TEARDOWN,
-    ),
-    "release_idle": _RELEASE_IDLE,
+    **{step.name: step.needs for step in STEPS},
     "proxy": (
         Need.CONVERSATIONS_GET, Need.CONVERSATIONS_PUT, Need.CONVERSATIONS_UPDATE,
         Need.RUN_QUEUES_SEND,

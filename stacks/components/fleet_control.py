@@ -18,8 +18,9 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from domain.run_queues import deployment_prefix
-from stacks.components.access import Allow, Need, grant_log_reading, log_group_arn
+from stacks.components.access import Allow, grant_log_reading, log_group_arn
 from stacks.components.nag import acknowledge_resource
+from stacks.components.needs import Need
 from stacks.components.reward_fleet import RewardFleet, cluster_name, log_group_name, task_family
 from stacks.config import PlatformConfig
 

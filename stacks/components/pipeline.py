@@ -1,51 +1,42 @@
-"""The training pipeline: upload rule -> start Lambda -> state machine of thin step Lambdas.
-
-State machine (compute steps come with the backends of the compute issue):
-
-    Validate -> Register -> Provision -> Teardown -> NotifySuccess -> Succeeded
-    any step fails -> Failed in <step> -> TeardownAfterFailure -> NotifyFailure -> Fail
-
-Every task retries Lambda's transient errors; every failure reaches teardown, then a failure
-notification, then a Fail state that carries the original error and cause.
-"""
+"""The training pipeline: the upload rule -> the start function -> the state machine of thin
+step functions (stacks/components/pipeline_states.py), the runs table and the alert topic, the
+reaper on a schedule, and monitoring (stacks/components/pipeline_monitoring.py). Which functions
+there are, and what each needs, is the step table (stacks/components/pipeline_steps.py)."""
 
 from __future__ import annotations
 
 from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack
-from aws_cdk import aws_cloudwatch as cloudwatch
-from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
-from aws_cdk import aws_sqs as sqs
-from aws_cdk import aws_stepfunctions as sfn
-from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
-from domain.backends import WAITING, Phase
-from domain.bucket import TRAINING_DATA_PREFIX
-from domain.run_queues import deployment_prefix
-from stacks.components.access import NEEDS, Need, grant_log_reading, grant_table_key
+from stacks.components.access import grant_log_reading, grant_table_key
 from stacks.components.functions import ClusterNetwork, pipeline_function
 from stacks.components.nag import acknowledge, acknowledge_resource
+from stacks.components.needs import Need
+from stacks.components.pipeline_monitoring import (
+    alarm,
+    errors_alarm_name,
+    pipeline_alarms,
+    pipeline_dashboard,
+)
+from stacks.components.pipeline_states import pipeline_state_machine
+from stacks.components.pipeline_steps import STEP, STEPS, PipelineStep, Trigger
+from stacks.components.pipeline_trigger import upload_trigger
 from stacks.config import PlatformConfig
-from training_configs.schema import DEFAULT_CONFIG, MAX_DEADLINE_HOURS
-
-HANDLERS = "lambdas.pipeline.handlers"
-# Validation before a run's deadline starts, and release, teardown and notice after it passes.
-AFTER_DEADLINE_HOURS = 2
+from training_configs.schema import DEFAULT_CONFIG
 
 
 class TrainingPipeline(Construct):
-    """Attributes: `runs_table`, `alert_topic`, `state_machine`, `upload_rule`, `functions`.
-    Provides the needs about runs, executions and alerts (`provides`, `grant`)."""
+    """Attributes: `runs_table`, `alert_topic`, `state_machine`, `upload_rule`, `functions` (by
+    step name). Provides the needs about runs, executions and alerts (`provides`, `grant`)."""
 
     def __init__(
         self,
@@ -62,8 +53,7 @@ class TrainingPipeline(Construct):
         cluster_network: ClusterNetwork,
     ) -> None:
         super().__init__(scope, construct_id)
-        stack = Stack.of(self)
-        self._cluster_network = cluster_network
+        self._cluster_network, self._code, self._data_key = cluster_network, code, data_key
         self.runs_table = dynamodb.Table(
             self,
             "Runs",
@@ -85,8 +75,8 @@ class TrainingPipeline(Construct):
         )
         if config.alert_email:
             self.alert_topic.add_subscription(subscriptions.EmailSubscription(config.alert_email))
-
-        environment = {
+        # What every step function is told (lambdas/pipeline/settings.py).
+        self._environment = {
             "NAME_PREFIX": config.name_prefix,
             "RUNS_TABLE": self.runs_table.table_name,
             "CONVERSATIONS_TABLE": conversations.table_name,
@@ -97,175 +87,79 @@ class TrainingPipeline(Construct):
             "CONSUMER_FUNCTION": consumer.function_name,
             "POLL_SECONDS": "60",
         }
-        steps = {
-            "validate": "Validates the uploaded dataset, streaming, with a line-numbered report",
-            "register": "Registers the run: id, training config, cost and budget check",
-            "provision": "Creates the run's queues, alarms and router entry",
-            "teardown": "Deletes every per-run resource (idempotent)",
-            "notify_end": "Publishes how the run ended",
-        }
-        compute_steps = {
-            "scale_up": "Asks the training cluster for the run's nodes",
-            "nodes_ready": "Counts the run's schedulable nodes",
-            "start_workers": "Starts the run's reward workers with a fresh run token",
-            "workers_healthy": "Counts the run's healthy reward workers",
-            "submit_job": "Submits the run's training job (idempotent)",
-            "monitor": "Polls the job; stops runs past their deadline or budget",
-            "collect": "Lists the run's results under runs/<run_id>/",
-            "release_compute": "Stops workers, deletes the job, scales nodes down (idempotent)",
-        }
-        self.functions = {
-            name: pipeline_function(
-                self,
-                f"{name.title().replace('_', '')}Function",
-                handler=f"{HANDLERS}.{name}",
-                description=description,
-                code=code,
-                timeout=Duration.minutes(15 if name == "validate" else 2),
-                environment=environment,
-                memory_size=1024 if name == "validate" else 512,
-                network=self._network(name),
-            )
-            for name, description in {**steps, **compute_steps}.items()
-        }
-        self._code, self._environment = code, environment
-        self._data_key = data_key
-        self.state_machine = self._state_machine(config)
-        self._executions = stack.format_arn(
+        self.functions: dict[str, lambda_.Function] = {}
+        for step in STEPS:
+            if step.trigger is Trigger.STATE_MACHINE:
+                self._function(step)
+        self.state_machine, self.execution_logs = pipeline_state_machine(
+            self, name=f"{config.name_prefix}-pipeline", functions=dict(self.functions)
+        )
+        self._executions = Stack.of(self).format_arn(
             service="states",
             resource="execution",
             resource_name=f"{config.name_prefix}-pipeline:*",
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
-        start = pipeline_function(
-            self,
-            "StartRun",
-            handler=f"{HANDLERS}.start_run",
-            description="Starts the pipeline for an upload, named after the run (idempotent)",
-            code=code,
-            timeout=Duration.seconds(30),
-            environment={**environment, "STATE_MACHINE_ARN": self.state_machine.state_machine_arn},
-        )
-        self.functions["start_run"] = start
-        self._reaper(code, environment)
-        self.trigger_dlq = sqs.Queue(
-            self,
-            "TriggerDeadLetters",
-            # SQS-managed: EventBridge cannot use the AWS managed key alias/aws/sqs to deliver
-            # dead letters (EventBridge User Guide, "Using dead-letter queues").
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
-            enforce_ssl=True,
-            retention_period=Duration.days(14),
-        )
-        acknowledge(
-            self.trigger_dlq,
-            "AwsSolutions-SQS3",
-            "This queue is itself the dead-letter queue of the upload rule's target.",
-        )
-        self.upload_rule = events.Rule(
-            self,
-            "UploadRule",
-            description="A .jsonl under training-data/ starts a training run",
-            event_pattern=events.EventPattern(
-                source=["aws.s3"],
-                detail_type=["Object Created"],
-                detail={
-                    "bucket": {"name": [data_bucket.bucket_name]},
-                    "object": {"key": events.Match.wildcard(f"{TRAINING_DATA_PREFIX}*.jsonl")},
-                },
-            ),
-            targets=[
-                targets.LambdaFunction(
-                    start,
-                    dead_letter_queue=self.trigger_dlq,
-                    retry_attempts=8,
-                    max_event_age=Duration.hours(2),
-                )
-            ],
-        )
-        self.add_alarms()
-        self.dashboard = self._dashboard(config)
-
-    def _dashboard(self, config: PlatformConfig) -> cloudwatch.Dashboard:
-        """Runs and states at a glance, plus the age of every run queue's oldest message."""
-        period = Duration.minutes(5)
-        machine = self.state_machine
-        queue_ages = cloudwatch.MathExpression(
-            expression=(
-                'SEARCH(\'{AWS/SQS,QueueName} MetricName="ApproximateAgeOfOldestMessage" '
-                f"QueueName=\"{deployment_prefix(config.name_prefix)}\"', 'Maximum', 300)"
-            ),
-            label="oldest message age (s)",
-            period=period,
-        )
-        dashboard = cloudwatch.Dashboard(
-            self, "Dashboard", dashboard_name=f"{config.name_prefix}-pipeline"
-        )
-        dashboard.add_widgets(
-            cloudwatch.GraphWidget(
-                title="Runs (executions)",
-                left=[
-                    machine.metric_started(period=period),
-                    machine.metric_succeeded(period=period),
-                    machine.metric_failed(period=period),
-                    machine.metric_timed_out(period=period),
-                    machine.metric_aborted(period=period),
-                ],
-                width=12,
-            ),
-            cloudwatch.GraphWidget(
-                title="Step errors",
-                left=[
-                    function.metric_errors(period=period, label=name)
-                    for name, function in self.functions.items()
-                ],
-                width=12,
-            ),
-            cloudwatch.GraphWidget(
-                title="Run queues: oldest message age", left=[queue_ages], width=12
-            ),
-            cloudwatch.GraphWidget(
-                title="Reward progress (mean reward per run)",
-                left=[
-                    cloudwatch.MathExpression(
-                        # Trainers publish nova-mtrl/Training MeanReward with a RunId dimension.
-                        expression="SEARCH('{nova-mtrl/Training,RunId} MetricName=\"MeanReward\"', 'Average', 300)",
-                        label="mean reward",
-                        period=period,
-                    )
-                ],
-                width=12,
-            ),
-            cloudwatch.GraphWidget(
-                title="Upload events dead-lettered",
-                left=[
-                    self.trigger_dlq.metric_approximate_number_of_messages_visible(period=period)
-                ],
-                width=12,
-            ),
-        )
-        return dashboard
-
-    def _reaper(self, code: lambda_.Code, environment: dict[str, str]) -> None:
-        """Every 15 minutes: tear down runs past their deadline or whose execution ended."""
-        reaper = pipeline_function(
-            self,
-            "Reaper",
-            handler=f"{HANDLERS}.reap",
-            description="Tears down runs past their deadline or whose execution is gone",
-            code=code,
-            timeout=Duration.minutes(5),
-            environment={**environment, "STATE_MACHINE_ARN": self.state_machine.state_machine_arn},
-            network=self._network("reap"),
-        )
+        start = self._function(STEP["start_run"])
         events.Rule(
             self,
             "ReaperSchedule",
             description="Reaps overdue and orphaned training runs",
             schedule=events.Schedule.rate(Duration.minutes(15)),
-            targets=[targets.LambdaFunction(reaper, retry_attempts=2)],
+            targets=[targets.LambdaFunction(self._function(STEP["reap"]), retry_attempts=2)],
         )
-        self.functions["reap"] = reaper
+        self.upload_rule, self.trigger_dlq = upload_trigger(
+            self, data_bucket=data_bucket, start=start
+        )
+        monitored = {
+            "machine": self.state_machine,
+            "functions": self.functions,
+            "trigger_dlq": self.trigger_dlq,
+        }
+        pipeline_alarms(self, topic=self.alert_topic, **monitored)
+        self.dashboard = pipeline_dashboard(self, name_prefix=config.name_prefix, **monitored)
+
+    def _function(
+        self, step: PipelineStep, environment: dict[str, str] | None = None
+    ) -> lambda_.Function:
+        """The step's function, with the pipeline's environment (and `environment`); in the
+        cluster's network when it calls the Kubernetes API."""
+        variables = {**self._environment, **(environment or {})}
+        if step.knows_state_machine:
+            variables["STATE_MACHINE_ARN"] = self.state_machine.state_machine_arn
+        function = pipeline_function(
+            self,
+            step.id,
+            handler=step.handler,
+            description=step.description,
+            code=self._code,
+            timeout=Duration.seconds(step.timeout_seconds),
+            environment=variables,
+            memory_size=step.memory_mb,
+            network=self._cluster_network if step.calls_kubernetes else None,
+        )
+        self.functions[step.name] = function
+        return function
+
+    def add_scheduled_step(
+        self, step: PipelineStep, *, every: Duration, environment: dict[str, str]
+    ) -> lambda_.Function:
+        """A step run on a schedule, with the settings of the plane it works on."""
+        function = self._function(step, environment)
+        events.Rule(
+            self,
+            f"{step.id.removesuffix('Function')}Schedule",
+            description=step.description,
+            schedule=events.Schedule.rate(every),
+            targets=[targets.LambdaFunction(function, retry_attempts=2)],
+        )
+        alarm(
+            self,
+            errors_alarm_name(step.name),
+            function.metric_errors(period=Duration.minutes(5)),
+            self.alert_topic,
+        )
+        return function
 
     # --- the needs it provides (stacks/components/access.py) ---
 
@@ -345,264 +239,3 @@ class TrainingPipeline(Construct):
             self.execution_logs.log_group_name,
             *(function.log_group.log_group_name for function in self.functions.values()),
         ]
-
-    def _network(self, step: str) -> ClusterNetwork | None:
-        """A step that calls the Kubernetes API runs where the API's private endpoint is."""
-        return self._cluster_network if Need.KUBERNETES in NEEDS[step] else None
-
-    def add_scheduled_step(
-        self, name: str, description: str, *, every: Duration, environment: dict[str, str]
-    ) -> lambda_.Function:
-        """A compute-plane function (lambdas/pipeline/compute.py) run on a schedule."""
-        title = name.title().replace("_", "")
-        function = pipeline_function(
-            self,
-            f"{title}Function",
-            handler=f"{HANDLERS}.{name}",
-            description=description,
-            code=self._code,
-            timeout=Duration.minutes(2),
-            environment={**self._environment, **environment},
-            network=self._network(name),
-        )
-        events.Rule(
-            self,
-            f"{title}Schedule",
-            description=description,
-            schedule=events.Schedule.rate(every),
-            targets=[targets.LambdaFunction(function, retry_attempts=2)],
-        )
-        self.functions[name] = function
-        self._alarm(f"{title}Errors", function.metric_errors(period=Duration.minutes(5)))
-        return function
-
-    def add_alarms(self) -> None:
-        """Execution failed or timed out, any pipeline Lambda erroring, upload events dead-lettered."""
-        metrics = {
-            "ExecutionsFailed": self.state_machine.metric_failed(period=Duration.minutes(5)),
-            "ExecutionsTimedOut": self.state_machine.metric_timed_out(period=Duration.minutes(5)),
-            "TriggerDeadLetters": self.trigger_dlq.metric_approximate_number_of_messages_visible(
-                period=Duration.minutes(5)
-            ),
-            **{
-                f"{name.title().replace('_', '')}Errors": function.metric_errors(
-                    period=Duration.minutes(5)
-                )
-                for name, function in self.functions.items()
-            },
-        }
-        for name, metric in metrics.items():
-            self._alarm(name, metric)
-
-    def _alarm(self, name: str, metric: cloudwatch.IMetric) -> None:
-        """An alarm to the alert topic when `metric` reaches 1 in a period."""
-        alarm = metric.create_alarm(
-            self,
-            f"{name}Alarm",
-            threshold=1,
-            evaluation_periods=1,
-            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
-            alarm_description=f"nova-mtrl pipeline: {name}",
-        )
-        alarm.add_alarm_action(cw_actions.SnsAction(self.alert_topic))
-
-    def _state_machine(self, config: PlatformConfig) -> sfn.StateMachine:
-        def task(
-            state: str, function: str, payload: dict | None, result: str
-        ) -> tasks.LambdaInvoke:
-            invoke = tasks.LambdaInvoke(
-                self,
-                state,
-                lambda_function=self.functions[function],
-                # None: no Parameters, so the function gets the whole state (upload, run, resources).
-                payload=sfn.TaskInput.from_object(payload) if payload is not None else None,
-                payload_response_only=True,
-                result_path=result,
-                retry_on_service_exceptions=True,
-            )
-            # Throttling is transient too: back off and try again.
-            invoke.add_retry(
-                errors=["Lambda.TooManyRequestsException"],
-                interval=Duration.seconds(2),
-                max_attempts=8,
-                backoff_rate=2,
-            )
-            return invoke
-
-        run_id = {"run_id.$": "$.run.run_id"}
-        release_after_failure = task(
-            "ReleaseComputeAfterFailure", "release_compute", None, "$.released"
-        )
-        release_after_failure.add_retry(
-            errors=["States.ALL"], max_attempts=4, backoff_rate=2, interval=Duration.seconds(5)
-        )
-        teardown_after_failure = task(
-            "TeardownAfterFailure", "teardown", {"run_id.$": "$.failure.run_id"}, "$.teardown"
-        )
-        teardown_after_failure.add_retry(
-            errors=["States.ALL"], max_attempts=4, backoff_rate=2, interval=Duration.seconds(5)
-        )
-        notify_failure = task(
-            "NotifyFailure",
-            "notify_end",
-            {
-                "run_id.$": "$.failure.run_id",
-                "succeeded": False,
-                "failed_state.$": "$.failure.state",
-                "error.$": "$.error.Cause",
-                "teardown.$": "$.teardown",
-            },
-            "$.notification",
-        )
-        failed = sfn.Fail(self, "RunFailed", error_path="$.error.Error", cause_path="$.error.Cause")
-        # A failed notification must not replace the run's own error.
-        notify_failure.add_catch(failed, errors=["States.ALL"], result_path="$.notification_error")
-        release_after_failure.add_catch(
-            teardown_after_failure, errors=["States.ALL"], result_path="$.release_error"
-        )
-        failure = release_after_failure.next(
-            teardown_after_failure.next(notify_failure.next(failed))
-        )
-
-        def caught(step: tasks.LambdaInvoke, run_id_path: str) -> tasks.LambdaInvoke:
-            marker = sfn.Pass(
-                self,
-                f"FailedIn{step.id}",
-                parameters={"state": step.id, "run_id.$": run_id_path},
-                result_path="$.failure",
-            )
-            marker.next(failure)
-            step.add_catch(marker, errors=["States.ALL"], result_path="$.error")
-            return step
-
-        def compute(name: str, function: str, result: str) -> tasks.LambdaInvoke:
-            return caught(task(name, function, None, result), "$.run.run_id")
-
-        def poll_until(
-            name: str, check: tasks.LambdaInvoke, result: str, ready: sfn.IChainable
-        ) -> sfn.Wait:
-            wait = sfn.Wait(
-                self, f"WaitFor{name}", time=sfn.WaitTime.seconds_path("$.run.poll_seconds")
-            )
-            wait.next(check).next(
-                sfn.Choice(self, f"{name}Ready?")
-                .when(sfn.Condition.boolean_equals(f"{result}.ready", True), ready)
-                .otherwise(wait)
-            )
-            return wait
-
-        validate = caught(
-            task("Validate", "validate", {"upload.$": "$"}, "$.validation"), "$$.Execution.Name"
-        )
-        register = caught(
-            task("Register", "register", {"upload.$": "$"}, "$.run"), "$$.Execution.Name"
-        )
-        provision = caught(task("Provision", "provision", run_id, "$.resources"), "$.run.run_id")
-        teardown = task("Teardown", "teardown", run_id, "$.teardown")
-        teardown.add_retry(
-            errors=["States.ALL"], max_attempts=4, backoff_rate=2, interval=Duration.seconds(5)
-        )
-        caught(teardown, "$.run.run_id")
-        notify = caught(
-            task(
-                "NotifySuccess",
-                "notify_end",
-                {**run_id, "succeeded": True, "teardown.$": "$.teardown"},
-                "$.notification",
-            ),
-            "$.run.run_id",
-        )
-        release = compute("ReleaseCompute", "release_compute", "$.released")
-        release.add_retry(
-            errors=["States.ALL"], max_attempts=4, backoff_rate=2, interval=Duration.seconds(5)
-        )
-        finish = (
-            compute("Collect", "collect", "$.results")
-            .next(release)
-            .next(teardown)
-            .next(notify)
-            .next(sfn.Succeed(self, "RunSucceeded"))
-        )
-        job_failed = (
-            sfn.Pass(
-                self,
-                "JobDidNotSucceed",
-                parameters={
-                    "Error": "TrainingJobFailed",
-                    "Cause.$": "States.Format('{}: {}', $.job.phase, $.job.reason)",
-                },
-                result_path="$.error",
-            )
-            .next(
-                sfn.Pass(
-                    self,
-                    "FailedInTrainingJob",
-                    parameters={"state": "TrainingJob", "run_id.$": "$.run.run_id"},
-                    result_path="$.failure",
-                )
-            )
-            .next(failure)
-        )
-        monitor = compute("Monitor", "monitor", "$.job")
-        job_wait = sfn.Wait(
-            self, "WaitForJob", time=sfn.WaitTime.seconds_path("$.run.poll_seconds")
-        )
-        job_wait.next(monitor).next(
-            sfn.Choice(self, "JobDone?")
-            .when(sfn.Condition.string_equals("$.job.phase", Phase.SUCCEEDED), finish)
-            .when(
-                sfn.Condition.or_(
-                    *(sfn.Condition.string_equals("$.job.phase", p) for p in WAITING)
-                ),
-                job_wait,
-            )
-            .otherwise(job_failed)
-        )
-        submit = compute("SubmitJob", "submit_job", "$.submitted").next(job_wait)
-        workers = compute("StartWorkers", "start_workers", "$.workers").next(
-            poll_until(
-                "Workers",
-                compute("WorkersHealthy", "workers_healthy", "$.fleet"),
-                "$.fleet",
-                submit,
-            )
-        )
-        nodes = compute("ScaleUp", "scale_up", "$.scaled").next(
-            poll_until("Nodes", compute("NodesReady", "nodes_ready", "$.nodes"), "$.nodes", workers)
-        )
-        definition = validate.next(register).next(provision).next(nodes)
-        log_group = logs.LogGroup(
-            self,
-            "ExecutionLogs",
-            retention=logs.RetentionDays.SIX_MONTHS,
-            removal_policy=RemovalPolicy.DESTROY,
-        )
-        self.execution_logs = log_group
-        machine = sfn.StateMachine(
-            self,
-            "StateMachine",
-            state_machine_name=f"{config.name_prefix}-pipeline",
-            definition_body=sfn.DefinitionBody.from_chainable(definition),
-            # Each run's deadline is enforced by the pipeline itself (Monitor, the waits, the
-            # reaper), which then releases, tears down and notifies; the execution's own limit
-            # is only a backstop and must outlast the longest deadline a config may set.
-            timeout=Duration.hours(MAX_DEADLINE_HOURS + AFTER_DEADLINE_HOURS),
-            tracing_enabled=True,
-            logs=sfn.LogOptions(
-                destination=log_group, level=sfn.LogLevel.ALL, include_execution_data=True
-            ),
-        )
-        for function in self.functions.values():
-            acknowledge_resource(
-                machine.role,
-                "AwsSolutions-IAM5",
-                f"{function.function_arn}:*",
-                "Step Functions invokes any published version of the pipeline's own functions.",
-            )
-        acknowledge(
-            machine.role,
-            "AwsSolutions-IAM5[Resource::*]",
-            "Logs delivery and X-Ray actions of Step Functions have no resource-level permissions.",
-        )
-        return machine

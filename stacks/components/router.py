@@ -17,8 +17,9 @@ from constructs import Construct
 
 from domain.run_queues import deployment_prefix
 from lambdas.router.conversations import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
-from stacks.components.access import Allow, Need, grant_table_key
+from stacks.components.access import Allow, grant_table_key
 from stacks.components.functions import pipeline_function
+from stacks.components.needs import Need
 from stacks.config import PlatformConfig
 
 

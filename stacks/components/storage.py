@@ -12,8 +12,8 @@ from aws_cdk import aws_s3_deployment as s3deploy
 from constructs import Construct, IConstruct
 
 from domain.bucket import CONFIGS_PREFIX, RUNS_PREFIX, TRAINING_DATA_PREFIX
-from stacks.components.access import Need
 from stacks.components.nag import acknowledge, acknowledge_resource
+from stacks.components.needs import Need
 from stacks.config import PlatformConfig
 
 LIFECYCLE_SCRIPTS = Path(__file__).resolve().parent.parent / "assets" / "hyperpod_lifecycle"

@@ -23,11 +23,12 @@ from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from lambdas.kubernetes.rbac import pipeline_group, pipeline_rbac
-from stacks.components.access import Allow, Need, grant_log_reading, log_group_arn
+from stacks.components.access import Allow, grant_log_reading, log_group_arn
 from stacks.components.eks import CLUSTER_ADMIN, eks_cluster_name, pod_identity_role
 from stacks.components.functions import ClusterNetwork, pipeline_function
 from stacks.components.hyperpod import hyperpod_cluster_name
 from stacks.components.nag import acknowledge_resource
+from stacks.components.needs import Need
 from stacks.config import PlatformConfig
 
 

@@ -1,0 +1,62 @@
+"""What a function or workload of the platform may need to do in AWS: one name per need, which
+the constructs owning the resources turn into IAM statements (stacks/components/access.py)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Need(StrEnum):
+    # The data bucket (datasets, configs, a run's outputs).
+    DATASETS_READ = "read the dataset version a run started with"
+    DATASETS_READ_CURRENT = "read datasets as they are now"
+    CONFIGS_READ = "read configs"
+    OUTPUTS_LIST = "list a run's outputs"
+    OUTPUTS_READ = "read a run's outputs"
+    OUTPUTS_WRITE = "write a run's outputs"
+    # The runs table and the capacity leases in it.
+    RUNS_GET = "read a run"
+    RUNS_SCAN = "list the runs"
+    RUNS_PUT = "store a run"
+    CAPACITY_LEASES = "take and return GPU capacity leases"
+    CAPACITY_LEASES_READ = "read who holds GPU capacity, since when idle"
+    # The pipeline itself.
+    EXECUTION_START = "start an execution"
+    EXECUTIONS_STOP = "describe and stop executions"
+    ALERTS_PUBLISH = "publish to the alert topic"
+    # The router: conversations, run queues, their alarms, the consumer's mappings.
+    CONVERSATIONS_GET = "read a conversation record"
+    CONVERSATIONS_PUT = "store a new conversation record"
+    CONVERSATIONS_UPDATE = "change a conversation record"
+    RUN_QUEUES_CREATE = "create a run's queues"
+    RUN_QUEUES_DELETE = "delete a run's queues"
+    RUN_QUEUES_SEND = "send to run queues"
+    RUN_QUEUES_RECEIVE = "receive from run queues"
+    RUN_QUEUES_POLL = "let Lambda poll run queues for the consumer"
+    QUEUE_ALARMS_CREATE = "create a run's queue alarms"
+    QUEUE_ALARMS_DELETE = "delete a run's queue alarms"
+    CONSUMER_CONNECT = "connect a run's queue to the consumer"
+    CONSUMER_DISCONNECT = "disconnect a run's queue from the consumer"
+    PROXY_INVOKE = "call the proxy's function URL"
+    # The reward fleet (ECS).
+    FLEET_START = "start a run's reward workers"
+    FLEET_WATCH = "count a run's reward workers"
+    FLEET_STOP = "stop a run's reward workers"
+    # The training plane (HyperPod, EKS).
+    NODES_SCALE = "scale the training instance group"
+    NODES_COUNT = "count the training group's nodes"
+    KUBERNETES = "use the EKS cluster's Kubernetes API"
+    POD_IDENTITY_CREATE = "give a run's pods the job role"
+    POD_IDENTITY_DELETE = "take the job role from a run's pods"
+    # The operator running `mtrl` (submit, runs, status, cost, logs, teardown, doctor).
+    DEPLOYMENT_READ = "find the deployment from its stacks' outputs"
+    DATASETS_UPLOAD = "upload datasets"
+    CONFIGS_UPLOAD = "upload configs"
+    EXECUTIONS_READ = "read executions and their history"
+    REAPER_INVOKE = "ask the reaper to tear a run down"
+    PIPELINE_LOGS_READ = "read the pipeline's logs"
+    QUEUES_WATCH = "read run queues' depths and ages"
+    WORKER_LOGS_READ = "read the reward workers' logs"
+    WORKER_IMAGE_CHECK = "check the reward worker's image"
+    TRAINER_LOGS_READ = "read the training pods' logs"
+    CLUSTERS_CHECK = "check the EKS and HyperPod clusters and the GPU quota"

@@ -1,0 +1,130 @@
+"""The pipeline's functions, declared once: what each step is, how long it may take, and what it
+needs in AWS. The pipeline construct makes one function per entry, the access table grants the
+needs (stacks/components/access.py), and local mode and the IAM proof find the functions by
+name. Every function runs `lambdas.pipeline.handlers.<name>` (lambdas/pipeline/composition.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from stacks.components.needs import Need
+
+HANDLERS = "lambdas.pipeline.handlers"
+
+
+class Trigger(Enum):
+    STATE_MACHINE = "a state of the pipeline's state machine"
+    UPLOAD = "the upload rule (EventBridge)"
+    SCHEDULE = "a schedule (EventBridge)"
+
+
+@dataclass(frozen=True)
+class PipelineStep:
+    name: str
+    description: str
+    needs: tuple[Need, ...]
+    trigger: Trigger = Trigger.STATE_MACHINE
+    timeout_seconds: int = 120
+    memory_mb: int = 512
+    construct_id: str | None = None  # default: the name in CamelCase + "Function"
+
+    @property
+    def handler(self) -> str:
+        return f"{HANDLERS}.{self.name}"
+
+    @property
+    def id(self) -> str:
+        return self.construct_id or f"{self.name.title().replace('_', '')}Function"
+
+    @property
+    def calls_kubernetes(self) -> bool:
+        """Runs where the EKS API's private endpoint is (the cluster's network)."""
+        return Need.KUBERNETES in self.needs
+
+    @property
+    def knows_state_machine(self) -> bool:
+        """Starts or inspects executions: it is told the state machine's ARN."""
+        return bool({Need.EXECUTION_START, Need.EXECUTIONS_STOP} & set(self.needs))
+
+
+_TEARDOWN = (Need.CONSUMER_DISCONNECT, Need.RUN_QUEUES_DELETE, Need.QUEUE_ALARMS_DELETE)
+_RELEASE = (
+    Need.FLEET_STOP,
+    Need.KUBERNETES,
+    Need.POD_IDENTITY_DELETE,
+    Need.NODES_SCALE,
+    Need.CAPACITY_LEASES,
+)
+_RELEASE_IDLE = (Need.NODES_SCALE, Need.CAPACITY_LEASES, Need.CAPACITY_LEASES_READ)
+
+STEPS = (
+    PipelineStep(
+        "validate", "Validates the uploaded dataset, streaming, with a line-numbered report",
+        (Need.DATASETS_READ, Need.OUTPUTS_WRITE), timeout_seconds=900, memory_mb=1024,
+    ),
+    # RUNS_GET: a retried Register finds the run its first attempt stored.
+    PipelineStep(
+        "register", "Registers the run: id, training config, cost and budget check",
+        (Need.DATASETS_READ, Need.CONFIGS_READ, Need.RUNS_PUT, Need.RUNS_GET),
+    ),
+    PipelineStep(
+        "provision", "Creates the run's queues, alarms and router entry",
+        (Need.RUN_QUEUES_CREATE, Need.QUEUE_ALARMS_CREATE, Need.CONSUMER_CONNECT),
+    ),
+    PipelineStep("teardown", "Deletes every per-run resource (idempotent)", _TEARDOWN),
+    PipelineStep(
+        "notify_end", "Publishes how the run ended",
+        (Need.RUNS_GET, Need.RUNS_PUT, Need.ALERTS_PUBLISH),
+    ),
+    PipelineStep(
+        "scale_up", "Asks the training cluster for the run's nodes",
+        (Need.NODES_SCALE, Need.CAPACITY_LEASES),
+    ),
+    PipelineStep(
+        "nodes_ready", "Counts the run's schedulable nodes", (Need.NODES_COUNT, Need.KUBERNETES)
+    ),
+    PipelineStep(
+        "start_workers", "Starts the run's reward workers with a fresh run token",
+        (Need.CONVERSATIONS_PUT, Need.FLEET_START),
+    ),
+    PipelineStep("workers_healthy", "Counts the run's healthy reward workers", (Need.FLEET_WATCH,)),
+    PipelineStep(
+        "submit_job", "Submits the run's training job (idempotent)",
+        (Need.KUBERNETES, Need.POD_IDENTITY_CREATE),
+    ),
+    PipelineStep(
+        "monitor", "Polls the job; stops runs past their deadline or budget",
+        (Need.RUNS_GET, Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.KUBERNETES),
+    ),
+    PipelineStep(
+        "collect", "Lists the run's results under runs/<run_id>/",
+        (Need.OUTPUTS_LIST, Need.OUTPUTS_WRITE),
+    ),
+    PipelineStep(
+        "release_compute", "Stops workers, deletes the job, scales nodes down (idempotent)",
+        _RELEASE,
+    ),
+    PipelineStep(
+        "start_run", "Starts the pipeline for an upload, named after the run (idempotent)",
+        (Need.EXECUTION_START,), trigger=Trigger.UPLOAD, timeout_seconds=30,
+        construct_id="StartRun",
+    ),
+    # Every 15 minutes; also on request: one run now (`mtrl teardown RUN`), or idle nodes
+    # (`mtrl teardown --all-idle`).
+    PipelineStep(
+        "reap", "Tears down runs past their deadline or whose execution is gone",
+        (
+            Need.RUNS_SCAN, Need.RUNS_GET, Need.RUNS_PUT, Need.EXECUTIONS_STOP,
+            *_RELEASE, *_RELEASE_IDLE, *_TEARDOWN,
+        ),
+        trigger=Trigger.SCHEDULE, timeout_seconds=300, construct_id="Reaper",
+    ),
+    # Only with `keep_warm_minutes`: every 5 minutes.
+    PipelineStep(
+        "release_idle", "Scales GPU nodes kept warm to zero once no run took them",
+        _RELEASE_IDLE, trigger=Trigger.SCHEDULE,
+    ),
+)  # fmt: skip
+STEP = {step.name: step for step in STEPS}
