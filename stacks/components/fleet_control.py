@@ -18,6 +18,8 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from domain.run_queues import deployment_prefix
+from lambdas.environment import environment_for
+from lambdas.pipeline.ecs_fleet import EcsFleetSettings
 from stacks.components.access import Allow, grant_log_reading, log_group_arn
 from stacks.components.nag import acknowledge_resource
 from stacks.components.needs import Need
@@ -49,14 +51,15 @@ class RewardFleetControl(Construct):
             task_family(config),
             cluster_name(config),
         )
-        self.environment = {
-            "WORKER_CLUSTER": cluster,
-            "WORKER_TASK_DEFINITION": family,
-            "WORKER_SUBNETS": cdk.Fn.join(",", reward_fleet.subnet_ids),
-            "WORKER_SECURITY_GROUP": reward_fleet.security_group.security_group_id,
-            "WORKER_LOG_GROUP_PREFIX": log_prefix,
-            "RUN_TOKEN_PARAMETER_PREFIX": f"/{prefix}/runs",
-        }
+        self.environment = environment_for(
+            EcsFleetSettings,
+            cluster=cluster,
+            task_definition=family,
+            subnets=cdk.Fn.join(",", reward_fleet.subnet_ids),
+            security_group=reward_fleet.security_group.security_group_id,
+            log_group_prefix=log_prefix,
+            token_parameter_prefix=f"/{prefix}/runs",
+        )
         self._services = stack.format_arn(
             service="ecs",
             resource="service",

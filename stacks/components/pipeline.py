@@ -17,6 +17,8 @@ from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
+from lambdas.environment import environment_for
+from lambdas.pipeline.settings import PipelineSettings
 from stacks.components.access import grant_log_reading, grant_table_key
 from stacks.components.functions import ClusterNetwork, pipeline_function
 from stacks.components.nag import acknowledge, acknowledge_resource
@@ -76,17 +78,18 @@ class TrainingPipeline(Construct):
         if config.alert_email:
             self.alert_topic.add_subscription(subscriptions.EmailSubscription(config.alert_email))
         # What every step function is told (lambdas/pipeline/settings.py).
-        self._environment = {
-            "NAME_PREFIX": config.name_prefix,
-            "RUNS_TABLE": self.runs_table.table_name,
-            "CONVERSATIONS_TABLE": conversations.table_name,
-            "DEFAULT_CONFIG": DEFAULT_CONFIG,
-            "DATA_KEY_ARN": data_key.key_arn,
-            "ALERT_TOPIC_ARN": self.alert_topic.topic_arn,
-            "ROUTER_URL": router_url,
-            "CONSUMER_FUNCTION": consumer.function_name,
-            "POLL_SECONDS": "60",
-        }
+        self._environment = environment_for(
+            PipelineSettings,
+            name_prefix=config.name_prefix,
+            runs_table=self.runs_table.table_name,
+            conversations_table=conversations.table_name,
+            default_config=DEFAULT_CONFIG,
+            data_key_arn=data_key.key_arn,
+            alert_topic_arn=self.alert_topic.topic_arn,
+            router_url=router_url,
+            consumer_function=consumer.function_name,
+            poll_seconds=60,
+        )
         self.functions: dict[str, lambda_.Function] = {}
         for step in STEPS:
             if step.trigger is Trigger.STATE_MACHINE:
@@ -126,7 +129,9 @@ class TrainingPipeline(Construct):
         cluster's network when it calls the Kubernetes API."""
         variables = {**self._environment, **(environment or {})}
         if step.knows_state_machine:
-            variables["STATE_MACHINE_ARN"] = self.state_machine.state_machine_arn
+            variables |= environment_for(
+                PipelineSettings, state_machine_arn=self.state_machine.state_machine_arn
+            )
         function = pipeline_function(
             self,
             step.id,

@@ -22,7 +22,9 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
+from lambdas.environment import environment_for
 from lambdas.kubernetes.rbac import pipeline_group, pipeline_rbac
+from lambdas.pipeline.hyperpod_training import HyperPodSettings
 from stacks.components.access import Allow, grant_log_reading, log_group_arn
 from stacks.components.eks import CLUSTER_ADMIN, eks_cluster_name, pod_identity_role
 from stacks.components.functions import ClusterNetwork, pipeline_function
@@ -74,23 +76,24 @@ class TrainingClusterControl(Construct):
                 "name; the actions are scoped to clusters of this account and region."
             )
         self._allow = Allow(wildcards)
-        self.environment = {
-            "EKS_CLUSTER": self._eks_name,
-            "HYPERPOD_CLUSTER": hyperpod_cluster_name(config),
-            "HYPERPOD_INSTANCE_GROUP": config.training_group.name,
-            "HYPERPOD_INSTANCE_TYPE": config.training_group.instance_type,
-            "TRAINING_JOB_KIND": config.training_job_kind,
-            "MODEL_PRESETS": json.dumps(
+        self.environment = environment_for(
+            HyperPodSettings,
+            eks_cluster=self._eks_name,
+            hyperpod_cluster=hyperpod_cluster_name(config),
+            instance_group=config.training_group.name,
+            instance_type=config.training_group.instance_type,
+            job_kind=config.training_job_kind,
+            presets=json.dumps(
                 {
                     name: preset.model_dump(mode="json")
                     for name, preset in config.model_presets.items()
                 },
                 sort_keys=True,
             ),
-            "ACCOUNT_ID": stack.account,
-            "KEEP_WARM_SECONDS": str(config.keep_warm_minutes * 60),
-            "TRAINING_JOB_ROLE_ARN": self.job_role.role_arn,
-        }
+            account=stack.account,
+            keep_warm_seconds=config.keep_warm_minutes * 60,
+            job_role_arn=self.job_role.role_arn,
+        )
         self.rbac = self._bootstrap_rbac(code, cluster_network)
 
     provides = frozenset(

@@ -15,8 +15,10 @@ import pytest
 
 from domain.runs import RunRecord, RunStore, create_runs_table
 from lambdas.clients import Clients
+from lambdas.environment import environment_for
 from lambdas.pipeline import handlers
 from lambdas.pipeline.composition import compose
+from lambdas.pipeline.settings import PipelineSettings
 from mtrl.local.embedded import Dispatcher
 
 LAMBDAS = Path(__file__).resolve().parents[2] / "lambdas"
@@ -101,3 +103,17 @@ def test_local_functions_run_side_by_side() -> None:
     dispatcher.call("other", {})
     waiting.join(timeout=10)
     assert waited == [True] and dispatcher.invocations == ["monitor", "collect"]
+
+
+def test_the_stacks_write_an_environment_the_settings_read_back() -> None:
+    """Variable names have one home, the settings model: what `environment_for` writes (as the
+    constructs do) is what the model reads; a field the model lacks is refused."""
+    written = environment_for(
+        PipelineSettings, name_prefix="p", runs_table="r", conversations_table="c",
+        consumer_function="f", poll_seconds=5,
+    )  # fmt: skip
+    assert written["RUNS_TABLE"] == "r" and written["POLL_SECONDS"] == "5"
+    settings = PipelineSettings.from_environment(written)
+    assert (settings.runs_table, settings.poll_seconds) == ("r", 5)
+    with pytest.raises(KeyError, match="PipelineSettings has no field runs_tabel"):
+        environment_for(PipelineSettings, runs_tabel="r")
