@@ -70,6 +70,8 @@ class ComputeStack(PlatformStack):
 
         cdk.CfnOutput(self, "EksClusterName", value=self.eks.cluster_name)
         cdk.CfnOutput(self, "HyperPodClusterName", value=self.hyperpod.cluster_name)
+        # `mtrl status` counts this group's nodes: the GPU nodes runs pay for.
+        cdk.CfnOutput(self, "HyperPodTrainingGroupName", value=config.training_group.name)
         cdk.CfnOutput(self, "RewardWorkerClusterName", value=self.reward_fleet.cluster.cluster_name)
         cdk.CfnOutput(
             self, "RewardWorkerTaskFamily", value=self.reward_fleet.task_definition.family

@@ -197,16 +197,20 @@ def _workers(ecs: Any, deployment: Deployment, run_id: str) -> tuple[int, int] |
 
 
 def _gpu_nodes(sagemaker: Any, deployment: Deployment) -> int | None:
+    """The training group's running nodes (not the system group's): what runs pay for."""
     cluster = deployment.outputs.get("HyperPodClusterName")
-    if not cluster:
+    group = deployment.outputs.get("HyperPodTrainingGroupName")
+    if not cluster or not group:
         return None
     try:
-        pages = sagemaker.get_paginator("list_cluster_nodes").paginate(ClusterName=cluster)
+        pages = sagemaker.get_paginator("list_cluster_nodes").paginate(
+            ClusterName=cluster, InstanceGroupNameContains=group
+        )
         return sum(
             1
             for page in pages
             for node in page["ClusterNodeSummaries"]
-            if node["InstanceStatus"]["Status"] == "Running"
+            if node["InstanceGroupName"] == group and node["InstanceStatus"]["Status"] == "Running"
         )
     except ClientError:
         return None

@@ -61,7 +61,8 @@ def deployed(aws: None, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     _stack("nova-mtrl-storage", {"DataBucketName": BUCKET})
     _stack("nova-mtrl-pipeline", _pipeline_outputs(machine))
     _stack("nova-mtrl-compute", {"RewardWorkerClusterName": "nova-mtrl-reward-workers",
-                                 "HyperPodClusterName": "nova-mtrl-hyperpod", "EksClusterName": "nova-mtrl-eks"})  # fmt: skip
+                                 "HyperPodClusterName": "nova-mtrl-hyperpod", "EksClusterName": "nova-mtrl-eks",
+                                 "HyperPodTrainingGroupName": "gpu"})  # fmt: skip
     return {"s3": s3, "db": db, "sfn": sfn, "machine": machine}
 
 
@@ -253,7 +254,8 @@ def test_status_counts_the_gpu_nodes_hyperpod_runs(deployed: dict) -> None:
         for name in ("dynamodb", "stepfunctions", "s3", "sqs", "cloudwatch", "ecs")
     }
     status = run_status({**clients, "sagemaker": sagemaker.client()}, deployment, "r", now=60.0)
-    assert status.gpu_nodes == 5  # system node + 4 GPU nodes running (the pending one is not)
+    # The 4 running nodes of the training group: not the system group's, not the pending one.
+    assert status.gpu_nodes == 4
     assert status.execution is None and status.queues == []
 
 
