@@ -45,6 +45,14 @@ def sample_id_for(record_id: str, number: int) -> str:
     return record_id[: ID_LENGTH - len(suffix)] + suffix
 
 
+def episode_seed(run_id: str, record_id: str) -> int:
+    """The seed an environment draws a record's episode with in a run (what it does not take
+    from the record, e.g. a Wordle secret when the record names none): the same for every sample
+    of the record, so a group plays one task; different across runs; reproducible."""
+    digest = hashlib.sha256(f"{run_id}\0{record_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
 def step_id_for(sample_id: str, turn: int) -> str:
     """The id of a sample's `turn`th model turn, `<sample id>_<turn>`, shortened with a digest
     of the sample id when that would pass ID_LENGTH (ids stay unique per sample and turn)."""

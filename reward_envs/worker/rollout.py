@@ -29,8 +29,10 @@ def run_rollout(
     *,
     max_turns: int | None = None,
     timeout: float = 600.0,
+    seed: int = 0,
     clock: Callable[[], float] = time.monotonic,
 ) -> RolloutResponse:
+    """`seed`: what the environment's reset draws with (`domain.protocol.episode_seed`)."""
     started = clock()
     deadline = started + timeout
     limit = min(environment.max_turns, max_turns or environment.max_turns)
@@ -60,7 +62,7 @@ def run_rollout(
     began = clock()
     try:
         episode, history = environment.reset(
-            Record(id=request.record_id, metadata=request.data), seed=0
+            Record(id=request.record_id, metadata=request.data), seed=seed
         )
         history = list(history)
     except Exception as error:  # noqa: BLE001 - any environment failure is reported, not raised

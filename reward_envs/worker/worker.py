@@ -21,7 +21,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from enum import Enum
 
-from domain.protocol import ProtocolError, RolloutRequest, parse
+from domain.protocol import ProtocolError, RolloutRequest, episode_seed, parse
 from reward_envs.interface import Environment
 from reward_envs.worker.model_client import ModelClient
 from reward_envs.worker.queues import Delivery, SqsRolloutQueues
@@ -228,6 +228,7 @@ class RewardWorker:
                 request,
                 max_turns=self.settings.max_turns,
                 timeout=self.settings.rollout_timeout_seconds,
+                seed=episode_seed(self.settings.run_id or "", request.record_id),
                 clock=self.clock,
             )
             with task.lock:

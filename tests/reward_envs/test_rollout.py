@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from domain.protocol import RolloutRequest
+from domain.protocol import RolloutRequest, episode_seed
 from reward_envs.interface import Message
 from reward_envs.wordle import load_environment
 from reward_envs.worker.model_client import CallableModel, ModelError
@@ -125,3 +125,32 @@ def test_a_solver_as_the_model_wins() -> None:
 
     response = run_rollout(WORDLE, CallableModel(play), request(answer="lapel"))
     assert response.stop_reason == "end_of_conversation" and response.aggregate_score >= 0.5
+
+
+class Recording(type(WORDLE)):
+    """Wordle that records the record and seed each episode was drawn with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.drawn: list[tuple[str, int]] = []
+
+    def reset(self, record, *, seed=0):
+        self.drawn.append((record.id, seed))
+        return super().reset(record, seed=seed)
+
+
+def test_an_episode_is_drawn_with_its_run_and_record_seed() -> None:
+    """A record with no answer is a secret drawn by seed: every sample of the record in a run
+    plays the same secret (a GRPO group is one task), another run draws again, and a run
+    replayed draws the same."""
+    environment = Recording()
+    open_ended = [RolloutRequest(sample_id=f"rec-7_{k}", data={"prompt": "Play."}) for k in (0, 1)]
+    for run in ("run-a", "run-a", "run-b"):
+        for sample in open_ended:
+            run_rollout(
+                environment, replies("[slate]"), sample, max_turns=1,
+                seed=episode_seed(run, sample.record_id),
+            )  # fmt: skip
+    seeds = [seed for record, seed in environment.drawn if record == "rec-7"]
+    assert len(seeds) == 6 and seeds[0] == seeds[1] == seeds[2] == seeds[3] != seeds[4]
+    assert seeds[4] == seeds[5] and episode_seed("run-a", "rec-7") != episode_seed("run-a", "rec-8")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import boto3
 import pytest
 
-from domain.protocol import RolloutRequest, RolloutResponse, dump, parse
+from domain.protocol import RolloutRequest, RolloutResponse, dump, episode_seed, parse
 from reward_envs.interface import Message
 from reward_envs.wordle import load_environment
 from reward_envs.worker.model_client import CallableModel
@@ -20,6 +20,7 @@ from reward_envs.worker.queues import SqsRolloutQueues
 from reward_envs.worker.settings import WorkerSettings
 from reward_envs.worker.worker import RewardWorker
 from tests.aws import Serialized
+from tests.reward_envs.test_rollout import Recording
 
 WORDLE = load_environment()
 
@@ -297,3 +298,13 @@ def test_a_slow_model_ends_in_a_timeout_response(queues: Queues) -> None:
     (response,) = queues.responses_received()
     assert response.stop_reason == "timeout" and response.aggregate_score is None
     assert "no reply within" in response.error
+
+
+def test_the_worker_draws_each_episode_with_its_run_and_record_seed(queues: Queues) -> None:
+    environment = Recording()
+    for index in range(3):
+        queues.send(f"rec{index % 2}_{index}", group=f"rec{index % 2}")
+    worker_for(queues, instant(), environment=environment, run_id="run-a").run(exit_when_idle=True)
+    assert sorted(environment.drawn) == sorted(
+        (record, episode_seed("run-a", record)) for record in ("rec0", "rec1", "rec0")
+    )
