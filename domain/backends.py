@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from domain.bucket import object_exists
+from domain.run_queues import QueueKind
 from training_configs.schema import TrainingConfig
 
 
@@ -67,8 +68,8 @@ def worker_environment(run: RunContext) -> dict[str, str]:
     the run token: each fleet hands that over its own way."""
     config = run.training
     values = {
-        "MTRL_ROLLOUT_REQUEST_QUEUE_URL": run.queues["rollout_requests"],
-        "MTRL_DEAD_LETTER_QUEUE_URL": run.queues["dlq"],
+        "MTRL_ROLLOUT_REQUEST_QUEUE_URL": run.queues[QueueKind.ROLLOUT_REQUESTS],
+        "MTRL_DEAD_LETTER_QUEUE_URL": run.queues[QueueKind.DLQ],
         "MTRL_ROUTER_URL": run.router_url or "",
         "MTRL_RUN_ID": run.run_id,
         "MTRL_ENVIRONMENT": config.environment,

@@ -11,14 +11,31 @@ import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-KINDS = ("rollout-requests", "rollout-responses", "generate-requests", "generate-responses")
-DLQ = "dlq"
+
+class QueueKind(StrEnum):
+    """A run's queue: the value keys the run's queue URLs (in the state, the job, `RunQueues`);
+    the queue's name ends with `suffix`. Iterating the enum gives all five."""
+
+    ROLLOUT_REQUESTS = "rollout_requests"
+    ROLLOUT_RESPONSES = "rollout_responses"
+    GENERATE_REQUESTS = "generate_requests"
+    GENERATE_RESPONSES = "generate_responses"
+    DLQ = "dlq"
+
+    @property
+    def suffix(self) -> str:
+        return self.value.replace("_", "-")
+
+
+# The four that carry messages (the dead-letter queue takes what they cannot deliver).
+KINDS = tuple(kind for kind in QueueKind if kind is not QueueKind.DLQ)
 _SQS_NAME_LIMIT = 80
-_LONGEST_SUFFIX = max(len(kind) for kind in (*KINDS, DLQ)) + len("-") + len(".fifo")
+_LONGEST_SUFFIX = max(len(kind.suffix) for kind in QueueKind) + len("-") + len(".fifo")
 MAX_RECEIVE_COUNT = 5
 RETENTION_SECONDS = 4 * 24 * 3600
 VISIBILITY_TIMEOUT_SECONDS = 120
@@ -51,8 +68,8 @@ def deployment_prefix(prefix: str) -> str:
     return queue_base(prefix, "")
 
 
-def queue_name(prefix: str, run_id: str, kind: str) -> str:
-    return f"{queue_base(prefix, run_id)}-{kind}.fifo"
+def queue_name(prefix: str, run_id: str, kind: QueueKind) -> str:
+    return f"{queue_base(prefix, run_id)}-{kind.suffix}.fifo"
 
 
 def create_run_queues(
@@ -66,7 +83,7 @@ def create_run_queues(
         **encryption,
     }
     tags = {"nova-mtrl:run": run_id[:256]}
-    dlq_url = _create(sqs, queue_name(prefix, run_id, DLQ), common, tags)
+    dlq_url = _create(sqs, queue_name(prefix, run_id, QueueKind.DLQ), common, tags)
     dlq_arn = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["QueueArn"])["Attributes"][
         "QueueArn"
     ]
@@ -81,13 +98,13 @@ def create_run_queues(
     urls = {
         kind: _create(sqs, queue_name(prefix, run_id, kind), attributes, tags) for kind in KINDS
     }
-    return RunQueues(**{kind.replace("-", "_"): url for kind, url in urls.items()}, dlq=dlq_url)
+    return RunQueues(**{kind.value: url for kind, url in urls.items()}, dlq=dlq_url)
 
 
 def delete_run_queues(sqs: Any, *, prefix: str, run_id: str) -> int:
     """Delete every queue of the run that still exists; returns how many were deleted."""
     deleted = 0
-    for kind in (*KINDS, DLQ):
+    for kind in QueueKind:
         try:
             url = sqs.get_queue_url(QueueName=queue_name(prefix, run_id, kind))["QueueUrl"]
             sqs.delete_queue(QueueUrl=url)

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from domain.backends import RewardFleet, RunContext, worker_environment
-from domain.run_queues import queue_name
+from domain.run_queues import QueueKind, queue_name
 from lambdas.clients import Clients
 
 CONTAINER = "reward-worker"  # the container of the deployment's worker task definition
@@ -254,7 +254,7 @@ class EcsRewardFleet(RewardFleet):
             MinCapacity=minimum,
             MaxCapacity=maximum,
         )
-        queue = queue_name(self.settings.prefix, run.run_id, "rollout-requests")
+        queue = queue_name(self.settings.prefix, run.run_id, QueueKind.ROLLOUT_REQUESTS)
         self.autoscaling.put_scaling_policy(
             PolicyName=_name(self.service_name(run), "backlog"),
             ServiceNamespace="ecs",

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.run_queues import (
-    DLQ,
-    KINDS,
+    QueueKind,
     create_run_queues,
     delete_run_queues,
     queue_base,
@@ -69,7 +68,7 @@ def teardown_run(wiring: RouterWiring, *, run_id: str) -> dict[str, int]:
     disconnect_consumer(
         wiring.lambda_client,
         function=wiring.consumer_function,
-        queue_name=queue_name(wiring.prefix, run_id, "generate-responses"),
+        queue_name=queue_name(wiring.prefix, run_id, QueueKind.GENERATE_RESPONSES),
     )
     deleted = delete_run_queues(wiring.sqs, prefix=wiring.prefix, run_id=run_id)
     delete_queue_alarms(wiring.cloudwatch, prefix=wiring.prefix, run_id=run_id)
@@ -78,7 +77,7 @@ def teardown_run(wiring: RouterWiring, *, run_id: str) -> dict[str, int]:
 
 def leftover_resources(wiring: RouterWiring, *, run_id: str) -> int:
     """How many of the run's queues, alarms and event source mappings still exist."""
-    names = {queue_name(wiring.prefix, run_id, kind) for kind in (*KINDS, DLQ)}
+    names = {queue_name(wiring.prefix, run_id, kind) for kind in QueueKind}
     listed = wiring.sqs.list_queues(QueueNamePrefix=queue_base(wiring.prefix, run_id)).get(
         "QueueUrls", []
     )
@@ -89,6 +88,6 @@ def leftover_resources(wiring: RouterWiring, *, run_id: str) -> int:
     mappings = consumer_mappings(
         wiring.lambda_client,
         function=wiring.consumer_function,
-        queue_name=queue_name(wiring.prefix, run_id, "generate-responses"),
+        queue_name=queue_name(wiring.prefix, run_id, QueueKind.GENERATE_RESPONSES),
     )
     return queues + len(alarms) + mappings

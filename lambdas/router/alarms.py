@@ -15,7 +15,7 @@ DEFAULT_MAX_AGE_SECONDS = 900
 
 
 def alarm_names(prefix: str, run_id: str) -> list[str]:
-    return [f"{queue_base(prefix, run_id)}-{kind}-oldest-message-age" for kind in KINDS]
+    return [f"{queue_base(prefix, run_id)}-{kind.suffix}-oldest-message-age" for kind in KINDS]
 
 
 def create_queue_alarms(
@@ -31,7 +31,7 @@ def create_queue_alarms(
         cloudwatch.put_metric_alarm(
             AlarmName=name,
             AlarmDescription=(
-                f"Run {run_id}: the oldest message in {kind} is older than {max_age_seconds} s; "
+                f"Run {run_id}: the oldest message in {kind.suffix} is older than {max_age_seconds} s; "
                 "its consumer has stopped (see `mtrl status`)."
             ),
             Namespace="AWS/SQS",

@@ -37,6 +37,7 @@ from domain.protocol import (
     fifo_id,
     step_id_for,
 )
+from domain.run_queues import QueueKind
 from lambdas.clients import Clients
 from lambdas.router.conversations import ConversationStore, RouterRegistration
 from lambdas.router.metrics import Counts, publish, router_metrics
@@ -207,7 +208,7 @@ class Proxy:
     ) -> None:
         generate = GenerateRequest(sample_id=sample_id, step_id=step_id, messages=request.messages)
         self.sqs.send_message(
-            QueueUrl=run.queues["generate_requests"],
+            QueueUrl=run.queues[QueueKind.GENERATE_REQUESTS],
             MessageBody=dump(generate),
             MessageGroupId=fifo_id(sample_id),
             MessageDeduplicationId=fifo_id(step_id),
@@ -258,7 +259,7 @@ class Proxy:
         request_id = event.header(REQUEST_HEADER) or report.id
         # Send first, then record: a retried report is deduplicated by SQS on the request id.
         self.sqs.send_message(
-            QueueUrl=run.queues["rollout_responses"],
+            QueueUrl=run.queues[QueueKind.ROLLOUT_RESPONSES],
             MessageBody=dump(response),
             MessageGroupId=fifo_id(report.id),
             MessageDeduplicationId=fifo_id(request_id),

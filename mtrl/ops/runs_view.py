@@ -17,7 +17,7 @@ from botocore.exceptions import ClientError
 
 from domain.backends import METRICS_OBJECT, last_metrics
 from domain.bucket import run_output_prefix
-from domain.run_queues import DLQ, KINDS, queue_name
+from domain.run_queues import QueueKind, queue_name
 from domain.runs import FINISHED, RunRecord, RunStore
 from lambdas.pipeline.ecs_fleet import worker_service_name
 from mtrl.ops.deployment import Deployment
@@ -127,8 +127,8 @@ def _execution(sfn: Any, arn: str) -> tuple[str | None, str | None]:
 
 
 def _queues(sqs: Any, cloudwatch: Any, prefix: str, run_id: str, *, now: float) -> list[QueueDepth]:
-    depths = []
-    for kind in (*KINDS, DLQ):
+    depths, names = [], []
+    for kind in QueueKind:
         try:
             url = sqs.get_queue_url(QueueName=queue_name(prefix, run_id, kind))["QueueUrl"]
             attributes = sqs.get_queue_attributes(
@@ -140,14 +140,15 @@ def _queues(sqs: Any, cloudwatch: Any, prefix: str, run_id: str, *, now: float) 
             )["Attributes"]
         except ClientError:
             continue  # not created yet, or torn down
+        names.append(queue_name(prefix, run_id, kind))
         depths.append(
             QueueDepth(
-                kind,
+                kind.suffix,
                 int(attributes["ApproximateNumberOfMessages"]),
                 int(attributes["ApproximateNumberOfMessagesNotVisible"]),
             )
         )
-    ages = _oldest_ages(cloudwatch, [queue_name(prefix, run_id, q.kind) for q in depths], now=now)
+    ages = _oldest_ages(cloudwatch, names, now=now)
     return [replace(q, oldest_seconds=age) for q, age in zip(depths, ages, strict=True)]
 
 

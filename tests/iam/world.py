@@ -25,7 +25,7 @@ from botocore.credentials import Credentials
 from moto import mock_aws
 
 from domain.protocol import RolloutRequest, dump
-from domain.run_queues import DLQ, KINDS, queue_name
+from domain.run_queues import QueueKind, queue_name
 from lambdas.kubernetes.token import CLUSTER_HEADER, PREFIX
 from mtrl.local.embedded import (
     Dispatcher,
@@ -408,7 +408,7 @@ def exchange_rollouts(
         kind: world.clients["sqs"].get_queue_url(QueueName=queue_name(prefix, run_id, kind))[
             "QueueUrl"
         ]
-        for kind in (*KINDS, DLQ)
+        for kind in QueueKind
     }
     # What ECS hands the workers from the run's parameter (with the execution role).
     token = world.harness.client("ssm").get_parameter(
@@ -419,13 +419,13 @@ def exchange_rollouts(
     s3.get_object(Bucket=bucket, Key=dataset_key)["Body"].read()
     # One the worker cannot read: it goes to the run's dead-letter queue, not into a rollout.
     sqs.send_message(
-        QueueUrl=queues["rollout-requests"], MessageBody="{not a rollout request",
+        QueueUrl=queues[QueueKind.ROLLOUT_REQUESTS], MessageBody="{not a rollout request",
         MessageGroupId="poison", MessageDeduplicationId="poison",
     )  # fmt: skip
     for index in range(rollouts):
         request = RolloutRequest(sample_id=f"w{index}_0", data={"answer": "crane"})
         sqs.send_message(
-            QueueUrl=queues["rollout-requests"], MessageBody=dump(request),
+            QueueUrl=queues[QueueKind.ROLLOUT_REQUESTS], MessageBody=dump(request),
             MessageGroupId=request.sample_id, MessageDeduplicationId=request.sample_id,
         )  # fmt: skip
     proxy = world.function("router.proxy.handler")
@@ -438,8 +438,8 @@ def exchange_rollouts(
 
     trainer = ScriptedTrainer(
         sqs,
-        requests_url=queues["generate-requests"],
-        responses_url=queues["generate-responses"],
+        requests_url=queues[QueueKind.GENERATE_REQUESTS],
+        responses_url=queues[QueueKind.GENERATE_RESPONSES],
         reply=lambda request: GUESSES[sum(1 for m in request.messages if m.role == "assistant")],
     )
     with FunctionUrlServer(function_url) as url:
@@ -449,14 +449,14 @@ def exchange_rollouts(
             credentials=lambda: Credentials(worker_key, SECRET),
         )  # fmt: skip
         settings = WorkerSettings(
-            rollout_request_queue_url=queues["rollout-requests"],
-            dead_letter_queue_url=queues["dlq"],
+            rollout_request_queue_url=queues[QueueKind.ROLLOUT_REQUESTS],
+            dead_letter_queue_url=queues[QueueKind.DLQ],
             wait_seconds=0,
             rollout_timeout_seconds=60,
         )
         reporting = RouterRolloutQueues(
             worker_session.client("sqs"), client,
-            requests_url=queues["rollout-requests"], dead_letter_url=queues["dlq"],
+            requests_url=queues[QueueKind.ROLLOUT_REQUESTS], dead_letter_url=queues[QueueKind.DLQ],
         )  # fmt: skip
         worker = RewardWorker(
             queues=reporting, environment=load_environment(), model=client, settings=settings
@@ -465,13 +465,15 @@ def exchange_rollouts(
         trainer.stop.set()
         trainer.join(timeout=10)
     answered = sqs.receive_message(
-        QueueUrl=queues["rollout-responses"], MaxNumberOfMessages=10
+        QueueUrl=queues[QueueKind.ROLLOUT_RESPONSES], MaxNumberOfMessages=10
     ).get("Messages", [])
     for message in answered:
         sqs.delete_message(
-            QueueUrl=queues["rollout-responses"], ReceiptHandle=message["ReceiptHandle"]
+            QueueUrl=queues[QueueKind.ROLLOUT_RESPONSES], ReceiptHandle=message["ReceiptHandle"]
         )
-    dead = world.clients["sqs"].receive_message(QueueUrl=queues["dlq"], MaxNumberOfMessages=10)
+    dead = world.clients["sqs"].receive_message(
+        QueueUrl=queues[QueueKind.DLQ], MaxNumberOfMessages=10
+    )
     return {
         "completed": stats.completed,
         "responses": len(answered),

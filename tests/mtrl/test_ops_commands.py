@@ -16,7 +16,7 @@ import pytest
 from moto.core.config import default_user_config
 from typer.testing import CliRunner
 
-from domain.run_queues import create_run_queues, queue_name
+from domain.run_queues import QueueKind, create_run_queues, queue_name
 from domain.runs import RunRecord, RunStore, create_runs_table, run_id_for
 from lambdas.clients import Clients
 from lambdas.pipeline.composition import compose
@@ -224,7 +224,7 @@ def test_status_gathers_execution_training_queues_and_cost(deployed: dict) -> No
     create_run_queues(boto3.client("sqs"), prefix="nova-mtrl", run_id="wordle-abc")
     boto3.client("cloudwatch").put_metric_data(Namespace="AWS/SQS", MetricData=[{
         "MetricName": "ApproximateAgeOfOldestMessage", "Value": 42.0, "Timestamp": time.time() - 60,
-        "Dimensions": [{"Name": "QueueName", "Value": queue_name("nova-mtrl", "wordle-abc", "rollout-requests")}],
+        "Dimensions": [{"Name": "QueueName", "Value": queue_name("nova-mtrl", "wordle-abc", QueueKind.ROLLOUT_REQUESTS)}],
     }])  # fmt: skip
     metrics = "".join(json.dumps({"step": s, "mean_reward": 0.1 * s}) + "\n" for s in (1, 2, 3))
     deployed["s3"].put_object(Bucket=BUCKET, Key="runs/wordle-abc/metrics.jsonl", Body=metrics)

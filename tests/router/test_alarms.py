@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import boto3
 
-from domain.run_queues import queue_name
+from domain.run_queues import QueueKind, queue_name
 from lambdas.router.alarms import create_queue_alarms, delete_queue_alarms
 
 TOPIC = "arn:aws:sns:us-east-1:123456789012:nova-mtrl-alerts"
@@ -24,7 +24,7 @@ def test_alarms_watch_the_oldest_message_of_each_run_queue(aws) -> None:
     }
     assert sorted(alarms) == sorted(names) and len(names) == 4
     watched = {alarm["Dimensions"][0]["Value"] for alarm in alarms.values()}
-    assert queue_name("nova-mtrl", "run-5", "generate-requests") in watched
+    assert queue_name("nova-mtrl", "run-5", QueueKind.GENERATE_REQUESTS) in watched
     for alarm in alarms.values():
         assert alarm["MetricName"] == "ApproximateAgeOfOldestMessage" and alarm["Threshold"] == 600
         assert alarm["AlarmActions"] == [TOPIC] and alarm["TreatMissingData"] == "notBreaching"

@@ -7,8 +7,8 @@ import json
 import boto3
 
 from domain.run_queues import (
-    KINDS,
     MAX_RECEIVE_COUNT,
+    QueueKind,
     create_run_queues,
     delete_run_queues,
     queue_name,
@@ -17,11 +17,12 @@ from domain.run_queues import (
 
 def test_names_fit_sqs_for_any_run_id() -> None:
     for run_id in ("r1", "2026-11-29T23:59:59Z/bucket/key.jsonl#v3", "x" * 300):
-        for kind in (*KINDS, "dlq"):
+        for kind in QueueKind:
             name = queue_name("nova-mtrl", run_id, kind)
-            assert len(name) <= 80 and name.endswith(f"-{kind}.fifo")
+            assert len(name) <= 80 and name.endswith(f"-{kind.suffix}.fifo")
             assert all(c.isalnum() or c in "-_." for c in name)
-    assert queue_name("p", "a" * 300, "dlq") != queue_name("p", "a" * 299 + "b", "dlq")
+    dlq = QueueKind.DLQ
+    assert queue_name("p", "a" * 300, dlq) != queue_name("p", "a" * 299 + "b", dlq)
 
 
 def test_create_is_idempotent_and_configures_fifo_dlq_and_encryption(aws) -> None:

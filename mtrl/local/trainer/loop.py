@@ -40,6 +40,7 @@ from domain.protocol import (
     parse,
     sample_id_for,
 )
+from domain.run_queues import QueueKind
 from mtrl.local.trainer.grpo import Adam, Episode, group_advantages, objective_and_gradient
 from mtrl.local.trainer.policy import Decision, Policy
 from training_configs.schema import TrainingConfig
@@ -112,7 +113,7 @@ class Trainer:
     # --- the generate plane: answer the router's generate requests from the current policy ---
 
     def _answer_forever(self) -> None:
-        url = self.job.queues["generate_requests"]
+        url = self.job.queues[QueueKind.GENERATE_REQUESTS]
         while not self._stop.is_set():
             try:
                 messages = self.sqs.receive_message(
@@ -172,10 +173,10 @@ class Trainer:
             )
         if replies:
             self.sqs.send_message_batch(
-                QueueUrl=self.job.queues["generate_responses"], Entries=replies
+                QueueUrl=self.job.queues[QueueKind.GENERATE_RESPONSES], Entries=replies
             )
             self._answered += len(replies)
-        self._delete(self.job.queues["generate_requests"], messages)
+        self._delete(self.job.queues[QueueKind.GENERATE_REQUESTS], messages)
 
     # --- the training loop ---
 
@@ -234,7 +235,7 @@ class Trainer:
             self._decisions.clear()
         for start in range(0, len(requests), 10):
             self.sqs.send_message_batch(
-                QueueUrl=self.job.queues["rollout_requests"],
+                QueueUrl=self.job.queues[QueueKind.ROLLOUT_REQUESTS],
                 Entries=[
                     {
                         "Id": str(i),
@@ -254,7 +255,7 @@ class Trainer:
     def _collect(self, samples: set[str], started: float) -> dict[str, RolloutResponse]:
         """Rollout responses for this step's samples, until all are in or the rollouts' time is up."""
         deadline = started + self.config.rollout_timeout_seconds + 30
-        url = self.job.queues["rollout_responses"]
+        url = self.job.queues[QueueKind.ROLLOUT_RESPONSES]
         responses: dict[str, RolloutResponse] = {}
         while len(responses) < len(samples) and self.clock() < deadline and not self._stop.is_set():
             messages = self.sqs.receive_message(
