@@ -24,6 +24,7 @@ from domain.protocol import GenerateResponse, ProtocolError, parse
 from lambdas.clients import Clients
 from lambdas.router.conversations import ConversationStore
 from lambdas.router.metrics import PROBLEMS_KEPT, Counts, publish, router_metrics
+from lambdas.router.settings import RouterSettings, metrics_deployment
 
 log = logging.getLogger("mtrl.router.consumer")
 
@@ -110,13 +111,14 @@ class Consumer:
 
 
 def consumer_for(environment: Mapping[str, str], clients: Clients) -> Consumer:
-    """The consumer of a function with this environment (`TABLE_NAME`)."""
-    return Consumer(ConversationStore(clients("dynamodb"), environment["TABLE_NAME"]))
+    """The consumer of a function with this environment (`RouterSettings`)."""
+    settings = RouterSettings.from_environment(environment)
+    return Consumer(ConversationStore(clients("dynamodb"), settings.table_name))
 
 
 _ENVIRONMENT = dict(os.environ)  # read at load; the consumer is made at the first invocation
 _consumer = functools.cache(lambda: consumer_for(_ENVIRONMENT, Clients(boto3.Session())))
-_metrics = router_metrics("consumer", _ENVIRONMENT.get("NAME_PREFIX", "nova-mtrl"))
+_metrics = router_metrics("consumer", metrics_deployment(_ENVIRONMENT))
 
 
 @_metrics.log_metrics

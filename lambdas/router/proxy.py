@@ -41,6 +41,7 @@ from domain.run_queues import QueueKind
 from lambdas.clients import Clients
 from lambdas.router.conversations import ConversationStore, RouterRegistration
 from lambdas.router.metrics import Counts, publish, router_metrics
+from lambdas.router.settings import RouterSettings, metrics_deployment
 
 RUN_HEADER, TOKEN_HEADER, SAMPLE_HEADER, REQUEST_HEADER = (
     "x-mtrl-run-id",
@@ -289,15 +290,15 @@ def _error(problem: HttpError) -> tuple[int, dict[str, Any]]:
 
 
 def proxy_for(environment: Mapping[str, str], clients: Clients) -> Proxy:
-    """The proxy of a function with this environment (`TABLE_NAME`, `WAIT_SECONDS`)."""
-    store = ConversationStore(clients("dynamodb"), environment["TABLE_NAME"])
-    wait_seconds = float(environment.get("WAIT_SECONDS", "5"))
-    return Proxy(store, clients("sqs"), wait_seconds=wait_seconds)
+    """The proxy of a function with this environment (`RouterSettings`)."""
+    settings = RouterSettings.from_environment(environment)
+    store = ConversationStore(clients("dynamodb"), settings.table_name)
+    return Proxy(store, clients("sqs"), wait_seconds=settings.wait_seconds)
 
 
 _ENVIRONMENT = dict(os.environ)  # read at load; the proxy is made at the first invocation
 _proxy = functools.cache(lambda: proxy_for(_ENVIRONMENT, Clients(boto3.Session())))
-_metrics = router_metrics("proxy", _ENVIRONMENT.get("NAME_PREFIX", "nova-mtrl"))
+_metrics = router_metrics("proxy", metrics_deployment(_ENVIRONMENT))
 
 
 @_metrics.log_metrics

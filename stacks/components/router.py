@@ -16,7 +16,9 @@ from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from domain.run_queues import deployment_prefix
+from lambdas.environment import environment_for
 from lambdas.router.conversations import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
+from lambdas.router.settings import RouterSettings
 from stacks.components.access import Allow, grant_table_key
 from stacks.components.functions import pipeline_function
 from stacks.components.needs import Need
@@ -66,11 +68,12 @@ class Router(Construct):
             description="Rollout router proxy: OpenAI-shaped API over the run's queues",
             code=code,
             timeout=Duration.seconds(30),
-            environment={
-                "TABLE_NAME": self.table.table_name,
-                "WAIT_SECONDS": "5",
-                "NAME_PREFIX": config.name_prefix,  # the metrics' deployment dimension
-            },
+            environment=environment_for(
+                RouterSettings,
+                table_name=self.table.table_name,
+                wait_seconds=5,
+                deployment=config.name_prefix,
+            ),
         )
         self.proxy_url = self.proxy.add_function_url(auth_type=lambda_.FunctionUrlAuthType.AWS_IAM)
         self.consumer = pipeline_function(
@@ -80,7 +83,9 @@ class Router(Construct):
             description="Rollout router: records generate responses in the conversation table",
             code=code,
             timeout=Duration.seconds(60),
-            environment={"TABLE_NAME": self.table.table_name, "NAME_PREFIX": config.name_prefix},
+            environment=environment_for(
+                RouterSettings, table_name=self.table.table_name, deployment=config.name_prefix
+            ),
         )
         self._data_key = data_key
         self._alarms = stack.format_arn(
