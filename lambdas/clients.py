@@ -7,10 +7,11 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import boto3
 
+T = TypeVar("T")
 Handler = Callable[[dict[str, Any]], Any]
 Compose = Callable[[Mapping[str, str], "Clients"], Mapping[str, Handler]]
 
@@ -31,14 +32,21 @@ class Clients:
             return self._made[key]
 
 
+def composed_once(
+    make: Callable[[Mapping[str, str], Clients], T], environment: Mapping[str, str]
+) -> Callable[[], T]:
+    """`make(environment, clients)` at the first call, the same object after. Called as an entry
+    module loads, with `os.environ`: the copy taken then is all the function ever reads."""
+    environment = dict(environment)
+    return functools.cache(lambda: make(environment, Clients(boto3.Session())))
+
+
 def lambda_entries(
     compose: Compose, environment: Mapping[str, str]
 ) -> Callable[[str], Callable[[dict[str, Any], Any], Any]]:
-    """`entry(name)`: the Lambda handler that runs `compose(environment, ...)[name]`. Called as
-    the entry module loads, with `os.environ`: a copy is taken then; the handlers are composed at
-    the first invocation and then reused."""
-    environment = dict(environment)
-    composed = functools.cache(lambda: compose(environment, Clients(boto3.Session())))
+    """`entry(name)`: the Lambda handler that runs `compose(environment, ...)[name]`, the
+    handlers composed at the first invocation (`composed_once`)."""
+    composed = composed_once(compose, environment)
 
     def entry(name: str) -> Callable[[dict[str, Any], Any], Any]:
         def handler(event: dict[str, Any], context: Any = None) -> Any:

@@ -62,13 +62,12 @@ class ComputeSteps:
     def start_workers(self, event: dict[str, Any]) -> dict[str, Any]:
         """Start the reward fleet with a fresh run token (stored hashed; never in the state)."""
         state = RunState.model_validate(event)
-        run, token = state.registered, secrets.token_urlsafe(32)
-        queues = state.resources.queues if state.resources else {}
+        context = self._context(state, run_token=secrets.token_urlsafe(32))
         store = ConversationStore(self.clients("dynamodb"), self.settings.conversations_table)
-        store.put_run(run.run_id, token=token, queues=queues, now=self.clock())
-        workers = self.compute.fleet.start(
-            self._context(state, run_token=token), workers=run.config.reward_workers
+        store.put_run(
+            context.run_id, token=context.run_token, queues=context.queues, now=self.clock()
         )
+        workers = self.compute.fleet.start(context, workers=context.training.reward_workers)
         return {"workers": len(workers)}
 
     def workers_healthy(self, event: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,6 @@ the run's dead-letter queue, where they stay visible; the counters say how many 
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import time
@@ -17,11 +16,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import boto3
 from pydantic import BaseModel, ConfigDict
 
 from domain.protocol import GenerateResponse, ProtocolError, parse
-from lambdas.clients import Clients
+from lambdas.clients import Clients, composed_once
 from lambdas.router.conversations import ConversationStore
 from lambdas.router.metrics import PROBLEMS_KEPT, Counts, publish, router_metrics
 from lambdas.router.settings import RouterSettings, metrics_deployment
@@ -116,9 +114,8 @@ def consumer_for(environment: Mapping[str, str], clients: Clients) -> Consumer:
     return Consumer(ConversationStore(clients("dynamodb"), settings.table_name))
 
 
-_ENVIRONMENT = dict(os.environ)  # read at load; the consumer is made at the first invocation
-_consumer = functools.cache(lambda: consumer_for(_ENVIRONMENT, Clients(boto3.Session())))
-_metrics = router_metrics("consumer", metrics_deployment(_ENVIRONMENT))
+_consumer = composed_once(consumer_for, os.environ)
+_metrics = router_metrics("consumer", metrics_deployment(os.environ))
 
 
 @_metrics.log_metrics

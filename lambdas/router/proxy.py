@@ -15,7 +15,6 @@ so far, so a retried call maps to the same step and never enqueues twice.
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import os
 import time
@@ -23,7 +22,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import boto3
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from domain.protocol import (
@@ -38,7 +36,7 @@ from domain.protocol import (
     step_id_for,
 )
 from domain.run_queues import QueueKind
-from lambdas.clients import Clients
+from lambdas.clients import Clients, composed_once
 from lambdas.router.conversations import ConversationStore, RouterRegistration
 from lambdas.router.metrics import Counts, publish, router_metrics
 from lambdas.router.settings import RouterSettings, metrics_deployment
@@ -296,9 +294,8 @@ def proxy_for(environment: Mapping[str, str], clients: Clients) -> Proxy:
     return Proxy(store, clients("sqs"), wait_seconds=settings.wait_seconds)
 
 
-_ENVIRONMENT = dict(os.environ)  # read at load; the proxy is made at the first invocation
-_proxy = functools.cache(lambda: proxy_for(_ENVIRONMENT, Clients(boto3.Session())))
-_metrics = router_metrics("proxy", metrics_deployment(_ENVIRONMENT))
+_proxy = composed_once(proxy_for, os.environ)
+_metrics = router_metrics("proxy", metrics_deployment(os.environ))
 
 
 @_metrics.log_metrics

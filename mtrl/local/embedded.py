@@ -41,8 +41,9 @@ def _pipeline(compute: Compute | None) -> Compose:
     return lambda environment, clients: compose_pipeline(environment, clients, compute=compute)
 
 
-# Each Lambda entry module's composition (what its handlers are made of), by module.
-_ROUTER: dict[str, Compose] = {
+# The other Lambda entry modules' compositions (what their handlers are made of), by module;
+# the pipeline's is made with the compute planes given (`composed_handler`).
+_COMPOSERS: dict[str, Compose] = {
     "lambdas.router.proxy": lambda env, clients: {"handler": proxy_for(env, clients).handle},
     "lambdas.router.consumer": lambda env, clients: {"handler": consumer_for(env, clients).handle},
     "lambdas.kubernetes.bootstrap": bootstrap.compose,
@@ -58,7 +59,7 @@ def composed_handler(
     role's; none: the process's). The pipeline's steps use `compute` if given, else the
     deployed planes."""
     module, name = handler.rsplit(".", 1)
-    composers = {"lambdas.pipeline.handlers": _pipeline(compute), **_ROUTER}
+    composers = {"lambdas.pipeline.handlers": _pipeline(compute), **_COMPOSERS}
     if module not in composers:
         raise LookupError(f"no local composition for the handler {handler}")
     # What Lambda's runtime adds to every function's environment.

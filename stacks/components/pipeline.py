@@ -94,22 +94,22 @@ class TrainingPipeline(Construct):
         for step in STEPS:
             if step.trigger is Trigger.STATE_MACHINE:
                 self._function(step)
+        machine_name = f"{config.name_prefix}-pipeline"
         self.state_machine, self.execution_logs = pipeline_state_machine(
-            self, name=f"{config.name_prefix}-pipeline", functions=dict(self.functions)
+            self, name=machine_name, functions=dict(self.functions)
         )
         self._executions = Stack.of(self).format_arn(
             service="states",
             resource="execution",
-            resource_name=f"{config.name_prefix}-pipeline:*",
+            resource_name=f"{machine_name}:*",
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
         start = self._function(STEP["start_run"])
-        events.Rule(
-            self,
-            "ReaperSchedule",
+        self._on_schedule(
+            STEP["reap"],
+            self._function(STEP["reap"]),
+            every=Duration.minutes(15),
             description="Reaps overdue and orphaned training runs",
-            schedule=events.Schedule.rate(Duration.minutes(15)),
-            targets=[targets.LambdaFunction(self._function(STEP["reap"]), retry_attempts=2)],
         )
         self.upload_rule, self.trigger_dlq = upload_trigger(
             self, data_bucket=data_bucket, start=start
@@ -151,13 +151,7 @@ class TrainingPipeline(Construct):
     ) -> lambda_.Function:
         """A step run on a schedule, with the settings of the plane it works on."""
         function = self._function(step, environment)
-        events.Rule(
-            self,
-            f"{step.id.removesuffix('Function')}Schedule",
-            description=step.description,
-            schedule=events.Schedule.rate(every),
-            targets=[targets.LambdaFunction(function, retry_attempts=2)],
-        )
+        self._on_schedule(step, function, every=every, description=step.description)
         alarm(
             self,
             errors_alarm_name(step.name),
@@ -165,6 +159,17 @@ class TrainingPipeline(Construct):
             self.alert_topic,
         )
         return function
+
+    def _on_schedule(
+        self, step: PipelineStep, function: lambda_.IFunction, *, every: Duration, description: str
+    ) -> None:
+        events.Rule(
+            self,
+            f"{step.id.removesuffix('Function')}Schedule",
+            description=description,
+            schedule=events.Schedule.rate(every),
+            targets=[targets.LambdaFunction(function, retry_attempts=2)],
+        )
 
     # --- the needs it provides (stacks/components/access.py) ---
 
