@@ -25,8 +25,6 @@ RunStatus = Literal[
     "failed",
 ]
 FINISHED: tuple[RunStatus, ...] = ("succeeded", "failed")
-# Items of the runs table that are not runs: capacity leases (lambdas/pipeline/hyperpod_capacity.py).
-LEASE_PREFIX = "lease#"
 
 
 def run_id_for(bucket: str, key: str, version_id: str | None) -> str:
@@ -131,21 +129,10 @@ class RunStore:
         return [run for run in self.all() if run.status not in FINISHED]
 
     def all(self) -> list[RunRecord]:
-        """Every run, newest first (capacity leases are not runs)."""
+        """Every run, newest first."""
         found = [
             RunRecord.model_validate_json(item["record"]["S"])
             for page in self._db.get_paginator("scan").paginate(TableName=self._table)
             for item in page["Items"]
-            if not item["run_id"]["S"].startswith(LEASE_PREFIX)
         ]
         return sorted(found, key=lambda run: run.created_at, reverse=True)
-
-
-def create_runs_table(dynamodb: Any, table_name: str) -> None:
-    """The table as the pipeline stack declares it (for local mode and tests)."""
-    dynamodb.create_table(
-        TableName=table_name,
-        KeySchema=[{"AttributeName": "run_id", "KeyType": "HASH"}],
-        AttributeDefinitions=[{"AttributeName": "run_id", "AttributeType": "S"}],
-        BillingMode="PAY_PER_REQUEST",
-    )

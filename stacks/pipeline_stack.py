@@ -70,6 +70,7 @@ class PipelineStack(PlatformStack):
             hyperpod_cluster_arn=hyperpod.cluster_arn,
             execution_role_arn=hyperpod.execution_role_arn,
             cluster_network=cluster_network,
+            data_key=storage.data_key,
         )
         functions = self.pipeline.functions
         if config.keep_warm_minutes:
@@ -109,6 +110,7 @@ class PipelineStack(PlatformStack):
                 self.router,
                 fleet,
                 training,
+                training.leases,
             ],
         )
         cdk.CfnOutput(

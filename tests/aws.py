@@ -5,6 +5,27 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from lambdas.pipeline.hyperpod_capacity import LEASE_KEY
+
+
+def create_runs_table(dynamodb: Any, table_name: str) -> None:
+    """The runs table as the pipeline stack declares it (tests/test_pipeline_stack.py pins it)."""
+    _create(dynamodb, table_name, "run_id")
+
+
+def create_leases_table(dynamodb: Any, table_name: str) -> None:
+    """The capacity-leases table as the training control declares it (pinned likewise)."""
+    _create(dynamodb, table_name, LEASE_KEY)
+
+
+def _create(dynamodb: Any, table_name: str, key: str) -> None:
+    dynamodb.create_table(
+        TableName=table_name,
+        KeySchema=[{"AttributeName": key, "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": key, "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+
 
 class Serialized:
     """A boto3 client whose calls take one process-wide lock: moto's in-memory backends are

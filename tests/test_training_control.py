@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import json
 
+import boto3
+
 from lambdas.kubernetes.rbac import pipeline_rbac
+from lambdas.pipeline.hyperpod_capacity import LEASE_KEY
 from lambdas.pipeline.hyperpod_training import HyperPodSettings
+from tests.aws import create_leases_table, create_runs_table
 from tests.conftest import Synthesized, as_list, role_statements
 
 KUBERNETES_STEPS = ("SubmitJob", "Monitor", "ReleaseCompute")
@@ -115,6 +119,46 @@ def test_job_steps_have_every_setting_the_backend_reads(default_app: Synthesized
         assert set(json.loads(variables["MODEL_PRESETS"])) == {"nova-lite-2", "qwen3-8b"}
     _, register = _function(template, "PipelineRegisterFunction")
     assert "MODEL_PRESETS" in register["Properties"]["Environment"]["Variables"]
+
+
+def _tables(template: dict) -> dict[str, dict]:
+    return {i: r for i, r in template["Resources"].items() if r["Type"] == "AWS::DynamoDB::Table"}
+
+
+def test_capacity_leases_have_a_table_of_their_own_that_only_capacity_steps_write(
+    default_app: Synthesized, aws: None
+) -> None:
+    """Runs and leases apart: the runs table holds runs only; the leases table, keyed by
+    instance group, is written by the steps that scale nodes and read by nothing else."""
+    template = default_app.template("pipeline")
+    tables = _tables(template)
+    (leases_id,) = [i for i in tables if i.startswith("TrainingClusterControlCapacityLeases")]
+    (runs_id,) = [i for i in tables if i.startswith("PipelineRuns")]
+    assert tables[leases_id]["Properties"]["KeySchema"] == [
+        {"AttributeName": LEASE_KEY, "KeyType": "HASH"}
+    ]
+    assert tables[leases_id]["Properties"]["SSESpecification"]["SSEEnabled"] is True
+    # The tables the tests make are the tables the stack declares.
+    db = boto3.client("dynamodb")
+    create_leases_table(db, "leases")
+    create_runs_table(db, "runs")
+    for made, declared in (("leases", leases_id), ("runs", runs_id)):
+        declared_keys = tables[declared]["Properties"]["KeySchema"]
+        assert db.describe_table(TableName=made)["Table"]["KeySchema"] == declared_keys
+    writers = set()
+    for logical_id, function in template["Resources"].items():
+        if function["Type"] != "AWS::Lambda::Function":
+            continue
+        for statement in role_statements(template, _role_id(function)):
+            resources, actions = as_list(statement["Resource"]), as_list(statement["Action"])
+            if {"Fn::GetAtt": [leases_id, "Arn"]} in resources and "dynamodb:UpdateItem" in actions:
+                writers.add(function["Properties"]["Handler"].rsplit(".", 1)[-1])
+            if {"Fn::GetAtt": [runs_id, "Arn"]} in resources:
+                assert "dynamodb:UpdateItem" not in actions, logical_id
+        variables = function["Properties"].get("Environment", {}).get("Variables", {})
+        if "CAPACITY_LEASES_TABLE" in variables:
+            assert variables["CAPACITY_LEASES_TABLE"] == {"Ref": leases_id}
+    assert writers == {"scale_up", "release_compute", "reap"}
 
 
 def test_no_idle_release_without_keep_warm(default_app: Synthesized) -> None:

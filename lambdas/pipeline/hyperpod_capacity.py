@@ -1,6 +1,7 @@
 """GPU capacity on HyperPod: scale an instance group up for a run, and to zero when no run needs it.
 
-Runs hold a lease on the instance group: a string set of run ids in the runs table. Taking or
+Runs hold a lease on the instance group: a string set of run ids, one item per group in the
+capacity-leases table (the training plane's own, stacks/components/training_control.py). Taking or
 returning it, deciding the count and asking HyperPod for it happen under a short lock on that
 item (a conditional write that expires), so a run ending never scales to zero under a run that
 has just started: `scale_up` takes the lease and raises the group's count to what the run needs
@@ -25,14 +26,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from domain.runs import LEASE_PREFIX
-
 # UpdateCluster's names for what DescribeCluster calls otherwise (besides Desired*/Current*).
 _DESCRIBED_AS = {"InstanceCount": "TargetCount", "MinInstanceCount": "MinCount"}
 # Left out so a capacity change never asks for an image change as well.
 _UNCHANGED = frozenset({"ImageId", "ImageReleaseVersion"})
 
 
+LEASE_KEY = "instance_group"  # the leases table's partition key: `<cluster>/<group>`
 IDLE = "idle_since"  # set when the last run lets go under a keep-warm period
 LOCK_SECONDS = 60  # a lock older than this was left by a function that died
 LOCK_WAIT_SECONDS = 30
@@ -43,7 +43,7 @@ class CapacityBusy(RuntimeError):
 
 
 class CapacityLeases:
-    """Which runs hold an instance group (items `lease#<cluster>/<group>` of the runs table)."""
+    """Which runs hold an instance group (an item per `<cluster>/<group>` of the leases table)."""
 
     def __init__(
         self,
@@ -59,7 +59,7 @@ class CapacityLeases:
     @contextmanager
     def locked(self, group: str) -> Iterator[None]:
         """Hold the group's lock for the block (waits up to LOCK_WAIT_SECONDS for it)."""
-        owner, key = secrets.token_hex(8), {"run_id": {"S": f"{LEASE_PREFIX}{group}"}}
+        owner, key = secrets.token_hex(8), self._key(group)
         deadline = self._clock() + LOCK_WAIT_SECONDS
         while True:
             now = self._clock()
@@ -124,7 +124,7 @@ class CapacityLeases:
         return answer.get("Item", {})
 
     def _key(self, group: str) -> dict[str, Any]:
-        return {"run_id": {"S": f"{LEASE_PREFIX}{group}"}}
+        return {LEASE_KEY: {"S": group}}
 
     def _update(self, group: str, expression: str, run_id: str, now: float) -> set[str]:
         answer = self._db.update_item(

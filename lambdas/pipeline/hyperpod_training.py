@@ -76,7 +76,7 @@ class HyperPodSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     prefix: str = Field(alias="NAME_PREFIX")
-    runs_table: str = Field(alias="RUNS_TABLE")
+    leases_table: str = Field(alias="CAPACITY_LEASES_TABLE")
     eks_cluster: str = Field(alias="EKS_CLUSTER")
     hyperpod_cluster: str = Field(alias="HYPERPOD_CLUSTER")
     instance_group: str = Field(alias="HYPERPOD_INSTANCE_GROUP")
@@ -130,7 +130,7 @@ class HyperPodTrainingCluster(TrainingCluster):
             token = EksTokenSource(settings.eks_cluster, sts=regional_sts(clients, settings.region))
             return KubernetesClient.for_eks(eks, settings.eks_cluster, token=token)
 
-        leases = CapacityLeases(clients("dynamodb"), settings.runs_table)
+        leases = CapacityLeases(clients("dynamodb"), settings.leases_table)
         capacity = HyperPodCapacity(
             clients("sagemaker"),
             leases,

@@ -21,13 +21,11 @@ from typing import Any
 import boto3
 from moto.awslambda_simple.models import LambdaSimpleBackend
 
-from domain.runs import create_runs_table
 from lambdas.clients import Clients, Compose, Handler
 from lambdas.kubernetes import bootstrap, chart_install
 from lambdas.pipeline.composition import compose as compose_pipeline
 from lambdas.pipeline.dependencies import Compute
 from lambdas.router.consumer import consumer_for
-from lambdas.router.conversations import create_table
 from lambdas.router.proxy import proxy_for
 from mtrl.local.physical import ACCOUNT, REGION, LocalNames
 
@@ -209,11 +207,7 @@ def deploy_pipeline(
         "Role"
     ]["Arn"]
     for logical_id, table in of_type("AWS::DynamoDB::Table").items():
-        keys = [key["AttributeName"] for key in table["Properties"]["KeySchema"]]
-        # The runs table is keyed by run id alone; the conversation table by (run id, item).
-        (create_runs_table if keys == ["run_id"] else create_table)(
-            clients["dynamodb"], names[logical_id]["Ref"]
-        )
+        create_table_as_declared(clients["dynamodb"], names[logical_id]["Ref"], table["Properties"])
     for logical_id in of_type("AWS::SNS::Topic"):
         clients["sns"].create_topic(Name=names[logical_id]["TopicName"])
     functions = of_type("AWS::Lambda::Function")
@@ -268,6 +262,20 @@ def deploy_pipeline(
         functions={path: name for name, path in handlers.items()},
         state_steps=state_steps,
     )
+
+
+def create_table_as_declared(dynamodb: Any, name: str, properties: Mapping[str, Any]) -> None:
+    """A DynamoDB table with the keys a template declares for it (and its time to live)."""
+    dynamodb.create_table(
+        TableName=name,
+        KeySchema=properties["KeySchema"],
+        AttributeDefinitions=properties["AttributeDefinitions"],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    if "TimeToLiveSpecification" in properties:
+        dynamodb.update_time_to_live(
+            TableName=name, TimeToLiveSpecification=properties["TimeToLiveSpecification"]
+        )
 
 
 def definition_skeleton(template: dict[str, Any]) -> dict[str, Any]:

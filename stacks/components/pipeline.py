@@ -32,6 +32,7 @@ from stacks.components.pipeline_monitoring import (
 from stacks.components.pipeline_states import pipeline_state_machine
 from stacks.components.pipeline_steps import STEP, STEPS, PipelineStep, Trigger
 from stacks.components.pipeline_trigger import upload_trigger
+from stacks.components.tables import data_table
 from stacks.config import PlatformConfig
 from training_configs.schema import DEFAULT_CONFIG
 
@@ -56,16 +57,11 @@ class TrainingPipeline(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self._cluster_network, self._code, self._data_key = cluster_network, code, data_key
-        self.runs_table = dynamodb.Table(
+        self.runs_table = data_table(
             self,
             "Runs",
-            partition_key=dynamodb.Attribute(name="run_id", type=dynamodb.AttributeType.STRING),
-            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
-            encryption=dynamodb.TableEncryption.CUSTOMER_MANAGED,
-            encryption_key=data_key,
-            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
-                point_in_time_recovery_enabled=True
-            ),
+            data_key=data_key,
+            partition_key="run_id",
             removal_policy=RemovalPolicy.RETAIN,
         )
         alert_key = kms.Key(
@@ -178,8 +174,6 @@ class TrainingPipeline(Construct):
             Need.RUNS_GET,
             Need.RUNS_SCAN,
             Need.RUNS_PUT,
-            Need.CAPACITY_LEASES,
-            Need.CAPACITY_LEASES_READ,
             Need.EXECUTION_START,
             Need.EXECUTIONS_STOP,
             Need.ALERTS_PUBLISH,
@@ -197,10 +191,6 @@ class TrainingPipeline(Construct):
                 self._table(role, "dynamodb:Scan", writes=False)
             case Need.RUNS_PUT:
                 self._table(role, "dynamodb:PutItem", writes=True)
-            case Need.CAPACITY_LEASES:
-                self._table(role, "dynamodb:UpdateItem", writes=True)
-            case Need.CAPACITY_LEASES_READ:
-                self._table(role, "dynamodb:GetItem", writes=False)
             case Need.EXECUTION_START:
                 self.state_machine.grant_start_execution(role)
             case Need.EXECUTIONS_STOP | Need.EXECUTIONS_READ:

@@ -9,7 +9,6 @@ at run time.
 from __future__ import annotations
 
 from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack
-from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
@@ -22,6 +21,7 @@ from lambdas.router.settings import RouterSettings
 from stacks.components.access import Allow, grant_table_key
 from stacks.components.functions import pipeline_function
 from stacks.components.needs import Need
+from stacks.components.tables import data_table
 from stacks.config import PlatformConfig
 
 
@@ -40,20 +40,13 @@ class Router(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
-        self.table = dynamodb.Table(
+        self.table = data_table(
             self,
             "Conversations",
-            partition_key=dynamodb.Attribute(
-                name=PARTITION_KEY, type=dynamodb.AttributeType.STRING
-            ),
-            sort_key=dynamodb.Attribute(name=SORT_KEY, type=dynamodb.AttributeType.STRING),
-            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            data_key=data_key,
+            partition_key=PARTITION_KEY,
+            sort_key=SORT_KEY,
             time_to_live_attribute=TTL_ATTRIBUTE,
-            encryption=dynamodb.TableEncryption.CUSTOMER_MANAGED,
-            encryption_key=data_key,
-            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
-                point_in_time_recovery_enabled=True
-            ),
             # Conversation state lives days (TTL); nothing to keep once the stack is gone.
             removal_policy=RemovalPolicy.DESTROY,
         )

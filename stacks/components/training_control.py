@@ -19,6 +19,7 @@ import json
 from aws_cdk import CustomResource, Duration, Stack
 from aws_cdk import aws_eks as eks
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
@@ -26,6 +27,7 @@ from lambdas.environment import environment_for
 from lambdas.kubernetes.rbac import pipeline_group, pipeline_rbac
 from lambdas.pipeline.hyperpod_training import HyperPodSettings
 from stacks.components.access import Allow, grant_log_reading, log_group_arn
+from stacks.components.capacity_leases import CapacityLeaseTable
 from stacks.components.eks import CLUSTER_ADMIN, eks_cluster_name, pod_identity_role
 from stacks.components.functions import ClusterNetwork, pipeline_function
 from stacks.components.hyperpod import hyperpod_cluster_name
@@ -35,7 +37,8 @@ from stacks.config import PlatformConfig
 
 
 class TrainingClusterControl(Construct):
-    """Attributes: `environment`, `job_role`, `rbac`; provides the training plane's needs."""
+    """Attributes: `environment`, `job_role`, `rbac`, `leases` (which runs hold the training
+    group: a CapacityLeaseTable); provides the training plane's needs."""
 
     def __init__(
         self,
@@ -47,6 +50,7 @@ class TrainingClusterControl(Construct):
         hyperpod_cluster_arn: str,
         execution_role_arn: str | None,
         cluster_network: ClusterNetwork,
+        data_key: kms.IKey,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
@@ -59,6 +63,7 @@ class TrainingClusterControl(Construct):
         self._execution_role_arn = execution_role_arn
         self._entries = 0
         self.job_role = self._job_role()
+        self.leases = CapacityLeaseTable(self, "CapacityLeases", data_key=data_key)
         self._associations = stack.format_arn(
             service="eks",
             resource="podidentityassociation",
@@ -80,6 +85,7 @@ class TrainingClusterControl(Construct):
             HyperPodSettings,
             eks_cluster=self._eks_name,
             hyperpod_cluster=hyperpod_cluster_name(config),
+            leases_table=self.leases.table.table_name,
             instance_group=config.training_group.name,
             instance_type=config.training_group.instance_type,
             job_kind=config.training_job_kind,

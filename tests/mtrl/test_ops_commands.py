@@ -17,7 +17,7 @@ from moto.core.config import default_user_config
 from typer.testing import CliRunner
 
 from domain.run_queues import QueueKind, create_run_queues, queue_name
-from domain.runs import RunRecord, RunStore, create_runs_table, run_id_for
+from domain.runs import RunRecord, RunStore, run_id_for
 from lambdas.clients import Clients
 from lambdas.pipeline.composition import compose
 from lambdas.pipeline.dependencies import Compute
@@ -27,6 +27,7 @@ from mtrl.cli import app
 from mtrl.ops.deployment import find_deployment
 from mtrl.ops.logs import follow, sources
 from mtrl.ops.runs_view import run_status
+from tests.aws import create_runs_table
 from tests.pipeline.test_handlers import RecordingCompute
 from tests.service_fakes import FakeSageMaker, ServiceFake
 

@@ -13,13 +13,14 @@ from pathlib import Path
 import boto3
 import pytest
 
-from domain.runs import RunRecord, RunStore, create_runs_table
+from domain.runs import RunRecord, RunStore
 from lambdas.clients import Clients
 from lambdas.environment import environment_for
 from lambdas.pipeline import handlers
 from lambdas.pipeline.composition import compose
 from lambdas.pipeline.settings import PipelineSettings
 from mtrl.local.embedded import Dispatcher
+from tests.aws import create_runs_table
 
 LAMBDAS = Path(__file__).resolve().parents[2] / "lambdas"
 ENVIRONMENT = {

@@ -9,11 +9,12 @@ import pytest
 
 from domain.backends import JobStatus, RunContext, TrainingCluster
 from domain.run_state import RegisteredRun
-from domain.runs import RunRecord, RunStore, create_runs_table
+from domain.runs import RunRecord, RunStore
 from lambdas.clients import Clients
 from lambdas.pipeline.compute import ComputeSteps
 from lambdas.pipeline.dependencies import Compute, Dependencies
 from lambdas.pipeline.settings import PipelineSettings
+from tests.aws import create_runs_table
 from training_configs.schema import load_training_config
 
 

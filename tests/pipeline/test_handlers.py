@@ -8,13 +8,14 @@ import boto3
 import pytest
 
 from domain.backends import JobStatus, RewardFleet, RunContext, TrainingCluster
-from domain.runs import RunStore, create_runs_table
+from domain.runs import RunStore
 from lambdas.clients import Clients
 from lambdas.pipeline.composition import compose
 from lambdas.pipeline.dependencies import Compute
 from lambdas.pipeline.run_steps import DatasetInvalid, Upload
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.conversations import create_table
+from tests.aws import create_runs_table
 
 BUCKET = "data"
 GOOD = b'{"id": "a", "metadata": {"prompt": "p", "answer": "crane"}}\n'

@@ -1,4 +1,4 @@
-"""GPU capacity on HyperPod: leases in the runs table (moto), UpdateCluster requests (a recorded
+"""GPU capacity on HyperPod: leases in their table (moto), UpdateCluster requests (a recorded
 fake: moto has no UpdateCluster) — up for a run, to zero only when no run holds the group."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from domain.runs import RunStore, create_runs_table
 from lambdas.pipeline.hyperpod_capacity import CapacityBusy, CapacityLeases, HyperPodCapacity
+from tests.aws import create_leases_table
 from tests.service_fakes import FakeSageMaker
 
 
@@ -19,8 +19,8 @@ def sagemaker(aws: None) -> FakeSageMaker:
 @pytest.fixture
 def capacity(sagemaker: FakeSageMaker) -> HyperPodCapacity:
     db = boto3.client("dynamodb")
-    create_runs_table(db, "runs")
-    leases = CapacityLeases(db, "runs")
+    create_leases_table(db, "leases")
+    leases = CapacityLeases(db, "leases")
     return HyperPodCapacity(sagemaker.client(), leases, cluster="nova-mtrl", instance_group="gpu")
 
 
@@ -71,17 +71,12 @@ def test_the_group_goes_to_zero_only_when_the_last_run_ends(
     assert len(sagemaker.updates) == 2
 
 
-def test_leases_are_not_runs(capacity: HyperPodCapacity) -> None:
-    capacity.scale_up("run-a", 1)
-    assert RunStore(boto3.client("dynamodb"), "runs").unfinished() == []
-
-
 def test_the_lock_keeps_decisions_apart_and_expires(aws: None) -> None:
     db = boto3.client("dynamodb")
-    create_runs_table(db, "runs")
+    create_leases_table(db, "leases")
     now = [1000.0]
     leases = CapacityLeases(
-        db, "runs", clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)
+        db, "leases", clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)
     )
     with leases.locked("nova-mtrl/gpu"):
         started = now[0]

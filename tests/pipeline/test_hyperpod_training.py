@@ -14,7 +14,6 @@ import boto3
 import pytest
 
 from domain.backends import RunContext
-from domain.runs import create_runs_table
 from lambdas.kubernetes.training_job import JobRenderError, run_namespace
 from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
 from lambdas.pipeline.hyperpod_training import (
@@ -24,6 +23,7 @@ from lambdas.pipeline.hyperpod_training import (
     job_status,
 )
 from stacks.config import PlatformConfig, deployment_context
+from tests.aws import create_leases_table
 from tests.kubernetes.fake_api import FakeKubernetes, client_of
 from tests.service_fakes import FakeEks, FakeSageMaker
 from training_configs.schema import load_training_config
@@ -52,7 +52,7 @@ def settings(**overrides: Any) -> HyperPodSettings:
     return HyperPodSettings.model_validate(
         {
             "NAME_PREFIX": "nova-mtrl",
-            "RUNS_TABLE": "runs",
+            "CAPACITY_LEASES_TABLE": "leases",
             "EKS_CLUSTER": "nova-mtrl-eks",
             "HYPERPOD_CLUSTER": "nova-mtrl",
             "HYPERPOD_INSTANCE_GROUP": "gpu",
@@ -96,14 +96,14 @@ def make_cluster(
     **overrides: Any,
 ) -> HyperPodTrainingCluster:
     db = boto3.client("dynamodb")
-    create_runs_table(db, "runs")
+    create_leases_table(db, "leases")
     boto3.client("s3").create_bucket(Bucket=RUN.bucket)  # where the trainer writes its metrics
     return HyperPodTrainingCluster(
         settings(**overrides),
         kubernetes=client_of(api),
         capacity=HyperPodCapacity(
             (sagemaker or FakeSageMaker()).client(),
-            CapacityLeases(db, "runs"),
+            CapacityLeases(db, "leases"),
             cluster="nova-mtrl",
             instance_group="gpu",
         ),

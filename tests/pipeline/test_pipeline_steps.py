@@ -9,7 +9,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
-from domain.runs import RunRecord, RunStore, create_runs_table, run_id_for
+from domain.runs import RunRecord, RunStore, run_id_for
 from lambdas.pipeline.resources import (
     RouterWiring,
     leftover_resources,
@@ -17,6 +17,7 @@ from lambdas.pipeline.resources import (
     teardown_run,
 )
 from lambdas.pipeline.validate import validate_upload
+from tests.aws import create_runs_table
 
 BUCKET = "data-bucket"
 GOOD = b'{"id": "a", "metadata": {"prompt": "p", "answer": "crane"}}\n{"id": "b", "metadata": {"prompt": "p"}}\n'

@@ -9,11 +9,12 @@ import boto3
 import pytest
 import yaml
 
-from domain.runs import RunStore, create_runs_table
+from domain.runs import RunStore
 from lambdas.kubernetes.training_job import JobRenderError
 from lambdas.pipeline.notify import notify, summary
 from lambdas.pipeline.register import BudgetExceeded, Registered, register_run
 from stacks.config import PlatformConfig, deployment_context
+from tests.aws import create_runs_table
 from training_configs.schema import TrainingConfigError
 
 BUCKET = "data-bucket"
