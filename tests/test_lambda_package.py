@@ -5,35 +5,13 @@ install cannot help), and every third-party module it pulls in must come from RE
 
 from __future__ import annotations
 
-import json
-import re
-import shutil
-import subprocess
-import sys
-import sysconfig
-import tomllib
-from importlib.metadata import distribution, packages_distributions
 from pathlib import Path
 
-from stacks.components.lambda_code import _IGNORED, PACKAGES, PROJECT_ROOT, REQUIREMENTS
+from stacks.components.lambda_code import PACKAGES, REQUIREMENTS
 from tests.conftest import Synthesized
+from tests.packaging import assert_installed, pyproject_pins, third_party_imports
 
 RUNTIME_PROVIDED = ("boto3",)  # and its dependencies
-
-
-def _with_dependencies(names: tuple[str, ...]) -> set[str]:
-    """Distribution names, normalized, with their (non-extra) requirements, recursively."""
-    seen: set[str] = set()
-    todo = list(names)
-    while todo:
-        name = re.split(r"[=<>!~;\[ ]", todo.pop(), maxsplit=1)[0].lower().replace("_", "-")
-        if name in seen:
-            continue
-        seen.add(name)
-        for requirement in distribution(name).requires or []:
-            if "extra ==" not in requirement:
-                todo.append(requirement)
-    return seen
 
 
 def _handler_modules(app: Synthesized) -> set[str]:
@@ -59,42 +37,14 @@ def test_handlers_import_with_only_the_asset_and_the_runtime(
         "lambdas.kubernetes.bootstrap",
         "lambdas.kubernetes.chart_install",
     } <= modules
-    for package in PACKAGES:
-        shutil.copytree(PROJECT_ROOT / package, tmp_path / package, ignore=_IGNORED)
-    site = sysconfig.get_paths()["purelib"]
-    # Top-level modules loaded from site-packages (the rest is the standard library or ours).
-    script = (
-        f"import sys, json\nfor m in {sorted(modules)!r}: __import__(m)\n"
-        "print(json.dumps(sorted({n.split('.')[0] for n, m in list(sys.modules.items())"
-        f" if (getattr(m, '__file__', None) or '').startswith({site!r})}})))"
-    )
-    result = subprocess.run(
-        [sys.executable, "-S", "-c", script],
-        cwd=tmp_path,
-        env={"PYTHONPATH": f"{tmp_path}:{site}", "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    imported = set(json.loads(result.stdout.splitlines()[-1]))
     # botocore tries certifi for its CA bundle and falls back to its own when it is missing.
-    third_party = imported - set(PACKAGES) - {"certifi"}
-    allowed = _with_dependencies(REQUIREMENTS + RUNTIME_PROVIDED)
-    owners = packages_distributions()
-    for module in sorted(third_party):
-        owner = {name.lower().replace("_", "-") for name in owners.get(module, [module])}
-        assert owner & allowed, f"{module} (from {owner}) is neither packaged nor in the runtime"
+    imported = third_party_imports(PACKAGES, modules, tmp_path) - {"certifi"}
+    assert_installed(imported, REQUIREMENTS + RUNTIME_PROVIDED)
 
 
 def test_the_asset_pins_what_pyproject_pins() -> None:
     """The Lambda asset is installed from REQUIREMENTS: the same versions the project runs with."""
-    pinned = {
-        re.split(r"==", requirement)[0].lower(): requirement.lower()
-        for requirement in tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"][
-            "dependencies"
-        ]
-    }
+    pinned = pyproject_pins()
     for requirement in REQUIREMENTS:
         name = requirement.split("==")[0].lower()
         assert pinned.get(name) == requirement.lower(), (
