@@ -23,6 +23,7 @@ from typing import Any
 
 from lambdas.clients import Clients, Handler, lambda_entries
 from lambdas.kubernetes.client import KubernetesClient
+from lambdas.kubernetes.settings import ClusterSettings, RbacSettings
 from lambdas.kubernetes.token import EksTokenSource, regional_sts
 
 log = logging.getLogger(__name__)
@@ -121,21 +122,20 @@ def apply_inline(
     )
 
 
-def eks_kubernetes(
-    environment: Mapping[str, str], clients: Clients
-) -> Callable[[], KubernetesClient]:
-    """The client of the function's EKS cluster (`EKS_CLUSTER`), as the function's role."""
-    cluster, region = environment["EKS_CLUSTER"], environment["AWS_REGION"]
+def eks_kubernetes(settings: ClusterSettings, clients: Clients) -> Callable[[], KubernetesClient]:
+    """The client of the function's EKS cluster, as the function's role."""
+    cluster, region = settings.eks_cluster, settings.region
     return lambda: KubernetesClient.for_eks(
         clients("eks"), cluster, token=EksTokenSource(cluster, sts=regional_sts(clients, region))
     )
 
 
 def compose(environment: Mapping[str, str], clients: Clients) -> dict[str, Handler]:
+    settings = RbacSettings.from_environment(environment)
     apply = functools.partial(
         apply_inline,
-        prefix=environment["NAME_PREFIX"],
-        kubernetes=eks_kubernetes(environment, clients),
+        prefix=settings.prefix,
+        kubernetes=eks_kubernetes(settings, clients),
         respond=put_answer,
     )
     return {"on_event": apply}

@@ -25,6 +25,7 @@ from lambdas.kubernetes.bootstrap import (
     put_answer,
 )
 from lambdas.kubernetes.client import KubernetesClient
+from lambdas.kubernetes.settings import ChartSettings
 
 
 def rendered_objects(
@@ -69,12 +70,13 @@ def install_chart(
 
 
 def compose(environment: Mapping[str, str], clients: Clients) -> dict[str, Handler]:
+    settings = ChartSettings.from_environment(environment)
     install = functools.partial(
         install_chart,
         s3=clients("s3"),
-        region=environment["AWS_REGION"],
-        release=f"{environment['EKS_CLUSTER']}/{environment['RELEASE']}",
-        kubernetes=eks_kubernetes(environment, clients),
+        region=settings.region,
+        release=f"{settings.eks_cluster}/{settings.release}",
+        kubernetes=eks_kubernetes(settings, clients),
         respond=put_answer,
     )
     return {"on_event": install}

@@ -18,6 +18,8 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
+from lambdas.environment import environment_for
+from lambdas.kubernetes.settings import ChartSettings
 from stacks import hyperpod_chart, render_hyperpod_chart
 from stacks.components.eks import CLUSTER_ADMIN, HyperPodEks
 from stacks.components.functions import pipeline_function
@@ -70,7 +72,9 @@ class HyperPodDependencies(Construct):
             description="Installs AWS's HyperPod Helm chart on the EKS cluster (custom resource)",
             code=code,
             timeout=cdk.Duration.minutes(10),
-            environment={"EKS_CLUSTER": eks.cluster_name, "RELEASE": hyperpod_chart.RELEASE},
+            environment=environment_for(
+                ChartSettings, eks_cluster=eks.cluster_name, release=hyperpod_chart.RELEASE
+            ),
             network=eks.network,
         )
         function.add_to_role_policy(

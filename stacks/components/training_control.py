@@ -25,6 +25,7 @@ from constructs import Construct
 
 from lambdas.environment import environment_for
 from lambdas.kubernetes.rbac import pipeline_group, pipeline_rbac
+from lambdas.kubernetes.settings import RbacSettings
 from lambdas.pipeline.hyperpod_training import HyperPodSettings
 from stacks.components.access import Allow, grant_log_reading, log_group_arn
 from stacks.components.capacity_leases import CapacityLeaseTable
@@ -249,10 +250,9 @@ class TrainingClusterControl(Construct):
             description="Applies the pipeline's Kubernetes RBAC at deploy time (custom resource)",
             code=code,
             timeout=Duration.minutes(2),
-            environment={
-                "NAME_PREFIX": self._config.name_prefix,
-                "EKS_CLUSTER": self._eks_name,
-            },
+            environment=environment_for(
+                RbacSettings, prefix=self._config.name_prefix, eks_cluster=self._eks_name
+            ),
             network=network,
         )
         function.add_to_role_policy(
