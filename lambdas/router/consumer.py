@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict
 from domain.protocol import GenerateResponse, ProtocolError, parse
 from lambdas.clients import Clients, composed_once
 from lambdas.router.conversations import ConversationStore
-from lambdas.router.metrics import PROBLEMS_KEPT, Counts, publish, router_metrics
-from lambdas.router.settings import RouterSettings, metrics_deployment
+from lambdas.router.metrics import PROBLEMS_KEPT, Counts, metered_entry
+from lambdas.router.settings import RouterSettings
 
 log = logging.getLogger("mtrl.router.consumer")
 
@@ -114,15 +114,5 @@ def consumer_for(environment: Mapping[str, str], clients: Clients) -> Consumer:
     return Consumer(ConversationStore(clients("dynamodb"), settings.table_name))
 
 
-_consumer = composed_once(consumer_for, os.environ)
-_metrics = router_metrics("consumer", metrics_deployment(os.environ))
-
-
-@_metrics.log_metrics
-def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """Lambda entry point (SQS event source with ReportBatchItemFailures)."""
-    consumer = _consumer()
-    try:
-        return consumer.handle(event)
-    finally:
-        publish(_metrics, consumer.counters)
+# The SQS event source's entry point (with ReportBatchItemFailures).
+handler = metered_entry("consumer", composed_once(consumer_for, os.environ), os.environ)

@@ -38,8 +38,8 @@ from domain.protocol import (
 from domain.run_queues import QueueKind
 from lambdas.clients import Clients, composed_once
 from lambdas.router.conversations import ConversationStore, RouterRegistration
-from lambdas.router.metrics import Counts, publish, router_metrics
-from lambdas.router.settings import RouterSettings, metrics_deployment
+from lambdas.router.metrics import Counts, metered_entry
+from lambdas.router.settings import RouterSettings
 
 RUN_HEADER, TOKEN_HEADER, SAMPLE_HEADER, REQUEST_HEADER = (
     "x-mtrl-run-id",
@@ -294,15 +294,4 @@ def proxy_for(environment: Mapping[str, str], clients: Clients) -> Proxy:
     return Proxy(store, clients("sqs"), wait_seconds=settings.wait_seconds)
 
 
-_proxy = composed_once(proxy_for, os.environ)
-_metrics = router_metrics("proxy", metrics_deployment(os.environ))
-
-
-@_metrics.log_metrics
-def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    """Lambda entry point."""
-    proxy = _proxy()
-    try:
-        return proxy.handle(event)
-    finally:
-        publish(_metrics, proxy.counters)
+handler = metered_entry("proxy", composed_once(proxy_for, os.environ), os.environ)

@@ -10,7 +10,7 @@ import pytest
 from domain.protocol import GenerateResponse, dump
 from lambdas.clients import Clients
 from lambdas.router import consumer
-from lambdas.router.metrics import PROBLEMS_KEPT
+from lambdas.router.metrics import PROBLEMS_KEPT, metered_entry
 from tests.router.conftest import RUN, TABLE, Router
 
 
@@ -105,15 +105,16 @@ def test_out_of_order_responses_are_each_recorded_once(router: Router) -> None:
 
 
 def test_the_lambda_publishes_each_invocations_counts_as_cloudwatch_metrics(
-    router: Router, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    router: Router, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """What the consumer counted leaves the container (embedded metric format on the log):
     per invocation, then reset; its list of problems stays bounded in a warm container."""
     # The entry point's consumer, as composed for a function whose environment names the table.
-    made = consumer.consumer_for({"TABLE_NAME": TABLE}, Clients(boto3.Session()))
-    monkeypatch.setattr(consumer, "_consumer", lambda: made)
+    environment = {"TABLE_NAME": TABLE}
+    made = consumer.consumer_for(environment, Clients(boto3.Session()))
+    handler = metered_entry("consumer", lambda: made, environment)
     router.store.start_step(RUN, "s_0_1", sample_id="s_0", now=router.clock())
-    consumer.handler(_event(router, "{not json", _response("s_0_1")), None)
+    handler(_event(router, "{not json", _response("s_0_1")), None)
     (emitted,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
     (definition,) = emitted["_aws"]["CloudWatchMetrics"]
     assert definition["Namespace"] == "nova-mtrl/router"
@@ -125,7 +126,7 @@ def test_the_lambda_publishes_each_invocations_counts_as_cloudwatch_metrics(
     )
     assert {m["Name"] for m in definition["Metrics"]} == {"malformed", "completed"}  # no zeros
 
-    consumer.handler(_event(router, *["{not json"] * 3), None)
+    handler(_event(router, *["{not json"] * 3), None)
     (again,) = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
     assert again["malformed"] == [3] and "completed" not in again  # this invocation's counts only
 
