@@ -227,7 +227,14 @@ class FakeSageMaker(ServiceFake):
                     group["TargetCount"] = spec["InstanceCount"]
         return {"ClusterArn": self.arn}
 
-    def list_cluster_nodes(self, ClusterName: str, **_: Any) -> dict[str, Any]:  # noqa: N803
+    def list_cluster_nodes(
+        self,
+        ClusterName: str,
+        InstanceGroupNameContains: str = "",
+        **_: Any,  # noqa: N803
+    ) -> dict[str, Any]:
+        """Nodes of the groups whose name contains `InstanceGroupNameContains` (a substring
+        filter, as botocore's model documents it), the GPU group's with one still pending."""
         self._known(ClusterName)
         nodes = [
             {"InstanceGroupName": g["InstanceGroupName"], "InstanceId": f"i-{g['InstanceGroupName']}{n:012d}",
@@ -235,7 +242,11 @@ class FakeSageMaker(ServiceFake):
             for g in self.groups for n in range(g["TargetCount"])
         ] + [{"InstanceGroupName": "gpu", "InstanceId": "i-gpupending000", "InstanceType": "ml.p5.48xlarge",
               "LaunchTime": _now(), "InstanceStatus": {"Status": "Pending"}}]  # fmt: skip
-        return {"ClusterNodeSummaries": nodes}
+        return {
+            "ClusterNodeSummaries": [
+                node for node in nodes if InstanceGroupNameContains in node["InstanceGroupName"]
+            ]
+        }
 
 
 class FakeEks(ServiceFake):

@@ -3,6 +3,8 @@ fake: moto has no UpdateCluster) — up for a run, to zero only when no run hold
 
 from __future__ import annotations
 
+import copy
+
 import boto3
 import pytest
 
@@ -55,6 +57,23 @@ def test_a_group_keeps_what_was_last_asked_for_in_update_clusters_terms(
     assert gpu["InstanceRequirements"] == {"InstanceTypes": ["ml.p5.48xlarge"]}
     assert gpu["AutoPatchConfig"] == {"PatchingStrategy": "ROLLING"}
     assert "ImageId" not in update["InstanceGroups"][0]  # a capacity change is not an image change
+
+
+def test_nodes_are_counted_for_the_group_by_its_exact_name(
+    capacity: HyperPodCapacity, sagemaker: FakeSageMaker
+) -> None:
+    """ListClusterNodes filters by `InstanceGroupNameContains`, a substring of the group's name
+    (botocore's sagemaker model, ListClusterNodesRequest): a group named `gpu-spare` matches
+    `gpu` too, so only nodes of the group itself count."""
+    request = boto3.client("sagemaker", region_name="us-east-1").meta.service_model
+    members = request.operation_model("ListClusterNodes").input_shape.members
+    assert "InstanceGroupNameContains" in members
+    spare = {**copy.deepcopy(sagemaker.groups[1]), "InstanceGroupName": "gpu-spare"}
+    sagemaker.groups.append({**spare, "TargetCount": 3})
+    capacity.scale_up("run-a", 2)
+    assert capacity.ready_nodes() == 2
+    (listed,) = sagemaker.operations("ListClusterNodes")
+    assert listed == {"ClusterName": "nova-mtrl", "InstanceGroupNameContains": "gpu"}
 
 
 def test_the_group_goes_to_zero_only_when_the_last_run_ends(
