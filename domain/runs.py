@@ -13,17 +13,11 @@ import re
 from typing import Any, Literal
 
 from botocore.exceptions import ClientError
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
-RunStatus = Literal[
-    "registered",
-    "provisioning",
-    "running",
-    "collecting",
-    "tearing_down",
-    "succeeded",
-    "failed",
-]
+# A run is active from registration until the pipeline (or the reaper) ends it; where it is in
+# between is its execution's state (`mtrl status`), not a copy kept here.
+RunStatus = Literal["active", "succeeded", "failed"]
 FINISHED: tuple[RunStatus, ...] = ("succeeded", "failed")
 
 
@@ -50,13 +44,12 @@ class RunRecord(BaseModel):
     key: str
     version_id: str | None = None
     config_name: str
-    status: RunStatus = "registered"
+    status: RunStatus = "active"
     created_at: float
     updated_at: float
     deadline_at: float
     cost_per_hour: float = 0.0
     error: str | None = None
-    resources: dict[str, Any] = Field(default_factory=dict)
 
     def hours(self, now: float) -> float:
         """How long the run has held compute: from registration to now, or to its last update
@@ -105,7 +98,7 @@ class RunStore:
         return RunRecord.model_validate_json(item["record"]["S"]) if item else None
 
     def update(self, run_id: str, *, now: float, **changes: Any) -> RunRecord:
-        """Apply `changes` (status, error, resources, ...); fails if the run changed meanwhile."""
+        """Apply `changes` (status, error); fails if the run changed meanwhile."""
         current = self.get(run_id)
         if current is None:
             raise KeyError(f"no run {run_id!r}")

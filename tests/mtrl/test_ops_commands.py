@@ -195,7 +195,7 @@ def test_no_credentials_and_no_region_are_one_line(
     assert result.exit_code == 2 and "AWS profile 'nope' is not configured" in result.output
 
 
-def _register(db: Any, run_id: str, *, created: float, status: str = "registered") -> None:
+def _register(db: Any, run_id: str, *, created: float, status: str = "active") -> None:
     RunStore(db, "nova-mtrl-runs").register(RunRecord(
         run_id=run_id, bucket=BUCKET, key=f"training-data/{run_id}.jsonl", config_name="rft_multiturn_lora",
         status=status, created_at=created, updated_at=created + 1800, deadline_at=created + 12 * 3600,

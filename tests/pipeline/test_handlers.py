@@ -332,8 +332,7 @@ def test_the_reaper_tears_down_overdue_and_orphaned_runs_only(
     )
     assert sfn.describe_execution(executionArn=execution)["status"] == "ABORTED"
     assert (
-        runs.get(ids["overdue"]).status == "failed"
-        and runs.get(ids["on-time"]).status == "registered"
+        runs.get(ids["overdue"]).status == "failed" and runs.get(ids["on-time"]).status == "active"
     )
     remaining = [
         url
@@ -377,7 +376,7 @@ def test_a_run_whose_compute_will_not_go_yet_is_reaped_next_time(
     assert first["retry"] == [
         {"run_id": run_id, "error": f"RuntimeError: namespace of {run_id} is still terminating"}
     ]
-    assert runs.get(run_id).status == "registered"  # still unfinished: the next schedule retries
+    assert runs.get(run_id).status == "active"  # still unfinished: the next schedule retries
     reaper_compute.stuck.clear()
     second = call(env, "reap", {}, now=20.0)
     assert [entry["run_id"] for entry in second["reaped"]] == [run_id]

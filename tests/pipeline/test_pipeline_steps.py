@@ -61,12 +61,13 @@ def test_a_duplicate_event_joins_the_registered_run(bucket) -> None:
     assert created
     again, created_again = store.register(_run().model_copy(update={"created_at": 5.0}))
     assert not created_again and again.created_at == 1.0
-    updated = store.update("r-1", now=2.0, status="provisioning", resources={"queues": 5})
-    assert (updated.status, updated.updated_at, store.get("r-1").resources) == (
-        "provisioning",
+    updated = store.update("r-1", now=2.0, status="failed", error="stopped")
+    assert (updated.status, updated.updated_at, store.get("r-1").error) == (
+        "failed",
         2.0,
-        {"queues": 5},
+        "stopped",
     )
+
     with pytest.raises(KeyError):
         store.update("nope", now=1.0, status="failed")
 
