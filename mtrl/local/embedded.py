@@ -28,10 +28,9 @@ from lambdas.pipeline.dependencies import Compute
 from lambdas.router.consumer import consumer_for
 from lambdas.router.proxy import proxy_for
 from mtrl.local.physical import ACCOUNT, REGION, LocalNames
+from stacks.components.pipeline_steps import STEPS
 
 Fault = Callable[[str, dict[str, Any]], None]
-
-
 CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
@@ -93,7 +92,7 @@ class Dispatcher:
     def call(self, function: str, event: dict[str, Any]) -> Any:
         """Invoke a function by name or ARN; its exception, if any, propagates."""
         name = function.rsplit(":", 1)[-1] if function.startswith("arn:") else function
-        step = self.handlers[name].rsplit(".", 1)[-1]
+        step = step_of(self.handlers[name])
         self.invocations.append(step)
         if self.fault:
             self.fault(step, event)
@@ -163,12 +162,24 @@ class LocalPipeline:
     upload_pattern: dict[str, Any]
     dispatcher: Dispatcher
     functions: dict[str, str]  # handler path -> local function name
-    state_steps: dict[str, str]  # Task state -> the handler it runs (e.g. "Validate" -> "validate")
+    state_steps: dict[
+        str, str
+    ]  # Task state -> the step its function runs ("Validate" -> "validate")
 
     def function(self, handler: str) -> str:
-        """The local function whose handler path ends with `handler` (e.g. "handlers.start_run")."""
-        (name,) = [name for path, name in self.functions.items() if path.endswith(handler)]
-        return name
+        """The local function whose template names `handler` (its full path)."""
+        if handler not in self.functions:
+            raise LookupError(f"no function of the pipeline runs {handler}")
+        return self.functions[handler]
+
+
+_STEP_NAMES = {step.handler: step.name for step in STEPS}
+
+
+def step_of(handler: str) -> str:
+    """What a function is called in invocations and faults: a pipeline step by its name in the
+    step table, any other function by its handler."""
+    return _STEP_NAMES.get(handler, handler)
 
 
 def function_environment(
@@ -249,7 +260,7 @@ def deploy_pipeline(
     handlers = dict(dispatcher.handlers)
     all_states = json.loads(definition)["States"]
     state_steps = {
-        state: handlers[spec["Resource"].rsplit(":", 1)[-1]].rsplit(".", 1)[-1]
+        state: step_of(handlers[spec["Resource"].rsplit(":", 1)[-1]])
         for state, spec in all_states.items()
         if spec["Type"] == "Task" and spec.get("Resource", "").rsplit(":", 1)[-1] in handlers
     }

@@ -33,6 +33,7 @@ from mtrl.local.embedded import (
 )
 from mtrl.local.function_url import FunctionUrlServer
 from stacks.components.pipeline_steps import STEP
+from stacks.components.router import CONSUMER_HANDLER, PROXY_HANDLER
 from training_configs.schema import SHIPPED, TrainingConfig, load_training_config
 
 POLL_SECONDS = "1"
@@ -136,8 +137,8 @@ class LocalSession:
         )
         # In one process nothing needs polling: the consumer tells the proxy's waits when a
         # step's answer is in.
-        proxy_name.append(self.pipeline.function("router.proxy.handler"))
-        consumer = self.pipeline.function("router.consumer.handler")
+        proxy_name.append(self.pipeline.function(PROXY_HANDLER))
+        consumer = self.pipeline.function(CONSUMER_HANDLER)
         store = ConversationStore(
             self.clients["dynamodb"], self.pipeline.environment["CONVERSATIONS_TABLE"]
         )
@@ -174,10 +175,10 @@ class LocalSession:
         """Make every invocation of `state`'s Lambda fail while the run is in that state (its
         retries included), as if the function were broken: the run must fail there and still
         end torn down and notified."""
-        step = self.pipeline.state_steps[state]
+        broken = self.pipeline.state_steps[state]
 
-        def fault(handler: str, event: dict[str, Any]) -> None:
-            if handler == step and self._current_state() == state:
+        def fault(step: str, event: dict[str, Any]) -> None:
+            if step == broken and self._current_state() == state:
                 raise InjectedFault(f"fault injected into {state}")
 
         self.pipeline.dispatcher.fault = fault

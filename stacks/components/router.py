@@ -24,6 +24,9 @@ from stacks.components.needs import Need
 from stacks.components.tables import data_table
 from stacks.config import PlatformConfig
 
+PROXY_HANDLER = "lambdas.router.proxy.handler"
+CONSUMER_HANDLER = "lambdas.router.consumer.handler"
+
 
 class Router(Construct):
     """Attributes: `table`, `proxy`, `proxy_url`, `consumer`, `run_queue_arns`; provides the
@@ -57,7 +60,7 @@ class Router(Construct):
         self.proxy = pipeline_function(
             self,
             "Proxy",
-            handler="lambdas.router.proxy.handler",
+            handler=PROXY_HANDLER,
             description="Rollout router proxy: OpenAI-shaped API over the run's queues",
             code=code,
             timeout=Duration.seconds(30),
@@ -72,7 +75,7 @@ class Router(Construct):
         self.consumer = pipeline_function(
             self,
             "Consumer",
-            handler="lambdas.router.consumer.handler",
+            handler=CONSUMER_HANDLER,
             description="Rollout router: records generate responses in the conversation table",
             code=code,
             timeout=Duration.seconds(60),

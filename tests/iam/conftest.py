@@ -23,6 +23,7 @@ import yaml
 from lambdas.pipeline.register import CONFIG_METADATA_KEY
 from mtrl.local.physical import REGION
 from stacks.components.hyperpod_dependencies import chart_request
+from stacks.components.pipeline_steps import STEP
 from stacks.render_hyperpod_chart import render
 from tests.chart_rendering import manifest, rendering
 from tests.conftest import Synthesized
@@ -141,10 +142,10 @@ class Scenarios:
             self.cli["status"] = run_cli(world, self.monkeypatch, "status", started["run_id"])
             self.reaped = [
                 world.invoke(
-                    "handlers.reap", {"source": "aws.events", "detail-type": "Scheduled Event"}
+                    STEP["reap"].handler, {"source": "aws.events", "detail-type": "Scheduled Event"}
                 ),
-                world.invoke("handlers.reap", {"run_id": started["run_id"]}),
-                world.invoke("handlers.reap", {"release_idle": True}),
+                world.invoke(STEP["reap"].handler, {"run_id": started["run_id"]}),
+                world.invoke(STEP["reap"].handler, {"release_idle": True}),
             ]
 
     def run_torn_down_on_request(self) -> None:
@@ -152,7 +153,7 @@ class Scenarios:
         with self._recorded("torn down on request", "hold") as started:
             started |= world.upload("training-data/unwanted.jsonl", dataset())
             wait_for_state(world.clients["stepfunctions"], started["execution_arn"], "WaitForJob")
-            self.reaped.append(world.invoke("handlers.reap", {"run_id": started["run_id"]}))
+            self.reaped.append(world.invoke(STEP["reap"].handler, {"run_id": started["run_id"]}))
             world.finish(started["execution_arn"])  # the interpreter notices the stop
 
 

@@ -45,6 +45,8 @@ from reward_envs.wordle import load_environment
 from reward_envs.worker.router_client import RouterClient, RouterRolloutQueues
 from reward_envs.worker.settings import WorkerSettings
 from reward_envs.worker.worker import RewardWorker
+from stacks.components.pipeline_steps import STEP
+from stacks.components.router import PROXY_HANDLER
 from tests.conftest import Synthesized
 from tests.executions import finished
 from tests.iam.authorization import Directory
@@ -89,7 +91,7 @@ class World:
         )["VersionId"]
         event = upload_event(bucket, key, version)
         assert matches(self.pipeline.upload_pattern, event)
-        return self.invoke("handlers.start_run", event)
+        return self.invoke(STEP["start_run"].handler, event)
 
     def finish(self, execution_arn: str) -> dict[str, Any]:
         return finished(self.clients["stepfunctions"], execution_arn, timeout=120)
@@ -428,7 +430,7 @@ def exchange_rollouts(
             QueueUrl=queues[QueueKind.ROLLOUT_REQUESTS], MessageBody=dump(request),
             MessageGroupId=request.sample_id, MessageDeduplicationId=request.sample_id,
         )  # fmt: skip
-    proxy = world.function("router.proxy.handler")
+    proxy = world.function(PROXY_HANDLER)
     proxy_arn = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{proxy}"
 
     def function_url(event: dict[str, Any], _: Any) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from mtrl.local.embedded import (
     matches,
     upload_event,
 )
+from stacks.components.pipeline_steps import STEP
 from tests.conftest import Synthesized
 from tests.executions import finished
 
@@ -150,7 +151,7 @@ def _upload(pipeline: LocalPipeline, clients: dict, key: str, body: bytes) -> di
     version = clients["s3"].put_object(Bucket=pipeline.data_bucket, Key=key, Body=body)["VersionId"]
     event = upload_event(pipeline.data_bucket, key, version)
     assert matches(pipeline.upload_pattern, event)
-    return pipeline.dispatcher.call(pipeline.function("handlers.start_run"), event)
+    return pipeline.dispatcher.call(pipeline.function(STEP["start_run"].handler), event)
 
 
 def _notifications(clients: dict) -> list[str]:
@@ -210,7 +211,7 @@ def test_a_duplicate_event_is_one_run(local) -> None:
         Bucket=pipeline.data_bucket, Key="training-data/w.jsonl", Body=GOOD
     )["VersionId"]
     event = upload_event(pipeline.data_bucket, "training-data/w.jsonl", version)
-    start = pipeline.function("handlers.start_run")
+    start = pipeline.function(STEP["start_run"].handler)
     first = pipeline.dispatcher.call(start, event)
     finished(clients["stepfunctions"], first["execution_arn"])
     second = pipeline.dispatcher.call(start, event)
