@@ -59,11 +59,17 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        where = f"line {self.line}" if self.line is not None else "file"
-        return f"{where}: {self.field}: {self.message}"
+        if self.line is None:
+            return f"file: {self.message}"
+        return f"line {self.line}: {self.field}: {self.message}"
 
     def as_dict(self) -> dict[str, Any]:
         return {"line": self.line, "field": self.field, "message": self.message}
+
+
+def counted_problems(count: int) -> str:
+    """ "1 problem", "3 problems"."""
+    return f"{count} problem{'' if count == 1 else 's'}"
 
 
 @dataclass

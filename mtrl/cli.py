@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from domain.dataset import counted_problems
 from mtrl import __version__
 from mtrl.console import check_dataset, err, out, print_problem
 from mtrl.env_commands import env_app
@@ -75,9 +76,8 @@ def validate(
     elif summary.valid:
         out.print(f"{file}: valid, {summary.records} records", highlight=False, soft_wrap=True)
     else:
-        noun = "problem" if summary.problems == 1 else "problems"
         out.print(
-            f"{file}: invalid, {summary.problems} {noun} in {summary.lines} lines",
+            f"{file}: invalid, {counted_problems(summary.problems)} in {summary.lines} lines",
             highlight=False,
             soft_wrap=True,
         )

@@ -18,6 +18,7 @@ import typer
 from botocore.exceptions import BotoCoreError, ClientError
 from rich.table import Table
 
+from domain.dataset import counted_problems
 from domain.runs import RunStore
 from mtrl.console import check_dataset, fail, out, print_problem
 from mtrl.ops.deployment import Deployment, DeploymentError, aws_session, find_deployment
@@ -96,8 +97,7 @@ def submit_command(
     """Check a dataset and its config here, then upload them: the upload starts the run."""
     summary = check_dataset(file, print_problem)
     if not summary.valid:
-        noun = "problem" if summary.problems == 1 else "problems"
-        raise fail(f"{file}: {summary.problems} {noun}; nothing was uploaded", code=1)
+        raise fail(f"{file}: {counted_problems(summary.problems)}; nothing was uploaded", code=1)
     try:
         chosen = choose_config(config)
     except (TrainingConfigError, SubmitError) as error:

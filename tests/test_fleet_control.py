@@ -42,9 +42,27 @@ def test_roles_are_passed_only_to_the_services_that_run_them(default_app: Synthe
     }  # fmt: skip
 
 
+def _arn_text(resource: object) -> str:
+    """An ARN as the template builds it, references shown as {Name}."""
+    if isinstance(resource, dict) and "Fn::Join" in resource:
+        separator, parts = resource["Fn::Join"]
+        return separator.join(_arn_text(part) for part in parts)
+    if isinstance(resource, dict) and "Ref" in resource:
+        return "{" + resource["Ref"].removeprefix("AWS::") + "}"
+    return str(resource)
+
+
 def test_workers_read_run_queues_and_their_token_only(default_app: Synthesized) -> None:
+    """Every queue action but ListQueues (no resource type) names this deployment's run queues
+    (`<prefix>-*`), never every queue of the account."""
     statements = [s for _, s in policy_statements(default_app.template("pipeline"))]
-    sqs = [s for s in statements if "sqs:ReceiveMessage" in as_list(s["Action"])]
-    assert sqs and all("*" not in as_list(s["Resource"]) for s in sqs)
+    sqs = [
+        s for s in statements
+        if any(a.startswith("sqs:") and a != "sqs:ListQueues" for a in as_list(s["Action"]))
+    ]  # fmt: skip
+    assert any("sqs:ReceiveMessage" in as_list(s["Action"]) for s in sqs)
+    for statement in sqs:
+        for resource in as_list(statement["Resource"]):
+            assert _arn_text(resource) == "arn:{Partition}:sqs:{Region}:{AccountId}:nova-mtrl-*"
     (token,) = [s for s in statements if as_list(s["Action"]) == ["ssm:GetParameters"]]
     assert ":parameter/nova-mtrl/runs/*" in str(token["Resource"])

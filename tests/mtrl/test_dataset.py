@@ -100,10 +100,16 @@ def test_each_problem_names_the_line_and_the_field(line: bytes, expected: str) -
 
 
 def test_duplicate_ids_point_at_the_first_one() -> None:
-    data = _line(GOOD) + _line({**GOOD, "id": "w-9"}) + b"\n" + _line(GOOD)
+    """Every later copy names the first line with that id, not the copy before it."""
+    other = _line({**GOOD, "id": "w-9"})
+    data = _line(GOOD) + other + b"\n" + _line(GOOD) + other + _line(GOOD)
     problems, validator = _problems(data)
-    assert problems == ["line 4: id: duplicate of the id on line 1"]
-    assert validator.summary.duplicate_ids == 1
+    assert sorted(problems) == [
+        "line 4: id: duplicate of the id on line 1",
+        "line 5: id: duplicate of the id on line 2",
+        "line 6: id: duplicate of the id on line 1",
+    ]
+    assert validator.summary.duplicate_ids == 3
 
 
 def test_size_limits_per_line_and_per_file() -> None:
@@ -113,13 +119,13 @@ def test_size_limits_per_line_and_per_file() -> None:
     )
     assert problems == ["line 2: line: longer than 1000 bytes"]
     problems, _ = _problems(_line(GOOD) * 3, max_file_bytes=150)
-    assert problems[-1] == "file: file: larger than 150 bytes; split the dataset"
+    assert problems[-1] == "file: larger than 150 bytes; split the dataset"
 
 
 def test_an_empty_file_is_invalid() -> None:
     problems, validator = _problems(b"\n \r\n")
     assert (
-        problems == ["file: file: no records: the file is empty or only blank lines"]
+        problems == ["file: no records: the file is empty or only blank lines"]
         and not validator.summary.valid
     )
 

@@ -143,7 +143,7 @@ def test_invalid_dataset_raises_with_line_numbers_and_creates_nothing(env: dict)
     )["VersionId"]
     with pytest.raises(
         DatasetInvalid,
-        match=r"1 problems \(line 2: line: not valid JSON .*\); full report s3://data/runs/bad-",
+        match=r"1 problem \(line 2: line: not valid JSON .*\); full report s3://data/runs/bad-",
     ):
         call(env, "validate", _event("training-data/bad.jsonl", version))
     assert not boto3.client("sqs").list_queues().get("QueueUrls")
@@ -343,26 +343,39 @@ def test_the_reaper_tears_down_overdue_and_orphaned_runs_only(
 
 
 @pytest.mark.parametrize(
-    "body",
+    ("body", "problems"),
     [
-        b"",
-        b"\xff\xfe\x00garbage",
-        b'{"id": "a"}\n{"id": "a", "metadata": {"prompt": "p"}}\n{"id": "a", "metadata": {"prompt": "p"}}\n',
-        b"[1, 2, 3]\n" * 3,
-        b'{"id": "' + b"x" * 300 + b'", "metadata": {"prompt": "p"}}\n',
-        b'{"id": "a", "metadata": {"prompt": []}}\r\n\r\n',
+        (b"", "1 problem (file: no records: the file is empty or only blank lines"),
+        (b"\xff\xfe\x00garbage", "1 problem (line 1: line: not valid UTF-8 (byte 1)"),
+        (
+            b'{"id": "a"}\n{"id": "a", "metadata": {"prompt": "p"}}\n'
+            b'{"id": "a", "metadata": {"prompt": "p"}}\n',
+            "2 problems (line 1: metadata: Field required",
+        ),
+        (b"[1, 2, 3]\n" * 3, "3 problems (line 1: line: not a JSON object"),
+        (
+            b'{"id": "' + b"x" * 300 + b'", "metadata": {"prompt": "p"}}\n',
+            "1 problem (line 1: id: String should have at most 256 characters",
+        ),
+        (
+            b'{"id": "a", "metadata": {"prompt": []}}\r\n\r\n',
+            "1 problem (line 1: metadata: prompt has no messages",
+        ),
     ],
 )
 def test_the_validate_lambda_rejects_malformed_datasets_with_line_numbers(
-    env: dict, body: bytes
+    env: dict, body: bytes, problems: str
 ) -> None:
+    """The error names how many problems, the first one (line, field, what is wrong) and where
+    the full report is."""
     version = env["s3"].put_object(Bucket=BUCKET, Key="training-data/m.jsonl", Body=body)[
         "VersionId"
     ]
     with pytest.raises(DatasetInvalid) as raised:
         call(env, "validate", _event("training-data/m.jsonl", version))
     message = str(raised.value)
-    assert ("line " in message or "file: " in message) and "full report s3://data/runs/" in message
+    assert f"s3://data/training-data/m.jsonl: {problems}" in message, message
+    assert "full report s3://data/runs/" in message
 
 
 def test_a_run_whose_compute_will_not_go_yet_is_reaped_next_time(

@@ -4,10 +4,13 @@ provisioning and idempotent teardown of a run's router resources."""
 from __future__ import annotations
 
 import json
+import string
 
 import boto3
 import pytest
 from botocore.exceptions import ClientError
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from domain.runs import RunRecord, RunStore, run_id_for
 from lambdas.pipeline.resources import (
@@ -38,6 +41,35 @@ def test_run_ids_are_stable_per_upload_and_new_per_version() -> None:
     assert all(
         c.isalnum() or c == "-" for c in run_id_for(BUCKET, "training-data/ü ß/..jsonl", None)
     )
+
+
+# StartExecution's `name` (botocore's stepfunctions model): the run id names the execution.
+EXECUTION_NAME = (
+    boto3.client("stepfunctions", region_name="us-east-1")
+    .meta.service_model.operation_model("StartExecution")
+    .input_shape.members["name"]
+    .metadata
+)
+
+
+KEY_CHARACTERS = string.ascii_letters + string.digits + " -_.üß€"
+
+
+@settings(max_examples=60, deadline=None)
+@example(key=f"training-data/{'Wordle games ' * 20}.jsonl", version="v1")  # a long name
+@given(
+    key=st.text(KEY_CHARACTERS, min_size=1, max_size=300).map(
+        lambda name: f"training-data/{name}.jsonl"
+    ),
+    version=st.none() | st.text(min_size=1, max_size=40),
+)
+def test_any_upload_gets_an_execution_name_unique_per_bucket(key: str, version: str | None) -> None:
+    """Whatever the key, the id is a valid execution name and at most 64 characters (so queue
+    names stay readable); the same key and version in another bucket is another run."""
+    run_id = run_id_for(BUCKET, key, version)
+    assert EXECUTION_NAME["min"] <= len(run_id) <= min(64, EXECUTION_NAME["max"])
+    assert all(c.isascii() and (c.isalnum() or c == "-") for c in run_id)
+    assert run_id != run_id_for(f"{BUCKET}-2", key, version)
 
 
 def _run(run_id: str = "r-1") -> RunRecord:

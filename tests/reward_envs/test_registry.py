@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from reward_envs.interface import Environment
 from reward_envs.registry import EnvironmentNotFound, load, register, registered
 from reward_envs.wordle import WordleEnvironment
 
@@ -45,7 +44,16 @@ def test_registered_class() -> None:
     assert load("always-wordle-for-test").name == "always"
 
 
-def test_kwargs_reach_load_environment() -> None:
+def test_kwargs_reach_load_environment(tmp_path: Path) -> None:
+    file = tmp_path / "named_env.py"
+    file.write_text(
+        "from reward_envs.wordle import WordleEnvironment\n"
+        "def load_environment(**kwargs):\n"
+        "    env = WordleEnvironment()\n"
+        "    env.name = kwargs['name']\n"
+        "    return env\n"
+    )
+    assert load(str(file), name="from-kwargs").name == "from-kwargs"
     with pytest.raises(TypeError, match="takes no options"):
         load("wordle", difficulty="hard")
 
@@ -67,7 +75,3 @@ def test_clear_errors(tmp_path: Path, spec: str, content: str | None, reason: st
             (tmp_path / spec).write_text(content)
     with pytest.raises(EnvironmentNotFound, match=reason):
         load(target)
-
-
-def test_loaded_objects_are_environments() -> None:
-    assert isinstance(load("wordle"), Environment)

@@ -124,7 +124,10 @@ def test_a_solver_as_the_model_wins() -> None:
         return f"[{solver.next_guess(history)}]"
 
     response = run_rollout(WORDLE, CallableModel(play), request(answer="lapel"))
-    assert response.stop_reason == "end_of_conversation" and response.aggregate_score >= 0.5
+    assert solver.play("lapel").guesses == ("raise", "laten", "label", "lapel")
+    # Solved on the fourth guess: 0.5 + 0.5 x (6 - 4) / 5 (README, the Wordle reward table).
+    assert response.stop_reason == "end_of_conversation"
+    assert response.aggregate_score == pytest.approx(0.7)
 
 
 class Recording(type(WORDLE)):

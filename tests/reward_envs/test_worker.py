@@ -86,9 +86,7 @@ def worker_for(
         rollout_request_queue_url=queues.requests,
         rollout_response_queue_url=queues.responses,
         dead_letter_queue_url=queues.dlq,
-        wait_seconds=0,
-        retry_delay_seconds=0,
-        **overrides,
+        **{"wait_seconds": 0, "retry_delay_seconds": 0, **overrides},
     )
     sqs_queues = SqsRolloutQueues(
         queues.sqs,
@@ -196,6 +194,28 @@ def test_a_request_that_cannot_be_answered_is_retried_then_dead_lettered(queues:
     assert stats.failures == 3 and stats.dead_lettered == 1 and not queues.responses_received()
 
 
+def test_retries_wait_longer_each_time_up_to_a_minute(queues: Queues) -> None:
+    """A request that failed n times comes back after n x the retry delay, at most 60 s."""
+    queues.send("rec_0")
+    worker = worker_for(queues, instant(), max_receives=4, retry_delay_seconds=25)
+    delays: list[int] = []
+    release = worker.queues.release
+
+    def released_at_once(delivery, *, delay_seconds: int = 0) -> None:
+        delays.append(delay_seconds)
+        release(delivery, delay_seconds=0)  # the test does not wait for the delay
+
+    worker.queues.release = released_at_once
+
+    def failing(finished):
+        raise ConnectionError("responses queue unreachable")
+
+    worker.queues.complete = failing
+    worker.run(exit_when_idle=True)
+    assert delays == [25, 50, 60]  # then the fourth failure dead-letters it
+    assert len(queues.drain(queues.dlq)) == 1
+
+
 class Gate:
     """A model that waits until the test opens the gate (bounded), counting who is waiting."""
 
@@ -213,23 +233,45 @@ class Gate:
         return self.reply
 
 
-def test_visibility_is_extended_while_an_episode_runs(queues: Queues) -> None:
+def test_visibility_is_extended_once_per_period_while_an_episode_runs(queues: Queues) -> None:
+    """Every third of the visibility timeout, and not again until the next third: the heartbeat
+    ticks often (its clock readings are counted), extending only tasks that are due."""
     queues.send("slow_0")
     gate = Gate()
-    clock_now = [0.0]
+    now, ticks = [0.0], [0]
+
+    def clock() -> float:
+        if threading.current_thread().name == "visibility-heartbeat":
+            ticks[0] += 1
+        return now[0]
+
     worker = worker_for(queues, gate.model, visibility_timeout_seconds=30)
-    worker.clock = lambda: clock_now[0]
+    worker.clock = clock
     extended: list[int] = []
     original = worker.queues.extend
     worker.queues.extend = lambda delivery, seconds: (
         extended.append(seconds),
         original(delivery, seconds),
     )
+
+    def some_ticks_later() -> None:
+        seen = ticks[0]
+        eventually(lambda: ticks[0] >= seen + 3, "three heartbeat ticks")
+
     runner = threading.Thread(target=worker.run, kwargs={"exit_when_idle": True})
     runner.start()
     eventually(lambda: gate.waiting == 1, "the episode to start")
-    clock_now[0] += 11  # past a third of the visibility timeout
+    some_ticks_later()
+    assert extended == []  # not due yet
+    now[0] = 11  # past a third of the visibility timeout
     eventually(lambda: extended == [30], "a visibility extension")
+    now[0] = 20  # 9 s after it: not due again
+    some_ticks_later()
+    assert extended == [30]
+    now[0] = 21
+    eventually(lambda: len(extended) == 2, "the next extension")
+    some_ticks_later()
+    assert extended == [30, 30]
     gate.opened.set()
     runner.join(timeout=10)
     assert [r.sample_id for r in queues.responses_received()] == ["slow_0"]
