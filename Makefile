@@ -9,7 +9,7 @@ CDK := npx --yes aws-cdk@$(CDK_CLI_VERSION)
 SAGEMAKER_HYPERPOD_VERSION := 3.12.0
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
-.PHONY: help install demo test lint synth diff deploy destroy bench clean
+.PHONY: help install demo test lint synth diff deploy destroy bench mutate clean
 
 help:
 	@echo "make demo     set up .venv if needed, train the Wordle example locally, offline (report in runs/)"
@@ -17,6 +17,7 @@ help:
 	@echo "make synth    write the CloudFormation templates to cdk.out/"
 	@echo "make deploy   cdk deploy --all (AWS credentials needed)   make destroy   make diff"
 	@echo "make bench    measure synth and test times, environments and worker, router (bench/)"
+	@echo "make mutate   mutation testing of the critical modules (bench/mutate.py; MODULES=... for some)"
 
 install: $(STAMP)
 
@@ -62,6 +63,11 @@ bench: install
 	$(BIN)/python -m bench.router
 	$(BIN)/python -m bench.validate
 	$(BIN)/python -m bench.local
+
+# Mutation testing of the money- and data-critical modules (bench/mutate.py); not in CI.
+# `make mutate MODULES=domain/runs.py` for one.
+mutate: install
+	$(BIN)/python -m bench.mutate $(MODULES)
 
 clean:
 	rm -rf cdk.out .pytest_cache .ruff_cache build *.egg-info
