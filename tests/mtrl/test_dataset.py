@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from domain.dataset import DatasetValidator, read_records
+from domain.dataset import MAX_LINE_BYTES, DatasetValidator, counted_problems, read_records
 from mtrl.cli import app
 
 GOOD = {
@@ -45,6 +45,22 @@ def test_a_valid_dataset_with_bom_crlf_and_blank_lines() -> None:
     problems, validator = _problems(data)
     assert problems == [] and validator.summary.valid and validator.summary.records == 2
     assert [r.id for r in read_records(io.BytesIO(data))] == ["w-1", "w-2"]
+
+
+def test_reading_records_stops_at_the_first_bad_line_and_names_it() -> None:
+    """A BOM is skipped on the first line only; the first bad line's problem is the error."""
+    assert [r.id for r in read_records(io.BytesIO(_line(GOOD)))] == ["w-1"]
+    with pytest.raises(ValueError, match=r"^line 2: metadata: Field required"):
+        list(read_records(io.BytesIO(_line(GOOD) + b'{"id": "x"}\n')))
+    with pytest.raises(ValueError, match=r"^line 2: line: not valid JSON"):
+        list(read_records(io.BytesIO(_line(GOOD) + b"\xef\xbb\xbf" + _line(GOOD))))
+    too_long = _line({**GOOD, "id": "big", "pad": "x" * MAX_LINE_BYTES})
+    with pytest.raises(ValueError, match=rf"^line 1: longer than {MAX_LINE_BYTES} bytes$"):
+        list(read_records(io.BytesIO(too_long)))
+
+
+def test_problem_counts_read_as_english() -> None:
+    assert [counted_problems(n) for n in (0, 1, 2)] == ["0 problems", "1 problem", "2 problems"]
 
 
 @pytest.mark.parametrize(
