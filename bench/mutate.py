@@ -57,6 +57,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "reward_envs/worker/worker.py": ("tests/reward_envs/test_worker.py",),
     "mtrl/local/trainer/grpo.py": ("tests/local/test_trainer.py",),
 }
+_MUTANT = re.compile(r"^(?P<module>[\w.]+?)\.x[_ǁ]")
 _RESULT = re.compile(r"^\s*(?P<mutant>\S+): (?P<status>.+)$")
 
 
@@ -100,9 +101,9 @@ def prepare(modules: list[str]) -> None:
 
 
 def module_of(mutant: str) -> str:
-    """`domain.runs.x_run_id_for__mutmut_3` -> `domain/runs.py`."""
-    dotted = mutant.split(".x", 1)[0] if ".x" in mutant else mutant.rsplit(".", 1)[0]
-    return dotted.replace(".", "/") + ".py"
+    """`domain.runs.x_run_id_for__mutmut_3` -> `domain/runs.py` (mutmut names a function
+    `x_<name>`, a method `xǁ<class>ǁ<name>`, after its module)."""
+    return _MUTANT.match(mutant)["module"].replace(".", "/") + ".py"
 
 
 def tally(results: str, equivalents: dict[str, str]) -> dict[str, dict]:

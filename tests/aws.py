@@ -9,12 +9,13 @@ from lambdas.pipeline.hyperpod_capacity import LEASE_KEY
 
 
 def create_runs_table(dynamodb: Any, table_name: str) -> None:
-    """The runs table as the pipeline stack declares it (tests/test_pipeline_stack.py pins it)."""
+    """The runs table as the pipeline stack declares it (tests/test_training_control.py pins
+    both tables' keys against the template)."""
     _create(dynamodb, table_name, "run_id")
 
 
 def create_leases_table(dynamodb: Any, table_name: str) -> None:
-    """The capacity-leases table as the training control declares it (pinned likewise)."""
+    """The capacity-leases table as the training control declares it."""
     _create(dynamodb, table_name, LEASE_KEY)
 
 

@@ -128,8 +128,8 @@ def _tables(template: dict) -> dict[str, dict]:
 def test_capacity_leases_have_a_table_of_their_own_that_only_capacity_steps_write(
     default_app: Synthesized, aws: None
 ) -> None:
-    """Runs and leases apart: the runs table holds runs only; the leases table, keyed by
-    instance group, is written by the steps that scale nodes and read by nothing else."""
+    """Runs and leases apart: the leases table, keyed by instance group, is written only by the
+    steps that scale nodes, and no function updates items of the runs table."""
     template = default_app.template("pipeline")
     tables = _tables(template)
     (leases_id,) = [i for i in tables if i.startswith("TrainingClusterControlCapacityLeases")]

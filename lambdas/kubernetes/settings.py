@@ -3,23 +3,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Self
+from pydantic import Field
 
-from pydantic import BaseModel, ConfigDict, Field
+from lambdas.environment import EnvironmentSettings
 
 
-class ClusterSettings(BaseModel):
+class ClusterSettings(EnvironmentSettings):
     """Which EKS cluster a function talks to, and where."""
-
-    model_config = ConfigDict(frozen=True)
 
     eks_cluster: str = Field(alias="EKS_CLUSTER")
     region: str = Field(alias="AWS_REGION")  # set by Lambda
-
-    @classmethod
-    def from_environment(cls, environment: Mapping[str, str]) -> Self:
-        return cls.model_validate(dict(environment))
 
 
 class RbacSettings(ClusterSettings):

@@ -15,11 +15,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from domain.backends import RewardFleet, RunContext, worker_environment
 from domain.run_queues import QueueKind, queue_name
 from lambdas.clients import Clients
+from lambdas.environment import EnvironmentSettings
 
 CONTAINER = "reward-worker"  # the container of the deployment's worker task definition
 LOG_RETENTION_DAYS = 90
@@ -31,10 +32,8 @@ class FleetFailed(RuntimeError):
     """The run's workers cannot start (the deployment circuit breaker stopped them)."""
 
 
-class EcsFleetSettings(BaseModel):
+class EcsFleetSettings(EnvironmentSettings):
     """From the pipeline functions' environment (set by the pipeline stack)."""
-
-    model_config = ConfigDict(frozen=True)
 
     prefix: str = Field(alias="NAME_PREFIX")
     cluster: str = Field(alias="WORKER_CLUSTER")
@@ -49,10 +48,6 @@ class EcsFleetSettings(BaseModel):
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:
         return [s for s in value.split(",") if s] if isinstance(value, str) else value
-
-    @classmethod
-    def from_environment(cls, environment: Mapping[str, str]) -> EcsFleetSettings:
-        return cls.model_validate(dict(environment))
 
 
 def _name(*parts: str) -> str:

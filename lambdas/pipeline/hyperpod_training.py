@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, Json
+from pydantic import Field, Json
 
 from domain.backends import (
     METRICS_OBJECT,
@@ -37,6 +37,7 @@ from domain.backends import (
     last_step,
 )
 from lambdas.clients import Clients
+from lambdas.environment import EnvironmentSettings
 from lambdas.kubernetes.client import KubernetesClient
 from lambdas.kubernetes.token import EksTokenSource, regional_sts
 from lambdas.kubernetes.training_job import (
@@ -70,10 +71,8 @@ class JobStillDeleting(RuntimeError):
     """The run's namespace is still terminating (Step Functions retries the teardown step)."""
 
 
-class HyperPodSettings(BaseModel):
+class HyperPodSettings(EnvironmentSettings):
     """From the functions' environment (set by the pipeline stack)."""
-
-    model_config = ConfigDict(frozen=True)
 
     prefix: str = Field(alias="NAME_PREFIX")
     leases_table: str = Field(alias="CAPACITY_LEASES_TABLE")
@@ -89,10 +88,6 @@ class HyperPodSettings(BaseModel):
     keep_warm_seconds: float = Field(default=0, ge=0, alias="KEEP_WARM_SECONDS")
     pending_limit_seconds: float = Field(default=1800, gt=0, alias="PENDING_LIMIT_SECONDS")
     delete_wait_seconds: float = Field(default=90, ge=0, alias="DELETE_WAIT_SECONDS")
-
-    @classmethod
-    def from_environment(cls, environment: Mapping[str, str]) -> HyperPodSettings:
-        return cls.model_validate(dict(environment))
 
 
 class HyperPodTrainingCluster(TrainingCluster):

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from pydantic import BaseModel, ConfigDict, Field, Json
+from pydantic import Field, Json
 
 from domain.presets import ModelPreset
 from domain.runs import execution_arn
 from lambdas.clients import Clients
+from lambdas.environment import EnvironmentSettings
 from lambdas.pipeline.resources import RouterWiring
 from training_configs.schema import DEFAULT_CONFIG
 
 
-class PipelineSettings(BaseModel):
+class PipelineSettings(EnvironmentSettings):
     """From the functions' environment (set by the pipeline stack)."""
-
-    model_config = ConfigDict(frozen=True)
 
     name_prefix: str = Field(alias="NAME_PREFIX")
     runs_table: str = Field(alias="RUNS_TABLE")
@@ -43,10 +40,6 @@ class PipelineSettings(BaseModel):
             consumer_function=self.consumer_function,
             prefix=self.name_prefix,
         )
-
-    @classmethod
-    def from_environment(cls, environment: Mapping[str, str]) -> PipelineSettings:
-        return cls.model_validate(dict(environment))
 
     def execution_arn(self, run_id: str) -> str:
         """The ARN of the run's execution (executions are named by run id)."""

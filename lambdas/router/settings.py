@@ -5,21 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from lambdas.environment import EnvironmentSettings
 
 
-class RouterSettings(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class RouterSettings(EnvironmentSettings):
     table_name: str = Field(alias="TABLE_NAME")
     # How long the proxy waits for a generate response before answering "not yet".
     wait_seconds: float = Field(default=5.0, ge=0, alias="WAIT_SECONDS")
     # The deployment dimension of the router's metrics.
     deployment: str = Field(default="nova-mtrl", alias="NAME_PREFIX")
-
-    @classmethod
-    def from_environment(cls, environment: Mapping[str, str]) -> RouterSettings:
-        return cls.model_validate(dict(environment))
 
 
 def metrics_deployment(environment: Mapping[str, str]) -> str:

@@ -162,9 +162,8 @@ class LocalPipeline:
     upload_pattern: dict[str, Any]
     dispatcher: Dispatcher
     functions: dict[str, str]  # handler path -> local function name
-    state_steps: dict[
-        str, str
-    ]  # Task state -> the step its function runs ("Validate" -> "validate")
+    # Task state -> the step its function runs ("Validate" -> "validate").
+    state_steps: dict[str, str]
 
     def function(self, handler: str) -> str:
         """The local function whose template names `handler` (its full path)."""

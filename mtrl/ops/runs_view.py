@@ -129,8 +129,9 @@ def _execution(sfn: Any, arn: str) -> tuple[str | None, str | None]:
 def _queues(sqs: Any, cloudwatch: Any, prefix: str, run_id: str, *, now: float) -> list[QueueDepth]:
     depths, names = [], []
     for kind in QueueKind:
+        name = queue_name(prefix, run_id, kind)
         try:
-            url = sqs.get_queue_url(QueueName=queue_name(prefix, run_id, kind))["QueueUrl"]
+            url = sqs.get_queue_url(QueueName=name)["QueueUrl"]
             attributes = sqs.get_queue_attributes(
                 QueueUrl=url,
                 AttributeNames=[
@@ -140,7 +141,7 @@ def _queues(sqs: Any, cloudwatch: Any, prefix: str, run_id: str, *, now: float) 
             )["Attributes"]
         except ClientError:
             continue  # not created yet, or torn down
-        names.append(queue_name(prefix, run_id, kind))
+        names.append(name)
         depths.append(
             QueueDepth(
                 kind.suffix,

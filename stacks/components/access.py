@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from aws_cdk import ArnFormat, Stack
+from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 
@@ -150,6 +151,14 @@ def grant_needs(roles: Mapping[str, iam.IRole], providers: Iterable[AccessProvid
             if need not in owner:
                 raise LookupError(f"no construct provides {need!r} (needed by {principal})")
             owner[need].grant(need, role)
+
+
+def grant_table_action(
+    role: iam.IRole, action: str, table: dynamodb.ITable, key: kms.IKey, *, writes: bool
+) -> None:
+    """One DynamoDB action on `table` (encrypted with `key`), and the key as the action needs it."""
+    role.add_to_principal_policy(iam.PolicyStatement(actions=[action], resources=[table.table_arn]))
+    grant_table_key(role, key, writes=writes)
 
 
 def grant_table_key(role: iam.IRole, key: kms.IKey, *, writes: bool) -> None:

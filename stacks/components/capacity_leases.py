@@ -10,7 +10,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from lambdas.pipeline.hyperpod_capacity import LEASE_KEY
-from stacks.components.access import grant_table_key
+from stacks.components.access import grant_table_action
 from stacks.components.needs import Need
 from stacks.components.tables import data_table
 
@@ -35,7 +35,4 @@ class CapacityLeaseTable(Construct):
     def grant(self, need: Need, role: iam.IRole) -> None:
         writes = need is Need.CAPACITY_LEASES
         action = "dynamodb:UpdateItem" if writes else "dynamodb:GetItem"
-        role.add_to_principal_policy(
-            iam.PolicyStatement(actions=[action], resources=[self.table.table_arn])
-        )
-        grant_table_key(role, self._data_key, writes=writes)
+        grant_table_action(role, action, self.table, self._data_key, writes=writes)

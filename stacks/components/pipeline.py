@@ -19,7 +19,7 @@ from constructs import Construct
 
 from lambdas.environment import environment_for
 from lambdas.pipeline.settings import PipelineSettings
-from stacks.components.access import grant_log_reading, grant_table_key
+from stacks.components.access import grant_log_reading, grant_table_action
 from stacks.components.functions import ClusterNetwork, pipeline_function
 from stacks.components.nag import acknowledge, acknowledge_resource
 from stacks.components.needs import Need
@@ -227,10 +227,7 @@ class TrainingPipeline(Construct):
                 )
 
     def _table(self, role: iam.IRole, action: str, *, writes: bool) -> None:
-        role.add_to_principal_policy(
-            iam.PolicyStatement(actions=[action], resources=[self.runs_table.table_arn])
-        )
-        grant_table_key(role, self._data_key, writes=writes)
+        grant_table_action(role, action, self.runs_table, self._data_key, writes=writes)
 
     @property
     def log_group_names(self) -> list[str]:

@@ -18,7 +18,7 @@ from domain.run_queues import deployment_prefix
 from lambdas.environment import environment_for
 from lambdas.router.conversations import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from lambdas.router.settings import RouterSettings
-from stacks.components.access import Allow, grant_table_key
+from stacks.components.access import Allow, grant_table_action
 from stacks.components.functions import pipeline_function
 from stacks.components.needs import Need
 from stacks.components.tables import data_table
@@ -134,12 +134,14 @@ class Router(Construct):
         queues, key = self.run_queue_arns, self._data_key.key_arn
         match need:
             case Need.CONVERSATIONS_GET:
-                self._allow(role, ["dynamodb:GetItem"], self.table.table_arn)
-                grant_table_key(role, self._data_key, writes=False)
+                grant_table_action(
+                    role, "dynamodb:GetItem", self.table, self._data_key, writes=False
+                )
             case Need.CONVERSATIONS_PUT | Need.CONVERSATIONS_UPDATE:
                 action = "PutItem" if need is Need.CONVERSATIONS_PUT else "UpdateItem"
-                self._allow(role, [f"dynamodb:{action}"], self.table.table_arn)
-                grant_table_key(role, self._data_key, writes=True)
+                grant_table_action(
+                    role, f"dynamodb:{action}", self.table, self._data_key, writes=True
+                )
             case Need.RUN_QUEUES_CREATE:
                 # Tagging on creation needs sqs:TagQueue (SQS API Reference, CreateQueue).
                 self._allow(

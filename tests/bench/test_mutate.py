@@ -40,6 +40,7 @@ def test_module_names_follow_mutmut_mutant_names() -> None:
     assert module_of("mtrl.local.trainer.grpo.xǁGrpoǁloss__mutmut_1") == (
         "mtrl/local/trainer/grpo.py"
     )
+    assert module_of("lambdas.xray.x_trace__mutmut_2") == "lambdas/xray.py"
 
 
 def test_each_run_mutates_only_the_modules_asked_for_with_their_tests() -> None:
