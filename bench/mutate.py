@@ -1,7 +1,7 @@
 """Mutation testing of the modules where a silent bug costs money or data (`make mutate`).
 
-mutmut plants small bugs (mutants) in each module below, one at a time, and runs the tests that
-reach the mutated function; a mutant no test notices survives. This runs mutmut in a copy of
+mutmut plants small bugs (mutants) in each module below (or in the functions FUNCTIONS names),
+one at a time, and runs the tests that reach the mutated function; a mutant no test notices survives. This runs mutmut in a copy of
 the repository (build/mutate/, so the working tree is never touched), one process at a time per
 core, and prints per module: mutants, killed, survived (no test failed), untested (no selected
 test reaches the function) and the score, caught / (mutants - equivalent), where a mutant that
@@ -24,6 +24,7 @@ import sys
 import time
 import tomllib
 from collections import Counter
+from fnmatch import fnmatch
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,12 +34,7 @@ RESULTS = ROOT / "bench" / "results" / "mutation.json"
 
 # Module -> the test files that exercise it (the fast ones: unit tests and moto, no synth).
 MODULES: dict[str, tuple[str, ...]] = {
-    "domain/runs.py": (
-        "tests/pipeline/test_pipeline_steps.py",
-        "tests/pipeline/test_handlers.py",
-        "tests/pipeline/test_policies.py",
-        "tests/mtrl/test_ops_commands.py",
-    ),
+    "domain/runs.py": ("tests/domain/test_runs.py", "tests/pipeline/test_policies.py"),
     "domain/dataset.py": ("tests/mtrl/test_dataset.py", "tests/pipeline/test_pipeline_steps.py"),
     "lambdas/pipeline/reaper.py": ("tests/pipeline/test_handlers.py",),
     "lambdas/pipeline/resources.py": (
@@ -55,7 +51,34 @@ MODULES: dict[str, tuple[str, ...]] = {
     ),
     "lambdas/router/proxy.py": ("tests/router/test_proxy.py",),
     "reward_envs/worker/worker.py": ("tests/reward_envs/test_worker.py",),
-    "mtrl/local/trainer/grpo.py": ("tests/local/test_trainer.py",),
+    "mtrl/local/trainer/grpo.py": ("tests/local/test_grpo.py", "tests/local/test_trainer.py"),
+    "stacks/components/pipeline_states.py": ("tests/pipeline/test_pipeline_definition.py",),
+}
+# Modules whose tests start jsii's node process (CDK): a forked child cannot share its parent's,
+# so each mutant's tests run in a process that never imported them (mutmut's fork server).
+OWN_PROCESS = {"stacks/components/pipeline_states.py"}
+# Where only some functions of a module decide money or data, only those are mutated: the
+# worker's routing (poison, retry with backoff, dead letter, give back) and its heartbeat; its
+# thread and batching plumbing is covered end to end and would only add slow timeouts.
+FUNCTIONS: dict[str, tuple[str, ...]] = {
+    "reward_envs/worker/worker.py": (
+        "RewardWorker._start",
+        "RewardWorker._work",
+        "RewardWorker._give_back",
+        "RewardWorker._retry_or_poison",
+        "RewardWorker._poison",
+        "RewardWorker._heartbeat",
+    ),
+    # The definition's builder, not the machine's stack settings (the stack tests' synth).
+    "stacks/components/pipeline_states.py": (
+        "PipelineDefinition.task",
+        "PipelineDefinition.retried",
+        "PipelineDefinition.failure_path",
+        "PipelineDefinition.caught",
+        "PipelineDefinition.poll_until",
+        "PipelineDefinition.job_failed",
+        "PipelineDefinition.build",
+    ),
 }
 _MUTANT = re.compile(r"^(?P<module>[\w.]+?)\.x[_ǁ]")
 _RESULT = re.compile(r"^\s*(?P<mutant>\S+): (?P<status>.+)$")
@@ -78,19 +101,40 @@ def mutmut_config(modules: list[str], copied: set[str]) -> str:
         "timeout_multiplier": 3.0,
         "timeout_constant": 2.0,
     }
+    if OWN_PROCESS.intersection(modules):
+        config |= {"process_isolation": "forkserver", "forkserver_warmup": "none"}
     lines = ["", "[tool.mutmut]"]
     lines += [f"{key} = {json.dumps(value)}" for key, value in config.items()]
     return "\n".join(lines) + "\n"
 
 
+def mutant_patterns(modules: list[str]) -> list[str]:
+    """mutmut's names (fnmatch patterns) of the mutants to test in these modules: all of a
+    module's, or those of its FUNCTIONS."""
+    patterns = []
+    for module in modules:
+        dotted = module.removesuffix(".py").replace("/", ".")
+        if module not in FUNCTIONS:
+            patterns.append(f"{dotted}.*")
+        for name in FUNCTIONS.get(module, ()):
+            owner, _, function = name.rpartition(".")
+            inner = f"xǁ{owner}ǁ{function}" if owner else f"x_{function}"
+            patterns.append(f"{dotted}.{inner}__mutmut_*")
+    return patterns
+
+
 def prepare(modules: list[str]) -> None:
-    """A fresh copy of the tracked files, with mutmut's settings in its pyproject.toml."""
+    """A fresh copy of the working tree (tracked files and new ones not ignored), with
+    mutmut's settings in its pyproject.toml."""
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)
-    tracked = subprocess.run(
-        ["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True
+    files = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
     ).stdout.split(b"\0")
-    for name in filter(None, tracked):
+    for name in filter(None, files):
         source = ROOT / name.decode()
         if source.is_file():
             target = WORK / name.decode()
@@ -106,12 +150,13 @@ def module_of(mutant: str) -> str:
     return _MUTANT.match(mutant)["module"].replace(".", "/") + ".py"
 
 
-def tally(results: str, equivalents: dict[str, str]) -> dict[str, dict]:
-    """Per module: counts by outcome, the score, and the survivors not known equivalent."""
+def tally(results: str, equivalents: dict[str, str], patterns: list[str]) -> dict[str, dict]:
+    """Per module: counts by outcome, the score, and the survivors not known equivalent, over
+    the mutants matching `patterns`."""
     modules: dict[str, dict] = {}
     for line in results.splitlines():
         found = _RESULT.match(line)
-        if not found:
+        if not found or not any(fnmatch(found["mutant"], pattern) for pattern in patterns):
             continue
         mutant, status = found["mutant"], found["status"].strip()
         entry = modules.setdefault(
@@ -133,6 +178,35 @@ def tally(results: str, equivalents: dict[str, str]) -> dict[str, dict]:
     return modules
 
 
+MUTMUT = [sys.executable, "-m", "mutmut"]
+
+
+def mutate(modules: list[str], equivalents: dict[str, str]) -> tuple[dict[str, dict], list[str]]:
+    """One mutmut run over `modules` in a fresh copy: the tally, and the surviving mutants'
+    diffs (read before the next run replaces the copy)."""
+    prepare(modules)
+    patterns = mutant_patterns(modules)
+    run = subprocess.run(
+        [*MUTMUT, "run", "--max-children", str(os.cpu_count() or 1), *patterns],
+        cwd=WORK,
+        stdout=subprocess.DEVNULL,
+    )
+    if run.returncode:
+        raise SystemExit(f"mutmut run failed (exit {run.returncode}); its work is in {WORK}")
+    results = subprocess.run(
+        [*MUTMUT, "results", "--all", "true"], cwd=WORK, check=True, capture_output=True, text=True
+    ).stdout
+    tallied = tally(results, equivalents, patterns)
+    diffs = [
+        subprocess.run(
+            [*MUTMUT, "show", mutant], cwd=WORK, capture_output=True, text=True
+        ).stdout.strip()
+        for _, entry in sorted(tallied.items())
+        for mutant in entry["survivors"]
+    ]
+    return tallied, diffs
+
+
 def main(argv: list[str]) -> int:
     modules = argv or list(MODULES)
     unknown = [module for module in modules if module not in MODULES]
@@ -140,20 +214,16 @@ def main(argv: list[str]) -> int:
         print(f"unknown module {', '.join(unknown)}; choose from {', '.join(MODULES)}")
         return 2
     equivalents = tomllib.loads(EQUIVALENTS.read_text()) if EQUIVALENTS.exists() else {}
-    prepare(modules)
-    mutmut = [sys.executable, "-m", "mutmut"]
     started = time.monotonic()
-    subprocess.run(
-        [*mutmut, "run", "--max-children", str(os.cpu_count() or 1)],
-        cwd=WORK,
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    tallied: dict[str, dict] = {}
+    diffs: list[str] = []
+    shared = [module for module in modules if module not in OWN_PROCESS]
+    for group in (shared, [module for module in modules if module in OWN_PROCESS]):
+        if group:
+            group_tally, group_diffs = mutate(group, equivalents)
+            tallied.update(group_tally)
+            diffs += group_diffs
     seconds = time.monotonic() - started
-    results = subprocess.run(
-        [*mutmut, "results", "--all", "true"], cwd=WORK, check=True, capture_output=True, text=True
-    ).stdout
-    tallied = tally(results, equivalents)
     print(f"{'module':44} {'mutants':>7} {'killed':>7} {'survived':>8} {'untested':>8} score")
     for module, entry in sorted(tallied.items()):
         counts = entry["counts"]
@@ -162,12 +232,8 @@ def main(argv: list[str]) -> int:
             f"{counts.get('survived', 0):8} {counts.get('no tests', 0):8} "
             f"{entry['score'] if entry['score'] is not None else '-'}"
         )
-    for _, entry in sorted(tallied.items()):
-        for mutant in entry["survivors"]:
-            shown = subprocess.run(
-                [*mutmut, "show", mutant], cwd=WORK, capture_output=True, text=True
-            ).stdout
-            print(f"\n{shown.strip()}")
+    for diff in diffs:
+        print(f"\n{diff}")
     previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(

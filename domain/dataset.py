@@ -5,44 +5,75 @@
 
 This module is the one home of the schema: the validate Lambda, `mtrl validate`, the local
 mode and the trainer all read datasets through it. Validation streams: memory grows only with
-the number of records (16 bytes each, for the duplicate-id check), never with the file size.
-UTF-8 with or without BOM, CRLF line ends and blank lines are accepted.
+the number of records (16 bytes each, for the duplicate-id check) and the problems kept (the
+first `keep`, by line), never with the file size. UTF-8 with or without BOM, CRLF line ends and
+blank lines are accepted. One fault is one problem, in words: `line 3: metadata.prompt: must be a
+string or a list of chat messages`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Annotated, Any, BinaryIO
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+)
 
 from domain.protocol import ChatMessage
 
 MAX_LINE_BYTES = 1024 * 1024
 MAX_FILE_BYTES = 10 * 1024**3
 MAX_ID_LENGTH = 256
+MAX_KEPT_PROBLEMS = 1000  # the problems a validation keeps to show (all are counted)
 _BOM = b"\xef\xbb\xbf"
+
+
+def _prompt_kind(value: Any) -> str | None:
+    """Which form a prompt has, so only that form's errors are reported (a tag is `<...>`,
+    never a field name: _describe leaves tags out of a problem's place)."""
+    if isinstance(value, str):
+        return "<text>"
+    return "<messages>" if isinstance(value, list) else None
+
+
+Prompt = Annotated[
+    Annotated[str, Tag("<text>")] | Annotated[list[ChatMessage], Tag("<messages>")],
+    Discriminator(
+        _prompt_kind,
+        custom_error_type="prompt_type",
+        custom_error_message="must be a string or a list of chat messages",
+    ),
+]
 
 
 class RecordMetadata(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    prompt: str | list[ChatMessage]
+    prompt: Prompt
     answer: str | None = None
     task: str | None = None
     info: dict[str, Any] | None = None
 
-    @model_validator(mode="after")
-    def _prompt_not_empty(self) -> RecordMetadata:
-        if isinstance(self.prompt, str) and not self.prompt.strip():
-            raise ValueError("prompt is empty")
-        if isinstance(self.prompt, list) and not self.prompt:
-            raise ValueError("prompt has no messages")
-        return self
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_empty(cls, prompt: str | list[ChatMessage]) -> str | list[ChatMessage]:
+        if isinstance(prompt, str) and not prompt.strip():
+            raise ValueError("must not be empty")
+        if not prompt:
+            raise ValueError("must have at least one message")
+        return prompt
 
 
 class DatasetRecord(BaseModel):
@@ -55,21 +86,22 @@ class DatasetRecord(BaseModel):
 @dataclass(frozen=True)
 class Problem:
     line: int | None  # None: about the whole file
-    field: str
+    field: str | None  # None: about the whole line (or file)
     message: str
 
     def __str__(self) -> str:
-        if self.line is None:
-            return f"file: {self.message}"
-        return f"line {self.line}: {self.field}: {self.message}"
+        where = "file" if self.line is None else f"line {self.line}"
+        return (
+            f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {"line": self.line, "field": self.field, "message": self.message}
 
 
-def counted_problems(count: int) -> str:
+def counted(count: int, noun: str) -> str:
     """ "1 problem", "3 problems"."""
-    return f"{count} problem{'' if count == 1 else 's'}"
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 @dataclass
@@ -88,32 +120,46 @@ class Summary:
 
 
 class DatasetValidator:
-    """`problems(stream)` yields every problem as it is found; `summary` holds the counts."""
+    """`problems(stream)`: the first `keep` problems in line order (the file's own first), once
+    the whole stream is read; `summary` counts them all."""
 
     def __init__(
-        self, *, max_line_bytes: int = MAX_LINE_BYTES, max_file_bytes: int = MAX_FILE_BYTES
+        self,
+        *,
+        max_line_bytes: int = MAX_LINE_BYTES,
+        max_file_bytes: int = MAX_FILE_BYTES,
+        keep: int = MAX_KEPT_PROBLEMS,
     ) -> None:
         self.max_line_bytes = max_line_bytes
         self.max_file_bytes = max_file_bytes
+        self.keep = keep
         self.summary = Summary()
 
     def problems(self, stream: BinaryIO) -> Iterator[Problem]:
-        for problem in self._scan(stream):
+        # A duplicate id is only known at the end: keep the `keep` earliest problems (a heap of
+        # negated (line, order), the latest on top) and give them sorted.
+        kept: list[tuple[int, int, Problem]] = []
+        for order, problem in enumerate(self._scan(stream)):
             self.summary.problems += 1
-            yield problem
+            entry = (-(problem.line or 0), -order, problem)
+            if len(kept) < self.keep:
+                heapq.heappush(kept, entry)
+            elif entry > kept[0]:
+                heapq.heapreplace(kept, entry)
+        yield from (problem for *_, problem in sorted(kept, reverse=True))
 
     def _scan(self, stream: BinaryIO) -> Iterator[Problem]:
         summary = self.summary
-        for number, raw in _lines(stream, self.max_line_bytes):
+        for number, raw, size in _lines(stream, self.max_line_bytes):
             summary.lines = number
-            summary.bytes += len(raw)
+            summary.bytes += size
             if summary.bytes > self.max_file_bytes:
                 yield Problem(
-                    None, "file", f"larger than {self.max_file_bytes} bytes; split the dataset"
+                    None, None, f"larger than {self.max_file_bytes} bytes; split the dataset"
                 )
                 return
             if raw is _TOO_LONG:
-                yield Problem(number, "line", f"longer than {self.max_line_bytes} bytes")
+                yield Problem(number, None, f"longer than {self.max_line_bytes} bytes")
                 continue
             if number == 1 and raw.startswith(_BOM):
                 raw = raw[len(_BOM) :]
@@ -126,11 +172,11 @@ class DatasetValidator:
                 continue
             summary.records += 1
             summary._hashes.append(
-                int.from_bytes(hashlib.blake2b(record.id.encode(), digest_size=8).digest(), "big")
+                int.from_bytes(hashlib.blake2b(record.id.encode(), digest_size=8).digest())
             )
             summary._lines.append(number)
         if summary.records == 0 and summary.problems == 0:
-            yield Problem(None, "file", "no records: the file is empty or only blank lines")
+            yield Problem(None, None, "no records: the file is empty or only blank lines")
         yield from self._duplicates()
 
     def _duplicates(self) -> Iterator[Problem]:
@@ -153,20 +199,23 @@ class DatasetValidator:
 _TOO_LONG = b"\0too long\0"
 
 
-def _lines(stream: BinaryIO, limit: int) -> Iterator[tuple[int, bytes]]:
-    """Numbered lines without their line end; an over-long line is yielded as _TOO_LONG."""
+def _lines(stream: BinaryIO, limit: int) -> Iterator[tuple[int, bytes, int]]:
+    """Numbered lines, their line end included (JSON takes it as whitespace), and the bytes
+    each took in the file; an over-long line is yielded as _TOO_LONG."""
     number = 0
     while True:
         line = stream.readline(limit + 2)
         if not line:
             return
         number += 1
-        if len(line) > limit + 1:
+        if len(line.rstrip(b"\r\n")) > limit:
+            size = len(line)
             while line and not line.endswith(b"\n"):  # skip the rest of the line, chunk by chunk
                 line = stream.readline(limit)
-            yield number, _TOO_LONG
+                size += len(line)
+            yield number, _TOO_LONG, size
             continue
-        yield number, line.rstrip(b"\r\n")
+        yield number, line, len(line)
 
 
 def _describe(number: int, raw: bytes, error: ValidationError) -> Iterator[Problem]:
@@ -176,34 +225,33 @@ def _describe(number: int, raw: bytes, error: ValidationError) -> Iterator[Probl
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError as bad:
-                yield Problem(number, "line", f"not valid UTF-8 (byte {bad.start + 1})")
+                yield Problem(number, None, f"not valid UTF-8 (byte {bad.start + 1})")
                 return
-            reason = str(detail.get("ctx", {}).get("error", detail["msg"])).replace(
-                "at line 1 column", "at column"
-            )
-            yield Problem(number, "line", f"not valid JSON ({reason})")
+            reason = detail["ctx"]["error"].replace("at line 1 column", "at column")
+            yield Problem(number, None, f"not valid JSON ({reason})")
             return
         if kind == "model_type" and not detail["loc"]:
             yield Problem(
-                number,
-                "line",
-                'not a JSON object; each line must be {"id": ..., "metadata": {...}}',
+                number, None, 'not a JSON object; each line must be {"id": ..., "metadata": {...}}'
             )
             return
-        location = ".".join(
-            str(part) for part in detail["loc"] if not str(part).startswith("function-")
-        )
-        message = detail["msg"].removeprefix("Value error, ")
-        if kind == "extra_forbidden":
-            message = "not allowed here (only id and metadata; put extra fields in metadata)"
-        elif kind == "string_pattern_mismatch":
-            message = "must not contain control characters"
-        yield Problem(number, location or "line", message)
+        location = ".".join(str(part) for part in detail["loc"] if not str(part).startswith("<"))
+        message = _MESSAGES.get(kind) or detail["msg"].removeprefix("Value error, ")
+        yield Problem(number, location, message)
+
+
+# Pydantic's words where a dataset's author needs others.
+_MESSAGES = {
+    "extra_forbidden": "not allowed here (only id and metadata; put extra fields in metadata)",
+    "string_pattern_mismatch": "must not contain control characters",
+    "model_type": "must be a JSON object",
+    "model_attributes_type": "must be a JSON object",
+}
 
 
 def read_records(stream: BinaryIO) -> Iterator[DatasetRecord]:
     """The records of a dataset already validated (raises ValueError on the first bad line)."""
-    for number, raw in _lines(stream, MAX_LINE_BYTES):
+    for number, raw, _ in _lines(stream, MAX_LINE_BYTES):
         if raw is _TOO_LONG:
             raise ValueError(f"line {number}: longer than {MAX_LINE_BYTES} bytes")
         raw = raw[len(_BOM) :] if number == 1 and raw.startswith(_BOM) else raw

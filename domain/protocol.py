@@ -137,9 +137,14 @@ class RolloutResponse(_Message):
         score = self.rewards.get("aggregate_score")
         if self.stop_reason in ("timeout", "env_error"):
             if score is not None:
-                raise ValueError(f"a {self.stop_reason} rollout has no aggregate_score")
+                raise ValueError(
+                    f"a rollout stopped by {self.stop_reason!r} has no aggregate_score: send null"
+                )
         elif score is None or not math.isfinite(score):
-            raise ValueError(f"a {self.stop_reason} rollout needs a finite aggregate_score")
+            raise ValueError(
+                f"a rollout stopped by {self.stop_reason!r} needs a finite aggregate_score "
+                "(or stop_reason 'timeout' or 'env_error' with the error)"
+            )
         return self
 
     @property

@@ -23,8 +23,8 @@ FINISHED: tuple[RunStatus, ...] = ("succeeded", "failed")
 
 def run_id_for(bucket: str, key: str, version_id: str | None) -> str:
     """`<dataset name>-<10 hex>`: readable, unique per (bucket, key, version), <= 64 chars."""
-    stem = key.rsplit("/", 1)[-1].removesuffix(".jsonl")
-    slug = re.sub(r"[^a-z0-9]+", "-", stem.lower()).strip("-")[:40] or "dataset"
+    stem = key.rpartition("/")[2].removesuffix(".jsonl")
+    slug = re.sub(r"[^a-z0-9]+", "-", stem.lower())[:40].strip("-") or "dataset"
     digest = hashlib.sha256(f"{bucket}\0{key}\0{version_id or 'unversioned'}".encode()).hexdigest()[
         :10
     ]
@@ -84,7 +84,7 @@ class RunStore:
             )
             return run, True
         except ClientError as error:
-            if error.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+            if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
                 raise
         existing = self.get(run.run_id)
         if existing is None:  # deleted in between: register again

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from domain.dataset import counted_problems
+from domain.dataset import Problem, counted
 from mtrl import __version__
 from mtrl.console import check_dataset, err, out, print_problem
 from mtrl.env_commands import env_app
@@ -57,11 +57,10 @@ def validate(
     file: Annotated[Path, typer.Argument(help="The dataset (.jsonl) to check.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Check a dataset: every problem as `line N: field: what is wrong`; exit 0 valid, 1 invalid."""
-    found: list[dict] = []
-    summary = check_dataset(
-        file, (lambda problem: found.append(problem.as_dict())) if as_json else print_problem
-    )
+    """Check a dataset: its problems as `line N: field: what is wrong`, in line order (the first
+    1000; all are counted); exit 0 valid, 1 invalid."""
+    problems: list[Problem] = []
+    summary = check_dataset(file, problems.append)
     if as_json:
         out.print_json(
             json.dumps(
@@ -69,15 +68,22 @@ def validate(
                     "file": str(file),
                     "valid": summary.valid,
                     "records": summary.records,
-                    "problems": found,
+                    "problems": [problem.as_dict() for problem in problems],
+                    "problem_count": summary.problems,
                 }
             )
         )
     elif summary.valid:
-        out.print(f"{file}: valid, {summary.records} records", highlight=False, soft_wrap=True)
-    else:
         out.print(
-            f"{file}: invalid, {counted_problems(summary.problems)} in {summary.lines} lines",
+            f"{file}: valid, {counted(summary.records, 'record')}", highlight=False, soft_wrap=True
+        )
+    else:
+        for problem in problems:
+            print_problem(problem)
+        shown = f" (the first {len(problems)} above)" if len(problems) < summary.problems else ""
+        out.print(
+            f"{file}: invalid, {counted(summary.problems, 'problem')}{shown} in "
+            f"{counted(summary.lines, 'line')}",
             highlight=False,
             soft_wrap=True,
         )

@@ -22,7 +22,8 @@ def fail(message: str, *, code: int = 2) -> typer.Exit:
 
 
 def check_dataset(file: Path, on_problem: Callable[[Problem], None]) -> Summary:
-    """Stream `file` through the validator (exit 2 when it cannot be read)."""
+    """Check `file` with the validator (exit 2 when it cannot be read): its first problems, in
+    line order, go to `on_problem`."""
     if not file.is_file():
         raise fail(f"{file}: no such file (give the path of a .jsonl dataset)")
     validator = DatasetValidator()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 from importlib import resources
 from pathlib import Path
@@ -11,8 +12,9 @@ from typing import Annotated
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
-from mtrl.console import err, out
+from mtrl.console import err, fail, out
 from reward_envs.conformance import check_environment
 from reward_envs.interface import Record
 from reward_envs.registry import EnvironmentNotFound, load
@@ -36,8 +38,7 @@ def _load(spec: str):
     try:
         return load(spec)
     except EnvironmentNotFound as missing:
-        err.print(f"[red]error:[/] {missing}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        raise fail(str(missing)) from None
 
 
 def _records(path: Path) -> list[Record]:
@@ -46,8 +47,7 @@ def _records(path: Path) -> list[Record]:
     try:
         lines = path.read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as error:
-        err.print(f"[red]error:[/] {path}: cannot read ({error})")
-        raise typer.Exit(2) from None
+        raise fail(f"{path}: cannot read ({error})") from None
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -55,10 +55,9 @@ def _records(path: Path) -> list[Record]:
             item = json.loads(line)
             records.append(Record(id=str(item["id"]), metadata=dict(item.get("metadata") or {})))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
-            err.print(
-                f"[red]error:[/] {path}: line {number}: not a record with id and metadata ({error})"
-            )
-            raise typer.Exit(2) from None
+            raise fail(
+                f"{path}: line {number}: not a record with id and metadata ({error})"
+            ) from None
     return records
 
 
@@ -87,7 +86,7 @@ def check(
         table = Table("check", "result", "detail", title=f"conformance: {report.environment}")
         for result in report.results:
             verdict = "[green]pass[/]" if result.passed else "[red]FAIL[/]"
-            table.add_row(result.name, verdict, result.detail)
+            table.add_row(result.name, verdict, Text(result.detail))
         out.print(table)
     raise typer.Exit(0 if report.passed else 1)
 
@@ -118,9 +117,27 @@ def new(
         path.write_text(
             templates.joinpath(template).read_text(encoding="utf-8").replace("{{name}}", name)
         )
-    out.print(f"Created {project}/. Next:")
-    out.print(f"  mtrl env check {project / name}     # the conformance kit")
-    out.print(f"  cd {project} && python -m pytest    # its tests")
+    out.print(f"Created {project}/. Next:", markup=False)
+    mtrl, python = _as_typed(Path(sys.argv[0]), "mtrl"), _as_typed(Path(sys.executable), "python")
+    out.print(f"  {mtrl} env check {project / name}    # the conformance kit", markup=False)
+    out.print(f"  {python} -m pytest {project}    # its tests", markup=False)
+
+
+def _as_typed(program: Path, name: str) -> str:
+    """How to run `program` from here: `name` when that is what PATH finds, else its path
+    (relative when under this folder): hints that work as printed, venv active or not."""
+    found = shutil.which(name)
+    if found and Path(found).resolve() == program.resolve():
+        return name
+    try:
+        return str(program.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(program.absolute())
+
+
+def _show(text: str) -> None:
+    """An environment's text as it is: `[crane]` is the answer format, not markup."""
+    out.print(text, highlight=False, markup=False)
 
 
 @env_app.command("play")
@@ -139,17 +156,16 @@ def play(
             Record(id=f"play-{seed}", metadata=metadata), seed=seed
         )
     except ValueError as problem:
-        err.print(f"[red]error:[/] {problem}")
-        raise typer.Exit(2) from None
+        raise fail(str(problem)) from None
     rewards: list[float] = []
     for message in messages:
-        out.print(message["content"], highlight=False)
+        _show(message["content"])
     for _ in range(environment.max_turns):
         reply = typer.prompt("you", prompt_suffix="> ", default="", show_default=False)
         result = episode.step(reply)
         rewards.append(result.reward)
         for message in result.messages:
-            out.print(message["content"], highlight=False)
+            _show(message["content"])
         if result.done:
             break
     out.print(f"episode reward: {environment.aggregate(rewards):.3f}")

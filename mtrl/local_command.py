@@ -13,7 +13,6 @@ from typing import Annotated, Any
 import typer
 from rich.progress import (
     BarColumn,
-    MofNCompleteColumn,
     Progress,
     SpinnerColumn,
     TextColumn,
@@ -22,6 +21,7 @@ from rich.progress import (
 from rich.table import Table
 
 from mtrl.console import err, out
+from training_configs import estimate
 
 EXTRAS_HINT = (
     "local mode needs the `cdk` and `local` extras: pip install -e '.[cdk,local]' (or `make demo`)"
@@ -95,85 +95,162 @@ def local(
 
 
 def _run_with_progress(options: Any) -> tuple[Any, Path]:
-    from mtrl.local.run import LocalRunError, pipeline_template, prepare, run_local
+    from mtrl.local.run import pipeline_template, prepare, run_local
     from mtrl.local.session import Observer
 
     prepared = prepare(options)  # bad input fails here, before the synth
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,  # the table below says how it ended
-    ) as progress:
-        pipeline = progress.add_task("synthesizing the pipeline stack", total=None)
+    progress = _Bars() if err.is_terminal else _Lines()
+    with progress:
+        progress.state("synthesizing the pipeline stack")
         try:
             template = pipeline_template()
         except Exception as error:  # noqa: BLE001 - jsii reports Node/CDK problems as anything
-            raise LocalRunError(
-                f"cannot synthesize the pipeline stack ({type(error).__name__}: "
-                f"{str(error).splitlines()[0] if str(error) else 'no message'}); local mode needs "
-                "Node.js and the `cdk` extra, and the same cdk.json `make synth` accepts"
-            ) from None
-        progress.update(pipeline, description="pipeline: uploading")
-        training = progress.add_task(
-            "training: waiting for the job", total=prepared.config.max_steps, visible=False
-        )
-
-        def on_state(state: str) -> None:
-            progress.update(pipeline, description=f"pipeline: {state}")
-
-        def on_step(metrics: dict[str, Any], total: int) -> None:
-            wins = metrics.get("win_rate")
-            shown = f", wins {wins:.0%}" if wins is not None else ""
-            progress.update(
-                training,
-                completed=metrics["step"],
-                total=total,
-                visible=True,
-                description=f"training: reward {metrics['mean_reward']:.3f}{shown}",
-            )
-
+            raise _synth_failed(error) from None
+        progress.state("uploading")
         result = run_local(
             options,
             prepared=prepared,
             template=template,
-            observer=Observer(on_state=on_state, on_step=on_step),
+            observer=Observer(on_state=progress.state, on_step=progress.step),
         )
-        progress.update(pipeline, total=1, completed=1, description=f"pipeline: {result[0].status}")
+        progress.state(result[0].status, finished=True)
     return result
 
 
+def _synth_failed(error: Exception) -> Exception:
+    from mtrl.local.run import LocalRunError
+
+    first_line = str(error).splitlines()[0] if str(error) else "no message"
+    return LocalRunError(
+        f"cannot synthesize the pipeline stack ({type(error).__name__}: {first_line}); local "
+        "mode needs Node.js and the `cdk` extra, and the same cdk.json `make synth` accepts"
+    )
+
+
+def _step_line(metrics: dict[str, Any]) -> str:
+    wins = metrics.get("win_rate")
+    return f"reward {metrics['mean_reward']:.3f}" + (
+        f", wins {wins:.0%}" if wins is not None else ""
+    )
+
+
+class _Bars:
+    """On a terminal: a spinner for the pipeline's state and a bar for the training steps."""
+
+    def __init__(self) -> None:
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[count]}"),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,  # the table below says how it ended
+        )
+        self._pipeline = self._progress.add_task("pipeline", total=None, count="")
+        self._training = self._progress.add_task("training", visible=False, count="")
+
+    def __enter__(self) -> _Bars:
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.__exit__(*exc)
+
+    def state(self, state: str, *, finished: bool = False) -> None:
+        done = {"total": 1, "completed": 1} if finished else {}
+        self._progress.update(self._pipeline, description=f"pipeline: {state}", **done)
+
+    def step(self, metrics: dict[str, Any], total: int) -> None:
+        self._progress.update(
+            self._training,
+            completed=metrics["step"],
+            total=total,
+            visible=True,
+            count=f"{metrics['step']}/{total}",
+            description=f"training: {_step_line(metrics)}",
+        )
+
+
+class _Lines:
+    """Off a terminal (a pipe, CI, an IDE): one plain line per pipeline state and per step."""
+
+    def __init__(self) -> None:
+        self._started = time.monotonic()
+        self._seen: set[str] = set()  # the polls re-enter their states: each is said once
+
+    def __enter__(self) -> _Lines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def _line(self, text: str) -> None:
+        err.print(f"[{time.monotonic() - self._started:5.0f} s] {text}", markup=False)
+
+    def state(self, state: str, *, finished: bool = False) -> None:
+        if state not in self._seen:
+            self._seen.add(state)
+            self._line(f"pipeline: {state}")
+
+    def step(self, metrics: dict[str, Any], total: int) -> None:
+        self._line(f"step {metrics['step']}/{total}: {_step_line(metrics)}")
+
+
 def _print_result(outcome: Any, directory: Path) -> None:
+    """How the run ended: a table on a terminal, `key: value` lines (never cut) elsewhere."""
     from mtrl.local.report import report_data
 
     data = report_data(outcome)
-    table = Table(title=f"nova-mtrl local run {outcome.run_id}", show_header=False)
-    table.add_row("status", data["status"])
+    rows = [("status", data["status"])]
     if data["failed_state"] or data["reason"]:
-        table.add_row("failed in", f"{data['failed_state']}: {data['reason']}")
+        rows.append(("failed in", f"{data['failed_state']}: {data['reason']}"))
     curve = data["reward_curve"]
     if curve:
         first, last = curve[0], curve[-1]
-        table.add_row("steps", str(len(curve)))
-        table.add_row(
-            "mean reward",
-            f"{first['mean_reward']:.3f} (step 1) -> {last['mean_reward']:.3f} (step {last['step']})",
-        )
+        rows += [
+            ("steps", str(len(curve))),
+            (
+                "mean reward",
+                f"{first['mean_reward']:.3f} (step 1) -> {last['mean_reward']:.3f} "
+                f"(step {last['step']})",
+            ),
+        ]
         if last.get("win_rate") is not None:
-            table.add_row("win rate", f"{first['win_rate']:.0%} -> {last['win_rate']:.0%}")
+            rows.append(("win rate", f"{first['win_rate']:.0%} -> {last['win_rate']:.0%}"))
     leftover = data["leftover"]
-    table.add_row(
-        "left behind",
-        f"{leftover['total']} ({leftover['resources']} AWS resources, "
-        f"{leftover['processes']} processes, {leftover['pollers']} pollers)",
-    )
-    table.add_row("notification", "sent" if data["notified"] else "none")
-    table.add_row("time", f"{data['seconds']:.0f} s")
-    table.add_row("report", str(directory / "report.json"))
-    out.print(table)
+    rows += [
+        (
+            "left behind",
+            f"{leftover['total']} ({leftover['resources']} AWS resources, "
+            f"{leftover['processes']} processes, {leftover['pollers']} pollers)",
+        ),
+        ("notification", "sent" if data["notified"] else "none"),
+        ("time", f"{data['seconds']:.0f} s"),
+    ]
+    if outcome.config is not None:
+        per_hour = estimate(outcome.config).per_hour
+        rows.append(
+            (
+                "cost",
+                f"$0 here; on AWS this config costs ${per_hour:,.0f}/h "
+                f"(≈ ${per_hour * data['seconds'] / 3600:,.2f} for this run's time)",
+            )
+        )
+    rows.append(("report", str(directory / "report.json")))
+    if (directory / "reward_curve.png").is_file():
+        rows.append(("reward curve", str(directory / "reward_curve.png")))
+    if out.is_terminal:
+        table = Table(title=f"nova-mtrl local run {outcome.run_id}", show_header=False)
+        table.add_column()
+        table.add_column(overflow="fold")  # paths whole, folded if need be
+        for key, value in rows:
+            table.add_row(key, value)
+        out.print(table)
+    else:
+        out.print(f"nova-mtrl local run {outcome.run_id}", markup=False, highlight=False)
+        for key, value in rows:
+            out.print(f"  {key}: {value}", markup=False, highlight=False, soft_wrap=True)
     if outcome.status != "SUCCEEDED":
         err.print(
             f"run {outcome.run_id} FAILED in {data['failed_state'] or '?'}: {data['reason']}",

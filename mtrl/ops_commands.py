@@ -18,7 +18,7 @@ import typer
 from botocore.exceptions import BotoCoreError, ClientError
 from rich.table import Table
 
-from domain.dataset import counted_problems
+from domain.dataset import counted
 from domain.runs import RunStore
 from mtrl.console import check_dataset, fail, out, print_problem
 from mtrl.ops.deployment import Deployment, DeploymentError, aws_session, find_deployment
@@ -97,7 +97,7 @@ def submit_command(
     """Check a dataset and its config here, then upload them: the upload starts the run."""
     summary = check_dataset(file, print_problem)
     if not summary.valid:
-        raise fail(f"{file}: {counted_problems(summary.problems)}; nothing was uploaded", code=1)
+        raise fail(f"{file}: {counted(summary.problems, 'problem')}; nothing was uploaded", code=1)
     try:
         chosen = choose_config(config)
     except (TrainingConfigError, SubmitError) as error:

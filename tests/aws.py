@@ -47,3 +47,27 @@ class Serialized:
                 return attribute(*args, **kwargs)
 
         return call
+
+
+class Recorded:
+    """A boto3 client whose requests are kept, in order, as (operation, parameters): for what
+    moto accepts but does not keep (a stop's error and cause, a read's consistency)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if name in ("get_paginator", "meta", "exceptions"):
+            return attribute
+
+        def call(**kwargs: Any) -> Any:
+            self.requests.append((name, kwargs))
+            return attribute(**kwargs)
+
+        return call
+
+    def sent(self, operation: str) -> list[dict[str, Any]]:
+        """The parameters of every `operation` request, in order."""
+        return [params for name, params in self.requests if name == operation]

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from stacks.components.pipeline_states import AFTER_DEADLINE_HOURS
 from tests.conftest import Synthesized, as_list, role_statements
+from tests.pipeline.test_pipeline_definition import STEP_FUNCTIONS, function_arn, render_definition
 from training_configs import load_training_config
 from training_configs.schema import SHIPPED, TrainingConfig
 
@@ -55,85 +56,21 @@ def test_every_step_handler_exists(default_app: Synthesized) -> None:
         assert attribute == name and callable(getattr(importlib.import_module(module), attribute))
 
 
-def _chain(states: dict, start: str) -> list[str]:
-    path = []
-    while start:
-        path.append(start)
-        start = states[start].get("Next")
-    return path
-
-
-def test_the_happy_path_and_that_every_failure_reaches_teardown_then_fail(
+def test_the_deployed_machine_runs_the_pipeline_definition_with_the_stacks_functions(
     default_app: Synthesized,
 ) -> None:
-    definition = _definition(default_app)
-    states = definition["States"]
-    assert _chain(states, definition["StartAt"]) == [
-        "Validate",
-        "Register",
-        "Provision",
-        "ScaleUp",
-        "WaitForNodes",
-        "NodesReady",
-        "NodesReady?",
-    ]
-    assert _chain(states, "StartWorkers") == [
-        "StartWorkers",
-        "WaitForWorkers",
-        "WorkersHealthy",
-        "WorkersReady?",
-    ]
-    assert _chain(states, "SubmitJob") == ["SubmitJob", "WaitForJob", "Monitor", "JobDone?"]
-    assert _chain(states, "Collect") == [
-        "Collect",
-        "ReleaseCompute",
-        "Teardown",
-        "NotifySuccess",
-        "RunSucceeded",
-    ]
-    assert states["WaitForJob"]["SecondsPath"] == "$.run.poll_seconds"
-    choices = states["JobDone?"]
-    assert choices["Choices"][0] == {
-        "Variable": "$.job.phase",
-        "StringEquals": "succeeded",
-        "Next": "Collect",
-    }
-    assert choices["Default"] == "JobDidNotSucceed"
-    tasks = [
-        name
-        for name, state in states.items()
-        if state["Type"] == "Task" and not name.endswith("AfterFailure") and name != "NotifyFailure"
-    ]
-    assert len(tasks) == 13
-    for name in tasks:
-        (catch,) = states[name]["Catch"]
-        assert catch["ErrorEquals"] == ["States.ALL"] and catch["Next"] == f"FailedIn{name}"
-        assert states[f"FailedIn{name}"]["Next"] == "ReleaseComputeAfterFailure"
-        assert any(
-            "Lambda.TooManyRequestsException" in r["ErrorEquals"] for r in states[name]["Retry"]
-        )
-    assert _chain(states, "ReleaseComputeAfterFailure") == [
-        "ReleaseComputeAfterFailure",
-        "TeardownAfterFailure",
-        "NotifyFailure",
-        "RunFailed",
-    ]
-    assert states["RunFailed"] == {
-        "Type": "Fail",
-        "ErrorPath": "$.error.Error",
-        "CausePath": "$.error.Cause",
-    }
-    # Even a failed notification ends in RunFailed, with the run's own error kept in $.error.
-    assert states["NotifyFailure"]["Catch"] == [
-        {"ErrorEquals": ["States.ALL"], "ResultPath": "$.notification_error", "Next": "RunFailed"}
-    ]
-    for name in (
-        "Teardown",
-        "ReleaseCompute",
-        "TeardownAfterFailure",
-        "ReleaseComputeAfterFailure",
-    ):
-        assert any(r["ErrorEquals"] == ["States.ALL"] for r in states[name]["Retry"])
+    """tests/pipeline/test_pipeline_definition.py pins the definition state by state; here,
+    the machine in the template is that definition, each step on its own function."""
+    _, machine = default_app.one("pipeline", "AWS::StepFunctions::StateMachine")
+    separator, parts = machine["Properties"]["DefinitionString"]["Fn::Join"]
+    step_of = {logical_id: step for step, (logical_id, _) in _functions(default_app).items()}
+    text = separator.join(
+        part if isinstance(part, str) else function_arn(step_of[part["Fn::GetAtt"][0]])
+        for part in parts
+    )
+    deployed = json.loads(text)
+    rendered = render_definition({step: function_arn(step) for step in STEP_FUNCTIONS})
+    assert (deployed["StartAt"], deployed["States"]) == (rendered["StartAt"], rendered["States"])
 
 
 def test_state_machine_logs_everything_traces_and_times_out(default_app: Synthesized) -> None:

@@ -150,16 +150,17 @@ def release(run: RunContext, compute: Compute, *, scale_down: bool) -> dict[str,
     return {"workers_stopped": stopped, "job_objects_deleted": deleted}
 
 
-def teardown_context(run_id: str, *, bucket: str, key: str, version_id: str | None) -> RunContext:
-    """What the backends need to find and remove a run's compute: its id (names derive from
-    it) and where its data is. For the reaper, which has the run's record but not its state."""
+def teardown_context(run_id: str) -> RunContext:
+    """What the backends need to find and remove a run's compute: its id, from which every
+    name derives (stopping, deleting and scaling down read nothing of its data). For the
+    reaper, which has the run's record but not its state."""
     return RunContext(
         run_id=run_id,
         queues={},
         router_url=None,
         run_token="",
-        bucket=bucket,
-        dataset_key=key,
-        dataset_version=version_id,
+        bucket="",
+        dataset_key="",
+        dataset_version=None,
         output_prefix=run_output_prefix(run_id),
     )

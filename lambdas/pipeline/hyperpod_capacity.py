@@ -93,15 +93,13 @@ class CapacityLeases:
                     ExpressionAttributeValues={":owner": {"S": owner}},
                 )
 
-    def acquire(self, group: str, run_id: str, *, now: float) -> set[str]:
+    def acquire(self, group: str, run_id: str) -> set[str]:
         """Hold the group for `run_id` (it is no longer idle)."""
-        return self._update(
-            group, f"ADD holders :run SET updated_at = :now REMOVE {IDLE}", run_id, now
-        )
+        return self._update(group, f"ADD holders :run REMOVE {IDLE}", run_id)
 
-    def release(self, group: str, run_id: str, *, now: float) -> set[str]:
+    def release(self, group: str, run_id: str) -> set[str]:
         """The runs that still hold the group after `run_id` let go."""
-        return self._update(group, "DELETE holders :run SET updated_at = :now", run_id, now)
+        return self._update(group, "DELETE holders :run", run_id)
 
     def mark_idle(self, group: str, *, now: float) -> None:
         self._db.update_item(
@@ -126,12 +124,12 @@ class CapacityLeases:
     def _key(self, group: str) -> dict[str, Any]:
         return {LEASE_KEY: {"S": group}}
 
-    def _update(self, group: str, expression: str, run_id: str, now: float) -> set[str]:
+    def _update(self, group: str, expression: str, run_id: str) -> set[str]:
         answer = self._db.update_item(
             TableName=self._table,
             Key=self._key(group),
             UpdateExpression=expression,
-            ExpressionAttributeValues={":run": {"SS": [run_id]}, ":now": {"N": str(now)}},
+            ExpressionAttributeValues={":run": {"SS": [run_id]}},
             ReturnValues="ALL_NEW",
         )
         return set(answer["Attributes"].get("holders", {}).get("SS", []))
@@ -150,10 +148,10 @@ class HyperPodCapacity:
     def lease(self) -> str:
         return f"{self.cluster}/{self.group}"
 
-    def scale_up(self, run_id: str, instances: int, *, now: float | None = None) -> int:
+    def scale_up(self, run_id: str, instances: int) -> int:
         """Hold the group for the run; make sure it asks for at least `instances` nodes."""
         with self._leases.locked(self.lease):
-            self._leases.acquire(self.lease, run_id, now=time.time() if now is None else now)
+            self._leases.acquire(self.lease, run_id)
             groups = self._describe()
             current = self._group(groups)["TargetCount"]
             if current < instances:
@@ -172,23 +170,19 @@ class HyperPodCapacity:
             and node["InstanceStatus"]["Status"] == "Running"
         )
 
-    def scale_down(
-        self, run_id: str, *, keep_warm_seconds: float = 0, now: float | None = None
-    ) -> bool:
+    def scale_down(self, run_id: str, *, now: float, keep_warm_seconds: float = 0) -> bool:
         """Let go of the group; scale it to zero when no other run holds it (after
         `keep_warm_seconds`, through `scale_idle`, when that is set). True if it did now."""
-        now = time.time() if now is None else now
         with self._leases.locked(self.lease):
-            if self._leases.release(self.lease, run_id, now=now):
+            if self._leases.release(self.lease, run_id):
                 return False
             if keep_warm_seconds > 0:
                 self._leases.mark_idle(self.lease, now=now)
                 return False
             return self._to_zero()
 
-    def scale_idle(self, *, keep_warm_seconds: float, now: float | None = None) -> bool:
+    def scale_idle(self, *, keep_warm_seconds: float, now: float) -> bool:
         """Scale the group to zero if no run has held it for `keep_warm_seconds`. True if it did."""
-        now = time.time() if now is None else now
         with self._leases.locked(self.lease):
             since = self._leases.idle_since(self.lease)
             if since is None or now - since < keep_warm_seconds:
@@ -242,14 +236,9 @@ def as_update(
             continue
         for source in (name, _DESCRIBED_AS.get(name), f"Desired{name}", f"Current{name}"):
             if source in described:
-                spec[name] = _converted(described[source], member)
+                value = described[source]
+                # Lists need no translation: their items have the same shapes in both
+                # operations (tests/pipeline/test_hyperpod_capacity.py pins that on botocore).
+                spec[name] = as_update(value, member) if member.type_name == "structure" else value
                 break
     return spec
-
-
-def _converted(value: Any, shape: Any) -> Any:
-    if shape.type_name == "structure" and isinstance(value, dict):
-        return as_update(value, shape)
-    if shape.type_name == "list" and isinstance(value, list):
-        return [_converted(item, shape.member) for item in value]
-    return value

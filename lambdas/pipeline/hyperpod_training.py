@@ -140,7 +140,7 @@ class HyperPodTrainingCluster(TrainingCluster):
     # --- nodes ---
 
     def scale_up(self, run: RunContext, *, instances: int) -> None:
-        self.capacity.scale_up(run.run_id, instances, now=self._clock())
+        self.capacity.scale_up(run.run_id, instances)
 
     def nodes_ready(self, run: RunContext) -> int:
         running = self.capacity.ready_nodes()

@@ -48,7 +48,8 @@ def notify(sns: Any, topic_arn: str, report: dict[str, Any]) -> str:
     if "dataset" in report:
         lines += [
             f"dataset: {report['dataset']} (config {report['config']})",
-            f"duration: {report['duration_hours']:.2f} h, estimated cost ${report['cost_estimate_usd']:,.2f}",
+            f"duration: {report['duration_hours']:.2f} h, estimated AWS cost "
+            f"${report['cost_estimate_usd']:,.2f} (the config's hourly rate x duration)",
             f"results: {report['results']}",
         ]
     if report.get("teardown") is not None:

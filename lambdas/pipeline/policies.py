@@ -3,6 +3,7 @@ which Monitor and the reaper apply (lambdas/pipeline/compute.py, handlers.py).""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from domain.backends import JobStatus, Phase
@@ -41,9 +42,9 @@ def quiet_polls(status: JobStatus, previous: JobReport | None) -> int:
 def stalled(
     status: JobStatus, quiet: int, *, rollout_timeout_seconds: int, poll_seconds: int
 ) -> Verdict | None:
-    """Stalled: the step stood still for longer than three rollouts may take (three polls at
+    """Stalled: the step stood still for as long as three rollouts may take (three polls at
     least), so a slow step is not mistaken for a dead one."""
-    if quiet >= max(3, 3 * rollout_timeout_seconds // max(1, poll_seconds)):
+    if quiet >= max(3, math.ceil(3 * rollout_timeout_seconds / max(1, poll_seconds))):
         return Verdict(
             Phase.STALLED,
             f"no training progress past step {status.step} for {quiet} polls; check the run's "
@@ -55,8 +56,7 @@ def stalled(
 @dataclass(frozen=True)
 class Reaping:
     reason: str
-    error: str  # the error the execution is stopped with ("" when it is not running)
-    stop_execution: bool
+    stop_with: str | None = None  # the error a running execution is stopped with
 
 
 def reaping(
@@ -67,9 +67,9 @@ def reaping(
     hand, failed, timed out or gone ("MISSING") — whose run is not finished. None: leave it."""
     running = execution_status == "RUNNING"
     if asked_for:
-        return Reaping("torn down on request (mtrl teardown)", "StoppedByUser", running)
+        return Reaping("torn down on request (mtrl teardown)", "StoppedByUser" if running else None)
     if running:
         if now <= deadline_at:
             return None
-        return Reaping("past its deadline", "DeadlinePassed", True)
-    return Reaping(f"its execution is {execution_status}", "", False)
+        return Reaping("past its deadline", "DeadlinePassed")
+    return Reaping(f"its execution is {execution_status}")

@@ -66,19 +66,15 @@ class Reaper:
             if decided is None:
                 continue
             reason = decided.reason
-            if decided.stop_execution:
+            if decided.stop_with is not None:
                 sfn.stop_execution(
-                    executionArn=execution, error=decided.error, cause=f"run {run.run_id}: {reason}"
+                    executionArn=execution,
+                    error=decided.stop_with,
+                    cause=f"run {run.run_id}: {reason}",
                 )
             try:
                 # A backend that cannot be made (or fails) is this run's retry, not the others'.
-                released = release(
-                    teardown_context(
-                        run.run_id, bucket=run.bucket, key=run.key, version_id=run.version_id
-                    ),
-                    self.compute,
-                    scale_down=True,
-                )
+                released = release(teardown_context(run.run_id), self.compute, scale_down=True)
             except Exception as failure:  # noqa: BLE001 - one run's trouble must not stop the others
                 retry.append(
                     {"run_id": run.run_id, "error": f"{type(failure).__name__}: {failure}"}

@@ -81,7 +81,7 @@ def leftover_resources(wiring: RouterWiring, *, run_id: str) -> int:
     listed = wiring.sqs.list_queues(QueueNamePrefix=queue_base(wiring.prefix, run_id)).get(
         "QueueUrls", []
     )
-    queues = sum(1 for url in listed if url.rsplit("/", 1)[-1] in names)
+    queues = sum(1 for url in listed if url.rpartition("/")[2] in names)
     alarms = wiring.cloudwatch.describe_alarms(AlarmNames=alarm_names(wiring.prefix, run_id))[
         "MetricAlarms"
     ]

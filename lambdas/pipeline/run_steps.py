@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from domain.dataset import counted_problems
+from domain.dataset import counted
 from domain.run_state import RegisteredRun, RunResources
 from domain.runs import FINISHED, RunStore, run_id_for
 from lambdas.pipeline.dependencies import Dependencies
@@ -92,7 +92,7 @@ class RunSteps:
         if not outcome.valid:
             shown = "; ".join(outcome.first_problems[:5])
             raise DatasetInvalid(
-                f"s3://{upload.bucket}/{upload.key}: {counted_problems(outcome.problems)} "
+                f"s3://{upload.bucket}/{upload.key}: {counted(outcome.problems, 'problem')} "
                 f"({shown}); full "
                 f"report s3://{upload.bucket}/{outcome.report_key}"
             )

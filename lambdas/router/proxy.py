@@ -102,7 +102,7 @@ class Proxy:
         store: ConversationStore,
         sqs: Any,
         *,
-        wait_seconds: float = 5.0,
+        wait_seconds: float,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
         step_changes: Callable[[str, float], None] | None = None,

@@ -132,7 +132,7 @@ class WordleEpisode(Episode):
             self.done = True
             reward = self.reward(won)
             ending = (
-                f"Solved in {self.turns} guesses."
+                f"Solved in {self.turns} guess{'' if self.turns == 1 else 'es'}."
                 if won
                 else f"Out of guesses. The word was {self.secret.upper()}."
             )

@@ -253,7 +253,7 @@ class RewardWorker:
             if task.state is not TaskState.RUNNING:
                 return
             task.state = TaskState.RELEASED
-        self._quietly(self.queues.release, task.delivery, delay_seconds=0)
+        self._quietly(self.queues.release, task.delivery)
         self.stats.count("released")
         self._forget(task)
 
@@ -271,7 +271,7 @@ class RewardWorker:
     def _poison(self, delivery: Delivery, reason: str) -> None:
         if self.queues.dead_letter_url is None:
             # Without a DLQ of our own, the queue's redrive policy moves it after maxReceiveCount.
-            self._quietly(self.queues.release, delivery, delay_seconds=0)
+            self._quietly(self.queues.release, delivery)
             return
         self._quietly(self.queues.dead_letter, delivery, reason)
         self.stats.count("dead_lettered")

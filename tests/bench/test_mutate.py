@@ -6,7 +6,16 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from bench.mutate import MODULES, ROOT, module_of, mutmut_config, tally
+from bench.mutate import (
+    FUNCTIONS,
+    MODULES,
+    OWN_PROCESS,
+    ROOT,
+    module_of,
+    mutant_patterns,
+    mutmut_config,
+    tally,
+)
 
 RESULTS = """\
     domain.runs.x_run_id_for__mutmut_1: killed
@@ -20,7 +29,7 @@ RESULTS = """\
 
 def test_mutants_are_counted_per_module_and_equivalents_leave_the_score() -> None:
     equivalent = {"reward_envs.worker.worker.xǁRewardWorkerǁ_heartbeat__mutmut_10": "same delay"}
-    tallied = tally(RESULTS, equivalent)
+    tallied = tally(RESULTS, equivalent, ["domain.runs.*", "reward_envs.worker.worker.*"])
     runs, worker = tallied["domain/runs.py"], tallied["reward_envs/worker/worker.py"]
     assert runs["counts"] == {"killed": 2, "survived": 1, "no tests": 1}
     assert runs["score"] == 0.5
@@ -31,6 +40,22 @@ def test_mutants_are_counted_per_module_and_equivalents_leave_the_score() -> Non
     # A mutant that hangs its tests is caught; the equivalent one leaves the denominator.
     assert worker["counts"] == {"timeout": 1, "equivalent": 1}
     assert worker["score"] == 1.0 and worker["survivors"] == []
+
+
+def test_only_the_mutants_asked_for_are_counted() -> None:
+    tallied = tally(RESULTS, {}, ["domain.runs.x_run_id_for__mutmut_*"])
+    assert list(tallied) == ["domain/runs.py"]
+    assert tallied["domain/runs.py"]["counts"] == {"killed": 1, "survived": 1}
+
+
+def test_a_module_with_chosen_functions_is_mutated_in_those_only() -> None:
+    patterns = mutant_patterns(["domain/runs.py", "reward_envs/worker/worker.py"])
+    assert patterns[0] == "domain.runs.*"
+    assert len(patterns) == 1 + len(FUNCTIONS["reward_envs/worker/worker.py"])
+    tallied = tally(RESULTS, {}, patterns)
+    assert tallied["reward_envs/worker/worker.py"]["counts"] == {"timeout": 1, "survived": 1}
+    other = "reward_envs.worker.worker.xǁ_Completerǁ_loop__mutmut_1: survived"
+    assert "reward_envs/worker/worker.py" not in tally(other, {}, patterns)
 
 
 def test_module_names_follow_mutmut_mutant_names() -> None:
@@ -51,10 +76,23 @@ def test_each_run_mutates_only_the_modules_asked_for_with_their_tests() -> None:
     assert config["pytest_add_cli_args_test_selection"] == sorted(MODULES["domain/dataset.py"])
     assert config["also_copy"] == ["examples", "pyproject.toml"]  # tests read them by path
     assert config["pytest_add_cli_args"][:2] == ["-n", "0"]  # mutmut reads one process's trace
+    assert "process_isolation" not in config  # forked from the process that ran the tests
 
 
-def test_every_module_and_test_file_exists() -> None:
+def test_modules_whose_tests_start_jsii_get_a_fresh_process_per_mutant() -> None:
+    (module,) = OWN_PROCESS
+    config = tomllib.loads(mutmut_config([module], {"stacks", "tests"}))["tool"]["mutmut"]
+    assert (config["process_isolation"], config["forkserver_warmup"]) == ("forkserver", "none")
+
+
+def test_every_module_test_file_and_chosen_function_exists() -> None:
     for module, tests in MODULES.items():
         assert (ROOT / module).is_file(), module
         for test in tests:
             assert (Path(ROOT) / test).is_file(), test
+    for module, functions in FUNCTIONS.items():
+        assert module in MODULES
+        source = (ROOT / module).read_text()
+        for name in functions:
+            owner, _, function = name.rpartition(".")
+            assert f"class {owner}" in source and f"    def {function}(" in source, name

@@ -5,6 +5,7 @@ state fails it cleanly, and either way nothing is left: no queue, alarm, mapping
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -137,7 +138,7 @@ def test_bad_input_is_refused_before_anything_exists(tmp_path: Path, template: d
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"id": "a", "metadata": {"prompt": "Play.", "answer": "crane"}}\n{oops\n')
     with pytest.raises(
-        LocalRunError, match=r"broken.jsonl: invalid dataset: line 2: line: not valid JSON"
+        LocalRunError, match=r"broken.jsonl: invalid dataset: line 2: not valid JSON"
     ):
         run_local(LocalRunOptions(broken, out_dir=tmp_path), template=template)
     with pytest.raises(LocalRunError, match=r"config nope.yaml: no such file"):
@@ -176,3 +177,31 @@ def test_a_synth_that_fails_is_one_line_not_a_traceback(
     assert result.exit_code == 2
     assert "cannot synthesize the pipeline stack (RuntimeError: node: not found)" in result.output
     assert "Traceback" not in result.output and not any(tmp_path.iterdir())
+
+
+def test_off_a_terminal_the_cli_prints_a_line_per_state_and_per_step(
+    tmp_path: Path, small_config: Path, template: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Piped (CI, `| tee`, IDE consoles): plain progress lines instead of a silent bar, then
+    the result table with where the picture is and what the run would cost on AWS."""
+    monkeypatch.setattr("mtrl.local.run.pipeline_template", lambda: template)
+    result = CliRunner().invoke(
+        app,
+        ["local", str(EXAMPLE / "train.jsonl"), "--config", str(small_config), "--out",
+         str(tmp_path / "runs")],
+        env={"COLUMNS": "200"},
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    progress = [line.split("] ", 1)[1] for line in lines if line.startswith("[")]
+    steps = [line for line in progress if line.startswith("step ")]
+    assert [line.split(":")[0] for line in steps] == ["step 1/2", "step 2/2"]
+    assert all(re.fullmatch(r"step \d/2: reward \d\.\d{3}, wins \d+%", line) for line in steps)
+    assert progress[0] == "pipeline: synthesizing the pipeline stack"
+    assert "pipeline: validate" in progress and progress[-1] == "pipeline: SUCCEEDED", progress
+    assert progress.count("pipeline: monitor") == 1  # a step polled again is said once
+    (run_directory,) = (tmp_path / "runs").iterdir()
+    assert f"  reward curve: {run_directory / 'reward_curve.png'}" in lines
+    assert any(line.startswith("  cost: $0 here; on AWS this config costs $") for line in lines)
+    trainer_log = (run_directory / "logs" / "trainer.log").read_text()
+    assert "step 2/2: mean reward" in trainer_log and "final checkpoint saved" in trainer_log

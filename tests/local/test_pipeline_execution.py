@@ -231,7 +231,7 @@ def test_an_invalid_dataset_fails_at_validation_and_creates_nothing(local) -> No
     started = _upload(pipeline, clients, "training-data/bad.jsonl", GOOD + b"{broken\n")
     described = finished(clients["stepfunctions"], started["execution_arn"])
     assert described["status"] == "FAILED" and described["error"] == "DatasetInvalid"
-    assert "line 4: line: not valid JSON" in described["cause"]
+    assert "line 4: not valid JSON" in described["cause"]
     assert pipeline.dispatcher.invocations == [
         "start_run",
         "validate",
@@ -246,7 +246,7 @@ def test_an_invalid_dataset_fails_at_validation_and_creates_nothing(local) -> No
     (notice,) = _notifications(clients)
     assert (
         "FAILED\nfailed in Validate: DatasetInvalid: s3://" in notice
-        and "line 4: line: not valid JSON" in notice
+        and "line 4: not valid JSON" in notice
     )
 
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from domain.dataset import MAX_LINE_BYTES, DatasetValidator, counted_problems, read_records
+from domain.dataset import MAX_LINE_BYTES, DatasetValidator, counted, read_records
 from mtrl.cli import app
 
 GOOD = {
@@ -52,7 +52,7 @@ def test_reading_records_stops_at_the_first_bad_line_and_names_it() -> None:
     assert [r.id for r in read_records(io.BytesIO(_line(GOOD)))] == ["w-1"]
     with pytest.raises(ValueError, match=r"^line 2: metadata: Field required"):
         list(read_records(io.BytesIO(_line(GOOD) + b'{"id": "x"}\n')))
-    with pytest.raises(ValueError, match=r"^line 2: line: not valid JSON"):
+    with pytest.raises(ValueError, match=r"^line 2: not valid JSON"):
         list(read_records(io.BytesIO(_line(GOOD) + b"\xef\xbb\xbf" + _line(GOOD))))
     too_long = _line({**GOOD, "id": "big", "pad": "x" * MAX_LINE_BYTES})
     with pytest.raises(ValueError, match=rf"^line 1: longer than {MAX_LINE_BYTES} bytes$"):
@@ -60,18 +60,15 @@ def test_reading_records_stops_at_the_first_bad_line_and_names_it() -> None:
 
 
 def test_problem_counts_read_as_english() -> None:
-    assert [counted_problems(n) for n in (0, 1, 2)] == ["0 problems", "1 problem", "2 problems"]
+    assert [counted(n, "problem") for n in (0, 1, 2)] == ["0 problems", "1 problem", "2 problems"]
 
 
 @pytest.mark.parametrize(
     ("line", "expected"),
     [
-        (b"not json", "line 1: line: not valid JSON (expected ident at column 2)"),
-        (
-            b"[1, 2]",
-            'line 1: line: not a JSON object; each line must be {"id": ..., "metadata": {...}}',
-        ),
-        (b"\xff\xfe{}", "line 1: line: not valid UTF-8 (byte 1)"),
+        (b"not json", "line 1: not valid JSON (expected ident at column 2)"),
+        (b"[1, 2]", 'line 1: not a JSON object; each line must be {"id": ..., "metadata": {...}}'),
+        (b"\xff\xfe{}", "line 1: not valid UTF-8 (byte 1)"),
         (_line({"metadata": {"prompt": "p"}}), "line 1: id: Field required"),
         (
             _line({"id": "", "metadata": {"prompt": "p"}}),
@@ -86,15 +83,24 @@ def test_problem_counts_read_as_english() -> None:
             "line 1: id: must not contain control characters",
         ),
         (_line({"id": "a"}), "line 1: metadata: Field required"),
+        (_line({"id": "a", "metadata": 5}), "line 1: metadata: must be a JSON object"),
         (_line({"id": "a", "metadata": {}}), "line 1: metadata.prompt: Field required"),
-        (_line({"id": "a", "metadata": {"prompt": "  "}}), "line 1: metadata: prompt is empty"),
+        (
+            _line({"id": "a", "metadata": {"prompt": 5}}),
+            "line 1: metadata.prompt: must be a string or a list of chat messages",
+        ),
+        (
+            _line({"id": "a", "metadata": {"prompt": "  "}}),
+            "line 1: metadata.prompt: must not be empty",
+        ),
         (
             _line({"id": "a", "metadata": {"prompt": []}}),
-            "line 1: metadata: prompt has no messages",
+            "line 1: metadata.prompt: must have at least one message",
         ),
         (
             _line({"id": "a", "metadata": {"prompt": [{"role": "robot", "content": "x"}]}}),
-            "line 1: metadata.prompt.list[ChatMessage].0.role",
+            "line 1: metadata.prompt.0.role: Input should be 'system', 'user', 'assistant' or "
+            "'tool'",
         ),
         (
             _line({"id": "a", "metadata": {"prompt": "p", "answer": 5}}),
@@ -106,13 +112,16 @@ def test_problem_counts_read_as_english() -> None:
         ),
         (
             _line({"id": "a", "metadata": {"prompt": "p"}, "answer": "x"}),
-            "line 1: answer: not allowed here",
+            "line 1: answer: not allowed here (only id and metadata; put extra fields in metadata)",
         ),
     ],
 )
-def test_each_problem_names_the_line_and_the_field(line: bytes, expected: str) -> None:
-    problems, _ = _problems(line)
-    assert any(p.startswith(expected) for p in problems), problems
+def test_each_fault_is_one_problem_naming_the_line_and_the_field(
+    line: bytes, expected: str
+) -> None:
+    problems, validator = _problems(line)
+    assert problems == [expected]
+    assert (validator.summary.lines, validator.summary.problems) == (1, 1)
 
 
 def test_duplicate_ids_point_at_the_first_one() -> None:
@@ -120,7 +129,7 @@ def test_duplicate_ids_point_at_the_first_one() -> None:
     other = _line({**GOOD, "id": "w-9"})
     data = _line(GOOD) + other + b"\n" + _line(GOOD) + other + _line(GOOD)
     problems, validator = _problems(data)
-    assert sorted(problems) == [
+    assert problems == [
         "line 4: id: duplicate of the id on line 1",
         "line 5: id: duplicate of the id on line 2",
         "line 6: id: duplicate of the id on line 1",
@@ -128,14 +137,42 @@ def test_duplicate_ids_point_at_the_first_one() -> None:
     assert validator.summary.duplicate_ids == 3
 
 
+def test_problems_come_in_line_order_and_the_first_ones_are_kept() -> None:
+    """Duplicates are found at the end of the file but told where they are."""
+    many = [_line({**GOOD, "id": f"r{i % 40}"}) for i in range(120)]  # ids 0-39, three times
+    data = b"".join(many[:50]) + b"oops\n" + b"".join(many[50:])
+    problems, validator = _problems(data)
+    lines = [int(problem.split(":")[0].removeprefix("line ")) for problem in problems]
+    assert lines == sorted(lines) and 51 in lines and len(problems) == 81
+    assert problems[lines.index(51)] == "line 51: not valid JSON (expected value at column 1)"
+    # Each copy names the first line of its id, however the ids sorted.
+    assert problems[0] == "line 41: id: duplicate of the id on line 1"
+    assert problems[-1] == "line 121: id: duplicate of the id on line 40"
+    kept, validator = _problems(data, keep=3)
+    assert kept == problems[:3] and validator.summary.problems == 81
+
+
 def test_size_limits_per_line_and_per_file() -> None:
-    long = _line({"id": "big", "metadata": {"prompt": "x" * 5000}})
-    problems, _ = _problems(
-        _line(GOOD) + long + _line({**GOOD, "id": "after"}), max_line_bytes=1000
-    )
-    assert problems == ["line 2: line: longer than 1000 bytes"]
-    problems, _ = _problems(_line(GOOD) * 3, max_file_bytes=150)
-    assert problems[-1] == "file: larger than 150 bytes; split the dataset"
+    long = _line({"id": "big", "metadata": {"prompt": "x" * 5000}})  # 5x the limit
+    data = _line(GOOD) + long + b"oops\n" + _line({**GOOD, "id": "after"})
+    problems, validator = _problems(data, max_line_bytes=1000)
+    assert problems == [
+        "line 2: longer than 1000 bytes",
+        "line 3: not valid JSON (expected value at column 1)",
+    ]
+    assert (validator.summary.records, validator.summary.lines) == (2, 4)
+    assert validator.summary.bytes == len(data)
+    # A line of exactly the limit is taken, whatever its line end; one byte more is not.
+    exact = _line({"id": "e", "metadata": {"prompt": "p"}}).rstrip(b"\n")
+    assert _problems(exact + b"\r\n", max_line_bytes=len(exact))[0] == []
+    assert _problems(exact + b"\n", max_line_bytes=len(exact) - 1)[0] == [
+        f"line 1: longer than {len(exact) - 1} bytes"
+    ]
+    three = _line(GOOD) + _line({**GOOD, "id": "2"}) + _line({**GOOD, "id": "3"})
+    assert _problems(three, max_file_bytes=len(three))[0] == []
+    assert _problems(three, max_file_bytes=len(three) - 1)[0] == [
+        f"file: larger than {len(three) - 1} bytes; split the dataset"
+    ]
 
 
 def test_an_empty_file_is_invalid() -> None:
@@ -180,7 +217,7 @@ def test_memory_does_not_grow_with_line_length(tmp_path: Path) -> None:
     validator = DatasetValidator()
     with Counting(path, "rb") as stream:
         problems = [str(p) for p in validator.problems(stream)]
-    assert problems[0] == f"line 1: line: longer than {1024 * 1024} bytes"
+    assert problems[0] == f"line 1: longer than {1024 * 1024} bytes"
     assert max(reads) <= 1024 * 1024 + 2
 
 
@@ -192,12 +229,13 @@ def test_cli_valid_invalid_and_usage_exit_codes(tmp_path: Path) -> None:
     good.write_bytes(_line(GOOD))
     bad.write_bytes(_line(GOOD) + b"oops\n" + _line({"id": "x", "metadata": {}}))
     result = runner.invoke(app, ["validate", str(good)])
-    assert result.exit_code == 0 and "valid, 1 records" in result.output
+    assert result.exit_code == 0 and "valid, 1 record\n" in result.output
     result = runner.invoke(app, ["validate", str(bad)])
     assert result.exit_code == 1
-    assert result.output.splitlines()[:2] == [
-        "line 2: line: not valid JSON (expected value at column 1)",
+    assert result.output.splitlines()[:3] == [
+        "line 2: not valid JSON (expected value at column 1)",
         "line 3: metadata.prompt: Field required",
+        f"{bad}: invalid, 2 problems in 3 lines",
     ]
     assert "Traceback" not in result.output
     result = runner.invoke(app, ["validate", str(tmp_path / "missing.jsonl")])

@@ -15,7 +15,7 @@ from lambdas.pipeline.dependencies import Compute
 from lambdas.pipeline.run_steps import DatasetInvalid, Upload
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.conversations import create_table
-from tests.aws import create_runs_table
+from tests.aws import Recorded, create_runs_table
 
 BUCKET = "data"
 GOOD = b'{"id": "a", "metadata": {"prompt": "p", "answer": "crane"}}\n'
@@ -72,10 +72,10 @@ def env(aws: None) -> dict:
         "STATE_MACHINE_ARN": machine,
         "ALERT_TOPIC_ARN": sns.create_topic(Name="alerts")["TopicArn"],
     }
-    clock, compute = Clock(), RecordingCompute()
+    clock, compute, clients = Clock(), RecordingCompute(), RecordedClients(boto3.Session())
     steps = compose(
         environment,
-        Clients(boto3.Session()),
+        clients,
         compute=Compute(fleet=lambda: compute, cluster=lambda: compute),
         clock=clock,
     )
@@ -86,7 +86,19 @@ def env(aws: None) -> dict:
         "steps": steps,
         "clock": clock,
         "compute": compute,
+        "clients": clients,
     }
+
+
+class RecordedClients(Clients):
+    """The steps' clients, each keeping the requests made through it."""
+
+    def __init__(self, session: boto3.Session) -> None:
+        super().__init__(session)
+        self.recorded: dict[str, Recorded] = {}
+
+    def __call__(self, service: str, **options: str) -> Recorded:
+        return self.recorded.setdefault(service, Recorded(super().__call__(service, **options)))
 
 
 class Clock:
@@ -143,7 +155,7 @@ def test_invalid_dataset_raises_with_line_numbers_and_creates_nothing(env: dict)
     )["VersionId"]
     with pytest.raises(
         DatasetInvalid,
-        match=r"1 problem \(line 2: line: not valid JSON .*\); full report s3://data/runs/bad-",
+        match=r"1 problem \(line 2: not valid JSON .*\); full report s3://data/runs/bad-",
     ):
         call(env, "validate", _event("training-data/bad.jsonl", version))
     assert not boto3.client("sqs").list_queues().get("QueueUrls")
@@ -334,32 +346,34 @@ def test_the_reaper_tears_down_overdue_and_orphaned_runs_only(
     assert (
         runs.get(ids["overdue"]).status == "failed" and runs.get(ids["on-time"]).status == "active"
     )
-    remaining = [
-        url
-        for url in boto3.client("sqs").list_queues().get("QueueUrls", [])
-        if ids["on-time"] in url
-    ]
-    assert len(remaining) == 5
+    queues = boto3.client("sqs").list_queues().get("QueueUrls", [])
+    assert sum(ids["on-time"] in url for url in queues) == 5
+    assert not [url for url in queues if ids["overdue"] in url or ids["orphaned"] in url]
+    # Only the overdue run's execution was running: it is stopped saying why.
+    assert env["clients"].recorded["stepfunctions"].sent("stop_execution") == [
+        {"executionArn": execution, "error": "DeadlinePassed",
+         "cause": f"run {ids['overdue']}: past its deadline"},
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("body", "problems"),
     [
         (b"", "1 problem (file: no records: the file is empty or only blank lines"),
-        (b"\xff\xfe\x00garbage", "1 problem (line 1: line: not valid UTF-8 (byte 1)"),
+        (b"\xff\xfe\x00garbage", "1 problem (line 1: not valid UTF-8 (byte 1)"),
         (
             b'{"id": "a"}\n{"id": "a", "metadata": {"prompt": "p"}}\n'
             b'{"id": "a", "metadata": {"prompt": "p"}}\n',
             "2 problems (line 1: metadata: Field required",
         ),
-        (b"[1, 2, 3]\n" * 3, "3 problems (line 1: line: not a JSON object"),
+        (b"[1, 2, 3]\n" * 3, "3 problems (line 1: not a JSON object"),
         (
             b'{"id": "' + b"x" * 300 + b'", "metadata": {"prompt": "p"}}\n',
             "1 problem (line 1: id: String should have at most 256 characters",
         ),
         (
             b'{"id": "a", "metadata": {"prompt": []}}\r\n\r\n',
-            "1 problem (line 1: metadata: prompt has no messages",
+            "1 problem (line 1: metadata.prompt: must have at least one message",
         ),
     ],
 )
@@ -382,10 +396,11 @@ def test_a_run_whose_compute_will_not_go_yet_is_reaped_next_time(
     env: dict, reaper_compute: RecordingCompute
 ) -> None:
     runs = RunStore(boto3.client("dynamodb"), "runs")
-    run_id, upload = _provisioned(env, "lost")
+    run_id, upload = _provisioned(env, "lost", now=5.0)  # the newest: the reaper's first
+    other, _ = _provisioned(env, "also-lost")
     reaper_compute.stuck.add(run_id)
     first = call(env, "reap", {}, now=10.0)
-    assert first["reaped"] == []
+    assert [entry["run_id"] for entry in first["reaped"]] == [other]  # the others go on
     assert first["retry"] == [
         {"run_id": run_id, "error": f"RuntimeError: namespace of {run_id} is still terminating"}
     ]
@@ -424,5 +439,5 @@ def test_releasing_idle_nodes_on_request_skips_the_keep_warm(
     env: dict, reaper_compute: RecordingCompute
 ) -> None:
     result = call(env, "reap", {"release_idle": True})
-    assert result["released_idle"] is True
+    assert result == {"reaped": [], "retry": [], "released_idle": True}
     assert reaper_compute.calls == [("release_idle", "immediately")]

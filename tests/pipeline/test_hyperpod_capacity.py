@@ -9,7 +9,7 @@ import boto3
 import pytest
 
 from lambdas.pipeline.hyperpod_capacity import CapacityBusy, CapacityLeases, HyperPodCapacity
-from tests.aws import create_leases_table
+from tests.aws import Recorded, create_leases_table
 from tests.service_fakes import FakeSageMaker
 
 
@@ -82,11 +82,11 @@ def test_the_group_goes_to_zero_only_when_the_last_run_ends(
     capacity.scale_up("run-a", 4)
     capacity.scale_up("run-b", 2)  # already enough: no request
     assert len(sagemaker.updates) == 1
-    assert capacity.scale_down("run-a") is False
+    assert capacity.scale_down("run-a", now=1.0) is False
     assert sagemaker.groups[1]["TargetCount"] == 4
-    assert capacity.scale_down("run-b") is True
+    assert capacity.scale_down("run-b", now=1.0) is True
     assert sagemaker.updates[-1]["InstanceGroups"][1]["InstanceCount"] == 0
-    assert capacity.scale_down("run-b") is False  # repeated: nothing more to do
+    assert capacity.scale_down("run-b", now=1.0) is False  # repeated: nothing more to do
     assert len(sagemaker.updates) == 2
 
 
@@ -116,7 +116,7 @@ def test_the_lock_keeps_decisions_apart_and_expires(aws: None) -> None:
 def test_keep_warm_leaves_nodes_up_until_the_period_passes(
     capacity: HyperPodCapacity, sagemaker: FakeSageMaker
 ) -> None:
-    capacity.scale_up("run-a", 4, now=1000.0)
+    capacity.scale_up("run-a", 4)
     assert capacity.scale_down("run-a", keep_warm_seconds=600, now=2000.0) is False
     assert capacity.scale_idle(keep_warm_seconds=600, now=2599.0) is False
     assert len(sagemaker.updates) == 1  # still only the scale-up
@@ -128,9 +128,9 @@ def test_keep_warm_leaves_nodes_up_until_the_period_passes(
 def test_a_run_taking_the_group_while_warm_cancels_the_idle_mark(
     capacity: HyperPodCapacity, sagemaker: FakeSageMaker
 ) -> None:
-    capacity.scale_up("run-a", 4, now=1000.0)
+    capacity.scale_up("run-a", 4)
     capacity.scale_down("run-a", keep_warm_seconds=600, now=2000.0)
-    capacity.scale_up("run-b", 4, now=2100.0)  # reuses the warm nodes: no UpdateCluster
+    capacity.scale_up("run-b", 4)  # reuses the warm nodes: no UpdateCluster
     assert len(sagemaker.updates) == 1
     assert capacity.scale_idle(keep_warm_seconds=600, now=5000.0) is False
     capacity.scale_down("run-b", keep_warm_seconds=600, now=5000.0)
@@ -140,9 +140,71 @@ def test_a_run_taking_the_group_while_warm_cancels_the_idle_mark(
 def test_unheld_nodes_go_to_zero_on_request_whatever_the_keep_warm(
     capacity: HyperPodCapacity, sagemaker: FakeSageMaker
 ) -> None:
-    capacity.scale_up("run-a", 4, now=1000.0)
+    capacity.scale_up("run-a", 4)
     assert capacity.scale_unheld() is False  # run-a holds it
     capacity.scale_down("run-a", keep_warm_seconds=3600, now=2000.0)
     assert capacity.scale_unheld() is True
     assert sagemaker.groups[1]["TargetCount"] == 0
     assert capacity.scale_unheld() is False  # already at zero
+
+
+def test_any_keep_warm_period_keeps_the_nodes_until_it_passes(
+    capacity: HyperPodCapacity, sagemaker: FakeSageMaker
+) -> None:
+    capacity.scale_up("run-a", 4)
+    assert capacity.scale_down("run-a", keep_warm_seconds=1, now=2000.0) is False
+    assert sagemaker.groups[1]["TargetCount"] == 4
+    assert capacity.scale_idle(keep_warm_seconds=1, now=2001.0) is True
+
+
+def test_a_group_the_cluster_does_not_have_is_named(sagemaker: FakeSageMaker) -> None:
+    db = boto3.client("dynamodb")
+    create_leases_table(db, "leases")
+    capacity = HyperPodCapacity(
+        sagemaker.client(), CapacityLeases(db, "leases"), cluster="nova-mtrl", instance_group="p4"
+    )
+    with pytest.raises(
+        LookupError, match="^HyperPod cluster nova-mtrl has no instance group 'p4'$"
+    ):
+        capacity.scale_up("run-a", 2)
+
+
+def test_decisions_read_the_leases_consistently(sagemaker: FakeSageMaker) -> None:
+    """Whether any run still holds the group decides a scale to zero: never a stale read."""
+    db = Recorded(boto3.client("dynamodb"))
+    create_leases_table(db, "leases")
+    capacity = HyperPodCapacity(
+        sagemaker.client(), CapacityLeases(db, "leases"), cluster="nova-mtrl", instance_group="gpu"
+    )
+    capacity.scale_up("run-a", 2)
+    capacity.scale_down("run-a", keep_warm_seconds=60, now=1.0)
+    capacity.scale_idle(keep_warm_seconds=60, now=100.0)
+    capacity.scale_unheld()
+    reads = db.sent("get_item")
+    assert len(reads) == 2 and all(read["ConsistentRead"] is True for read in reads)
+
+
+def _lists_of_structures(shape, path: str = "") -> dict[str, str]:
+    found = {}
+    for name, member in shape.members.items():
+        if member.type_name == "list" and member.member.type_name == "structure":
+            found[path + name] = member.member.name
+        elif member.type_name == "structure":
+            found |= _lists_of_structures(member, f"{path}{name}.")
+    return found
+
+
+def test_list_members_have_the_same_item_shapes_in_describe_and_update_cluster() -> None:
+    """Why as_update copies lists as they are (botocore's SageMaker model): each list of
+    structures UpdateCluster takes in a group has the item shape DescribeCluster shows."""
+    model = boto3.client("sagemaker", region_name="us-east-1").meta.service_model
+    update = model.operation_model("UpdateCluster").input_shape.members["InstanceGroups"].member
+    described = model.operation_model("DescribeCluster").output_shape.members["InstanceGroups"]
+    shown = _lists_of_structures(described.member)
+    taken = _lists_of_structures(update)
+    assert taken  # Taints, storage configs, rollback alarms
+    for path, item in taken.items():
+        parent, _, name = path.rpartition(".")
+        prefix = f"{parent}." if parent else ""
+        sources = [f"{prefix}{name}", f"{prefix}Desired{name}", f"{prefix}Current{name}"]
+        assert {shown[source] for source in sources if source in shown} == {item}, path

@@ -44,7 +44,8 @@ def test_quiet_polls_count_only_a_running_step_that_stands_still() -> None:
 
 @pytest.mark.parametrize(
     ("rollout_seconds", "poll_seconds", "threshold"),
-    [(600, 60, 30), (10, 60, 3), (600, 0, 1800)],  # three rollouts' time; at least three polls
+    # three rollouts' time, in whole polls (100 s x 3 = 6.7 polls of 45 s: 7); at least three
+    [(600, 60, 30), (100, 45, 7), (10, 60, 3), (600, 0, 1800)],
 )
 def test_stalled_after_three_rollouts_time_and_never_before_three_polls(
     rollout_seconds: int, poll_seconds: int, threshold: int
@@ -54,30 +55,35 @@ def test_stalled_after_three_rollouts_time_and_never_before_three_polls(
     assert stalled(status, threshold - 1, **kwargs) is None
     verdict = stalled(status, threshold, **kwargs)
     assert verdict is not None and verdict.phase == Phase.STALLED
-    assert f"past step 12 for {threshold} polls" in verdict.reason
+    assert verdict.reason == (
+        f"no training progress past step 12 for {threshold} polls; check the run's queue ages"
+    )
 
 
 @pytest.mark.parametrize("status", ["SUCCEEDED", "FAILED", "TIMED_OUT", "ABORTED", "MISSING"])
 def test_a_run_whose_execution_no_longer_runs_is_reaped_whatever_ended_it(status: str) -> None:
     decided = reaping(execution_status=status, deadline_at=10 * HOUR, now=HOUR, asked_for=False)
     assert decided is not None
-    assert (decided.reason, decided.stop_execution) == (f"its execution is {status}", False)
+    assert (decided.reason, decided.stop_with) == (f"its execution is {status}", None)
 
 
 def test_a_running_execution_is_left_alone_until_its_deadline() -> None:
     assert reaping(execution_status="RUNNING", deadline_at=HOUR, now=HOUR, asked_for=False) is None
     late = reaping(execution_status="RUNNING", deadline_at=HOUR, now=HOUR + 1, asked_for=False)
     assert late is not None
-    assert (late.reason, late.error, late.stop_execution) == (
-        "past its deadline", "DeadlinePassed", True,
-    )  # fmt: skip
+    assert (late.reason, late.stop_with) == ("past its deadline", "DeadlinePassed")
 
 
-@pytest.mark.parametrize(("status", "stops"), [("RUNNING", True), ("ABORTED", False)])
-def test_a_teardown_asked_for_is_done_whatever_the_state(status: str, stops: bool) -> None:
+@pytest.mark.parametrize(("status", "stop_with"), [("RUNNING", "StoppedByUser"), ("ABORTED", None)])
+def test_a_teardown_asked_for_is_done_whatever_the_state(
+    status: str, stop_with: str | None
+) -> None:
     decided = reaping(execution_status=status, deadline_at=10 * HOUR, now=HOUR, asked_for=True)
     assert decided is not None
-    assert (decided.error, decided.stop_execution) == ("StoppedByUser", stops)
+    assert (decided.reason, decided.stop_with) == (
+        "torn down on request (mtrl teardown)",
+        stop_with,
+    )
 
 
 def test_cost_so_far_runs_to_now_then_stops_when_the_run_finishes() -> None:

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mtrl.cli import app
+from mtrl.env_commands import _as_typed
 
 runner = CliRunner()
 
@@ -76,6 +77,29 @@ def test_new_writes_a_package_that_passes_check_and_its_own_tests(tmp_path: Path
     )
     assert tests.returncode == 0, tests.stdout + tests.stderr
     assert "2 passed" in tests.stdout
+    # Its code passes the same lint as ours, wherever it is made (its pyproject says how).
+    for lint in (["check"], ["format", "--check"]):
+        linted = subprocess.run(
+            [sys.executable, "-m", "ruff", *lint, "."], cwd=project, capture_output=True, text=True
+        )
+        assert linted.returncode == 0, linted.stdout + linted.stderr
+
+
+def test_the_next_steps_name_programs_as_they_can_be_run_from_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    program = tmp_path / "venv" / "bin" / "tool"
+    program.parent.mkdir(parents=True)
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert _as_typed(program, "tool") == "venv/bin/tool"  # not on PATH: its path from here
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert _as_typed(program, "tool") == str(program)
+    monkeypatch.setenv("PATH", str(program.parent))
+    assert _as_typed(program, "tool") == "tool"  # what PATH finds (an active venv)
 
 
 @pytest.mark.parametrize("name", ["Demo", "my-env", "1env"])
@@ -100,6 +124,19 @@ def test_play_wordle_by_hand() -> None:
     assert "SLATE: X X G X G" in result.output
     assert "Solved in 2 guesses." in result.output
     assert "episode reward: 0.900" in result.output
+
+
+def test_a_first_guess_win_is_one_guess() -> None:
+    result = runner.invoke(app, ["env", "play", "wordle", "--answer", "crane"], input="[crane]\n")
+    assert "Solved in 1 guess." in result.output, result.output
+
+
+def test_play_shows_the_environments_text_as_it_is() -> None:
+    """`[crane]` is the answer format, not console markup: it shows in the rules and after an
+    invalid guess."""
+    result = runner.invoke(app, ["env", "play", "wordle", "--answer", "crane"], input="[hi]\n")
+    assert result.output.count("for example [crane].") == 2, result.output
+    assert "Invalid guess: 'hi' has 2 letters, not 5." in result.output
 
 
 def test_play_rejects_a_bad_answer() -> None:

@@ -16,9 +16,9 @@ from domain.protocol import RolloutRequest, RolloutResponse, dump, episode_seed,
 from reward_envs.interface import Message
 from reward_envs.wordle import load_environment
 from reward_envs.worker.model_client import CallableModel
-from reward_envs.worker.queues import SqsRolloutQueues
+from reward_envs.worker.queues import Delivery, SqsRolloutQueues
 from reward_envs.worker.settings import WorkerSettings
-from reward_envs.worker.worker import RewardWorker
+from reward_envs.worker.worker import RewardWorker, Task, TaskState
 from tests.aws import Serialized
 from tests.reward_envs.test_rollout import Recording
 
@@ -122,16 +122,16 @@ def test_every_request_gets_exactly_one_response(queues: Queues) -> None:
 
 
 def test_responses_keep_the_order_of_their_message_group(queues: Queues) -> None:
+    """The first request of each group is the slowest (six guesses against one): run in
+    parallel, the later ones would answer first."""
     order: list[str] = []
     lock = threading.Lock()
-
-    def model(messages: Sequence[Message]) -> str:
-        return "[crane]"
-
     for index in range(5):
-        queues.send(f"a_{index}", group="a")
-        queues.send(f"b_{index}", group="b")
-    worker = worker_for(queues, CallableModel(model), concurrency=8)
+        answer = "slate" if index == 0 else "crane"
+        queues.send(f"a_{index}", group="a", answer=answer)
+        queues.send(f"b_{index}", group="b", answer=answer)
+    model = CallableModel(lambda _messages: "[crane]", delay=0.01)
+    worker = worker_for(queues, model, concurrency=8)
     original = worker.queues.complete
 
     def recording(finished):
@@ -140,9 +140,32 @@ def test_responses_keep_the_order_of_their_message_group(queues: Queues) -> None
         return original(finished)
 
     worker.queues.complete = recording
-    worker.run(exit_when_idle=True)
+    stats = worker.run(exit_when_idle=True)
     for group in "ab":
         assert [s for s in order if s.startswith(group)] == [f"{group}_{i}" for i in range(5)]
+    assert (stats.completed, stats.released) == (10, 0)  # nothing given back on the way
+
+
+def test_after_a_failed_request_the_rest_of_its_group_waits_for_it(queues: Queues) -> None:
+    """A failed request is retried; the group's later requests are given back, not answered
+    before it."""
+    queues.send("g_0", group="g")
+    queues.send("g_1", group="g")
+    worker = worker_for(queues, instant(), max_receives=3)
+    order: list[str] = []
+    complete = worker.queues.complete
+
+    def failing_once(finished):
+        if not order:
+            order.append("failed")
+            raise ConnectionError("responses queue unreachable")
+        order.extend(response.sample_id for _, response in finished)
+        return complete(finished)
+
+    worker.queues.complete = failing_once
+    stats = worker.run(exit_when_idle=True)
+    assert order == ["failed", "g_0", "g_1"]
+    assert (stats.failures, stats.released, stats.completed) == (1, 1, 2)
 
 
 def test_poison_messages_go_to_the_dead_letter_queue_at_once(queues: Queues) -> None:
@@ -286,10 +309,11 @@ def test_stop_finishes_episodes_within_the_grace_period(queues: Queues) -> None:
     runner.start()
     eventually(lambda: gate.waiting == 3, "three episodes in flight")
     worker.stop()
-    gate.opened.set()
+    threading.Timer(0.3, gate.opened.set).start()  # the episodes end while the worker drains
     runner.join(timeout=15)
     assert not runner.is_alive()
     assert sorted(r.sample_id for r in queues.responses_received()) == ["rec_0", "rec_1", "rec_2"]
+    assert (worker.stats.completed, worker.stats.released) == (3, 0)
 
 
 def test_stop_releases_unfinished_episodes_without_losing_or_duplicating(queues: Queues) -> None:
@@ -350,3 +374,110 @@ def test_the_worker_draws_each_episode_with_its_run_and_record_seed(queues: Queu
     assert sorted(environment.drawn) == sorted(
         (record, episode_seed("run-a", record)) for record in ("rec0", "rec1", "rec0")
     )
+
+
+def test_an_episode_stops_at_the_workers_turn_limit(queues: Queues) -> None:
+    queues.send("long_0", answer="slate")  # "[crane]" never wins
+    worker_for(queues, instant(), max_turns=2).run(exit_when_idle=True)
+    (response,) = queues.responses_received()
+    turns = {metric.name: metric.value for metric in response.metrics}["turns"]
+    assert (response.stop_reason, turns) == ("max_turns", 2)
+
+
+def test_the_rollout_deadline_runs_on_the_workers_clock(queues: Queues) -> None:
+    queues.send("late_0", answer="slate")
+    worker = worker_for(queues, instant(), rollout_timeout_seconds=10)
+    ticks = iter(range(0, 10**6, 4))  # each reading 4 s after the last
+    worker.clock = lambda: float(next(ticks))
+    worker.run(exit_when_idle=True)
+    (response,) = queues.responses_received()
+    assert response.stop_reason == "timeout" and "deadline of 10 s" in response.error
+
+
+def test_a_worker_without_a_run_draws_by_record_alone(queues: Queues) -> None:
+    environment = Recording()
+    queues.send("rec0_0")
+    worker_for(queues, instant(), environment=environment).run(exit_when_idle=True)
+    assert environment.drawn == [("rec0", episode_seed("", "rec0"))]
+
+
+def test_without_a_dead_letter_queue_a_poison_message_goes_back_for_the_redrive(
+    aws: None,
+) -> None:
+    """The queue's own redrive policy moves it after maxReceiveCount: the worker only gives it
+    back at once, each time."""
+    sqs = Serialized(boto3.client("sqs"))
+    fifo = {"FifoQueue": "true"}
+    redrive_dlq = sqs.create_queue(QueueName="redrive-dlq.fifo", Attributes=fifo)["QueueUrl"]
+    dlq_arn = sqs.get_queue_attributes(QueueUrl=redrive_dlq, AttributeNames=["QueueArn"])
+    policy = {"deadLetterTargetArn": dlq_arn["Attributes"]["QueueArn"], "maxReceiveCount": "2"}
+    requests = sqs.create_queue(
+        QueueName="req.fifo", Attributes={**fifo, "RedrivePolicy": json.dumps(policy)}
+    )["QueueUrl"]
+    responses = sqs.create_queue(QueueName="resp.fifo", Attributes=fifo)["QueueUrl"]
+    queues = Queues(sqs, requests, responses, redrive_dlq)
+    queues.send("bad", body="{not json")
+    settings = WorkerSettings(
+        rollout_request_queue_url=requests, rollout_response_queue_url=responses, wait_seconds=0
+    )
+    sqs_queues = SqsRolloutQueues(
+        sqs, requests_url=requests, responses_url=responses, dead_letter_url=None
+    )
+    worker = RewardWorker(queues=sqs_queues, environment=WORDLE, model=instant(), settings=settings)
+    stats = worker.run(exit_when_idle=True)
+    assert (stats.protocol_errors, stats.dead_lettered) == (2, 0)
+    (moved,) = queues.drain(redrive_dlq)
+    assert moved["Body"] == "{not json"
+
+
+def test_poison_and_failures_are_logged_with_what_identifies_them(
+    queues: Queues, caplog: pytest.LogCaptureFixture
+) -> None:
+    queues.send("bad", body="{not json")
+    queues.send("rec_0")
+    worker = worker_for(queues, instant(), max_receives=1)
+
+    def failing(finished):
+        raise ConnectionError("responses queue unreachable")
+
+    worker.queues.complete = failing
+    with caplog.at_level("WARNING", logger="mtrl.worker"):
+        worker.run(exit_when_idle=True)
+    messages = [record.getMessage() for record in caplog.records]
+    (poison,) = [message for message in messages if message.startswith("poison message ")]
+    assert "not JSON" in poison and poison.split()[2].rstrip(":")
+    assert "rollout rec_0 failed outside the episode" in messages
+
+
+class RecordingQueues:
+    """The worker's queues, recording visibility extensions (nothing is received)."""
+
+    dead_letter_url = None
+
+    def __init__(self) -> None:
+        self.extended: list[str] = []
+
+    def extend(self, delivery: Delivery, seconds: int) -> None:
+        self.extended.append(delivery.message_id)
+
+
+def test_the_heartbeat_extends_every_running_task_that_is_due(aws: None) -> None:
+    """A task being sent (or given back) is skipped; the running ones after it still are."""
+    queues = RecordingQueues()
+    settings = WorkerSettings(
+        rollout_request_queue_url="req", rollout_response_queue_url="resp",
+        visibility_timeout_seconds=30,
+    )  # fmt: skip
+    worker = RewardWorker(
+        queues=queues, environment=WORDLE, model=instant(), settings=settings, clock=lambda: 100.0
+    )
+    for name, state in (("sending", TaskState.SENDING), ("running", TaskState.RUNNING)):
+        delivery = Delivery(name, f"receipt-{name}", "{}", 1, name)
+        worker._tasks[delivery.receipt_handle] = Task(delivery, last_extended=0.0, state=state)
+    heartbeat = threading.Thread(target=worker._heartbeat)
+    heartbeat.start()
+    eventually(lambda: queues.extended, "an extension")
+    worker.stop()
+    heartbeat.join(timeout=5)
+    worker.close()
+    assert set(queues.extended) == {"running"}

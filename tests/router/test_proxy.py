@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 
+import boto3
 import pytest
 
-from domain.protocol import GenerateRequest, RolloutResponse, parse, step_id_for
-from tests.router.conftest import OTHER_TOKEN, RUN, Router, answer, event
+from domain.protocol import (
+    ID_LENGTH,
+    MAX_BODY_BYTES,
+    GenerateRequest,
+    RolloutResponse,
+    fifo_id,
+    parse,
+    step_id_for,
+)
+from lambdas.clients import Clients
+from lambdas.router.proxy import proxy_for
+from tests.router.conftest import OTHER_TOKEN, RUN, TABLE, Router, answer, event
 
-CHAT = "/v1/chat/completions"
+CHAT, REPORT = "/v1/chat/completions", "/v1/rollouts/report"
 MESSAGES = [{"role": "user", "content": "Let's play. Guess 1 of 6:"}]
 
 
@@ -49,10 +61,12 @@ def test_a_sample_id_sqs_would_refuse_still_makes_a_valid_step_and_message(route
 
 def test_a_retried_chat_is_the_same_step_and_is_not_enqueued_again(router: Router) -> None:
     chat(router)
-    status, body = chat(router)
-    assert status == 202 and body["step_id"] == "s1_0_1"
-    assert len(router.messages(router.queues.generate_requests)) == 1
-    assert router.proxy.counters.retried_steps == 1
+    for _ in range(2):
+        status, body = chat(router)
+        assert status == 202 and body["step_id"] == "s1_0_1"
+    chat(router, sample="s2_0")
+    assert len(router.messages(router.queues.generate_requests)) == 2
+    assert (router.proxy.counters.retried_steps, router.proxy.counters.enqueued) == (2, 2)
 
 
 def test_later_turns_are_numbered_by_the_assistant_messages(router: Router) -> None:
@@ -108,48 +122,105 @@ def test_a_run_cannot_read_another_runs_step(router: Router) -> None:
     assert status == 404 and "no step 's1_0_1' in run 'run-2'" in body["error"]["message"]
 
 
+AUTH, INVALID, NOT_FOUND = "auth_error", "invalid_request_error", "not_found"
+SIGNED_CHAT = {"messages": MESSAGES}
+
+
 @pytest.mark.parametrize(
-    ("request_event", "status", "fragment"),
+    ("request_event", "status", "kind", "message"),
     [
-        (event("POST", CHAT, {"messages": MESSAGES}, sample="s", signed=False), 401, "SigV4"),
-        (event("POST", CHAT, {"messages": MESSAGES}, sample="s", run=None), 400, "x-mtrl-run-id"),
         (
-            event("POST", CHAT, {"messages": MESSAGES}, sample="s", token="wrong"),
-            403,
-            "not allowed for run 'run-1'",
+            event("POST", CHAT, SIGNED_CHAT, sample="s", signed=False),
+            401,
+            AUTH,
+            "requests must be signed with AWS SigV4 (Function URL AWS_IAM auth)",
         ),
         (
-            event("POST", CHAT, {"messages": MESSAGES}, sample="s", token=OTHER_TOKEN),
-            403,
-            "x-mtrl-run-token",
+            event("POST", CHAT, SIGNED_CHAT, sample="s", run=None),
+            400,
+            INVALID,
+            "missing header x-mtrl-run-id",
         ),
-        (event("POST", CHAT, {"messages": MESSAGES}, sample="s", run="nope"), 403, "'nope'"),
-        (event("POST", CHAT, {"messages": MESSAGES}), 400, "x-mtrl-sample-id"),
-        (event("POST", CHAT, "{not json", sample="s"), 400, "Invalid JSON"),
-        (event("POST", CHAT, {"messages": []}, sample="s"), 400, "messages"),
+        *(
+            (
+                event("POST", CHAT, SIGNED_CHAT, sample="s", run=run, token=token),
+                403,
+                AUTH,
+                f"not allowed for run {run!r}: check x-mtrl-run-id and x-mtrl-run-token",
+            )
+            for run, token in (
+                ("run-1", "wrong"),
+                ("run-1", OTHER_TOKEN),
+                ("run-1", None),
+                ("nope", OTHER_TOKEN),
+            )
+        ),
+        (
+            event("POST", CHAT, SIGNED_CHAT),
+            400,
+            INVALID,
+            "name the sample in header x-mtrl-sample-id (1-128 characters)",
+        ),
+        (
+            event("POST", CHAT, SIGNED_CHAT, sample="s" * 129),
+            400,
+            INVALID,
+            "name the sample in header x-mtrl-sample-id (1-128 characters)",
+        ),
+        (
+            event("POST", CHAT, "{not json", sample="s"),
+            400,
+            INVALID,
+            re.compile(r"body: Invalid JSON: .*"),
+        ),
+        (event("POST", CHAT, "[]", sample="s"), 400, INVALID, "body: Input should be an object"),
+        (event("POST", CHAT, None, sample="s"), 400, INVALID, "messages: Field required"),
+        (
+            event("POST", CHAT, {"messages": []}, sample="s"),
+            400,
+            INVALID,
+            re.compile(r"messages: List should have at least 1 item .*"),
+        ),
         (
             event("POST", CHAT, {"messages": [{"role": "robot", "content": "hi"}]}, sample="s"),
             400,
-            "messages.0.role",
+            INVALID,
+            re.compile(r"messages\.0\.role: Input should be .*"),
+        ),
+        (event("DELETE", CHAT), 405, INVALID, "DELETE is not allowed on /v1/chat/completions"),
+        (event("GET", CHAT), 405, INVALID, "GET is not allowed on /v1/chat/completions"),
+        (
+            event("POST", f"{CHAT}/s1_0_1"),
+            405,
+            INVALID,
+            "POST is not allowed on /v1/chat/completions/s1_0_1",
+        ),
+        (event("GET", REPORT), 405, INVALID, "GET is not allowed on /v1/rollouts/report"),
+        (
+            event("GET", "/v2/other"),
+            404,
+            NOT_FOUND,
+            "no route GET /v2/other: use /v1/chat/completions or /v1/rollouts/report",
         ),
         (
-            event(
-                "POST", CHAT, {"messages": [{"role": "user", "content": "x" * 300_000}]}, sample="s"
-            ),
-            413,
-            "exceeds",
+            event("GET", "/v1/chat"),
+            404,
+            NOT_FOUND,
+            "no route GET /v1/chat: use /v1/chat/completions or /v1/rollouts/report",
         ),
-        (event("DELETE", CHAT), 405, "DELETE is not allowed"),
-        (event("GET", "/v2/other"), 404, "no route"),
-        ({"nonsense": True}, 400, "not a Function URL event"),
+        ({"nonsense": True}, 400, INVALID, "not a Function URL event"),
     ],
 )
 def test_bad_requests_get_clear_4xx_errors(
-    router: Router, request_event: dict, status: int, fragment: str
+    router: Router, request_event: dict, status: int, kind: str, message: str | re.Pattern
 ) -> None:
+    """Ours word for word; pydantic's (the field, then its own words) by pattern."""
     got, body = answer(router.proxy.handle(request_event))
-    assert got == status and fragment in body["error"]["message"], body
+    assert (got, body["error"]["type"], body["error"]["code"]) == (status, kind, status), body
+    said = body["error"]["message"]
+    assert message.fullmatch(said) if isinstance(message, re.Pattern) else said == message, said
     assert not router.messages(router.queues.generate_requests)
+    assert router.proxy.counters.client_errors == 1 and router.proxy.counters.enqueued == 0
 
 
 def test_report_forwards_one_rollout_response(router: Router) -> None:
@@ -170,6 +241,7 @@ def test_report_forwards_one_rollout_response(router: Router) -> None:
         {"id": "s1_0", "recorded": False},
     )
     (message,) = router.messages(router.queues.rollout_responses)
+    assert message["Attributes"]["MessageDeduplicationId"] == "req-msg-1"
     response = parse(RolloutResponse, message["Body"])
     assert response.aggregate_score == 0.8 and response.metrics[0].name == "turns"
     assert (
@@ -195,3 +267,219 @@ def test_a_report_without_a_score_must_say_why(router: Router) -> None:
         json.loads(router.messages(router.queues.rollout_responses)[0]["Body"])["stop_reason"]
         == "env_error"
     )
+
+
+def test_every_answer_is_json_and_only_4xx_count_as_client_errors(router: Router) -> None:
+    answers = [
+        router.proxy.handle(event("POST", CHAT, SIGNED_CHAT, sample="s1_0")),
+        router.proxy.handle(event("GET", "/nowhere")),
+        router.proxy.handle(event("POST", CHAT, SIGNED_CHAT, sample="s1_0", token="wrong")),
+    ]
+    router.store.set_step_status(RUN, "s1_0_1", "failed", expected="processing", now=0)
+    answers.append(router.proxy.handle(event("POST", CHAT, SIGNED_CHAT, sample="s1_0")))
+    assert [result["statusCode"] for result in answers] == [202, 404, 403, 502]
+    assert all(result["headers"] == {"content-type": "application/json"} for result in answers)
+    assert answer(answers[-1])[1] == {
+        "error": {
+            "message": "generation of step s1_0_1 failed",
+            "type": "generation_error",
+            "code": 502,
+        }
+    }
+    counters = router.proxy.counters
+    assert (counters.requests, counters.client_errors) == (4, 2)
+
+
+def test_routes_ignore_a_trailing_slash_header_case_and_method_case(router: Router) -> None:
+    request = event("POST", CHAT + "/", SIGNED_CHAT)
+    request["headers"] = {key.upper(): value for key, value in request["headers"].items()}
+    request["headers"]["X-MTRL-SAMPLE-ID"] = "s1_0"
+    request["requestContext"]["http"]["method"] = "post"
+    assert answer(router.proxy.handle(request))[0] == 202
+    status, body = answer(router.proxy.handle(event("GET", f"{CHAT}/s1_0_1/")))
+    assert (status, body["step_id"]) == (200, "s1_0_1")
+    # No method in the request context reads as GET.
+    bare = event("GET", f"{CHAT}/s1_0_1")
+    del bare["requestContext"]["http"]
+    assert answer(router.proxy.handle(bare))[1]["status"] == "processing"
+
+
+def test_a_base64_body_is_decoded(router: Router) -> None:
+    request = event("POST", CHAT, None, sample="s1_0")
+    request["body"] = base64.b64encode(json.dumps(SIGNED_CHAT).encode()).decode()
+    request["isBase64Encoded"] = True
+    assert answer(router.proxy.handle(request)) == (
+        202,
+        {"step_id": "s1_0_1", "status": "processing", "result": None},
+    )
+
+
+def test_a_body_of_exactly_the_limit_is_taken_and_one_byte_more_is_not(router: Router) -> None:
+    empty = json.dumps({"messages": [{"role": "user", "content": ""}]})
+    content = "x" * (MAX_BODY_BYTES - len(empty))
+    at_limit = json.dumps({"messages": [{"role": "user", "content": content}]})
+    assert len(at_limit) == MAX_BODY_BYTES
+    assert answer(router.proxy.handle(event("POST", CHAT, at_limit, sample="a")))[0] == 202
+    over = at_limit.replace('"x', '"xx', 1)
+    status, body = answer(router.proxy.handle(event("POST", CHAT, over, sample="b")))
+    assert (status, body["error"]["message"]) == (
+        413,
+        f"body of {MAX_BODY_BYTES + 1} bytes exceeds {MAX_BODY_BYTES}",
+    )
+
+
+def test_the_sample_is_the_header_or_else_the_bodys_user_up_to_128_characters(
+    router: Router,
+) -> None:
+    longest = "s" * ID_LENGTH
+    by_user = event("POST", CHAT, {"messages": MESSAGES, "user": longest})
+    assert answer(router.proxy.handle(by_user))[1]["step_id"] == step_id_for(longest, 1)
+    both = event("POST", CHAT, {"messages": MESSAGES, "user": "ignored"}, sample="header_0")
+    assert answer(router.proxy.handle(both))[1]["step_id"] == "header_0_1"
+    samples = [
+        parse(GenerateRequest, message["Body"]).sample_id
+        for message in router.messages(router.queues.generate_requests)
+    ]
+    assert sorted(samples) == sorted([longest, "header_0"])
+
+
+def test_the_first_turn_opens_the_rollout_and_later_turns_do_not(router: Router) -> None:
+    chat(router)
+    summary = router.store.run_summary(RUN, now=router.clock() + 61, stuck_after_seconds=60)
+    assert (summary["in_flight"], summary["stuck"]) == (1, 1)
+    report = {"id": "s1_0", "aggregate_reward_score": 1.0}
+    router.proxy.handle(event("POST", REPORT, report))
+    second_turn = [*MESSAGES, {"role": "assistant", "content": "[crane]"}]
+    assert chat(router, second_turn)[1]["step_id"] == "s1_0_2"
+    summary = router.store.run_summary(RUN, now=router.clock(), stuck_after_seconds=60)
+    assert (summary["in_flight"], summary["finished"]) == (0, 1)
+
+
+def test_an_enqueued_step_is_processing_from_that_moment(router: Router) -> None:
+    router.clock.now += 7
+    chat(router)
+    step = router.store.get_step(RUN, "s1_0_1")
+    assert (step.status, step.sample_id, step.updated_at) == ("processing", "s1_0", router.clock())
+    assert router.proxy.counters.enqueued == 1
+
+
+def test_a_retry_after_the_first_try_died_before_enqueueing_enqueues_it(router: Router) -> None:
+    router.store.start_step(RUN, "s1_0_1", sample_id="s1_0", now=router.clock())
+    assert chat(router)[1]["status"] == "processing"
+    assert len(router.messages(router.queues.generate_requests)) == 1
+    counters = router.proxy.counters
+    assert (counters.retried_steps, counters.enqueued) == (1, 1)
+
+
+def test_a_retry_of_a_finished_step_answers_it_without_enqueueing(router: Router) -> None:
+    chat(router)
+    router.messages(router.queues.generate_requests)
+    router.store.complete_step(RUN, "s1_0_1", {"choices": []}, now=router.clock())
+    router.clock.now += 2.7
+    assert chat(router) == (
+        200,
+        {"id": "s1_0_1", "object": "chat.completion", "created": int(router.clock()),
+         "choices": []},
+    )  # fmt: skip
+    assert not router.messages(router.queues.generate_requests)
+
+
+def test_the_wait_polls_with_doubling_pauses_up_to_half_a_second(router: Router) -> None:
+    pauses: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        pauses.append(seconds)
+        router.clock.now += seconds
+
+    router.proxy.wait_seconds, router.proxy.sleep = 3.0, sleep
+    status, body = chat(router)
+    assert (status, body["status"]) == (202, "processing")
+    assert pauses[:6] == pytest.approx([0.02, 0.04, 0.08, 0.16, 0.32, 0.5])
+    assert max(pauses) == 0.5 and sum(pauses) == pytest.approx(3.0)
+    assert pauses[-1] == pytest.approx(3.0 - 0.62 - 4 * 0.5, abs=1e-6)
+
+
+def test_when_told_of_changes_the_wait_listens_instead_of_polling(router: Router) -> None:
+    heard: list[tuple[str, float]] = []
+
+    def step_changes(step_id: str, seconds: float) -> None:
+        heard.append((step_id, seconds))
+        router.clock.now += 1.5
+        if len(heard) == 2:
+            router.store.complete_step(RUN, step_id, {"choices": []}, now=router.clock())
+
+    router.proxy.wait_seconds, router.proxy.step_changes = 5.0, step_changes
+    router.proxy.sleep = lambda seconds: pytest.fail("polled although told of changes")
+    assert chat(router)[0] == 200
+    assert heard == [("s1_0_1", 5.0), ("s1_0_1", 3.5)]
+
+
+def test_a_steps_status_dates_its_result_by_the_steps_last_change(router: Router) -> None:
+    chat(router)
+    router.clock.now += 12.9
+    router.store.complete_step(RUN, "s1_0_1", {"choices": []}, now=router.clock())
+    finished_at = int(router.clock())
+    router.clock.now += 100
+    assert answer(router.proxy.handle(event("GET", f"{CHAT}/s1_0_1"))) == (
+        200,
+        {
+            "step_id": "s1_0_1",
+            "status": "completed",
+            "result": {"id": "s1_0_1", "object": "chat.completion", "created": finished_at,
+                       "choices": []},
+        },
+    )  # fmt: skip
+    assert answer(router.proxy.handle(event("GET", f"{CHAT}/s9_9_9"))) == (
+        404,
+        {"error": {"message": "no step 's9_9_9' in run 'run-1'", "type": NOT_FOUND, "code": 404}},
+    )
+
+
+def test_a_report_is_deduplicated_by_its_request_id_or_else_its_id(router: Router) -> None:
+    report = {"id": "s1_0 with space", "aggregate_reward_score": 0.25}
+    router.proxy.handle(event("POST", REPORT, report))
+    (message,) = router.messages(router.queues.rollout_responses)
+    ids = message["Attributes"]["MessageGroupId"], message["Attributes"]["MessageDeduplicationId"]
+    assert ids == (fifo_id("s1_0 with space"), fifo_id("s1_0 with space"))
+    item = router.db.get_item(
+        TableName=TABLE, Key={"run_id": {"S": RUN}, "item": {"S": "rollout#s1_0 with space"}}
+    )["Item"]
+    assert (item["status"]["S"], item["score"]["N"]) == ("completed", "0.25")
+
+
+def test_a_failed_report_is_recorded_as_failed_and_counted_once(router: Router) -> None:
+    failed = {"id": "s", "aggregate_reward_score": None, "stop_reason": "timeout"}
+    for _ in range(3):
+        router.proxy.handle(event("POST", REPORT, failed))
+    summary = router.store.run_summary(RUN, now=router.clock(), stuck_after_seconds=60)
+    assert (summary["failed"], summary["finished"]) == (1, 0)
+    counters = router.proxy.counters
+    assert (counters.reports, counters.duplicate_reports) == (3, 2)
+    status, body = answer(
+        router.proxy.handle(
+            event(
+                "POST", REPORT, {"id": "s", "aggregate_reward_score": 1.0, "stop_reason": "timeout"}
+            )
+        )
+    )
+    assert (status, body["error"]["message"]) == (
+        400,
+        "a rollout stopped by 'timeout' has no aggregate_score: send null",
+    )
+
+
+def test_the_deployed_proxy_reads_its_table_and_wait_from_the_environment(router: Router) -> None:
+    proxy = proxy_for({"TABLE_NAME": TABLE, "WAIT_SECONDS": "0"}, Clients(boto3.Session()))
+    assert proxy.wait_seconds == 0.0
+    assert answer(proxy.handle(event("POST", CHAT, SIGNED_CHAT, sample="s1_0")))[0] == 202
+    (message,) = router.messages(router.queues.generate_requests)
+    assert parse(GenerateRequest, message["Body"]).step_id == "s1_0_1"
+    default = proxy_for({"TABLE_NAME": TABLE}, Clients(boto3.Session()))
+    assert default.wait_seconds == 5.0
+
+
+def test_a_step_that_vanished_while_waiting_is_still_pending_to_the_caller(router: Router) -> None:
+    """A step's record can expire (the table's TTL) or be deleted under a slow caller: it gets
+    "pending" to poll again, not an error."""
+    router.store.get_step = lambda run_id, step_id: None
+    assert chat(router) == (202, {"step_id": "s1_0_1", "status": "pending", "result": None})

@@ -20,7 +20,9 @@ from mtrl.local.trainer.policy import NoLocalPolicy, policy_for
 
 
 def main() -> int:
+    # stderr is the run's logs/trainer.log: a line per step, and why it stopped if it did.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+    logging.getLogger("mtrl").setLevel(logging.INFO)
     try:
         job = TrainingJob.model_validate_json(os.environ.get("MTRL_TRAINING_JOB", ""))
         policy = policy_for(job.config.environment)

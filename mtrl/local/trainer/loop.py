@@ -194,6 +194,7 @@ class Trainer:
             self._stop.set()
             answering.join(timeout=5)
         self._save_checkpoint("final")
+        log.info("trained %d steps; final checkpoint saved", len(self.history))
         return self.history
 
     def stop(self) -> None:
@@ -345,6 +346,15 @@ class Trainer:
         )
         if step % settings.checkpoint_every == 0:
             self._save_checkpoint(f"step-{step:06d}")
+        log.info(
+            "step %d/%d: mean reward %.3f, %d rollouts (%d failed), %.1f s",
+            step,
+            self.config.max_steps,
+            metrics.mean_reward,
+            metrics.rollouts,
+            metrics.failed_rollouts,
+            metrics.seconds,
+        )
         if self.out is not None:
             print(json.dumps({"event": "step", **asdict(metrics)}), file=self.out, flush=True)
 

@@ -1,0 +1,32 @@
+"""Every command's --help reads as help: arguments in capitals, flags without type tags."""
+
+from __future__ import annotations
+
+import re
+
+import click
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from mtrl.cli import app
+
+runner = CliRunner()
+
+
+def _commands(group: click.Group, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = [path]
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            found += _commands(command, (*path, name))
+        else:
+            found.append((*path, name))
+    return found
+
+
+@pytest.mark.parametrize("command", _commands(typer.main.get_command(app)), ids=" ".join)
+def test_help_shows_no_type_tags_or_placeholders(command: tuple[str, ...]) -> None:
+    result = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    assert not re.search(r"<(bool|str|int|path)>|\{\w+\}", result.output), result.output
+    assert "Show this message and exit." in result.output
