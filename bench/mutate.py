@@ -102,7 +102,12 @@ def mutmut_config(modules: list[str], copied: set[str]) -> str:
         "timeout_constant": 2.0,
     }
     if OWN_PROCESS.intersection(modules):
-        config |= {"process_isolation": "forkserver", "forkserver_warmup": "none"}
+        # Each mutant's tests then start CDK first (seconds), which their timings leave out.
+        config |= {
+            "process_isolation": "forkserver",
+            "forkserver_warmup": "none",
+            "timeout_constant": 60.0,
+        }
     lines = ["", "[tool.mutmut]"]
     lines += [f"{key} = {json.dumps(value)}" for key, value in config.items()]
     return "\n".join(lines) + "\n"

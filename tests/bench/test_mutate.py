@@ -83,6 +83,7 @@ def test_modules_whose_tests_start_jsii_get_a_fresh_process_per_mutant() -> None
     (module,) = OWN_PROCESS
     config = tomllib.loads(mutmut_config([module], {"stacks", "tests"}))["tool"]["mutmut"]
     assert (config["process_isolation"], config["forkserver_warmup"]) == ("forkserver", "none")
+    assert config["timeout_constant"] >= 30  # starting CDK is not a hang
 
 
 def test_every_module_test_file_and_chosen_function_exists() -> None:

@@ -175,6 +175,15 @@ def test_size_limits_per_line_and_per_file() -> None:
     ]
 
 
+def test_the_files_own_problems_come_first_then_each_lines_in_field_order() -> None:
+    problems, _ = _problems(b"{}\n" + _line(GOOD) * 3, max_file_bytes=100)
+    assert problems == [
+        "file: larger than 100 bytes; split the dataset",
+        "line 1: id: Field required",
+        "line 1: metadata: Field required",
+    ]
+
+
 def test_an_empty_file_is_invalid() -> None:
     problems, validator = _problems(b"\n \r\n")
     assert (

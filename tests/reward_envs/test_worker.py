@@ -38,18 +38,19 @@ class Queues:
         group: str | None = None,
         answer: str = "crane",
         body: str | None = None,
-    ) -> None:
+    ) -> str:
+        """Send a request; its SQS message id."""
         payload = (
             body
             if body is not None
             else dump(RolloutRequest(sample_id=sample_id, data={"answer": answer}))
         )
-        self.sqs.send_message(
+        return self.sqs.send_message(
             QueueUrl=self.requests,
             MessageBody=payload,
             MessageGroupId=group or sample_id,
             MessageDeduplicationId=sample_id,
-        )
+        )["MessageId"]
 
     def drain(self, url: str) -> list[dict]:
         messages = []
@@ -433,7 +434,7 @@ def test_without_a_dead_letter_queue_a_poison_message_goes_back_for_the_redrive(
 def test_poison_and_failures_are_logged_with_what_identifies_them(
     queues: Queues, caplog: pytest.LogCaptureFixture
 ) -> None:
-    queues.send("bad", body="{not json")
+    poisoned = queues.send("bad", body="{not json")
     queues.send("rec_0")
     worker = worker_for(queues, instant(), max_receives=1)
 
@@ -445,7 +446,7 @@ def test_poison_and_failures_are_logged_with_what_identifies_them(
         worker.run(exit_when_idle=True)
     messages = [record.getMessage() for record in caplog.records]
     (poison,) = [message for message in messages if message.startswith("poison message ")]
-    assert "not JSON" in poison and poison.split()[2].rstrip(":")
+    assert poison.startswith(f"poison message {poisoned}: ") and "not JSON" in poison
     assert "rollout rec_0 failed outside the episode" in messages
 
 
