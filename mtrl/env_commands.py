@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from mtrl.console import err, fail, out
+from mtrl.console import fail, out
 from reward_envs.conformance import check_environment
 from reward_envs.interface import Record
 from reward_envs.registry import EnvironmentNotFound, load
@@ -102,14 +102,10 @@ def new(
 ) -> None:
     """Write a working environment package, with a test, to start from."""
     if not _PACKAGE_NAME.fullmatch(name):
-        err.print(
-            f"[red]error:[/] {name!r} is not a package name: use lower case letters, digits and _"
-        )
-        raise typer.Exit(2)
+        raise fail(f"{name!r} is not a package name: use lower case letters, digits and _")
     project = directory / name
     if project.exists():
-        err.print(f"[red]error:[/] {project} already exists; choose another name or --dir")
-        raise typer.Exit(2)
+        raise fail(f"{project} already exists; choose another name or --dir")
     templates = resources.files("reward_envs").joinpath("templates").joinpath("env")
     for template, target in _TEMPLATE_FILES.items():
         path = project / target.replace("NAME", name)

@@ -1,8 +1,8 @@
 """Validate an uploaded dataset straight from S3, streaming, and write the report next to the run.
 
-The report (`runs/<run_id>/validation.json`) lists problems with line numbers (the first
-`MAX_REPORTED`; the count is always complete). Nothing else is created by this step, so an
-invalid dataset leaves nothing behind.
+The report (`runs/<run_id>/validation.json`) lists problems with line numbers (the validator
+keeps the first `domain.dataset.MAX_KEPT_PROBLEMS`, in line order; the count is always
+complete). Nothing else is created by this step, so an invalid dataset leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.bucket import run_output_prefix
-from domain.dataset import DatasetValidator, Problem
-
-MAX_REPORTED = 1000
+from domain.dataset import DatasetValidator
 
 
 @dataclass(frozen=True)
@@ -48,11 +46,8 @@ def validate_upload(
     extra = {"VersionId": version_id} if version_id else {}
     body = s3.get_object(Bucket=bucket, Key=key, **extra)["Body"]
     validator = DatasetValidator()
-    reported: list[Problem] = []
     with io.BufferedReader(_Body(body), buffer_size=1024 * 1024) as stream:
-        for problem in validator.problems(stream):
-            if len(reported) < MAX_REPORTED:
-                reported.append(problem)
+        reported = list(validator.problems(stream))
     summary = validator.summary
     report_key = f"{run_output_prefix(run_id)}validation.json"
     report = {
