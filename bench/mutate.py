@@ -212,6 +212,25 @@ def mutate(modules: list[str], equivalents: dict[str, str]) -> tuple[dict[str, d
     return tallied, diffs
 
 
+def record(tallied: dict[str, dict], seconds: float) -> None:
+    """Merge one group's figures into bench/results/mutation.json, beside earlier runs'."""
+    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    figures = {
+        module: {
+            "counts": entry["counts"],
+            "score": entry["score"],
+            "survivors": entry["survivors"],
+            "run": f"{os.cpu_count()} cores, {sys.platform}, {seconds:.0f} s with "
+            f"{', '.join(sorted(tallied))}",
+        }
+        for module, entry in tallied.items()
+    }
+    RESULTS.write_text(
+        json.dumps({**previous, **figures}, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    )
+
+
 def main(argv: list[str]) -> int:
     modules = argv or list(MODULES)
     unknown = [module for module in modules if module not in MODULES]
@@ -225,7 +244,10 @@ def main(argv: list[str]) -> int:
     shared = [module for module in modules if module not in OWN_PROCESS]
     for group in (shared, [module for module in modules if module in OWN_PROCESS]):
         if group:
+            group_started = time.monotonic()
             group_tally, group_diffs = mutate(group, equivalents)
+            # Written per group: a run stopped half-way keeps the groups it finished.
+            record(group_tally, time.monotonic() - group_started)
             tallied.update(group_tally)
             diffs += group_diffs
     seconds = time.monotonic() - started
@@ -239,28 +261,6 @@ def main(argv: list[str]) -> int:
         )
     for diff in diffs:
         print(f"\n{diff}")
-    previous = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(
-        json.dumps(
-            {
-                **previous,
-                **{
-                    module: {
-                        "counts": entry["counts"],
-                        "score": entry["score"],
-                        "survivors": entry["survivors"],
-                    }
-                    for module, entry in tallied.items()
-                },
-                "_machine": f"{os.cpu_count()} cores, {sys.platform}, mutmut run {seconds:.0f} s",
-            },
-            indent=2,
-            sort_keys=True,
-            ensure_ascii=False,
-        )
-        + "\n"
-    )
     print(f"\n{seconds:.0f} s; figures in {RESULTS.relative_to(ROOT)}")
     return 0
 

@@ -15,9 +15,10 @@ out = Console()
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 
 
-def fail(message: str, *, code: int = 2) -> typer.Exit:
-    """Print `error: message` (one line) and return the exit to raise."""
-    err.print(f"error: {message}", markup=False)
+def fail(*messages: str, code: int = 2) -> typer.Exit:
+    """Print `error: message`, one line per message, and return the exit to raise."""
+    for message in messages:
+        err.print(f"error: {message}", markup=False)
     return typer.Exit(code)
 
 

@@ -2,7 +2,9 @@
 platform.
 
 Every command finds the deployment from its CloudFormation stack outputs (`--prefix`,
-`--profile`, `--region`) and fails with one line naming what is missing and what to do.
+`--profile`, `--region`) and fails naming what is missing and what to do: every missing
+prerequisite at once (region and credentials), one line each. `doctor` instead always prints
+its whole table.
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ from rich.table import Table
 from domain.dataset import counted
 from domain.runs import RunStore
 from mtrl.console import check_dataset, fail, out, print_problem
-from mtrl.ops.deployment import Deployment, DeploymentError, aws_session, find_deployment
+from mtrl.ops.deployment import (
+    Deployment,
+    DeploymentError,
+    aws_session,
+    find_deployment,
+    missing_prerequisites,
+)
 from mtrl.ops.doctor import diagnose
 from mtrl.ops.logs import Plane, follow, read, sources
 from mtrl.ops.runs_view import (
@@ -70,6 +78,11 @@ def _deployment(
 ) -> tuple[boto3.Session, Deployment]:
     try:
         session = aws_session(profile=profile, region=region)
+    except DeploymentError as error:
+        raise fail(str(error)) from None
+    if missing := missing_prerequisites(session):
+        raise fail(*missing)
+    try:
         return session, find_deployment(session, prefix or _default_prefix())
     except DeploymentError as error:
         raise fail(str(error)) from None
@@ -362,10 +375,11 @@ def doctor_command(
     worker image; print what to fix. Exit 0 when nothing fails, 1 otherwise."""
     try:
         training = load_training_config(config or DEFAULT_CONFIG)
-        session = aws_session(profile=profile, region=region)
-    except (TrainingConfigError, DeploymentError) as error:
+    except TrainingConfigError as error:
         raise fail(str(error)) from None
-    checks = diagnose(session, prefix=prefix or _default_prefix(), config=training)
+    checks = diagnose(
+        profile=profile, region=region, prefix=prefix or _default_prefix(), config=training
+    )
     if as_json:
         out.print_json(json.dumps([asdict(check) for check in checks]))
     else:

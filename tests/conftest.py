@@ -133,6 +133,18 @@ def api() -> Iterator[FakeKubernetes]:
 
 
 @pytest.fixture
+def no_aws_setup(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A machine with no AWS region, credentials or profiles anywhere boto3 looks."""
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_WEB_IDENTITY_TOKEN_FILE"):  # fmt: skip
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """moto's AWS for the test, with dummy credentials in us-east-1."""
     for key, value in {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from stacks.components.reward_fleet import PROJECT_ROOT, WORKER_DOCKERFILE
 from tests.conftest import Synthesized
@@ -37,6 +38,18 @@ def test_worker_image_is_a_docker_asset_built_at_deploy_time(default_app: Synthe
     _, task = default_app.one("compute", "AWS::ECS::TaskDefinition")
     reference = json.dumps(task["Properties"]["ContainerDefinitions"][0]["Image"])
     assert "container-assets" in reference
+
+
+def test_the_image_context_holds_only_what_the_dockerfile_copies(default_app: Synthesized) -> None:
+    """build/, runs/ and caches beside the code would bloat the context and change the hash
+    (a new image and task definition on every deploy)."""
+    manifest = json.loads((default_app.outdir / "nova-mtrl-compute.assets.json").read_text())
+    (image,) = manifest["dockerImages"].values()
+    context = default_app.outdir / image["source"]["directory"]
+    assert sorted(entry.name for entry in context.iterdir()) == ["domain", "reward_envs"]
+    assert not list(context.rglob("__pycache__"))
+    copied = re.findall(r"^COPY (\w+) ", (context / WORKER_DOCKERFILE).read_text(), re.M)
+    assert sorted(copied) == ["domain", "reward_envs"]
 
 
 def test_workers_accept_no_inbound_traffic(default_app: Synthesized) -> None:

@@ -3,7 +3,8 @@
 `find_deployment(session, prefix)` describes the stacks `<prefix>-storage`, `<prefix>-pipeline`
 and `<prefix>-compute` in the session's region and collects their outputs. Everything that can
 go wrong on the way (no credentials, no region, a stack missing or unfinished, an output absent)
-is a `DeploymentError` whose message is one line saying what to do.
+is a `DeploymentError` whose message is one line saying what to do; `missing_prerequisites`
+names the region and credentials a session lacks before anything is called.
 """
 
 from __future__ import annotations
@@ -69,20 +70,28 @@ class Deployment:
         )
 
 
+NO_REGION = "no AWS region: pass --region, set AWS_REGION, or configure one for the profile"
+NO_CREDENTIALS = "no AWS credentials: run `aws configure` (or `aws sso login`), or pass --profile"
+
+
 def aws_session(*, profile: str | None, region: str | None) -> boto3.Session:
     """A session for `--profile` / `--region` (else the usual AWS environment and config)."""
     try:
-        session = boto3.Session(profile_name=profile, region_name=region)
+        return boto3.Session(profile_name=profile, region_name=region)
     except ProfileNotFound:
         raise DeploymentError(
             f"AWS profile {profile!r} is not configured: run `aws configure --profile {profile}` "
             "or pick one from ~/.aws/config"
         ) from None
-    if not session.region_name:
-        raise DeploymentError(
-            "no AWS region: pass --region, set AWS_REGION, or configure one for the profile"
-        )
-    return session
+
+
+def missing_prerequisites(session: boto3.Session) -> list[str]:
+    """What the session lacks before any call can be made (region, credentials), all at once so
+    that a newcomer fixes them in one round; found without calling AWS."""
+    missing = [] if session.region_name else [NO_REGION]
+    if session.get_credentials() is None:
+        missing.append(NO_CREDENTIALS)
+    return missing
 
 
 def find_deployment(session: boto3.Session, prefix: str) -> Deployment:
@@ -108,11 +117,9 @@ def _describe(cloudformation: Any, name: str, region: str) -> dict[str, Any]:
     try:
         return cloudformation.describe_stacks(StackName=name)["Stacks"][0]
     except NoCredentialsError:
-        raise DeploymentError(
-            "no AWS credentials: run `aws configure` (or `aws sso login`), or pass --profile"
-        ) from None
+        raise DeploymentError(NO_CREDENTIALS) from None
     except NoRegionError:
-        raise DeploymentError("no AWS region: pass --region or set AWS_REGION") from None
+        raise DeploymentError(NO_REGION) from None
     except ClientError as error:
         code = error.response["Error"]["Code"]
         message = error.response["Error"].get("Message", "")

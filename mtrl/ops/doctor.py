@@ -1,10 +1,11 @@
 """`mtrl doctor`: is this account and deployment ready for a run, and if not, what to fix.
 
 Each check says what it found and, when it fails, the fix: credentials, region, the stacks and
-their outputs, the EKS cluster (active, public endpoint — HyperPod needs it), the HyperPod
+their outputs, the EKS cluster (active, private endpoint — the nodes reach it inside the VPC), the HyperPod
 cluster (in service, a GPU group of the config's instance type), the account's HyperPod quota
 for that type against the config's instance count, and the reward-worker image in ECR. A check
-that cannot tell (an API the account does not allow) says so rather than failing.
+that cannot tell (an API the account does not allow) says so rather than failing, and one whose
+prerequisite failed (no region, no stacks) is still a row saying what it waits for.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
-from mtrl.ops.deployment import Deployment, DeploymentError, find_deployment
+from mtrl.ops.deployment import Deployment, DeploymentError, aws_session, find_deployment
 from training_configs import TrainingConfig
 
 # The account-wide HyperPod quota (SageMaker docs, "SageMaker HyperPod prerequisites").
@@ -32,43 +33,30 @@ class Check:
 
 
 def diagnose(
-    session: boto3.Session,
     *,
+    profile: str | None,
+    region: str | None,
     prefix: str,
     config: TrainingConfig,
     clients: dict[str, Any] | None = None,
 ) -> list[Check]:
-    """Every check in order; later ones are skipped when what they need is missing."""
-    client: Callable[[str], Any] = lambda name: (clients or {}).get(name) or session.client(name)  # noqa: E731
+    """Every check, in the order of CHECKS, always all of them: one whose prerequisite failed
+    says what it waits for rather than disappearing."""
     try:
-        who = client("sts").get_caller_identity()
-    except NoCredentialsError:
-        return [
-            Check(
-                "credentials", False, "none found", "aws configure (or aws sso login), or --profile"
-            )
-        ]
-    except ClientError as error:
-        code = error.response["Error"]["Code"]
-        return [
-            Check(
-                "credentials",
-                False,
-                f"rejected ({code})",
-                "refresh them (aws sso login) or pass --profile",
-            )
-        ]
-    checks = [
-        Check("credentials", True, who["Arn"]),
-        Check("region", True, session.region_name),
-    ]
+        session = aws_session(profile=profile, region=region)
+    except DeploymentError:
+        found = Check("credentials", False, f"profile {profile!r} is not configured",
+                      f"aws configure --profile {profile}, or a profile from ~/.aws/config")  # fmt: skip
+        return _unchecked([found], "needs a configured profile")
+    client: Callable[[str], Any] = lambda name: (clients or {}).get(name) or session.client(name)  # noqa: E731
+    checks = [_credentials(session, client), _region(session)]
+    if not all(check.ok for check in checks):
+        return _unchecked(checks, "needs credentials and a region")
     try:
         deployment = find_deployment(session, prefix)
     except DeploymentError as error:
-        return [
-            *checks,
-            Check("stacks", False, str(error), "make deploy, or the right --region/--prefix"),
-        ]
+        found = Check("stacks", False, str(error), "make deploy, or the right --region/--prefix")
+        return _unchecked([*checks, found], "needs the stacks")
     checks.append(
         Check(
             "stacks",
@@ -76,14 +64,46 @@ def diagnose(
             f"{prefix}-storage, -pipeline, -compute ({len(deployment.outputs)} outputs)",
         )
     )
-    for check in (_eks, _hyperpod, _quota, _worker_image):
+    for name, check in DEPLOYMENT_CHECKS:
         try:
             checks.append(check(client, deployment, config))
         except DeploymentError as error:
-            checks.append(Check(check.__name__.strip("_"), False, str(error), "make deploy"))
+            checks.append(Check(name, False, str(error), "make deploy"))
         except (ClientError, BotoCoreError) as error:
-            checks.append(Check(check.__name__.strip("_"), None, f"could not check: {error}"))
+            checks.append(Check(name, None, f"could not check: {error}"))
     return checks
+
+
+def _credentials(session: boto3.Session, client: Callable[[str], Any]) -> Check:
+    fix = "aws configure (or aws sso login), or --profile"
+    if session.get_credentials() is None:
+        return Check("credentials", False, "none found", fix)
+    if not session.region_name:
+        return Check("credentials", None, "found; not verified without a region")
+    try:
+        who = client("sts").get_caller_identity()
+    except NoCredentialsError:
+        return Check("credentials", False, "none found", fix)
+    except ClientError as error:
+        code = error.response["Error"]["Code"]
+        return Check("credentials", False, f"rejected ({code})",
+                     "refresh them (aws sso login) or pass --profile")  # fmt: skip
+    return Check("credentials", True, who["Arn"])
+
+
+def _region(session: boto3.Session) -> Check:
+    if session.region_name:
+        return Check("region", True, session.region_name)
+    return Check("region", False, "none set", "--region, AWS_REGION, or a region in the profile")
+
+
+def _unchecked(checks: list[Check], reason: str) -> list[Check]:
+    """`checks` followed by the rest of CHECKS, each saying it was not checked and why."""
+    done = {check.name for check in checks}
+    return [
+        *checks,
+        *(Check(name, None, f"not checked: {reason}") for name in CHECKS if name not in done),
+    ]
 
 
 def _eks(client: Callable[[str], Any], deployment: Deployment, config: TrainingConfig) -> Check:
@@ -175,3 +195,12 @@ def _worker_image(
             )
         raise
     return Check("worker image", True, image)
+
+
+DEPLOYMENT_CHECKS = (
+    ("eks", _eks),
+    ("hyperpod", _hyperpod),
+    ("quota", _quota),
+    ("worker image", _worker_image),
+)
+CHECKS = ("credentials", "region", "stacks", *(name for name, _ in DEPLOYMENT_CHECKS))

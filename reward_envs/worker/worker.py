@@ -28,6 +28,10 @@ from reward_envs.worker.queues import Delivery, SqsRolloutQueues
 from reward_envs.worker.rollout import run_rollout
 from reward_envs.worker.settings import WorkerSettings
 
+# How often the heartbeat looks for tasks due an extension: an extension is at most this late,
+# far inside the third of the visibility timeout (at least 10 s) it has to spare.
+HEARTBEAT_TICK_SECONDS = 0.2
+
 log = logging.getLogger("mtrl.worker")
 
 
@@ -278,7 +282,7 @@ class RewardWorker:
 
     def _heartbeat(self) -> None:
         interval = self.settings.visibility_timeout_seconds / 3
-        while not self._stopping.wait(min(interval, 0.2)):
+        while not self._stopping.wait(HEARTBEAT_TICK_SECONDS):
             now = self.clock()
             with self._tasks_lock:
                 due = [t for t in self._tasks.values() if now - t.last_extended >= interval]

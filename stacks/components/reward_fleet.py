@@ -18,19 +18,14 @@ from stacks.config import PlatformConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 WORKER_DOCKERFILE = "reward_envs/Dockerfile"
-# Only what the worker image needs goes into the Docker build context.
+# The image's build context: what reward_envs/Dockerfile copies and nothing else, so that local
+# folders (build/, runs/, caches) neither bloat the context nor change the asset's hash.
+BUILD_CONTEXT = ("domain", "reward_envs")
 BUILD_CONTEXT_EXCLUDES = [
-    ".git",
-    ".venv",
-    "cdk.out",
-    "runs",
-    "tests",
-    "bench",
-    "examples",
+    "*",
+    *(f"!{folder}" for folder in BUILD_CONTEXT),
+    *(f"!{folder}/**" for folder in BUILD_CONTEXT),
     "**/__pycache__",
-    "*.egg-info",
-    ".pytest_cache",
-    ".ruff_cache",
 ]
 
 

@@ -3,9 +3,11 @@ with equivalent mutants left out, and the mutmut settings each run gets."""
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
+import bench.mutate
 from bench.mutate import (
     FUNCTIONS,
     MODULES,
@@ -14,6 +16,7 @@ from bench.mutate import (
     module_of,
     mutant_patterns,
     mutmut_config,
+    record,
     tally,
 )
 
@@ -97,3 +100,17 @@ def test_every_module_test_file_and_chosen_function_exists() -> None:
         for name in functions:
             owner, _, function = name.rpartition(".")
             assert f"class {owner}" in source and f"    def {function}(" in source, name
+
+
+def test_each_group_figures_join_the_earlier_runs_figures(tmp_path, monkeypatch) -> None:
+    results = tmp_path / "mutation.json"
+    results.write_text(json.dumps({"domain/runs.py": {"score": 1.0}}))
+    monkeypatch.setattr(bench.mutate, "RESULTS", results)
+    tallied = tally(RESULTS, {}, ["reward_envs.worker.worker.*"])
+    record(tallied, 61.4)
+    written = json.loads(results.read_text())
+    assert written["domain/runs.py"] == {"score": 1.0}
+    worker = written["reward_envs/worker/worker.py"]
+    assert worker["counts"] == {"timeout": 1, "survived": 1}
+    assert worker["survivors"] == ["reward_envs.worker.worker.xǁRewardWorkerǁ_heartbeat__mutmut_10"]
+    assert "61 s" in worker["run"]

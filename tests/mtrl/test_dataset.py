@@ -137,6 +137,12 @@ def test_duplicate_ids_point_at_the_first_one() -> None:
     assert validator.summary.duplicate_ids == 3
 
 
+def test_a_dataset_of_two_copies_of_one_record_is_a_duplicate() -> None:
+    problems, validator = _problems(_line(GOOD) + _line(GOOD))
+    assert problems == ["line 2: id: duplicate of the id on line 1"]
+    assert validator.summary.duplicate_ids == 1
+
+
 def test_problems_come_in_line_order_and_the_first_ones_are_kept() -> None:
     """Duplicates are found at the end of the file but told where they are."""
     many = [_line({**GOOD, "id": f"r{i % 40}"}) for i in range(120)]  # ids 0-39, three times

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from mtrl import ops_commands
 from mtrl.cli import app
-from mtrl.ops.doctor import TOTAL_INSTANCES, diagnose
+from mtrl.ops.doctor import CHECKS, TOTAL_INSTANCES, diagnose
 from tests.mtrl.test_ops_commands import _stack
 from tests.service_fakes import FakeSageMaker, FakeServiceQuotas
 from training_configs import load_training_config
@@ -61,22 +61,26 @@ def healthy(sagemaker: FakeSageMaker) -> dict[str, Any]:
 
 def _diagnose(clients: dict[str, Any]) -> dict[str, Any]:
     checks = diagnose(
-        boto3.Session(region_name="us-east-1"), prefix="nova-mtrl", config=LORA, clients=clients
+        profile=None, region="us-east-1", prefix="nova-mtrl", config=LORA, clients=clients
     )
     return {check.name: check for check in checks}
 
 
 def test_a_ready_deployment_passes_every_check(healthy: dict) -> None:
     checks = _diagnose(healthy)
-    assert list(checks) == [
-        "credentials",
-        "region",
-        "stacks",
-        "eks",
-        "hyperpod",
-        "quota",
-        "worker image",
-    ]
+    assert (
+        tuple(checks)
+        == CHECKS
+        == (
+            "credentials",
+            "region",
+            "stacks",
+            "eks",
+            "hyperpod",
+            "quota",
+            "worker image",
+        )
+    )
     assert all(check.ok for check in checks.values()), checks
     assert checks["quota"].detail == (
         "ml.p5.48xlarge for cluster usage: 4; "
@@ -141,23 +145,64 @@ def test_the_cli_exits_1_on_a_failed_check_and_0_when_ready(
     assert missing.exit_code == 1 and "FAIL" in missing.output
 
 
-def test_no_stacks_stops_after_saying_so(aws: None) -> None:
+def test_no_stacks_leaves_the_rest_unchecked_and_says_why(aws: None) -> None:
     checks = _diagnose({})
-    assert list(checks) == ["credentials", "region", "stacks"]
+    assert tuple(checks) == CHECKS
     assert checks["stacks"].ok is False and "not found in us-east-1" in checks["stacks"].detail
+    for name in ("eks", "hyperpod", "quota", "worker image"):
+        assert (checks[name].ok, checks[name].detail) == (None, "not checked: needs the stacks")
 
 
-def test_no_credentials_is_the_first_and_only_finding(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+def _bare(**session: str | None) -> dict[str, Any]:
+    checks = diagnose(
+        prefix="nova-mtrl", config=LORA, **{"profile": None, "region": None, **session}
+    )
+    assert tuple(check.name for check in checks) == CHECKS
+    return {check.name: check for check in checks}
+
+
+def test_no_region_and_no_credentials_are_rows_with_their_fixes(no_aws_setup: None) -> None:
+    checks = _bare()
+    assert (checks["credentials"].ok, checks["credentials"].detail, checks["credentials"].fix) == (
+        False, "none found", "aws configure (or aws sso login), or --profile")  # fmt: skip
+    assert (checks["region"].ok, checks["region"].detail, checks["region"].fix) == (
+        False, "none set", "--region, AWS_REGION, or a region in the profile")  # fmt: skip
+    for name in ("stacks", "eks", "hyperpod", "quota", "worker image"):
+        assert (checks[name].ok, checks[name].detail) == (
+            None, "not checked: needs credentials and a region")  # fmt: skip
+
+
+def test_credentials_without_a_region_are_found_but_not_verified(
+    no_aws_setup: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    (check,) = diagnose(boto3.Session(region_name="us-east-1"), prefix="nova-mtrl", config=LORA)
-    assert (check.name, check.ok) == ("credentials", False)
-    assert check.fix == "aws configure (or aws sso login), or --profile"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    checks = _bare()
+    assert (checks["credentials"].ok, checks["credentials"].detail) == (
+        None, "found; not verified without a region")  # fmt: skip
+    assert checks["region"].ok is False
+    assert checks["stacks"].detail == "not checked: needs credentials and a region"
+
+
+def test_an_unknown_profile_is_the_credentials_row(no_aws_setup: None) -> None:
+    checks = _bare(profile="nope", region="us-east-1")
+    assert (checks["credentials"].ok, checks["credentials"].detail) == (
+        False, "profile 'nope' is not configured")  # fmt: skip
+    assert "aws configure --profile nope" in checks["credentials"].fix
+    assert checks["region"].detail == "not checked: needs a configured profile"
+
+
+def test_doctor_without_a_region_prints_its_whole_table(no_aws_setup: None) -> None:
+    result = CliRunner().invoke(app, ["doctor", "--json"])
+    assert result.exit_code == 1, result.output
+    rows = json.loads(result.output)
+    assert [row["name"] for row in rows] == list(CHECKS)
+    assert [row["ok"] for row in rows] == [False, False, None, None, None, None, None]
+    table = CliRunner().invoke(app, ["doctor"], env={"COLUMNS": "200"})
+    assert table.exit_code == 1
+    assert "error" not in table.output and "Traceback" not in table.output
+    for name in CHECKS:
+        assert name in table.output
 
 
 def test_an_eks_cluster_without_its_private_endpoint_is_named_with_the_fix(healthy: dict) -> None:

@@ -177,20 +177,18 @@ def test_missing_stacks_and_a_wrong_region_are_one_line(aws: None) -> None:
     )
 
 
-def test_no_credentials_and_no_region_are_one_line(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-                "AWS_DEFAULT_REGION", "AWS_REGION", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-                "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_WEB_IDENTITY_TOKEN_FILE"):  # fmt: skip
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+def test_every_missing_prerequisite_is_named_at_once(no_aws_setup: None) -> None:
     result = runner.invoke(app, ["runs"])
-    assert result.exit_code == 2 and "no AWS region: pass --region" in result.output
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        "error: no AWS region: pass --region, set AWS_REGION, or configure one for the profile",
+        "error: no AWS credentials: run `aws configure` (or `aws sso login`), or pass --profile",
+    ]
     result = runner.invoke(app, ["runs", "--region", "us-east-1"])
-    assert result.exit_code == 2 and "no AWS credentials: run `aws configure`" in result.output
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        "error: no AWS credentials: run `aws configure` (or `aws sso login`), or pass --profile"
+    ]
     result = runner.invoke(app, ["runs", "--region", "us-east-1", "--profile", "nope"])
     assert result.exit_code == 2 and "AWS profile 'nope' is not configured" in result.output
 

@@ -18,7 +18,7 @@ from reward_envs.wordle import load_environment
 from reward_envs.worker.model_client import CallableModel
 from reward_envs.worker.queues import Delivery, SqsRolloutQueues
 from reward_envs.worker.settings import WorkerSettings
-from reward_envs.worker.worker import RewardWorker, Task, TaskState
+from reward_envs.worker.worker import HEARTBEAT_TICK_SECONDS, RewardWorker, Task, TaskState
 from tests.aws import Serialized
 from tests.reward_envs.test_rollout import Recording
 
@@ -460,6 +460,21 @@ class RecordingQueues:
 
     def extend(self, delivery: Delivery, seconds: int) -> None:
         self.extended.append(delivery.message_id)
+
+
+def test_the_heartbeat_looks_for_due_tasks_every_tick(queues: Queues) -> None:
+    """An extension is at most one tick late, whatever the visibility timeout."""
+    worker = worker_for(queues, instant(), visibility_timeout_seconds=600)
+    waits: list[float] = []
+
+    class Stopping:  # stops the heartbeat at its third wait
+        def wait(self, timeout: float) -> bool:
+            waits.append(timeout)
+            return len(waits) == 3
+
+    worker._stopping = Stopping()
+    worker._heartbeat()
+    assert waits == [HEARTBEAT_TICK_SECONDS] * 3 and HEARTBEAT_TICK_SECONDS <= 0.2
 
 
 def test_the_heartbeat_extends_every_running_task_that_is_due(aws: None) -> None:
