@@ -4,11 +4,13 @@ reward at fixed steps, peak memory — against a named baseline run side by side
 Baseline: the same GRPO update and policy with the episodes played in-process (no pipeline, no
 queues, no router, no worker processes), i.e. what the learning itself costs. The ratio of the
 two per-step times is what running the real protocol locally adds.
-Run: `python -m bench.local` (BENCH_QUICK=1: 4 steps). Nothing is asserted.
+Run: `python -m bench.local` (BENCH_RUNS=3 runs, the median reported and written to
+bench/results/local.json; BENCH_QUICK=1: 4 steps, nothing written). Nothing is asserted.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import sys
@@ -29,6 +31,8 @@ from training_configs.schema import load_training_config
 EXAMPLE = Path(__file__).parents[1] / "examples" / "wordle"
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 MARKS = (1, 4, 8, 12, 16)
+RUNS = int(os.environ.get("BENCH_RUNS", "3"))
+RESULTS = Path(__file__).parent / "results" / "local.json"
 
 
 def baseline(steps: int, group_size: int, secrets: int, learning_rate: float) -> list[DirectStep]:
@@ -45,17 +49,8 @@ def baseline(steps: int, group_size: int, secrets: int, learning_rate: float) ->
     )
 
 
-def main() -> None:
-    config = load_training_config(EXAMPLE / "config.yaml")
-    steps = 4 if QUICK else config.max_steps
-    print(f"nova-mtrl local-mode bench — {os.cpu_count()} cores, Python {sys.version.split()[0]}")
-    print(
-        f"config {config.name}: {steps} steps of {config.global_batch_size} rollouts (groups of {config.group_size})"
-    )
-
-    started = time.perf_counter()
-    template = pipeline_template()
-    synth = time.perf_counter() - started
+def one_run(template: dict, steps: int) -> dict:
+    """One run of the example through the pipeline: its times, rewards and wins per step."""
     uploaded: list[float] = []
     first_step: list[float] = []
 
@@ -78,8 +73,31 @@ def main() -> None:
             template=template,
             observer=Observer(on_state=on_state, on_step=on_step),
         )
-    pipeline_steps = [m["seconds"] for m in outcome.metrics]
-    rewards = {m["step"]: m["mean_reward"] for m in outcome.metrics}
+    return {
+        "status": outcome.status,
+        "run_seconds": round(outcome.seconds, 1),
+        "first_step_seconds": round(first_step[0] - uploaded[0], 1),
+        "step_seconds_median": round(float(np.median([m["seconds"] for m in outcome.metrics])), 2),
+        "reward": {m["step"]: round(m["mean_reward"], 3) for m in outcome.metrics},
+        "wins": {m["step"]: round(m.get("win_rate") or 0.0, 3) for m in outcome.metrics},
+    }
+
+
+def main() -> None:
+    config = load_training_config(EXAMPLE / "config.yaml")
+    steps = 4 if QUICK else config.max_steps
+    print(f"nova-mtrl local-mode bench — {os.cpu_count()} cores, Python {sys.version.split()[0]}")
+    print(
+        f"config {config.name}: {steps} steps of {config.global_batch_size} rollouts "
+        f"(groups of {config.group_size}), {RUNS} runs"
+    )
+    started = time.perf_counter()
+    template = pipeline_template()
+    synth = time.perf_counter() - started
+    runs = []
+    for number in range(1, RUNS + 1):
+        runs.append(one_run(template, steps))
+        print(f"run {number}: {runs[-1]['status']}, {runs[-1]['run_seconds']} s")
     base = baseline(
         steps,
         config.group_size,
@@ -88,11 +106,16 @@ def main() -> None:
     )
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-
-    print(f"status {outcome.status}; whole run {outcome.seconds:.0f} s after a {synth:.1f} s synth")
-    print(f"upload -> first training step done: {first_step[0] - uploaded[0]:.1f} s")
-    local_step = float(np.median(pipeline_steps))
-    base_step = float(np.median([step.seconds for step in base]))
+    median = lambda key: float(np.median([run[key] for run in runs]))  # noqa: E731
+    local_step, base_step = (
+        median("step_seconds_median"),
+        float(np.median([s.seconds for s in base])),
+    )
+    rewards = runs[0]["reward"]
+    print(
+        f"whole run (median of {RUNS}): {median('run_seconds'):.0f} s after a {synth:.1f} s synth"
+    )
+    print(f"upload -> first training step done (median): {median('first_step_seconds'):.1f} s")
     print(
         f"per step (median): local pipeline {local_step:.2f} s, in-process baseline "
         f"{base_step * 1000:.0f} ms; ratio {local_step / base_step:.0f}x"
@@ -106,6 +129,25 @@ def main() -> None:
         )
     )
     print(f"peak RSS: this process {own:.0f} MB, largest child {children:.0f} MB")
+    if not QUICK:
+        RESULTS.write_text(
+            json.dumps(
+                {
+                    "machine": f"{os.cpu_count()} cores, {sys.platform}, Python {sys.version.split()[0]}",
+                    "steps": steps,
+                    "synth_seconds": round(synth, 1),
+                    "run_seconds_median": median("run_seconds"),
+                    "first_step_seconds_median": median("first_step_seconds"),
+                    "step_seconds_median": local_step,
+                    "baseline_step_ms": round(base_step * 1000, 1),
+                    "peak_rss_mb": {"this process": round(own), "largest child": round(children)},
+                    "runs": runs,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+        print(f"figures in {RESULTS.relative_to(EXAMPLE.parents[1])}")
 
 
 if __name__ == "__main__":

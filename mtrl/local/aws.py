@@ -2,7 +2,9 @@
 
 - moto's in-memory backends are not thread-safe (a delete racing a send loses FIFO messages),
   so requests are served one at a time; SQS long polls wait outside that lock and retry as
-  short polls, so a waiting receiver never blocks everyone else.
+  short polls when their queue may have changed, so a waiting receiver never blocks everyone
+  else. That one core is the run's speed limit: moto's pure lookups are memoized
+  (moto_speedups.py) and a host's service is resolved once.
 - Lambda invocations (from Step Functions) are not serialized: the handler they run calls back
   into this server. They are dispatched in-process to the real handlers (embedded.py).
 - SQS event source mappings are run as Lambda runs them, by a poller per mapping that invokes
@@ -41,6 +43,7 @@ from moto.moto_server.werkzeug_app import (
 from moto.sqs.models import sqs_backends
 from werkzeug.serving import make_server
 
+from mtrl.local import moto_speedups
 from mtrl.local.embedded import Dispatcher, in_process_lambdas, temporary_environ
 from mtrl.local.physical import ACCOUNT, REGION
 from mtrl.local.sqs_event_source import SqsEventSource
@@ -49,13 +52,22 @@ log = logging.getLogger("mtrl.local.aws")
 
 _INVOKE = re.compile(r"^/2015-03-31/functions/[^/]+/invocations$")
 _RECEIVE = "AmazonSQS.ReceiveMessage"
+# What can change what a queue's receivers get: new messages, visibility changed, a delete (in
+# a FIFO queue it frees the next message of the group), and the queue itself deleted (its
+# receivers end at once, as the event source pollers must when a run is torn down).
 _WAKES_RECEIVERS = {
+    "AmazonSQS.DeleteQueue",
+    "AmazonSQS.PurgeQueue",
     "AmazonSQS.SendMessage",
     "AmazonSQS.SendMessageBatch",
     "AmazonSQS.ChangeMessageVisibility",
     "AmazonSQS.ChangeMessageVisibilityBatch",
+    "AmazonSQS.DeleteMessage",
+    "AmazonSQS.DeleteMessageBatch",
 }
-_RETRY_SHORT_POLL_SECONDS = 0.1
+# A waiting receiver polls again after this even if nothing woke it (a visibility timeout or a
+# delay that ran out wakes no one).
+_RETRY_SHORT_POLL_SECONDS = 0.5
 MOTO_CONFIG: dict[str, Any] = {
     "stepfunctions": {"execute_state_machine": True},
     "lambda": {"use_docker": False},
@@ -78,6 +90,19 @@ def call_wsgi(app: Any, environ: dict[str, Any]) -> tuple[str, list[tuple[str, s
     return answer["status"], answer["headers"], body
 
 
+class _HostsResolvedOnce(DomainDispatcherApplication):
+    """moto's dispatcher, remembering which service serves a host (it never changes)."""
+
+    def __init__(self, create_app: Any) -> None:
+        super().__init__(create_app)
+        self._services: dict[str | None, Any] = {}
+
+    def get_backend_for_host(self, host: str | None) -> Any:
+        if host not in self._services:
+            self._services[host] = super().get_backend_for_host(host)
+        return self._services[host]
+
+
 class _RequestHandler(MotoRequestHandler):
     # Buffered writes: status line, headers and body leave in one send, not one per line.
     wbufsize = 64 * 1024
@@ -89,7 +114,10 @@ class SerializedApp:
     def __init__(self, app: Any) -> None:
         self._app = app
         self._lock = threading.Lock()
-        self._sent = threading.Condition()
+        # Per queue (by name), how many times something may have made messages receivable:
+        # a waiting receiver wakes for its own queue only.
+        self._changed = threading.Condition()
+        self._changes: dict[str, int] = {}
         self.requests = 0
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
@@ -98,10 +126,16 @@ class SerializedApp:
         target = environ.get("HTTP_X_AMZ_TARGET", "")
         if target == _RECEIVE:
             return self._receive(environ, start_response)
-        status, headers, body = self._serve(environ)
-        if target in _WAKES_RECEIVERS:
-            with self._sent:
-                self._sent.notify_all()
+        if target not in _WAKES_RECEIVERS:
+            status, headers, body = self._serve(environ)
+            start_response(status, headers)
+            return [body]
+        raw = _body(environ)
+        status, headers, body = self._serve(_with_body(environ, raw))
+        queue = _queue_name(raw)
+        with self._changed:
+            self._changes[queue] = self._changes.get(queue, 0) + 1
+            self._changed.notify_all()
         start_response(status, headers)
         return [body]
 
@@ -111,23 +145,41 @@ class SerializedApp:
             return call_wsgi(self._app, environ)
 
     def _receive(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
-        raw = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+        raw = _body(environ)
         request = json.loads(raw or b"{}")
+        queue = _queue_name(raw)
         deadline = time.monotonic() + float(request.get("WaitTimeSeconds") or 0)
-        short = json.dumps({**request, "WaitTimeSeconds": 0}).encode()
+        short_body = json.dumps({**request, "WaitTimeSeconds": 0}).encode()
         while True:
-            environ = {
-                **environ,
-                "wsgi.input": io.BytesIO(short),
-                "CONTENT_LENGTH": str(len(short)),
-            }
-            status, headers, body = self._serve(environ)
+            with self._changed:
+                seen = self._changes.get(queue, 0)
+            status, headers, body = self._serve(_with_body(environ, short_body))
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not status.startswith("200") or b'"Messages"' in body:
                 start_response(status, headers)
                 return [body]
-            with self._sent:
-                self._sent.wait(min(remaining, _RETRY_SHORT_POLL_SECONDS))
+            with self._changed:
+                self._changed.wait_for(
+                    lambda seen=seen: self._changes.get(queue, 0) != seen,
+                    timeout=min(remaining, _RETRY_SHORT_POLL_SECONDS),
+                )
+
+
+def _body(environ: dict[str, Any]) -> bytes:
+    return environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+
+
+def _with_body(environ: dict[str, Any], raw: bytes) -> dict[str, Any]:
+    return {**environ, "wsgi.input": io.BytesIO(raw), "CONTENT_LENGTH": str(len(raw))}
+
+
+def _queue_name(raw: bytes) -> str:
+    """The queue a JSON-protocol SQS request names (by name: clients' URLs differ by host)."""
+    try:
+        url = json.loads(raw or b"{}").get("QueueUrl", "")
+    except (ValueError, AttributeError):
+        return ""
+    return str(url).rsplit("/", 1)[-1]
 
 
 class EventSourceMappings:
@@ -210,12 +262,13 @@ class LocalAws:
 
     def __init__(self) -> None:
         self._stack = ExitStack()
-        self.app = SerializedApp(DomainDispatcherApplication(create_backend_app))
+        self.app = SerializedApp(_HostsResolvedOnce(create_backend_app))
         self.dispatcher: Dispatcher
         self.mappings: EventSourceMappings
         self.endpoint = ""
 
     def __enter__(self) -> LocalAws:
+        moto_speedups.install()
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
         # The interpreter logs every failed state with its internals; the run report says it.
         logging.getLogger("moto.stepfunctions").setLevel(logging.CRITICAL)

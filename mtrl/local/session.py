@@ -226,9 +226,11 @@ class LocalSession:
         calls = self.pipeline.dispatcher.invocations
         while True:
             described = sfn.describe_execution(executionArn=execution)
-            # The Lambda steps as they are invoked (the full history is read once, at the end).
+            # The pipeline's steps as they are invoked (the full history is read once, at the
+            # end); the router's functions are not steps of the run.
             for step in calls[seen_calls:]:
-                observer.on_state(step)
+                if step in STEP:
+                    observer.on_state(step)
             seen_calls = len(calls)
             progress = [e for e in self.cluster.progress.get(run_id, []) if "step" in e]
             for metrics in progress[seen_steps:]:

@@ -9,7 +9,7 @@ import time
 
 import boto3
 
-from mtrl.local.aws import LocalAws
+from mtrl.local.aws import _RETRY_SHORT_POLL_SECONDS, LocalAws, _queue_name
 
 
 def test_a_long_poll_returns_when_a_message_arrives_and_blocks_no_one() -> None:
@@ -37,6 +37,56 @@ def test_a_long_poll_returns_when_a_message_arrives_and_blocks_no_one() -> None:
         # ... and the receive gets the message long before its 10 s are up.
         ((waited, count),) = received
         assert count == 1 and waited < 5
+
+
+def test_a_waiting_receive_is_woken_by_its_own_queue_only() -> None:
+    """Sends to other queues do not make it poll again (each poll is a request on the server's
+    one lock): it polls at its start, on the fallback ticks, and at its end."""
+    with LocalAws() as aws:
+        sqs = aws.client("sqs")
+        quiet = sqs.create_queue(QueueName="quiet")["QueueUrl"]
+        busy = sqs.create_queue(QueueName="busy")["QueueUrl"]
+        before = aws.app.requests
+        waiting = threading.Thread(
+            target=lambda: boto3.client("sqs").receive_message(QueueUrl=quiet, WaitTimeSeconds=2)
+        )
+        waiting.start()
+        for index in range(40):
+            sqs.send_message(QueueUrl=busy, MessageBody=f"m{index}")
+        waiting.join(timeout=10)
+        polls = aws.app.requests - before - 40
+        assert 1 <= polls <= 2 / _RETRY_SHORT_POLL_SECONDS + 2
+
+
+def test_deleting_a_queue_ends_the_receives_waiting_on_it(monkeypatch) -> None:
+    """A torn-down run's event source pollers end with their queues, not a fallback tick later
+    (the run counts pollers left behind)."""
+    monkeypatch.setattr("mtrl.local.aws._RETRY_SHORT_POLL_SECONDS", 30.0)
+    with LocalAws() as aws:
+        sqs = aws.client("sqs")
+        url = sqs.create_queue(QueueName="run-queue")["QueueUrl"]
+        errors: list[str] = []
+
+        def receive() -> None:
+            try:
+                boto3.client("sqs").receive_message(QueueUrl=url, WaitTimeSeconds=20)
+            except sqs.exceptions.QueueDoesNotExist as error:
+                errors.append(error.response["Error"]["Code"])
+
+        waiting = threading.Thread(target=receive)
+        waiting.start()
+        deadline = time.monotonic() + 10
+        while aws.app.requests < 2 and time.monotonic() < deadline:  # the receive is waiting
+            time.sleep(0.01)
+        sqs.delete_queue(QueueUrl=url)
+        waiting.join(timeout=10)
+        assert not waiting.is_alive() and len(errors) == 1
+
+
+def test_the_queue_a_request_names_is_read_from_its_body() -> None:
+    body = json.dumps({"QueueUrl": "http://127.0.0.1:5000/123456789012/run-7-rollout.fifo"})
+    assert _queue_name(body.encode()) == "run-7-rollout.fifo"
+    assert _queue_name(b"{}") == "" and _queue_name(b"not json") == ""
 
 
 def test_in_process_clients_share_the_servers_state() -> None:

@@ -200,6 +200,7 @@ def test_off_a_terminal_the_cli_prints_a_line_per_state_and_per_step(
     assert progress[0] == "pipeline: synthesizing the pipeline stack"
     assert "pipeline: validate" in progress and progress[-1] == "pipeline: SUCCEEDED", progress
     assert progress.count("pipeline: monitor") == 1  # a step polled again is said once
+    assert not [line for line in progress if "router" in line]  # its functions are not steps
     (run_directory,) = (tmp_path / "runs").iterdir()
     assert f"  reward curve: {run_directory / 'reward_curve.png'}" in lines
     assert any(line.startswith("  cost: $0 here; on AWS this config costs $") for line in lines)

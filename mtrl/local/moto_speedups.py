@@ -1,0 +1,53 @@
+"""Memoized lookups for moto's server: the same answers, computed once.
+
+Local mode sends every AWS request of a run (thousands per training step) through one moto
+server, serialized on one core, so moto's per-request overhead is the demo's speed limit.
+Profiling a run (yappi, 2 cores) put three pure lookups near the top, each recomputed on every
+request although its answer never changes within a process:
+
+- `camelcase_to_underscores`: SQS rebuilds a queue's attribute map, converting each name,
+  several times per message;
+- `method_names_from_class`: every request lists its response class's methods (inspect);
+- `list_of_moto_modules`: every request lists moto's package directory (a stat per entry) to
+  find the service of a host.
+
+`install()` replaces them, process-wide and once, by cached versions of themselves. Nothing
+else of moto is changed; answers are identical (tests/local/test_moto_speedups.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+
+import moto.backends
+import moto.core.responses
+import moto.core.utils
+
+_installed = threading.Lock()
+_done: list[bool] = []
+
+
+def install() -> None:
+    """Put the cached lookups in place (idempotent)."""
+    with _installed:
+        if _done:
+            return
+        original = moto.core.utils.camelcase_to_underscores
+        cached = functools.lru_cache(maxsize=8192)(original)
+        # Modules imported later take the name from moto.core.utils; those already imported
+        # hold the original under their own name.
+        moto.core.utils.camelcase_to_underscores = cached
+        for name, module in list(sys.modules.items()):
+            if (
+                name.startswith("moto.")
+                and vars(module).get("camelcase_to_underscores") is original
+            ):
+                module.camelcase_to_underscores = cached
+        moto.core.responses.method_names_from_class = functools.cache(
+            moto.core.utils.method_names_from_class
+        )
+        modules = tuple(moto.backends.list_of_moto_modules())
+        moto.backends.list_of_moto_modules = lambda: modules
+        _done.append(True)
