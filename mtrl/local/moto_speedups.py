@@ -2,14 +2,15 @@
 
 Local mode sends every AWS request of a run (thousands per training step) through one moto
 server, serialized on one core, so moto's per-request overhead is the demo's speed limit.
-Profiling a run (yappi, 2 cores) put three pure lookups near the top, each recomputed on every
+Profiling a run (yappi, 2 cores) put pure lookups near the top, each recomputed on every
 request although its answer never changes within a process:
 
 - `camelcase_to_underscores`: SQS rebuilds a queue's attribute map, converting each name,
   several times per message;
-- `method_names_from_class`: every request lists its response class's methods (inspect);
-- `list_of_moto_modules`: every request lists moto's package directory (a stat per entry) to
-  find the service of a host.
+- `method_names_from_class`: every request lists its response class's methods (inspect).
+
+(The third, finding a host's service by listing moto's package directory, is answered once per
+host by local mode's dispatcher, `_HostsResolvedOnce` in aws.py.)
 
 `install()` replaces them, process-wide and once, by cached versions of themselves. Nothing
 else of moto is changed; answers are identical (tests/local/test_moto_speedups.py).
@@ -21,7 +22,6 @@ import functools
 import sys
 import threading
 
-import moto.backends
 import moto.core.responses
 import moto.core.utils
 
@@ -48,6 +48,4 @@ def install() -> None:
         moto.core.responses.method_names_from_class = functools.cache(
             moto.core.utils.method_names_from_class
         )
-        modules = tuple(moto.backends.list_of_moto_modules())
-        moto.backends.list_of_moto_modules = lambda: modules
         _done.append(True)

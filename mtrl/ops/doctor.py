@@ -1,11 +1,12 @@
 """`mtrl doctor`: is this account and deployment ready for a run, and if not, what to fix.
 
 Each check says what it found and, when it fails, the fix: credentials, region, the stacks and
-their outputs, the EKS cluster (active, private endpoint — the nodes reach it inside the VPC), the HyperPod
-cluster (in service, a GPU group of the config's instance type), the account's HyperPod quota
-for that type against the config's instance count, and the reward-worker image in ECR. A check
-that cannot tell (an API the account does not allow) says so rather than failing, and one whose
-prerequisite failed (no region, no stacks) is still a row saying what it waits for.
+their outputs, the EKS cluster (active, private endpoint — the nodes reach it inside the VPC),
+the HyperPod cluster (in service, a GPU group of the config's instance type), the account's
+HyperPod quota for that type against the config's instance count, and the reward-worker image
+in ECR. A check that cannot tell (an API the account does not allow) says so rather than
+failing, and one whose prerequisite failed (no region, no stacks) is still a row saying what it
+waits for.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ import aws_cdk as cdk
 import jsii
 from aws_cdk import aws_lambda as lambda_
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+from stacks.components.project_files import PROJECT_ROOT, only_folders
+
 PACKAGES = ("lambdas", "domain", "training_configs")
 # boto3 comes with the Lambda runtime; the rest is pinned as in pyproject.toml.
 REQUIREMENTS = (
@@ -55,11 +56,7 @@ def pipeline_code() -> lambda_.Code:
     """One asset for every pipeline Lambda (handlers differ by module path)."""
     return lambda_.Code.from_asset(
         str(PROJECT_ROOT),
-        exclude=[
-            "*",
-            *(f"!{package}" for package in PACKAGES),
-            *(f"!{package}/**" for package in PACKAGES),
-        ],
+        exclude=only_folders(PACKAGES),
         bundling=cdk.BundlingOptions(
             image=RUNTIME.bundling_image,
             local=PipBundling(),

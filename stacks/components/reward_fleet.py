@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
@@ -14,19 +12,13 @@ from constructs import Construct
 
 from lambdas.pipeline.ecs_fleet import CONTAINER
 from stacks.components.nag import acknowledge
+from stacks.components.project_files import PROJECT_ROOT, only_folders
 from stacks.config import PlatformConfig
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 WORKER_DOCKERFILE = "reward_envs/Dockerfile"
-# The image's build context: what reward_envs/Dockerfile copies and nothing else, so that local
-# folders (build/, runs/, caches) neither bloat the context nor change the asset's hash.
+# The image's build context: what reward_envs/Dockerfile copies and nothing else.
 BUILD_CONTEXT = ("domain", "reward_envs")
-BUILD_CONTEXT_EXCLUDES = [
-    "*",
-    *(f"!{folder}" for folder in BUILD_CONTEXT),
-    *(f"!{folder}/**" for folder in BUILD_CONTEXT),
-    "**/__pycache__",
-]
+BUILD_CONTEXT_EXCLUDES = [*only_folders(BUILD_CONTEXT), "**/__pycache__"]
 
 
 def cluster_name(config: PlatformConfig) -> str:
