@@ -143,7 +143,7 @@ class ConversationStore:
             run_id,
             f"step#{step_id}",
             "completed",
-            ("pending", "processing"),
+            ("pending",),
             now,
             extra={"result": {"S": json.dumps(result)}},
         )

@@ -7,9 +7,15 @@
 - `POST /v1/rollouts/report`: a finished rollout, forwarded once as a v0 rollout response.
 
 Every call names its run (`x-mtrl-run-id`) and proves it belongs to it (`x-mtrl-run-token`,
-checked against the run's token hash): a caller can only touch its own run. The turn is
+checked against the run's token hash): a caller can only touch its own run. A warm proxy reads a
+run's registration again after `RUN_CACHE_SECONDS`, not on every model turn (a registration
+that is gone, expired by the table's TTL, is refused at most that much later; the run's queues
+are deleted at teardown, so nothing reaches them in between). The turn is
 identified by `x-mtrl-sample-id` (or the body's `user`) and the number of assistant messages
-so far, so a retried call maps to the same step and never enqueues twice.
+so far, so a retried call maps to the same step: it is answered from the step's record, or, while
+the step is still pending, its generate request is sent again under the same deduplication id
+(SQS drops the repeat within its 5-minute window; an answer that still comes twice is recorded
+once). A step is written once when it starts and once when its answer comes.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from domain.protocol import (
 )
 from domain.run_queues import QueueKind
 from lambdas.clients import Clients, composed_once
-from lambdas.router.conversations import ConversationStore, RouterRegistration
+from lambdas.router.conversations import ConversationStore, RouterRegistration, Step
 from lambdas.router.metrics import Counts, metered_entry
 from lambdas.router.settings import RouterSettings
 
@@ -49,6 +55,8 @@ RUN_HEADER, TOKEN_HEADER, SAMPLE_HEADER, REQUEST_HEADER = (
 )
 COMPLETIONS = "/v1/chat/completions"
 REPORT = "/v1/rollouts/report"
+RUN_CACHE_SECONDS = 10.0
+RUN_CACHE_SIZE = 64  # runs a warm proxy remembers (one router serves every run)
 
 
 class FunctionUrlEvent(BaseModel):
@@ -117,6 +125,7 @@ class Proxy:
         self.sleep = sleep
         self.step_changes = step_changes
         self.counters = ProxyCounters()
+        self._runs: dict[str, tuple[float, RouterRegistration]] = {}  # run id -> (until, run)
 
     def handle(self, raw_event: dict[str, Any]) -> dict[str, Any]:
         self.counters.requests += 1
@@ -159,13 +168,28 @@ class Proxy:
         run_id = event.header(RUN_HEADER)
         if not run_id:
             raise HttpError(400, f"missing header {RUN_HEADER}")
-        run = self.store.get_run(run_id)
+        run = self._registration(run_id)
         if run is None or not run.accepts(event.header(TOKEN_HEADER)):
             raise HttpError(
                 403,
                 f"not allowed for run {run_id!r}: check {RUN_HEADER} and {TOKEN_HEADER}",
                 "auth_error",
             )
+        return run
+
+    def _registration(self, run_id: str) -> RouterRegistration | None:
+        """The run's registration, as read at most `RUN_CACHE_SECONDS` ago (an unknown run is
+        read every time: it may have just been registered)."""
+        now = self.clock()
+        cached = self._runs.get(run_id)
+        if cached is not None and now < cached[0]:
+            return cached[1]
+        run = self.store.get_run(run_id)
+        self._runs.pop(run_id, None)
+        if run is not None:
+            if len(self._runs) >= RUN_CACHE_SIZE:
+                self._runs.pop(next(iter(self._runs)))  # the oldest read
+            self._runs[run_id] = (now + RUN_CACHE_SECONDS, run)
         return run
 
     def _body(self, event: FunctionUrlEvent, model: type[BaseModel]) -> Any:
@@ -191,16 +215,16 @@ class Proxy:
         now = self.clock()
         if turn == 1:
             self.store.begin_rollout(run.run_id, sample_id, now=now)
+        known: Step | None = None  # just enqueued: its answer cannot be in yet
         if self.store.start_step(run.run_id, step_id, sample_id=sample_id, now=now):
             self._enqueue(run, sample_id, step_id, request)
         else:
             self.counters.retried_steps += 1
-            existing = self.store.get_step(run.run_id, step_id)
-            if existing is not None and existing.status == "pending":
-                self._enqueue(
-                    run, sample_id, step_id, request
-                )  # the first try died before enqueueing
-        return self._wait_for(run, step_id)
+            known = self.store.get_step(run.run_id, step_id)
+            if known is not None and known.status == "pending":
+                self._enqueue(run, sample_id, step_id, request)  # the first try may have died
+                known = None
+        return self._wait_for(run, step_id, known)
 
     def _enqueue(
         self, run: RouterRegistration, sample_id: str, step_id: str, request: ChatCompletionRequest
@@ -212,29 +236,29 @@ class Proxy:
             MessageGroupId=fifo_id(sample_id),
             MessageDeduplicationId=fifo_id(step_id),
         )
-        self.store.set_step_status(
-            run.run_id, step_id, "processing", expected="pending", now=self.clock()
-        )
         self.counters.enqueued += 1
 
-    def _wait_for(self, run: RouterRegistration, step_id: str) -> tuple[int, dict[str, Any]]:
+    def _wait_for(
+        self, run: RouterRegistration, step_id: str, step: Step | None
+    ) -> tuple[int, dict[str, Any]]:
+        """The step's answer if it comes within the wait, else 202 and its status. `step`: what
+        is known of it (None: just enqueued, so the first read comes after the first pause)."""
         deadline = self.clock() + self.wait_seconds
         pause = 0.02
         while True:
-            step = self.store.get_step(run.run_id, step_id)
             if step is not None and step.status == "completed" and step.result is not None:
                 return 200, _completion(step_id, step.result, self.clock())
             if step is not None and step.status == "failed":
                 raise HttpError(502, f"generation of step {step_id} failed", "generation_error")
-            if self.clock() >= deadline:
-                status = step.status if step is not None else "pending"
-                return 202, StepStatus(step_id=step_id, status=status).model_dump()
+            if self.clock() >= deadline:  # neither answered nor failed: pending (or expired)
+                return 202, StepStatus(step_id=step_id, status="pending").model_dump()
             remaining = max(0.0, deadline - self.clock())
             if self.step_changes is not None:
                 self.step_changes(step_id, remaining)
             else:
                 self.sleep(min(pause, remaining))
                 pause = min(pause * 2, 0.5)
+            step = self.store.get_step(run.run_id, step_id)
 
     def _status(self, run: RouterRegistration, step_id: str) -> tuple[int, dict[str, Any]]:
         step = self.store.get_step(run.run_id, step_id)

@@ -107,6 +107,15 @@ class _RequestHandler(MotoRequestHandler):
     # Buffered writes: status line, headers and body leave in one send, not one per line.
     wbufsize = 64 * 1024
 
+    def run_wsgi(self) -> None:
+        # A client that expects `100 Continue` (botocore, for every S3 PUT) holds its body back
+        # until it comes or a second has passed: it must leave now, not with the response.
+        if self.headers.get("Expect", "").lower().strip(" \t") == "100-continue":
+            self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.wfile.flush()
+            del self.headers["Expect"]
+        super().run_wsgi()
+
 
 class SerializedApp:
     """The moto WSGI app, one request at a time (except Lambda invokes); SQS long polls emulated."""
@@ -126,12 +135,12 @@ class SerializedApp:
         target = environ.get("HTTP_X_AMZ_TARGET", "")
         if target == _RECEIVE:
             return self._receive(environ, start_response)
-        if target not in _WAKES_RECEIVERS:
-            status, headers, body = self._serve(environ)
-            start_response(status, headers)
-            return [body]
+        # The body is read before the lock is taken: a slow sender holds up only itself.
         raw = _body(environ)
         status, headers, body = self._serve(_with_body(environ, raw))
+        if target not in _WAKES_RECEIVERS:
+            start_response(status, headers)
+            return [body]
         queue = _queue_name(raw)
         with self._changed:
             self._changes[queue] = self._changes.get(queue, 0) + 1
@@ -166,7 +175,10 @@ class SerializedApp:
 
 
 def _body(environ: dict[str, Any]) -> bytes:
-    return environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+    length = environ.get("CONTENT_LENGTH")
+    if not length and environ.get("wsgi.input_terminated"):
+        return environ["wsgi.input"].read()  # chunked: the server ends it at the last chunk
+    return environ["wsgi.input"].read(int(length or 0))
 
 
 def _with_body(environ: dict[str, Any], raw: bytes) -> dict[str, Any]:

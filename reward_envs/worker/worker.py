@@ -139,7 +139,6 @@ class RewardWorker:
             max_workers=settings.concurrency, thread_name_prefix="rollout"
         )
         self._completer = _Completer(queues)
-        self._receive_batch = min(10, max(1, settings.concurrency // 2))
 
     def close(self) -> None:
         """Wait for every pool thread, abandoned episodes included (embedding, tests)."""
@@ -159,8 +158,9 @@ class RewardWorker:
             while not self._stopping.is_set():
                 in_flight = self._in_flight()
                 free = self.settings.concurrency - in_flight
-                # Receive in batches: each SQS call costs more CPU than a Wordle episode.
-                if free <= 0 or (in_flight and free < self._receive_batch):
+                # Every free slot is filled while requests wait: a step's slowest rollout is what
+                # the trainer (and its GPUs) waits for.
+                if free <= 0:
                     self._wait_for_a_task(timeout=1.0)
                     continue
                 deliveries = self.queues.receive(

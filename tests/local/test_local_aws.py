@@ -4,8 +4,12 @@ in-process clients, and SQS event source mappings polled as Lambda polls them.""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from urllib.parse import urlsplit
 
 import boto3
 
@@ -140,3 +144,36 @@ def test_an_event_source_mapping_is_polled_until_it_is_deleted() -> None:
         while aws.mappings.active and time.monotonic() < deadline:
             time.sleep(0.05)
         assert aws.mappings.active == 0
+
+
+@contextmanager
+def _raw_put(aws: LocalAws, headers: bytes) -> Iterator[socket.socket]:
+    """A raw HTTP PUT of s3://bucket-one/key, its headers sent; the caller sends the body and
+    the PUT must then succeed."""
+    aws.client("s3").create_bucket(Bucket="bucket-one")
+    url = urlsplit(aws.endpoint)
+    with socket.create_connection((url.hostname, url.port), timeout=10) as connection:
+        connection.sendall(b"PUT /bucket-one/key HTTP/1.1\r\nHost: 127.0.0.1\r\n" + headers)
+        yield connection
+        assert b" 200 OK" in connection.recv(4096)
+
+
+def _stored(aws: LocalAws) -> bytes:
+    return aws.client("s3").get_object(Bucket="bucket-one", Key="key")["Body"].read()
+
+
+def test_a_client_expecting_100_continue_is_told_to_go_on_before_it_sends_its_body() -> None:
+    """botocore sends `Expect: 100-continue` with every S3 PUT and holds the body back until
+    told to go on (or a second has passed): the server must answer at once."""
+    with LocalAws() as aws:
+        with _raw_put(aws, b"Content-Length: 5\r\nExpect: 100-continue\r\n\r\n") as connection:
+            assert connection.recv(64).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+            connection.sendall(b"hello")
+        assert _stored(aws) == b"hello"
+
+
+def test_a_chunked_body_arrives_whole() -> None:
+    with LocalAws() as aws:
+        with _raw_put(aws, b"Transfer-Encoding: chunked\r\n\r\n") as connection:
+            connection.sendall(b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+        assert _stored(aws) == b"hello world"

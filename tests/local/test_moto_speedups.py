@@ -1,6 +1,9 @@
-"""moto's memoized lookups (mtrl/local/moto_speedups.py) answer exactly as the originals."""
+"""moto's memoized lookups (mtrl/local/moto_speedups.py) answer exactly as the originals; the
+collector's tuning for a run (mtrl/local/session.py) is undone after it."""
 
 from __future__ import annotations
+
+import gc
 
 import moto.core.responses
 import moto.core.utils
@@ -9,6 +12,7 @@ from moto.sqs.models import Queue
 from moto.sqs.responses import SQSResponse
 
 from mtrl.local import moto_speedups
+from mtrl.local.session import GC_THRESHOLDS, _collector_tuned_for_the_run
 
 
 def test_the_cached_lookups_answer_as_the_originals() -> None:
@@ -24,3 +28,11 @@ def test_the_cached_lookups_answer_as_the_originals() -> None:
     assert moto.core.responses.method_names_from_class(SQSResponse) == (
         moto.core.utils.method_names_from_class(SQSResponse)
     )
+
+
+def test_the_collector_is_tuned_for_a_run_and_restored_after_it() -> None:
+    before = gc.get_threshold()
+    with _collector_tuned_for_the_run():
+        assert gc.get_threshold() == GC_THRESHOLDS
+        assert gc.get_freeze_count() > 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

@@ -122,6 +122,23 @@ def test_every_request_gets_exactly_one_response(queues: Queues) -> None:
     assert stats.completed == 24 and not queues.drain(queues.requests)
 
 
+def test_a_worker_fills_every_free_slot_while_requests_wait(queues: Queues) -> None:
+    """16 slots, 16 requests: all 16 episodes play at once (a receive takes at most ten, so
+    the rest must be taken while the first ten run), else the barrier breaks."""
+    together = threading.Barrier(16, timeout=10)
+
+    def model(_messages: Sequence[Message]) -> str:
+        together.wait()
+        return "[crane]"
+
+    for index in range(16):
+        queues.send(f"rec{index}_0")
+    worker_for(queues, CallableModel(model), concurrency=16).run(exit_when_idle=True)
+    responses = queues.responses_received()
+    assert len(responses) == 16 and all(r.aggregate_score == 1.0 for r in responses)
+    assert not together.broken
+
+
 def test_responses_keep_the_order_of_their_message_group(queues: Queues) -> None:
     """The first request of each group is the slowest (six guesses against one): run in
     parallel, the later ones would answer first."""

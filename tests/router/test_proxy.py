@@ -19,8 +19,8 @@ from domain.protocol import (
     step_id_for,
 )
 from lambdas.clients import Clients
-from lambdas.router.proxy import proxy_for
-from tests.router.conftest import OTHER_TOKEN, RUN, TABLE, Router, answer, event
+from lambdas.router.proxy import RUN_CACHE_SECONDS, RUN_CACHE_SIZE, Proxy, proxy_for
+from tests.router.conftest import OTHER_TOKEN, RUN, TABLE, TOKEN, Router, answer, event
 
 CHAT, REPORT = "/v1/chat/completions", "/v1/rollouts/report"
 MESSAGES = [{"role": "user", "content": "Let's play. Guess 1 of 6:"}]
@@ -34,7 +34,7 @@ def chat(router: Router, messages=MESSAGES, sample="s1_0", **kwargs) -> tuple[in
 
 def test_chat_enqueues_one_generate_request_and_returns_a_step_to_poll(router: Router) -> None:
     status, body = chat(router)
-    assert (status, body) == (202, {"step_id": "s1_0_1", "status": "processing", "result": None})
+    assert (status, body) == (202, {"step_id": "s1_0_1", "status": "pending", "result": None})
     (message,) = router.messages(router.queues.generate_requests)
     request = parse(GenerateRequest, message["Body"])
     assert (request.sample_id, request.step_id, request.messages[0].content) == (
@@ -59,14 +59,15 @@ def test_a_sample_id_sqs_would_refuse_still_makes_a_valid_step_and_message(route
         assert re.fullmatch(r"[!-~]{1,128}", message["Attributes"][key])
 
 
-def test_a_retried_chat_is_the_same_step_and_is_not_enqueued_again(router: Router) -> None:
+def test_a_retried_chat_is_the_same_step_and_sqs_keeps_one_request_for_it(router: Router) -> None:
+    """A pending step's retry sends its request again under the same deduplication id."""
     chat(router)
     for _ in range(2):
         status, body = chat(router)
         assert status == 202 and body["step_id"] == "s1_0_1"
     chat(router, sample="s2_0")
     assert len(router.messages(router.queues.generate_requests)) == 2
-    assert (router.proxy.counters.retried_steps, router.proxy.counters.enqueued) == (2, 2)
+    assert (router.proxy.counters.retried_steps, router.proxy.counters.enqueued) == (2, 4)
 
 
 def test_later_turns_are_numbered_by_the_assistant_messages(router: Router) -> None:
@@ -101,7 +102,7 @@ def test_chat_returns_the_completion_when_it_arrives_within_the_wait(router: Rou
 def test_status_of_a_step(router: Router) -> None:
     chat(router)
     status, body = answer(router.proxy.handle(event("GET", f"{CHAT}/s1_0_1")))
-    assert (status, body["status"], body["result"]) == (200, "processing", None)
+    assert (status, body["status"], body["result"]) == (200, "pending", None)
     router.store.complete_step(
         RUN,
         "s1_0_1",
@@ -275,7 +276,7 @@ def test_every_answer_is_json_and_only_4xx_count_as_client_errors(router: Router
         router.proxy.handle(event("GET", "/nowhere")),
         router.proxy.handle(event("POST", CHAT, SIGNED_CHAT, sample="s1_0", token="wrong")),
     ]
-    router.store.set_step_status(RUN, "s1_0_1", "failed", expected="processing", now=0)
+    router.store.set_step_status(RUN, "s1_0_1", "failed", expected="pending", now=0)
     answers.append(router.proxy.handle(event("POST", CHAT, SIGNED_CHAT, sample="s1_0")))
     assert [result["statusCode"] for result in answers] == [202, 404, 403, 502]
     assert all(result["headers"] == {"content-type": "application/json"} for result in answers)
@@ -301,7 +302,7 @@ def test_routes_ignore_a_trailing_slash_header_case_and_method_case(router: Rout
     # No method in the request context reads as GET.
     bare = event("GET", f"{CHAT}/s1_0_1")
     del bare["requestContext"]["http"]
-    assert answer(router.proxy.handle(bare))[1]["status"] == "processing"
+    assert answer(router.proxy.handle(bare))[1]["status"] == "pending"
 
 
 def test_a_base64_body_is_decoded(router: Router) -> None:
@@ -310,7 +311,7 @@ def test_a_base64_body_is_decoded(router: Router) -> None:
     request["isBase64Encoded"] = True
     assert answer(router.proxy.handle(request)) == (
         202,
-        {"step_id": "s1_0_1", "status": "processing", "result": None},
+        {"step_id": "s1_0_1", "status": "pending", "result": None},
     )
 
 
@@ -355,17 +356,19 @@ def test_the_first_turn_opens_the_rollout_and_later_turns_do_not(router: Router)
     assert (summary["in_flight"], summary["finished"]) == (0, 1)
 
 
-def test_an_enqueued_step_is_processing_from_that_moment(router: Router) -> None:
+def test_an_enqueued_step_is_pending_from_that_moment_and_written_once(router: Router) -> None:
     router.clock.now += 7
+    writes = []
+    router.db.update_item = lambda **request: writes.append(request)
     chat(router)
     step = router.store.get_step(RUN, "s1_0_1")
-    assert (step.status, step.sample_id, step.updated_at) == ("processing", "s1_0", router.clock())
-    assert router.proxy.counters.enqueued == 1
+    assert (step.status, step.sample_id, step.updated_at) == ("pending", "s1_0", router.clock())
+    assert router.proxy.counters.enqueued == 1 and writes == []
 
 
 def test_a_retry_after_the_first_try_died_before_enqueueing_enqueues_it(router: Router) -> None:
     router.store.start_step(RUN, "s1_0_1", sample_id="s1_0", now=router.clock())
-    assert chat(router)[1]["status"] == "processing"
+    assert chat(router)[1]["status"] == "pending"
     assert len(router.messages(router.queues.generate_requests)) == 1
     counters = router.proxy.counters
     assert (counters.retried_steps, counters.enqueued) == (1, 1)
@@ -393,7 +396,7 @@ def test_the_wait_polls_with_doubling_pauses_up_to_half_a_second(router: Router)
 
     router.proxy.wait_seconds, router.proxy.sleep = 3.0, sleep
     status, body = chat(router)
-    assert (status, body["status"]) == (202, "processing")
+    assert (status, body["status"]) == (202, "pending")
     assert pauses[:6] == pytest.approx([0.02, 0.04, 0.08, 0.16, 0.32, 0.5])
     assert max(pauses) == 0.5 and sum(pauses) == pytest.approx(3.0)
     assert pauses[-1] == pytest.approx(3.0 - 0.62 - 4 * 0.5, abs=1e-6)
@@ -408,8 +411,14 @@ def test_when_told_of_changes_the_wait_listens_instead_of_polling(router: Router
         if len(heard) == 2:
             router.store.complete_step(RUN, step_id, {"choices": []}, now=router.clock())
 
-    router.proxy.wait_seconds, router.proxy.step_changes = 5.0, step_changes
-    router.proxy.sleep = lambda seconds: pytest.fail("polled although told of changes")
+    router.proxy = Proxy(
+        router.store,
+        router.sqs,
+        wait_seconds=5.0,
+        clock=router.clock,
+        sleep=lambda seconds: pytest.fail("polled although told of changes"),
+        step_changes=step_changes,
+    )
     assert chat(router)[0] == 200
     assert heard == [("s1_0_1", 5.0), ("s1_0_1", 3.5)]
 
@@ -429,9 +438,9 @@ def test_a_steps_status_dates_its_result_by_the_steps_last_change(router: Router
                        "choices": []},
         },
     )  # fmt: skip
-    assert answer(router.proxy.handle(event("GET", f"{CHAT}/s9_9_9"))) == (
+    assert answer(router.proxy.handle(event("GET", f"{CHAT}/s9_9_X/"))) == (
         404,
-        {"error": {"message": "no step 's9_9_9' in run 'run-1'", "type": NOT_FOUND, "code": 404}},
+        {"error": {"message": "no step 's9_9_X' in run 'run-1'", "type": NOT_FOUND, "code": 404}},
     )
 
 
@@ -482,4 +491,116 @@ def test_a_step_that_vanished_while_waiting_is_still_pending_to_the_caller(route
     """A step's record can expire (the table's TTL) or be deleted under a slow caller: it gets
     "pending" to poll again, not an error."""
     router.store.get_step = lambda run_id, step_id: None
+    router.proxy.wait_seconds = 0.5
     assert chat(router) == (202, {"step_id": "s1_0_1", "status": "pending", "result": None})
+
+
+def reads(router: Router, name: str) -> list[str]:
+    """The store's `name` reads from now on (get_run, get_step), by their first argument."""
+    read, seen = getattr(router.store, name), []
+
+    def counted(key: str, *rest: str):  # type: ignore[no-untyped-def]
+        seen.append(key)
+        return read(key, *rest)
+
+    setattr(router.store, name, counted)
+    return seen
+
+
+def test_a_just_enqueued_step_is_first_read_after_the_first_pause(router: Router) -> None:
+    steps = reads(router, "get_step")
+    router.proxy.wait_seconds = 3
+
+    def sleep_then_complete(seconds: float) -> None:
+        assert not steps, "read before the first pause"
+        router.clock.sleep(seconds)
+        router.store.complete_step(RUN, "s1_0_1", {"choices": []}, now=router.clock())
+
+    router.proxy.sleep = sleep_then_complete
+    assert chat(router)[0] == 200
+    assert steps == [RUN]
+    # Without any wait, nothing is read at all: the step was enqueued just now.
+    router.proxy.wait_seconds = 0
+    assert chat(router, sample="s2_0") == (
+        202,
+        {"step_id": "s2_0_1", "status": "pending", "result": None},
+    )
+    assert steps == [RUN]
+
+
+def test_a_retry_is_answered_from_the_read_that_found_it_retried(router: Router) -> None:
+    chat(router)
+    router.store.complete_step(RUN, "s1_0_1", {"choices": []}, now=router.clock())
+    steps = reads(router, "get_step")
+    router.proxy.sleep = lambda seconds: pytest.fail("waited for a step already answered")
+    assert chat(router)[0] == 200
+    assert steps == [RUN]
+    router.store.set_step_status(RUN, "s2_0_1", "failed", expected="pending", now=0)
+    chat(router, sample="s2_0")
+    router.store.set_step_status(RUN, "s2_0_1", "failed", expected="pending", now=0)
+    assert chat(router, sample="s2_0")[0] == 502
+
+
+def test_a_runs_registration_is_read_again_only_after_the_cache_time(router: Router) -> None:
+    runs = reads(router, "get_run")
+    for sample in ("s1_0", "s2_0"):
+        assert chat(router, sample=sample)[0] == 202
+    assert runs == [RUN]
+    router.clock.now += RUN_CACHE_SECONDS - 0.01
+    chat(router, sample="s3_0")
+    assert runs == [RUN]
+    router.clock.now += 0.01
+    chat(router, sample="s4_0")
+    assert runs == [RUN, RUN]
+
+
+def test_a_cached_registration_still_refuses_a_wrong_token_and_a_removed_run_expires(
+    router: Router,
+) -> None:
+    assert chat(router)[0] == 202
+    assert chat(router, sample="s2_0", token=OTHER_TOKEN)[0] == 403
+    router.db.delete_item(TableName=TABLE, Key={"run_id": {"S": RUN}, "item": {"S": "run"}})
+    assert chat(router, sample="s3_0")[0] == 202  # a warm proxy's bound: RUN_CACHE_SECONDS
+    router.clock.now += RUN_CACHE_SECONDS
+    assert chat(router, sample="s4_0")[0] == 403
+    router.clock.now += RUN_CACHE_SECONDS
+    assert chat(router, sample="s5_0")[0] == 403  # an unknown run is not remembered
+
+
+def test_an_unknown_run_is_read_every_time_so_a_new_run_is_served_at_once(router: Router) -> None:
+    runs = reads(router, "get_run")
+    assert chat(router, run="run-3", token="secret-token-3")[0] == 403
+    router.store.put_run("run-3", token="secret-token-3", queues=router.queues.urls(), now=0)
+    assert chat(router, run="run-3", token="secret-token-3")[0] == 202
+    assert runs == ["run-3", "run-3"]
+
+
+def test_the_proxy_remembers_a_bounded_number_of_runs_dropping_the_oldest(router: Router) -> None:
+    runs = reads(router, "get_run")
+    for number in range(RUN_CACHE_SIZE + 1):  # unknown runs: refused and not remembered
+        chat(router, run=f"gone-{number}", token="t")
+    for number in range(3, RUN_CACHE_SIZE + 3):
+        router.store.put_run(f"r{number}", token="t", queues=router.queues.urls(), now=0)
+        chat(router, run=f"r{number}", token="t", sample="s")
+    del runs[:]
+    chat(router, run="r3", token="t", sample="s")  # still remembered: RUN_CACHE_SIZE runs
+    assert runs == []
+    chat(router, sample="s")  # one more run: the one read longest ago (r3) goes
+    chat(router, run="r4", token="t", sample="s")
+    chat(router, run="r3", token="t", sample="s")
+    assert runs == [RUN, "r3"]
+
+
+def test_a_registration_read_again_counts_as_the_newest_read(router: Router) -> None:
+    runs = reads(router, "get_run")
+    for number in range(RUN_CACHE_SIZE):
+        router.store.put_run(f"r{number}", token="t", queues=router.queues.urls(), now=0)
+        chat(router, run=f"r{number}", token="t", sample="s")
+    router.clock.now += RUN_CACHE_SECONDS
+    chat(router, run="r1", token="t", sample="s")  # expired: read again, now the newest
+    router.store.put_run("r64", token="t", queues=router.queues.urls(), now=0)
+    for run, token in ((RUN, TOKEN), ("r64", "t")):  # two more runs: r0 and r2 make room
+        chat(router, run=run, token=token, sample="s")
+    del runs[:]
+    chat(router, run="r1", token="t", sample="s")
+    assert runs == []
