@@ -239,6 +239,9 @@ class ChatCompletionRequest(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1, max_length=1000)
     model: str | None = None
     user: str | None = None
+    # Where Nova's starter-kit client (aws-samples/sample-nova-multi-turn-rl-infra,
+    # client/nova_async_client.py) names the sample: it sends no headers of its own.
+    sample_id: str | None = None
 
 
 class StepStatus(BaseModel):

@@ -10,12 +10,12 @@ Every call names its run (`x-mtrl-run-id`) and proves it belongs to it (`x-mtrl-
 checked against the run's token hash): a caller can only touch its own run. A warm proxy reads a
 run's registration again after `RUN_CACHE_SECONDS`, not on every model turn (a registration
 that is gone, expired by the table's TTL, is refused at most that much later; the run's queues
-are deleted at teardown, so nothing reaches them in between). The turn is
-identified by `x-mtrl-sample-id` (or the body's `user`) and the number of assistant messages
-so far, so a retried call maps to the same step: it is answered from the step's record, or, while
-the step is still pending, its generate request is sent again under the same deduplication id
-(SQS drops the repeat within its 5-minute window; an answer that still comes twice is recorded
-once). A step is written once when it starts and once when its answer comes.
+are deleted at teardown, so nothing reaches them in between). The turn is identified by
+`x-mtrl-sample-id` (or the body's `sample_id`, or its `user`) and the number of assistant
+messages so far, so a retried call maps to the same step: it is answered from the step's
+record, or, while the step is still pending, its generate request is sent again under the same
+deduplication id (SQS drops the repeat within its 5-minute window; an answer that still comes
+twice is recorded once). A step is written once when it starts and once when its answer comes.
 """
 
 from __future__ import annotations
@@ -205,10 +205,12 @@ class Proxy:
 
     def _chat(self, event: FunctionUrlEvent, run: RouterRegistration) -> tuple[int, dict[str, Any]]:
         request: ChatCompletionRequest = self._body(event, ChatCompletionRequest)
-        sample_id = event.header(SAMPLE_HEADER) or request.user
+        sample_id = event.header(SAMPLE_HEADER) or request.sample_id or request.user
         if not sample_id or len(sample_id) > ID_LENGTH:
             raise HttpError(
-                400, f"name the sample in header {SAMPLE_HEADER} (1-{ID_LENGTH} characters)"
+                400,
+                f"name the sample in header {SAMPLE_HEADER} or the body's sample_id "
+                f"(1-{ID_LENGTH} characters)",
             )
         turn = 1 + sum(1 for message in request.messages if message.role == "assistant")
         step_id = step_id_for(sample_id, turn)

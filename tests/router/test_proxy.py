@@ -160,13 +160,13 @@ SIGNED_CHAT = {"messages": MESSAGES}
             event("POST", CHAT, SIGNED_CHAT),
             400,
             INVALID,
-            "name the sample in header x-mtrl-sample-id (1-128 characters)",
+            "name the sample in header x-mtrl-sample-id or the body's sample_id (1-128 characters)",
         ),
         (
             event("POST", CHAT, SIGNED_CHAT, sample="s" * 129),
             400,
             INVALID,
-            "name the sample in header x-mtrl-sample-id (1-128 characters)",
+            "name the sample in header x-mtrl-sample-id or the body's sample_id (1-128 characters)",
         ),
         (
             event("POST", CHAT, "{not json", sample="s"),
@@ -329,19 +329,27 @@ def test_a_body_of_exactly_the_limit_is_taken_and_one_byte_more_is_not(router: R
     )
 
 
-def test_the_sample_is_the_header_or_else_the_bodys_user_up_to_128_characters(
+def test_the_sample_is_the_header_else_the_bodys_sample_id_else_its_user_up_to_128_characters(
     router: Router,
 ) -> None:
+    """The body's `sample_id` is where Nova's starter-kit client names it (no headers)."""
     longest = "s" * ID_LENGTH
     by_user = event("POST", CHAT, {"messages": MESSAGES, "user": longest})
     assert answer(router.proxy.handle(by_user))[1]["step_id"] == step_id_for(longest, 1)
-    both = event("POST", CHAT, {"messages": MESSAGES, "user": "ignored"}, sample="header_0")
+    by_body = event("POST", CHAT, {"messages": MESSAGES, "sample_id": "body_0", "user": "no"})
+    assert answer(router.proxy.handle(by_body))[1]["step_id"] == "body_0_1"
+    both = event(
+        "POST",
+        CHAT,
+        {"messages": MESSAGES, "sample_id": "ignored", "user": "ignored"},
+        sample="header_0",
+    )
     assert answer(router.proxy.handle(both))[1]["step_id"] == "header_0_1"
     samples = [
         parse(GenerateRequest, message["Body"]).sample_id
         for message in router.messages(router.queues.generate_requests)
     ]
-    assert sorted(samples) == sorted([longest, "header_0"])
+    assert sorted(samples) == sorted([longest, "body_0", "header_0"])
 
 
 def test_the_first_turn_opens_the_rollout_and_later_turns_do_not(router: Router) -> None:
