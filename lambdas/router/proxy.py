@@ -243,7 +243,7 @@ class Proxy:
     def _wait_for(
         self, run: RouterRegistration, step_id: str, step: Step | None
     ) -> tuple[int, dict[str, Any]]:
-        """The step's answer if it comes within the wait, else 202 and its status. `step`: what
+        """The step's answer if it comes within the wait, else 202 (still pending). `step`: what
         is known of it (None: just enqueued, so the first read comes after the first pause)."""
         deadline = self.clock() + self.wait_seconds
         pause = 0.02

@@ -141,9 +141,9 @@ class LocalSession:
             compute=Compute(fleet=lambda: self.fleet, cluster=lambda: self.cluster),
             overrides={"POLL_SECONDS": POLL_SECONDS, "ROUTER_URL": router.url},
         )
+        self._stack.enter_context(_collector_tuned_for_the_run())  # deployed: freeze it
         # In one process nothing needs polling: the consumer tells the proxy's waits when a
         # step's answer is in.
-        self._stack.enter_context(_collector_tuned_for_the_run())
         proxy_name.append(self.pipeline.function(PROXY_HANDLER))
         consumer = self.pipeline.function(CONSUMER_HANDLER)
         store = ConversationStore(
