@@ -30,7 +30,7 @@ from mtrl.local.trainer.scripted import ScriptedTrainer
 from reward_envs.worker.router_client import RouterClient
 
 QUICK = os.environ.get("BENCH_QUICK") == "1"
-RUN, TOKEN = "bench-run", "bench-token"
+RUN, TOKEN, MODEL = "bench-run", "bench-token", "nova-lite-2"
 
 
 def main() -> int:
@@ -46,7 +46,7 @@ def main() -> int:
         create_table(db, "conversations")
         store = ConversationStore(db, "conversations")
         queues = create_run_queues(sqs, prefix="bench", run_id=RUN)
-        store.put_run(RUN, token=TOKEN, queues=queues.urls(), now=time.time())
+        store.put_run(RUN, token=TOKEN, queues=queues.urls(), model=MODEL, now=time.time())
         proxy = Proxy(store, sqs, wait_seconds=5)
         consumer = Consumer(store)
         trainer = ScriptedTrainer(

@@ -15,6 +15,7 @@ import math
 import re
 import time
 from typing import Any, Literal
+from urllib.parse import quote, unquote
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -91,7 +92,8 @@ class RewardSpec(BaseModel):
 class RolloutRequest(_Message):
     """Trainer → workers (queue `rollout-requests`): play one episode of one sample."""
 
-    timestamp: float = Field(default_factory=time.time)
+    # AWS's documented example sends an ISO 8601 string; our trainers send epoch seconds.
+    timestamp: float | str = Field(default_factory=time.time)
     sample_id: str = Field(min_length=1, max_length=ID_LENGTH)
     max_length: int = Field(default=10240, gt=0)
     rewards: RewardSpec = RewardSpec()
@@ -112,11 +114,15 @@ class RolloutRequest(_Message):
 
 
 class Metric(BaseModel):
+    """One named number of a finished rollout. `type` as Nova's starter-kit client reports it
+    (aws-samples/sample-nova-multi-turn-rl-infra, client/nova_async_client.py, `RolloutMetric`):
+    "Reward" for a component of the training signal, "Metric" for one only tracked."""
+
     model_config = ConfigDict(frozen=True)
 
     name: str
     value: float
-    type: Literal["gauge", "counter"] = "gauge"
+    type: Literal["Reward", "Metric"] = "Metric"
 
 
 class RolloutResponse(_Message):
@@ -174,12 +180,30 @@ class TokenLogprob(BaseModel):
     logprob: float
 
 
+class CompletionMessage(BaseModel):
+    """The model's turn in a generate response; AWS's documented example gives only `content`."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
 class Choice(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    message: ChatMessage
+    message: CompletionMessage
     finish_reason: str | None = None
     logprobs: dict[str, list[TokenLogprob]] | None = None
+
+
+class Generation(BaseModel):
+    """A generate response's `data`: OpenAI-shaped `choices`, and what else the generation
+    service adds (AWS's documented example: `serving_model_num`)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    choices: list[Choice]
 
 
 class GenerateResponse(_Message):
@@ -187,16 +211,21 @@ class GenerateResponse(_Message):
 
     sample_id: str = Field(min_length=1, max_length=ID_LENGTH)
     step_id: str = Field(min_length=1, max_length=ID_LENGTH)
-    data: dict[Literal["choices"], list[Choice]]
+    data: Generation
     finish_reason: str | None = None
 
     def completion(self) -> dict[str, Any]:
-        """The OpenAI-shaped part (`choices`) as plain JSON data."""
-        return self.model_dump(mode="json", exclude_none=True)["data"]
+        """The OpenAI-shaped part (`choices`) as plain JSON data; a choice that names no
+        finish_reason takes the response's own."""
+        data = self.model_dump(mode="json", exclude_none=True)["data"]
+        if self.finish_reason is not None:
+            for choice in data.get("choices", []):
+                choice.setdefault("finish_reason", self.finish_reason)
+        return data
 
     @property
     def content(self) -> str:
-        choices = self.data.get("choices") or []
+        choices = self.data.choices
         return choices[0].message.content if choices else ""
 
 
@@ -230,6 +259,25 @@ def dump(message: _Message) -> str:
 
 StepState = Literal["pending", "processing", "completed", "failed"]
 
+# A run's base URL: the router's URL, then `/runs/<run id>/<run token>`. Nova's starter-kit
+# client (aws-samples/sample-nova-multi-turn-rl-infra, client/nova_async_client.py) is given a
+# base URL and SigV4 credentials and sends nothing else of its own, so a run's identity and the
+# proof of it travel in the path; the client appends `/v1/chat/completions` and the rest.
+_RUN_PATH = re.compile(r"/runs/(?P<run_id>[^/]+)/(?P<token>[^/]+)(?P<route>/.*)?")
+
+
+def run_base_url(router_url: str, run_id: str, token: str) -> str:
+    """The URL an OpenAI-style client of this run is given as its base URL."""
+    return f"{router_url.rstrip('/')}/runs/{quote(run_id, safe='')}/{quote(token, safe='')}"
+
+
+def split_run_path(path: str) -> tuple[str, str, str] | None:
+    """`(run id, token, route)` of a path under a run's base URL, or None when it is not one."""
+    match = _RUN_PATH.fullmatch(path)
+    if match is None:
+        return None
+    return unquote(match["run_id"]), unquote(match["token"]), match["route"] or "/"
+
 
 class ChatCompletionRequest(BaseModel):
     """`POST /v1/chat/completions`: an OpenAI chat request; extra OpenAI fields are kept."""
@@ -242,6 +290,35 @@ class ChatCompletionRequest(BaseModel):
     # Where Nova's starter-kit client (aws-samples/sample-nova-multi-turn-rl-infra,
     # client/nova_async_client.py) names the sample: it sends no headers of its own.
     sample_id: str | None = None
+
+
+def chat_completion(
+    step_id: str, completion: dict[str, Any], *, created: float, model: str
+) -> dict[str, Any]:
+    """A step's answer (`GenerateResponse.completion()`) as an OpenAI `chat.completion` object
+    with every field OpenAI's own types require (openai-python, `ChatCompletion`): `id`,
+    `object`, `created`, `model`, and per choice `index` and `finish_reason` ("stop" when the
+    generation named none: it ended), and per logprob token `top_logprobs` (empty when not
+    sampled). Clients that validate the answer, as Nova's starter-kit client does, accept it."""
+    choices = []
+    for index, choice in enumerate(completion.get("choices", [])):
+        shaped = {**choice, "index": index, "finish_reason": choice.get("finish_reason") or "stop"}
+        if isinstance(choice.get("logprobs"), dict):
+            shaped["logprobs"] = {
+                key: [{"top_logprobs": [], **token} for token in tokens]
+                if isinstance(tokens, list)
+                else tokens
+                for key, tokens in choice["logprobs"].items()
+            }
+        choices.append(shaped)
+    return {
+        **completion,
+        "id": step_id,
+        "object": "chat.completion",
+        "created": int(created),
+        "model": model,
+        "choices": choices,
+    }
 
 
 class StepStatus(BaseModel):
@@ -264,6 +341,9 @@ class RolloutReport(BaseModel):
     metrics_list: list[Metric] = []
     stop_reason: StopReason = "end_of_conversation"
     error: str | None = None
+    # What a retry of this report repeats (our worker: the rollout request's SQS message id);
+    # without it, the sample id (`id`) deduplicates.
+    request_id: str | None = Field(default=None, min_length=1, max_length=ID_LENGTH)
 
     def as_response(self) -> RolloutResponse:
         return RolloutResponse(

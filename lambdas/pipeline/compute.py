@@ -65,7 +65,11 @@ class ComputeSteps:
         context = self._context(state, run_token=secrets.token_urlsafe(32))
         store = ConversationStore(self.clients("dynamodb"), self.settings.conversations_table)
         store.put_run(
-            context.run_id, token=context.run_token, queues=context.queues, now=self.clock()
+            context.run_id,
+            token=context.run_token,
+            queues=context.queues,
+            model=context.training.model,
+            now=self.clock(),
         )
         workers = self.compute.fleet.start(context, workers=context.training.reward_workers)
         return {"workers": len(workers)}

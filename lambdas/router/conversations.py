@@ -47,11 +47,13 @@ def create_table(dynamodb: Any, table_name: str) -> None:
 
 @dataclass(frozen=True)
 class RouterRegistration:
-    """What the router knows of a run it serves: who may speak for it, and its queues."""
+    """What the router knows of a run it serves: who may speak for it, its queues, and the
+    model it trains (named in the completions it serves)."""
 
     run_id: str
     token_sha256: str
     queues: dict[str, str]
+    model: str
 
     def accepts(self, token: str | None) -> bool:
         if not token:
@@ -84,12 +86,15 @@ class ConversationStore:
 
     # --- runs ------------------------------------------------------------------------------
 
-    def put_run(self, run_id: str, *, token: str, queues: dict[str, str], now: float) -> None:
+    def put_run(
+        self, run_id: str, *, token: str, queues: dict[str, str], model: str, now: float
+    ) -> None:
         item = {
             "run_id": {"S": run_id},
             "item": {"S": "run"},
             "token_sha256": {"S": token_digest(token)},
             "queues": {"S": json.dumps(queues, sort_keys=True)},
+            "model": {"S": model},
             "created_at": {"N": repr(now)},
             "expires_at": {"N": str(int(now + self._ttl))},
         }
@@ -113,6 +118,7 @@ class ConversationStore:
             run_id=run_id,
             token_sha256=item["token_sha256"]["S"],
             queues=json.loads(item["queues"]["S"]),
+            model=item["model"]["S"],
         )
 
     def run_of_queue(self, queue_arn_or_url: str) -> str | None:

@@ -6,16 +6,18 @@
 - `GET /v1/chat/completions/{step_id}`: `{"step_id", "status", "result"}`.
 - `POST /v1/rollouts/report`: a finished rollout, forwarded once as a v0 rollout response.
 
-Every call names its run (`x-mtrl-run-id`) and proves it belongs to it (`x-mtrl-run-token`,
-checked against the run's token hash): a caller can only touch its own run. A warm proxy reads a
-run's registration again after `RUN_CACHE_SECONDS`, not on every model turn (a registration
-that is gone, expired by the table's TTL, is refused at most that much later; the run's queues
-are deleted at teardown, so nothing reaches them in between). The turn is identified by
-`x-mtrl-sample-id` (or the body's `sample_id`, or its `user`) and the number of assistant
-messages so far, so a retried call maps to the same step: it is answered from the step's
-record, or, while the step is still pending, its generate request is sent again under the same
-deduplication id (SQS drops the repeat within its 5-minute window; an answer that still comes
-twice is recorded once). A step is written once when it starts and once when its answer comes.
+Every call is made under its run's base URL, `<router URL>/runs/<run id>/<run token>`
+(`domain.protocol.run_base_url`), and the token is checked against the run's token hash: a caller
+can only touch its own run. Nothing else is asked of a client but SigV4 and OpenAI-shaped
+bodies, so Nova's starter-kit client, given only that base URL, works as it is. A warm proxy
+reads a run's registration again after `RUN_CACHE_SECONDS`, not on every model turn (a
+registration that is gone, expired by the table's TTL, is refused at most that much later; the
+run's queues are deleted at teardown, so nothing reaches them in between). The turn is
+identified by the body's `sample_id` (or its `user`) and the number of assistant messages so
+far, so a retried call maps to the same step: it is answered from the step's record, or, while
+the step is still pending, its generate request is sent again under the same deduplication id
+(SQS drops the repeat within its 5-minute window; an answer that still comes twice is recorded
+once). A step is written once when it starts and once when its answer comes.
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from domain.protocol import (
     GenerateRequest,
     RolloutReport,
     StepStatus,
+    chat_completion,
     dump,
     fifo_id,
+    split_run_path,
     step_id_for,
 )
 from domain.run_queues import QueueKind
@@ -47,12 +51,6 @@ from lambdas.router.conversations import ConversationStore, RouterRegistration, 
 from lambdas.router.metrics import Counts, metered_entry
 from lambdas.router.settings import RouterSettings
 
-RUN_HEADER, TOKEN_HEADER, SAMPLE_HEADER, REQUEST_HEADER = (
-    "x-mtrl-run-id",
-    "x-mtrl-run-token",
-    "x-mtrl-sample-id",
-    "x-mtrl-request-id",
-)
 COMPLETIONS = "/v1/chat/completions"
 REPORT = "/v1/rollouts/report"
 RUN_CACHE_SECONDS = 10.0
@@ -65,7 +63,6 @@ class FunctionUrlEvent(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     rawPath: str  # noqa: N815 - the event's own field name
-    headers: dict[str, str] = {}
     body: str | None = None
     isBase64Encoded: bool = False  # noqa: N815
     requestContext: dict[str, Any] = Field(default_factory=dict)  # noqa: N815
@@ -77,9 +74,6 @@ class FunctionUrlEvent(BaseModel):
     @property
     def signed(self) -> bool:
         return bool(self.requestContext.get("authorizer", {}).get("iam"))
-
-    def header(self, name: str) -> str | None:
-        return {key.lower(): value for key, value in self.headers.items()}.get(name)
 
     def raw_body(self) -> bytes:
         if self.body is None:
@@ -151,28 +145,35 @@ class Proxy:
                 "requests must be signed with AWS SigV4 (Function URL AWS_IAM auth)",
                 "auth_error",
             )
-        path, method = event.rawPath.rstrip("/"), event.method
+        method = event.method
+        under_run = split_run_path(event.rawPath.rstrip("/"))
+        if under_run is None:
+            raise HttpError(
+                404,
+                f"no route {method} {event.rawPath}: call under the run's base URL, "
+                "<router URL>/runs/<run id>/<run token>",
+                "not_found",
+            )
+        run_id, token, path = under_run
+        run = self._run(run_id, token)
         if path == COMPLETIONS and method == "POST":
-            return self._chat(event, self._run(event))
+            return self._chat(event, run)
         if path.startswith(COMPLETIONS + "/") and method == "GET":
-            return self._status(self._run(event), path.removeprefix(COMPLETIONS + "/"))
+            return self._status(run, path.removeprefix(COMPLETIONS + "/"))
         if path == REPORT and method == "POST":
-            return self._report(event, self._run(event))
+            return self._report(event, run)
         if path in (COMPLETIONS, REPORT) or path.startswith(COMPLETIONS + "/"):
             raise HttpError(405, f"{method} is not allowed on {path}")
         raise HttpError(
             404, f"no route {method} {path}: use {COMPLETIONS} or {REPORT}", "not_found"
         )
 
-    def _run(self, event: FunctionUrlEvent) -> RouterRegistration:
-        run_id = event.header(RUN_HEADER)
-        if not run_id:
-            raise HttpError(400, f"missing header {RUN_HEADER}")
+    def _run(self, run_id: str, token: str) -> RouterRegistration:
         run = self._registration(run_id)
-        if run is None or not run.accepts(event.header(TOKEN_HEADER)):
+        if run is None or not run.accepts(token):
             raise HttpError(
                 403,
-                f"not allowed for run {run_id!r}: check {RUN_HEADER} and {TOKEN_HEADER}",
+                f"not allowed for run {run_id!r}: check the run id and token in the base URL",
                 "auth_error",
             )
         return run
@@ -205,12 +206,10 @@ class Proxy:
 
     def _chat(self, event: FunctionUrlEvent, run: RouterRegistration) -> tuple[int, dict[str, Any]]:
         request: ChatCompletionRequest = self._body(event, ChatCompletionRequest)
-        sample_id = event.header(SAMPLE_HEADER) or request.sample_id or request.user
+        sample_id = request.sample_id or request.user
         if not sample_id or len(sample_id) > ID_LENGTH:
             raise HttpError(
-                400,
-                f"name the sample in header {SAMPLE_HEADER} or the body's sample_id "
-                f"(1-{ID_LENGTH} characters)",
+                400, f"name the sample in the body's sample_id (1-{ID_LENGTH} characters)"
             )
         turn = 1 + sum(1 for message in request.messages if message.role == "assistant")
         step_id = step_id_for(sample_id, turn)
@@ -249,7 +248,9 @@ class Proxy:
         pause = 0.02
         while True:
             if step is not None and step.status == "completed" and step.result is not None:
-                return 200, _completion(step_id, step.result, self.clock())
+                return 200, chat_completion(
+                    step_id, step.result, created=self.clock(), model=run.model
+                )
             if step is not None and step.status == "failed":
                 raise HttpError(502, f"generation of step {step_id} failed", "generation_error")
             if self.clock() >= deadline:  # neither answered nor failed: pending (or expired)
@@ -267,7 +268,9 @@ class Proxy:
         if step is None:
             raise HttpError(404, f"no step {step_id!r} in run {run.run_id!r}", "not_found")
         result = (
-            _completion(step_id, step.result, step.updated_at) if step.result is not None else None
+            chat_completion(step_id, step.result, created=step.updated_at, model=run.model)
+            if step.result is not None
+            else None
         )
         return 200, StepStatus(step_id=step_id, status=step.status, result=result).model_dump()
 
@@ -281,7 +284,7 @@ class Proxy:
             raise HttpError(
                 400, error.errors(include_url=False)[0]["msg"].removeprefix("Value error, ")
             ) from None
-        request_id = event.header(REQUEST_HEADER) or report.id
+        request_id = report.request_id or report.id
         # Send first, then record: a retried report is deduplicated by SQS on the request id.
         self.sqs.send_message(
             QueueUrl=run.queues[QueueKind.ROLLOUT_RESPONSES],
@@ -300,11 +303,6 @@ class Proxy:
         if not first:
             self.counters.duplicate_reports += 1
         return 200, {"id": report.id, "recorded": first}
-
-
-def _completion(step_id: str, result: dict[str, Any], created: float) -> dict[str, Any]:
-    """A v0 generate response's `data` as an OpenAI chat.completion object."""
-    return {"id": step_id, "object": "chat.completion", "created": int(created), **result}
 
 
 def _error(problem: HttpError) -> tuple[int, dict[str, Any]]:

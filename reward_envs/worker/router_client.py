@@ -20,7 +20,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from domain.protocol import RolloutReport, RolloutResponse
+from domain.protocol import RolloutReport, RolloutResponse, run_base_url
 from reward_envs.interface import Message
 from reward_envs.worker.model_client import ModelClient, ModelError, ModelTimeout
 from reward_envs.worker.queues import Delivery, SqsRolloutQueues
@@ -38,8 +38,7 @@ class RouterClient(ModelClient):
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self._url = url.rstrip("/")
-        self._run_headers = {"x-mtrl-run-id": run_id, "x-mtrl-run-token": run_token}
+        self._url = run_base_url(url, run_id, run_token)
         self._region = region
         self._credentials = credentials
         self._clock = clock
@@ -49,10 +48,8 @@ class RouterClient(ModelClient):
         self, messages: Sequence[Message], *, sample_id: str, step_id: str, timeout: float
     ) -> str:
         deadline = self._clock() + timeout
-        body = {"messages": list(messages)}
-        status, answer = self._call(
-            "POST", "/v1/chat/completions", body, {"x-mtrl-sample-id": sample_id}, deadline
-        )
+        body = {"messages": list(messages), "sample_id": sample_id}
+        status, answer = self._call("POST", "/v1/chat/completions", body, deadline)
         pause = 0.05
         while status == 202:
             step = answer.get("step_id", step_id)
@@ -62,7 +59,7 @@ class RouterClient(ModelClient):
                 )
             self._sleep(pause)
             pause = min(pause * 2, 1.0)
-            status, answer = self._call("GET", f"/v1/chat/completions/{step}", None, {}, deadline)
+            status, answer = self._call("GET", f"/v1/chat/completions/{step}", None, deadline)
             if status == 200 and answer.get("status") != "completed":
                 status = 202
             elif status == 200:
@@ -81,18 +78,15 @@ class RouterClient(ModelClient):
             metrics_list=response.metrics,
             stop_reason=response.stop_reason,
             error=response.error,
+            request_id=request_id,
         )
         _, answer = self._call(
-            "POST",
-            "/v1/rollouts/report",
-            report.model_dump(mode="json"),
-            {"x-mtrl-request-id": request_id},
-            self._clock() + timeout,
+            "POST", "/v1/rollouts/report", report.model_dump(mode="json"), self._clock() + timeout
         )
         return bool(answer.get("recorded"))
 
     def _call(
-        self, method: str, path: str, body: Any, headers: dict[str, str], deadline: float
+        self, method: str, path: str, body: Any, deadline: float
     ) -> tuple[int, dict[str, Any]]:
         remaining = deadline - self._clock()
         if remaining <= 0:
@@ -102,7 +96,7 @@ class RouterClient(ModelClient):
             method=method,
             url=self._url + path,
             data=data,
-            headers={"content-type": "application/json", **self._run_headers, **headers},
+            headers={"content-type": "application/json"},
         )
         SigV4Auth(self._credentials(), "lambda", self._region).add_auth(request)
         prepared = urllib.request.Request(

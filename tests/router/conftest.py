@@ -18,6 +18,7 @@ from tests.aws import Serialized
 TABLE = "conversations"
 RUN, TOKEN = "run-1", "secret-token-1"
 OTHER_RUN, OTHER_TOKEN = "run-2", "secret-token-2"
+MODEL = "nova-lite-2"
 
 
 class Clock:
@@ -67,22 +68,21 @@ def event(
     token: str | None = TOKEN,
     sample: str | None = None,
     signed: bool = True,
-    headers: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    all_headers = {"content-type": "application/json", **(headers or {})}
-    if run:
-        all_headers["x-mtrl-run-id"] = run
-    if token:
-        all_headers["x-mtrl-run-token"] = token
-    if sample:
-        all_headers["x-mtrl-sample-id"] = sample
+    """A Function URL event for `path` under the run's base URL (`/runs/<run>/<token>`; a bare
+    `path` when `run` is None, and no token segment when `token` is None), with `sample` as the
+    body's `sample_id` when the body is an object."""
+    if sample is not None and isinstance(body, dict):
+        body = {**body, "sample_id": sample}
+    if run is not None:
+        path = "/runs/" + "/".join(part for part in (run, token) if part is not None) + path
     context: dict[str, Any] = {"http": {"method": method, "path": path}}
     if signed:
         context["authorizer"] = {"iam": {"accessKey": "AKIDEXAMPLE"}}
     return {
         "version": "2.0",
         "rawPath": path,
-        "headers": all_headers,
+        "headers": {"content-type": "application/json"},
         "body": body if isinstance(body, str) or body is None else json.dumps(body),
         "isBase64Encoded": False,
         "requestContext": context,
@@ -101,7 +101,7 @@ def router(aws: None) -> Router:
     store = ConversationStore(db, TABLE)
     queues = create_run_queues(sqs, prefix="test", run_id=RUN)
     other = create_run_queues(sqs, prefix="test", run_id=OTHER_RUN)
-    store.put_run(RUN, token=TOKEN, queues=queues.urls(), now=clock())
-    store.put_run(OTHER_RUN, token=OTHER_TOKEN, queues=other.urls(), now=clock())
+    store.put_run(RUN, token=TOKEN, queues=queues.urls(), model=MODEL, now=clock())
+    store.put_run(OTHER_RUN, token=OTHER_TOKEN, queues=other.urls(), model=MODEL, now=clock())
     proxy = Proxy(store, sqs, wait_seconds=0, clock=clock, sleep=clock.sleep)
     return Router(sqs, db, store, queues, other, proxy, Consumer(store, clock=clock), clock)

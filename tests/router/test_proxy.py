@@ -20,7 +20,7 @@ from domain.protocol import (
 )
 from lambdas.clients import Clients
 from lambdas.router.proxy import RUN_CACHE_SECONDS, RUN_CACHE_SIZE, Proxy, proxy_for
-from tests.router.conftest import OTHER_TOKEN, RUN, TABLE, TOKEN, Router, answer, event
+from tests.router.conftest import MODEL, OTHER_TOKEN, RUN, TABLE, TOKEN, Router, answer, event
 
 CHAT, REPORT = "/v1/chat/completions", "/v1/rollouts/report"
 MESSAGES = [{"role": "user", "content": "Let's play. Guess 1 of 6:"}]
@@ -138,21 +138,27 @@ SIGNED_CHAT = {"messages": MESSAGES}
         ),
         (
             event("POST", CHAT, SIGNED_CHAT, sample="s", run=None),
-            400,
-            INVALID,
-            "missing header x-mtrl-run-id",
+            404,
+            NOT_FOUND,
+            "no route POST /v1/chat/completions: call under the run's base URL, "
+            "<router URL>/runs/<run id>/<run token>",
+        ),
+        (
+            event("POST", CHAT, SIGNED_CHAT, sample="s", run="run-1", token=None),
+            403,  # the path reads as run "run-1" with token "v1"
+            AUTH,
+            "not allowed for run 'run-1': check the run id and token in the base URL",
         ),
         *(
             (
                 event("POST", CHAT, SIGNED_CHAT, sample="s", run=run, token=token),
                 403,
                 AUTH,
-                f"not allowed for run {run!r}: check x-mtrl-run-id and x-mtrl-run-token",
+                f"not allowed for run {run!r}: check the run id and token in the base URL",
             )
             for run, token in (
                 ("run-1", "wrong"),
                 ("run-1", OTHER_TOKEN),
-                ("run-1", None),
                 ("nope", OTHER_TOKEN),
             )
         ),
@@ -160,13 +166,13 @@ SIGNED_CHAT = {"messages": MESSAGES}
             event("POST", CHAT, SIGNED_CHAT),
             400,
             INVALID,
-            "name the sample in header x-mtrl-sample-id or the body's sample_id (1-128 characters)",
+            "name the sample in the body's sample_id (1-128 characters)",
         ),
         (
             event("POST", CHAT, SIGNED_CHAT, sample="s" * 129),
             400,
             INVALID,
-            "name the sample in header x-mtrl-sample-id or the body's sample_id (1-128 characters)",
+            "name the sample in the body's sample_id (1-128 characters)",
         ),
         (
             event("POST", CHAT, "{not json", sample="s"),
@@ -229,14 +235,10 @@ def test_report_forwards_one_rollout_response(router: Router) -> None:
         "id": "s1_0",
         "aggregate_reward_score": 0.8,
         "metrics_list": [{"name": "turns", "value": 3}],
+        "request_id": "req-msg-1",
     }
-    headers = {"x-mtrl-request-id": "req-msg-1"}
-    first = answer(
-        router.proxy.handle(event("POST", "/v1/rollouts/report", report, headers=headers))
-    )
-    again = answer(
-        router.proxy.handle(event("POST", "/v1/rollouts/report", report, headers=headers))
-    )
+    first = answer(router.proxy.handle(event("POST", "/v1/rollouts/report", report)))
+    again = answer(router.proxy.handle(event("POST", "/v1/rollouts/report", report)))
     assert first == (200, {"id": "s1_0", "recorded": True}) and again == (
         200,
         {"id": "s1_0", "recorded": False},
@@ -291,10 +293,8 @@ def test_every_answer_is_json_and_only_4xx_count_as_client_errors(router: Router
     assert (counters.requests, counters.client_errors) == (4, 2)
 
 
-def test_routes_ignore_a_trailing_slash_header_case_and_method_case(router: Router) -> None:
-    request = event("POST", CHAT + "/", SIGNED_CHAT)
-    request["headers"] = {key.upper(): value for key, value in request["headers"].items()}
-    request["headers"]["X-MTRL-SAMPLE-ID"] = "s1_0"
+def test_routes_ignore_a_trailing_slash_and_method_case(router: Router) -> None:
+    request = event("POST", CHAT + "/", SIGNED_CHAT, sample="s1_0")
     request["requestContext"]["http"]["method"] = "post"
     assert answer(router.proxy.handle(request))[0] == 202
     status, body = answer(router.proxy.handle(event("GET", f"{CHAT}/s1_0_1/")))
@@ -306,8 +306,10 @@ def test_routes_ignore_a_trailing_slash_header_case_and_method_case(router: Rout
 
 
 def test_a_base64_body_is_decoded(router: Router) -> None:
-    request = event("POST", CHAT, None, sample="s1_0")
-    request["body"] = base64.b64encode(json.dumps(SIGNED_CHAT).encode()).decode()
+    request = event("POST", CHAT)
+    request["body"] = base64.b64encode(
+        json.dumps({**SIGNED_CHAT, "sample_id": "s1_0"}).encode()
+    ).decode()
     request["isBase64Encoded"] = True
     assert answer(router.proxy.handle(request)) == (
         202,
@@ -316,20 +318,21 @@ def test_a_base64_body_is_decoded(router: Router) -> None:
 
 
 def test_a_body_of_exactly_the_limit_is_taken_and_one_byte_more_is_not(router: Router) -> None:
-    empty = json.dumps({"messages": [{"role": "user", "content": ""}]})
-    content = "x" * (MAX_BODY_BYTES - len(empty))
-    at_limit = json.dumps({"messages": [{"role": "user", "content": content}]})
+    def body(sample: str, content: str) -> str:
+        return json.dumps({"messages": [{"role": "user", "content": content}], "sample_id": sample})
+
+    at_limit = body("a", "x" * (MAX_BODY_BYTES - len(body("a", ""))))
     assert len(at_limit) == MAX_BODY_BYTES
-    assert answer(router.proxy.handle(event("POST", CHAT, at_limit, sample="a")))[0] == 202
-    over = at_limit.replace('"x', '"xx', 1)
-    status, body = answer(router.proxy.handle(event("POST", CHAT, over, sample="b")))
-    assert (status, body["error"]["message"]) == (
+    assert answer(router.proxy.handle(event("POST", CHAT, at_limit)))[0] == 202
+    over = at_limit.replace('"x', '"xx', 1).replace('"a"', '"b"')
+    status, answered = answer(router.proxy.handle(event("POST", CHAT, over)))
+    assert (status, answered["error"]["message"]) == (
         413,
         f"body of {MAX_BODY_BYTES + 1} bytes exceeds {MAX_BODY_BYTES}",
     )
 
 
-def test_the_sample_is_the_header_else_the_bodys_sample_id_else_its_user_up_to_128_characters(
+def test_the_sample_is_the_bodys_sample_id_else_its_user_up_to_128_characters(
     router: Router,
 ) -> None:
     """The body's `sample_id` is where Nova's starter-kit client names it (no headers)."""
@@ -338,18 +341,11 @@ def test_the_sample_is_the_header_else_the_bodys_sample_id_else_its_user_up_to_1
     assert answer(router.proxy.handle(by_user))[1]["step_id"] == step_id_for(longest, 1)
     by_body = event("POST", CHAT, {"messages": MESSAGES, "sample_id": "body_0", "user": "no"})
     assert answer(router.proxy.handle(by_body))[1]["step_id"] == "body_0_1"
-    both = event(
-        "POST",
-        CHAT,
-        {"messages": MESSAGES, "sample_id": "ignored", "user": "ignored"},
-        sample="header_0",
-    )
-    assert answer(router.proxy.handle(both))[1]["step_id"] == "header_0_1"
     samples = [
         parse(GenerateRequest, message["Body"]).sample_id
         for message in router.messages(router.queues.generate_requests)
     ]
-    assert sorted(samples) == sorted([longest, "body_0", "header_0"])
+    assert sorted(samples) == sorted([longest, "body_0"])
 
 
 def test_the_first_turn_opens_the_rollout_and_later_turns_do_not(router: Router) -> None:
@@ -390,7 +386,7 @@ def test_a_retry_of_a_finished_step_answers_it_without_enqueueing(router: Router
     assert chat(router) == (
         200,
         {"id": "s1_0_1", "object": "chat.completion", "created": int(router.clock()),
-         "choices": []},
+         "model": MODEL, "choices": []},
     )  # fmt: skip
     assert not router.messages(router.queues.generate_requests)
 
@@ -443,7 +439,7 @@ def test_a_steps_status_dates_its_result_by_the_steps_last_change(router: Router
             "step_id": "s1_0_1",
             "status": "completed",
             "result": {"id": "s1_0_1", "object": "chat.completion", "created": finished_at,
-                       "choices": []},
+                       "model": MODEL, "choices": []},
         },
     )  # fmt: skip
     assert answer(router.proxy.handle(event("GET", f"{CHAT}/s9_9_X/"))) == (
@@ -578,7 +574,9 @@ def test_a_cached_registration_still_refuses_a_wrong_token_and_a_removed_run_exp
 def test_an_unknown_run_is_read_every_time_so_a_new_run_is_served_at_once(router: Router) -> None:
     runs = reads(router, "get_run")
     assert chat(router, run="run-3", token="secret-token-3")[0] == 403
-    router.store.put_run("run-3", token="secret-token-3", queues=router.queues.urls(), now=0)
+    router.store.put_run(
+        "run-3", token="secret-token-3", queues=router.queues.urls(), model=MODEL, now=0
+    )
     assert chat(router, run="run-3", token="secret-token-3")[0] == 202
     assert runs == ["run-3", "run-3"]
 
@@ -588,7 +586,9 @@ def test_the_proxy_remembers_a_bounded_number_of_runs_dropping_the_oldest(router
     for number in range(RUN_CACHE_SIZE + 1):  # unknown runs: refused and not remembered
         chat(router, run=f"gone-{number}", token="t")
     for number in range(3, RUN_CACHE_SIZE + 3):
-        router.store.put_run(f"r{number}", token="t", queues=router.queues.urls(), now=0)
+        router.store.put_run(
+            f"r{number}", token="t", queues=router.queues.urls(), model=MODEL, now=0
+        )
         chat(router, run=f"r{number}", token="t", sample="s")
     del runs[:]
     chat(router, run="r3", token="t", sample="s")  # still remembered: RUN_CACHE_SIZE runs
@@ -602,11 +602,13 @@ def test_the_proxy_remembers_a_bounded_number_of_runs_dropping_the_oldest(router
 def test_a_registration_read_again_counts_as_the_newest_read(router: Router) -> None:
     runs = reads(router, "get_run")
     for number in range(RUN_CACHE_SIZE):
-        router.store.put_run(f"r{number}", token="t", queues=router.queues.urls(), now=0)
+        router.store.put_run(
+            f"r{number}", token="t", queues=router.queues.urls(), model=MODEL, now=0
+        )
         chat(router, run=f"r{number}", token="t", sample="s")
     router.clock.now += RUN_CACHE_SECONDS
     chat(router, run="r1", token="t", sample="s")  # expired: read again, now the newest
-    router.store.put_run("r64", token="t", queues=router.queues.urls(), now=0)
+    router.store.put_run("r64", token="t", queues=router.queues.urls(), model=MODEL, now=0)
     for run, token in ((RUN, TOKEN), ("r64", "t")):  # two more runs: r0 and r2 make room
         chat(router, run=run, token=token, sample="s")
     del runs[:]
