@@ -7,6 +7,7 @@ STAMP := $(VENV)/.installed
 CDK_CLI_VERSION ?= 2.1148.1
 CDK := npx --yes aws-cdk@$(CDK_CLI_VERSION)
 SAGEMAKER_HYPERPOD_VERSION := 3.12.0
+AMZN_NOVA_FORGE_VERSION := 1.4.10
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
 .PHONY: help install demo test lint synth diff deploy destroy bench mutate clean
@@ -30,6 +31,9 @@ $(STAMP): pyproject.toml
 	# HyperPod's job model for the tests' schema check; its own pins clash with ours and the
 	# module we load needs only pydantic, so it comes without dependencies.
 	$(BIN)/python -m pip install --quiet --no-deps sagemaker-hyperpod==$(SAGEMAKER_HYPERPOD_VERSION)
+	# AWS's dataset record model for the dataset's differential test: the package needs Python
+	# 3.12 and the SageMaker SDK as a whole, the one module the test loads only pydantic.
+	$(BIN)/python -m pip install --quiet --no-deps --ignore-requires-python amzn-nova-forge==$(AMZN_NOVA_FORGE_VERSION)
 	touch $(STAMP)
 
 demo: install

@@ -1,7 +1,14 @@
 """The training dataset: one JSON object per line, Nova multi-turn RFT's record format.
 
     {"id": "wordle-1", "metadata": {"prompt": "..." | [chat messages], "answer": "crane",
-                                    "task": "wordle", "info": {...}}}
+                                    "task": "wordle", "info": {...} | "<JSON text>"}}
+
+The verdict on a record is AWS's: the rules of amzn-nova-forge's `RFTMultiturnDatasetSample`
+(amzn_nova_forge/dataset/dataset_validator/rft_multiturn_dataset_validator.py, 1.4.10), which
+`tests/mtrl/test_dataset_against_aws.py` holds ours against on generated records. On top of it,
+what the Nova user guide's BYOO data preparation section shows (nova-hp-rft-forge, "Data
+preparation for custom RL environments"): optional top-level `messages` and `tools`, and a
+`metadata.problem` in place of a prompt; they are passed on to the environment.
 
 This module is the one home of the schema: the validate Lambda, `mtrl validate`, the local
 mode and the trainer all read datasets through it. Validation streams: memory grows only with
@@ -15,10 +22,11 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import json
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Annotated, Any, BinaryIO
+from typing import Annotated, Any, BinaryIO, Literal
 
 import numpy as np
 from pydantic import (
@@ -28,16 +36,62 @@ from pydantic import (
     Field,
     Tag,
     ValidationError,
+    ValidationInfo,
     field_validator,
+    model_validator,
 )
-
-from domain.protocol import ChatMessage
 
 MAX_LINE_BYTES = 1024 * 1024
 MAX_FILE_BYTES = 10 * 1024**3
-MAX_ID_LENGTH = 256
 MAX_KEPT_PROBLEMS = 1000  # the problems a validation keeps to show (all are counted)
 _BOM = b"\xef\xbb\xbf"
+
+
+class ToolCall(BaseModel):
+    """An OpenAI tool call in an assistant message."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    id: str
+    type: Literal["function"]
+    function: dict[str, Any]
+
+    @field_validator("function")
+    @classmethod
+    def _names_the_call(cls, function: dict[str, Any]) -> dict[str, Any]:
+        missing = [key for key in ("name", "arguments") if key not in function]
+        if missing:
+            raise ValueError(f"needs {' and '.join(missing)}")
+        return function
+
+
+class DatasetMessage(BaseModel):
+    """A chat message in a record, by AWS's rules: system and user messages need text; an
+    assistant message needs text or tool calls; a tool message answers a tool call by id."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _complete_for_its_role(self) -> DatasetMessage:
+        has_text = self.content is not None and bool(self.content.strip())
+        if self.role == "assistant":
+            if self.content is None and self.tool_calls is None:
+                raise ValueError("an assistant message needs content or tool_calls")
+            if self.tool_calls == []:
+                raise ValueError("an assistant message's tool_calls must not be empty")
+        elif self.role == "tool":
+            if self.tool_call_id is None:
+                raise ValueError("a tool message needs the tool_call_id it answers")
+            if not has_text:
+                raise ValueError("a tool message needs non-empty content")
+        elif not has_text:
+            raise ValueError(f"a {self.role} message needs non-empty content")
+        return self
 
 
 def _prompt_kind(value: Any) -> str | None:
@@ -49,7 +103,7 @@ def _prompt_kind(value: Any) -> str | None:
 
 
 Prompt = Annotated[
-    Annotated[str, Tag("<text>")] | Annotated[list[ChatMessage], Tag("<messages>")],
+    Annotated[str, Tag("<text>")] | Annotated[list[DatasetMessage], Tag("<messages>")],
     Discriminator(
         _prompt_kind,
         custom_error_type="prompt_type",
@@ -59,28 +113,74 @@ Prompt = Annotated[
 
 
 class RecordMetadata(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    prompt: Prompt
+    problem: str | None = None  # the BYOO data preparation's form of the task
+    prompt: Prompt | None = Field(default=None, validate_default=True)
     answer: str | None = None
     task: str | None = None
-    info: dict[str, Any] | None = None
+    info: dict[str, Any] | str | None = None
 
     @field_validator("prompt")
     @classmethod
-    def _prompt_not_empty(cls, prompt: str | list[ChatMessage]) -> str | list[ChatMessage]:
+    def _prompt_not_empty(
+        cls, prompt: str | list[DatasetMessage] | None, info: ValidationInfo
+    ) -> str | list[DatasetMessage] | None:
+        if prompt is None and info.data.get("problem") is None:
+            raise ValueError(
+                "Field required: text or chat messages (or a metadata.problem, the form Nova's "
+                "BYOO data preparation shows)"
+            )
         if isinstance(prompt, str) and not prompt.strip():
             raise ValueError("must not be empty")
-        if not prompt:
+        if prompt is not None and not prompt:
             raise ValueError("must have at least one message")
         return prompt
+
+    @field_validator("info")
+    @classmethod
+    def _info_is_json(cls, info: dict[str, Any] | str | None) -> dict[str, Any] | str | None:
+        if isinstance(info, str):
+            try:
+                json.loads(info)
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"must be an object or a string of JSON text ({error.msg} at character "
+                    f"{error.pos + 1})"
+                ) from None
+        return info
 
 
 class DatasetRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    id: str = Field(min_length=1, max_length=MAX_ID_LENGTH, pattern=r"^[^\x00-\x1f]+$")
+    id: str
     metadata: RecordMetadata
+    # Nova's BYOO data preparation: optional conversation and OpenAI tool definitions.
+    messages: list[DatasetMessage] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _id_not_blank(cls, record_id: str) -> str:
+        if not record_id.strip():
+            raise ValueError("must not be empty or only whitespace")
+        return record_id.strip()  # as AWS keeps it
+
+    def rollout_data(self) -> dict[str, Any]:
+        """The `data` of this record's rollout requests: its metadata as given, and its
+        `messages` and `tools` when it has any."""
+        data = self.metadata.model_dump(mode="json", exclude_none=True)
+        for key in ("messages", "tools"):
+            value = getattr(self, key)
+            if value:
+                data[key] = [
+                    item.model_dump(mode="json", exclude_none=True)
+                    if isinstance(item, BaseModel)
+                    else item
+                    for item in value
+                ]
+        return data
 
 
 @dataclass(frozen=True)
@@ -236,16 +336,21 @@ def _describe(number: int, raw: bytes, error: ValidationError) -> Iterator[Probl
             )
             return
         location = ".".join(str(part) for part in detail["loc"] if not str(part).startswith("<"))
-        message = _MESSAGES.get(kind) or detail["msg"].removeprefix("Value error, ")
+        if kind == "extra_forbidden":
+            message = _NOT_ALLOWED[location.startswith("metadata.")]
+        else:
+            message = _MESSAGES.get(kind) or detail["msg"].removeprefix("Value error, ")
         yield Problem(number, location, message)
 
 
 # Pydantic's words where a dataset's author needs others.
 _MESSAGES = {
-    "extra_forbidden": "not allowed here (only id and metadata; put extra fields in metadata)",
-    "string_pattern_mismatch": "must not contain control characters",
     "model_type": "must be a JSON object",
     "model_attributes_type": "must be a JSON object",
+}
+_NOT_ALLOWED = {
+    False: "not allowed here (a record has id, metadata, and optionally messages and tools)",
+    True: "not allowed in metadata (prompt, problem, answer, task, info): put other data in info",
 }
 
 

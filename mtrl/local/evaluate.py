@@ -82,7 +82,7 @@ def evaluate(
     reward_range = RewardSpec(range=(environment.reward_range.low, environment.reward_range.high))
     requests = [
         RolloutRequest(
-            sample_id=sample_id_for(record.id, k), rewards=reward_range, data=dict(record.metadata)
+            sample_id=sample_id_for(record.id, k), rewards=reward_range, data=record.rollout_data()
         )
         for record in records
         for k in range(group_size)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from domain.dataset import MAX_LINE_BYTES, DatasetValidator, counted, read_records
+from domain.dataset import MAX_LINE_BYTES, DatasetRecord, DatasetValidator, counted, read_records
 from mtrl.cli import app
 
 GOOD = {
@@ -23,6 +23,12 @@ GOOD = {
         "info": {"level": 1},
     },
 }
+
+
+PROMPT_REQUIRED = (
+    "Field required: text or chat messages (or a metadata.problem, the form Nova's BYOO data "
+    "preparation shows)"
+)
 
 
 def _problems(data: bytes, **limits) -> tuple[list[str], DatasetValidator]:
@@ -72,19 +78,22 @@ def test_problem_counts_read_as_english() -> None:
         (_line({"metadata": {"prompt": "p"}}), "line 1: id: Field required"),
         (
             _line({"id": "", "metadata": {"prompt": "p"}}),
-            "line 1: id: String should have at least 1 character",
+            "line 1: id: must not be empty or only whitespace",
+        ),
+        (
+            _line({"id": " \t ", "metadata": {"prompt": "p"}}),
+            "line 1: id: must not be empty or only whitespace",
         ),
         (
             _line({"id": 7, "metadata": {"prompt": "p"}}),
             "line 1: id: Input should be a valid string",
         ),
-        (
-            _line({"id": "a\tb", "metadata": {"prompt": "p"}}),
-            "line 1: id: must not contain control characters",
-        ),
         (_line({"id": "a"}), "line 1: metadata: Field required"),
         (_line({"id": "a", "metadata": 5}), "line 1: metadata: must be a JSON object"),
-        (_line({"id": "a", "metadata": {}}), "line 1: metadata.prompt: Field required"),
+        (
+            _line({"id": "a", "metadata": {}}),
+            "line 1: metadata.prompt: " + PROMPT_REQUIRED,
+        ),
         (
             _line({"id": "a", "metadata": {"prompt": 5}}),
             "line 1: metadata.prompt: must be a string or a list of chat messages",
@@ -108,11 +117,45 @@ def test_problem_counts_read_as_english() -> None:
         ),
         (
             _line({"id": "a", "metadata": {"prompt": "p", "info": "x"}}),
-            "line 1: metadata.info: Input should be an object",
+            "line 1: metadata.info: must be an object or a string of JSON text (Expecting value "
+            "at character 1)",
         ),
         (
             _line({"id": "a", "metadata": {"prompt": "p"}, "answer": "x"}),
-            "line 1: answer: not allowed here (only id and metadata; put extra fields in metadata)",
+            "line 1: answer: not allowed here (a record has id, metadata, and optionally "
+            "messages and tools)",
+        ),
+        (
+            _line({"id": "a", "metadata": {"prompt": "p", "level": 2}}),
+            "line 1: metadata.level: not allowed in metadata (prompt, problem, answer, task, "
+            "info): put other data in info",
+        ),
+        (
+            _line({"id": "a", "metadata": {"prompt": [{"role": "user", "content": " "}]}}),
+            "line 1: metadata.prompt.0: a user message needs non-empty content",
+        ),
+        (
+            _line({"id": "a", "metadata": {"prompt": [{"role": "assistant"}]}}),
+            "line 1: metadata.prompt.0: an assistant message needs content or tool_calls",
+        ),
+        (
+            _line({"id": "a", "metadata": {"prompt": [{"role": "tool", "content": "42"}]}}),
+            "line 1: metadata.prompt.0: a tool message needs the tool_call_id it answers",
+        ),
+        (
+            _line(
+                {
+                    "id": "a",
+                    "metadata": {"prompt": "p"},
+                    "messages": [
+                        {
+                            "role": "assistant",
+                            "tool_calls": [{"id": "c1", "type": "function", "function": {}}],
+                        }
+                    ],
+                }
+            ),
+            "line 1: messages.0.tool_calls.0.function: needs name and arguments",
         ),
     ],
 )
@@ -122,6 +165,48 @@ def test_each_fault_is_one_problem_naming_the_line_and_the_field(
     problems, validator = _problems(line)
     assert problems == [expected]
     assert (validator.summary.lines, validator.summary.problems) == (1, 1)
+
+
+def test_what_aws_accepts_beyond_plain_text_prompts_is_accepted_and_passed_on() -> None:
+    """`info` as JSON text (even "null"), an assistant turn of tool calls only, and the BYOO data
+    preparation's form: top-level messages and tools, and a problem instead of a prompt."""
+    calls = [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]
+    records = [
+        {"id": " t-1 ", "metadata": {"prompt": "p", "info": "null"}},
+        {
+            "id": "t-2",
+            "metadata": {
+                "prompt": [
+                    {"role": "user", "content": "look it up"},
+                    {"role": "assistant", "tool_calls": calls},
+                    {"role": "tool", "tool_call_id": "c1", "content": "found"},
+                ]
+            },
+        },
+        {
+            "id": "wordle_001",
+            "messages": [],
+            "tools": [{"type": "function", "function": {"name": "guess"}}],
+            "metadata": {"answer": "crane", "problem": "Guess: crane"},
+        },
+    ]
+    data = b"".join(_line(record) for record in records)
+    assert _problems(data)[0] == []
+    read = list(read_records(io.BytesIO(data)))
+    assert [record.id for record in read] == ["t-1", "t-2", "wordle_001"]
+    assert read[0].rollout_data() == {"prompt": "p", "info": "null"}
+    assert read[1].rollout_data()["prompt"][1] == {"role": "assistant", "tool_calls": calls}
+    assert read[2].rollout_data() == {
+        "answer": "crane",
+        "problem": "Guess: crane",
+        "tools": [{"type": "function", "function": {"name": "guess"}}],
+    }
+
+
+def test_ids_are_compared_as_aws_keeps_them_trimmed() -> None:
+    problems, _ = _problems(_line(GOOD) + _line({**GOOD, "id": " w-1\t"}))
+    assert problems == ["line 2: id: duplicate of the id on line 1"]
+    assert DatasetRecord.model_validate({**GOOD, "id": " w-1 "}).id == "w-1"
 
 
 def test_duplicate_ids_point_at_the_first_one() -> None:
@@ -249,7 +334,7 @@ def test_cli_valid_invalid_and_usage_exit_codes(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert result.output.splitlines()[:3] == [
         "line 2: not valid JSON (expected value at column 1)",
-        "line 3: metadata.prompt: Field required",
+        "line 3: metadata.prompt: " + PROMPT_REQUIRED,
         f"{bad}: invalid, 2 problems in 3 lines",
     ]
     assert "Traceback" not in result.output
@@ -266,7 +351,7 @@ def test_cli_json_output(tmp_path: Path) -> None:
     report = json.loads(result.output)
     assert result.exit_code == 1 and report["valid"] is False
     assert report["problems"] == [
-        {"line": 1, "field": "metadata.prompt", "message": "Field required"}
+        {"line": 1, "field": "metadata.prompt", "message": PROMPT_REQUIRED}
     ]
 
 

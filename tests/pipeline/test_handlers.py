@@ -368,8 +368,8 @@ def test_the_reaper_tears_down_overdue_and_orphaned_runs_only(
         ),
         (b"[1, 2, 3]\n" * 3, "3 problems (line 1: not a JSON object"),
         (
-            b'{"id": "' + b"x" * 300 + b'", "metadata": {"prompt": "p"}}\n',
-            "1 problem (line 1: id: String should have at most 256 characters",
+            b'{"id": "  ", "metadata": {"prompt": "p"}}\n',
+            "1 problem (line 1: id: must not be empty or only whitespace",
         ),
         (
             b'{"id": "a", "metadata": {"prompt": []}}\r\n\r\n',

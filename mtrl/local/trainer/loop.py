@@ -227,7 +227,7 @@ class Trainer:
                     sample_id=sample,
                     max_length=self.config.max_length,
                     rewards=RewardSpec(range=self.job.reward_range),
-                    data=dict(record.metadata),
+                    data=record.rollout_data(),
                 )
                 for sample in samples
             ]
