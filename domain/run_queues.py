@@ -115,6 +115,16 @@ def delete_run_queues(sqs: Any, *, prefix: str, run_id: str) -> int:
     return deleted
 
 
+def run_queue_url(sqs: Any, *, prefix: str, run_id: str, kind: QueueKind) -> str | None:
+    """The URL of one of a run's queues, found by its name; None when it does not exist."""
+    try:
+        return sqs.get_queue_url(QueueName=queue_name(prefix, run_id, kind))["QueueUrl"]
+    except ClientError as error:
+        if _is_missing(error):
+            return None
+        raise
+
+
 def _create(sqs: Any, name: str, attributes: dict[str, str], tags: dict[str, str]) -> str:
     return sqs.create_queue(QueueName=name, Attributes=attributes, tags=tags)["QueueUrl"]
 

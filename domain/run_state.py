@@ -24,13 +24,15 @@ class RegisteredRun(BaseModel):
 
 
 class RunResources(BaseModel):
-    """Provision's result, at `$.resources`: the run's queues by kind and its alarms."""
+    """Provision's result, at `$.resources`: the run's queues by kind, its alarms, and the
+    rollout Lambda a Nova trainer invokes for it (its `rollout_request_arn`)."""
 
     model_config = ConfigDict(frozen=True)
 
     run_id: str
     queues: dict[str, str]
     alarms: list[str]
+    rollout_request_arn: str
 
 
 class JobReport(BaseModel):

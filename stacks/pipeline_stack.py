@@ -51,6 +51,7 @@ class PipelineStack(PlatformStack):
             conversations=self.router.table,
             router_url=self.router.proxy_url.url,
             consumer=self.router.consumer,
+            rollout_forwarder=self.router.rollout_forwarder,
             cluster_network=cluster_network,
         )
         # The reward fleet per run (ECS) and the training job per run (HyperPod: nodes through
@@ -97,6 +98,7 @@ class PipelineStack(PlatformStack):
         roles |= {
             "proxy": self.router.proxy.role,
             "consumer": self.router.consumer.role,
+            "rollout_forwarder": self.router.rollout_forwarder.role,
             "reward_worker": fleet.task_role,
             "run_pods": training.job_role,
             "operator": self.operator_policy,

@@ -28,6 +28,27 @@ def _create(dynamodb: Any, table_name: str, key: str) -> None:
     )
 
 
+def create_router_functions(lambda_client: Any, iam: Any) -> tuple[str, str]:
+    """The router's consumer and rollout forwarder as moto functions (names: "consumer",
+    "rollout-forwarder"): the run resources wire to them (an event source mapping, an alias)."""
+    role = iam.create_role(RoleName="router", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    names = []
+    for name, handler in (
+        ("consumer", "lambdas.router.consumer.handler"),
+        ("rollout-forwarder", "lambdas.router.rollout_forwarder.handler"),
+    ):
+        names.append(
+            lambda_client.create_function(
+                FunctionName=name,
+                Runtime="python3.12",
+                Role=role,
+                Handler=handler,
+                Code={"ZipFile": b"code"},
+            )["FunctionName"]
+        )
+    return names[0], names[1]
+
+
 class Serialized:
     """A boto3 client whose calls take one process-wide lock: moto's in-memory backends are
     not thread-safe (concurrent FIFO receives lose or corrupt messages), AWS is."""

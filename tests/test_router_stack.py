@@ -37,7 +37,11 @@ def test_conversation_table(default_app: Synthesized) -> None:
 
 def test_handlers_exist_and_run_on_python_312(default_app: Synthesized) -> None:
     functions = _functions(default_app)
-    assert set(functions) == {"lambdas.router.proxy.handler", "lambdas.router.consumer.handler"}
+    assert set(functions) == {
+        "lambdas.router.proxy.handler",
+        "lambdas.router.consumer.handler",
+        "lambdas.router.rollout_forwarder.handler",
+    }
     for handler, (_, function) in functions.items():
         module, name = handler.rsplit(".", 1)
         assert callable(getattr(importlib.import_module(module), name))
@@ -69,8 +73,33 @@ def test_queue_permissions_are_limited_to_the_deployments_run_queues(
         actions = {a for s in sqs_statements for a in as_list(s["Action"])}
         if handler.endswith("proxy.handler"):
             assert actions == {"sqs:SendMessage"}
+        elif handler.endswith("rollout_forwarder.handler"):
+            # It finds the invoking run's queue by name, and sends; it reads nothing.
+            assert actions == {"sqs:GetQueueUrl", "sqs:SendMessage"}
         else:
             assert "sqs:ReceiveMessage" in actions and "sqs:SendMessage" not in actions
+
+
+def test_only_the_pipeline_manages_the_forwarders_aliases_on_that_function_alone(
+    default_app: Synthesized,
+) -> None:
+    """Provision creates a run's alias, teardown (and the reaper) delete it: each names the
+    forwarder's ARN, nothing wider."""
+    template = default_app.template("pipeline")
+    forwarder_id, _ = _functions(default_app)["lambdas.router.rollout_forwarder.handler"]
+    holders: dict[str, set[str]] = {}
+    for function in default_app.resources("pipeline", "AWS::Lambda::Function").values():
+        role_id = function["Properties"]["Role"]["Fn::GetAtt"][0]
+        for statement in role_statements(template, role_id):
+            aliases = {a for a in as_list(statement["Action"]) if "Alias" in a}
+            if aliases:
+                assert statement["Resource"] == {"Fn::GetAtt": [forwarder_id, "Arn"]}
+                holders.setdefault(function["Properties"]["Handler"], set()).update(aliases)
+    assert holders == {
+        "lambdas.pipeline.handlers.provision": {"lambda:CreateAlias", "lambda:GetAlias"},
+        "lambdas.pipeline.handlers.teardown": {"lambda:DeleteAlias", "lambda:GetAlias"},
+        "lambdas.pipeline.handlers.reap": {"lambda:DeleteAlias", "lambda:GetAlias"},
+    }
 
 
 def test_reward_workers_may_call_the_proxy_url(default_app: Synthesized) -> None:
@@ -93,7 +122,8 @@ def test_reward_workers_may_call_the_proxy_url(default_app: Synthesized) -> None
 
 def test_lambda_code_needs_only_what_the_asset_ships() -> None:
     probe = (
-        "import sys; import lambdas.router.proxy, lambdas.router.consumer; "
+        "import sys; import lambdas.router.proxy, lambdas.router.consumer, "
+        "lambdas.router.rollout_forwarder; "
         "print(sorted({m.split('.')[0] for m in sys.modules}))"
     )
     result = subprocess.run(

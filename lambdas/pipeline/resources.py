@@ -1,7 +1,8 @@
 """A run's router resources: provision them, and tear every one of them down (idempotently).
 
-A run's resources are its FIFO queues (and dead-letter queue), their age alarms, and the event
-source mapping that feeds its generate responses to the router's consumer. The run's entry in
+A run's resources are its FIFO queues (and dead-letter queue), their age alarms, the event
+source mapping that feeds its generate responses to the router's consumer, and its alias of the
+rollout forwarder (the `rollout_request_arn` a Nova trainer invokes). The run's entry in
 the conversation table (with the token its workers present) is written when the workers start.
 """
 
@@ -23,16 +24,23 @@ from lambdas.router.event_sources import (
     consumer_mappings,
     disconnect_consumer,
 )
+from lambdas.router.rollout_aliases import (
+    create_rollout_alias,
+    delete_rollout_alias,
+    rollout_alias_exists,
+)
 
 
 @dataclass(frozen=True)
 class RouterWiring:
-    """Where the router lives: the SQS and CloudWatch clients, and the consumer function."""
+    """Where the router lives: the SQS and CloudWatch clients, the consumer and the rollout
+    forwarder functions."""
 
     sqs: Any
     cloudwatch: Any
     lambda_client: Any
     consumer_function: str
+    rollout_forwarder: str
     prefix: str
 
 
@@ -41,12 +49,14 @@ class Provisioned:
     queues: dict[str, str]
     alarms: list[str]
     consumer_mapping: str
+    rollout_request_arn: str
 
 
 def provision_run(
     wiring: RouterWiring, *, run_id: str, kms_key_id: str | None, alert_topic_arn: str | None
 ) -> Provisioned:
-    """Per-run queues, queue-age alarms and the consumer's event source mapping."""
+    """Per-run queues, queue-age alarms, the consumer's event source mapping and the rollout
+    forwarder's alias."""
     queues = create_run_queues(
         wiring.sqs, prefix=wiring.prefix, run_id=run_id, kms_key_id=kms_key_id
     )
@@ -59,12 +69,18 @@ def provision_run(
     mapping = connect_consumer(
         wiring.lambda_client, function=wiring.consumer_function, queue_arn=responses_arn
     )
-    return Provisioned(queues=queues.urls(), alarms=alarms, consumer_mapping=mapping)
+    alias = create_rollout_alias(
+        wiring.lambda_client, function=wiring.rollout_forwarder, run_id=run_id
+    )
+    return Provisioned(
+        queues=queues.urls(), alarms=alarms, consumer_mapping=mapping, rollout_request_arn=alias
+    )
 
 
 def teardown_run(wiring: RouterWiring, *, run_id: str) -> dict[str, int]:
-    """Delete the run's mapping, queues and alarms; safe to repeat. Returns what was deleted
-    and what is left (0 when teardown is complete)."""
+    """Delete the run's alias, mapping, queues and alarms; safe to repeat. Returns what was
+    deleted and what is left (0 when teardown is complete)."""
+    delete_rollout_alias(wiring.lambda_client, function=wiring.rollout_forwarder, run_id=run_id)
     disconnect_consumer(
         wiring.lambda_client,
         function=wiring.consumer_function,
@@ -76,7 +92,7 @@ def teardown_run(wiring: RouterWiring, *, run_id: str) -> dict[str, int]:
 
 
 def leftover_resources(wiring: RouterWiring, *, run_id: str) -> int:
-    """How many of the run's queues, alarms and event source mappings still exist."""
+    """How many of the run's queues, alarms, event source mappings and aliases still exist."""
     names = {queue_name(wiring.prefix, run_id, kind) for kind in QueueKind}
     listed = wiring.sqs.list_queues(QueueNamePrefix=queue_base(wiring.prefix, run_id)).get(
         "QueueUrls", []
@@ -90,4 +106,7 @@ def leftover_resources(wiring: RouterWiring, *, run_id: str) -> int:
         function=wiring.consumer_function,
         queue_name=queue_name(wiring.prefix, run_id, QueueKind.GENERATE_RESPONSES),
     )
-    return queues + len(alarms) + mappings
+    alias = rollout_alias_exists(
+        wiring.lambda_client, function=wiring.rollout_forwarder, run_id=run_id
+    )
+    return queues + len(alarms) + mappings + int(alias)

@@ -132,7 +132,10 @@ class RunSteps:
             alert_topic_arn=self.settings.alert_topic_arn,
         )
         resources = RunResources(
-            run_id=event["run_id"], queues=provisioned.queues, alarms=provisioned.alarms
+            run_id=event["run_id"],
+            queues=provisioned.queues,
+            alarms=provisioned.alarms,
+            rollout_request_arn=provisioned.rollout_request_arn,
         )
         return resources.model_dump(mode="json")
 

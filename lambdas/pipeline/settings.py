@@ -19,6 +19,7 @@ class PipelineSettings(EnvironmentSettings):
     runs_table: str = Field(alias="RUNS_TABLE")
     conversations_table: str = Field(alias="CONVERSATIONS_TABLE")
     consumer_function: str = Field(alias="CONSUMER_FUNCTION")
+    rollout_forwarder: str = Field(alias="ROLLOUT_FORWARDER_FUNCTION")
     default_config: str = Field(default=DEFAULT_CONFIG, alias="DEFAULT_CONFIG")
     state_machine_arn: str | None = Field(default=None, alias="STATE_MACHINE_ARN")
     data_key_arn: str | None = Field(default=None, alias="DATA_KEY_ARN")
@@ -38,6 +39,7 @@ class PipelineSettings(EnvironmentSettings):
             cloudwatch=clients("cloudwatch"),
             lambda_client=clients("lambda"),
             consumer_function=self.consumer_function,
+            rollout_forwarder=self.rollout_forwarder,
             prefix=self.name_prefix,
         )
 

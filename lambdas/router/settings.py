@@ -18,6 +18,13 @@ class RouterSettings(EnvironmentSettings):
     deployment: str = Field(default="nova-mtrl", alias="NAME_PREFIX")
 
 
+class ForwarderSettings(EnvironmentSettings):
+    """The rollout forwarder's: the deployment's name prefix, which the run queues' names
+    start with (domain/run_queues.py)."""
+
+    name_prefix: str = Field(alias="NAME_PREFIX")
+
+
 def metrics_deployment(environment: Mapping[str, str]) -> str:
     """The metrics' deployment dimension, known before the rest is (the metrics are made as the
     entry module loads)."""

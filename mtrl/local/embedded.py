@@ -27,6 +27,7 @@ from lambdas.pipeline.composition import compose as compose_pipeline
 from lambdas.pipeline.dependencies import Compute
 from lambdas.router.consumer import consumer_for
 from lambdas.router.proxy import proxy_for
+from lambdas.router.rollout_forwarder import forwarder_for
 from mtrl.local.physical import ACCOUNT, REGION, LocalNames
 from stacks.components.pipeline_steps import STEPS
 
@@ -43,6 +44,11 @@ def _pipeline(compute: Compute | None) -> Compose:
 _COMPOSERS: dict[str, Compose] = {
     "lambdas.router.proxy": lambda env, clients: {"handler": proxy_for(env, clients).handle},
     "lambdas.router.consumer": lambda env, clients: {"handler": consumer_for(env, clients).handle},
+    # Its handle takes the request with the ARN it was invoked by; the local trainer puts its
+    # rollout requests on the run's queue itself, so nothing invokes it here.
+    "lambdas.router.rollout_forwarder": lambda env, clients: {
+        "handler": forwarder_for(env, clients).handle
+    },
     "lambdas.kubernetes.bootstrap": bootstrap.compose,
     "lambdas.kubernetes.chart_install": chart_install.compose,
 }

@@ -29,6 +29,7 @@ NEEDS: Mapping[str, tuple[Need, ...]] = {
         Need.RUN_QUEUES_SEND,
     ),
     "consumer": (Need.CONVERSATIONS_GET, Need.CONVERSATIONS_UPDATE, Need.RUN_QUEUES_POLL),
+    "rollout_forwarder": (Need.ROLLOUT_REQUESTS_FORWARD,),
     # Workers report through the proxy; a message they cannot read goes to the dead-letter queue.
     "reward_worker": (Need.RUN_QUEUES_RECEIVE, Need.RUN_QUEUES_SEND, Need.PROXY_INVOKE),
     # The trainer reads its dataset, writes checkpoints and metrics, and speaks the protocol.

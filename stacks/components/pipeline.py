@@ -53,6 +53,7 @@ class TrainingPipeline(Construct):
         conversations: dynamodb.ITable,
         router_url: str,
         consumer: lambda_.IFunction,
+        rollout_forwarder: lambda_.IFunction,
         cluster_network: ClusterNetwork,
     ) -> None:
         super().__init__(scope, construct_id)
@@ -84,6 +85,7 @@ class TrainingPipeline(Construct):
             alert_topic_arn=self.alert_topic.topic_arn,
             router_url=router_url,
             consumer_function=consumer.function_name,
+            rollout_forwarder=rollout_forwarder.function_name,
             poll_seconds=60,
         )
         self.functions: dict[str, lambda_.Function] = {}

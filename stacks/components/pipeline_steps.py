@@ -49,7 +49,12 @@ class PipelineStep:
         return bool({Need.EXECUTION_START, Need.EXECUTIONS_STOP} & set(self.needs))
 
 
-_TEARDOWN = (Need.CONSUMER_DISCONNECT, Need.RUN_QUEUES_DELETE, Need.QUEUE_ALARMS_DELETE)
+_TEARDOWN = (
+    Need.CONSUMER_DISCONNECT,
+    Need.RUN_QUEUES_DELETE,
+    Need.QUEUE_ALARMS_DELETE,
+    Need.ROLLOUT_ALIASES_DELETE,
+)
 _RELEASE = (
     Need.FLEET_STOP,
     Need.KUBERNETES,
@@ -70,8 +75,11 @@ STEPS = (
         (Need.DATASETS_READ, Need.CONFIGS_READ, Need.RUNS_PUT, Need.RUNS_GET),
     ),
     PipelineStep(
-        "provision", "Creates the run's queues, alarms and router entry",
-        (Need.RUN_QUEUES_CREATE, Need.QUEUE_ALARMS_CREATE, Need.CONSUMER_CONNECT),
+        "provision", "Creates the run's queues, alarms, router entry and rollout alias",
+        (
+            Need.RUN_QUEUES_CREATE, Need.QUEUE_ALARMS_CREATE, Need.CONSUMER_CONNECT,
+            Need.ROLLOUT_ALIASES_CREATE,
+        ),
     ),
     PipelineStep("teardown", "Deletes every per-run resource (idempotent)", _TEARDOWN),
     PipelineStep(

@@ -17,7 +17,7 @@ from constructs import Construct
 from domain.run_queues import deployment_prefix
 from lambdas.environment import environment_for
 from lambdas.router.conversations import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
-from lambdas.router.settings import RouterSettings
+from lambdas.router.settings import ForwarderSettings, RouterSettings
 from stacks.components.access import Allow, grant_table_action
 from stacks.components.functions import pipeline_function
 from stacks.components.needs import Need
@@ -26,11 +26,13 @@ from stacks.config import PlatformConfig
 
 PROXY_HANDLER = "lambdas.router.proxy.handler"
 CONSUMER_HANDLER = "lambdas.router.consumer.handler"
+FORWARDER_HANDLER = "lambdas.router.rollout_forwarder.handler"
 
 
 class Router(Construct):
-    """Attributes: `table`, `proxy`, `proxy_url`, `consumer`, `run_queue_arns`; provides the
-    needs about conversations, run queues, their alarms and the consumer (`provides`, `grant`)."""
+    """Attributes: `table`, `proxy`, `proxy_url`, `consumer`, `rollout_forwarder`,
+    `run_queue_arns`; provides the needs about conversations, run queues, their alarms, the
+    consumer and the forwarder's per-run aliases (`provides`, `grant`)."""
 
     def __init__(
         self,
@@ -83,6 +85,16 @@ class Router(Construct):
                 RouterSettings, table_name=self.table.table_name, deployment=config.name_prefix
             ),
         )
+        # A Nova trainer's rollout_request_arn: each run invokes its own alias of it.
+        self.rollout_forwarder = pipeline_function(
+            self,
+            "RolloutForwarder",
+            handler=FORWARDER_HANDLER,
+            description="Rollout router: puts a Nova trainer's rollout requests on the run's queue",
+            code=code,
+            timeout=Duration.seconds(30),
+            environment=environment_for(ForwarderSettings, name_prefix=config.name_prefix),
+        )
         self._data_key = data_key
         self._alarms = stack.format_arn(
             service="cloudwatch",
@@ -127,6 +139,9 @@ class Router(Construct):
             Need.CONSUMER_DISCONNECT,
             Need.PROXY_INVOKE,
             Need.QUEUES_WATCH,
+            Need.ROLLOUT_ALIASES_CREATE,
+            Need.ROLLOUT_ALIASES_DELETE,
+            Need.ROLLOUT_REQUESTS_FORWARD,
         }
     )
 
@@ -191,6 +206,19 @@ class Router(Construct):
                 self._allow(role, ["lambda:ListEventSourceMappings"], "*")
             case Need.PROXY_INVOKE:
                 self.proxy.grant_invoke_url(role)
+            case Need.ROLLOUT_ALIASES_CREATE | Need.ROLLOUT_ALIASES_DELETE:
+                # Alias actions take the function's ARN (Service Authorization Reference).
+                action = "CreateAlias" if need is Need.ROLLOUT_ALIASES_CREATE else "DeleteAlias"
+                self._allow(
+                    role,
+                    [f"lambda:{action}", "lambda:GetAlias"],
+                    self.rollout_forwarder.function_arn,
+                )
+            case Need.ROLLOUT_REQUESTS_FORWARD:
+                # The run's queue is found by name; a producer to an SSE-KMS queue (SQS
+                # Developer Guide, "Key management").
+                self._allow(role, ["sqs:GetQueueUrl", "sqs:SendMessage"], queues)
+                self._allow(role, ["kms:GenerateDataKey", "kms:Decrypt"], key)
             case Need.QUEUES_WATCH:
                 self._allow(role, ["sqs:GetQueueUrl", "sqs:GetQueueAttributes"], queues)
                 # GetMetricData has no resource type (Service Authorization Reference).

@@ -46,7 +46,7 @@ from reward_envs.worker.router_client import RouterClient, RouterRolloutQueues
 from reward_envs.worker.settings import WorkerSettings
 from reward_envs.worker.worker import RewardWorker
 from stacks.components.pipeline_steps import STEP
-from stacks.components.router import PROXY_HANDLER
+from stacks.components.router import FORWARDER_HANDLER, PROXY_HANDLER
 from tests.conftest import Synthesized
 from tests.executions import finished
 from tests.iam.authorization import Directory
@@ -424,8 +424,17 @@ def exchange_rollouts(
         QueueUrl=queues[QueueKind.ROLLOUT_REQUESTS], MessageBody="{not a rollout request",
         MessageGroupId="poison", MessageDeduplicationId="poison",
     )  # fmt: skip
+    # The first rollout is asked for as a Nova trainer asks: through the run's alias of the
+    # rollout forwarder (which runs with its own role); the others straight on the queue.
+    forwarder = world.function(FORWARDER_HANDLER)
+    alias = world.clients["lambda"].get_alias(FunctionName=forwarder, Name=run_id)["AliasArn"]
     for index in range(rollouts):
         request = RolloutRequest(sample_id=f"w{index}_0", data={"answer": "crane"})
+        if index == 0:
+            world.pipeline.dispatcher.call(
+                forwarder, {"request": dump(request), "invoked_function_arn": alias}
+            )
+            continue
         sqs.send_message(
             QueueUrl=queues[QueueKind.ROLLOUT_REQUESTS], MessageBody=dump(request),
             MessageGroupId=request.sample_id, MessageDeduplicationId=request.sample_id,

@@ -57,6 +57,7 @@ SETTINGS = PipelineSettings(
     RUNS_TABLE="runs",
     CONVERSATIONS_TABLE="conversations",
     CONSUMER_FUNCTION="consumer",
+    ROLLOUT_FORWARDER_FUNCTION="rollout-forwarder",
 )
 
 

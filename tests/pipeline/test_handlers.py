@@ -15,7 +15,7 @@ from lambdas.pipeline.dependencies import Compute
 from lambdas.pipeline.run_steps import DatasetInvalid, Upload
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.conversations import create_table
-from tests.aws import Recorded, create_runs_table
+from tests.aws import Recorded, create_router_functions, create_runs_table
 
 BUCKET = "data"
 GOOD = b'{"id": "a", "metadata": {"prompt": "p", "answer": "crane"}}\n'
@@ -31,17 +31,6 @@ def _event(key: str, version: str | None) -> dict:
             "object": {"key": key, "version-id": version, "size": 10},
         },
     }
-
-
-def _consumer_function() -> str:
-    role = boto3.client("iam").create_role(RoleName="consumer", AssumeRolePolicyDocument="{}")
-    return boto3.client("lambda").create_function(
-        FunctionName="consumer",
-        Runtime="python3.12",
-        Role=role["Role"]["Arn"],
-        Handler="lambdas.router.consumer.handler",
-        Code={"ZipFile": b"code"},
-    )["FunctionName"]
 
 
 def _consumer_mappings() -> list[dict]:
@@ -68,7 +57,13 @@ def env(aws: None) -> dict:
         "NAME_PREFIX": "nova-mtrl",
         "RUNS_TABLE": "runs",
         "CONVERSATIONS_TABLE": "conversations",
-        "CONSUMER_FUNCTION": _consumer_function(),
+        **dict(
+            zip(
+                ("CONSUMER_FUNCTION", "ROLLOUT_FORWARDER_FUNCTION"),
+                create_router_functions(boto3.client("lambda"), boto3.client("iam")),
+                strict=True,
+            )
+        ),
         "STATE_MACHINE_ARN": machine,
         "ALERT_TOPIC_ARN": sns.create_topic(Name="alerts")["TopicArn"],
     }
@@ -123,6 +118,7 @@ def test_settings_come_from_the_environment() -> None:
             "RUNS_TABLE": "r",
             "CONVERSATIONS_TABLE": "c",
             "CONSUMER_FUNCTION": "f",
+            "ROLLOUT_FORWARDER_FUNCTION": "forwarder",
         }
     )
     assert (settings.name_prefix, settings.default_config) == ("p", "rft_multiturn_lora")

@@ -4,6 +4,7 @@ teardown of a run's router resources."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import boto3
 import pytest
@@ -16,6 +17,7 @@ from lambdas.pipeline.resources import (
     teardown_run,
 )
 from lambdas.pipeline.validate import validate_upload
+from tests.aws import create_router_functions
 
 BUCKET = "data-bucket"
 GOOD = b'{"id": "a", "metadata": {"prompt": "p", "answer": "crane"}}\n{"id": "b", "metadata": {"prompt": "p"}}\n'
@@ -67,16 +69,17 @@ def test_a_dataset_version_that_is_gone_is_an_error(bucket) -> None:
         )
 
 
-def test_provision_then_teardown_leaves_nothing_and_can_repeat(bucket) -> None:
-    role = boto3.client("iam").create_role(RoleName="consumer", AssumeRolePolicyDocument="{}")
-    boto3.client("lambda").create_function(
-        FunctionName="consumer", Runtime="python3.12", Role=role["Role"]["Arn"],
-        Handler="lambdas.router.consumer.handler", Code={"ZipFile": b"code"},
-    )  # fmt: skip
-    wiring = RouterWiring(
+def _wiring() -> RouterWiring:
+    consumer, forwarder = create_router_functions(boto3.client("lambda"), boto3.client("iam"))
+    return RouterWiring(
         sqs=boto3.client("sqs"), cloudwatch=boto3.client("cloudwatch"),
-        lambda_client=boto3.client("lambda"), consumer_function="consumer", prefix="nova-mtrl",
+        lambda_client=boto3.client("lambda"), consumer_function=consumer,
+        rollout_forwarder=forwarder, prefix="nova-mtrl",
     )  # fmt: skip
+
+
+def test_provision_then_teardown_leaves_nothing_and_can_repeat(bucket) -> None:
+    wiring = _wiring()
     key = boto3.client("kms").create_key()["KeyMetadata"]["KeyId"]
     topic = boto3.client("sns").create_topic(Name="alerts")["TopicArn"]
     provisioned = provision_run(wiring, run_id="r-7", kms_key_id=key, alert_topic_arn=topic)
@@ -87,8 +90,16 @@ def test_provision_then_teardown_leaves_nothing_and_can_repeat(bucket) -> None:
         assert attributes["Attributes"]["KmsMasterKeyId"] == key
     alarms = wiring.cloudwatch.describe_alarms(AlarmNames=provisioned.alarms)["MetricAlarms"]
     assert [alarm["AlarmActions"] for alarm in alarms] == [[topic]] * 4
-    # 5 queues, 4 alarms, 1 event source mapping
-    assert leftover_resources(wiring, run_id="r-7") == 10
+    alias = wiring.lambda_client.get_alias(FunctionName="rollout-forwarder", Name="r-7")
+    assert (alias["AliasArn"], alias["FunctionVersion"]) == (
+        provisioned.rollout_request_arn,
+        "$LATEST",
+    )
+    assert provisioned.rollout_request_arn.endswith(":function:rollout-forwarder:r-7")
+    # Provisioning again (a retried step) changes nothing and answers the same.
+    assert provision_run(wiring, run_id="r-7", kms_key_id=key, alert_topic_arn=topic) == provisioned
+    # 5 queues, 4 alarms, 1 event source mapping, 1 alias
+    assert leftover_resources(wiring, run_id="r-7") == 11
     assert teardown_run(wiring, run_id="r-7") == {"queues_deleted": 5, "leftover": 0}
     assert teardown_run(wiring, run_id="r-7") == {"queues_deleted": 0, "leftover": 0}
 
@@ -96,21 +107,9 @@ def test_provision_then_teardown_leaves_nothing_and_can_repeat(bucket) -> None:
 def test_teardown_counts_what_it_could_not_delete(bucket) -> None:
     """A teardown whose deletes do not take (here: alarms) says what is left, so the run's
     notice and `mtrl status` show it instead of a clean 0."""
-    role = boto3.client("iam").create_role(RoleName="consumer", AssumeRolePolicyDocument="{}")
-    boto3.client("lambda").create_function(
-        FunctionName="consumer", Runtime="python3.12", Role=role["Role"]["Arn"],
-        Handler="lambdas.router.consumer.handler", Code={"ZipFile": b"code"},
-    )  # fmt: skip
-    cloudwatch = boto3.client("cloudwatch")
-    wiring = RouterWiring(
-        sqs=boto3.client("sqs"), cloudwatch=cloudwatch, lambda_client=boto3.client("lambda"),
-        consumer_function="consumer", prefix="nova-mtrl",
-    )  # fmt: skip
+    wiring = _wiring()
     provision_run(wiring, run_id="r-8", kms_key_id=None, alert_topic_arn=None)
-    stuck = RouterWiring(
-        sqs=wiring.sqs, cloudwatch=IgnoresDeletes(cloudwatch), lambda_client=wiring.lambda_client,
-        consumer_function="consumer", prefix="nova-mtrl",
-    )  # fmt: skip
+    stuck = replace(wiring, cloudwatch=IgnoresDeletes(wiring.cloudwatch))
     assert teardown_run(stuck, run_id="r-8") == {"queues_deleted": 5, "leftover": 4}
 
 

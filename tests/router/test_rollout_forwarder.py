@@ -1,0 +1,151 @@
+"""The rollout Lambda: a Nova trainer's rollout requests reach the run whose alias it invoked,
+once, as valid v0; anything else is refused with the reason, and nothing is sent."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import boto3
+import pytest
+
+from domain.protocol import ProtocolError, RolloutRequest, parse
+from lambdas.router import rollout_forwarder
+from lambdas.router.rollout_aliases import (
+    alias_name,
+    create_rollout_alias,
+    delete_rollout_alias,
+    rollout_alias_exists,
+    run_of,
+)
+from lambdas.router.rollout_forwarder import RolloutForwarder, RolloutRefused
+from tests.aws import create_router_functions
+from tests.router.conftest import OTHER_RUN, RUN, Router
+from tests.router.test_nova_contract import DOCUMENTED_ROLLOUT_REQUEST
+
+FUNCTION = "arn:aws:lambda:us-east-1:123456789012:function:nova-mtrl-rollout"
+
+
+def forwarder(router: Router) -> RolloutForwarder:
+    return RolloutForwarder(router.sqs, prefix="test")  # the conftest's queues' prefix
+
+
+def invoke(forwarder: RolloutForwarder, request: Any, alias: str | None = RUN) -> dict[str, Any]:
+    arn = f"{FUNCTION}:{alias}" if alias is not None else FUNCTION
+    return forwarder.handle({"request": request, "invoked_function_arn": arn})
+
+
+def test_a_documented_request_lands_on_the_invoking_runs_queue_once(router: Router) -> None:
+    sent = forwarder(router)
+    assert invoke(sent, DOCUMENTED_ROLLOUT_REQUEST) == {
+        "run_id": RUN,
+        "sample_id": "sample-000_0",
+        "forwarded": True,
+    }
+    invoke(sent, DOCUMENTED_ROLLOUT_REQUEST)  # the trainer's retry of the same invocation
+    (message,) = router.messages(router.queues.rollout_requests)
+    assert parse(RolloutRequest, message["Body"]) == parse(
+        RolloutRequest, json.dumps(DOCUMENTED_ROLLOUT_REQUEST)
+    )
+    attributes = message["Attributes"]
+    assert attributes["MessageGroupId"] == "sample-000_0"
+    digest = hashlib.sha256(json.dumps(DOCUMENTED_ROLLOUT_REQUEST).encode()).hexdigest()
+    assert attributes["MessageDeduplicationId"] == digest
+    assert not router.messages(router.other_queues.rollout_requests)
+    assert (sent.counters.forwarded, sent.counters.malformed, sent.counters.refused) == (2, 0, 0)
+
+
+def test_the_same_sample_asked_again_later_is_a_new_request(router: Router) -> None:
+    sent = forwarder(router)
+    invoke(sent, DOCUMENTED_ROLLOUT_REQUEST)
+    invoke(sent, {**DOCUMENTED_ROLLOUT_REQUEST, "timestamp": "2025-10-28T12:05:00Z"})
+    assert len(router.messages(router.queues.rollout_requests)) == 2
+
+
+def test_runs_never_mix_each_gets_what_its_own_alias_was_sent(router: Router) -> None:
+    sent = forwarder(router)
+    invoke(sent, {**DOCUMENTED_ROLLOUT_REQUEST, "sample_id": "mine_0"}, alias=RUN)
+    invoke(sent, {**DOCUMENTED_ROLLOUT_REQUEST, "sample_id": "theirs_0"}, alias=OTHER_RUN)
+    mine = router.messages(router.queues.rollout_requests)
+    theirs = router.messages(router.other_queues.rollout_requests)
+    assert [parse(RolloutRequest, m["Body"]).sample_id for m in mine] == ["mine_0"]
+    assert [parse(RolloutRequest, m["Body"]).sample_id for m in theirs] == ["theirs_0"]
+
+
+@pytest.mark.parametrize(
+    ("alias", "message"),
+    [
+        (None, f"invoked as {FUNCTION}: invoke the run's alias"),
+        ("$LATEST", f"invoked as {FUNCTION}:$LATEST: invoke the run's alias"),
+        ("7", f"invoked as {FUNCTION}:7: invoke the run's alias"),  # a version, not an alias
+        ("gone-run", "run 'gone-run' has no rollout-request queue (test-gone-run-rollout-"),
+    ],
+)
+def test_an_invocation_outside_a_live_runs_alias_is_refused(
+    router: Router, alias: str | None, message: str
+) -> None:
+    sent = forwarder(router)
+    with pytest.raises(RolloutRefused) as refused:
+        invoke(sent, DOCUMENTED_ROLLOUT_REQUEST, alias=alias)
+    assert str(refused.value).startswith(message)
+    assert sent.counters.refused == 1 and sent.counters.forwarded == 0
+    assert not router.messages(router.queues.rollout_requests)
+
+
+@pytest.mark.parametrize(
+    ("request_body", "message"),
+    [
+        ({**DOCUMENTED_ROLLOUT_REQUEST, "version": "v1"}, "unsupported version 'v1'"),
+        (
+            {k: v for k, v in DOCUMENTED_ROLLOUT_REQUEST.items() if k != "sample_id"},
+            "sample_id: Field required",
+        ),
+        (
+            {**DOCUMENTED_ROLLOUT_REQUEST, "data": {"level": 3}},
+            "data: Value error, data needs at least one of prompt, problem or answer",
+        ),
+        ("not json", "not JSON"),
+        ([1, 2], "expected a JSON object, got list"),
+    ],
+)
+def test_a_request_that_is_not_v0_is_refused_with_what_is_wrong(
+    router: Router, request_body: Any, message: str
+) -> None:
+    sent = forwarder(router)
+    with pytest.raises(ProtocolError, match="^RolloutRequest: ") as refused:
+        invoke(sent, request_body)
+    assert message in str(refused.value)
+    assert sent.counters.malformed == 1
+    assert not router.messages(router.queues.rollout_requests)
+
+
+def test_the_lambda_entry_reads_the_run_from_the_arn_it_was_invoked_by(monkeypatch) -> None:
+    seen: list[Any] = []
+    monkeypatch.setattr(rollout_forwarder, "_forward", lambda event, context: seen.append(event))
+    context = SimpleNamespace(invoked_function_arn=f"{FUNCTION}:{RUN}")
+    rollout_forwarder.handler(DOCUMENTED_ROLLOUT_REQUEST, context)
+    assert seen == [
+        {"request": DOCUMENTED_ROLLOUT_REQUEST, "invoked_function_arn": f"{FUNCTION}:{RUN}"}
+    ]
+
+
+def test_run_ids_and_alias_names_are_one_and_the_same() -> None:
+    assert run_of(f"{FUNCTION}:{alias_name('wordle-3f2a9c01d4')}") == "wordle-3f2a9c01d4"
+    for bad in ("", "123", "has space", "x" * 129, "dot.ted"):
+        with pytest.raises(ValueError, match="cannot name a Lambda alias"):
+            alias_name(bad)
+    assert run_of("arn:aws:lambda:us-east-1:1:function:f:a:b") is None
+
+
+def test_a_runs_alias_is_created_once_and_deleted_once(aws: None) -> None:
+    client = boto3.client("lambda")
+    _, function = create_router_functions(client, boto3.client("iam"))
+    arn = create_rollout_alias(client, function=function, run_id="r-1")
+    assert create_rollout_alias(client, function=function, run_id="r-1") == arn
+    assert arn.endswith(f":function:{function}:r-1")
+    assert rollout_alias_exists(client, function=function, run_id="r-1")
+    assert delete_rollout_alias(client, function=function, run_id="r-1") is True
+    assert not rollout_alias_exists(client, function=function, run_id="r-1")
+    assert [a["Name"] for a in client.list_aliases(FunctionName=function)["Aliases"]] == []
