@@ -10,10 +10,13 @@ import typer
 from rich.table import Table
 
 from domain.dataset import Problem, counted
+from domain.nova_job import NovaRefused
 from mtrl import __version__
-from mtrl.console import check_dataset, err, out, print_problem
+from mtrl.console import check_dataset, err, fail, out, print_problem
 from mtrl.env_commands import env_app
 from mtrl.local_command import local
+from mtrl.ops.plan import plan as make_plan
+from mtrl.ops.plan import print_plan
 from mtrl.ops_commands import (
     cost_command,
     doctor_command,
@@ -24,6 +27,8 @@ from mtrl.ops_commands import (
     teardown_command,
 )
 from stacks.config import ConfigError, PlatformConfig, deployment_context
+from training_configs import TrainingConfigError, load_training_config
+from training_configs.schema import DEFAULT_CONFIG
 
 app = typer.Typer(
     help="Multi-turn RL (GRPO) for Amazon Nova on SageMaker HyperPod, and offline on this machine.",
@@ -88,6 +93,46 @@ def validate(
             soft_wrap=True,
         )
     raise typer.Exit(0 if summary.valid else 1)
+
+
+@app.command()
+def plan(
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            help="A training config: a YAML file or a shipped name (default: rft_multiturn_lora).",
+        ),
+    ] = None,
+    region: Annotated[
+        str | None, typer.Option(help="The region to plan for (default: cdk.json's region).")
+    ] = None,
+    recipe: Annotated[
+        Path | None,
+        typer.Option(help="The Forge recipe file (Forge subscribers): show it after overrides."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:
+    """What a run of a config would submit as a Nova job, offline: instance group, recipe and
+    overrides, launcher command, images, BYOO endpoints, GPU split, cost per hour."""
+    try:
+        training = load_training_config(config or DEFAULT_CONFIG)
+        platform = PlatformConfig.from_context(deployment_context({}))
+    except (TrainingConfigError, ConfigError) as error:
+        raise fail(str(error)) from None
+    chosen_region = region or platform.region
+    if chosen_region is None:
+        raise fail("no region: pass --region (cdk.json sets none)")
+    try:
+        made = make_plan(training, platform, region=chosen_region, recipe_file=recipe)
+    except NovaRefused as error:
+        raise fail(str(error), code=1) from None
+    except OSError as error:
+        raise fail(f"recipe {recipe}: cannot read ({error.strerror})") from None
+    if as_json:
+        out.print_json(json.dumps(made.as_dict()))
+        return
+    print_plan(made)
 
 
 @app.command()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from domain.bucket import CONFIGS_PREFIX, TRAINING_DATA_PREFIX
+from domain.nova_job import is_nova, nova_problems
 from domain.runs import run_id_for
 from lambdas.pipeline.register import CONFIG_METADATA_KEY
 from mtrl.ops.deployment import Deployment
@@ -45,7 +46,13 @@ class Submitted:
 def choose_config(config: str | None) -> ChosenConfig:
     """The config a submission uses (TrainingConfigError if invalid, SubmitError if over budget)."""
     name = config or DEFAULT_CONFIG
-    cost = estimate(load_training_config(name))
+    training = load_training_config(name)
+    if is_nova(training.model) and (problems := nova_problems(training)):
+        raise SubmitError(
+            f"config {name} cannot run as a Nova job (`mtrl plan --config {name}` shows the "
+            "job): " + "; ".join(problems)
+        )
+    cost = estimate(training)
     if not cost.within_budget:
         raise SubmitError(
             f"config {name}: {cost.describe()}; raise budget_usd or lower deadline_hours or "

@@ -75,7 +75,7 @@ def test_the_wordle_example_trains_and_leaves_nothing(
     assert actions == [
         "scale_up", "start_workers", "submit", "stop_workers", "delete_job", "scale_down",
     ]  # fmt: skip
-    assert report["compute_events"][0]["instances"] == 3
+    assert report["compute_events"][0]["instances"] == 4
     assert report["compute_events"][1]["workers"] == 1
     assert (directory / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (

@@ -132,6 +132,14 @@ def test_submit_refuses_bad_input_before_any_upload(deployed: dict, tmp_path: Pa
     )
     result = _invoke("submit", str(EXAMPLE / "train.jsonl"), "--config", str(over))
     assert result.exit_code == 2 and "OVER the $5 budget" in result.output
+    kl = tmp_path / "kl.yaml"
+    kl.write_text(
+        (EXAMPLE / "config.yaml").read_text().replace("kl_coefficient: 0.0", "kl_coefficient: 0.1")
+    )
+    result = _invoke("submit", str(EXAMPLE / "train.jsonl"), "--config", str(kl))
+    assert result.exit_code == 2
+    assert f"config {kl} cannot run as a Nova job (`mtrl plan --config {kl}` shows" in result.output
+    assert "kl_coefficient: Nova's recipe has no KL term to set; set 0" in result.output
     result = _invoke("submit", str(EXAMPLE / "train.jsonl"), "--name", "notes.txt")
     assert (
         result.exit_code == 2

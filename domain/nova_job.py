@@ -1,0 +1,210 @@
+"""A Nova multi-turn RFT job as AWS's own tools submit it: the Forge BYOO recipe, the overrides
+a training config makes to it, the HyperPod CLI invocation, and the per-service images.
+
+Sources (each pinned by tests/domain/test_nova_job.py):
+- recipes and overrides: the Nova Forge SDK (amzn-nova-forge 1.4.10),
+  `rft_multiturn/rft_multiturn.py` (`get_recipe_path`, `get_recipe_overrides`) and
+  `recipe/recipe_builder.py` (`_build_final_recipe`: an override names a *leaf key* and sets
+  every leaf of that name, wherever it sits in the recipe); the leaf names a config sets are
+  those AWS's own pipeline sets (aws-samples/sample-nova-multi-turn-rl-infra,
+  lambdas/submit_training/codebuild_submit.py) or that the Nova user guide's BYOO recipe shows
+  (nova-hp-rft-forge, "BYOO recipe configuration");
+- the invocation: the SDK's `SMHPRuntimeManager.execute` (`hyperpod start-job --namespace
+  kubeflow --recipe <recipe> --override-parameters {"instance_type", "container"}`);
+- images: aws/sagemaker-hyperpod-recipes (commit 2631995),
+  launcher/nova/constants/rft_container_constants.py.
+
+The Forge recipes themselves are for Forge subscribers (the SDK downloads them from Forge's
+bucket): offline, a plan shows the overrides; given the recipe file, the recipe after them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from training_configs.schema import Recipe, TrainingConfig
+
+NAMESPACE = "kubeflow"
+FORGE_RECIPES: dict[Recipe, str] = {
+    "RFT_MULTITURN_LORA": "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova_lite_2_0_p5_gpu_lora_rft_byoo",
+    "RFT_MULTITURN_FULL": "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova_lite_2_0_p5_gpu_rft_byoo",
+}
+FORGE_RECIPE_SOURCE = (
+    "s3://nova-forge-c7363-206080352451-us-east-1/v1/src/hyperpod_cli/"
+    "sagemaker_hyperpod_recipes/recipes_collection/recipes/{recipe}.yaml"
+)
+# Nova multi-turn RFT trains Nova 2 Lite only (the SDK's RFTMultiturnDatasetValidator).
+NOVA_MODELS = {"nova-lite-2": "nova-lite-2/prod"}
+NOVA_INSTANCE_TYPE = "ml.p5.48xlarge"  # the recipes' "p5" (FORGE_RECIPES)
+# The training replicas the SDK allows for multi-turn recipes (`_build_rft_overrides_from_recipe`).
+REPLICAS = (2, 4, 6, 8)
+# LoRA alpha as AWS's public RFT LoRA recipe allows it.
+LORA_ALPHAS = (32, 64, 96, 128, 160, 192)
+
+# Leaves named `name` that are not the run's name (the SDK leaves these as they are).
+KEPT_NAMES = ("distributed_fused_adam",)
+
+IMAGE_ACCOUNTS = {
+    "us-east-1": "708977205387",
+    "ap-northeast-1": "878185805882",
+    "eu-central-1": "874160969292",
+    "eu-west-2": "470633809225",
+}
+IMAGE_TAGS = {
+    "training": "SM-HP-RFT-TRAIN-V2-latest",
+    "generation": "SM-HP-RFT-GENERATION-V2-latest",
+    "storm": "SM-HP-RFT-STORM-V2-latest",  # hub, prompter, RBS
+    "nats_server": "SM-HP-RFT-NATS-server-V2-latest",
+    "nats_reloader": "SM-HP-RFT-NATS-reloader-V2-latest",
+    "redis": "SM-HP-RFT-REDIS-V2-latest",
+}
+# The run's BYOO endpoints, by the recipe's leaf key (the SDK's `get_recipe_overrides`).
+BYOO_KEYS = (
+    "rollout_request_arn",
+    "rollout_response_sqs_url",
+    "rollout_request_queue_url",
+    "generate_request_sqs_url",
+    "generate_response_sqs_url",
+)
+
+
+class NovaRefused(ValueError):
+    """A config, model or region a Nova job cannot take; the text says each reason and fix."""
+
+
+def is_nova(model: str) -> bool:
+    return model.startswith("nova")
+
+
+def images(region: str) -> dict[str, str]:
+    """The job's images by service, in `region`'s Nova account."""
+    account = IMAGE_ACCOUNTS.get(region)
+    if account is None:
+        raise NovaRefused(
+            f"region {region} has no Nova RFT images; use one of {', '.join(IMAGE_ACCOUNTS)}"
+        )
+    registry = f"{account}.dkr.ecr.{region}.amazonaws.com/nova-fine-tune-repo"
+    return {service: f"{registry}:{tag}" for service, tag in IMAGE_TAGS.items()}
+
+
+def training_replicas(config: TrainingConfig) -> int:
+    """The recipe's `replicas`: the run's nodes but one per generation replica (a Nova vLLM
+    replica takes a whole ml.p5.48xlarge, as the deployment's Nova preset says)."""
+    return config.instance_count - config.generation_replicas
+
+
+def nova_problems(config: TrainingConfig) -> list[str]:
+    """What in `config` a Nova job cannot take, each with its fix (empty: none)."""
+    problems = []
+    if config.model not in NOVA_MODELS:
+        problems.append(
+            f"model {config.model!r}: Nova multi-turn RFT trains {', '.join(NOVA_MODELS)} only"
+        )
+    if config.instance_type != NOVA_INSTANCE_TYPE:
+        problems.append(
+            f"instance_type {config.instance_type}: Nova's BYOO recipes run on {NOVA_INSTANCE_TYPE}"
+        )
+    if training_replicas(config) not in REPLICAS:
+        fits = ", ".join(str(config.generation_replicas + n) for n in REPLICAS)
+        problems.append(
+            f"instance_count {config.instance_count} leaves {training_replicas(config)} training "
+            f"replicas beside the {config.generation_replicas} generation replicas (a node "
+            f"each); Nova's recipe takes {', '.join(map(str, REPLICAS))}: set instance_count "
+            f"to one of {fits}"
+        )
+    if config.kl_coefficient:
+        problems.append(
+            "kl_coefficient: Nova's recipe has no KL term to set; set 0 (it bounds updates with "
+            "clip_ratio and an entropy bonus)"
+        )
+    if config.lora is not None:
+        for key in ("rank", "dropout"):
+            if key in config.lora.model_fields_set:
+                problems.append(
+                    f"lora.{key}: Nova's LoRA recipe does not take it (it sets alpha); "
+                    "remove it for a Nova run"
+                )
+        if config.lora.alpha not in LORA_ALPHAS:
+            problems.append(
+                f"lora.alpha {config.lora.alpha}: Nova's LoRA recipe takes one of "
+                f"{', '.join(map(str, LORA_ALPHAS))}"
+            )
+    return problems
+
+
+def recipe_overrides(
+    config: TrainingConfig,
+    *,
+    name: str,
+    data_s3_path: str,
+    output_s3_path: str,
+    byoo: dict[str, str],
+) -> dict[str, Any]:
+    """The recipe's leaf keys this config and run set (NovaRefused: `nova_problems`, all at
+    once)."""
+    problems = nova_problems(config)
+    if problems:
+        raise NovaRefused(
+            f"config {config.name!r} cannot run as a Nova job:\n  - " + "\n  - ".join(problems)
+        )
+    missing = [key for key in BYOO_KEYS if key not in byoo]
+    if missing:
+        raise ValueError(f"the run's BYOO endpoints lack {', '.join(missing)}")
+    overrides: dict[str, Any] = {
+        "name": name,
+        "model_name_or_path": NOVA_MODELS[config.model],
+        "data_s3_path": data_s3_path,
+        "output_s3_path": output_s3_path,
+        "replicas": training_replicas(config),
+        "generation_replicas": config.generation_replicas,
+        "max_steps": config.max_steps,
+        "global_batch_size": config.global_batch_size,
+        "max_length": config.max_length,
+        "max_new_tokens": config.max_new_tokens,
+        "number_generation": config.group_size,
+        "timeout": config.rollout_timeout_seconds,
+        "lr": config.learning_rate,
+        "clip_ratio_high": config.clip_ratio,
+        "delegate": True,
+    }
+    if config.lora is not None:
+        overrides["alpha"] = config.lora.alpha
+    return {**overrides, **{key: byoo[key] for key in BYOO_KEYS}}
+
+
+def apply_overrides(recipe: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """The recipe with every leaf named in `overrides` set, as the Forge SDK builds it (but an
+    optimizer's `name`); a key the recipe has no leaf of is refused, not added."""
+    built = copy.deepcopy(recipe)
+    found: set[str] = set()
+
+    def walk(node: dict[str, Any]) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value)
+            elif key in overrides and not (key == "name" and value in KEPT_NAMES):
+                node[key] = overrides[key]
+                found.add(key)
+
+    walk(built)
+    unknown = sorted(set(overrides) - found)
+    if unknown:
+        raise NovaRefused(f"the recipe has no key {', '.join(unknown)}")
+    return built
+
+
+def launcher_command(*, recipe: str, instance_type: str, container: str) -> list[str]:
+    """The HyperPod CLI invocation that renders and starts the job (the recipe path is relative
+    to the CLI's recipes collection, without `.yaml`)."""
+    return [
+        "hyperpod",
+        "start-job",
+        "--namespace",
+        NAMESPACE,
+        "--recipe",
+        recipe,
+        "--override-parameters",
+        json.dumps({"instance_type": instance_type, "container": container}),
+    ]

@@ -1,0 +1,180 @@
+"""`mtrl plan`: what a run of a training config would submit as a Nova job, read before paying.
+
+Offline: from the config, the deployment configuration (cdk.json) and domain/nova_job.py; no
+AWS call. What is only known once a run exists (its id, queues, the rollout Lambda's alias) is
+shown as placeholders.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shlex
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.table import Table
+
+from domain.nova_job import (
+    FORGE_RECIPE_SOURCE,
+    FORGE_RECIPES,
+    NAMESPACE,
+    NovaRefused,
+    apply_overrides,
+    images,
+    is_nova,
+    launcher_command,
+    recipe_overrides,
+    training_replicas,
+)
+from domain.run_queues import QueueKind
+from mtrl.console import out
+from stacks.config import PlatformConfig
+from training_configs.costs import estimate
+from training_configs.schema import TrainingConfig
+
+RUN = "<run id>"
+# What no offline check can settle; the README's "Nova on AWS" section says the same.
+UNVERIFIED = (
+    "the Forge BYOO recipe's leaf keys (subscription only): the overrides follow AWS's own "
+    "pipeline and the user guide's BYOO recipe",
+    "how AWS's chart places generation replicas on the group's nodes",
+    "the deployed pipeline submits its own job, not this one, until it runs AWS's launcher",
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    config: str
+    model: str
+    instance_group: dict[str, Any]
+    recipe: dict[str, Any]
+    launcher: dict[str, Any]
+    images: dict[str, str]
+    namespace: str
+    byoo: dict[str, str]
+    gpu_split: dict[str, int]
+    cost_per_hour_usd: float
+    unverified: tuple[str, ...] = UNVERIFIED
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def byoo_placeholders(platform: PlatformConfig, region: str) -> dict[str, str]:
+    """The run's BYOO endpoints as names with the run's parts left open."""
+    account = platform.account or "<account>"
+    queue = f"https://sqs.{region}.amazonaws.com/{account}/{platform.name_prefix}-{RUN}-{{}}.fifo"
+    return {
+        "rollout_request_arn": f"arn:aws:lambda:{region}:{account}:function:"
+        f"<rollout forwarder>:{RUN}",
+        "rollout_response_sqs_url": queue.format(QueueKind.ROLLOUT_RESPONSES.suffix),
+        "rollout_request_queue_url": queue.format(QueueKind.ROLLOUT_REQUESTS.suffix),
+        "generate_request_sqs_url": queue.format(QueueKind.GENERATE_REQUESTS.suffix),
+        "generate_response_sqs_url": queue.format(QueueKind.GENERATE_RESPONSES.suffix),
+    }
+
+
+def plan(
+    config: TrainingConfig,
+    platform: PlatformConfig,
+    *,
+    region: str,
+    recipe_file: Path | None = None,
+) -> Plan:
+    """The plan of a run of `config` on `platform`; NovaRefused says what stops it."""
+    if not is_nova(config.model):
+        raise NovaRefused(
+            f"model {config.model!r} is not a Nova model: `mtrl plan` shows Nova jobs only"
+        )
+    byoo = byoo_placeholders(platform, region)
+    bucket = f"{platform.name_prefix}-data-{platform.account or '<account>'}-{region}"
+    overrides = recipe_overrides(
+        config,
+        name=f"{platform.name_prefix}-{RUN}",
+        data_s3_path=f"s3://{bucket}/training-data/<dataset>.jsonl",
+        output_s3_path=f"s3://{bucket}/runs/{RUN}/",
+        byoo=byoo,
+    )
+    service_images = images(region)
+    recipe_path = FORGE_RECIPES[config.recipe]
+    rendered = None
+    if recipe_file is not None:
+        base = yaml.safe_load(recipe_file.read_text(encoding="utf-8"))
+        if not isinstance(base, dict):
+            raise NovaRefused(f"recipe {recipe_file}: expected a YAML mapping")
+        rendered = apply_overrides(base, overrides)
+    group = platform.training_instance_group
+    return Plan(
+        config=config.name,
+        model=config.model,
+        instance_group={
+            "name": group,
+            "instance_type": config.instance_type,
+            # Restricted instance groups are not deployed yet (issue #18, item 1).
+            "restricted": False,
+            "fsx": None,
+        },
+        recipe={
+            "path": recipe_path,
+            "source": FORGE_RECIPE_SOURCE.format(recipe=recipe_path),
+            "overrides": overrides,
+            "rendered": rendered,
+        },
+        launcher={
+            "command": launcher_command(
+                recipe=recipe_path,
+                instance_type=config.instance_type,
+                container=service_images["training"],
+            )
+        },
+        images=service_images,
+        namespace=NAMESPACE,
+        byoo={key: value for key, value in byoo.items() if key != "rollout_request_queue_url"},
+        gpu_split={
+            "training_replicas": training_replicas(config),
+            "generation_replicas": config.generation_replicas,
+        },
+        cost_per_hour_usd=round(estimate(config).per_hour, 2),
+    )
+
+
+def print_plan(made: Plan) -> None:
+    """The plan for a reader: each part in a line or a short table."""
+    show = functools.partial(out.print, highlight=False, soft_wrap=True)
+    group = made.instance_group
+    show(f"Nova job plan for config {made.config} ({made.model})")
+    show(
+        f"  instance group  {group['name']} ({group['instance_type']}), "
+        f"restricted: {'yes' if group['restricted'] else 'no'}, FSx: {group['fsx'] or 'none'}"
+    )
+    show(
+        f"  GPU split       {made.gpu_split['training_replicas']} training replicas, "
+        f"{made.gpu_split['generation_replicas']} generation replicas"
+    )
+    show(f"  cost            ${made.cost_per_hour_usd:,.2f}/hour")
+    show(f"  recipe          {made.recipe['path']}")
+    show(f"                  from {made.recipe['source']}")
+    show(f"  namespace       {made.namespace}")
+    show(f"  launcher        {shlex.join(made.launcher['command'])}")
+    shown = {key: json.dumps(value) for key, value in made.recipe["overrides"].items()}
+    for title, rows in (
+        ("recipe overrides: every leaf of that name", shown),
+        ("images", made.images),
+        ("BYOO endpoints", made.byoo),
+    ):
+        table = Table(title=title, title_justify="left")
+        table.add_column(overflow="fold", no_wrap=True)
+        table.add_column(overflow="fold")
+        table.show_header = False
+        for key, value in rows.items():
+            table.add_row(key, value)
+        out.print(table)
+    if made.recipe["rendered"] is not None:
+        show("recipe after overrides:")
+        show(yaml.safe_dump(made.recipe["rendered"], sort_keys=False))
+    show("unverified until a first run on AWS:")
+    for item in made.unverified:
+        show(f"  - {item}")

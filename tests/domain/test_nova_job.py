@@ -1,0 +1,217 @@
+"""The Nova job held against AWS's own code: the Forge SDK's recipe paths, BYOO overrides,
+override rule and HyperPod CLI invocation (read from the installed amzn-nova-forge 1.4.10's
+source, not imported: it needs Python 3.12 and the SageMaker SDK), and the launcher's images
+(aws/sagemaker-hyperpod-recipes at commit 2631995, launcher/nova/constants/
+rft_container_constants.py: not on PyPI, so its values are copied into the test with their
+source)."""
+
+from __future__ import annotations
+
+import ast
+import json
+from importlib.metadata import distribution
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from domain.nova_job import (
+    BYOO_KEYS,
+    FORGE_RECIPE_SOURCE,
+    FORGE_RECIPES,
+    REPLICAS,
+    NovaRefused,
+    apply_overrides,
+    images,
+    launcher_command,
+    nova_problems,
+    recipe_overrides,
+)
+from training_configs.schema import SHIPPED, TrainingConfig, load_training_config
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "wordle" / "config.yaml"
+BYOO = {key: f"<{key}>" for key in BYOO_KEYS}
+
+
+def sdk_function(path: str, name: str, owner: str | None = None) -> ast.FunctionDef:
+    """The SDK's function `name` in `path` (a method of class `owner` if given)."""
+    source = Path(str(distribution("amzn-nova-forge").locate_file(f"amzn_nova_forge/{path}")))
+    tree: ast.AST = ast.parse(source.read_text(encoding="utf-8"))
+    if owner is not None:
+        (tree,) = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == owner]
+    (found,) = [
+        node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == name
+    ]
+    return found
+
+
+def test_the_byoo_overrides_are_the_sdks() -> None:
+    """RFTMultiturnInfrastructure.get_recipe_overrides returns exactly these keys."""
+    function = sdk_function("rft_multiturn/rft_multiturn.py", "get_recipe_overrides")
+    (returned,) = [node.value for node in ast.walk(function) if isinstance(node, ast.Return)]
+    assert isinstance(returned, ast.Dict)
+    assert [ast.literal_eval(key) for key in returned.keys] == list(BYOO_KEYS)
+
+
+def test_the_recipes_and_where_they_come_from_are_the_sdks() -> None:
+    """get_recipe_path's map (TrainingMethod.* -> recipe file) and its download location."""
+    function = sdk_function("rft_multiturn/rft_multiturn.py", "get_recipe_path")
+    (recipe_map,) = [
+        node.value
+        for node in ast.walk(function)
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "recipe_map"
+    ]
+    by_method = {
+        key.attr: ast.literal_eval(value)
+        for key, value in zip(recipe_map.keys, recipe_map.values, strict=True)
+    }
+    assert {f"{path}.yaml" for path in FORGE_RECIPES.values()} == {
+        by_method["RFT_MULTITURN_LORA"],
+        by_method["RFT_MULTITURN_FULL"],
+    }
+    assert by_method["RFT_MULTITURN_LORA"] == FORGE_RECIPES["RFT_MULTITURN_LORA"] + ".yaml"
+    (download,) = [
+        node
+        for node in ast.walk(function)
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "download_file"
+    ]
+    bucket, key = (node for node in download.args[:2])
+    prefix = "".join(
+        part.value for part in key.values if isinstance(part, ast.Constant)
+    )  # the f-string's text around {s3_key}
+    assert f"s3://{ast.literal_eval(bucket)}/{prefix}{{recipe}}.yaml" == FORGE_RECIPE_SOURCE
+
+
+def test_replicas_are_the_sdks_for_multi_turn_recipes() -> None:
+    function = sdk_function("util/recipe.py", "_build_rft_overrides_from_recipe")
+    enums = [
+        ast.literal_eval(node.value)
+        for node in ast.walk(function)
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.List)
+    ]
+    assert list(REPLICAS) == enums[0]  # the multi-turn branch comes first
+
+
+def test_the_launcher_invocation_is_the_sdks() -> None:
+    """SMHPRuntimeManager.execute: hyperpod start-job, its flags in order, and the two
+    override parameters it sends."""
+    function = sdk_function("manager/runtime_manager.py", "execute", "SMHPRuntimeManager")
+    commands = [
+        node
+        for node in ast.walk(function)
+        if isinstance(node, ast.List)
+        and node.elts
+        and isinstance(node.elts[0], ast.Constant)
+        and node.elts[0].value == "hyperpod"
+    ]
+    (command,) = commands
+    flags = [e.value for e in command.elts if isinstance(e, ast.Constant)]
+    (overrides,) = [node for node in ast.walk(function) if isinstance(node, ast.Dict)]
+    ours = launcher_command(recipe="r", instance_type="ml.p5.48xlarge", container="img")
+    assert [part for part in ours if part.startswith(("hyperpod", "start-job", "--"))] == flags
+    assert ours[ours.index("--namespace") + 1] == "kubeflow"
+    assert set(json.loads(ours[-1])) == {ast.literal_eval(k) for k in overrides.keys}
+
+
+# aws/sagemaker-hyperpod-recipes@2631995, launcher/nova/constants/rft_container_constants.py
+LAUNCHER_ACCOUNTS = {
+    "us-east-1": "708977205387",
+    "ap-northeast-1": "878185805882",
+    "eu-central-1": "874160969292",
+    "eu-west-2": "470633809225",
+}
+LAUNCHER_TAGS = {
+    "SM-HP-RFT-TRAIN-V2-latest", "SM-HP-RFT-GENERATION-V2-latest", "SM-HP-RFT-STORM-V2-latest",
+    "SM-HP-RFT-NATS-server-V2-latest", "SM-HP-RFT-NATS-reloader-V2-latest",
+    "SM-HP-RFT-REDIS-V2-latest",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("region", sorted(LAUNCHER_ACCOUNTS))
+def test_images_per_region_are_the_launchers(region: str) -> None:
+    found = images(region)
+    registry = f"{LAUNCHER_ACCOUNTS[region]}.dkr.ecr.{region}.amazonaws.com/nova-fine-tune-repo:"
+    assert all(image.startswith(registry) for image in found.values())
+    assert {image.removeprefix(registry) for image in found.values()} == LAUNCHER_TAGS
+    assert found["training"].endswith(":SM-HP-RFT-TRAIN-V2-latest")
+
+
+def test_a_region_without_nova_images_is_refused_with_the_ones_that_have_them() -> None:
+    with pytest.raises(NovaRefused, match=r"^region us-west-2 has no Nova RFT images; use one of "
+                       r"us-east-1, ap-northeast-1, eu-central-1, eu-west-2$"):  # fmt: skip
+        images("us-west-2")
+
+
+def _config(**changes: Any) -> TrainingConfig:
+    return load_training_config(EXAMPLE).model_copy(update=changes)
+
+
+def test_every_config_key_for_the_job_lands_on_its_recipe_leaf() -> None:
+    config = load_training_config(EXAMPLE)
+    overrides = recipe_overrides(
+        config, name="n", data_s3_path="s3://b/d.jsonl", output_s3_path="s3://b/runs/r/", byoo=BYOO
+    )
+    assert overrides == {
+        "name": "n", "model_name_or_path": "nova-lite-2/prod", "data_s3_path": "s3://b/d.jsonl",
+        "output_s3_path": "s3://b/runs/r/", "replicas": 2,
+        "generation_replicas": config.generation_replicas, "max_steps": config.max_steps,
+        "global_batch_size": config.global_batch_size, "max_length": config.max_length,
+        "max_new_tokens": config.max_new_tokens, "number_generation": config.group_size,
+        "timeout": config.rollout_timeout_seconds, "lr": config.learning_rate,
+        "clip_ratio_high": config.clip_ratio, "delegate": True, "alpha": config.lora.alpha,
+        **BYOO,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", [*SHIPPED, str(EXAMPLE)])
+def test_the_shipped_configs_and_the_example_run_as_nova_jobs(name: str) -> None:
+    assert nova_problems(load_training_config(name)) == []
+
+
+def test_what_a_nova_job_cannot_take_is_refused_all_at_once_with_fixes() -> None:
+    raw = EXAMPLE.read_text().replace("  alpha: 32", "  rank: 8\n  alpha: 48\n  dropout: 0.1")
+    raw = raw.replace("instance_count: 4", "instance_count: 5")
+    raw = raw.replace("instance_type: ml.p5.48xlarge", "instance_type: ml.p4d.24xlarge")
+    raw = raw.replace("kl_coefficient: 0.0", "kl_coefficient: 0.01")
+    raw = raw.replace("model: nova-lite-2", "model: nova-pro")
+    config = TrainingConfig.model_validate(__import__("yaml").safe_load(raw))
+    with pytest.raises(NovaRefused) as refused:
+        recipe_overrides(config, name="n", data_s3_path="d", output_s3_path="o", byoo=BYOO)
+    assert str(refused.value).splitlines() == [
+        "config 'wordle-example' cannot run as a Nova job:",
+        "  - model 'nova-pro': Nova multi-turn RFT trains nova-lite-2 only",
+        "  - instance_type ml.p4d.24xlarge: Nova's BYOO recipes run on ml.p5.48xlarge",
+        "  - instance_count 5 leaves 3 training replicas beside the 2 generation replicas (a "
+        "node each); Nova's recipe takes 2, 4, 6, 8: set instance_count to one of 4, 6, 8, 10",
+        "  - kl_coefficient: Nova's recipe has no KL term to set; set 0 (it bounds updates with "
+        "clip_ratio and an entropy bonus)",
+        "  - lora.rank: Nova's LoRA recipe does not take it (it sets alpha); remove it for a "
+        "Nova run",
+        "  - lora.dropout: Nova's LoRA recipe does not take it (it sets alpha); remove it for a "
+        "Nova run",
+        "  - lora.alpha 48: Nova's LoRA recipe takes one of 32, 64, 96, 128, 160, 192",
+    ]
+
+
+def test_overrides_set_every_leaf_of_their_name_as_the_sdk_does() -> None:
+    """RecipeBuilder._build_final_recipe: a leaf of the override's name is replaced wherever it
+    is (interpolations included); an optimizer named distributed_fused_adam keeps its name."""
+    recipe = {
+        "run": {"name": "my-run", "replicas": 2, "rollout_request_arn": ""},
+        "training_config": {
+            "max_steps": 100,
+            "rollout": {"timeout": 600, "generator": {"timeout": 1000}},
+            "train": {"max_steps": "${training_config.max_steps}", "optim": {"lr": 1e-7}},
+            "optimizer": {"name": "distributed_fused_adam"},
+        },
+    }
+    built = apply_overrides(
+        recipe, {"name": "run-7", "max_steps": 5, "timeout": 300, "lr": 1e-5, "replicas": 4}
+    )
+    assert built["run"] == {"name": "run-7", "replicas": 4, "rollout_request_arn": ""}
+    assert built["training_config"]["train"] == {"max_steps": 5, "optim": {"lr": 1e-5}}
+    assert built["training_config"]["rollout"] == {"timeout": 300, "generator": {"timeout": 300}}
+    assert built["training_config"]["optimizer"] == {"name": "distributed_fused_adam"}
+    assert recipe["run"]["name"] == "my-run"  # the recipe given is left as it was
+    with pytest.raises(NovaRefused, match="^the recipe has no key delegate, number_generation$"):
+        apply_overrides(recipe, {"delegate": True, "number_generation": 8, "lr": 1e-5})

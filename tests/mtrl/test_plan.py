@@ -1,0 +1,130 @@
+"""`mtrl plan`: offline, what a run of a config would submit as a Nova job."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from domain.nova_job import FORGE_RECIPES, images
+from mtrl.cli import app
+from training_configs.costs import estimate
+from training_configs.schema import load_training_config
+
+runner = CliRunner()
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "wordle" / "config.yaml"
+
+
+def plan(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, ["plan", *args])
+    return result.exit_code, result.output
+
+
+def test_the_json_plan_has_what_a_reader_checks_before_paying() -> None:
+    code, output = plan("--config", str(EXAMPLE), "--region", "eu-west-2", "--json")
+    assert code == 0, output
+    made = json.loads(output)
+    assert {"instance_group", "recipe", "launcher", "images", "namespace", "byoo",
+            "cost_per_hour_usd"} <= set(made)  # fmt: skip
+    assert made["instance_group"] == {
+        "name": "gpu", "instance_type": "ml.p5.48xlarge", "restricted": False, "fsx": None
+    }  # fmt: skip
+    assert made["recipe"]["path"] == FORGE_RECIPES["RFT_MULTITURN_LORA"]
+    assert made["recipe"]["rendered"] is None  # no Forge recipe file given
+    command = made["launcher"]["command"]
+    assert command[:4] == ["hyperpod", "start-job", "--namespace", "kubeflow"]
+    assert command[command.index("--recipe") + 1] == made["recipe"]["path"]
+    assert json.loads(command[-1]) == {
+        "instance_type": "ml.p5.48xlarge",
+        "container": images("eu-west-2")["training"],
+    }
+    assert made["images"] == images("eu-west-2") and made["namespace"] == "kubeflow"
+    assert set(made["byoo"]) == {
+        "rollout_request_arn", "rollout_response_sqs_url", "generate_request_sqs_url",
+        "generate_response_sqs_url",
+    }  # fmt: skip
+    assert made["byoo"]["rollout_request_arn"].endswith(":function:<rollout forwarder>:<run id>")
+    assert made["byoo"]["generate_request_sqs_url"] == (
+        "https://sqs.eu-west-2.amazonaws.com/<account>/nova-mtrl-<run id>-generate-requests.fifo"
+    )
+    config = load_training_config(EXAMPLE)
+    assert made["cost_per_hour_usd"] == round(estimate(config).per_hour, 2)
+    assert made["gpu_split"] == {"training_replicas": 2, "generation_replicas": 2}
+    overrides = made["recipe"]["overrides"]
+    assert overrides["rollout_request_arn"] == made["byoo"]["rollout_request_arn"]
+    assert (overrides["max_steps"], overrides["number_generation"]) == (10, 8)
+
+
+def test_given_the_forge_recipe_it_shows_the_recipe_after_overrides(tmp_path: Path) -> None:
+    recipe = tmp_path / "byoo.yaml"
+    leaves = {
+        "run": {key: "" for key in ("name", "model_name_or_path", "data_s3_path", "output_s3_path",
+                                    "rollout_request_arn", "rollout_response_sqs_url",
+                                    "rollout_request_queue_url", "generate_request_sqs_url",
+                                    "generate_response_sqs_url")}
+        | {"replicas": 4, "generation_replicas": 2},
+        "training_config": {
+            "max_steps": 100, "global_batch_size": 256, "max_length": 8192,
+            "rollout": {"delegate": True, "timeout": 600,
+                        "advantage_strategy": {"number_generation": 16},
+                        "generator": {"max_new_tokens": 100, "timeout": 1000}},
+            "train": {"clip_ratio_high": 0.2, "optim": {"lr": 1e-7},
+                      "peft": {"lora_tuning": {"alpha": 64}}},
+        },
+    }  # fmt: skip
+    recipe.write_text(yaml.safe_dump(leaves))
+    code, output = plan("--config", str(EXAMPLE), "--region", "us-east-1", "--recipe",
+                        str(recipe), "--json")  # fmt: skip
+    assert code == 0, output
+    rendered = json.loads(output)["recipe"]["rendered"]
+    assert rendered["training_config"]["rollout"]["advantage_strategy"] == {"number_generation": 8}
+    assert rendered["training_config"]["rollout"]["generator"] == {
+        "max_new_tokens": 256,
+        "timeout": 120,
+    }
+    assert rendered["run"]["replicas"] == 2
+    assert rendered["training_config"]["train"]["peft"]["lora_tuning"]["alpha"] == 32
+    text = plan("--config", str(EXAMPLE), "--region", "us-east-1", "--recipe", str(recipe))[1]
+    assert "recipe after overrides:" in text and "number_generation: 8" in text
+
+
+def test_a_recipe_without_a_key_the_config_sets_is_refused(tmp_path: Path) -> None:
+    recipe = tmp_path / "single-turn.yaml"
+    recipe.write_text(yaml.safe_dump({"run": {"name": "x", "replicas": 2}}))
+    code, output = plan("--config", str(EXAMPLE), "--region", "us-east-1", "--recipe", str(recipe))
+    assert code == 1
+    assert output.startswith("error: the recipe has no key alpha, clip_ratio_high, data_s3_path")
+
+
+def test_refusals_exit_1_and_bad_input_exits_2_without_a_traceback(tmp_path: Path) -> None:
+    code, output = plan("--config", str(EXAMPLE), "--region", "us-west-2")
+    assert (code, output.strip()) == (
+        1,
+        "error: region us-west-2 has no Nova RFT images; use one of us-east-1, ap-northeast-1, "
+        "eu-central-1, eu-west-2",
+    )
+    qwen = tmp_path / "qwen.yaml"
+    qwen.write_text(EXAMPLE.read_text().replace("model: nova-lite-2", "model: qwen3-8b"))
+    code, output = plan("--config", str(qwen), "--region", "us-east-1")
+    assert code == 1 and "is not a Nova model: `mtrl plan` shows Nova jobs only" in output
+    code, output = plan("--config", str(tmp_path / "none.yaml"), "--region", "us-east-1")
+    assert code == 2 and "no such file" in output
+    code, output = plan("--config", str(EXAMPLE))  # cdk.json names no region
+    assert (code, output.strip()) == (2, "error: no region: pass --region (cdk.json sets none)")
+    code, output = plan("--config", str(EXAMPLE), "--region", "us-east-1", "--recipe",
+                        str(tmp_path / "missing.yaml"))  # fmt: skip
+    assert code == 2 and "cannot read (No such file or directory)" in output
+    assert "Traceback" not in output
+
+
+def test_the_readable_plan_shows_each_part() -> None:
+    code, output = plan("--config", "rft_multiturn_full", "--region", "us-east-1")
+    assert code == 0, output
+    for part in ("instance group  gpu (ml.p5.48xlarge), restricted: no, FSx: none",
+                 "GPU split       6 training replicas, 4 generation replicas",
+                 "launcher        hyperpod start-job --namespace kubeflow --recipe "
+                 "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova_lite_2_0_p5_gpu_rft_byoo",
+                 "unverified until a first run on AWS:"):  # fmt: skip
+        assert part in output, part
