@@ -35,7 +35,13 @@ RESULTS = ROOT / "bench" / "results" / "mutation.json"
 # Module -> the test files that exercise it (the fast ones: unit tests and moto, no synth).
 MODULES: dict[str, tuple[str, ...]] = {
     "domain/runs.py": ("tests/domain/test_runs.py", "tests/pipeline/test_policies.py"),
-    "domain/dataset.py": ("tests/mtrl/test_dataset.py", "tests/pipeline/test_pipeline_steps.py"),
+    "domain/dataset.py": (
+        "tests/mtrl/test_dataset.py",
+        "tests/mtrl/test_dataset_against_aws.py",
+        "tests/pipeline/test_pipeline_steps.py",
+    ),
+    # What a Nova job may be given (a wrong override costs a failed GPU run).
+    "domain/nova_job.py": ("tests/domain/test_nova_job.py", "tests/mtrl/test_plan.py"),
     "lambdas/pipeline/reaper.py": ("tests/pipeline/test_handlers.py",),
     "lambdas/pipeline/resources.py": (
         "tests/pipeline/test_pipeline_steps.py",
@@ -49,7 +55,13 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/pipeline/test_hyperpod_capacity.py",
         "tests/pipeline/test_hyperpod_training.py",
     ),
-    "lambdas/router/proxy.py": ("tests/router/test_proxy.py",),
+    "lambdas/router/proxy.py": ("tests/router/test_proxy.py", "tests/router/test_nova_contract.py"),
+    # Run isolation of a Nova trainer's rollout requests, and the alias teardown removes.
+    "lambdas/router/rollout_forwarder.py": ("tests/router/test_rollout_forwarder.py",),
+    "lambdas/router/rollout_aliases.py": (
+        "tests/router/test_rollout_forwarder.py",
+        "tests/pipeline/test_pipeline_steps.py",
+    ),
     "reward_envs/worker/worker.py": ("tests/reward_envs/test_worker.py",),
     "mtrl/local/trainer/grpo.py": ("tests/local/test_grpo.py", "tests/local/test_trainer.py"),
     "stacks/components/pipeline_states.py": ("tests/pipeline/test_pipeline_definition.py",),

@@ -169,17 +169,12 @@ class DatasetRecord(BaseModel):
 
     def rollout_data(self) -> dict[str, Any]:
         """The `data` of this record's rollout requests: its metadata as given, and its
-        `messages` and `tools` when it has any."""
-        data = self.metadata.model_dump(mode="json", exclude_none=True)
-        for key in ("messages", "tools"):
-            value = getattr(self, key)
-            if value:
-                data[key] = [
-                    item.model_dump(mode="json", exclude_none=True)
-                    if isinstance(item, BaseModel)
-                    else item
-                    for item in value
-                ]
+        `messages` and `tools` when it has any (values read from JSON dump as JSON)."""
+        data = self.metadata.model_dump(exclude_none=True)
+        if self.messages:
+            data["messages"] = [message.model_dump(exclude_none=True) for message in self.messages]
+        if self.tools:
+            data["tools"] = list(self.tools)
         return data
 
 

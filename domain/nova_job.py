@@ -120,11 +120,13 @@ def nova_problems(config: TrainingConfig) -> list[str]:
             "clip_ratio and an entropy bonus)"
         )
     if config.lora is not None:
+        # A value other than the default was chosen (a round trip through YAML sets them all).
         for key in ("rank", "dropout"):
-            if key in config.lora.model_fields_set:
+            default = type(config.lora).model_fields[key].default
+            if getattr(config.lora, key) != default:
                 problems.append(
                     f"lora.{key}: Nova's LoRA recipe does not take it (it sets alpha); "
-                    "remove it for a Nova run"
+                    f"remove it or leave it at {default} for a Nova run"
                 )
         if config.lora.alpha not in LORA_ALPHAS:
             problems.append(
@@ -149,9 +151,6 @@ def recipe_overrides(
         raise NovaRefused(
             f"config {config.name!r} cannot run as a Nova job:\n  - " + "\n  - ".join(problems)
         )
-    missing = [key for key in BYOO_KEYS if key not in byoo]
-    if missing:
-        raise ValueError(f"the run's BYOO endpoints lack {', '.join(missing)}")
     overrides: dict[str, Any] = {
         "name": name,
         "model_name_or_path": NOVA_MODELS[config.model],

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.bucket import CONFIGS_PREFIX, object_exists
+from domain.nova_job import is_nova, nova_problems
 from domain.presets import ModelPreset
 from domain.runs import RunRecord, RunStore, run_id_for
 from lambdas.kubernetes.training_job import preset_for
@@ -94,6 +95,11 @@ def register_run(
         )
     if presets is not None:
         preset_for(config, presets)
+    if is_nova(config.model) and (problems := nova_problems(config)):
+        raise TrainingConfigError(
+            f"config {name} cannot run as a Nova job (`mtrl plan --config` shows the job): "
+            + "; ".join(problems)
+        )
     record = RunRecord(
         run_id=run_id,
         bucket=bucket,

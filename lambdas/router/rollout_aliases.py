@@ -9,6 +9,7 @@ latest code.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any
 
@@ -48,13 +49,10 @@ def create_rollout_alias(lambda_client: Any, *, function: str, run_id: str) -> s
     )["AliasArn"]
 
 
-def delete_rollout_alias(lambda_client: Any, *, function: str, run_id: str) -> bool:
-    """Delete the run's alias; True when there was one."""
-    try:
+def delete_rollout_alias(lambda_client: Any, *, function: str, run_id: str) -> None:
+    """Delete the run's alias, if it is there."""
+    with contextlib.suppress(lambda_client.exceptions.ResourceNotFoundException):
         lambda_client.delete_alias(FunctionName=function, Name=alias_name(run_id))
-    except lambda_client.exceptions.ResourceNotFoundException:
-        return False
-    return True
 
 
 def rollout_alias_exists(lambda_client: Any, *, function: str, run_id: str) -> bool:

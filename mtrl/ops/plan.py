@@ -106,13 +106,18 @@ def plan(
         if not isinstance(base, dict):
             raise NovaRefused(f"recipe {recipe_file}: expected a YAML mapping")
         rendered = apply_overrides(base, overrides)
-    group = platform.training_instance_group
+    group = platform.training_group
+    if group.instance_type != config.instance_type:
+        raise NovaRefused(
+            f"config {config.name!r} asks for {config.instance_type}; this deployment's training "
+            f"instance group {group.name!r} runs {group.instance_type}"
+        )
     return Plan(
         config=config.name,
         model=config.model,
         instance_group={
-            "name": group,
-            "instance_type": config.instance_type,
+            "name": group.name,
+            "instance_type": group.instance_type,
             # Restricted instance groups are not deployed yet (issue #18, item 1).
             "restricted": False,
             "fsx": None,

@@ -168,6 +168,12 @@ def test_the_shipped_configs_and_the_example_run_as_nova_jobs(name: str) -> None
     assert nova_problems(load_training_config(name)) == []
 
 
+def test_a_config_written_out_whole_is_still_one_a_nova_job_takes() -> None:
+    """Local mode and the CLI write configs with every field; the defaults are not choices."""
+    config = load_training_config(EXAMPLE)
+    assert nova_problems(TrainingConfig.model_validate(config.model_dump(mode="json"))) == []
+
+
 def test_what_a_nova_job_cannot_take_is_refused_all_at_once_with_fixes() -> None:
     raw = EXAMPLE.read_text().replace("  alpha: 32", "  rank: 8\n  alpha: 48\n  dropout: 0.1")
     raw = raw.replace("instance_count: 4", "instance_count: 5")
@@ -185,10 +191,10 @@ def test_what_a_nova_job_cannot_take_is_refused_all_at_once_with_fixes() -> None
         "node each); Nova's recipe takes 2, 4, 6, 8: set instance_count to one of 4, 6, 8, 10",
         "  - kl_coefficient: Nova's recipe has no KL term to set; set 0 (it bounds updates with "
         "clip_ratio and an entropy bonus)",
-        "  - lora.rank: Nova's LoRA recipe does not take it (it sets alpha); remove it for a "
-        "Nova run",
-        "  - lora.dropout: Nova's LoRA recipe does not take it (it sets alpha); remove it for a "
-        "Nova run",
+        "  - lora.rank: Nova's LoRA recipe does not take it (it sets alpha); remove it or leave "
+        "it at 32 for a Nova run",
+        "  - lora.dropout: Nova's LoRA recipe does not take it (it sets alpha); remove it or "
+        "leave it at 0.0 for a Nova run",
         "  - lora.alpha 48: Nova's LoRA recipe takes one of 32, 64, 96, 128, 160, 192",
     ]
 

@@ -81,11 +81,7 @@ class Scenarios:
         world, run_id = self.world, self.runs["succeeds"].run_id
         config = tmp / "mine.yaml"
         config.write_text(
-            yaml.safe_dump(
-                load_training_config("rft_multiturn_lora").model_dump(
-                    mode="json", exclude_unset=True
-                )
-            )
+            yaml.safe_dump(load_training_config("rft_multiturn_lora").model_dump(mode="json"))
         )
         data = tmp / "operator.jsonl"
         data.write_bytes(dataset())

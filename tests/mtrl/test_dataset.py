@@ -189,11 +189,20 @@ def test_what_aws_accepts_beyond_plain_text_prompts_is_accepted_and_passed_on() 
             "tools": [{"type": "function", "function": {"name": "guess"}}],
             "metadata": {"answer": "crane", "problem": "Guess: crane"},
         },
+        {
+            "id": "t-4",
+            "messages": [{"role": "system", "content": "Be brief."}],
+            "metadata": {"problem": "p"},
+        },
     ]
     data = b"".join(_line(record) for record in records)
     assert _problems(data)[0] == []
     read = list(read_records(io.BytesIO(data)))
-    assert [record.id for record in read] == ["t-1", "t-2", "wordle_001"]
+    assert [record.id for record in read] == ["t-1", "t-2", "wordle_001", "t-4"]
+    assert read[3].rollout_data() == {
+        "problem": "p",
+        "messages": [{"role": "system", "content": "Be brief."}],
+    }
     assert read[0].rollout_data() == {"prompt": "p", "info": "null"}
     assert read[1].rollout_data()["prompt"][1] == {"role": "assistant", "tool_calls": calls}
     assert read[2].rollout_data() == {

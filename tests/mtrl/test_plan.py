@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
-from domain.nova_job import FORGE_RECIPES, images
+from domain.nova_job import FORGE_RECIPES, NovaRefused, images
 from mtrl.cli import app
+from mtrl.ops.plan import plan as make_plan
+from stacks.config import PlatformConfig, deployment_context
 from training_configs.costs import estimate
 from training_configs.schema import load_training_config
 
@@ -128,3 +131,21 @@ def test_the_readable_plan_shows_each_part() -> None:
                  "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova_lite_2_0_p5_gpu_rft_byoo",
                  "unverified until a first run on AWS:"):  # fmt: skip
         assert part in output, part
+
+
+def test_a_config_for_another_instance_type_than_the_groups_is_refused() -> None:
+    platform = PlatformConfig.from_context(deployment_context({}))
+    p4d = platform.model_copy(
+        update={
+            "hyperpod_instance_groups": [
+                group.model_copy(update={"instance_type": "ml.p4d.24xlarge"})
+                for group in platform.hyperpod_instance_groups
+            ]
+        }
+    )
+    with pytest.raises(NovaRefused) as refused:
+        make_plan(load_training_config(EXAMPLE), p4d, region="us-east-1")
+    assert str(refused.value) == (
+        "config 'wordle-example' asks for ml.p5.48xlarge; this deployment's training instance "
+        "group 'gpu' runs ml.p4d.24xlarge"
+    )

@@ -149,7 +149,14 @@ def test_a_config_the_cluster_cannot_run_is_refused_before_anything_exists(s3_an
     s3.put_object(Bucket=BUCKET, Key="configs/small.yaml", Body=small.encode())
     other = yaml.safe_dump({**_lora(), "instance_type": "ml.g5.48xlarge"})
     s3.put_object(Bucket=BUCKET, Key="configs/other.yaml", Body=other.encode())
+    kl = yaml.safe_dump({**_lora(), "kl_coefficient": 0.01})
+    s3.put_object(Bucket=BUCKET, Key="configs/kl.yaml", Body=kl.encode())
     for config, error in (
+        (
+            "configs/kl.yaml",
+            r"config configs/kl.yaml cannot run as a Nova job \(`mtrl plan --config` shows the "
+            r"job\): kl_coefficient: Nova's recipe has no KL term to set; set 0",
+        ),
         ("configs/small.yaml", "instance_count 2 leaves no node for the trainer"),
         (
             "configs/other.yaml",

@@ -20,7 +20,7 @@ from lambdas.router.rollout_aliases import (
     rollout_alias_exists,
     run_of,
 )
-from lambdas.router.rollout_forwarder import RolloutForwarder, RolloutRefused
+from lambdas.router.rollout_forwarder import RolloutForwarder, RolloutRefused, forwarder_for
 from tests.aws import create_router_functions
 from tests.router.conftest import OTHER_RUN, RUN, Router
 from tests.router.test_nova_contract import DOCUMENTED_ROLLOUT_REQUEST
@@ -87,11 +87,37 @@ def test_an_invocation_outside_a_live_runs_alias_is_refused(
     router: Router, alias: str | None, message: str
 ) -> None:
     sent = forwarder(router)
-    with pytest.raises(RolloutRefused) as refused:
-        invoke(sent, DOCUMENTED_ROLLOUT_REQUEST, alias=alias)
-    assert str(refused.value).startswith(message)
-    assert sent.counters.refused == 1 and sent.counters.forwarded == 0
+    for _ in range(2):
+        with pytest.raises(RolloutRefused) as refused:
+            invoke(sent, DOCUMENTED_ROLLOUT_REQUEST, alias=alias)
+        assert str(refused.value).startswith(message)
+    assert sent.counters.refused == 2 and sent.counters.forwarded == 0
     assert not router.messages(router.queues.rollout_requests)
+
+
+def test_refusals_say_what_to_invoke_and_why_a_run_cannot_be_reached(router: Router) -> None:
+    with pytest.raises(RolloutRefused) as bare:
+        invoke(forwarder(router), DOCUMENTED_ROLLOUT_REQUEST, alias=None)
+    assert str(bare.value) == (
+        f"invoked as {FUNCTION}: invoke the run's alias (<function ARN>:<run id>), the "
+        "rollout_request_arn its recipe names"
+    )
+    with pytest.raises(RolloutRefused) as gone:
+        invoke(forwarder(router), DOCUMENTED_ROLLOUT_REQUEST, alias="gone-run")
+    assert str(gone.value) == (
+        "run 'gone-run' has no rollout-request queue (test-gone-run-rollout-requests.fifo): it "
+        "was never provisioned or is torn down"
+    )
+
+
+def test_a_function_with_its_environment_forwards_to_that_deployments_queues(
+    router: Router,
+) -> None:
+    made = forwarder_for(
+        {"NAME_PREFIX": "test"}, lambda service: router.sqs if service == "sqs" else None
+    )
+    invoke(made, DOCUMENTED_ROLLOUT_REQUEST)
+    assert len(router.messages(router.queues.rollout_requests)) == 1
 
 
 @pytest.mark.parametrize(
@@ -114,10 +140,11 @@ def test_a_request_that_is_not_v0_is_refused_with_what_is_wrong(
     router: Router, request_body: Any, message: str
 ) -> None:
     sent = forwarder(router)
-    with pytest.raises(ProtocolError, match="^RolloutRequest: ") as refused:
-        invoke(sent, request_body)
-    assert message in str(refused.value)
-    assert sent.counters.malformed == 1
+    for _ in range(2):
+        with pytest.raises(ProtocolError, match="^RolloutRequest: ") as refused:
+            invoke(sent, request_body)
+        assert message in str(refused.value)
+    assert sent.counters.malformed == 2
     assert not router.messages(router.queues.rollout_requests)
 
 
@@ -145,7 +172,26 @@ def test_a_runs_alias_is_created_once_and_deleted_once(aws: None) -> None:
     arn = create_rollout_alias(client, function=function, run_id="r-1")
     assert create_rollout_alias(client, function=function, run_id="r-1") == arn
     assert arn.endswith(f":function:{function}:r-1")
+    alias = client.get_alias(FunctionName=function, Name="r-1")
+    assert alias["Description"] == "nova-mtrl run r-1: its rollout_request_arn"
     assert rollout_alias_exists(client, function=function, run_id="r-1")
-    assert delete_rollout_alias(client, function=function, run_id="r-1") is True
+    delete_rollout_alias(client, function=function, run_id="r-1")
     assert not rollout_alias_exists(client, function=function, run_id="r-1")
     assert [a["Name"] for a in client.list_aliases(FunctionName=function)["Aliases"]] == []
+    # Lambda answers a gone alias with ResourceNotFoundException (botocore's DeleteAlias errors).
+    gone = Gone(client)
+    delete_rollout_alias(gone, function=function, run_id="r-1")
+    assert gone.asked == ["r-1"]
+
+
+class Gone:
+    """Lambda for an alias that is not there: DeleteAlias raises as the real API may."""
+
+    def __init__(self, client: Any) -> None:
+        self.exceptions, self.asked = client.exceptions, []
+
+    def delete_alias(self, *, FunctionName: str, Name: str) -> None:  # noqa: N803 - boto3's
+        self.asked.append(Name)
+        raise self.exceptions.ResourceNotFoundException(
+            {"Error": {"Code": "ResourceNotFoundException", "Message": "no alias"}}, "DeleteAlias"
+        )
