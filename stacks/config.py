@@ -61,14 +61,40 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class FsxLustre(_Strict):
+    """A restricted instance group's service-managed FSx for Lustre (CloudFormation's
+    AWS::SageMaker::Cluster FSxLustreConfig; botocore's CreateCluster gives the same bounds)."""
+
+    size_gib: int = Field(ge=1200, le=100800)
+    per_unit_storage_throughput: int = Field(ge=125, le=1000, description="MB/s per TiB")
+
+
 class HyperPodInstanceGroup(_Strict):
-    """One HyperPod instance group. `count` may be 0: the pipeline scales it up per run."""
+    """One HyperPod instance group. `count` may be 0: the pipeline scales it up per run.
+    `restricted`: a restricted instance group (RIG) for Nova: Nova images only, its own
+    execution role, and a service-managed FSx for Lustre (`fsx`); no lifecycle scripts."""
 
     name: str = Field(pattern=_HYPERPOD_GROUP_NAME)
     instance_type: str = Field(pattern=_ML_INSTANCE_TYPE, description="e.g. ml.p5.48xlarge")
     count: int = Field(ge=0, le=1000)
     threads_per_core: Literal[1, 2] = 1
     ebs_volume_gb: int = Field(default=500, ge=1, le=16384)
+    restricted: bool = False
+    fsx: FsxLustre | None = None
+
+    @model_validator(mode="after")
+    def _fsx_on_restricted_groups_only(self) -> Self:
+        if self.restricted and self.fsx is None:
+            raise ValueError(
+                f"restricted group {self.name!r} needs fsx: {{size_gib (1200-100800), "
+                "per_unit_storage_throughput (125-1000)}, its service-managed FSx for Lustre"
+            )
+        if not self.restricted and self.fsx is not None:
+            raise ValueError(
+                f"group {self.name!r} has fsx but is not restricted: only a restricted group "
+                "gets a service-managed FSx for Lustre (set restricted: true, or remove fsx)"
+            )
+        return self
 
 
 class SystemNodeGroup(_Strict):
@@ -265,6 +291,14 @@ class PlatformConfig(_Strict):
                 "training_instance_group",
                 self.training_instance_group,
                 f"must name one of hyperpod_instance_groups ({', '.join(groups)})",
+            )
+        if self.training_group.restricted:
+            standard = [g.name for g in self.hyperpod_instance_groups if not g.restricted]
+            raise _key_problem(
+                "training_instance_group",
+                self.training_group.name,
+                "names a restricted group, which runs Nova's images only, not this pipeline's "
+                f"training job; name a standard group ({', '.join(standard) or 'add one'})",
             )
         if self.existing_eks_cluster and not self.existing_vpc:
             raise _key_problem(

@@ -28,7 +28,20 @@ from tests.kubernetes.fake_api import FakeKubernetes, serving  # noqa: E402
 
 NO_BUNDLING = {"aws:cdk:bundling-stacks": []}
 
-PINNED = {"region": "eu-west-1", "account": "111122223333", "az_count": 3}
+# An account-pinned deployment with a Nova restricted instance group beside the GPU group.
+NOVA_GROUP = {
+    "name": "nova", "instance_type": "ml.p5.48xlarge", "count": 0, "restricted": True,
+    "fsx": {"size_gib": 2400, "per_unit_storage_throughput": 250},
+}  # fmt: skip
+PINNED = {
+    "region": "eu-west-1",
+    "account": "111122223333",
+    "az_count": 3,
+    "hyperpod_instance_groups": json.dumps(
+        [{"name": "gpu", "instance_type": "ml.p5.48xlarge", "count": 0}, NOVA_GROUP]
+    ),
+    "training_instance_group": "gpu",
+}
 
 EXISTING = {
     "region": "us-west-2",

@@ -81,6 +81,46 @@ def test_cdk_own_context_keys_are_ignored() -> None:
             },
             ["'hyperpod_instance_groups'", "unique", "'a'"],
         ),
+        (
+            {
+                "hyperpod_instance_groups": '[{"name":"nova","instance_type":"ml.p5.48xlarge",'
+                '"count":0,"restricted":true}]'
+            },
+            [
+                "'hyperpod_instance_groups[0]'",
+                "restricted group 'nova' needs fsx: {size_gib "
+                "(1200-100800), per_unit_storage_throughput (125-1000)}, its service-managed FSx",
+            ],
+        ),
+        (
+            {
+                "hyperpod_instance_groups": '[{"name":"gpu","instance_type":"ml.p5.48xlarge",'
+                '"count":0,"fsx":{"size_gib":1200,"per_unit_storage_throughput":250}}]'
+            },
+            ["'hyperpod_instance_groups[0]'", "group 'gpu' has fsx but is not restricted"],
+        ),
+        (
+            {
+                "hyperpod_instance_groups": '[{"name":"nova","instance_type":"ml.p5.48xlarge",'
+                '"count":0,"restricted":true,"fsx":{"size_gib":1000,'
+                '"per_unit_storage_throughput":250}}]'
+            },
+            ["'hyperpod_instance_groups[0].fsx.size_gib'", "1000", "greater than or equal to 1200"],
+        ),
+        (
+            {
+                "hyperpod_instance_groups": '[{"name":"nova","instance_type":"ml.p5.48xlarge",'
+                '"count":0,"restricted":true,"fsx":{"size_gib":1200,'
+                '"per_unit_storage_throughput":250}},{"name":"gpu","instance_type":'
+                '"ml.p5.48xlarge","count":0}]'
+            },
+            [
+                "'training_instance_group'",
+                'value "nova"',
+                "names a restricted group, which runs Nova's "
+                "images only, not this pipeline's training job; name a standard group (gpu)",
+            ],
+        ),
         ({"hyperpod_instance_groups": "[oops"}, ["'hyperpod_instance_groups'", "not valid JSON"]),
         ({"hyperpod_instance_groups": "[]"}, ["'hyperpod_instance_groups'", "at least 1"]),
         ({"reward_worker_cpu": "1000"}, ["'reward_worker_cpu'", "1000", "1024"]),

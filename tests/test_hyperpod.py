@@ -143,3 +143,38 @@ def test_the_lifecycle_script_logs_to_its_file_and_to_stdout(tmp_path) -> None:
     assert "nova-mtrl on_create done" in done.stdout
     written = (tmp_path / "provisioning.log").read_text()
     assert written.splitlines() == done.stdout.splitlines()
+
+
+def test_a_restricted_group_gets_its_fsx_and_a_role_of_its_own(pinned_app: Synthesized) -> None:
+    """CloudFormation's AWS::SageMaker::Cluster RestrictedInstanceGroups: execution role,
+    FSx for Lustre, and no lifecycle scripts (restricted nodes run none)."""
+    _, hyperpod = pinned_app.one("compute", "AWS::SageMaker::Cluster")
+    properties = hyperpod["Properties"]
+    assert [g["InstanceGroupName"] for g in properties["InstanceGroups"]] == ["gpu"]
+    (nova,) = properties["RestrictedInstanceGroups"]
+    assert (nova["InstanceGroupName"], nova["InstanceType"], nova["InstanceCount"]) == (
+        "nova",
+        "ml.p5.48xlarge",
+        0,
+    )
+    assert nova["EnvironmentConfig"] == {
+        "FSxLustreConfig": {"SizeInGiB": 2400, "PerUnitStorageThroughput": 250}
+    }
+    assert "LifeCycleConfig" not in nova
+    standard_role = properties["InstanceGroups"][0]["ExecutionRole"]["Fn::GetAtt"][0]
+    restricted_role = nova["ExecutionRole"]["Fn::GetAtt"][0]
+    assert restricted_role != standard_role and restricted_role.startswith(
+        "HyperPodRestrictedExecutionRole"
+    )
+    template = pinned_app.template("compute")
+    actions = {a for s in role_statements(template, restricted_role) for a in as_list(s["Action"])}
+    assert not any(action.startswith("s3:") for action in actions)  # no lifecycle bucket
+    assert {"ecr:BatchGetImage", "eks-auth:AssumeRoleForPodIdentity"} <= actions
+
+
+def test_without_restricted_groups_the_cluster_has_none(default_app: Synthesized) -> None:
+    _, hyperpod = default_app.one("compute", "AWS::SageMaker::Cluster")
+    assert "RestrictedInstanceGroups" not in hyperpod["Properties"]
+    assert not [
+        key for key in default_app.resources("compute", "AWS::IAM::Role") if "Restricted" in key
+    ]

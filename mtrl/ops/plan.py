@@ -41,6 +41,8 @@ UNVERIFIED = (
     "the Forge BYOO recipe's leaf keys (subscription only): the overrides follow AWS's own "
     "pipeline and the user guide's BYOO recipe",
     "how AWS's chart places generation replicas on the group's nodes",
+    "a restricted group's needs beyond its nodes' (the Nova job's own S3, SQS and Lambda rights "
+    "are not granted to its role yet)",
     "the deployed pipeline submits its own job, not this one, until it runs AWS's launcher",
 )
 
@@ -106,7 +108,9 @@ def plan(
         if not isinstance(base, dict):
             raise NovaRefused(f"recipe {recipe_file}: expected a YAML mapping")
         rendered = apply_overrides(base, overrides)
-    group = platform.training_group
+    # A Nova job runs on the deployment's restricted group (the first, if it has several).
+    restricted = [group for group in platform.hyperpod_instance_groups if group.restricted]
+    group = restricted[0] if restricted else platform.training_group
     if group.instance_type != config.instance_type:
         raise NovaRefused(
             f"config {config.name!r} asks for {config.instance_type}; this deployment's training "
@@ -118,9 +122,8 @@ def plan(
         instance_group={
             "name": group.name,
             "instance_type": group.instance_type,
-            # Restricted instance groups are not deployed yet (issue #18, item 1).
-            "restricted": False,
-            "fsx": None,
+            "restricted": group.restricted,
+            "fsx": group.fsx.model_dump() if group.fsx else None,
         },
         recipe={
             "path": recipe_path,
@@ -151,9 +154,13 @@ def print_plan(made: Plan) -> None:
     show = functools.partial(out.print, highlight=False, soft_wrap=True)
     group = made.instance_group
     show(f"Nova job plan for config {made.config} ({made.model})")
+    fsx = group["fsx"]
+    storage = (
+        f"{fsx['size_gib']} GiB at {fsx['per_unit_storage_throughput']} MB/s/TiB" if fsx else "none"
+    )
     show(
         f"  instance group  {group['name']} ({group['instance_type']}), "
-        f"restricted: {'yes' if group['restricted'] else 'no'}, FSx: {group['fsx'] or 'none'}"
+        f"restricted: {'yes' if group['restricted'] else 'no'}, FSx for Lustre: {storage}"
     )
     show(
         f"  GPU split       {made.gpu_split['training_replicas']} training replicas, "

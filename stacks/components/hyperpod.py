@@ -14,7 +14,7 @@ from constructs import Construct, IDependable
 from stacks.components.nag import acknowledge, acknowledge_resource
 from stacks.components.network import interface_scope
 from stacks.components.storage import lifecycle_bucket_name, lifecycle_scripts_uri
-from stacks.config import PlatformConfig
+from stacks.config import HyperPodInstanceGroup, PlatformConfig
 
 INSTANCE_POLICY = "AmazonSageMakerClusterInstanceRolePolicy"
 
@@ -23,7 +23,9 @@ class HyperPodCluster(Construct):
     """A HyperPod cluster on the given EKS cluster, or an existing one referenced by name.
 
     Attributes: `cluster_name`, `cluster_arn`, `execution_role_arn` (None for an existing
-    cluster unless configured), `resource` (the CfnCluster, None for an existing cluster).
+    cluster unless configured), `restricted_execution_role` (the restricted groups' role, which
+    is all the permissions a Nova job there has; None without restricted groups), `resource`
+    (the CfnCluster, None for an existing cluster).
     HyperPod cluster ARNs end in an id SageMaker assigns (`cluster/<12 characters>`), not the
     name: an existing cluster's ARN is matched within the account and region.
     """
@@ -42,6 +44,7 @@ class HyperPodCluster(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         self.resource: sagemaker.CfnCluster | None = None
+        self.restricted_execution_role: iam.Role | None = None
         self.cluster_name = hyperpod_cluster_name(config)
         existing = config.existing_hyperpod_cluster
         if existing:
@@ -52,14 +55,30 @@ class HyperPodCluster(Construct):
         lifecycle_bucket = s3.Bucket.from_bucket_name(
             self, "LifecycleBucket", lifecycle_bucket_name(config)
         )
+        image_repositories = ecr_repositories(Stack.of(self), config)
         role = self._execution_role(
-            lifecycle_bucket,
+            "ExecutionRole",
+            "HyperPod GPU nodes: node agents, VPC CNI, image pulls, lifecycle scripts",
             subnet_ids,
             security_group_id,
             eks_cluster_arn,
-            image_repositories=ecr_repositories(Stack.of(self), config),
+            image_repositories=image_repositories,
+            lifecycle_bucket=lifecycle_bucket,
         )
         self.execution_role_arn: str | None = role.role_arn
+        standard = [group for group in config.hyperpod_instance_groups if not group.restricted]
+        restricted = [group for group in config.hyperpod_instance_groups if group.restricted]
+        if restricted:
+            # A restricted group's execution role is the only identity its Nova jobs have
+            # (SageMaker Developer Guide, "Creating a HyperPod EKS cluster with RIG").
+            self.restricted_execution_role = self._execution_role(
+                "RestrictedExecutionRole",
+                "HyperPod restricted (Nova) nodes and the Nova jobs on them",
+                subnet_ids,
+                security_group_id,
+                eks_cluster_arn,
+                image_repositories=image_repositories,
+            )
         self.resource = sagemaker.CfnCluster(
             self,
             "Cluster",
@@ -85,38 +104,63 @@ class HyperPodCluster(Construct):
                     life_cycle_config=sagemaker.CfnCluster.ClusterLifeCycleConfigProperty(
                         source_s3_uri=lifecycle_scripts_uri(config), on_create="on_create.sh"
                     ),
-                    instance_storage_configs=[
-                        sagemaker.CfnCluster.ClusterInstanceStorageConfigProperty(
-                            ebs_volume_config=sagemaker.CfnCluster.ClusterEbsVolumeConfigProperty(
-                                volume_size_in_gb=group.ebs_volume_gb
-                            )
-                        )
-                    ],
+                    instance_storage_configs=[_ebs_volume(group.ebs_volume_gb)],
                 )
-                for group in config.hyperpod_instance_groups
+                for group in standard
             ],
+            restricted_instance_groups=self._restricted_groups(restricted) or None,
         )
         self.cluster_arn = self.resource.attr_cluster_arn
-        # Creation must not race the role's policy or the cluster's add-ons and nodes.
+        # Creation must not race the roles' policies or the cluster's add-ons and nodes.
         self.resource.node.add_dependency(role)
+        if self.restricted_execution_role is not None:
+            self.resource.node.add_dependency(self.restricted_execution_role)
         for dependency in depends_on:
             self.resource.node.add_dependency(dependency)
 
+    def _restricted_groups(
+        self, groups: list[HyperPodInstanceGroup]
+    ) -> list[sagemaker.CfnCluster.ClusterRestrictedInstanceGroupProperty]:
+        """The restricted groups, each with its FSx for Lustre, on the restricted role."""
+        role = self.restricted_execution_role
+        return [
+            sagemaker.CfnCluster.ClusterRestrictedInstanceGroupProperty(
+                instance_group_name=group.name,
+                instance_type=group.instance_type,
+                instance_count=group.count,
+                threads_per_core=group.threads_per_core,
+                execution_role=role.role_arn,
+                environment_config=sagemaker.CfnCluster.EnvironmentConfigProperty(
+                    f_sx_lustre_config=sagemaker.CfnCluster.FSxLustreConfigProperty(
+                        size_in_gib=group.fsx.size_gib,
+                        per_unit_storage_throughput=group.fsx.per_unit_storage_throughput,
+                    )
+                ),
+                instance_storage_configs=[_ebs_volume(group.ebs_volume_gb)],
+            )
+            for group in groups
+            if role is not None and group.fsx is not None  # both hold for a restricted group
+        ]
+
     def _execution_role(
         self,
-        lifecycle_bucket: s3.IBucket,
+        construct_id: str,
+        description: str,
         subnet_ids: list[str],
         security_group_id: str,
         eks_cluster_arn: str,
         *,
         image_repositories: list[str],
+        lifecycle_bucket: s3.IBucket | None = None,
     ) -> iam.Role:
+        """A nodes' execution role; `lifecycle_bucket`: the scripts the nodes run (standard
+        groups only: restricted groups run none)."""
         stack = Stack.of(self)
         role = iam.Role(
             self,
-            "ExecutionRole",
+            construct_id,
             assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
-            description="HyperPod GPU nodes: node agents, VPC CNI, image pulls, lifecycle scripts",
+            description=description,
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(INSTANCE_POLICY)],
         )
         acknowledge(
@@ -125,7 +169,6 @@ class HyperPodCluster(Construct):
             "HyperPod requires its AWS-maintained instance policy on the cluster execution role "
             "(node health agents, CloudWatch metrics); AWS keeps it in step with HyperPod.",
         )
-        lifecycle_bucket.grant_read(role)
         create, network_interfaces = interface_scope(
             stack, subnet_ids=subnet_ids, security_group_id=security_group_id
         )
@@ -213,19 +256,29 @@ class HyperPodCluster(Construct):
             "Node network interfaces are created at run time by HyperPod and the VPC CNI, so their "
             "ids cannot be known at deploy time; the subnets and security group are named.",
         )
-        acknowledge_resource(
-            role,
-            "AwsSolutions-IAM5",
-            lifecycle_bucket.arn_for_objects("*"),
-            "Nodes read their lifecycle scripts, the only objects in that bucket.",
-        )
-        for action in ("s3:GetBucket*", "s3:GetObject*", "s3:List*"):
-            acknowledge(
+        if lifecycle_bucket is not None:
+            lifecycle_bucket.grant_read(role)
+            acknowledge_resource(
                 role,
-                f"AwsSolutions-IAM5[Action::{action}]",
-                "Read-only actions from grant_read, limited to the lifecycle-scripts bucket.",
+                "AwsSolutions-IAM5",
+                lifecycle_bucket.arn_for_objects("*"),
+                "Nodes read their lifecycle scripts, the only objects in that bucket.",
             )
+            for action in ("s3:GetBucket*", "s3:GetObject*", "s3:List*"):
+                acknowledge(
+                    role,
+                    f"AwsSolutions-IAM5[Action::{action}]",
+                    "Read-only actions from grant_read, limited to the lifecycle-scripts bucket.",
+                )
         return role
+
+
+def _ebs_volume(size_gb: int) -> sagemaker.CfnCluster.ClusterInstanceStorageConfigProperty:
+    return sagemaker.CfnCluster.ClusterInstanceStorageConfigProperty(
+        ebs_volume_config=sagemaker.CfnCluster.ClusterEbsVolumeConfigProperty(
+            volume_size_in_gb=size_gb
+        )
+    )
 
 
 def hyperpod_cluster_name(config: PlatformConfig) -> str:

@@ -13,6 +13,7 @@ from domain.nova_job import FORGE_RECIPES, NovaRefused, images
 from mtrl.cli import app
 from mtrl.ops.plan import plan as make_plan
 from stacks.config import PlatformConfig, deployment_context
+from tests.conftest import PINNED
 from training_configs.costs import estimate
 from training_configs.schema import load_training_config
 
@@ -125,7 +126,7 @@ def test_refusals_exit_1_and_bad_input_exits_2_without_a_traceback(tmp_path: Pat
 def test_the_readable_plan_shows_each_part() -> None:
     code, output = plan("--config", "rft_multiturn_full", "--region", "us-east-1")
     assert code == 0, output
-    for part in ("instance group  gpu (ml.p5.48xlarge), restricted: no, FSx: none",
+    for part in ("instance group  gpu (ml.p5.48xlarge), restricted: no, FSx for Lustre: none",
                  "GPU split       6 training replicas, 4 generation replicas",
                  "launcher        hyperpod start-job --namespace kubeflow --recipe "
                  "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova_lite_2_0_p5_gpu_rft_byoo",
@@ -149,3 +150,16 @@ def test_a_config_for_another_instance_type_than_the_groups_is_refused() -> None
         "config 'wordle-example' asks for ml.p5.48xlarge; this deployment's training instance "
         "group 'gpu' runs ml.p4d.24xlarge"
     )
+
+
+def test_a_deployment_with_a_restricted_group_plans_the_job_there() -> None:
+    platform = PlatformConfig.from_context(
+        deployment_context({k: v for k, v in PINNED.items() if k.startswith(("hyperpod", "train"))})
+    )
+    made = make_plan(load_training_config(EXAMPLE), platform, region="eu-west-2")
+    assert made.instance_group == {
+        "name": "nova",
+        "instance_type": "ml.p5.48xlarge",
+        "restricted": True,
+        "fsx": {"size_gib": 2400, "per_unit_storage_throughput": 250},
+    }
