@@ -303,11 +303,9 @@ def chat_completion(
     choices = []
     for index, choice in enumerate(completion.get("choices", [])):
         shaped = {**choice, "index": index, "finish_reason": choice.get("finish_reason") or "stop"}
-        if isinstance(choice.get("logprobs"), dict):
+        if "logprobs" in choice:  # validated by `Choice`: lists of tokens by key
             shaped["logprobs"] = {
                 key: [{"top_logprobs": [], **token} for token in tokens]
-                if isinstance(tokens, list)
-                else tokens
                 for key, tokens in choice["logprobs"].items()
             }
         choices.append(shaped)

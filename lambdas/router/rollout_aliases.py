@@ -3,8 +3,8 @@
 
 The alias is named after the run, so the forwarder knows the run from the ARN it was invoked
 by. Both directions are idempotent: an alias that exists is reused (one execution per run makes
-the pipeline the only writer of a run's alias), one that is gone is not an error. It points at `$LATEST`, as the router's other functions serve every run with their
-latest code.
+the pipeline the only writer of a run's alias), one that is gone is not an error. It points at
+`$LATEST`, as the router's other functions serve every run with their latest code.
 """
 
 from __future__ import annotations
@@ -36,14 +36,12 @@ def run_of(invoked_function_arn: str) -> str | None:
 
 def create_rollout_alias(lambda_client: Any, *, function: str, run_id: str) -> str:
     """The run's alias of the forwarder (created once); returns its ARN."""
-    name = alias_name(run_id)
-    try:
-        return lambda_client.get_alias(FunctionName=function, Name=name)["AliasArn"]
-    except lambda_client.exceptions.ResourceNotFoundException:
-        pass
+    existing = _alias_arn(lambda_client, function=function, run_id=run_id)
+    if existing is not None:
+        return existing
     return lambda_client.create_alias(
         FunctionName=function,
-        Name=name,
+        Name=alias_name(run_id),
         FunctionVersion="$LATEST",
         Description=f"nova-mtrl run {run_id}: its rollout_request_arn",
     )["AliasArn"]
@@ -56,8 +54,11 @@ def delete_rollout_alias(lambda_client: Any, *, function: str, run_id: str) -> N
 
 
 def rollout_alias_exists(lambda_client: Any, *, function: str, run_id: str) -> bool:
+    return _alias_arn(lambda_client, function=function, run_id=run_id) is not None
+
+
+def _alias_arn(lambda_client: Any, *, function: str, run_id: str) -> str | None:
     try:
-        lambda_client.get_alias(FunctionName=function, Name=alias_name(run_id))
+        return lambda_client.get_alias(FunctionName=function, Name=alias_name(run_id))["AliasArn"]
     except lambda_client.exceptions.ResourceNotFoundException:
-        return False
-    return True
+        return None

@@ -67,8 +67,8 @@ class HyperPodCluster(Construct):
         )
         self.execution_role_arn: str | None = role.role_arn
         standard = [group for group in config.hyperpod_instance_groups if not group.restricted]
-        restricted = [group for group in config.hyperpod_instance_groups if group.restricted]
-        if restricted:
+        restricted_groups = None
+        if restricted := [group for group in config.hyperpod_instance_groups if group.restricted]:
             # A restricted group's execution role is the only identity its Nova jobs have
             # (SageMaker Developer Guide, "Creating a HyperPod EKS cluster with RIG").
             self.restricted_execution_role = self._execution_role(
@@ -79,6 +79,10 @@ class HyperPodCluster(Construct):
                 eks_cluster_arn,
                 image_repositories=image_repositories,
             )
+            restricted_groups = [
+                _restricted_group(group, self.restricted_execution_role.role_arn)
+                for group in restricted
+            ]
         self.resource = sagemaker.CfnCluster(
             self,
             "Cluster",
@@ -108,7 +112,7 @@ class HyperPodCluster(Construct):
                 )
                 for group in standard
             ],
-            restricted_instance_groups=self._restricted_groups(restricted) or None,
+            restricted_instance_groups=restricted_groups,
         )
         self.cluster_arn = self.resource.attr_cluster_arn
         # Creation must not race the roles' policies or the cluster's add-ons and nodes.
@@ -117,30 +121,6 @@ class HyperPodCluster(Construct):
             self.resource.node.add_dependency(self.restricted_execution_role)
         for dependency in depends_on:
             self.resource.node.add_dependency(dependency)
-
-    def _restricted_groups(
-        self, groups: list[HyperPodInstanceGroup]
-    ) -> list[sagemaker.CfnCluster.ClusterRestrictedInstanceGroupProperty]:
-        """The restricted groups, each with its FSx for Lustre, on the restricted role."""
-        role = self.restricted_execution_role
-        return [
-            sagemaker.CfnCluster.ClusterRestrictedInstanceGroupProperty(
-                instance_group_name=group.name,
-                instance_type=group.instance_type,
-                instance_count=group.count,
-                threads_per_core=group.threads_per_core,
-                execution_role=role.role_arn,
-                environment_config=sagemaker.CfnCluster.EnvironmentConfigProperty(
-                    f_sx_lustre_config=sagemaker.CfnCluster.FSxLustreConfigProperty(
-                        size_in_gib=group.fsx.size_gib,
-                        per_unit_storage_throughput=group.fsx.per_unit_storage_throughput,
-                    )
-                ),
-                instance_storage_configs=[_ebs_volume(group.ebs_volume_gb)],
-            )
-            for group in groups
-            if role is not None and group.fsx is not None  # both hold for a restricted group
-        ]
 
     def _execution_role(
         self,
@@ -271,6 +251,27 @@ class HyperPodCluster(Construct):
                     "Read-only actions from grant_read, limited to the lifecycle-scripts bucket.",
                 )
         return role
+
+
+def _restricted_group(
+    group: HyperPodInstanceGroup, role_arn: str
+) -> sagemaker.CfnCluster.ClusterRestrictedInstanceGroupProperty:
+    """A restricted group with its FSx for Lustre (`HyperPodInstanceGroup` requires one)."""
+    fsx = group.fsx
+    return sagemaker.CfnCluster.ClusterRestrictedInstanceGroupProperty(
+        instance_group_name=group.name,
+        instance_type=group.instance_type,
+        instance_count=group.count,
+        threads_per_core=group.threads_per_core,
+        execution_role=role_arn,
+        environment_config=sagemaker.CfnCluster.EnvironmentConfigProperty(
+            f_sx_lustre_config=sagemaker.CfnCluster.FSxLustreConfigProperty(
+                size_in_gib=fsx.size_gib,
+                per_unit_storage_throughput=fsx.per_unit_storage_throughput,
+            )
+        ),
+        instance_storage_configs=[_ebs_volume(group.ebs_volume_gb)],
+    )
 
 
 def _ebs_volume(size_gb: int) -> sagemaker.CfnCluster.ClusterInstanceStorageConfigProperty:

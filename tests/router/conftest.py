@@ -3,22 +3,34 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import boto3
 import pytest
 
+from domain.protocol import GenerateRequest
 from domain.run_queues import RunQueues, create_run_queues
 from lambdas.router.consumer import Consumer
 from lambdas.router.conversations import ConversationStore, create_table
 from lambdas.router.proxy import Proxy
+from mtrl.local.function_url import FunctionUrlServer
+from mtrl.local.sqs_event_source import SqsEventSource
+from mtrl.local.trainer.scripted import ScriptedTrainer
 from tests.aws import Serialized
 
 TABLE = "conversations"
 RUN, TOKEN = "run-1", "secret-token-1"
 OTHER_RUN, OTHER_TOKEN = "run-2", "secret-token-2"
 MODEL = "nova-lite-2"
+GUESSES = ["[slate]", "[moist]", "[crane]"]  # the secret is CRANE: three turns each
+
+
+def scripted_guess(request: GenerateRequest) -> str:
+    """The n-th turn of a conversation gets the n-th scripted guess."""
+    return GUESSES[sum(1 for m in request.messages if m.role == "assistant")]
 
 
 class Clock:
@@ -52,6 +64,36 @@ class Router:
             for message in batch:
                 self.sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
         return found
+
+    @contextmanager
+    def serving(
+        self, *, wait_seconds: float
+    ) -> Iterator[tuple[FunctionUrlServer, ScriptedTrainer]]:
+        """The run's router at work: a proxy behind a Function URL on loopback, a scripted
+        trainer answering generate requests with `scripted_guess`, and the consumer fed by the
+        generate-responses queue. The trainer is stopped on the way out."""
+        proxy = Proxy(self.store, self.sqs, wait_seconds=wait_seconds)
+        trainer = ScriptedTrainer(
+            self.sqs,
+            requests_url=self.queues.generate_requests,
+            responses_url=self.queues.generate_responses,
+            reply=scripted_guess,
+        )
+        with (
+            FunctionUrlServer(lambda event, _context: proxy.handle(event)) as url,
+            SqsEventSource(
+                self.sqs,
+                self.queues.generate_responses,
+                lambda event, _context: self.consumer.handle(event),
+                wait_seconds=0,
+            ),
+        ):
+            trainer.start()
+            try:
+                yield url, trainer
+            finally:
+                trainer.stop.set()
+                trainer.join(timeout=10)
 
     def queue_arn(self, url: str) -> str:
         return self.sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])[

@@ -39,11 +39,7 @@ from domain.protocol import (
     run_base_url,
     split_run_path,
 )
-from lambdas.router.proxy import Proxy
-from mtrl.local.function_url import FunctionUrlServer
-from mtrl.local.sqs_event_source import SqsEventSource
-from mtrl.local.trainer.scripted import ScriptedTrainer
-from tests.router.conftest import MODEL, OTHER_TOKEN, RUN, TOKEN, Router, answer, event
+from tests.router.conftest import GUESSES, MODEL, OTHER_TOKEN, RUN, TOKEN, Router, answer, event
 
 # The four documented examples, as the user guide prints them (the rollout request's timestamp
 # is elided there as "2025-10-28T..."; a full ISO 8601 time stands in for it).
@@ -254,20 +250,10 @@ def _ok(response: httpx.Response) -> dict[str, Any]:
     return response.json()
 
 
-GUESSES = ["[slate]", "[moist]", "[crane]"]
-
-
 def test_a_starter_kit_client_given_only_the_runs_base_url_plays_and_reports(
     router: Router,
 ) -> None:
-    sqs, queues = router.sqs, router.queues
-    proxy = Proxy(router.store, sqs, wait_seconds=0.05)
-    trainer = ScriptedTrainer(
-        sqs,
-        requests_url=queues.generate_requests,
-        responses_url=queues.generate_responses,
-        reply=lambda request: GUESSES[sum(m.role == "assistant" for m in request.messages)],
-    )
+    queues = router.queues
     auth = SigV4(Credentials("AKIDTEST", "secret"), service="lambda", region="us-east-1")
     samples = [f"wordle_{n:03d}_0" for n in range(8)]
 
@@ -310,21 +296,8 @@ def test_a_starter_kit_client_given_only_the_runs_base_url_plays_and_reports(
                 )
         return played, str(refused.value)
 
-    with (
-        FunctionUrlServer(lambda raw, _context: proxy.handle(raw)) as url,
-        SqsEventSource(
-            sqs,
-            queues.generate_responses,
-            lambda raw, _context: router.consumer.handle(raw),
-            wait_seconds=0,
-        ),
-    ):
-        trainer.start()
-        try:
-            played, refusal = asyncio.run(everything(url.url))
-        finally:
-            trainer.stop.set()
-            trainer.join(timeout=10)
+    with router.serving(wait_seconds=0.05) as (url, trainer):
+        played, refusal = asyncio.run(everything(url.url))
 
     assert played == [GUESSES] * len(samples)
     assert refusal == (

@@ -8,11 +8,7 @@ from collections import Counter
 
 from botocore.credentials import Credentials
 
-from domain.protocol import GenerateRequest, RolloutRequest, RolloutResponse, dump, parse
-from lambdas.router.proxy import Proxy
-from mtrl.local.function_url import FunctionUrlServer
-from mtrl.local.sqs_event_source import SqsEventSource
-from mtrl.local.trainer.scripted import ScriptedTrainer
+from domain.protocol import RolloutRequest, RolloutResponse, dump, parse
 from reward_envs.wordle import load_environment
 from reward_envs.worker.router_client import RouterClient, RouterRolloutQueues
 from reward_envs.worker.settings import WorkerSettings
@@ -20,12 +16,6 @@ from reward_envs.worker.worker import RewardWorker
 from tests.router.conftest import RUN, TOKEN, Router
 
 ROLLOUTS = int(__import__("os").environ.get("E2E_ROLLOUTS", "100"))
-GUESSES = ["[slate]", "[moist]", "[crane]"]  # the secret is CRANE: three turns each
-
-
-def _scripted_guess(request: GenerateRequest) -> str:
-    """The n-th turn of a conversation gets the n-th scripted guess."""
-    return GUESSES[sum(1 for m in request.messages if m.role == "assistant")]
 
 
 def test_a_hundred_rollouts_each_answered_once_and_every_turn_recorded_once(router: Router) -> None:
@@ -38,23 +28,7 @@ def test_a_hundred_rollouts_each_answered_once_and_every_turn_recorded_once(rout
             MessageGroupId=request.sample_id,
             MessageDeduplicationId=str(index),
         )
-    proxy = Proxy(router.store, sqs, wait_seconds=0.2)
-    trainer = ScriptedTrainer(
-        sqs,
-        requests_url=queues.generate_requests,
-        responses_url=queues.generate_responses,
-        reply=_scripted_guess,
-    )
-    with (
-        FunctionUrlServer(lambda event, _context: proxy.handle(event)) as url_server,
-        SqsEventSource(
-            sqs,
-            queues.generate_responses,
-            lambda event, _context: router.consumer.handle(event),
-            wait_seconds=0,
-        ),
-    ):
-        trainer.start()
+    with router.serving(wait_seconds=0.2) as (url_server, trainer):
         client = RouterClient(
             url_server.url,
             run_id=RUN,
@@ -76,8 +50,6 @@ def test_a_hundred_rollouts_each_answered_once_and_every_turn_recorded_once(rout
             queues=reporting, environment=load_environment(), model=client, settings=settings
         )
         stats = worker.run(exit_when_idle=True)
-        trainer.stop.set()
-        trainer.join(timeout=10)
     responses = [
         parse(RolloutResponse, m["Body"]) for m in router.messages(queues.rollout_responses)
     ]
