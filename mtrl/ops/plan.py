@@ -104,7 +104,12 @@ def plan(
     recipe_path = FORGE_RECIPES[config.recipe]
     rendered = None
     if recipe_file is not None:
-        base = yaml.safe_load(recipe_file.read_text(encoding="utf-8"))
+        try:
+            base = yaml.safe_load(recipe_file.read_text(encoding="utf-8"))
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark else ""
+            raise NovaRefused(f"recipe {recipe_file}: not valid YAML{where}") from None
         if not isinstance(base, dict):
             raise NovaRefused(f"recipe {recipe_file}: expected a YAML mapping")
         rendered = apply_overrides(base, overrides)

@@ -102,6 +102,19 @@ def test_a_recipe_without_a_key_the_config_sets_is_refused(tmp_path: Path) -> No
     assert output.startswith("error: the recipe has no key alpha, clip_ratio_high, data_s3_path")
 
 
+def test_a_recipe_file_that_is_not_a_yaml_mapping_is_refused_in_one_line(tmp_path: Path) -> None:
+    broken, listed = tmp_path / "broken.yaml", tmp_path / "listed.yaml"
+    broken.write_text("run:\n  name: [x\n")
+    listed.write_text("- a\n- b\n")
+    for recipe, said in (
+        (broken, f"error: recipe {broken}: not valid YAML at line 3"),
+        (listed, f"error: recipe {listed}: expected a YAML mapping"),
+    ):
+        code, output = plan("--config", str(EXAMPLE), "--region", "us-east-1", "--recipe",
+                            str(recipe))  # fmt: skip
+        assert (code, output.strip()) == (1, said)
+
+
 def test_refusals_exit_1_and_bad_input_exits_2_without_a_traceback(tmp_path: Path) -> None:
     code, output = plan("--config", str(EXAMPLE), "--region", "us-west-2")
     assert (code, output.strip()) == (
