@@ -52,6 +52,8 @@ class RunContext:
     dataset_key: str
     dataset_version: str | None
     output_prefix: str
+    # The rollout Lambda a Nova trainer invokes for this run (Provision's alias).
+    rollout_request_arn: str | None = None
     # What the run was registered with; None when only tearing down (the reaper knows the run's
     # record, not its state).
     config: TrainingConfig | None = None

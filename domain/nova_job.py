@@ -21,7 +21,9 @@ bucket): offline, a plan shows the overrides; given the recipe file, the recipe 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import re
 from typing import Any
 
 from training_configs.schema import Recipe, TrainingConfig
@@ -68,6 +70,13 @@ BYOO_KEYS = (
     "generate_request_sqs_url",
     "generate_response_sqs_url",
 )
+
+
+# AWS's launcher names the job `<recipe run.name, cut to 34 characters>-<5 random [a-z0-9]>`
+# (aws/sagemaker-hyperpod-recipes main.py `valid_run_name`; 47 before the June 2026 release), so
+# a run's name fits whole and its job is found again by that name and the suffix.
+RUN_NAME_LIMIT = 34
+JOB_SUFFIX = r"-[a-z0-9]{5}"
 
 
 class NovaRefused(ValueError):
@@ -192,6 +201,30 @@ def apply_overrides(recipe: dict[str, Any], overrides: dict[str, Any]) -> dict[s
     if unknown:
         raise NovaRefused(f"the recipe has no key {', '.join(unknown)}")
     return built
+
+
+def run_name(prefix: str, run_id: str) -> str:
+    """The recipe's `run.name` for a run: a DNS label starting with a letter, whole within the
+    launcher's cut (a hash of the rest stands in when the run's id is longer)."""
+    name = re.sub(r"[^a-z0-9-]+", "-", f"{prefix}-{run_id}".lower()).strip("-")
+    if not name[:1].isalpha():
+        name = f"r-{name}"
+    if len(name) <= RUN_NAME_LIMIT:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    return f"{name[: RUN_NAME_LIMIT - 11].rstrip('-')}-{digest}"
+
+
+def job_pattern(name: str) -> str:
+    """A regular expression matching exactly the job names the launcher makes of run `name`."""
+    return f"^{re.escape(name)}{JOB_SUFFIX}$"
+
+
+def run_recipe(recipe: Recipe, name: str) -> str:
+    """Where a run's recipe goes in the HyperPod CLI's recipes collection, as `--recipe` names
+    it: beside the Forge recipe, named after the run (the SDK's layout,
+    `RecipeBuilder._get_recipe_path`)."""
+    return f"{FORGE_RECIPES[recipe].rpartition('/')[0]}/{name}"
 
 
 def launcher_command(*, recipe: str, instance_type: str, container: str) -> list[str]:

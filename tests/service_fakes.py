@@ -190,10 +190,24 @@ GROUPS = [
         "AutoPatchConfig": {"PatchingStrategy": "ROLLING"},
     },
 ]  # fmt: skip
+# A Nova restricted instance group as DescribeCluster shows one (botocore's
+# ClusterRestrictedInstanceGroupDetails): its FSx for Lustre, no lifecycle scripts.
+RESTRICTED_GROUPS = [
+    {
+        "InstanceGroupName": "nova", "InstanceType": "ml.p5.48xlarge", "CurrentCount": 0,
+        "TargetCount": 0, "Status": "InService",
+        "ExecutionRole": f"arn:aws:iam::{ACCOUNT}:role/nova-rig", "ThreadsPerCore": 1,
+        "EnvironmentConfig": {
+            "FSxLustreConfig": {"SizeInGiB": 1200, "PerUnitStorageThroughput": 250},
+            "S3OutputPath": "s3://nova-rig-output/",
+        },
+    },
+]  # fmt: skip
 
 
 class FakeSageMaker(ServiceFake):
-    """One HyperPod cluster: DescribeCluster, UpdateCluster (counts), ListClusterNodes."""
+    """One HyperPod cluster: DescribeCluster, UpdateCluster (counts), ListClusterNodes; its
+    standard groups and its restricted ones."""
 
     service = "sagemaker"
 
@@ -202,6 +216,7 @@ class FakeSageMaker(ServiceFake):
         self.name = name
         self.arn = arn or f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:cluster/0a1b2c3d4e5f"
         self.groups = copy.deepcopy(GROUPS)
+        self.restricted = copy.deepcopy(RESTRICTED_GROUPS)
         self.updates: list[dict[str, Any]] = []
 
     def _known(self, name: str) -> None:
@@ -216,15 +231,20 @@ class FakeSageMaker(ServiceFake):
             "ClusterStatus": "InService",
             "CreationTime": _now(),
             "InstanceGroups": copy.deepcopy(self.groups),
+            "RestrictedInstanceGroups": copy.deepcopy(self.restricted),
         }
 
     def update_cluster(self, ClusterName: str, **request: Any) -> dict[str, Any]:  # noqa: N803
         self._known(ClusterName)
         self.updates.append(copy.deepcopy(request))
-        for spec in request.get("InstanceGroups", []):
-            for group in self.groups:
-                if group["InstanceGroupName"] == spec["InstanceGroupName"]:
-                    group["TargetCount"] = spec["InstanceCount"]
+        for member, groups in (
+            ("InstanceGroups", self.groups),
+            ("RestrictedInstanceGroups", self.restricted),
+        ):
+            for spec in request.get(member, []):
+                for group in groups:
+                    if group["InstanceGroupName"] == spec["InstanceGroupName"]:
+                        group["TargetCount"] = spec["InstanceCount"]
         return {"ClusterArn": self.arn}
 
     def list_cluster_nodes(
@@ -239,7 +259,7 @@ class FakeSageMaker(ServiceFake):
         nodes = [
             {"InstanceGroupName": g["InstanceGroupName"], "InstanceId": f"i-{g['InstanceGroupName']}{n:012d}",
              "InstanceType": g["InstanceType"], "LaunchTime": _now(), "InstanceStatus": {"Status": "Running"}}
-            for g in self.groups for n in range(g["TargetCount"])
+            for g in self.groups + self.restricted for n in range(g["TargetCount"])
         ] + [{"InstanceGroupName": "gpu", "InstanceId": "i-gpupending000", "InstanceType": "ml.p5.48xlarge",
               "LaunchTime": _now(), "InstanceStatus": {"Status": "Pending"}}]  # fmt: skip
         return {

@@ -13,16 +13,29 @@ from lambdas.pipeline.compute import ComputeSteps
 from lambdas.pipeline.dependencies import Compute, Dependencies
 from lambdas.pipeline.ecs_fleet import EcsRewardFleet
 from lambdas.pipeline.hyperpod_training import HyperPodTrainingCluster
+from lambdas.pipeline.nova_training import NOVA_GROUP_SETTING, NovaTrainingCluster
 from lambdas.pipeline.reaper import Reaper
 from lambdas.pipeline.run_steps import RunSteps
 from lambdas.pipeline.settings import PipelineSettings
+from lambdas.pipeline.training_planes import TrainingPlanes
 
 
 def deployed_compute(environment: Mapping[str, str], clients: Clients) -> Compute:
-    """ECS Fargate reward workers and the HyperPod training cluster, as the stack set them up."""
+    """ECS Fargate reward workers and the HyperPod training planes, as the stack set them up:
+    the Nova plane where the deployment has a restricted instance group (the stack then sets
+    its settings)."""
+
+    def planes() -> TrainingPlanes:
+        nova = (
+            NovaTrainingCluster.from_environment(environment, clients)
+            if NOVA_GROUP_SETTING in environment
+            else None
+        )
+        standard = HyperPodTrainingCluster.from_environment(environment, clients)
+        return TrainingPlanes(standard=standard, nova=nova)
+
     return Compute(
-        fleet=lambda: EcsRewardFleet.from_environment(environment, clients),
-        cluster=lambda: HyperPodTrainingCluster.from_environment(environment, clients),
+        fleet=lambda: EcsRewardFleet.from_environment(environment, clients), cluster=planes
     )
 
 

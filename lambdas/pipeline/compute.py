@@ -40,6 +40,7 @@ class ComputeSteps:
             dataset_key=state.key,
             dataset_version=state.version_id,
             output_prefix=run_output_prefix(run.run_id),
+            rollout_request_arn=(state.resources.rollout_request_arn if state.resources else None),
             config=run.config,
         )
 

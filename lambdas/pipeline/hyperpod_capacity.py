@@ -10,7 +10,10 @@ or, with a keep-warm period, marks the group idle and `scale_idle` (the reaper, 
 sets it to zero once the period has passed with no run taking it again.
 
 UpdateCluster replaces the instance groups it is given, so each call sends every group as
-DescribeCluster shows it, with the one count changed. The two operations' models differ in names
+DescribeCluster shows it, with the one count changed. A Nova restricted instance group is scaled
+the same way among the cluster's `RestrictedInstanceGroups`, sent alone as the Nova Forge SDK
+does (amzn-nova-forge 1.4.10, `SMHPRuntimeManager.scale_cluster`): each kind of group is a
+member of its own in UpdateCluster's request. The two operations' models differ in names
 and shapes (DescribeCluster's `TargetCount`, `DesiredLabels`, `DesiredInstanceTypes`, ... are
 UpdateCluster's `InstanceCount`, `Labels`, `InstanceTypes`), so a group is translated member by
 member, guided by botocore's model of UpdateCluster's input.
@@ -137,12 +140,20 @@ class CapacityLeases:
 
 class HyperPodCapacity:
     def __init__(
-        self, sagemaker: Any, leases: CapacityLeases, *, cluster: str, instance_group: str
+        self,
+        sagemaker: Any,
+        leases: CapacityLeases,
+        *,
+        cluster: str,
+        instance_group: str,
+        restricted: bool = False,
     ) -> None:
         self._sagemaker, self._leases = sagemaker, leases
         self.cluster, self.group = cluster, instance_group
+        # The member of DescribeCluster's answer and UpdateCluster's request the group is in.
+        self._member = "RestrictedInstanceGroups" if restricted else "InstanceGroups"
         update = sagemaker.meta.service_model.operation_model("UpdateCluster").input_shape
-        self._group_shape = update.members["InstanceGroups"].member
+        self._group_shape = update.members[self._member].member
 
     @property
     def lease(self) -> str:
@@ -204,7 +215,7 @@ class HyperPodCapacity:
         return True
 
     def _describe(self) -> list[dict[str, Any]]:
-        return self._sagemaker.describe_cluster(ClusterName=self.cluster)["InstanceGroups"]
+        return self._sagemaker.describe_cluster(ClusterName=self.cluster).get(self._member, [])
 
     def _group(self, groups: list[dict[str, Any]]) -> dict[str, Any]:
         for group in groups:
@@ -220,7 +231,7 @@ class HyperPodCapacity:
             if group["InstanceGroupName"] == self.group:
                 spec["InstanceCount"] = count
             groups.append(spec)
-        self._sagemaker.update_cluster(ClusterName=self.cluster, InstanceGroups=groups)
+        self._sagemaker.update_cluster(ClusterName=self.cluster, **{self._member: groups})
 
 
 def as_update(

@@ -71,73 +71,64 @@ class JobStillDeleting(RuntimeError):
     """The run's namespace is still terminating (Step Functions retries the teardown step)."""
 
 
-class HyperPodSettings(EnvironmentSettings):
-    """From the functions' environment (set by the pipeline stack)."""
+class ClusterSettings(EnvironmentSettings):
+    """What every training plane on the deployment's HyperPod cluster reads from the functions'
+    environment (set by the pipeline stack)."""
 
     prefix: str = Field(alias="NAME_PREFIX")
     leases_table: str = Field(alias="CAPACITY_LEASES_TABLE")
     eks_cluster: str = Field(alias="EKS_CLUSTER")
     hyperpod_cluster: str = Field(alias="HYPERPOD_CLUSTER")
+    region: str = Field(alias="AWS_REGION")
+    keep_warm_seconds: float = Field(default=0, ge=0, alias="KEEP_WARM_SECONDS")
+    pending_limit_seconds: float = Field(default=1800, gt=0, alias="PENDING_LIMIT_SECONDS")
+
+    def kubernetes(self, clients: Clients) -> Callable[[], KubernetesClient]:
+        """The EKS cluster's Kubernetes API, as this function's role, made when first called."""
+
+        def made() -> KubernetesClient:
+            token = EksTokenSource(self.eks_cluster, sts=regional_sts(clients, self.region))
+            return KubernetesClient.for_eks(clients("eks"), self.eks_cluster, token=token)
+
+        return made
+
+
+class HyperPodSettings(ClusterSettings):
+    """The standard group's plane."""
+
     instance_group: str = Field(alias="HYPERPOD_INSTANCE_GROUP")
     instance_type: str = Field(alias="HYPERPOD_INSTANCE_TYPE")
     job_kind: JobKind = Field(default="HyperPodPyTorchJob", alias="TRAINING_JOB_KIND")
     presets: Json[dict[str, ModelPreset]] = Field(alias="MODEL_PRESETS")
     account: str = Field(alias="ACCOUNT_ID")
     job_role_arn: str = Field(alias="TRAINING_JOB_ROLE_ARN")
-    region: str = Field(alias="AWS_REGION")
-    keep_warm_seconds: float = Field(default=0, ge=0, alias="KEEP_WARM_SECONDS")
-    pending_limit_seconds: float = Field(default=1800, gt=0, alias="PENDING_LIMIT_SECONDS")
     delete_wait_seconds: float = Field(default=90, ge=0, alias="DELETE_WAIT_SECONDS")
 
 
-class HyperPodTrainingCluster(TrainingCluster):
+class InstanceGroupPlane(TrainingCluster):
+    """A training plane on one HyperPod instance group: the run's lease on its nodes, which count
+    once SageMaker has them running and Kubernetes can schedule on them (Ready, not cordoned,
+    passed HyperPod's health checks), and the keep-warm period."""
+
     def __init__(
         self,
-        settings: HyperPodSettings,
         *,
         kubernetes: KubernetesClient | Callable[[], KubernetesClient],
         capacity: HyperPodCapacity,
-        eks: Any,
-        s3: Any,
-        clock: Callable[[], float] = time.time,
-        sleep: Callable[[float], None] = time.sleep,
+        instance_type: str,
+        keep_warm_seconds: float,
+        clock: Callable[[], float],
     ) -> None:
-        self.settings = settings
         self._kubernetes = kubernetes
         self.capacity = capacity
-        self.eks, self.s3 = eks, s3
-        self._clock, self._sleep = clock, sleep
+        self._instance_type, self._keep_warm_seconds = instance_type, keep_warm_seconds
+        self._clock = clock
 
     @functools.cached_property
     def kubernetes(self) -> KubernetesClient:
         """Made when first needed: steps that only scale nodes never reach for the EKS API."""
         made = self._kubernetes
         return made if isinstance(made, KubernetesClient) else made()
-
-    @classmethod
-    def from_environment(
-        cls, environment: Mapping[str, str], clients: Clients
-    ) -> HyperPodTrainingCluster:
-        settings = HyperPodSettings.from_environment(environment)
-        eks = clients("eks")
-
-        def kubernetes() -> KubernetesClient:
-            token = EksTokenSource(settings.eks_cluster, sts=regional_sts(clients, settings.region))
-            return KubernetesClient.for_eks(eks, settings.eks_cluster, token=token)
-
-        leases = CapacityLeases(clients("dynamodb"), settings.leases_table)
-        capacity = HyperPodCapacity(
-            clients("sagemaker"),
-            leases,
-            cluster=settings.hyperpod_cluster,
-            instance_group=settings.instance_group,
-        )
-        return cls(settings, kubernetes=kubernetes, capacity=capacity, eks=eks, s3=clients("s3"))
-
-    def namespace(self, run: RunContext) -> str:
-        return run_namespace(self.settings.prefix, run.run_id)
-
-    # --- nodes ---
 
     def scale_up(self, run: RunContext, *, instances: int) -> None:
         self.capacity.scale_up(run.run_id, instances)
@@ -149,21 +140,63 @@ class HyperPodTrainingCluster(TrainingCluster):
         nodes = self.kubernetes.list(
             "v1",
             "Node",
-            labels={INSTANCE_TYPE_LABEL: self.settings.instance_type, HEALTH_LABEL: "Schedulable"},
+            labels={INSTANCE_TYPE_LABEL: self._instance_type, HEALTH_LABEL: "Schedulable"},
         )
         return min(running, sum(1 for node in nodes if schedulable(node)))
 
     def scale_down(self, run: RunContext) -> None:
         self.capacity.scale_down(
-            run.run_id, keep_warm_seconds=self.settings.keep_warm_seconds, now=self._clock()
+            run.run_id, keep_warm_seconds=self._keep_warm_seconds, now=self._clock()
         )
 
     def release_idle(self, *, immediately: bool = False) -> bool:
         if immediately:
             return self.capacity.scale_unheld()
         return self.capacity.scale_idle(
-            keep_warm_seconds=self.settings.keep_warm_seconds, now=self._clock()
+            keep_warm_seconds=self._keep_warm_seconds, now=self._clock()
         )
+
+
+class HyperPodTrainingCluster(InstanceGroupPlane):
+    def __init__(
+        self,
+        settings: HyperPodSettings,
+        *,
+        kubernetes: KubernetesClient | Callable[[], KubernetesClient],
+        capacity: HyperPodCapacity,
+        eks: Any,
+        s3: Any,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        super().__init__(
+            kubernetes=kubernetes, capacity=capacity, instance_type=settings.instance_type,
+            keep_warm_seconds=settings.keep_warm_seconds, clock=clock,
+        )  # fmt: skip
+        self.settings = settings
+        self.eks, self.s3 = eks, s3
+        self._sleep = sleep
+
+    @classmethod
+    def from_environment(
+        cls, environment: Mapping[str, str], clients: Clients
+    ) -> HyperPodTrainingCluster:
+        settings = HyperPodSettings.from_environment(environment)
+        eks = clients("eks")
+        leases = CapacityLeases(clients("dynamodb"), settings.leases_table)
+        capacity = HyperPodCapacity(
+            clients("sagemaker"),
+            leases,
+            cluster=settings.hyperpod_cluster,
+            instance_group=settings.instance_group,
+        )
+        return cls(
+            settings, kubernetes=settings.kubernetes(clients), capacity=capacity, eks=eks,
+            s3=clients("s3"),
+        )  # fmt: skip
+
+    def namespace(self, run: RunContext) -> str:
+        return run_namespace(self.settings.prefix, run.run_id)
 
     # --- the job ---
 

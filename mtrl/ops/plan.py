@@ -27,6 +27,7 @@ from domain.nova_job import (
     is_nova,
     launcher_command,
     recipe_overrides,
+    run_recipe,
     training_replicas,
 )
 from domain.run_queues import QueueKind
@@ -43,7 +44,8 @@ UNVERIFIED = (
     "how AWS's chart places generation replicas on the group's nodes",
     "a restricted group's needs beyond its nodes' (the Nova job's own S3, SQS and Lambda rights "
     "are not granted to its role yet)",
-    "the deployed pipeline submits its own job, not this one, until it runs AWS's launcher",
+    "the launcher image (HyperPod CLI and recipes, built at deploy time) has never run in "
+    "Lambda",
 )
 
 
@@ -93,9 +95,10 @@ def plan(
         )
     byoo = byoo_placeholders(platform, region)
     bucket = f"{platform.name_prefix}-data-{platform.account or '<account>'}-{region}"
+    name = f"{platform.name_prefix}-{RUN}"
     overrides = recipe_overrides(
         config,
-        name=f"{platform.name_prefix}-{RUN}",
+        name=name,
         data_s3_path=f"s3://{bucket}/training-data/<dataset>.jsonl",
         output_s3_path=f"s3://{bucket}/runs/{RUN}/",
         byoo=byoo,
@@ -138,7 +141,7 @@ def plan(
         },
         launcher={
             "command": launcher_command(
-                recipe=recipe_path,
+                recipe=run_recipe(config.recipe, name),
                 instance_type=config.instance_type,
                 container=service_images["training"],
             )

@@ -14,6 +14,7 @@ from mtrl.cli import app
 from mtrl.ops.plan import plan as make_plan
 from stacks.config import PlatformConfig, deployment_context
 from tests.conftest import PINNED
+from tests.forge_recipe import forge_recipe
 from training_configs.costs import estimate
 from training_configs.schema import load_training_config
 
@@ -39,7 +40,9 @@ def test_the_json_plan_has_what_a_reader_checks_before_paying() -> None:
     assert made["recipe"]["rendered"] is None  # no Forge recipe file given
     command = made["launcher"]["command"]
     assert command[:4] == ["hyperpod", "start-job", "--namespace", "kubeflow"]
-    assert command[command.index("--recipe") + 1] == made["recipe"]["path"]
+    # The run's recipe beside the Forge one, named after the run (the SDK's layout).
+    recipe = command[command.index("--recipe") + 1]
+    assert recipe == made["recipe"]["path"].rpartition("/")[0] + "/nova-mtrl-<run id>"
     assert json.loads(command[-1]) == {
         "instance_type": "ml.p5.48xlarge",
         "container": images("eu-west-2")["training"],
@@ -63,21 +66,7 @@ def test_the_json_plan_has_what_a_reader_checks_before_paying() -> None:
 
 def test_given_the_forge_recipe_it_shows_the_recipe_after_overrides(tmp_path: Path) -> None:
     recipe = tmp_path / "byoo.yaml"
-    leaves = {
-        "run": {key: "" for key in ("name", "model_name_or_path", "data_s3_path", "output_s3_path",
-                                    "rollout_request_arn", "rollout_response_sqs_url",
-                                    "rollout_request_queue_url", "generate_request_sqs_url",
-                                    "generate_response_sqs_url")}
-        | {"replicas": 4, "generation_replicas": 2},
-        "training_config": {
-            "max_steps": 100, "global_batch_size": 256, "max_length": 8192,
-            "rollout": {"delegate": True, "timeout": 600,
-                        "advantage_strategy": {"number_generation": 16},
-                        "generator": {"max_new_tokens": 100, "timeout": 1000}},
-            "train": {"clip_ratio_high": 0.2, "optim": {"lr": 1e-7},
-                      "peft": {"lora_tuning": {"alpha": 64}}},
-        },
-    }  # fmt: skip
+    leaves = forge_recipe()
     recipe.write_text(yaml.safe_dump(leaves))
     code, output = plan("--config", str(EXAMPLE), "--region", "us-east-1", "--recipe",
                         str(recipe), "--json")  # fmt: skip
@@ -142,7 +131,7 @@ def test_the_readable_plan_shows_each_part() -> None:
     for part in ("instance group  gpu (ml.p5.48xlarge), restricted: no, FSx for Lustre: none",
                  "GPU split       6 training replicas, 4 generation replicas",
                  "launcher        hyperpod start-job --namespace kubeflow --recipe "
-                 "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova_lite_2_0_p5_gpu_rft_byoo",
+                 "'fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova-mtrl-<run id>'",
                  "unverified until a first run on AWS:"):  # fmt: skip
         assert part in output, part
 

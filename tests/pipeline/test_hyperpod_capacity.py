@@ -59,6 +59,38 @@ def test_a_group_keeps_what_was_last_asked_for_in_update_clusters_terms(
     assert "ImageId" not in update["InstanceGroups"][0]  # a capacity change is not an image change
 
 
+def test_a_restricted_group_is_scaled_among_the_restricted_groups_alone(
+    sagemaker: FakeSageMaker,
+) -> None:
+    """A Nova group is one of the cluster's RestrictedInstanceGroups: UpdateCluster gets those
+    (as the Nova Forge SDK's scale_cluster sends them) with the execution role and FSx for
+    Lustre they have, and nothing of the standard groups; botocore validates the request
+    against ClusterRestrictedInstanceGroupSpecification, whose EnvironmentConfig has no
+    S3OutputPath (DescribeCluster shows it; UpdateCluster does not take it)."""
+    db = boto3.client("dynamodb")
+    create_leases_table(db, "leases")
+    nova = HyperPodCapacity(
+        sagemaker.client(), CapacityLeases(db, "leases"), cluster="nova-mtrl",
+        instance_group="nova", restricted=True,
+    )  # fmt: skip
+    assert nova.scale_up("run-a", 6) == 6
+    (update,) = sagemaker.operations("UpdateCluster")
+    assert set(update) == {"ClusterName", "RestrictedInstanceGroups"}
+    assert update["RestrictedInstanceGroups"] == [
+        {
+            "InstanceGroupName": "nova", "InstanceType": "ml.p5.48xlarge", "InstanceCount": 6,
+            "ExecutionRole": "arn:aws:iam::123456789012:role/nova-rig", "ThreadsPerCore": 1,
+            "EnvironmentConfig": {
+                "FSxLustreConfig": {"SizeInGiB": 1200, "PerUnitStorageThroughput": 250}
+            },
+        }
+    ]  # fmt: skip
+    assert nova.ready_nodes() == 6
+    assert [g["TargetCount"] for g in sagemaker.groups] == [1, 0]  # the standard ones as they were
+    assert nova.scale_down("run-a", now=0.0)
+    assert sagemaker.restricted[0]["TargetCount"] == 0
+
+
 def test_nodes_are_counted_for_the_group_by_its_exact_name(
     capacity: HyperPodCapacity, sagemaker: FakeSageMaker
 ) -> None:
@@ -194,12 +226,15 @@ def _lists_of_structures(shape, path: str = "") -> dict[str, str]:
     return found
 
 
-def test_list_members_have_the_same_item_shapes_in_describe_and_update_cluster() -> None:
+@pytest.mark.parametrize("member", ["InstanceGroups", "RestrictedInstanceGroups"])
+def test_list_members_have_the_same_item_shapes_in_describe_and_update_cluster(
+    member: str,
+) -> None:
     """Why as_update copies lists as they are (botocore's SageMaker model): each list of
     structures UpdateCluster takes in a group has the item shape DescribeCluster shows."""
     model = boto3.client("sagemaker", region_name="us-east-1").meta.service_model
-    update = model.operation_model("UpdateCluster").input_shape.members["InstanceGroups"].member
-    described = model.operation_model("DescribeCluster").output_shape.members["InstanceGroups"]
+    update = model.operation_model("UpdateCluster").input_shape.members[member].member
+    described = model.operation_model("DescribeCluster").output_shape.members[member]
     shown = _lists_of_structures(described.member)
     taken = _lists_of_structures(update)
     assert taken  # Taints, storage configs, rollback alarms

@@ -1,0 +1,125 @@
+"""The launcher function: AWS's HyperPod CLI and recipes, and helm, in a container image built
+at deploy time (stacks/assets/launcher/Dockerfile). The Nova training plane
+(lambdas/pipeline/nova_training.py) invokes it to start a run's job and to stop it; each call
+gets a kubeconfig with a fresh EKS token (helm reads nothing else)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from domain.nova_job import NAMESPACE
+from lambdas.clients import Clients, Handler, lambda_entries
+from lambdas.environment import EnvironmentSettings
+from lambdas.kubernetes.token import EksTokenSource, regional_sts
+from lambdas.launcher.hyperpod_cli import HyperPodCli, Runner, run_process
+
+
+class LauncherSettings(EnvironmentSettings):
+    eks_cluster: str = Field(alias="EKS_CLUSTER")
+    region: str = Field(alias="AWS_REGION")
+    recipes: Path = Field(alias="HYPERPOD_RECIPES")  # the CLI's recipes collection, in the image
+    workdir: Path = Field(default=Path("/tmp/nova-mtrl-launcher"), alias="LAUNCHER_WORKDIR")
+
+
+class StartJob(BaseModel):
+    """Start run `name`'s job from recipe `body`, written as `recipe` in the recipes collection."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    action: Literal["start"]
+    name: str
+    recipe: str
+    body: dict[str, Any]
+    instance_type: str
+    container: str
+
+
+class StopJob(BaseModel):
+    """Uninstall every release of run `name`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    action: Literal["stop"]
+    name: str
+
+
+LauncherRequest = Annotated[StartJob | StopJob, Field(discriminator="action")]
+REQUEST = TypeAdapter(LauncherRequest)
+
+
+def launch(request: StartJob | StopJob, cli: HyperPodCli) -> dict[str, Any]:
+    if isinstance(request, StopJob):
+        return {"releases": cli.stop(request.name)}
+    job = cli.start(
+        name=request.name, recipe=request.recipe, body=request.body,
+        instance_type=request.instance_type, container=request.container,
+    )  # fmt: skip
+    return {"job": job}
+
+
+def kubeconfig(*, endpoint: str, certificate_authority: str, token: str) -> dict[str, Any]:
+    """One cluster, one user with a bearer token, the Nova jobs' namespace."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "eks",
+                "cluster": {
+                    "server": endpoint,
+                    "certificate-authority-data": certificate_authority,
+                },
+            }
+        ],
+        "users": [{"name": "launcher", "user": {"token": token}}],
+        "contexts": [
+            {
+                "name": "eks",
+                "context": {"cluster": "eks", "user": "launcher", "namespace": NAMESPACE},
+            }
+        ],
+        "current-context": "eks",
+    }
+
+
+def compose(
+    environment: Mapping[str, str], clients: Clients, *, run: Runner = run_process
+) -> dict[str, Handler]:
+    settings = LauncherSettings.from_environment(environment)
+
+    def launcher(event: dict[str, Any]) -> dict[str, Any]:
+        request = REQUEST.validate_python(event)
+        cluster = clients("eks").describe_cluster(name=settings.eks_cluster)["cluster"]
+        token = EksTokenSource(settings.eks_cluster, sts=regional_sts(clients, settings.region))
+        settings.workdir.mkdir(parents=True, exist_ok=True)
+        config = settings.workdir / "kubeconfig"
+        config.touch(mode=0o600)
+        config.write_text(
+            yaml.safe_dump(
+                kubeconfig(
+                    endpoint=cluster["endpoint"],
+                    certificate_authority=cluster["certificateAuthority"]["data"],
+                    token=token(),
+                )
+            ),
+            encoding="utf-8",
+        )
+        cli = HyperPodCli(
+            recipes=settings.recipes,
+            workdir=settings.workdir,
+            # The function's own credentials and region, a writable home, this kubeconfig.
+            environment={**environment, "HOME": str(settings.workdir), "KUBECONFIG": str(config)},
+            run=run,
+        )
+        return launch(request, cli)
+
+    return {"launch": launcher}
+
+
+launch_job = lambda_entries(compose, os.environ)("launch")

@@ -1,0 +1,51 @@
+"""The deployment's training planes behind the one TrainingCluster interface: a run's model
+picks its plane — a Nova model the restricted instance group and AWS's launcher
+(lambdas/pipeline/nova_training.py), any other the standard group and our job
+(lambdas/pipeline/hyperpod_training.py). A teardown that knows only the run's id (the reaper)
+asks every plane: each removes what it has of the run and nothing else."""
+
+from __future__ import annotations
+
+from domain.backends import JobStatus, RunContext, TrainingCluster
+from domain.nova_job import is_nova
+
+
+class TrainingPlanes(TrainingCluster):
+    def __init__(self, *, standard: TrainingCluster, nova: TrainingCluster | None) -> None:
+        self.standard, self.nova = standard, nova
+
+    @property
+    def planes(self) -> list[TrainingCluster]:
+        return [self.standard] + ([self.nova] if self.nova is not None else [])
+
+    def plane(self, run: RunContext) -> TrainingCluster:
+        if not is_nova(run.training.model):
+            return self.standard
+        # Until the stacks give a deployment's restricted group its launcher, a Nova run goes
+        # where it went before: the standard group, with our own job.
+        return self.nova if self.nova is not None else self.standard
+
+    def scale_up(self, run: RunContext, *, instances: int) -> None:
+        self.plane(run).scale_up(run, instances=instances)
+
+    def nodes_ready(self, run: RunContext) -> int:
+        return self.plane(run).nodes_ready(run)
+
+    def submit(self, run: RunContext) -> str:
+        return self.plane(run).submit(run)
+
+    def status(self, run: RunContext) -> JobStatus:
+        return self.plane(run).status(run)
+
+    def delete(self, run: RunContext) -> int:
+        if run.config is not None:
+            return self.plane(run).delete(run)
+        return sum(plane.delete(run) for plane in self.planes)
+
+    def scale_down(self, run: RunContext) -> None:
+        for plane in [self.plane(run)] if run.config is not None else self.planes:
+            plane.scale_down(run)
+
+    def release_idle(self, *, immediately: bool = False) -> bool:
+        released = [plane.release_idle(immediately=immediately) for plane in self.planes]
+        return any(released)

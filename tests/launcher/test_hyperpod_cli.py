@@ -1,0 +1,161 @@
+"""The launcher at its process boundary: the exact commands AWS's HyperPod CLI and helm are
+given, the recipe the CLI reads, and what happens on a retry, a failed install and a stop."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from domain.nova_job import run_name
+from lambdas.launcher.handler import REQUEST, StopJob
+from lambdas.launcher.hyperpod_cli import HyperPodCli, LaunchFailed
+from tests.launcher.fake_cli import FakeLauncherProcesses
+
+RECIPE = "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova-mtrl-wordle-0123456789"
+BODY = {"run": {"name": "nova-mtrl-wordle-0123456789", "replicas": 2}, "training_config": {}}
+IMAGE = "708977205387.dkr.ecr.us-east-1.amazonaws.com/nova-fine-tune-repo:SM-HP-RFT-TRAIN-V2-latest"
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> FakeLauncherProcesses:
+    return FakeLauncherProcesses(tmp_path / "recipes")
+
+
+@pytest.fixture
+def cli(processes: FakeLauncherProcesses, tmp_path: Path) -> HyperPodCli:
+    return HyperPodCli(
+        recipes=processes.recipes, workdir=tmp_path / "work",
+        environment={"KUBECONFIG": "/k", "HOME": "/h"}, run=processes,
+    )  # fmt: skip
+
+
+def start(cli: HyperPodCli, body: dict = BODY) -> str:
+    return cli.start(
+        name=body["run"]["name"], recipe=RECIPE, body=body, instance_type="ml.p5.48xlarge",
+        container=IMAGE,
+    )  # fmt: skip
+
+
+def test_start_writes_the_recipe_and_runs_start_job_as_the_sdk_does(
+    cli: HyperPodCli, processes: FakeLauncherProcesses, tmp_path: Path
+) -> None:
+    job = start(cli)
+    assert re.fullmatch(r"nova-mtrl-wordle-0123456789-[a-z0-9]{5}", job)
+    listed, started = processes.calls
+    assert listed.argv == [
+        "helm", "list", "--namespace", "kubeflow", "--all", "--filter",
+        r"^nova\-mtrl\-wordle\-0123456789-[a-z0-9]{5}$", "--output", "json",
+    ]  # fmt: skip
+    assert started.argv == [
+        "hyperpod", "start-job", "--namespace", "kubeflow", "--recipe", RECIPE,
+        "--override-parameters",
+        json.dumps({"instance_type": "ml.p5.48xlarge", "container": IMAGE}),
+    ]  # fmt: skip
+    assert processes.recipes_read == [BODY]  # read from the collection, as written
+    assert (started.env["KUBECONFIG"], started.env["HOME"]) == ("/k", "/h")
+    assert started.cwd == tmp_path / "work"  # the launcher's results/ go there, not /var/task
+    assert processes.releases == {job: "deployed"}
+
+
+def test_a_retried_start_finds_the_deployed_job_and_starts_nothing(
+    cli: HyperPodCli, processes: FakeLauncherProcesses
+) -> None:
+    first = start(cli)
+    assert start(cli) == first
+    assert len(processes.started()) == 1
+
+
+def test_an_install_that_failed_is_uninstalled_before_starting_again(
+    cli: HyperPodCli, processes: FakeLauncherProcesses
+) -> None:
+    """The CLI exits 0 when helm install fails (the launcher does not check it): no NAME line,
+    so the start fails with what was said; the next attempt clears the failed release."""
+    processes.install_fails = True
+    with pytest.raises(LaunchFailed, match="started no job for nova-mtrl-wordle-0123456789: "
+                       "Error: INSTALLATION FAILED: context deadline exceeded"):  # fmt: skip
+        start(cli)
+    (failed,) = processes.releases
+    processes.install_fails = False
+    job = start(cli)
+    assert processes.releases == {job: "deployed"} and job != failed
+    assert ["helm", "uninstall", failed, "--namespace", "kubeflow"] in [
+        call.argv for call in processes.calls
+    ]
+
+
+def test_a_start_job_that_exits_non_zero_fails_with_its_output(
+    cli: HyperPodCli, processes: FakeLauncherProcesses
+) -> None:
+    def refusing(argv, **kwargs):  # type: ignore[no-untyped-def]
+        done = processes(argv, **kwargs)
+        if argv[:2] == ["hyperpod", "start-job"]:
+            done.returncode, done.stderr = 1, "Cannot start Training job due to AWS credentials"
+        return done
+
+    cli._run = refusing
+    with pytest.raises(LaunchFailed, match="^hyperpod start-job exited 1: Cannot start Training "
+                       "job due to AWS credentials"):  # fmt: skip
+        start(cli)
+
+
+def test_stop_uninstalls_the_runs_releases_and_no_one_elses(
+    cli: HyperPodCli, processes: FakeLauncherProcesses
+) -> None:
+    """A run whose name starts with another's (`…-a` and `…-a-2`) keeps its job."""
+    mine = start(cli)
+    other_body = {"run": {"name": f"{BODY['run']['name']}-2", "replicas": 2}}
+    other = start(cli, other_body)
+    assert cli.stop(BODY["run"]["name"]) == 1
+    assert processes.releases == {other: "deployed"} and mine not in processes.releases
+    assert cli.stop(BODY["run"]["name"]) == 0  # idempotent
+
+
+def test_a_release_gone_meanwhile_is_not_an_error_and_other_uninstall_failures_are(
+    cli: HyperPodCli, processes: FakeLauncherProcesses
+) -> None:
+    job = start(cli)
+    del processes.releases[job]
+    cli._uninstall(job)  # "release: not found": what was asked for is true
+    processes.releases["x"] = "deployed"
+    broken = FakeLauncherProcesses(processes.recipes)
+
+    def forbidden(argv, **kwargs):  # type: ignore[no-untyped-def]
+        done = broken(argv, **kwargs)
+        if argv[:2] == ["helm", "uninstall"]:
+            done.returncode, done.stderr = 1, "Error: secrets is forbidden: User cannot delete"
+        return done
+
+    cli._run = forbidden
+    with pytest.raises(LaunchFailed, match="helm uninstall x failed: Error: secrets is forbidden"):
+        cli._uninstall("x")
+
+
+def test_a_run_name_is_a_dns_label_the_launcher_keeps_whole() -> None:
+    """The launcher keeps 34 characters of run.name; a longer run id is shortened with a hash
+    so two runs never share a name; the chart's longest object name stays within 63."""
+    short = run_name("nova-mtrl", "wordle-0123456789")
+    assert short == "nova-mtrl-wordle-0123456789"
+    long_a = run_name("nova-mtrl", "a-very-long-dataset-name-for-wordle-0123456789")
+    long_b = run_name("nova-mtrl", "a-very-long-dataset-name-for-wordle-9876543210")
+    assert len(long_a) == len(long_b) == 34 and long_a != long_b
+    assert run_name("Team_7", "9x") == "team-7-9x" and run_name("7", "x").startswith("r-")
+    assert len(f"{long_a}-abcde-nats-server-bootstrap") <= 63  # the chart's longest Job name
+    assert yaml.safe_load(f"n: {long_a}")["n"] == long_a  # stays a plain string in YAML
+
+
+def test_the_launcher_function_takes_its_two_requests_and_nothing_else() -> None:
+    assert REQUEST.validate_python({"action": "stop", "name": "n"}) == StopJob(
+        action="stop", name="n"
+    )
+    for wrong in (
+        {"action": "restart", "name": "n"},
+        {"action": "stop", "name": "n", "force": True},
+        {"action": "start", "name": "n", "recipe": "r", "body": {}, "instance_type": "t"},
+    ):
+        with pytest.raises(ValidationError):
+            REQUEST.validate_python(wrong)

@@ -1,0 +1,208 @@
+"""The Nova training plane: the recipe AWS's launcher receives for a run (the Forge recipe read
+from S3 with the run's overrides), the launcher function invoked in-process with the HyperPod CLI
+and helm faked at their process boundary, the chart's PyTorchJob read back from a fake
+Kubernetes API, the restricted group scaled through the recorded SageMaker fake."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+import yaml
+
+from domain.backends import Phase, RunContext
+from domain.nova_job import NovaRefused, images, run_name
+from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
+from lambdas.pipeline.nova_training import LaunchFailed, NovaSettings, NovaTrainingCluster
+from tests.aws import create_leases_table
+from tests.forge_recipe import forge_recipe
+from tests.kubernetes.fake_api import FakeKubernetes, client_of
+from tests.launcher.fake_cli import PODS, PYTORCH_JOBS, FakeLauncherProcesses, InProcessLauncher
+from tests.service_fakes import FakeEks, FakeSageMaker
+from training_configs.schema import load_training_config
+
+LAUNCHER = "nova-mtrl-nova-launcher"
+ALIAS = (
+    "arn:aws:lambda:us-east-1:123456789012:function:nova-mtrl-rollout-forwarder:wordle-0a1b2c3d4e"
+)
+QUEUES = {
+    kind: f"https://sqs.us-east-1.amazonaws.com/123456789012/nova-mtrl-wordle-0a1b2c3d4e-{kind}.fifo"
+    for kind in ("rollout_requests", "rollout_responses", "generate_requests",
+                 "generate_responses", "dlq")
+}  # fmt: skip
+RUN = RunContext(
+    run_id="wordle-0a1b2c3d4e",
+    queues=QUEUES,
+    router_url=None,
+    run_token="",
+    bucket="nova-mtrl-data",
+    dataset_key="training-data/wordle.jsonl",
+    dataset_version=None,
+    output_prefix="runs/wordle-0a1b2c3d4e/",
+    rollout_request_arn=ALIAS,
+    config=load_training_config("rft_multiturn_lora"),
+)
+NAME = run_name("nova-mtrl", RUN.run_id)
+SOURCE = "s3://forge-recipes/{recipe}.yaml"
+
+
+def settings(**overrides: str) -> NovaSettings:
+    return NovaSettings.model_validate(
+        {
+            "NAME_PREFIX": "nova-mtrl", "CAPACITY_LEASES_TABLE": "leases",
+            "EKS_CLUSTER": "nova-mtrl-eks", "HYPERPOD_CLUSTER": "nova-mtrl",
+            "NOVA_INSTANCE_GROUP": "nova", "NOVA_INSTANCE_TYPE": "ml.p5.48xlarge",
+            "NOVA_LAUNCHER_FUNCTION": LAUNCHER, "NOVA_RECIPE_SOURCE": SOURCE,
+            "AWS_REGION": "us-east-1", **overrides,
+        }
+    )  # fmt: skip
+
+
+class Plane:
+    def __init__(self, cluster: NovaTrainingCluster, processes: FakeLauncherProcesses,
+                 launcher: InProcessLauncher, sagemaker: FakeSageMaker) -> None:  # fmt: skip
+        self.cluster, self.processes = cluster, processes
+        self.launcher, self.sagemaker = launcher, sagemaker
+
+
+@pytest.fixture
+def plane(aws: None, api: FakeKubernetes, tmp_path: Path) -> Iterator[Plane]:
+    s3 = boto3.client("s3")
+    for bucket in ("forge-recipes", RUN.bucket):
+        s3.create_bucket(Bucket=bucket)
+    key = "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova_lite_2_0_p5_gpu_lora_rft_byoo.yaml"
+    s3.put_object(Bucket="forge-recipes", Key=key, Body=yaml.safe_dump(forge_recipe()).encode())
+    db = boto3.client("dynamodb")
+    create_leases_table(db, "leases")
+    sagemaker = FakeSageMaker()
+    processes = FakeLauncherProcesses(tmp_path / "recipes", kubernetes=api)
+    environment = {"EKS_CLUSTER": "nova-mtrl-eks", "AWS_REGION": "us-east-1",
+                   "HYPERPOD_RECIPES": str(processes.recipes),
+                   "LAUNCHER_WORKDIR": str(tmp_path / "work")}  # fmt: skip
+    with FakeEks(endpoint=api.endpoint, ca_data=api.ca_data).installed():
+        launcher = InProcessLauncher(processes, function=LAUNCHER, environment=environment)
+        capacity = HyperPodCapacity(
+            sagemaker.client(), CapacityLeases(db, "leases"), cluster="nova-mtrl",
+            instance_group="nova", restricted=True,
+        )  # fmt: skip
+        cluster = NovaTrainingCluster(
+            settings(), kubernetes=client_of(api), capacity=capacity,
+            lambda_client=launcher.client(), s3=s3,
+        )  # fmt: skip
+        yield Plane(cluster, processes, launcher, sagemaker)
+
+
+def test_submit_hands_aws_launcher_the_forge_recipe_with_this_runs_overrides(
+    plane: Plane, tmp_path: Path
+) -> None:
+    job = plane.cluster.submit(RUN)
+    (recipe,) = plane.processes.recipes_read
+    assert recipe["run"] == {
+        "name": NAME, "model_name_or_path": "nova-lite-2/prod",
+        "data_s3_path": "s3://nova-mtrl-data/training-data/wordle.jsonl",
+        "output_s3_path": "s3://nova-mtrl-data/runs/wordle-0a1b2c3d4e/",
+        "rollout_request_arn": ALIAS,
+        "rollout_response_sqs_url": QUEUES["rollout_responses"],
+        "rollout_request_queue_url": QUEUES["rollout_requests"],
+        "generate_request_sqs_url": QUEUES["generate_requests"],
+        "generate_response_sqs_url": QUEUES["generate_responses"],
+        "model_type": "amazon.nova-2-lite-v1:0:256k",
+        "replicas": RUN.training.instance_count - RUN.training.generation_replicas,
+        "generation_replicas": RUN.training.generation_replicas,
+    }  # fmt: skip
+    rollout = recipe["training_config"]["rollout"]
+    assert rollout["advantage_strategy"]["number_generation"] == RUN.training.group_size
+    assert rollout["delegate"] is True
+    (started,) = plane.processes.started()
+    assert started.argv == [
+        "hyperpod", "start-job", "--namespace", "kubeflow", "--recipe",
+        f"fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/{NAME}", "--override-parameters",
+        json.dumps({"instance_type": "ml.p5.48xlarge",
+                    "container": images("us-east-1")["training"]}),
+    ]  # fmt: skip
+    # The launcher ran with a kubeconfig for the cluster and an EKS token of its own.
+    kubeconfig = yaml.safe_load(Path(started.env["KUBECONFIG"]).read_text())
+    assert kubeconfig["clusters"][0]["cluster"]["server"] == plane.processes.kubernetes.endpoint
+    assert kubeconfig["users"][0]["user"]["token"].startswith("k8s-aws-v1.")
+    (release,) = plane.processes.releases
+    assert job == f"kubeflow/{release}" and release.startswith(f"{NAME}-")
+
+
+def test_a_retried_submit_starts_nothing_more(plane: Plane) -> None:
+    assert plane.cluster.submit(RUN) == plane.cluster.submit(RUN)
+    assert len(plane.processes.started()) == 1
+    assert [payload["action"] for payload in plane.launcher.payloads] == ["start", "start"]
+
+
+def _job(plane: Plane) -> dict[str, Any]:
+    (job,) = plane.processes.kubernetes.objects[PYTORCH_JOBS].values()
+    return job
+
+
+def test_status_follows_the_charts_pytorchjob_and_its_pods(plane: Plane) -> None:
+    assert plane.cluster.status(RUN).phase is Phase.FAILED  # nothing submitted: nothing to wait for
+    plane.cluster.submit(RUN)
+    job = _job(plane)
+    name = job["metadata"]["name"]
+    assert plane.cluster.status(RUN).phase is Phase.PENDING
+    job["status"] = {"conditions": [{"type": "Running", "status": "True"}]}
+    assert plane.cluster.status(RUN).phase is Phase.RUNNING
+    pods = plane.processes.kubernetes.objects.setdefault(PODS, {})
+    pulling = {"containerStatuses": [{"name": "vllm", "image": "nova:gen", "state": {
+        "waiting": {"reason": "ImagePullBackOff", "message": "denied"}}}]}  # fmt: skip
+    pods["someone-else-vllm-0"] = {"metadata": {"name": "someone-else-vllm-0"}, "status": pulling}
+    assert plane.cluster.status(RUN).phase is Phase.RUNNING  # another job's pod is not ours
+    pods[f"{name}-vllm-0"] = {"metadata": {"name": f"{name}-vllm-0"}, "status": pulling}
+    failed = plane.cluster.status(RUN)
+    assert failed.phase is Phase.FAILED
+    assert (
+        failed.reason
+        == f"image pull failed for nova:gen (pod {name}-vllm-0, container vllm): denied"
+    )
+    del pods[f"{name}-vllm-0"]
+    job["status"] = {"conditions": [{"type": "Succeeded", "status": "True"}]}
+    assert plane.cluster.status(RUN).phase is Phase.SUCCEEDED
+
+
+def test_delete_uninstalls_the_runs_release_and_is_idempotent(plane: Plane) -> None:
+    plane.cluster.submit(RUN)
+    assert plane.cluster.delete(RUN) == 1
+    assert plane.processes.releases == {}
+    assert plane.processes.kubernetes.objects[PYTORCH_JOBS] == {}
+    assert plane.cluster.delete(RUN) == 0
+    assert plane.cluster.status(RUN).phase is Phase.FAILED
+
+
+def test_a_failed_launch_fails_the_submit_with_what_the_launcher_said(plane: Plane) -> None:
+    plane.processes.install_fails = True
+    with pytest.raises(LaunchFailed, match=f"^the launcher could not start {NAME}: hyperpod "
+                       f"start-job started no job for {NAME}: Error: INSTALLATION FAILED"):  # fmt: skip
+        plane.cluster.submit(RUN)
+
+
+def test_a_recipe_without_a_key_the_config_sets_is_refused_before_anything_starts(
+    plane: Plane,
+) -> None:
+    recipe = forge_recipe()
+    del recipe["training_config"]["train"]["peft"]
+    key = "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova_lite_2_0_p5_gpu_lora_rft_byoo.yaml"
+    boto3.client("s3").put_object(Bucket="forge-recipes", Key=key, Body=yaml.safe_dump(recipe))
+    with pytest.raises(NovaRefused, match="^the recipe has no key alpha$"):
+        plane.cluster.submit(RUN)
+    assert plane.launcher.payloads == []
+    plane.cluster.settings = settings(NOVA_RECIPE_SOURCE="https://example.com/{recipe}.yaml")
+    with pytest.raises(NovaRefused, match="is not an s3://bucket/key URI"):
+        plane.cluster.submit(RUN)
+
+
+def test_the_restricted_group_is_scaled_for_the_run(plane: Plane) -> None:
+    plane.cluster.scale_up(RUN, instances=4)
+    (update,) = plane.sagemaker.operations("UpdateCluster")
+    assert [g["InstanceCount"] for g in update["RestrictedInstanceGroups"]] == [4]
+    assert "InstanceGroups" not in update
+    plane.cluster.scale_down(RUN)
+    assert plane.sagemaker.restricted[0]["TargetCount"] == 0

@@ -1,0 +1,105 @@
+"""A run's model picks its training plane; a teardown that knows only the run's id asks every
+plane; a Nova run on a deployment without a restricted group is refused with the fix."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import boto3
+
+from domain.backends import JobStatus, Phase, RunContext, TrainingCluster
+from lambdas.clients import Clients
+from lambdas.pipeline.composition import deployed_compute
+from lambdas.pipeline.compute import teardown_context
+from lambdas.pipeline.hyperpod_training import HyperPodTrainingCluster
+from lambdas.pipeline.nova_training import NovaTrainingCluster
+from lambdas.pipeline.training_planes import TrainingPlanes
+from training_configs.schema import load_training_config
+
+NOVA = RunContext(
+    run_id="r", queues={}, router_url=None, run_token="", bucket="b", dataset_key="k",
+    dataset_version=None, output_prefix="runs/r/", config=load_training_config("rft_multiturn_lora"),
+)  # fmt: skip
+QWEN = replace(NOVA, config=NOVA.training.model_copy(update={"model": "qwen3-8b"}))
+
+
+class Recording(TrainingCluster):
+    """A plane that says what was asked of it (the routing is what is under test)."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.asked = name, []
+
+    def _ask(self, what: str, run: RunContext | None = None) -> None:
+        self.asked.append((what, run.run_id if run else None))
+
+    def scale_up(self, run: RunContext, *, instances: int) -> None:
+        self._ask("scale_up", run)
+
+    def nodes_ready(self, run: RunContext) -> int:
+        self._ask("nodes_ready", run)
+        return 1
+
+    def submit(self, run: RunContext) -> str:
+        self._ask("submit", run)
+        return self.name
+
+    def status(self, run: RunContext) -> JobStatus:
+        self._ask("status", run)
+        return JobStatus(Phase.RUNNING, self.name)
+
+    def delete(self, run: RunContext) -> int:
+        self._ask("delete", run)
+        return 2
+
+    def scale_down(self, run: RunContext) -> None:
+        self._ask("scale_down", run)
+
+    def release_idle(self, *, immediately: bool = False) -> bool:
+        self._ask("release_idle")
+        return self.name == "nova"
+
+
+def test_the_runs_model_picks_its_plane() -> None:
+    standard, nova = Recording("standard"), Recording("nova")
+    planes = TrainingPlanes(standard=standard, nova=nova)
+    assert planes.submit(NOVA) == "nova" and planes.submit(QWEN) == "standard"
+    assert planes.status(NOVA).reason == "nova"
+    planes.scale_up(QWEN, instances=2)
+    assert planes.delete(NOVA) == 2
+    planes.scale_down(NOVA)
+    assert [what for what, _ in nova.asked] == ["submit", "status", "delete", "scale_down"]
+    assert [what for what, _ in standard.asked] == ["submit", "scale_up"]
+
+
+def test_a_teardown_by_run_id_asks_every_plane_and_idle_nodes_are_released_everywhere() -> None:
+    standard, nova = Recording("standard"), Recording("nova")
+    planes = TrainingPlanes(standard=standard, nova=nova)
+    assert planes.delete(teardown_context("r")) == 4
+    planes.scale_down(teardown_context("r"))
+    assert planes.release_idle() is True  # the Nova plane released some; both were asked
+    for plane in (standard, nova):
+        assert plane.asked == [("delete", "r"), ("scale_down", "r"), ("release_idle", None)]
+
+
+def test_without_a_nova_plane_a_nova_run_goes_to_the_standard_plane_as_before() -> None:
+    planes = TrainingPlanes(standard=Recording("standard"), nova=None)
+    assert planes.submit(NOVA) == "standard"
+    assert planes.delete(teardown_context("r")) == 2  # the one plane there is
+
+
+def test_the_deployed_composition_has_the_nova_plane_where_the_stack_set_it() -> None:
+    clients = Clients(boto3.Session(region_name="us-east-1"))
+    environment = {
+        "NAME_PREFIX": "p", "CAPACITY_LEASES_TABLE": "l", "EKS_CLUSTER": "e",
+        "HYPERPOD_CLUSTER": "h", "HYPERPOD_INSTANCE_GROUP": "gpu",
+        "HYPERPOD_INSTANCE_TYPE": "ml.p5.48xlarge", "MODEL_PRESETS": "{}", "ACCOUNT_ID": "1",
+        "TRAINING_JOB_ROLE_ARN": "arn:aws:iam::1:role/j", "AWS_REGION": "us-east-1",
+    }  # fmt: skip
+    without = deployed_compute(environment, clients).cluster
+    assert isinstance(without, TrainingPlanes) and without.nova is None
+    assert isinstance(without.standard, HyperPodTrainingCluster)
+    nova = {"NOVA_INSTANCE_GROUP": "nova", "NOVA_INSTANCE_TYPE": "ml.p5.48xlarge",
+            "NOVA_LAUNCHER_FUNCTION": "p-nova-launcher"}  # fmt: skip
+    with_nova = deployed_compute({**environment, **nova}, clients).cluster
+    assert isinstance(with_nova.nova, NovaTrainingCluster)
+    assert with_nova.nova.capacity.group == "nova"
