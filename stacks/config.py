@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from domain.nova_job import IMAGE_ACCOUNTS
 from domain.presets import JobKind, ModelPreset
 
 CDK_JSON = Path(__file__).resolve().parent.parent / "cdk.json"
@@ -300,6 +301,13 @@ class PlatformConfig(_Strict):
                 "names a restricted group, which runs Nova's images only, not this pipeline's "
                 f"training job; name a standard group ({', '.join(standard) or 'add one'})",
             )
+        if self.nova_group is not None and self.region and self.region not in IMAGE_ACCOUNTS:
+            raise _key_problem(
+                "hyperpod_instance_groups",
+                self.nova_group.name,
+                f"is a restricted (Nova) group, and region {self.region} has no Nova RFT images; "
+                f"deploy to one of {', '.join(IMAGE_ACCOUNTS)}",
+            )
         if self.existing_eks_cluster and not self.existing_vpc:
             raise _key_problem(
                 "existing_eks_cluster",
@@ -329,6 +337,11 @@ class PlatformConfig(_Strict):
         """The instance group that runs training (scaled per run)."""
         name = self.training_instance_group or self.hyperpod_instance_groups[0].name
         return next(group for group in self.hyperpod_instance_groups if group.name == name)
+
+    @property
+    def nova_group(self) -> HyperPodInstanceGroup | None:
+        """The restricted instance group Nova runs use (the first, if there are several)."""
+        return next((group for group in self.hyperpod_instance_groups if group.restricted), None)
 
     @classmethod
     def from_context(cls, context: Mapping[str, Any]) -> PlatformConfig:

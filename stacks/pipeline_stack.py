@@ -70,6 +70,11 @@ class PipelineStack(PlatformStack):
             code=code,
             hyperpod_cluster_arn=hyperpod.cluster_arn,
             execution_role_arn=hyperpod.execution_role_arn,
+            restricted_execution_role_arn=(
+                hyperpod.restricted_execution_role.role_arn
+                if hyperpod.restricted_execution_role
+                else None
+            ),
             cluster_network=cluster_network,
             data_key=storage.data_key,
         )
@@ -103,6 +108,8 @@ class PipelineStack(PlatformStack):
             "run_pods": training.job_role,
             "operator": self.operator_policy,
         }  # type: ignore[dict-item]
+        if training.launcher is not None:
+            roles["nova_launcher"] = training.launcher.function.role  # type: ignore[assignment]
         grant_needs(
             roles,
             [

@@ -54,8 +54,10 @@ def rendering(
     *,
     plugins: tuple[str, ...] = ("nvidia-device-plugin", "aws-efa-k8s-device-plugin"),
     affinity: dict[str, list[str]] | None = None,
+    kubeflow: bool = False,
 ) -> list[dict[str, Any]]:
-    """The objects, as `helm template` prints them (namespaced ones may name no namespace)."""
+    """The objects, as `helm template` prints them (namespaced ones may name no namespace);
+    `kubeflow`: with the training operator's PyTorchJob CRD."""
     types = {**AFFINITY, **(affinity or {})}
     agent = "health-monitoring-agent"
     objects: list[dict[str, Any]] = [
@@ -75,7 +77,13 @@ def rendering(
         objects.append(
             _daemonset(f"hyperpod-dependencies-{plugin}", None, IMAGES[plugin], types[plugin])
         )
+    if kubeflow:
+        objects.append(KUBEFLOW_CRD)
     return objects
+
+
+KUBEFLOW_CRD = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": {"name": "pytorchjobs.kubeflow.org"}}  # fmt: skip
 
 
 def manifest(objects: list[dict[str, Any]]) -> str:

@@ -23,7 +23,7 @@ os.environ["AWS_CONFIG_FILE"] = "/nonexistent/config"
 os.environ["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"
 
 from stacks.app_builder import build_app  # noqa: E402
-from stacks.config import PlatformConfig  # noqa: E402
+from stacks.config import CDK_JSON, PlatformConfig  # noqa: E402
 from tests.kubernetes.fake_api import FakeKubernetes, serving  # noqa: E402
 
 NO_BUNDLING = {"aws:cdk:bundling-stacks": []}
@@ -34,7 +34,7 @@ NOVA_GROUP = {
     "fsx": {"size_gib": 2400, "per_unit_storage_throughput": 250},
 }  # fmt: skip
 PINNED = {
-    "region": "eu-west-1",
+    "region": "eu-west-2",
     "account": "111122223333",
     "az_count": 3,
     "hyperpod_instance_groups": json.dumps(
@@ -99,6 +99,15 @@ def synthesize(context: dict[str, Any], outdir: Path) -> Synthesized:
 def default_app(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
     """The app exactly as cdk.json configures it (environment-agnostic)."""
     return synthesize({}, tmp_path_factory.mktemp("default"))
+
+
+@pytest.fixture(scope="session")
+def nova_app(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """cdk.json's deployment with a Nova restricted group beside its GPU group
+    (environment-agnostic): the deployed world's (tests/iam/)."""
+    groups = json.loads(CDK_JSON.read_text())["context"]["hyperpod_instance_groups"]
+    context = {"hyperpod_instance_groups": json.dumps([*groups, NOVA_GROUP])}
+    return synthesize(context, tmp_path_factory.mktemp("nova"))
 
 
 @pytest.fixture(scope="session")

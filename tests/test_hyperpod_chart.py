@@ -138,9 +138,7 @@ def test_kubeflow_jobs_need_the_chart_to_bring_their_crd() -> None:
         RenderingError, match="no CustomResourceDefinition pytorchjobs.kubeflow.org"
     ):
         check_rendering(rendering(), kubeflow)
-    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-           "metadata": {"name": "pytorchjobs.kubeflow.org"}}  # fmt: skip
-    check_rendering([*rendering(), crd], kubeflow)
+    check_rendering(rendering(kubeflow=True), kubeflow)
 
 
 def test_a_trainium_group_needs_the_neuron_plugin() -> None:

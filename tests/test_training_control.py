@@ -8,7 +8,8 @@ import json
 
 import boto3
 
-from lambdas.kubernetes.rbac import pipeline_rbac
+from domain.nova_job import FORGE_RECIPE_SOURCE, FORGE_RECIPES
+from lambdas.kubernetes.rbac import nova_launcher_rbac, pipeline_rbac
 from lambdas.pipeline.hyperpod_capacity import LEASE_KEY
 from lambdas.pipeline.hyperpod_training import HyperPodSettings
 from tests.aws import create_leases_table, create_runs_table
@@ -255,3 +256,60 @@ def test_the_reaper_can_release_a_runs_compute(default_app: Synthesized) -> None
     assert {
         "ecs:DeleteService", "sagemaker:UpdateCluster", "eks:DeletePodIdentityAssociation",
     } <= actions  # fmt: skip
+
+
+def test_a_restricted_group_brings_the_nova_plane_and_its_rights(pinned_app: Synthesized) -> None:
+    """The launcher function (an image built at deploy time, in the cluster's network) reaches
+    Kubernetes through a group of its own, whose rights are a Role in the kubeflow namespace;
+    the job steps get the Nova plane's settings, invoke the launcher and read the Forge recipes;
+    scaling passes the restricted groups' role to SageMaker."""
+    template = pinned_app.template("pipeline")
+    launcher_id, launcher = _function(template, "TrainingClusterControlNovaLauncherFunction")
+    properties = launcher["Properties"]
+    assert properties["PackageType"] == "Image"
+    assert properties["ImageConfig"]["Command"] == ["lambdas.launcher.handler.launch_job"]
+    assert properties["VpcConfig"]["SubnetIds"]
+    assert properties["Environment"]["Variables"]["EKS_CLUSTER"] == "nova-mtrl-eks"
+    entry = _entries(template)[_role_id(launcher)]
+    assert (
+        entry["KubernetesGroups"] == ["nova-mtrl:nova-launcher"] and "AccessPolicies" not in entry
+    )
+    (rbac,) = [r for r in template["Resources"].values() if r["Type"] == "Custom::KubernetesRbac"]
+    objects = json.loads(rbac["Properties"]["Objects"])
+    assert objects == pipeline_rbac("nova-mtrl") + nova_launcher_rbac("nova-mtrl")
+    role = next(o for o in objects if o["kind"] == "Role")
+    assert role["metadata"]["namespace"] == "kubeflow"
+    for step in ("SubmitJob", "ReleaseCompute"):
+        _, function = _function(template, f"Pipeline{step}Function")
+        variables = function["Properties"]["Environment"]["Variables"]
+        assert (variables["NOVA_INSTANCE_GROUP"], variables["NOVA_INSTANCE_TYPE"]) == (
+            "nova", "ml.p5.48xlarge",
+        )  # fmt: skip
+        assert variables["NOVA_LAUNCHER_FUNCTION"] == {"Ref": launcher_id}
+        statements = role_statements(template, _role_id(function))
+        (invoke,) = [s for s in statements if "lambda:InvokeFunction" in as_list(s["Action"])]
+        assert invoke["Resource"] == {"Fn::GetAtt": [launcher_id, "Arn"]}
+    _, submit = _function(template, "PipelineSubmitJobFunction")
+    (read,) = [
+        s for s in role_statements(template, _role_id(submit))
+        if as_list(s["Action"]) == ["s3:GetObject"]
+    ]  # fmt: skip
+    assert sorted(read["Resource"]) == sorted(
+        "arn:aws:s3:::" + FORGE_RECIPE_SOURCE.format(recipe=path).removeprefix("s3://")
+        for path in FORGE_RECIPES.values()
+    )
+    _, scale = _function(template, "PipelineScaleUpFunction")
+    passed = [
+        s["Resource"] for s in role_statements(template, _role_id(scale))
+        if "iam:PassRole" in as_list(s["Action"])
+    ]  # fmt: skip
+    assert any("RestrictedExecutionRole" in json.dumps(resource) for resource in passed)
+
+
+def test_without_a_restricted_group_there_is_no_nova_plane(default_app: Synthesized) -> None:
+    template = default_app.template("pipeline")
+    assert not [k for k in template["Resources"] if "NovaLauncher" in k]
+    _, submit = _function(template, "PipelineSubmitJobFunction")
+    assert "NOVA_INSTANCE_GROUP" not in submit["Properties"]["Environment"]["Variables"]
+    statements = role_statements(template, _role_id(submit))
+    assert not [s for s in statements if "lambda:InvokeFunction" in as_list(s["Action"])]

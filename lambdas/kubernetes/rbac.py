@@ -104,3 +104,43 @@ def pipeline_rbac(prefix: str) -> list[dict[str, Any]]:
             },
         },
     ]
+
+
+# What helm installs and uninstalls for AWS's Nova RFT chart (aws/sagemaker-hyperpod-recipes,
+# launcher/nova/k8s_templates/RFT/templates: Secret, ConfigMap, Service, Deployment,
+# StatefulSet, Job, PyTorchJob) and where helm keeps its releases (Secrets of the namespace).
+NOVA_CHART = (
+    ("", ["secrets", "configmaps", "services"]),
+    ("apps", ["deployments", "statefulsets"]),
+    ("batch", ["jobs"]),
+    ("kubeflow.org", ["pytorchjobs"]),
+)
+NOVA_NAMESPACE = "kubeflow"
+
+
+def launcher_group(prefix: str) -> str:
+    return f"{prefix}:nova-launcher"
+
+
+def nova_launcher_rbac(prefix: str) -> list[dict[str, Any]]:
+    """The launcher group's rights: AWS's chart in the Nova jobs' namespace, nothing elsewhere
+    (a Role, not a ClusterRole). The namespace is declared too: the training operator's chart
+    makes it only when it is turned on."""
+    name = f"{prefix}-nova-launcher"
+    labels = {"app.kubernetes.io/managed-by": "nova-mtrl", "nova-mtrl/deployment": prefix}
+    rules = [
+        {"apiGroups": [api], "resources": resources, "verbs": [*WRITE, "watch"]}
+        for api, resources in NOVA_CHART
+    ]
+    metadata = {"name": name, "namespace": NOVA_NAMESPACE, "labels": labels}
+    return [
+        {"apiVersion": "v1", "kind": "Namespace",
+         "metadata": {"name": NOVA_NAMESPACE, "labels": labels}},
+        {"apiVersion": RBAC_API, "kind": "Role", "metadata": metadata, "rules": rules},
+        {
+            "apiVersion": RBAC_API, "kind": "RoleBinding", "metadata": metadata,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                          "name": launcher_group(prefix)}],
+        },
+    ]  # fmt: skip

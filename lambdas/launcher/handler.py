@@ -23,7 +23,10 @@ from lambdas.launcher.hyperpod_cli import HyperPodCli, Runner, run_process
 class LauncherSettings(EnvironmentSettings):
     eks_cluster: str = Field(alias="EKS_CLUSTER")
     region: str = Field(alias="AWS_REGION")
-    recipes: Path = Field(alias="HYPERPOD_RECIPES")  # the CLI's recipes collection, in the image
+    # In the image (stacks/assets/launcher/Dockerfile): the CLI's recipes collection, and the
+    # NeMo launcher scripts AWS's launcher imports.
+    recipes: Path = Field(alias="HYPERPOD_RECIPES")
+    nemo_launcher: Path = Field(alias="NEMO_LAUNCHER_SCRIPTS")
     workdir: Path = Field(default=Path("/tmp/nova-mtrl-launcher"), alias="LAUNCHER_WORKDIR")
 
 
@@ -114,12 +117,17 @@ def compose(
             recipes=settings.recipes,
             workdir=settings.workdir,
             # The function's own credentials and region, a writable home, this kubeconfig.
-            environment={**environment, "HOME": str(settings.workdir), "KUBECONFIG": str(config)},
+            environment={
+                **environment,
+                "HOME": str(settings.workdir),
+                "KUBECONFIG": str(config),
+                "PYTHONPATH": str(settings.nemo_launcher),
+            },  # fmt: skip
             run=run,
         )
         return launch(request, cli)
 
-    return {"launch": launcher}
+    return {"launch_job": launcher}
 
 
-launch_job = lambda_entries(compose, os.environ)("launch")
+launch_job = lambda_entries(compose, os.environ)("launch_job")

@@ -21,6 +21,7 @@ status), so a start without a `NAME:` line fails with what the CLI said.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -87,7 +88,8 @@ class HyperPodCli:
                 return release.name
             self._uninstall(release.name)
         path = self.recipes / f"{recipe}.yaml"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        # Through the image's link to /tmp, which a new execution environment has not made yet.
+        Path(os.path.realpath(path.parent)).mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(body, sort_keys=False), encoding="utf-8")
         done = self._call(
             launcher_command(recipe=recipe, instance_type=instance_type, container=container)

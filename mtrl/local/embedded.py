@@ -23,6 +23,7 @@ from moto.awslambda_simple.models import LambdaSimpleBackend
 
 from lambdas.clients import Clients, Compose, Handler
 from lambdas.kubernetes import bootstrap, chart_install
+from lambdas.launcher import handler as launcher
 from lambdas.pipeline.composition import compose as compose_pipeline
 from lambdas.pipeline.dependencies import Compute
 from lambdas.router.consumer import consumer_for
@@ -51,18 +52,24 @@ _COMPOSERS: dict[str, Compose] = {
     },
     "lambdas.kubernetes.bootstrap": bootstrap.compose,
     "lambdas.kubernetes.chart_install": chart_install.compose,
+    # A deployment with a restricted group has the Nova launcher; local runs never call it.
+    "lambdas.launcher.handler": launcher.compose,
 }
 
 
 def composed_handler(
-    handler: str, environment: Mapping[str, str], *, compute: Compute | None = None
+    handler: str,
+    environment: Mapping[str, str],
+    *,
+    compute: Compute | None = None,
+    composers: Mapping[str, Compose] | None = None,
 ) -> Handler:
     """The function as Lambda runs it: its handler composed, at its first invocation, from its
     own environment, with AWS clients signed with the credentials that environment names (its
     role's; none: the process's). The pipeline's steps use `compute` if given, else the
-    deployed planes."""
+    deployed planes; `composers` replace the composition of entry modules (by module)."""
     module, name = handler.rsplit(".", 1)
-    composers = {"lambdas.pipeline.handlers": _pipeline(compute), **_COMPOSERS}
+    composers = {"lambdas.pipeline.handlers": _pipeline(compute), **_COMPOSERS, **(composers or {})}
     if module not in composers:
         raise LookupError(f"no local composition for the handler {handler}")
     # What Lambda's runtime adds to every function's environment.
@@ -205,6 +212,7 @@ def deploy_pipeline(
     imports: Mapping[str, str] | None = None,
     credentials: Callable[[str], Mapping[str, str]] | None = None,
     keep_data_key: bool = False,
+    composers: Mapping[str, Compose] | None = None,
 ) -> LocalPipeline:
     """Create the pipeline stack's resources in moto (inside `mock_aws` and `in_process_lambdas`),
     and the data bucket its upload rule watches (versioned, as the storage stack makes it).
@@ -213,7 +221,7 @@ def deploy_pipeline(
     function's environment); `imports`: the other stacks' exports (unset, they resolve to "");
     `credentials(role_arn)`: the environment variables that make a function's calls its role's;
     `keep_data_key`: run queues encrypted with the data key, as deployed (local mode lets SQS
-    manage the key).
+    manage the key); `composers`: entry modules composed otherwise (`composed_handler`).
     """
     resources = template["Resources"]
     names = LocalNames(template, imports)
@@ -238,16 +246,21 @@ def deploy_pipeline(
             variables |= credentials(str(resolve(properties["Role"])))
         variables |= dict(overrides or {})
         name = names[logical_id]["Ref"]
+        # A container image's function names its handler in the image's command.
+        handler = properties.get("Handler") or properties["ImageConfig"]["Command"][0]
         clients["lambda"].create_function(
             FunctionName=name,
             Runtime="python3.12",
             Role=role,
-            Handler=properties["Handler"],
+            Handler=handler,
             Code={"ZipFile": b"in-process"},
             Environment={"Variables": variables},
         )
-        handler = properties["Handler"]
-        dispatcher.add(name, handler, composed_handler(handler, variables, compute=compute))
+        dispatcher.add(
+            name,
+            handler,
+            composed_handler(handler, variables, compute=compute, composers=composers),
+        )
         environment |= {k: v for k, v in variables.items() if k not in CREDENTIALS}
     definition = _compress_retries(resolve(machine["Properties"]["DefinitionString"]))
     arn = clients["stepfunctions"].create_state_machine(

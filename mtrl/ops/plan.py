@@ -44,8 +44,7 @@ UNVERIFIED = (
     "how AWS's chart places generation replicas on the group's nodes",
     "a restricted group's needs beyond its nodes' (the Nova job's own S3, SQS and Lambda rights "
     "are not granted to its role yet)",
-    "the launcher image (HyperPod CLI and recipes, built at deploy time) has never run in "
-    "Lambda",
+    "the launcher image (HyperPod CLI and recipes, built at deploy time) has never run in Lambda",
 )
 
 

@@ -30,6 +30,8 @@ NEEDS: Mapping[str, tuple[Need, ...]] = {
     ),
     "consumer": (Need.CONVERSATIONS_GET, Need.CONVERSATIONS_UPDATE, Need.RUN_QUEUES_POLL),
     "rollout_forwarder": (Need.ROLLOUT_REQUESTS_FORWARD,),
+    # AWS's launcher (a deployment with a restricted group): helm in the kubeflow namespace.
+    "nova_launcher": (Need.NOVA_CHART,),
     # Workers report through the proxy; a message they cannot read goes to the dead-letter queue.
     "reward_worker": (Need.RUN_QUEUES_RECEIVE, Need.RUN_QUEUES_SEND, Need.PROXY_INVOKE),
     # The trainer reads its dataset, writes checkpoints and metrics, and speaks the protocol.

@@ -40,6 +40,7 @@ def pipeline_function(
     environment: dict[str, str],
     memory_size: int = 512,
     network: ClusterNetwork | None = None,
+    runtime: lambda_.Runtime = RUNTIME,
 ) -> lambda_.Function:
     """A function with a role of its own (no managed policies) that may only write its own logs
     (and, in `network`, manage its network interfaces there)."""
@@ -59,7 +60,7 @@ def pipeline_function(
     function = lambda_.Function(
         scope,
         name,
-        runtime=RUNTIME,
+        runtime=runtime,
         architecture=ARCHITECTURE,
         handler=handler,
         code=code,

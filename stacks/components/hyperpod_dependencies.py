@@ -31,7 +31,10 @@ def chart_request(config: PlatformConfig) -> hyperpod_chart.ChartRequest:
         kube_version=config.eks_version,
         region=config.region,
         instance_types=tuple(g.instance_type for g in config.hyperpod_instance_groups),
-        kubeflow_training_operator=config.training_job_kind == "PyTorchJob",
+        # A Nova job's trainer is a Kubeflow PyTorchJob (AWS's chart, templates/training.yaml).
+        kubeflow_training_operator=(
+            config.training_job_kind == "PyTorchJob" or config.nova_group is not None
+        ),
     )
 
 

@@ -51,6 +51,10 @@ class Need(StrEnum):
     KUBERNETES = "use the EKS cluster's Kubernetes API"
     POD_IDENTITY_CREATE = "give a run's pods the job role"
     POD_IDENTITY_DELETE = "take the job role from a run's pods"
+    # The Nova plane (a restricted instance group, AWS's launcher).
+    NOVA_LAUNCH = "start and stop a run's Nova job through the launcher function"
+    FORGE_RECIPES_READ = "read the Nova Forge BYOO recipes"
+    NOVA_CHART = "install and uninstall AWS's Nova chart in the kubeflow namespace"
     # The operator running `mtrl` (submit, runs, status, cost, logs, teardown, doctor).
     DEPLOYMENT_READ = "find the deployment from its stacks' outputs"
     DATASETS_UPLOAD = "upload datasets"

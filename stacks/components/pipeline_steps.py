@@ -57,6 +57,7 @@ _TEARDOWN = (
 )
 _RELEASE = (
     Need.FLEET_STOP,
+    Need.NOVA_LAUNCH,
     Need.KUBERNETES,
     Need.POD_IDENTITY_DELETE,
     Need.NODES_SCALE,
@@ -100,7 +101,7 @@ STEPS = (
     PipelineStep("workers_healthy", "Counts the run's healthy reward workers", (Need.FLEET_WATCH,)),
     PipelineStep(
         "submit_job", "Submits the run's training job (idempotent)",
-        (Need.KUBERNETES, Need.POD_IDENTITY_CREATE),
+        (Need.KUBERNETES, Need.POD_IDENTITY_CREATE, Need.NOVA_LAUNCH, Need.FORGE_RECIPES_READ),
     ),
     PipelineStep(
         "monitor", "Polls the job; stops runs past their deadline or budget",

@@ -23,10 +23,17 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
+from domain.nova_job import FORGE_RECIPE_SOURCE, FORGE_RECIPES
 from lambdas.environment import environment_for
-from lambdas.kubernetes.rbac import pipeline_group, pipeline_rbac
+from lambdas.kubernetes.rbac import (
+    launcher_group,
+    nova_launcher_rbac,
+    pipeline_group,
+    pipeline_rbac,
+)
 from lambdas.kubernetes.settings import RbacSettings
 from lambdas.pipeline.hyperpod_training import HyperPodSettings
+from lambdas.pipeline.nova_training import NovaSettings
 from stacks.components.access import Allow, grant_log_reading, log_group_arn
 from stacks.components.capacity_leases import CapacityLeaseTable
 from stacks.components.eks import CLUSTER_ADMIN, eks_cluster_name, pod_identity_role
@@ -34,6 +41,7 @@ from stacks.components.functions import ClusterNetwork, pipeline_function
 from stacks.components.hyperpod import hyperpod_cluster_name
 from stacks.components.nag import acknowledge_resource
 from stacks.components.needs import Need
+from stacks.components.nova_launcher import NovaLauncher
 from stacks.config import PlatformConfig
 
 
@@ -50,6 +58,7 @@ class TrainingClusterControl(Construct):
         code: lambda_.Code,
         hyperpod_cluster_arn: str,
         execution_role_arn: str | None,
+        restricted_execution_role_arn: str | None,
         cluster_network: ClusterNetwork,
         data_key: kms.IKey,
     ) -> None:
@@ -62,6 +71,7 @@ class TrainingClusterControl(Construct):
         )
         self._hyperpod_arn = hyperpod_cluster_arn
         self._execution_role_arn = execution_role_arn
+        self._restricted_role_arn = restricted_execution_role_arn
         self._entries = 0
         self.job_role = self._job_role()
         self.leases = CapacityLeaseTable(self, "CapacityLeases", data_key=data_key)
@@ -101,6 +111,7 @@ class TrainingClusterControl(Construct):
             keep_warm_seconds=config.keep_warm_minutes * 60,
             job_role_arn=self.job_role.role_arn,
         )
+        self.launcher = self._nova_plane(cluster_network)
         self.rbac = self._bootstrap_rbac(code, cluster_network)
 
     provides = frozenset(
@@ -112,10 +123,31 @@ class TrainingClusterControl(Construct):
             Need.POD_IDENTITY_DELETE,
             Need.TRAINER_LOGS_READ,
             Need.CLUSTERS_CHECK,
+            Need.NOVA_LAUNCH,
+            Need.FORGE_RECIPES_READ,
+            Need.NOVA_CHART,
         }
     )
 
+    def _nova_plane(self, network: ClusterNetwork) -> NovaLauncher | None:
+        """With a restricted group: the launcher function, and the Nova plane's settings for the
+        functions (lambdas/pipeline/nova_training.py); without one the Nova needs grant nothing."""
+        group = self._config.nova_group
+        if group is None:
+            return None
+        launcher = NovaLauncher(self, "NovaLauncher", eks_cluster=self._eks_name, network=network)
+        self.environment |= environment_for(
+            NovaSettings,
+            instance_group=group.name,
+            instance_type=group.instance_type,
+            launcher=launcher.function.function_name,
+        )
+        return launcher
+
     def grant(self, need: Need, role: iam.IRole) -> None:
+        if need in (Need.NOVA_LAUNCH, Need.FORGE_RECIPES_READ, Need.NOVA_CHART):
+            self._grant_nova(need, role)
+            return
         match need:
             case Need.NODES_SCALE:
                 # UpdateCluster, and what the Service Authorization Reference lists as its
@@ -134,6 +166,8 @@ class TrainingClusterControl(Construct):
                     # UpdateCluster hands every instance group's execution role back to SageMaker.
                     self._pass(role, self._execution_role_arn, "sagemaker.amazonaws.com")
                     self._execution_role_entry(role, self._execution_role_arn)
+                if self._restricted_role_arn:
+                    self._pass(role, self._restricted_role_arn, "sagemaker.amazonaws.com")
             case Need.NODES_COUNT:
                 self._allow(role, ["sagemaker:ListClusterNodes"], self._hyperpod_arn)
             case Need.KUBERNETES:
@@ -167,6 +201,25 @@ class TrainingClusterControl(Construct):
             case Need.POD_IDENTITY_DELETE:
                 self._allow(role, ["eks:ListPodIdentityAssociations"], self._eks_arn)
                 self._allow(role, ["eks:DeletePodIdentityAssociation"], self._associations)
+
+    def _grant_nova(self, need: Need, role: iam.IRole) -> None:
+        if self.launcher is None:
+            return  # no restricted group: no Nova plane to reach
+        match need:
+            case Need.NOVA_LAUNCH:
+                self._allow(role, ["lambda:InvokeFunction"], self.launcher.function.function_arn)
+            case Need.FORGE_RECIPES_READ:
+                # The Forge recipes a run may use, each named (domain/nova_job.py), read-only.
+                partition = Stack.of(self).partition
+                recipes = [
+                    f"arn:{partition}:s3:::"
+                    + FORGE_RECIPE_SOURCE.format(recipe=path).removeprefix("s3://")
+                    for path in sorted(FORGE_RECIPES.values())
+                ]
+                self._allow(role, ["s3:GetObject"], *recipes)
+            case Need.NOVA_CHART:
+                self._allow(role, ["eks:DescribeCluster"], self._eks_arn)
+                self._access_entry(role.role_arn, groups=[launcher_group(self._config.name_prefix)])
 
     def _execution_role_entry(self, role: iam.IRole, execution_role_arn: str) -> None:
         """The EKS access entry of the execution role only: made, read, given its access policy
@@ -240,6 +293,11 @@ class TrainingClusterControl(Construct):
         )
         return entry
 
+    def _rbac_objects(self) -> list[dict[str, object]]:
+        prefix = self._config.name_prefix
+        nova = nova_launcher_rbac(prefix) if self.launcher is not None else []
+        return pipeline_rbac(prefix) + nova
+
     def _bootstrap_rbac(self, code: lambda_.Code, network: ClusterNetwork) -> CustomResource:
         """Applies the pipeline's RBAC at deploy time. Its role is the one cluster admin here:
         creating RBAC needs the rights it grants; only CloudFormation invokes it."""
@@ -265,9 +323,7 @@ class TrainingClusterControl(Construct):
             service_token=function.function_arn,
             resource_type="Custom::KubernetesRbac",
             # A new revision of the objects re-applies them on the next deploy.
-            properties={
-                "Objects": json.dumps(pipeline_rbac(self._config.name_prefix), sort_keys=True)
-            },
+            properties={"Objects": json.dumps(self._rbac_objects(), sort_keys=True)},
         )
         resource.node.add_dependency(entry)
         return resource

@@ -1,7 +1,13 @@
 """The deployed app's scenarios, played once per test session (on one worker: every test of this
 package is in the xdist group "deployed"), for the behaviour tests and the IAM proof alike:
 
-- "succeeds": a run with a config of its own (workers scale on the backlog) runs to the end;
+The deployment has both training planes: the standard group for open-weights models and a
+restricted group for Nova, whose jobs AWS's launcher starts (its processes faked).
+
+- "succeeds": a run of an open-weights model with a config of its own (workers scale on the
+  backlog) runs to the end;
+- "nova succeeds": a Nova run (the deployment's default config) on the restricted group, its
+  job started and stopped by the launcher function;
 - "job cannot start": its trainer image cannot be pulled; the run fails, all is released;
 - "invalid dataset": refused at validation, nothing created;
 - "stopped by hand": stopped in the console while its planes exchange rollouts (trainer,
@@ -42,6 +48,7 @@ from tests.iam.world import (
 from training_configs import load_training_config
 
 SCALING_CONFIG = "configs/scaling.yaml"
+OPEN_WEIGHTS_CONFIG = "configs/qwen.yaml"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -151,7 +158,11 @@ class Scenarios:
     def run_torn_down_on_request(self) -> None:
         world = self.world
         with self._recorded("torn down on request", "hold") as started:
-            started |= world.upload("training-data/unwanted.jsonl", dataset())
+            started |= world.upload(
+                "training-data/unwanted.jsonl",
+                dataset(),
+                {CONFIG_METADATA_KEY: OPEN_WEIGHTS_CONFIG},
+            )
             wait_for_state(world.clients["stepfunctions"], started["execution_arn"], "WaitForJob")
             self.reaped.append(world.invoke(STEP["reap"].handler, {"run_id": started["run_id"]}))
             world.finish(started["execution_arn"])  # the interpreter notices the stop
@@ -190,31 +201,37 @@ def publish_chart_rendering(world: World, cache: Path) -> None:
     ((stack, _, chart),) = world.deployment.resources("Custom::HyperPodHelmChart")
     asset = world.deployment.resolve(stack, chart["Properties"]["Manifest"])
     request = replace(chart_request(world.app.config), region=REGION)
-    path = render(request, cache=cache, run=lambda argv, cwd: manifest(rendering()))
+    objects = rendering(kubeflow=request.kubeflow_training_operator)
+    path = render(request, cache=cache, run=lambda argv, cwd: manifest(objects))
     s3 = world.clients["s3"]
     s3.create_bucket(Bucket=asset["Bucket"])
     s3.put_object(Bucket=asset["Bucket"], Key=asset["Key"], Body=path.read_bytes())
 
 
 @pytest.fixture(scope="session")
-def scenarios(default_app: Synthesized, tmp_path_factory: pytest.TempPathFactory) -> Scenarios:
+def scenarios(nova_app: Synthesized, tmp_path_factory: pytest.TempPathFactory) -> Scenarios:
     """Played, and the world closed again (moto, the fakes and the recorder hooks are process
     wide): the tests read the records and what was observed meanwhile."""
     with (
         pytest.MonkeyPatch.context() as monkeypatch,
-        deployed_world(default_app, monkeypatch) as world,
+        deployed_world(nova_app, monkeypatch) as world,
     ):
         controller = JobController(world.kubernetes, world.sagemaker)
         controller.on_running = lambda namespace: write_metrics_as_the_trainer(world, namespace)
         world.kubernetes.on_request = controller
-        # A config of its own (as `mtrl submit` uploads it): workers scale on the backlog.
+        # Configs of their own (as `mtrl submit` uploads them) for an open-weights model, one
+        # whose workers scale on the backlog.
         config = load_training_config("rft_multiturn_lora").model_dump(mode="json")
-        config |= {"name": "scaling", "reward_workers_max": 8}
-        world.clients["s3"].put_object(
-            Bucket=world.pipeline.data_bucket,
-            Key=SCALING_CONFIG,
-            Body=yaml.safe_dump(config).encode(),
-        )
+        config |= {"name": "qwen", "model": "qwen3-8b"}
+        for key, changes in (
+            (OPEN_WEIGHTS_CONFIG, {}),
+            (SCALING_CONFIG, {"name": "scaling", "reward_workers_max": 8}),
+        ):
+            world.clients["s3"].put_object(
+                Bucket=world.pipeline.data_bucket,
+                Key=key,
+                Body=yaml.safe_dump(config | changes).encode(),
+            )
         publish_stacks(world)
         played = Scenarios(world, controller, monkeypatch=monkeypatch)
         # The deploy installs AWS's HyperPod chart (rendered at publish time: its asset) before
@@ -229,8 +246,13 @@ def scenarios(default_app: Synthesized, tmp_path_factory: pytest.TempPathFactory
             outcome="complete",
             config=SCALING_CONFIG,
         )
+        played.run("nova succeeds", "training-data/nova.jsonl", dataset(), outcome="complete")
         played.run(
-            "job cannot start", "training-data/wordle-2.jsonl", dataset(), outcome="bad_image"
+            "job cannot start",
+            "training-data/wordle-2.jsonl",
+            dataset(),
+            outcome="bad_image",
+            config=OPEN_WEIGHTS_CONFIG,
         )
         played.run(
             "invalid dataset", "training-data/broken.jsonl", b"{not json\n", outcome="complete"

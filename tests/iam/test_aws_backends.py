@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 
+from domain.nova_job import run_name, run_recipe
 from lambdas.kubernetes.training_job import run_namespace
 from tests.chart_rendering import rendering
 from tests.iam.conftest import Scenario, Scenarios
+from tests.launcher.fake_cli import PYTORCH_JOBS
 
 PREFIX = "nova-mtrl"
 
@@ -67,6 +69,39 @@ def test_a_run_on_the_aws_backends_submits_scales_finishes_and_leaves_nothing(
     )
 
 
+def test_a_nova_run_is_started_and_stopped_by_aws_launcher_and_leaves_nothing(
+    scenarios: Scenarios,
+) -> None:
+    """On the restricted group: the launcher function received this run's recipe (its BYOO
+    endpoints are the run's queues and its alias of the rollout forwarder) and the HyperPod CLI
+    invocation the Nova Forge SDK makes; the monitor followed the chart's PyTorchJob; the
+    teardown uninstalled the release and scaled the restricted group back to zero."""
+    run = scenarios.runs["nova succeeds"]
+    assert run.described["status"] == "SUCCEEDED", run.described
+    world = scenarios.world
+    output = json.loads(run.described["output"])
+    resources, name = output["resources"], run_name(PREFIX, run.run_id)
+    (recipe,) = [r for r in world.launcher.recipes_read if r["run"]["name"] == name]
+    assert recipe["run"]["rollout_request_arn"] == resources["rollout_request_arn"]
+    assert resources["rollout_request_arn"].endswith(f":{run.run_id}")
+    assert {recipe["run"][f"{kind}_sqs_url"] for kind in ("generate_request", "generate_response",
+            "rollout_response")} == {resources["queues"][f"{kind}s"] for kind in (
+            "generate_request", "generate_response", "rollout_response")}  # fmt: skip
+    (started,) = [c for c in world.launcher.started() if name in " ".join(c.argv)]
+    assert started.argv[:6] == ["hyperpod", "start-job", "--namespace", "kubeflow", "--recipe",
+                                run_recipe("RFT_MULTITURN_LORA", name)]  # fmt: skip
+    assert not [release for release in world.launcher.releases if release.startswith(name)]
+    assert not world.kubernetes.objects.get(PYTORCH_JOBS)
+    requests = world.kubernetes.requests[run.kubernetes]
+    assert ("GET", PYTORCH_JOBS) in [(m, p.split("?")[0]) for m, p, _ in requests]
+    updates = world.sagemaker.updates[run.updates]
+    assert [u["RestrictedInstanceGroups"][0]["InstanceCount"] for u in updates] == [4, 0]
+    assert not [u for u in updates if "InstanceGroups" in u]  # the standard group untouched
+    assert output["released"]["job_objects_deleted"] == 1
+    assert output["teardown"]["leftover"] == 0
+    assert run.left == {"active services": 0, "task definitions": 0, "parameters": 0, "queues": []}
+
+
 def test_a_job_that_cannot_start_fails_the_run_with_the_reason_and_leaves_nothing(
     scenarios: Scenarios,
 ) -> None:
@@ -89,6 +124,7 @@ def test_each_run_is_notified_once(scenarios: Scenarios) -> None:
     notices = scenarios.notifications
     for name, status in (
         ("succeeds", "SUCCEEDED"),
+        ("nova succeeds", "SUCCEEDED"),
         ("job cannot start", "FAILED"),
         ("invalid dataset", "FAILED"),
     ):
@@ -96,7 +132,7 @@ def test_each_run_is_notified_once(scenarios: Scenarios) -> None:
         assert [n for n in notices if f" {run_id} " in n][0].startswith(
             f"{PREFIX} run {run_id} {status}"
         )
-    assert len(notices) == 3
+    assert len(notices) == 4
 
 
 def test_a_run_stopped_by_hand_is_reaped_and_leaves_nothing(scenarios: Scenarios) -> None:
@@ -134,7 +170,8 @@ def test_the_deploy_installs_the_hyperpod_chart_and_the_destroy_removes_it(
     created, deleted = scenarios.chart
     assert created["Status"] == deleted["Status"] == "SUCCESS", (created, deleted)
     installed = created["Data"]["Objects"]
-    assert installed == deleted["Data"]["Objects"] == len(rendering())
+    # With a restricted group: the training operator too (a Nova job's trainer is a PyTorchJob).
+    assert installed == deleted["Data"]["Objects"] == len(rendering(kubeflow=True))
     assert (
         created["PhysicalResourceId"]
         == deleted["PhysicalResourceId"]
@@ -160,8 +197,9 @@ def test_the_deploy_applies_the_pipelines_rbac_and_the_destroy_removes_it(
     scenarios: Scenarios,
 ) -> None:
     created, deleted = scenarios.rbac
-    assert (created["Status"], created["Data"]["Objects"]) == ("SUCCESS", 4)
-    assert (deleted["Status"], deleted["Data"]["Objects"]) == ("SUCCESS", 4)
+    # The pipeline's four, and the launcher's Role, RoleBinding and the kubeflow namespace.
+    assert (created["Status"], created["Data"]["Objects"]) == ("SUCCESS", 7)
+    assert (deleted["Status"], deleted["Data"]["Objects"]) == ("SUCCESS", 7)
     assert (
         created["PhysicalResourceId"] == deleted["PhysicalResourceId"] == "nova-mtrl-pipeline-rbac"
     )

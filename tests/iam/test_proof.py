@@ -102,6 +102,8 @@ def test_each_rule_may_invoke_its_target_and_dead_letter_its_events(scenarios: S
 
 # Grants no scenario uses, each kept for a reason: (principal pattern, action pattern) -> why.
 KEPT = {
+    ("*SubmitJob*", "s3:GetObject"): "The Forge recipes, each named: a run reads the one of its "
+    "config's recipe (the scenarios' Nova run is LoRA).",
     ("*", "logs:CreateLogStream"): "The Lambda runtime (or ECS's awslogs driver) writes the "
     "function's (or task's) logs with the role; no request of the code does.",
     ("*", "logs:PutLogEvents"): "The Lambda runtime (or ECS's awslogs driver) writes the logs.",

@@ -13,20 +13,26 @@ import base64
 import contextlib
 import functools
 import json
+import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import boto3
+import yaml
 from botocore.credentials import Credentials
 from moto import mock_aws
 
+from domain.nova_job import FORGE_RECIPE_SOURCE, FORGE_RECIPES
 from domain.protocol import RolloutRequest, dump
 from domain.run_queues import QueueKind, queue_name
+from lambdas.clients import Clients, Compose, Handler
 from lambdas.kubernetes.token import CLUSTER_HEADER, PREFIX
+from lambdas.launcher.handler import compose as compose_launcher
 from mtrl.local.embedded import (
     Dispatcher,
     LocalPipeline,
@@ -49,10 +55,12 @@ from stacks.components.pipeline_steps import STEP
 from stacks.components.router import FORWARDER_HANDLER, PROXY_HANDLER
 from tests.conftest import Synthesized
 from tests.executions import finished
+from tests.forge_recipe import forge_recipe
 from tests.iam.authorization import Directory
 from tests.iam.deployment import Deployment
 from tests.iam.recorder import SECRET, Recorder
 from tests.kubernetes.fake_api import FakeKubernetes
+from tests.launcher.fake_cli import PODS, PYTORCH_JOBS, FakeLauncherProcesses
 from tests.service_fakes import FakeEks, FakeSageMaker, FakeServiceQuotas, every_client
 
 HARNESS_KEYS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
@@ -72,6 +80,7 @@ class World:
     eks: FakeEks
     directory: Directory
     inbox: str
+    launcher: FakeLauncherProcesses  # the HyperPod CLI and helm the launcher function runs
     physical_ids: dict[str, str] = field(default_factory=dict)  # custom resources' answers
 
     def function(self, handler: str) -> str:
@@ -164,10 +173,20 @@ def _deploy_compute(deployment: Deployment) -> dict[str, Any]:
         }
         for group in properties["InstanceGroups"]
     ]
+    restricted = [
+        {
+            **{k: v for k, v in group.items() if k not in ("InstanceCount",)},
+            "TargetCount": group["InstanceCount"],
+            "CurrentCount": group["InstanceCount"],
+            "Status": "InService",
+        }
+        for group in properties.get("RestrictedInstanceGroups", [])
+    ]
     return {
         "name": properties["ClusterName"],
         "arn": deployment.names[stack][logical_id]["ClusterArn"],
         "groups": groups,
+        "restricted": restricted,
     }
 
 
@@ -267,7 +286,7 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
         stack.enter_context(every_client([FARGATE]))
         hyperpod = _deploy_compute(deployment)
         sagemaker = FakeSageMaker(name=hyperpod["name"], arn=hyperpod["arn"])
-        sagemaker.groups = hyperpod["groups"]
+        sagemaker.groups, sagemaker.restricted = hyperpod["groups"], hyperpod["restricted"]
         stack.enter_context(sagemaker.installed())
         eks_name = next(
             str(deployment.resolve(s, r["Properties"]["Name"]))
@@ -284,6 +303,10 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
             aws_access_key_id="test", aws_secret_access_key="test", region_name=REGION
         )
         clients = {name: harness.client(name) for name in CLIENTS}
+        launcher = _launcher_processes(
+            stack.enter_context(tempfile.TemporaryDirectory()), kubernetes
+        )
+        _publish_forge_recipes(clients["s3"])
         pipeline = deploy_pipeline(
             app.template("pipeline"),
             clients=clients,
@@ -293,6 +316,7 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
             imports=deployment.exports,
             credentials=recorder.credentials,
             keep_data_key=True,
+            composers={"lambdas.launcher.handler": launcher.compose},
         )
         _deploy_compute_functions(deployment, dispatcher, recorder.credentials)
         sqs = clients["sqs"]
@@ -316,7 +340,42 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
             eks=eks,
             directory=_directory(deployment),
             inbox=inbox,
+            launcher=launcher.processes,
         )
+
+
+@dataclass(frozen=True)
+class Launcher:
+    processes: FakeLauncherProcesses
+    compose: Compose
+
+
+def _launcher_processes(workdir: str, kubernetes: FakeKubernetes) -> Launcher:
+    """The launcher function as its image runs it (its recipes collection, the link of its Forge
+    folder into the working directory, the image's settings), with the HyperPod CLI and helm
+    faked at their process boundary."""
+    recipes = Path(workdir, "recipes")
+    (recipes / "fine-tuning/nova").mkdir(parents=True)
+    (recipes / "fine-tuning/nova/forge").symlink_to(Path(workdir, "work/forge"))
+    processes = FakeLauncherProcesses(recipes, kubernetes=kubernetes)
+    image = {"HYPERPOD_RECIPES": str(recipes), "NEMO_LAUNCHER_SCRIPTS": "/opt/nemo",
+             "LAUNCHER_WORKDIR": str(Path(workdir, "work"))}  # fmt: skip
+
+    def compose(environment: Mapping[str, str], clients: Clients) -> dict[str, Handler]:
+        return compose_launcher({**environment, **image}, clients, run=processes)
+
+    return Launcher(processes, compose)
+
+
+def _publish_forge_recipes(s3: Any) -> None:
+    """The Forge BYOO recipes where a Forge subscription reads them (a stand-in's leaves)."""
+    for path in FORGE_RECIPES.values():
+        bucket, _, key = (
+            FORGE_RECIPE_SOURCE.format(recipe=path).removeprefix("s3://").partition("/")
+        )
+        if bucket not in {b["Name"] for b in s3.list_buckets()["Buckets"]}:
+            s3.create_bucket(Bucket=bucket)
+        s3.put_object(Bucket=bucket, Key=key, Body=yaml.safe_dump(forge_recipe()).encode())
 
 
 def dataset(records: int = 3) -> bytes:
@@ -328,54 +387,82 @@ def dataset(records: int = 3) -> bytes:
 
 
 class JobController:
-    """The training operator and kubelet, scripted: HyperPod's GPU nodes join as SageMaker runs
-    them; a run's job runs once read, then completes — or, as `outcome` says, its trainer pod
-    cannot pull its image ("bad_image"), or it keeps running ("hold")."""
+    """The training operator and kubelet, scripted: HyperPod's GPU nodes (of the standard and
+    the restricted group) join as SageMaker runs them; a run's job — ours in its namespace, or
+    the PyTorchJob AWS's chart puts in kubeflow — runs once read, then completes — or, as
+    `outcome` says, its trainer pod cannot pull its image ("bad_image"), or it keeps running
+    ("hold")."""
 
-    def __init__(self, api: FakeKubernetes, sagemaker: FakeSageMaker, group: str = "gpu") -> None:
-        self.api, self.sagemaker, self.group = api, sagemaker, group
+    def __init__(
+        self,
+        api: FakeKubernetes,
+        sagemaker: FakeSageMaker,
+        groups: tuple[str, ...] = ("gpu", "nova"),
+    ) -> None:
+        self.api, self.sagemaker, self.groups = api, sagemaker, groups
         self.outcome = "complete"
         self.on_running: Callable[[str], None] = lambda namespace: None  # the trainer at work
         self._reads: dict[str, int] = {}
 
     def _nodes(self) -> None:
-        (gpu,) = [g for g in self.sagemaker.groups if g["InstanceGroupName"] == self.group]
         self.api.objects["/api/v1/nodes"] = {
-            f"hyperpod-{i}": {
-                "metadata": {"name": f"hyperpod-{i}", "labels": {
-                    "node.kubernetes.io/instance-type": gpu["InstanceType"],
+            f"{g['InstanceGroupName']}-{i}": {
+                "metadata": {"name": f"{g['InstanceGroupName']}-{i}", "labels": {
+                    "node.kubernetes.io/instance-type": g["InstanceType"],
                     "sagemaker.amazonaws.com/node-health-status": "Schedulable"}},
                 "status": {"conditions": [{"type": "Ready", "status": "True"}]},
             }
-            for i in range(gpu["TargetCount"])
+            for g in self.sagemaker.groups + self.sagemaker.restricted
+            if g["InstanceGroupName"] in self.groups
+            for i in range(g["TargetCount"])
         }  # fmt: skip
+
+    def _read(self, key: str) -> tuple[str, bool]:
+        """The job's condition at this read, and whether this is its first."""
+        reads = self._reads[key] = self._reads.get(key, 0) + 1
+        done = self.outcome == "complete" and reads > 1
+        return ("Succeeded" if done else "Running"), reads == 1
 
     def __call__(self, method: str, path: str) -> None:
         if path == "/api/v1/nodes":
             self._nodes()
+        if method == "GET" and path == PYTORCH_JOBS:
+            self._nova_jobs()
         if method != "GET" or not path.endswith("/trainer") or "jobs/" not in path:
             return
         collection = path.rsplit("/", 1)[0]
         items = self.api.objects.get(collection, {})
         if "trainer" not in items:
             return
-        reads = self._reads[collection] = self._reads.get(collection, 0) + 1
-        if reads == 1 and self.outcome != "bad_image":
+        state, first = self._read(collection)
+        if first and self.outcome != "bad_image":
             self.on_running(collection.split("/namespaces/")[1].split("/")[0])
-        done = self.outcome == "complete" and reads > 1
-        state = "Completed" if done else "Running"
+        state = "Completed" if state == "Succeeded" else state  # HyperPod's word for it
         items["trainer"]["status"] = {"conditions": [{"type": state, "status": "True"}]}
         if self.outcome == "bad_image":
             pods = collection.replace("/apis/sagemaker.amazonaws.com/v1", "/api/v1").replace(
                 "/hyperpodpytorchjobs", "/pods"
             )
-            self.api.objects.setdefault(pods, {})["trainer-0"] = {
-                "metadata": {"name": "trainer-0"},
-                "status": {"containerStatuses": [{
-                    "name": "pytorch", "image": "trainer:missing",
-                    "state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}},
-                }]},
-            }  # fmt: skip
+            self.api.objects.setdefault(pods, {})["trainer-0"] = _pulling("trainer-0")
+
+    def _nova_jobs(self) -> None:
+        for name, job in self.api.objects.get(PYTORCH_JOBS, {}).items():
+            state, _ = self._read(name)
+            job["status"] = {"conditions": [{"type": state, "status": "True"}]}
+            if self.outcome == "bad_image":
+                self.api.objects.setdefault(PODS, {})[f"{name}-master-0"] = _pulling(
+                    f"{name}-master-0"
+                )
+
+
+def _pulling(pod: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": pod},
+        "status": {"containerStatuses": [{
+            "name": "pytorch", "image": "trainer:missing",
+            "state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}},
+        }]},
+    }  # fmt: skip
 
 
 def role_of(deployment: Deployment, stack_suffix: str, logical_prefix: str) -> str:

@@ -9,6 +9,7 @@ Perl-compatible regular expression over release names). Every call is recorded."
 
 from __future__ import annotations
 
+import datetime
 import json
 import random
 import re
@@ -97,7 +98,8 @@ class FakeLauncherProcesses:
             self.kubernetes.objects.setdefault(PYTORCH_JOBS, {})[name] = {
                 "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
                 "metadata": {"name": name, "namespace": "kubeflow",
-                             "creationTimestamp": "2026-12-02T15:00:00Z"},
+                             "creationTimestamp": datetime.datetime.now(datetime.UTC).strftime(
+                                 "%Y-%m-%dT%H:%M:%SZ")},
                 "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1}}},
             }  # fmt: skip
         installed = (
@@ -123,7 +125,7 @@ class InProcessLauncher(ServiceFake):
     def __init__(self, processes: FakeLauncherProcesses, *, function: str, environment: dict[str, str]) -> None:  # fmt: skip
         super().__init__()
         self.function = function
-        self.handler = compose(environment, Clients(boto3.Session()), run=processes)["launch"]
+        self.handler = compose(environment, Clients(boto3.Session()), run=processes)["launch_job"]
 
     @property
     def payloads(self) -> list[dict[str, Any]]:

@@ -80,8 +80,12 @@ def plane(aws: None, api: FakeKubernetes, tmp_path: Path) -> Iterator[Plane]:
     create_leases_table(db, "leases")
     sagemaker = FakeSageMaker()
     processes = FakeLauncherProcesses(tmp_path / "recipes", kubernetes=api)
+    # As in the image: the collection's Forge folder is a link into the (not yet made) workdir.
+    (processes.recipes / "fine-tuning/nova").mkdir(parents=True)
+    (processes.recipes / "fine-tuning/nova/forge").symlink_to(tmp_path / "work/forge")
     environment = {"EKS_CLUSTER": "nova-mtrl-eks", "AWS_REGION": "us-east-1",
                    "HYPERPOD_RECIPES": str(processes.recipes),
+                   "NEMO_LAUNCHER_SCRIPTS": "/opt/nemo/launcher_scripts",
                    "LAUNCHER_WORKDIR": str(tmp_path / "work")}  # fmt: skip
     with FakeEks(endpoint=api.endpoint, ca_data=api.ca_data).installed():
         launcher = InProcessLauncher(processes, function=LAUNCHER, environment=environment)
@@ -124,6 +128,8 @@ def test_submit_hands_aws_launcher_the_forge_recipe_with_this_runs_overrides(
         json.dumps({"instance_type": "ml.p5.48xlarge",
                     "container": images("us-east-1")["training"]}),
     ]  # fmt: skip
+    assert (tmp_path / f"work/forge/nova_2_0/nova_lite/RFT/{NAME}.yaml").is_file()
+    assert started.env["PYTHONPATH"] == "/opt/nemo/launcher_scripts"
     # The launcher ran with a kubeconfig for the cluster and an EKS token of its own.
     kubeconfig = yaml.safe_load(Path(started.env["KUBECONFIG"]).read_text())
     assert kubeconfig["clusters"][0]["cluster"]["server"] == plane.processes.kubernetes.endpoint

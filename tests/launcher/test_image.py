@@ -1,0 +1,53 @@
+"""The launcher image (stacks/assets/launcher/Dockerfile) against what the code expects of it: it
+cannot be built here (no Docker engine), so its facts are pinned one by one."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from domain.nova_job import FORGE_RECIPES, run_recipe
+from lambdas.launcher import handler
+from lambdas.launcher.handler import LauncherSettings
+from stacks.components.lambda_code import PACKAGES
+from stacks.components.nova_launcher import DOCKERFILE, HANDLER
+from stacks.components.project_files import PROJECT_ROOT
+
+TEXT = (PROJECT_ROOT / DOCKERFILE).read_text()
+ENV = dict(re.findall(r"^ENV (\w+)=(\S+)$", TEXT, re.MULTILINE))
+ARGS = dict(re.findall(r"^ARG (\w+)=(\S+)$", TEXT, re.MULTILINE))
+
+
+def test_it_runs_the_launcher_handler() -> None:
+    assert f'CMD ["{HANDLER}"]' in TEXT
+    module, name = HANDLER.rsplit(".", 1)
+    assert module == handler.__name__ and callable(getattr(handler, name))
+    copied = re.findall(r"^COPY (\w+) \$\{LAMBDA_TASK_ROOT\}/(\w+)$", TEXT, re.MULTILINE)
+    assert sorted(copied) == sorted((package, package) for package in PACKAGES)
+
+
+def test_it_sets_what_the_handler_reads_from_it() -> None:
+    fields = LauncherSettings.model_fields
+    for field in ("recipes", "nemo_launcher"):
+        assert fields[field].alias in ENV
+    assert ENV["NEMO_LAUNCHER_SCRIPTS"].startswith(
+        ENV["HYPERPOD_RECIPES"].split("/recipes_collection/")[0]
+    )
+
+
+def test_a_runs_recipe_lands_in_the_writable_folder_the_image_links() -> None:
+    """The link is the Forge folder of the CLI's recipes collection; every run recipe is under
+    it; its target is under the handler's default working directory, in /tmp."""
+    link, target = re.search(r'ln -s (\S+) "\$\{HYPERPOD_RECIPES\}/(\S+)"', TEXT).groups()
+    assert all(run_recipe(recipe, "n").startswith(f"{target}/") for recipe in FORGE_RECIPES)
+    workdir = LauncherSettings.model_fields["workdir"].default
+    assert Path(link).parent == workdir and str(workdir).startswith("/tmp/")
+
+
+def test_aws_tools_are_pinned() -> None:
+    """aws/sagemaker-hyperpod-cli release_v2 at abcdc77 (the branch's head, 2026-06): its recipes
+    submodule is aws/sagemaker-hyperpod-recipes 0700d22 ("Release 2.0.0"), whose launcher keeps
+    47 characters of a run's name (domain/nova_job.py keeps names within 34, as newer ones do)."""
+    assert ARGS["HYPERPOD_CLI_COMMIT"] == "abcdc77b3e4ca160874021c6615baf0dbb96c69b"
+    assert re.fullmatch(r"v3\.\d+\.\d+", ARGS["HELM_VERSION"])  # helm 4 lists differently
+    assert "sha256sum -c" in TEXT
