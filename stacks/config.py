@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from domain.nova_job import IMAGE_ACCOUNTS
+from domain.nova_job import IMAGE_ACCOUNTS, is_nova
 from domain.presets import JobKind, ModelPreset
 
 CDK_JSON = Path(__file__).resolve().parent.parent / "cdk.json"
@@ -301,6 +301,15 @@ class PlatformConfig(_Strict):
                 "names a restricted group, which runs Nova's images only, not this pipeline's "
                 f"training job; name a standard group ({', '.join(standard) or 'add one'})",
             )
+        for model in self.model_presets:
+            if is_nova(model):
+                raise _key_problem(
+                    "model_presets",
+                    model,
+                    "is a Nova model: Nova trains on a restricted instance group with AWS's "
+                    "launcher and Forge recipe, not a preset; remove it and add a group with "
+                    "restricted: true (README, 'Nova on AWS')",
+                )
         if self.nova_group is not None and self.region and self.region not in IMAGE_ACCOUNTS:
             raise _key_problem(
                 "hyperpod_instance_groups",

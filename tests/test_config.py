@@ -121,6 +121,31 @@ def test_cdk_own_context_keys_are_ignored() -> None:
                 "images only, not this pipeline's training job; name a standard group (gpu)",
             ],
         ),
+        (
+            {
+                "region": "eu-west-1",
+                "hyperpod_instance_groups": '[{"name":"gpu","instance_type":"ml.p5.48xlarge",'
+                '"count":0},{"name":"nova","instance_type":"ml.p5.48xlarge","count":0,'
+                '"restricted":true,"fsx":{"size_gib":1200,"per_unit_storage_throughput":250}}]',
+            },
+            [
+                "'hyperpod_instance_groups'",
+                "is a restricted (Nova) group, and region eu-west-1 has no Nova RFT images; "
+                "deploy to one of us-east-1, ap-northeast-1, eu-central-1, eu-west-2",
+            ],
+        ),
+        (
+            {
+                "model_presets": '{"nova-lite-2":{"model_id":"nova-lite-2/prod","recipes":'
+                '{"RFT_MULTITURN_LORA":"r","RFT_MULTITURN_FULL":"r"},"trainer_image":"i",'
+                '"generation_image":"i"}}'
+            },
+            [
+                "'model_presets'",
+                "is a Nova model: Nova trains on a restricted instance group with AWS's launcher "
+                "and Forge recipe, not a preset; remove it and add a group with restricted: true",
+            ],
+        ),
         ({"hyperpod_instance_groups": "[oops"}, ["'hyperpod_instance_groups'", "not valid JSON"]),
         ({"hyperpod_instance_groups": "[]"}, ["'hyperpod_instance_groups'", "at least 1"]),
         ({"reward_worker_cpu": "1000"}, ["'reward_worker_cpu'", "1000", "1024"]),

@@ -171,7 +171,7 @@ def _requested(objects: list[dict]) -> set[str]:
 
 
 @pytest.mark.parametrize("kind", ["HyperPodPyTorchJob", "PyTorchJob"])
-@pytest.mark.parametrize("model", ["nova-lite-2", "qwen3-8b"])
+@pytest.mark.parametrize("model", ["qwen3-8b"])
 @pytest.mark.parametrize("config", ["rft_multiturn_lora", "rft_multiturn_full"])
 def test_every_accelerator_a_run_asks_for_is_advertised_by_an_installed_plugin(
     kind: str, model: str, config: str

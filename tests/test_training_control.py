@@ -117,7 +117,7 @@ def test_job_steps_have_every_setting_the_backend_reads(default_app: Synthesized
             if field.is_required() and field.alias != "AWS_REGION":  # Lambda sets AWS_REGION
                 assert field.alias in variables, (step, field.alias)
         assert variables["HYPERPOD_INSTANCE_GROUP"] == "gpu"
-        assert set(json.loads(variables["MODEL_PRESETS"])) == {"nova-lite-2", "qwen3-8b"}
+        assert set(json.loads(variables["MODEL_PRESETS"])) == {"qwen3-8b"}
     _, register = _function(template, "PipelineRegisterFunction")
     assert "MODEL_PRESETS" in register["Properties"]["Environment"]["Variables"]
 

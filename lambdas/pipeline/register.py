@@ -76,8 +76,11 @@ def register_run(
     prices: InstancePrices | None = None,
     presets: dict[str, ModelPreset] | None = None,
     instance_type: str | None = None,
+    nova_instance_type: str | None = None,
 ) -> Registered:
-    """`presets` and `instance_type`: what the training cluster offers; the config must fit."""
+    """`presets` and `instance_type`: what the standard group offers an open-weights model;
+    `nova_instance_type`: the restricted group's, for a Nova model (None: no such group). The
+    config must fit the plane of its model (unchecked when `presets` is None: no planes told)."""
     run_id = run_id_for(bucket, key, version_id)
     name, config = resolve_config(
         s3, bucket=bucket, key=key, version_id=version_id, default=default_config
@@ -88,18 +91,17 @@ def register_run(
             f"run {run_id} ({name}): {cost.describe()}; raise budget_usd or lower deadline_hours or "
             "instance_count in the config"
         )
-    if instance_type is not None and config.instance_type != instance_type:
-        raise TrainingConfigError(
-            f"config {name}: instance_type: {config.instance_type} is not what this deployment's "
-            f"training instance group runs ({instance_type}); set instance_type: {instance_type}"
-        )
-    if presets is not None:
-        preset_for(config, presets)
-    if is_nova(config.model) and (problems := nova_problems(config)):
-        raise TrainingConfigError(
-            f"config {name} cannot run as a Nova job (`mtrl plan --config` shows the job): "
-            + "; ".join(problems)
-        )
+    if is_nova(config.model):
+        _check_nova(name, config, nova_instance_type, planes_known=presets is not None)
+    else:
+        if instance_type is not None and config.instance_type != instance_type:
+            raise TrainingConfigError(
+                f"config {name}: instance_type: {config.instance_type} is not what this "
+                f"deployment's training instance group runs ({instance_type}); set "
+                f"instance_type: {instance_type}"
+            )
+        if presets is not None:
+            preset_for(config, presets)
     record = RunRecord(
         run_id=run_id,
         bucket=bucket,
@@ -113,3 +115,25 @@ def register_run(
     )
     stored, created = runs.register(record)
     return Registered(stored, created, config, cost)
+
+
+def _check_nova(
+    name: str, config: TrainingConfig, instance_type: str | None, *, planes_known: bool
+) -> None:
+    """A Nova model trains on the deployment's restricted group, as AWS's recipe allows."""
+    if planes_known and instance_type is None:
+        raise TrainingConfigError(
+            f"config {name}: model {config.model} trains on a restricted instance group, and "
+            "this deployment has none; add one to hyperpod_instance_groups (restricted: true, "
+            "with its fsx) and deploy again (README, 'Nova on AWS')"
+        )
+    if instance_type is not None and config.instance_type != instance_type:
+        raise TrainingConfigError(
+            f"config {name}: instance_type: {config.instance_type} is not what this deployment's "
+            f"restricted instance group runs ({instance_type}); set instance_type: {instance_type}"
+        )
+    if problems := nova_problems(config):
+        raise TrainingConfigError(
+            f"config {name} cannot run as a Nova job (`mtrl plan --config` shows the job): "
+            + "; ".join(problems)
+        )

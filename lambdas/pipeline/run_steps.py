@@ -114,6 +114,7 @@ class RunSteps:
             now=self._clock(),
             presets=settings.model_presets,
             instance_type=settings.training_instance_type,
+            nova_instance_type=settings.nova_instance_type,
         )
         return RegisteredRun(
             run_id=registered.run.run_id,

@@ -31,6 +31,8 @@ class PipelineSettings(EnvironmentSettings):
     # from the same values as the cluster's own settings (hyperpod_training.HyperPodSettings).
     model_presets: Json[dict[str, ModelPreset]] | None = Field(default=None, alias="MODEL_PRESETS")
     training_instance_type: str | None = Field(default=None, alias="HYPERPOD_INSTANCE_TYPE")
+    # The restricted group's, where the deployment has one (lambdas/pipeline/nova_training.py).
+    nova_instance_type: str | None = Field(default=None, alias="NOVA_INSTANCE_TYPE")
 
     def router_wiring(self, clients: Clients) -> RouterWiring:
         """The run resources' clients and names."""

@@ -7,7 +7,7 @@ asks every plane: each removes what it has of the run and nothing else."""
 from __future__ import annotations
 
 from domain.backends import JobStatus, RunContext, TrainingCluster
-from domain.nova_job import is_nova
+from domain.nova_job import NovaRefused, is_nova
 
 
 class TrainingPlanes(TrainingCluster):
@@ -21,9 +21,13 @@ class TrainingPlanes(TrainingCluster):
     def plane(self, run: RunContext) -> TrainingCluster:
         if not is_nova(run.training.model):
             return self.standard
-        # Until the stacks give a deployment's restricted group its launcher, a Nova run goes
-        # where it went before: the standard group, with our own job.
-        return self.nova if self.nova is not None else self.standard
+        if self.nova is None:  # Register refuses such a run first
+            raise NovaRefused(
+                f"run {run.run_id}: model {run.training.model} trains on a restricted instance "
+                "group, and this deployment has none; add one to hyperpod_instance_groups "
+                "(restricted: true, with its fsx) and deploy again"
+            )
+        return self.nova
 
     def scale_up(self, run: RunContext, *, instances: int) -> None:
         self.plane(run).scale_up(run, instances=instances)

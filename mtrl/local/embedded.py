@@ -21,6 +21,7 @@ from typing import Any
 import boto3
 from moto.awslambda_simple.models import LambdaSimpleBackend
 
+from domain.nova_job import NOVA_INSTANCE_TYPE
 from lambdas.clients import Clients, Compose, Handler
 from lambdas.kubernetes import bootstrap, chart_install
 from lambdas.launcher import handler as launcher
@@ -33,6 +34,9 @@ from mtrl.local.physical import ACCOUNT, REGION, LocalNames
 from stacks.components.pipeline_steps import STEPS
 
 Fault = Callable[[str, dict[str, Any]], None]
+# What the functions are told when the compute given stands in for both training planes (local
+# mode's trainer): Register then lets a Nova model run without a restricted group.
+STAND_IN_PLANES = {"NOVA_INSTANCE_TYPE": NOVA_INSTANCE_TYPE}
 CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 

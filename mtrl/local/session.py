@@ -27,6 +27,7 @@ from lambdas.router.proxy import Proxy
 from mtrl.local.aws import LocalAws
 from mtrl.local.backends import LocalRewardFleet, LocalTrainingCluster
 from mtrl.local.embedded import (
+    STAND_IN_PLANES,
     LocalPipeline,
     deploy_pipeline,
     matches,
@@ -139,7 +140,7 @@ class LocalSession:
             clients=self.clients,
             dispatcher=aws.dispatcher,
             compute=Compute(fleet=lambda: self.fleet, cluster=lambda: self.cluster),
-            overrides={"POLL_SECONDS": POLL_SECONDS, "ROUTER_URL": router.url},
+            overrides={"POLL_SECONDS": POLL_SECONDS, "ROUTER_URL": router.url, **STAND_IN_PLANES},
         )
         self._stack.enter_context(_collector_tuned_for_the_run())  # deployed: freeze it
         # In one process nothing needs polling: the consumer tells the proxy's waits when a

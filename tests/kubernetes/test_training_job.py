@@ -35,7 +35,7 @@ QUEUES = {
 }  # fmt: skip
 
 
-def request(config: str, *, model: str = "nova-lite-2", **changes: Any) -> JobRequest:
+def request(config: str, *, model: str = "qwen3-8b", **changes: Any) -> JobRequest:
     training = load_training_config(config)
     training = training.model_copy(update={"model": model, **changes})
     return JobRequest(
@@ -117,7 +117,8 @@ def test_kubeflow_fallback_validates_and_splits_master_and_workers() -> None:
     job = objects[-1]
     assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
     replicas = job["spec"]["pytorchReplicaSpecs"]
-    assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 5)
+    # The four 1-GPU vLLM replicas share one node: nine of the ten train.
+    assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 8)
     for obj in objects:
         validate(obj)
 
@@ -147,7 +148,7 @@ def test_every_object_is_labelled_with_the_run_and_lives_in_its_namespace() -> N
 def test_settings_carry_queues_recipe_and_locations_but_no_secret() -> None:
     settings = of_kind(render(request("rft_multiturn_lora")), "ConfigMap")["data"]
     assert settings["MTRL_QUEUE_ROLLOUT_REQUESTS"] == QUEUES["rollout_requests"]
-    assert settings["MTRL_RECIPE"].endswith("nova_lite_2_0_p5_gpu_lora_rft")
+    assert settings["MTRL_RECIPE"] == "grpo-lora"
     assert json.loads(settings["MTRL_HYPERPARAMETERS"])["lora"]["rank"] == 32
     assert not any("TOKEN" in key for key in settings)
 
@@ -176,20 +177,21 @@ def test_lora_flags_only_for_lora() -> None:
 
 def test_too_few_nodes_for_generation_and_trainer_is_a_clear_error() -> None:
     with pytest.raises(
-        JobRenderError, match="instance_count 2 leaves no node for the trainer.*at least 3"
+        JobRenderError, match="instance_count 1 leaves no node for the trainer.*at least 2"
     ):
-        render(request("rft_multiturn_lora", instance_count=2))
+        render(request("rft_multiturn_lora", instance_count=1))
 
 
 def test_unknown_instance_type_and_oversized_replica_are_clear_errors() -> None:
     with pytest.raises(JobRenderError, match="ml.c5.xlarge is not a GPU type"):
         node_split(
             request("rft_multiturn_lora", instance_type="ml.c5.xlarge").config,
-            PRESETS["nova-lite-2"],
+            PRESETS["qwen3-8b"],
         )
     small = request("rft_multiturn_lora", instance_type="ml.g5.12xlarge")
+    eight = ModelPreset.model_validate({**PRESETS["qwen3-8b"].model_dump(), "generation_gpus": 8})
     with pytest.raises(JobRenderError, match="needs 8 GPUs but ml.g5.12xlarge has 4"):
-        node_split(small.config, PRESETS["nova-lite-2"])
+        node_split(small.config, eight)
 
 
 def test_namespace_fits_kubernetes_and_stays_distinct() -> None:

@@ -16,6 +16,7 @@ from domain.backends import JobStatus, RewardFleet, RunContext, TrainingCluster
 from lambdas.pipeline.dependencies import Compute
 from mtrl.local.embedded import (
     REGION,
+    STAND_IN_PLANES,
     LocalPipeline,
     deploy_pipeline,
     in_process_lambdas,
@@ -131,7 +132,7 @@ def deployed_pipeline(
             clients=clients,
             dispatcher=dispatcher,
             compute=compute,
-            overrides={"POLL_SECONDS": "0"},
+            overrides={"POLL_SECONDS": "0", **STAND_IN_PLANES},
         )
         inbox = clients["sqs"].create_queue(QueueName="inbox")["QueueUrl"]
         inbox_arn = clients["sqs"].get_queue_attributes(

@@ -41,7 +41,8 @@ RUN = RunContext(
     dataset_key="training-data/wordle.jsonl",
     dataset_version=None,
     output_prefix="runs/wordle-0a1b2c3d4e/",
-    config=load_training_config("rft_multiturn_lora"),
+    # An open-weights model: Nova trains on the restricted group (nova_training.py).
+    config=load_training_config("rft_multiturn_lora").model_copy(update={"model": "qwen3-8b"}),
 )
 NAMESPACE = run_namespace("nova-mtrl", RUN.run_id)
 JOBS = f"/apis/sagemaker.amazonaws.com/v1/namespaces/{NAMESPACE}/hyperpodpytorchjobs"
@@ -166,9 +167,7 @@ def test_submit_applies_every_object_once_and_is_idempotent(
 def test_a_model_without_preset_fails_before_anything_is_applied(
     cluster: HyperPodTrainingCluster, api: FakeKubernetes
 ) -> None:
-    with pytest.raises(
-        JobRenderError, match="model 'llama-9' has no preset.*nova-lite-2, qwen3-8b"
-    ):
+    with pytest.raises(JobRenderError, match="model 'llama-9' has no preset.*qwen3-8b"):
         cluster.submit(replace(RUN, config=RUN.training.model_copy(update={"model": "llama-9"})))
     assert api.requests == []
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import boto3
 import pytest
 import yaml
 
-from domain.runs import RunStore
+from domain.runs import RunStore, run_id_for
 from lambdas.kubernetes.training_job import JobRenderError
 from lambdas.pipeline.notify import notify, summary
 from lambdas.pipeline.register import BudgetExceeded, Registered, register_run
@@ -143,38 +144,55 @@ def test_over_budget_is_refused_before_anything_exists(s3_and_runs) -> None:
 
 
 def test_a_config_the_cluster_cannot_run_is_refused_before_anything_exists(s3_and_runs) -> None:
+    """Each model on its plane: a Nova model on the restricted group, as AWS's recipe takes it;
+    an open-weights model on the standard group, with its preset."""
     s3, runs = s3_and_runs
     presets = PlatformConfig.from_context(deployment_context()).model_presets
-    small = yaml.safe_dump({**_lora(), "instance_count": 2})
-    s3.put_object(Bucket=BUCKET, Key="configs/small.yaml", Body=small.encode())
-    other = yaml.safe_dump({**_lora(), "instance_type": "ml.g5.48xlarge"})
-    s3.put_object(Bucket=BUCKET, Key="configs/other.yaml", Body=other.encode())
-    kl = yaml.safe_dump({**_lora(), "kl_coefficient": 0.01})
-    s3.put_object(Bucket=BUCKET, Key="configs/kl.yaml", Body=kl.encode())
-    for config, error in (
-        (
-            "configs/kl.yaml",
-            r"config configs/kl.yaml cannot run as a Nova job \(`mtrl plan --config` shows the "
-            r"job\): kl_coefficient: Nova's recipe has no KL term to set; set 0",
-        ),
-        ("configs/small.yaml", "instance_count 2 leaves no node for the trainer"),
-        (
-            "configs/other.yaml",
-            "instance_type: ml.g5.48xlarge is not what this deployment's "
-            r"training instance group runs \(ml.p5.48xlarge\)",
-        ),
-        ("rft_multiturn_lora", None),
-    ):
+    qwen = {**_lora(), "model": "qwen3-8b"}
+    configs = {
+        "kl": {**_lora(), "kl_coefficient": 0.01},
+        "nova-other": {**_lora(), "instance_type": "ml.g5.48xlarge"},
+        "qwen": qwen,
+        "qwen-small": {**qwen, "instance_count": 1},
+        "qwen-other": {**qwen, "instance_type": "ml.g5.48xlarge"},
+    }
+    for name, config in configs.items():
+        s3.put_object(
+            Bucket=BUCKET, Key=f"configs/{name}.yaml", Body=yaml.safe_dump(config).encode()
+        )
+    both = {"presets": presets, "instance_type": "ml.p5.48xlarge",
+            "nova_instance_type": "ml.p5.48xlarge"}  # fmt: skip
+    for config, planes, error in (
+        ("configs/kl.yaml", both,
+         r"config configs/kl.yaml cannot run as a Nova job \(`mtrl plan --config` shows the "
+         r"job\): kl_coefficient: Nova's recipe has no KL term to set; set 0"),
+        ("configs/nova-other.yaml", both,
+         r"instance_type: ml.g5.48xlarge is not what this deployment's restricted instance "
+         r"group runs \(ml.p5.48xlarge\)"),
+        ("rft_multiturn_lora", {**both, "nova_instance_type": None},
+         "model nova-lite-2 trains on a restricted instance group, and this deployment has "
+         "none; add one to hyperpod_instance_groups"),
+        ("configs/qwen-small.yaml", both, "instance_count 1 leaves no node for the trainer"),
+        ("configs/qwen-other.yaml", both,
+         r"instance_type: ml.g5.48xlarge is not what this deployment's training instance group "
+         r"runs \(ml.p5.48xlarge\)"),
+        ("rft_multiturn_lora", both, None),
+        ("configs/qwen.yaml", {**both, "nova_instance_type": None}, None),
+    ):  # fmt: skip
         version = _upload(s3, metadata={"mtrl-config": config})
+        register = functools.partial(
+            register_run, s3, runs, bucket=BUCKET, key="training-data/w.jsonl",
+            version_id=version, default_config="rft_multiturn_lora", now=0.0, **planes,
+        )  # fmt: skip
         if error is None:
-            assert register_run(s3, runs, bucket=BUCKET, key="training-data/w.jsonl", version_id=version,
-                                default_config="rft_multiturn_lora", now=0.0, presets=presets,
-                                instance_type="ml.p5.48xlarge").created  # fmt: skip
+            assert register().created
+            boto3.client("dynamodb").delete_item(
+                TableName="runs",
+                Key={"run_id": {"S": run_id_for(BUCKET, "training-data/w.jsonl", version)}},
+            )
             continue
         with pytest.raises((JobRenderError, TrainingConfigError), match=error):
-            register_run(s3, runs, bucket=BUCKET, key="training-data/w.jsonl", version_id=version,
-                         default_config="rft_multiturn_lora", now=0.0, presets=presets,
-                         instance_type="ml.p5.48xlarge")  # fmt: skip
+            register()
         assert boto3.client("dynamodb").scan(TableName="runs")["Count"] == 0
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import boto3
+import pytest
 
 from domain.backends import JobStatus, Phase, RunContext, TrainingCluster
+from domain.nova_job import NovaRefused
 from lambdas.clients import Clients
 from lambdas.pipeline.composition import deployed_compute
 from lambdas.pipeline.compute import teardown_context
@@ -81,9 +83,11 @@ def test_a_teardown_by_run_id_asks_every_plane_and_idle_nodes_are_released_every
         assert plane.asked == [("delete", "r"), ("scale_down", "r"), ("release_idle", None)]
 
 
-def test_without_a_nova_plane_a_nova_run_goes_to_the_standard_plane_as_before() -> None:
+def test_a_nova_run_without_a_restricted_group_is_refused_with_the_fix() -> None:
     planes = TrainingPlanes(standard=Recording("standard"), nova=None)
-    assert planes.submit(NOVA) == "standard"
+    with pytest.raises(NovaRefused, match="this deployment has none; add one to "
+                       r"hyperpod_instance_groups \(restricted: true, with its fsx\)"):  # fmt: skip
+        planes.submit(NOVA)
     assert planes.delete(teardown_context("r")) == 2  # the one plane there is
 
 
