@@ -110,6 +110,11 @@ class PipelineStack(PlatformStack):
         }  # type: ignore[dict-item]
         if training.launcher is not None:
             roles["nova_launcher"] = training.launcher.function.role  # type: ignore[assignment]
+        if hyperpod.restricted_execution_role is not None:
+            # The compute stack's role, granted here (a policy of this stack: no cycle).
+            roles["nova_job"] = iam.Role.from_role_arn(
+                self, "NovaJobRole", hyperpod.restricted_execution_role.role_arn, mutable=True
+            )
         grant_needs(
             roles,
             [

@@ -42,8 +42,7 @@ UNVERIFIED = (
     "the Forge BYOO recipe's leaf keys (subscription only): the overrides follow AWS's own "
     "pipeline and the user guide's BYOO recipe",
     "how AWS's chart places generation replicas on the group's nodes",
-    "a restricted group's needs beyond its nodes' (the Nova job's own S3, SQS and Lambda rights "
-    "are not granted to its role yet)",
+    "whether the Nova job needs rights beyond its dataset, outputs, queues and rollout Lambda",
     "the launcher image (HyperPod CLI and recipes, built at deploy time) has never run in Lambda",
 )
 

@@ -38,6 +38,12 @@ NEEDS: Mapping[str, tuple[Need, ...]] = {
     "run_pods": (
         Need.DATASETS_READ_CURRENT, Need.OUTPUTS_WRITE, Need.RUN_QUEUES_RECEIVE, Need.RUN_QUEUES_SEND,
     ),
+    # A Nova job, whose only identity is the restricted group's execution role (AWS's RIG
+    # docs): its dataset and outputs, the run's queues, and the run's rollout Lambda (BYOO).
+    "nova_job": (
+        Need.DATASETS_READ_CURRENT, Need.OUTPUTS_WRITE, Need.RUN_QUEUES_RECEIVE,
+        Need.RUN_QUEUES_SEND, Need.ROLLOUT_LAMBDA_INVOKE,
+    ),
     # The operator's managed policy (stack output OperatorPolicyArn), for the `mtrl` commands.
     "operator": (
         Need.DEPLOYMENT_READ, Need.DATASETS_UPLOAD, Need.CONFIGS_UPLOAD, Need.RUNS_SCAN,

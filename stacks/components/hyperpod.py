@@ -71,13 +71,14 @@ class HyperPodCluster(Construct):
         if restricted := [group for group in config.hyperpod_instance_groups if group.restricted]:
             # A restricted group's execution role is the only identity its Nova jobs have
             # (SageMaker Developer Guide, "Creating a HyperPod EKS cluster with RIG").
+            # It pulls no image of ours: a restricted group runs Nova's images only.
             self.restricted_execution_role = self._execution_role(
                 "RestrictedExecutionRole",
                 "HyperPod restricted (Nova) nodes and the Nova jobs on them",
                 subnet_ids,
                 security_group_id,
                 eks_cluster_arn,
-                image_repositories=image_repositories,
+                image_repositories=[],
             )
             restricted_groups = [
                 _restricted_group(group, self.restricted_execution_role.role_arn)
@@ -211,11 +212,11 @@ class HyperPodCluster(Construct):
                     resources=image_repositories,
                 )
             )
-        role.add_to_policy(
-            iam.PolicyStatement(
-                sid="EcrLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"]
+            role.add_to_policy(
+                iam.PolicyStatement(
+                    sid="EcrLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"]
+                )
             )
-        )
         role.add_to_policy(
             iam.PolicyStatement(
                 sid="PodIdentity",

@@ -41,6 +41,7 @@ class Need(StrEnum):
     ROLLOUT_ALIASES_CREATE = "create a run's alias of the rollout forwarder"
     ROLLOUT_ALIASES_DELETE = "delete a run's alias of the rollout forwarder"
     ROLLOUT_REQUESTS_FORWARD = "put rollout requests on a run's queue"
+    ROLLOUT_LAMBDA_INVOKE = "invoke a run's rollout Lambda (its alias of the forwarder)"
     # The reward fleet (ECS).
     FLEET_START = "start a run's reward workers"
     FLEET_WATCH = "count a run's reward workers"

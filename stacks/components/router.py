@@ -109,8 +109,12 @@ class Router(Construct):
             resource_name="*",
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
+        # A run's alias of the forwarder is made per run, named after it.
+        self._rollout_aliases = f"{self.rollout_forwarder.function_arn}:*"
         self._allow = Allow(
             {
+                self._rollout_aliases: "A run's alias of the rollout forwarder is made at run "
+                "time, named after the run; only this function's aliases.",
                 self.run_queue_arns: "A run's queues are made at run time; their names share the "
                 "deployment's prefix, as narrow as a name known at deploy time can be.",
                 self._alarms: "A run's queue-age alarms are made at run time; their names share "
@@ -142,6 +146,7 @@ class Router(Construct):
             Need.ROLLOUT_ALIASES_CREATE,
             Need.ROLLOUT_ALIASES_DELETE,
             Need.ROLLOUT_REQUESTS_FORWARD,
+            Need.ROLLOUT_LAMBDA_INVOKE,
         }
     )
 
@@ -219,6 +224,8 @@ class Router(Construct):
                 # Developer Guide, "Key management").
                 self._allow(role, ["sqs:GetQueueUrl", "sqs:SendMessage"], queues)
                 self._allow(role, ["kms:GenerateDataKey", "kms:Decrypt"], key)
+            case Need.ROLLOUT_LAMBDA_INVOKE:
+                self._allow(role, ["lambda:InvokeFunction"], self._rollout_aliases)
             case Need.QUEUES_WATCH:
                 self._allow(role, ["sqs:GetQueueUrl", "sqs:GetQueueAttributes"], queues)
                 # GetMetricData has no resource type (Service Authorization Reference).

@@ -12,7 +12,10 @@ restricted group for Nova, whose jobs AWS's launcher starts (its processes faked
 - "invalid dataset": refused at validation, nothing created;
 - "stopped by hand": stopped in the console while its planes exchange rollouts (trainer,
   reward worker, router); the reaper's schedule tears it down, `mtrl teardown` repeats it;
-- "torn down on request": `mtrl teardown RUN` while it runs.
+- "torn down on request": `mtrl teardown RUN` while it runs;
+- "nova held": a Nova run whose planes exchange rollouts (the Nova trainer as the restricted
+  group's execution role, its first rollout through the run's rollout Lambda), then torn down
+  on request.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from tests.iam.world import (
     exchange_rollouts,
     publish_stacks,
     run_cli,
+    write_manifest_as_the_nova_job,
     write_metrics_as_the_trainer,
 )
 from training_configs import load_training_config
@@ -78,6 +82,8 @@ class Scenarios:
     notifications: list[str] = field(default_factory=list)
     exchange: dict[str, Any] = field(default_factory=dict)
     reaped: list[dict[str, Any]] = field(default_factory=list)
+    nova_exchange: dict[str, Any] = field(default_factory=dict)
+    nova_reaped: dict[str, Any] = field(default_factory=dict)
     monkeypatch: Any = None
     cli: dict[str, Any] = field(default_factory=dict)  # `mtrl` command -> its CliRunner result
     rbac: list[dict[str, Any]] = field(default_factory=list)  # the custom resource's answers
@@ -166,6 +172,17 @@ class Scenarios:
             wait_for_state(world.clients["stepfunctions"], started["execution_arn"], "WaitForJob")
             self.reaped.append(world.invoke(STEP["reap"].handler, {"run_id": started["run_id"]}))
             world.finish(started["execution_arn"])  # the interpreter notices the stop
+
+    def run_nova_held(self) -> None:
+        world = self.world
+        with self._recorded("nova held", "hold") as started:
+            key = "training-data/nova-held.jsonl"
+            started |= world.upload(key, dataset())
+            wait_for_state(world.clients["stepfunctions"], started["execution_arn"], "WaitForJob")
+            self.nova_exchange = exchange_rollouts(world, started["run_id"], key, nova=True)
+            write_manifest_as_the_nova_job(world, started["run_id"])
+            self.nova_reaped = world.invoke(STEP["reap"].handler, {"run_id": started["run_id"]})
+            world.finish(started["execution_arn"])
 
 
 def _left(world: World, run: Scenario) -> dict[str, Any]:
@@ -259,6 +276,7 @@ def scenarios(nova_app: Synthesized, tmp_path_factory: pytest.TempPathFactory) -
         )
         played.run_stopped_by_hand()
         played.run_torn_down_on_request()
+        played.run_nova_held()
         played.use_the_cli(tmp_path_factory.mktemp("operator"))
         # `make destroy` removes it again.
         played.rbac.append(custom_resource(world, "Custom::KubernetesRbac", "Delete"))

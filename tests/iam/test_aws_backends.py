@@ -102,6 +102,33 @@ def test_a_nova_run_is_started_and_stopped_by_aws_launcher_and_leaves_nothing(
     assert run.left == {"active services": 0, "task definitions": 0, "parameters": 0, "queues": []}
 
 
+def test_a_nova_jobs_planes_work_with_its_own_identity_and_leave_nothing(
+    scenarios: Scenarios,
+) -> None:
+    """The Nova trainer (the restricted group's execution role) read its dataset, asked for
+    rollouts through the run's rollout Lambda and the queue, and answered generate requests; a
+    reward worker played them through the proxy; `mtrl teardown` uninstalled its release."""
+    run = scenarios.runs["nova held"]
+    assert run.described["status"] == "ABORTED"
+    assert scenarios.nova_exchange == {
+        "completed": 2,
+        "responses": 2,
+        "turns": 6,
+        "dead-lettered": 1,
+    }
+    calls = scenarios.world.recorder.calls[run.calls]
+    trainer = {(c.service, c.operation) for c in calls if "RestrictedExecutionRole" in c.principal}
+    assert {("s3", "GetObject"), ("lambda", "Invoke"), ("sqs", "SendMessage"),
+            ("sqs", "ReceiveMessage"), ("sqs", "DeleteMessage")} <= trainer  # fmt: skip
+    ((reaped,),) = [scenarios.nova_reaped["reaped"]]
+    assert reaped["run_id"] == run.run_id and reaped["job_objects_deleted"] == 1
+    name = run_name(PREFIX, run.run_id)
+    assert not [r for r in scenarios.world.launcher.releases if r.startswith(name)]
+    updates = scenarios.world.sagemaker.updates[run.updates]
+    assert [u["RestrictedInstanceGroups"][0]["InstanceCount"] for u in updates] == [4, 0]
+    assert run.left == {"active services": 0, "task definitions": 0, "parameters": 0, "queues": []}
+
+
 def test_a_job_that_cannot_start_fails_the_run_with_the_reason_and_leaves_nothing(
     scenarios: Scenarios,
 ) -> None:

@@ -27,7 +27,7 @@ import yaml
 from botocore.credentials import Credentials
 from moto import mock_aws
 
-from domain.nova_job import FORGE_RECIPE_SOURCE, FORGE_RECIPES
+from domain.nova_job import FORGE_RECIPE_SOURCE, FORGE_RECIPES, run_name
 from domain.protocol import RolloutRequest, dump
 from domain.run_queues import QueueKind, queue_name
 from lambdas.clients import Clients, Compose, Handler
@@ -479,17 +479,21 @@ GUESSES = ["[slate]", "[moist]", "[crane]"]  # the secret is CRANE: three turns
 
 
 def exchange_rollouts(
-    world: World, run_id: str, dataset_key: str, rollouts: int = 2
+    world: World, run_id: str, dataset_key: str, rollouts: int = 2, *, nova: bool = False
 ) -> dict[str, Any]:
     """A run's planes at work, each as its own role: the trainer (the job role of the run's
-    pods) reads its dataset, asks for rollouts, answers generate requests and writes metrics;
+    pods; for a Nova run, the restricted group's execution role, a Nova job's only identity)
+    reads its dataset, asks for rollouts, answers generate requests and writes metrics;
     a reward worker (the fleet's task role) plays them through the proxy's function URL (SigV4);
     the router's consumer records the answers (Lambda, through the run's event source mapping)."""
     prefix = world.app.config.name_prefix
     deployment, recorder = world.deployment, world.recorder
-    trainer_session = recorder.session(
-        role_of(deployment, "pipeline", "TrainingClusterControlJobRole")
+    trainer_role = (
+        role_of(deployment, "compute", "HyperPodRestrictedExecutionRole")
+        if nova
+        else role_of(deployment, "pipeline", "TrainingClusterControlJobRole")
     )
+    trainer_session = recorder.session(trainer_role)
     worker_role = role_of(deployment, "compute", "RewardFleetTaskRole")
     worker_key = recorder.access_key(worker_role)
     worker_session = recorder.session(worker_role)
@@ -518,6 +522,11 @@ def exchange_rollouts(
     for index in range(rollouts):
         request = RolloutRequest(sample_id=f"w{index}_0", data={"answer": "crane"})
         if index == 0:
+            if nova:  # a Nova trainer invokes the run's rollout Lambda with its own role
+                recorder.record(
+                    recorder.access_key(trainer_role), "lambda", "Invoke",
+                    {"FunctionName": forwarder, "Qualifier": run_id},
+                )  # fmt: skip
             world.pipeline.dispatcher.call(
                 forwarder, {"request": dump(request), "invoked_function_arn": alias}
             )
@@ -593,6 +602,23 @@ def write_metrics_as_the_trainer(world: World, namespace: str) -> None:
     trainer.client("s3").put_object(
         Bucket=output.hostname, Key=f"{output.path.lstrip('/')}metrics.jsonl",
         Body=b'{"step": 1, "mean_reward": 0.4}\n',
+    )  # fmt: skip
+
+
+def write_manifest_as_the_nova_job(world: World, run_id: str) -> None:
+    """The Nova job, with its only identity, records its checkpoints where HyperPod's Nova jobs
+    do: `<output_s3_path>/<job>/manifest.json` (the issue's sources: the SageMaker SDK and Nova
+    Forge read it there)."""
+    name = run_name(world.app.config.name_prefix, run_id)
+    (recipe,) = [r for r in world.launcher.recipes_read if r["run"]["name"] == name]
+    (job,) = [release for release in world.launcher.releases if release.startswith(f"{name}-")]
+    output = urlsplit(recipe["run"]["output_s3_path"])
+    nova = world.recorder.session(
+        role_of(world.deployment, "compute", "HyperPodRestrictedExecutionRole")
+    )
+    nova.client("s3").put_object(
+        Bucket=output.hostname, Key=f"{output.path.lstrip('/')}{job}/manifest.json",
+        Body=b"{}",
     )  # fmt: skip
 
 
