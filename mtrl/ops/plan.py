@@ -59,6 +59,7 @@ class Plan:
     byoo: dict[str, str]
     gpu_split: dict[str, int]
     cost_per_hour_usd: float
+    warnings: tuple[str, ...] = ()
     unverified: tuple[str, ...] = UNVERIFIED
 
     def as_dict(self) -> dict[str, Any]:
@@ -115,8 +116,16 @@ def plan(
             raise NovaRefused(f"recipe {recipe_file}: expected a YAML mapping")
         rendered = apply_overrides(base, overrides)
     # A Nova job runs on the deployment's restricted group (the first, if it has several).
-    restricted = [group for group in platform.hyperpod_instance_groups if group.restricted]
-    group = restricted[0] if restricted else platform.training_group
+    group = platform.nova_group or platform.training_group
+    warnings = (
+        ()
+        if platform.nova_group
+        else (
+            "this deployment has no restricted instance group: Register refuses a Nova run "
+            "until hyperpod_instance_groups has one (restricted: true, with its fsx); planned "
+            f"here on {group.name!r} for its instance type",
+        )
+    )
     if group.instance_type != config.instance_type:
         raise NovaRefused(
             f"config {config.name!r} asks for {config.instance_type}; this deployment's training "
@@ -152,6 +161,7 @@ def plan(
             "generation_replicas": config.generation_replicas,
         },
         cost_per_hour_usd=round(estimate(config).per_hour, 2),
+        warnings=warnings,
     )
 
 
@@ -193,6 +203,8 @@ def print_plan(made: Plan) -> None:
     if made.recipe["rendered"] is not None:
         show("recipe after overrides:")
         show(yaml.safe_dump(made.recipe["rendered"], sort_keys=False))
+    for warning in made.warnings:
+        show(f"warning: {warning}")
     show("unverified until a first run on AWS:")
     for item in made.unverified:
         show(f"  - {item}")

@@ -36,6 +36,8 @@ def test_the_json_plan_has_what_a_reader_checks_before_paying() -> None:
     assert made["instance_group"] == {
         "name": "gpu", "instance_type": "ml.p5.48xlarge", "restricted": False, "fsx": None
     }  # fmt: skip
+    # cdk.json declares no restricted group: the plan says what Register would do.
+    assert made["warnings"][0].startswith("this deployment has no restricted instance group")
     assert made["recipe"]["path"] == FORGE_RECIPES["RFT_MULTITURN_LORA"]
     assert made["recipe"]["rendered"] is None  # no Forge recipe file given
     command = made["launcher"]["command"]
@@ -132,6 +134,8 @@ def test_the_readable_plan_shows_each_part() -> None:
                  "GPU split       6 training replicas, 4 generation replicas",
                  "launcher        hyperpod start-job --namespace kubeflow --recipe "
                  "'fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova-mtrl-<run id>'",
+                 "warning: this deployment has no restricted instance group: Register refuses a "
+                 "Nova run until hyperpod_instance_groups has one",
                  "unverified until a first run on AWS:"):  # fmt: skip
         assert part in output, part
 
@@ -165,3 +169,4 @@ def test_a_deployment_with_a_restricted_group_plans_the_job_there() -> None:
         "restricted": True,
         "fsx": {"size_gib": 2400, "per_unit_storage_throughput": 250},
     }
+    assert made.warnings == ()
