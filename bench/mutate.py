@@ -55,6 +55,10 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/pipeline/test_hyperpod_capacity.py",
         "tests/pipeline/test_hyperpod_training.py",
     ),
+    # The Nova plane: what AWS's launcher is given, what a retry or a teardown does to a job.
+    "lambdas/launcher/hyperpod_cli.py": ("tests/launcher/test_hyperpod_cli.py",),
+    "lambdas/pipeline/nova_training.py": ("tests/pipeline/test_nova_training.py",),
+    "lambdas/pipeline/training_planes.py": ("tests/pipeline/test_training_planes.py",),
     "lambdas/router/proxy.py": ("tests/router/test_proxy.py", "tests/router/test_nova_contract.py"),
     # Run isolation of a Nova trainer's rollout requests, and the alias teardown removes.
     "lambdas/router/rollout_forwarder.py": ("tests/router/test_rollout_forwarder.py",),

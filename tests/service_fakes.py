@@ -231,7 +231,11 @@ class FakeSageMaker(ServiceFake):
             "ClusterStatus": "InService",
             "CreationTime": _now(),
             "InstanceGroups": copy.deepcopy(self.groups),
-            "RestrictedInstanceGroups": copy.deepcopy(self.restricted),
+            **(
+                {"RestrictedInstanceGroups": copy.deepcopy(self.restricted)}
+                if self.restricted
+                else {}
+            ),
         }
 
     def update_cluster(self, ClusterName: str, **request: Any) -> dict[str, Any]:  # noqa: N803

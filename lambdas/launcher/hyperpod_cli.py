@@ -51,7 +51,6 @@ def run_process(
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         list(argv), env=dict(env), cwd=cwd, timeout=timeout, capture_output=True, text=True,
-        check=False,
     )  # fmt: skip
 
 
@@ -90,7 +89,7 @@ class HyperPodCli:
         path = self.recipes / f"{recipe}.yaml"
         # Through the image's link to /tmp, which a new execution environment has not made yet.
         Path(os.path.realpath(path.parent)).mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(body, sort_keys=False), encoding="utf-8")
+        path.write_text(yaml.safe_dump(body))  # ASCII: safe_dump escapes the rest
         done = self._call(
             launcher_command(recipe=recipe, instance_type=instance_type, container=container)
         )
@@ -112,7 +111,7 @@ class HyperPodCli:
             ["helm", "list", "--namespace", NAMESPACE, "--all", "--filter", job_pattern(name),
              "--output", "json"]
         )  # fmt: skip
-        listed = json.loads(done.stdout or "[]")
+        listed = json.loads(done.stdout)  # `[]` when there is none
         return [Release(item["name"], item["status"]) for item in listed]
 
     def _uninstall(self, release: str) -> None:

@@ -156,7 +156,7 @@ class NovaTrainingCluster(InstanceGroupPlane):
         ]
         if not jobs:
             return JobStatus(Phase.FAILED, f"the run's Nova job is not in namespace {NAMESPACE}")
-        job = max(jobs, key=lambda item: item["metadata"].get("creationTimestamp", ""))
+        job = max(jobs, key=lambda item: item["metadata"]["creationTimestamp"])
         prefix = f"{job['metadata']['name']}-"
         pods = [
             pod
@@ -178,9 +178,9 @@ class NovaTrainingCluster(InstanceGroupPlane):
             InvocationType="RequestResponse",
             Payload=json.dumps(request).encode(),
         )
-        payload = json.loads(answer["Payload"].read() or b"null")
-        if answer.get("FunctionError"):
-            message = payload.get("errorMessage") if isinstance(payload, dict) else payload
+        payload = json.loads(answer["Payload"].read())
+        if answer.get("FunctionError"):  # Lambda's error payload: errorMessage, errorType, ...
+            message = payload["errorMessage"]
             raise LaunchFailed(
                 f"the launcher could not {request['action']} {request['name']}: {message}"
             )

@@ -36,6 +36,7 @@ class Call:
     argv: list[str]
     env: dict[str, str]
     cwd: Path
+    timeout: float
 
 
 class FakeLauncherProcesses:
@@ -56,7 +57,7 @@ class FakeLauncherProcesses:
         self, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout: float
     ) -> subprocess.CompletedProcess[str]:
         argv = list(argv)
-        self.calls.append(Call(argv, dict(env), cwd))
+        self.calls.append(Call(argv, dict(env), cwd, timeout))
         match argv[:2]:
             case ["hyperpod", "start-job"]:
                 return self._start(argv)

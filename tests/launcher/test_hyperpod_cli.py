@@ -4,7 +4,10 @@ given, the recipe the CLI reads, and what happens on a retry, a failed install a
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ from pydantic import ValidationError
 
 from domain.nova_job import run_name
 from lambdas.launcher.handler import REQUEST, StopJob
-from lambdas.launcher.hyperpod_cli import HyperPodCli, LaunchFailed
+from lambdas.launcher.hyperpod_cli import COMMAND_SECONDS, HyperPodCli, LaunchFailed, run_process
 from tests.launcher.fake_cli import FakeLauncherProcesses
 
 RECIPE = "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova-mtrl-wordle-0123456789"
@@ -29,7 +32,7 @@ def processes(tmp_path: Path) -> FakeLauncherProcesses:
 @pytest.fixture
 def cli(processes: FakeLauncherProcesses, tmp_path: Path) -> HyperPodCli:
     return HyperPodCli(
-        recipes=processes.recipes, workdir=tmp_path / "work",
+        recipes=processes.recipes, workdir=tmp_path / "work/launcher",
         environment={"KUBECONFIG": "/k", "HOME": "/h"}, run=processes,
     )  # fmt: skip
 
@@ -58,7 +61,9 @@ def test_start_writes_the_recipe_and_runs_start_job_as_the_sdk_does(
     ]  # fmt: skip
     assert processes.recipes_read == [BODY]  # read from the collection, as written
     assert (started.env["KUBECONFIG"], started.env["HOME"]) == ("/k", "/h")
-    assert started.cwd == tmp_path / "work"  # the launcher's results/ go there, not /var/task
+    # The launcher's results/ go to the working directory (made), not /var/task.
+    assert started.cwd == tmp_path / "work/launcher" and started.cwd.is_dir()
+    assert {call.timeout for call in processes.calls} == {COMMAND_SECONDS}
     assert processes.releases == {job: "deployed"}
 
 
@@ -98,9 +103,19 @@ def test_a_start_job_that_exits_non_zero_fails_with_its_output(
         return done
 
     cli._run = refusing
-    with pytest.raises(LaunchFailed, match="^hyperpod start-job exited 1: Cannot start Training "
-                       "job due to AWS credentials"):  # fmt: skip
+    with pytest.raises(LaunchFailed) as failed:
         start(cli)
+    # What it said on both streams, stderr first.
+    assert str(failed.value).startswith(
+        "hyperpod start-job exited 1: Cannot start Training job due to AWS credentials\n"
+        "Final command: python3 main.py recipes=" + RECIPE + "\n"
+    )
+
+
+def test_a_command_that_fails_silently_says_so(cli: HyperPodCli) -> None:
+    cli._run = lambda argv, **_: subprocess.CompletedProcess(argv, 2, "", "")
+    with pytest.raises(LaunchFailed, match="^helm list exited 2: no output$"):
+        cli.stop("n")
 
 
 def test_stop_uninstalls_the_runs_releases_and_no_one_elses(
@@ -159,3 +174,22 @@ def test_the_launcher_function_takes_its_two_requests_and_nothing_else() -> None
     ):
         with pytest.raises(ValidationError):
             REQUEST.validate_python(wrong)
+
+
+def test_a_program_runs_in_its_directory_with_its_environment_and_its_exit_status_is_kept(
+    tmp_path: Path,
+) -> None:
+    """The process boundary itself: a real program, whatever its exit status."""
+    program = [sys.executable, "-c", "import os, sys; print(os.getcwd(), os.environ['MARK']); "
+               "print('said', file=sys.stderr); sys.exit(3)"]  # fmt: skip
+    done = run_process(
+        program, env={"MARK": "m", "PATH": os.environ["PATH"]}, cwd=tmp_path, timeout=30
+    )
+    assert (done.returncode, done.stdout.split(), done.stderr) == (
+        3,
+        [str(tmp_path), "m"],
+        "said\n",
+    )
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_process([sys.executable, "-c", "import time; time.sleep(5)"], env={}, cwd=tmp_path,
+                    timeout=0.2)  # fmt: skip

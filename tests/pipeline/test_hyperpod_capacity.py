@@ -199,6 +199,16 @@ def test_a_group_the_cluster_does_not_have_is_named(sagemaker: FakeSageMaker) ->
         LookupError, match="^HyperPod cluster nova-mtrl has no instance group 'p4'$"
     ):
         capacity.scale_up("run-a", 2)
+    # A cluster without restricted groups has none to show (DescribeCluster leaves them out).
+    sagemaker.restricted = []
+    nova = HyperPodCapacity(
+        sagemaker.client(), CapacityLeases(db, "leases"), cluster="nova-mtrl",
+        instance_group="nova", restricted=True,
+    )  # fmt: skip
+    with pytest.raises(
+        LookupError, match="^HyperPod cluster nova-mtrl has no instance group 'nova'$"
+    ):
+        nova.scale_up("run-a", 2)
 
 
 def test_decisions_read_the_leases_consistently(sagemaker: FakeSageMaker) -> None:

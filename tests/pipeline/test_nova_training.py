@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import yaml
 
 from domain.backends import Phase, RunContext
 from domain.nova_job import NovaRefused, images, run_name
+from lambdas.clients import Clients
 from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
 from lambdas.pipeline.nova_training import LaunchFailed, NovaSettings, NovaTrainingCluster
 from tests.aws import create_leases_table
@@ -212,3 +214,92 @@ def test_the_restricted_group_is_scaled_for_the_run(plane: Plane) -> None:
     assert "InstanceGroups" not in update
     plane.cluster.scale_down(RUN)
     assert plane.sagemaker.restricted[0]["TargetCount"] == 0
+
+
+def test_made_from_its_environment_it_scales_submits_watches_and_stops(
+    aws: None, tmp_path: Path
+) -> None:
+    """As the pipeline's functions make it (lambdas/pipeline/composition.py): the restricted
+    group's leases and capacity, the launcher function, the recipes' bucket, and the EKS API
+    with a token of its own."""
+    api = FakeKubernetes(
+        authenticate=lambda token: "pipeline" if token.startswith("k8s-aws-v1.") else None
+    )
+    with api:
+        s3 = boto3.client("s3")
+        for bucket in ("forge-recipes", RUN.bucket):
+            s3.create_bucket(Bucket=bucket)
+        key = (
+            "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova_lite_2_0_p5_gpu_lora_rft_byoo.yaml"
+        )
+        s3.put_object(Bucket="forge-recipes", Key=key, Body=yaml.safe_dump(forge_recipe()).encode())
+        create_leases_table(boto3.client("dynamodb"), "leases")
+        processes = FakeLauncherProcesses(tmp_path / "recipes", kubernetes=api)
+        image = {"EKS_CLUSTER": "nova-mtrl-eks", "AWS_REGION": "us-east-1",
+                 "HYPERPOD_RECIPES": str(processes.recipes), "NEMO_LAUNCHER_SCRIPTS": "/opt/nemo",
+                 "LAUNCHER_WORKDIR": str(tmp_path / "work")}  # fmt: skip
+        sagemaker = FakeSageMaker()
+        with (
+            FakeEks(endpoint=api.endpoint, ca_data=api.ca_data).installed(),
+            sagemaker.installed(),
+            InProcessLauncher(processes, function=LAUNCHER, environment=image).installed(),
+        ):
+            environment = {
+                key: str(value) for key, value in settings().model_dump(by_alias=True).items()
+            }
+            cluster = NovaTrainingCluster.from_environment(
+                environment, Clients(boto3.Session(region_name="us-east-1"))
+            )
+            cluster.scale_up(RUN, instances=2)
+            (update,) = sagemaker.operations("UpdateCluster")
+            assert [g["InstanceCount"] for g in update["RestrictedInstanceGroups"]] == [2]
+            job = cluster.submit(RUN)
+            assert processes.recipes_read[0]["run"]["name"] == NAME
+            assert cluster.status(RUN).phase is Phase.PENDING
+            assert job == f"kubeflow/{next(iter(processes.releases))}"
+            assert cluster.delete(RUN) == 1 and processes.releases == {}
+            # Only the restricted group's nodes that Kubernetes can schedule on count.
+            api.objects["/api/v1/nodes"] = {
+                name: {"metadata": {"name": name, "labels": {
+                    "node.kubernetes.io/instance-type": kind,
+                    "sagemaker.amazonaws.com/node-health-status": "Schedulable"}},
+                    "spec": {"unschedulable": cordoned},
+                    "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+                for name, kind, cordoned in (("a", "ml.p5.48xlarge", False),
+                                             ("b", "ml.p5.48xlarge", True),
+                                             ("c", "ml.g5.48xlarge", False))
+            }  # fmt: skip
+            assert cluster.nodes_ready(RUN) == 1
+
+
+def test_a_run_without_its_alias_or_a_recipe_that_is_no_mapping_is_refused(plane: Plane) -> None:
+    with pytest.raises(
+        ValueError, match=r"^run wordle-0a1b2c3d4e: no rollout Lambda alias \(Provision makes it\)$"
+    ):
+        plane.cluster.recipe(replace(RUN, rollout_request_arn=None))
+    key = "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova_lite_2_0_p5_gpu_lora_rft_byoo.yaml"
+    boto3.client("s3").put_object(Bucket="forge-recipes", Key=key, Body=b"- a list\n")
+    with pytest.raises(
+        NovaRefused, match=f"^recipe s3://forge-recipes/{key}: expected a YAML mapping$"
+    ):
+        plane.cluster.recipe(RUN)
+
+
+def test_status_reads_the_latest_job_of_the_run_and_its_last_step(plane: Plane) -> None:
+    """A job left by an earlier attempt (an older release of the same run) is not the one
+    followed; the step comes from the metrics under the run's outputs."""
+    assert plane.cluster.status(RUN).reason == "the run's Nova job is not in namespace kubeflow"
+    jobs = plane.processes.kubernetes.objects.setdefault(PYTORCH_JOBS, {})
+    for suffix, created, condition in (
+        ("old01", "2026-12-01T10:00:00Z", "Failed"),
+        ("new01", "2026-12-01T11:00:00Z", "Running"),
+    ):
+        jobs[f"{NAME}-{suffix}"] = {
+            "metadata": {"name": f"{NAME}-{suffix}", "creationTimestamp": created},
+            "status": {"conditions": [{"type": condition, "status": "True"}]},
+        }  # fmt: skip
+    boto3.client("s3").put_object(
+        Bucket=RUN.bucket, Key=f"{RUN.output_prefix}metrics.jsonl", Body=b'{"step": 3}\n'
+    )
+    status = plane.cluster.status(RUN)
+    assert (status.phase, status.step) == (Phase.RUNNING, 3)

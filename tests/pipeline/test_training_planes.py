@@ -31,11 +31,11 @@ class Recording(TrainingCluster):
     def __init__(self, name: str) -> None:
         self.name, self.asked = name, []
 
-    def _ask(self, what: str, run: RunContext | None = None) -> None:
-        self.asked.append((what, run.run_id if run else None))
+    def _ask(self, what: str, run: RunContext | None = None, detail: object = None) -> None:
+        self.asked.append((what, run.run_id if run else None, detail))
 
     def scale_up(self, run: RunContext, *, instances: int) -> None:
-        self._ask("scale_up", run)
+        self._ask("scale_up", run, instances)
 
     def nodes_ready(self, run: RunContext) -> int:
         self._ask("nodes_ready", run)
@@ -57,7 +57,7 @@ class Recording(TrainingCluster):
         self._ask("scale_down", run)
 
     def release_idle(self, *, immediately: bool = False) -> bool:
-        self._ask("release_idle")
+        self._ask("release_idle", detail=immediately)
         return self.name == "nova"
 
 
@@ -67,10 +67,16 @@ def test_the_runs_model_picks_its_plane() -> None:
     assert planes.submit(NOVA) == "nova" and planes.submit(QWEN) == "standard"
     assert planes.status(NOVA).reason == "nova"
     planes.scale_up(QWEN, instances=2)
+    assert planes.nodes_ready(QWEN) == 1
     assert planes.delete(NOVA) == 2
     planes.scale_down(NOVA)
-    assert [what for what, _ in nova.asked] == ["submit", "status", "delete", "scale_down"]
-    assert [what for what, _ in standard.asked] == ["submit", "scale_up"]
+    assert nova.asked == [("submit", "r", None), ("status", "r", None), ("delete", "r", None),
+                          ("scale_down", "r", None)]  # fmt: skip
+    assert standard.asked == [
+        ("submit", "r", None),
+        ("scale_up", "r", 2),
+        ("nodes_ready", "r", None),
+    ]
 
 
 def test_a_teardown_by_run_id_asks_every_plane_and_idle_nodes_are_released_everywhere() -> None:
@@ -78,9 +84,13 @@ def test_a_teardown_by_run_id_asks_every_plane_and_idle_nodes_are_released_every
     planes = TrainingPlanes(standard=standard, nova=nova)
     assert planes.delete(teardown_context("r")) == 4
     planes.scale_down(teardown_context("r"))
-    assert planes.release_idle() is True  # the Nova plane released some; both were asked
-    for plane in (standard, nova):
-        assert plane.asked == [("delete", "r"), ("scale_down", "r"), ("release_idle", None)]
+    assert planes.release_idle() is True  # the Nova plane released some
+    assert planes.release_idle(immediately=True) is True
+    for plane in (standard, nova):  # both were asked
+        assert plane.asked == [
+            ("delete", "r", None), ("scale_down", "r", None), ("release_idle", None, False),
+            ("release_idle", None, True),
+        ]  # fmt: skip
 
 
 def test_a_nova_run_without_a_restricted_group_is_refused_with_the_fix() -> None:
