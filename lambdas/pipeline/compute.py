@@ -111,17 +111,20 @@ class ComputeSteps:
         return report.model_dump(mode="json")
 
     def collect(self, event: dict[str, Any]) -> dict[str, Any]:
-        """Write `runs/<run_id>/summary.json` (config, job, outputs found) next to the outputs."""
+        """Write `runs/<run_id>/summary.json` (config, job, outputs found, checkpoints) next to
+        the outputs."""
         state = RunState.model_validate(event)
         s3, run = self.clients("s3"), state.registered
         prefix = run_output_prefix(run.run_id)
         listed = s3.list_objects_v2(Bucket=state.bucket, Prefix=prefix).get("Contents", [])
+        outputs = sorted(item["Key"].removeprefix(prefix) for item in listed)
         summary = {
             "run_id": run.run_id,
             "dataset": f"s3://{state.bucket}/{state.key}",
             "config": run.config.model_dump(mode="json"),
             "job": state.job.model_dump(mode="json") if state.job else None,
-            "outputs": sorted(item["Key"].removeprefix(prefix) for item in listed),
+            "outputs": outputs,
+            "checkpoints": checkpoints(s3, bucket=state.bucket, prefix=prefix, outputs=outputs),
         }
         s3.put_object(
             Bucket=state.bucket,
@@ -144,6 +147,30 @@ class ComputeSteps:
         """Scheduled: scale nodes kept warm to zero once no run took them for the keep-warm
         period."""
         return {"released": self.compute.cluster.release_idle()}
+
+
+# Where a HyperPod Nova job records its checkpoints: `<output_s3_path>/<job>/manifest.json`,
+# whose `checkpoint_s3_bucket` the Nova Forge SDK reads (amzn-nova-forge 1.4.10,
+# util/checkpoint_util.py).
+MANIFEST = "manifest.json"
+
+
+def checkpoints(s3: Any, *, bucket: str, prefix: str, outputs: list[str]) -> list[dict[str, Any]]:
+    """The checkpoints the run's job recorded: each job's manifest and where it points."""
+    found = []
+    for output in outputs:
+        job, _, name = output.rpartition("/")
+        if name != MANIFEST or "/" in job or not job:
+            continue
+        body = s3.get_object(Bucket=bucket, Key=f"{prefix}{output}")["Body"].read()
+        try:
+            location = json.loads(body).get("checkpoint_s3_bucket")
+        except (json.JSONDecodeError, AttributeError):
+            location = None  # recorded as found, its location unknown
+        found.append(
+            {"job": job, "manifest": f"s3://{bucket}/{prefix}{output}", "checkpoint": location}
+        )
+    return found
 
 
 def release(run: RunContext, compute: Compute, *, scale_down: bool) -> dict[str, int]:

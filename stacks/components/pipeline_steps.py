@@ -108,8 +108,8 @@ STEPS = (
         (Need.RUNS_GET, Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.KUBERNETES),
     ),
     PipelineStep(
-        "collect", "Lists the run's results under runs/<run_id>/",
-        (Need.OUTPUTS_LIST, Need.OUTPUTS_WRITE),
+        "collect", "Lists the run's results under runs/<run_id>/ and its checkpoints",
+        (Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE),
     ),
     PipelineStep(
         "release_compute", "Stops workers, deletes the job, scales nodes down (idempotent)",

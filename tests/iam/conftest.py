@@ -21,6 +21,7 @@ restricted group for Nova, whose jobs AWS's launcher starts (its processes faked
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -72,6 +73,7 @@ class Scenario:
     kubernetes: slice
     updates: slice
     left: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] | None = None  # runs/<run_id>/summary.json, when Collect wrote it
 
 
 @dataclass
@@ -131,6 +133,7 @@ class Scenarios:
             updates=slice(marks[2], len(world.sagemaker.updates)),
         )
         run.left = _left(world, run)
+        run.summary = _summary(world, run.run_id)
         self.runs[name] = run
 
     def run(
@@ -180,9 +183,15 @@ class Scenarios:
             started |= world.upload(key, dataset())
             wait_for_state(world.clients["stepfunctions"], started["execution_arn"], "WaitForJob")
             self.nova_exchange = exchange_rollouts(world, started["run_id"], key, nova=True)
-            write_manifest_as_the_nova_job(world, started["run_id"])
             self.nova_reaped = world.invoke(STEP["reap"].handler, {"run_id": started["run_id"]})
             world.finish(started["execution_arn"])
+
+
+def _summary(world: World, run_id: str) -> dict[str, Any] | None:
+    s3, bucket, key = world.clients["s3"], world.pipeline.data_bucket, f"runs/{run_id}/summary.json"
+    if not s3.list_objects_v2(Bucket=bucket, Prefix=key).get("KeyCount"):
+        return None
+    return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
 
 
 def _left(world: World, run: Scenario) -> dict[str, Any]:
@@ -235,6 +244,7 @@ def scenarios(nova_app: Synthesized, tmp_path_factory: pytest.TempPathFactory) -
     ):
         controller = JobController(world.kubernetes, world.sagemaker)
         controller.on_running = lambda namespace: write_metrics_as_the_trainer(world, namespace)
+        controller.on_nova_running = lambda job: write_manifest_as_the_nova_job(world, job)
         world.kubernetes.on_request = controller
         # Configs of their own (as `mtrl submit` uploads them) for an open-weights model, one
         # whose workers scale on the backlog.

@@ -100,6 +100,10 @@ def test_a_nova_run_is_started_and_stopped_by_aws_launcher_and_leaves_nothing(
     assert output["released"]["job_objects_deleted"] == 1
     assert output["teardown"]["leftover"] == 0
     assert run.left == {"active services": 0, "task definitions": 0, "parameters": 0, "queues": []}
+    # Collect found the checkpoints the job recorded (its manifest, written as its role).
+    ((checkpoint,),) = [run.summary["checkpoints"]]
+    assert checkpoint["job"].startswith(f"{name}-")
+    assert checkpoint["checkpoint"] == f"s3://customer-escrow/{checkpoint['job']}"
 
 
 def test_a_nova_jobs_planes_work_with_its_own_identity_and_leave_nothing(

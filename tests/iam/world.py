@@ -27,7 +27,7 @@ import yaml
 from botocore.credentials import Credentials
 from moto import mock_aws
 
-from domain.nova_job import FORGE_RECIPE_SOURCE, FORGE_RECIPES, run_name
+from domain.nova_job import FORGE_RECIPE_SOURCE, FORGE_RECIPES
 from domain.protocol import RolloutRequest, dump
 from domain.run_queues import QueueKind, queue_name
 from lambdas.clients import Clients, Compose, Handler
@@ -402,6 +402,7 @@ class JobController:
         self.api, self.sagemaker, self.groups = api, sagemaker, groups
         self.outcome = "complete"
         self.on_running: Callable[[str], None] = lambda namespace: None  # the trainer at work
+        self.on_nova_running: Callable[[str], None] = lambda job: None  # the Nova job at work
         self._reads: dict[str, int] = {}
 
     def _nodes(self) -> None:
@@ -446,8 +447,10 @@ class JobController:
             self.api.objects.setdefault(pods, {})["trainer-0"] = _pulling("trainer-0")
 
     def _nova_jobs(self) -> None:
-        for name, job in self.api.objects.get(PYTORCH_JOBS, {}).items():
-            state, _ = self._read(name)
+        for name, job in list(self.api.objects.get(PYTORCH_JOBS, {}).items()):
+            state, first = self._read(name)
+            if first and self.outcome != "bad_image":
+                self.on_nova_running(name)
             job["status"] = {"conditions": [{"type": state, "status": "True"}]}
             if self.outcome == "bad_image":
                 self.api.objects.setdefault(PODS, {})[f"{name}-master-0"] = _pulling(
@@ -605,20 +608,18 @@ def write_metrics_as_the_trainer(world: World, namespace: str) -> None:
     )  # fmt: skip
 
 
-def write_manifest_as_the_nova_job(world: World, run_id: str) -> None:
+def write_manifest_as_the_nova_job(world: World, job: str) -> None:
     """The Nova job, with its only identity, records its checkpoints where HyperPod's Nova jobs
-    do: `<output_s3_path>/<job>/manifest.json` (the issue's sources: the SageMaker SDK and Nova
-    Forge read it there)."""
-    name = run_name(world.app.config.name_prefix, run_id)
-    (recipe,) = [r for r in world.launcher.recipes_read if r["run"]["name"] == name]
-    (job,) = [release for release in world.launcher.releases if release.startswith(f"{name}-")]
+    do: `<output_s3_path>/<job>/manifest.json`, pointing at them with `checkpoint_s3_bucket`
+    (what the Nova Forge SDK reads, util/checkpoint_util.py)."""
+    (recipe,) = [r for r in world.launcher.recipes_read if job.startswith(f"{r['run']['name']}-")]
     output = urlsplit(recipe["run"]["output_s3_path"])
     nova = world.recorder.session(
         role_of(world.deployment, "compute", "HyperPodRestrictedExecutionRole")
     )
     nova.client("s3").put_object(
         Bucket=output.hostname, Key=f"{output.path.lstrip('/')}{job}/manifest.json",
-        Body=b"{}",
+        Body=json.dumps({"checkpoint_s3_bucket": f"s3://customer-escrow/{job}"}).encode(),
     )  # fmt: skip
 
 

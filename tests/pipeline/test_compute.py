@@ -131,6 +131,29 @@ def test_collect_writes_the_run_summary(aws: None) -> None:
     summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
     assert result == {"results": "s3://bucket-1/runs/r/", "objects": 1}
     assert summary["outputs"] == ["metrics.jsonl"] and summary["job"]["step"] == 9
+    assert summary["checkpoints"] == []
+
+
+def test_collect_records_the_checkpoints_a_nova_job_recorded(aws: None) -> None:
+    """`<output>/<job>/manifest.json` with `checkpoint_s3_bucket`, as the Forge SDK reads it; a
+    manifest elsewhere or unreadable is not taken for one (or has no location)."""
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="bucket-1")
+    for key, body in (
+        ("runs/r/job-abcde/manifest.json", b'{"checkpoint_s3_bucket": "s3://escrow/job-abcde"}'),
+        ("runs/r/job-fghij/manifest.json", b"not json"),
+        ("runs/r/manifest.json", b"{}"),
+        ("runs/r/job-abcde/deeper/manifest.json", b"{}"),
+    ):
+        s3.put_object(Bucket="bucket-1", Key=key, Body=body)
+    steps().collect({"bucket": "bucket-1", "key": "training-data/x.jsonl", "run": REGISTERED})
+    summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
+    assert summary["checkpoints"] == [
+        {"job": "job-abcde", "manifest": "s3://bucket-1/runs/r/job-abcde/manifest.json",
+         "checkpoint": "s3://escrow/job-abcde"},
+        {"job": "job-fghij", "manifest": "s3://bucket-1/runs/r/job-fghij/manifest.json",
+         "checkpoint": None},
+    ]  # fmt: skip
 
 
 def test_the_state_is_parsed_once_and_typed(state: dict) -> None:
