@@ -24,8 +24,10 @@ import copy
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
+from domain.run_queues import QueueKind
 from training_configs.schema import Recipe, TrainingConfig
 
 NAMESPACE = "kubeflow"
@@ -71,6 +73,20 @@ BYOO_KEYS = (
     "generate_response_sqs_url",
 )
 
+
+# The run's queue each BYOO endpoint but the rollout Lambda (the run's alias) is.
+BYOO_QUEUES = {
+    "rollout_response_sqs_url": QueueKind.ROLLOUT_RESPONSES,
+    "rollout_request_queue_url": QueueKind.ROLLOUT_REQUESTS,
+    "generate_request_sqs_url": QueueKind.GENERATE_REQUESTS,
+    "generate_response_sqs_url": QueueKind.GENERATE_RESPONSES,
+}
+# Where a Nova model trains, and what to do when a deployment lacks it (Register and the planes).
+NO_NOVA_GROUP = (
+    "trains on a restricted instance group, and this deployment has none; add one to "
+    "hyperpod_instance_groups (restricted: true, with its fsx) and deploy again (README, "
+    "'Nova on AWS')"
+)
 
 # AWS's launcher names the job `<recipe run.name, cut to 34 characters>-<5 random [a-z0-9]>`
 # (aws/sagemaker-hyperpod-recipes main.py `valid_run_name`; 47 before the June 2026 release), so
@@ -201,6 +217,16 @@ def apply_overrides(recipe: dict[str, Any], overrides: dict[str, Any]) -> dict[s
     if unknown:
         raise NovaRefused(f"the recipe has no key {', '.join(unknown)}")
     return built
+
+
+def byoo_endpoints(
+    rollout_request_arn: str, queue_url: Callable[[QueueKind], str]
+) -> dict[str, str]:
+    """A run's BYOO endpoints by recipe key: its rollout Lambda, and its queues' URLs."""
+    return {
+        key: queue_url(BYOO_QUEUES[key]) if key in BYOO_QUEUES else rollout_request_arn
+        for key in BYOO_KEYS
+    }
 
 
 def run_name(prefix: str, run_id: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from domain.nova_job import NAMESPACE
 from lambdas.kubernetes.training_job import namespace_prefix
 
 ADMISSION_API = "admissionregistration.k8s.io/v1"
@@ -115,7 +116,6 @@ NOVA_CHART = (
     ("batch", ["jobs"]),
     ("kubeflow.org", ["pytorchjobs"]),
 )
-NOVA_NAMESPACE = "kubeflow"
 
 
 def launcher_group(prefix: str) -> str:
@@ -132,10 +132,10 @@ def nova_launcher_rbac(prefix: str) -> list[dict[str, Any]]:
         {"apiGroups": [api], "resources": resources, "verbs": [*WRITE, "watch"]}
         for api, resources in NOVA_CHART
     ]
-    metadata = {"name": name, "namespace": NOVA_NAMESPACE, "labels": labels}
+    metadata = {"name": name, "namespace": NAMESPACE, "labels": labels}
     return [
         {"apiVersion": "v1", "kind": "Namespace",
-         "metadata": {"name": NOVA_NAMESPACE, "labels": labels}},
+         "metadata": {"name": NAMESPACE, "labels": labels}},
         {"apiVersion": RBAC_API, "kind": "Role", "metadata": metadata, "rules": rules},
         {
             "apiVersion": RBAC_API, "kind": "RoleBinding", "metadata": metadata,

@@ -92,6 +92,18 @@ class ClusterSettings(EnvironmentSettings):
 
         return made
 
+    def capacity(
+        self, clients: Clients, instance_group: str, *, restricted: bool = False
+    ) -> HyperPodCapacity:
+        """The runs' leases on one of the cluster's instance groups, and its node count."""
+        return HyperPodCapacity(
+            clients("sagemaker"),
+            CapacityLeases(clients("dynamodb"), self.leases_table),
+            cluster=self.hyperpod_cluster,
+            instance_group=instance_group,
+            restricted=restricted,
+        )
+
 
 class HyperPodSettings(ClusterSettings):
     """The standard group's plane."""
@@ -182,16 +194,9 @@ class HyperPodTrainingCluster(InstanceGroupPlane):
         cls, environment: Mapping[str, str], clients: Clients
     ) -> HyperPodTrainingCluster:
         settings = HyperPodSettings.from_environment(environment)
-        eks = clients("eks")
-        leases = CapacityLeases(clients("dynamodb"), settings.leases_table)
-        capacity = HyperPodCapacity(
-            clients("sagemaker"),
-            leases,
-            cluster=settings.hyperpod_cluster,
-            instance_group=settings.instance_group,
-        )
         return cls(
-            settings, kubernetes=settings.kubernetes(clients), capacity=capacity, eks=eks,
+            settings, kubernetes=settings.kubernetes(clients),
+            capacity=settings.capacity(clients, settings.instance_group), eks=clients("eks"),
             s3=clients("s3"),
         )  # fmt: skip
 

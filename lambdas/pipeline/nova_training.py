@@ -33,19 +33,20 @@ from domain.nova_job import (
     NAMESPACE,
     NovaRefused,
     apply_overrides,
+    byoo_endpoints,
     images,
     job_pattern,
     recipe_overrides,
     run_name,
     run_recipe,
 )
-from domain.run_queues import QueueKind
 from lambdas.clients import Clients
 from lambdas.kubernetes.client import KubernetesClient
-from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
+from lambdas.kubernetes.training_job import JOB_API
+from lambdas.pipeline.hyperpod_capacity import HyperPodCapacity
 from lambdas.pipeline.hyperpod_training import ClusterSettings, InstanceGroupPlane, job_status
 
-JOB_API, JOB_KIND = "kubeflow.org/v1", "PyTorchJob"  # the chart's trainer (templates/training.yaml)
+JOB_KIND = "PyTorchJob"  # the chart's trainer (templates/training.yaml), Kubeflow's
 NOVA_GROUP_SETTING = "NOVA_INSTANCE_GROUP"  # set where the deployment has a restricted group
 S3_URI = re.compile(r"^s3://([^/]+)/(.+)$")
 
@@ -87,15 +88,9 @@ class NovaTrainingCluster(InstanceGroupPlane):
         cls, environment: Mapping[str, str], clients: Clients
     ) -> NovaTrainingCluster:
         settings = NovaSettings.from_environment(environment)
-        capacity = HyperPodCapacity(
-            clients("sagemaker"),
-            CapacityLeases(clients("dynamodb"), settings.leases_table),
-            cluster=settings.hyperpod_cluster,
-            instance_group=settings.instance_group,
-            restricted=True,
-        )
         return cls(
-            settings, kubernetes=settings.kubernetes(clients), capacity=capacity,
+            settings, kubernetes=settings.kubernetes(clients),
+            capacity=settings.capacity(clients, settings.instance_group, restricted=True),
             lambda_client=clients("lambda"), s3=clients("s3"),
         )  # fmt: skip
 
@@ -122,13 +117,7 @@ class NovaTrainingCluster(InstanceGroupPlane):
             name=self.name(run),
             data_s3_path=f"s3://{run.bucket}/{run.dataset_key}",
             output_s3_path=f"s3://{run.bucket}/{run.output_prefix}",
-            byoo={
-                "rollout_request_arn": run.rollout_request_arn,
-                "rollout_response_sqs_url": run.queues[QueueKind.ROLLOUT_RESPONSES],
-                "rollout_request_queue_url": run.queues[QueueKind.ROLLOUT_REQUESTS],
-                "generate_request_sqs_url": run.queues[QueueKind.GENERATE_REQUESTS],
-                "generate_response_sqs_url": run.queues[QueueKind.GENERATE_RESPONSES],
-            },
+            byoo=byoo_endpoints(run.rollout_request_arn, lambda kind: run.queues[kind]),
         )
         return apply_overrides(base, overrides)
 
@@ -151,7 +140,7 @@ class NovaTrainingCluster(InstanceGroupPlane):
         pattern = re.compile(job_pattern(self.name(run)))
         jobs = [
             job
-            for job in self.kubernetes.list(JOB_API, JOB_KIND, namespace=NAMESPACE)
+            for job in self.kubernetes.list(JOB_API[JOB_KIND], JOB_KIND, namespace=NAMESPACE)
             if pattern.match(job["metadata"]["name"])
         ]
         if not jobs:

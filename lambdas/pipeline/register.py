@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.bucket import CONFIGS_PREFIX, object_exists
-from domain.nova_job import is_nova, nova_problems
+from domain.nova_job import NO_NOVA_GROUP, is_nova, nova_problems
 from domain.presets import ModelPreset
 from domain.runs import RunRecord, RunStore, run_id_for
 from lambdas.kubernetes.training_job import preset_for
@@ -122,11 +122,7 @@ def _check_nova(
 ) -> None:
     """A Nova model trains on the deployment's restricted group, as AWS's recipe allows."""
     if planes_known and instance_type is None:
-        raise TrainingConfigError(
-            f"config {name}: model {config.model} trains on a restricted instance group, and "
-            "this deployment has none; add one to hyperpod_instance_groups (restricted: true, "
-            "with its fsx) and deploy again (README, 'Nova on AWS')"
-        )
+        raise TrainingConfigError(f"config {name}: model {config.model} {NO_NOVA_GROUP}")
     if instance_type is not None and config.instance_type != instance_type:
         raise TrainingConfigError(
             f"config {name}: instance_type: {config.instance_type} is not what this deployment's "

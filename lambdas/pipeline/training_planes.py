@@ -7,7 +7,7 @@ asks every plane: each removes what it has of the run and nothing else."""
 from __future__ import annotations
 
 from domain.backends import JobStatus, RunContext, TrainingCluster
-from domain.nova_job import NovaRefused, is_nova
+from domain.nova_job import NO_NOVA_GROUP, NovaRefused, is_nova
 
 
 class TrainingPlanes(TrainingCluster):
@@ -22,11 +22,7 @@ class TrainingPlanes(TrainingCluster):
         if not is_nova(run.training.model):
             return self.standard
         if self.nova is None:  # Register refuses such a run first
-            raise NovaRefused(
-                f"run {run.run_id}: model {run.training.model} trains on a restricted instance "
-                "group, and this deployment has none; add one to hyperpod_instance_groups "
-                "(restricted: true, with its fsx) and deploy again"
-            )
+            raise NovaRefused(f"run {run.run_id}: model {run.training.model} {NO_NOVA_GROUP}")
         return self.nova
 
     def scale_up(self, run: RunContext, *, instances: int) -> None:

@@ -23,6 +23,7 @@ from domain.nova_job import (
     NAMESPACE,
     NovaRefused,
     apply_overrides,
+    byoo_endpoints,
     images,
     is_nova,
     launcher_command,
@@ -30,7 +31,6 @@ from domain.nova_job import (
     run_recipe,
     training_replicas,
 )
-from domain.run_queues import QueueKind
 from mtrl.console import out
 from stacks.config import PlatformConfig
 from training_configs.costs import estimate
@@ -70,14 +70,10 @@ def byoo_placeholders(platform: PlatformConfig, region: str) -> dict[str, str]:
     """The run's BYOO endpoints as names with the run's parts left open."""
     account = platform.account or "<account>"
     queue = f"https://sqs.{region}.amazonaws.com/{account}/{platform.name_prefix}-{RUN}-{{}}.fifo"
-    return {
-        "rollout_request_arn": f"arn:aws:lambda:{region}:{account}:function:"
-        f"<rollout forwarder>:{RUN}",
-        "rollout_response_sqs_url": queue.format(QueueKind.ROLLOUT_RESPONSES.suffix),
-        "rollout_request_queue_url": queue.format(QueueKind.ROLLOUT_REQUESTS.suffix),
-        "generate_request_sqs_url": queue.format(QueueKind.GENERATE_REQUESTS.suffix),
-        "generate_response_sqs_url": queue.format(QueueKind.GENERATE_RESPONSES.suffix),
-    }
+    return byoo_endpoints(
+        f"arn:aws:lambda:{region}:{account}:function:<rollout forwarder>:{RUN}",
+        lambda kind: queue.format(kind.suffix),
+    )
 
 
 def plan(
