@@ -41,7 +41,11 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/pipeline/test_pipeline_steps.py",
     ),
     # What a Nova job may be given (a wrong override costs a failed GPU run).
-    "domain/nova_job.py": ("tests/domain/test_nova_job.py", "tests/mtrl/test_plan.py"),
+    "domain/nova_job.py": (
+        "tests/domain/test_nova_job.py",
+        "tests/mtrl/test_plan.py",
+        "tests/launcher/test_hyperpod_cli.py",
+    ),
     "lambdas/pipeline/reaper.py": ("tests/pipeline/test_handlers.py",),
     "lambdas/pipeline/resources.py": (
         "tests/pipeline/test_pipeline_steps.py",

@@ -158,7 +158,15 @@ def test_a_run_name_is_a_dns_label_the_launcher_keeps_whole() -> None:
     long_a = run_name("nova-mtrl", "a-very-long-dataset-name-for-wordle-0123456789")
     long_b = run_name("nova-mtrl", "a-very-long-dataset-name-for-wordle-9876543210")
     assert len(long_a) == len(long_b) == 34 and long_a != long_b
-    assert run_name("Team_7", "9x") == "team-7-9x" and run_name("7", "x").startswith("r-")
+    # Its first 23 characters, then 10 of the whole name's SHA-256 (the first value, pinned).
+    assert long_a == "nova-mtrl-a-very-long-d-1e80d40a9a"
+    # A cut that ends on a dash does not make two in a row.
+    assert run_name("nova-mtrl", "abcdefghijkl-" + "y" * 30) == "nova-mtrl-abcdefghijkl-3f907bbf44"
+    # 34 characters stay whole; 35 do not.
+    assert run_name("p", "x" * 32) == "p-" + "x" * 32
+    assert run_name("p", "x" * 33) == "p-xxxxxxxxxxxxxxxxxxxxx-74666a8105"
+    assert run_name("Team_7", "9x") == "team-7-9x" and run_name("-p", "x") == "p-x"
+    assert run_name("7", "x") == "r-7-x" and run_name("a7", "x") == "a7-x"  # starts with a letter
     assert len(f"{long_a}-abcde-nats-server-bootstrap") <= 63  # the chart's longest Job name
     assert yaml.safe_load(f"n: {long_a}")["n"] == long_a  # stays a plain string in YAML
 
