@@ -63,6 +63,11 @@ MODULES: dict[str, tuple[str, ...]] = {
     "lambdas/launcher/hyperpod_cli.py": ("tests/launcher/test_hyperpod_cli.py",),
     "lambdas/pipeline/nova_training.py": ("tests/pipeline/test_nova_training.py",),
     "lambdas/pipeline/training_planes.py": ("tests/pipeline/test_training_planes.py",),
+    # A Nova run's progress: what stall detection and `mtrl status` read.
+    "lambdas/pipeline/reward_curve.py": (
+        "tests/pipeline/test_reward_curve.py",
+        "tests/pipeline/test_nova_training.py",
+    ),
     "lambdas/router/proxy.py": ("tests/router/test_proxy.py", "tests/router/test_nova_contract.py"),
     # Run isolation of a Nova trainer's rollout requests, and the alias teardown removes.
     "lambdas/router/rollout_forwarder.py": ("tests/router/test_rollout_forwarder.py",),

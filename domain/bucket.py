@@ -8,6 +8,7 @@ from typing import Any
 TRAINING_DATA_PREFIX = "training-data/"  # a .jsonl uploaded here starts a run
 CONFIGS_PREFIX = "configs/"  # training configs named by a dataset's metadata
 RUNS_PREFIX = "runs/"  # runs/<run id>/: checkpoints, metrics, summary
+SUMMARY_OBJECT = "summary.json"  # under a run's outputs, written by Collect when the run ends
 
 
 def run_output_prefix(run_id: str) -> str:

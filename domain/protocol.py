@@ -29,6 +29,9 @@ StopReason = Literal["end_of_conversation", "max_turns", "timeout", "env_error"]
 # (botocore's SendMessage documentation of MessageGroupId and MessageDeduplicationId).
 _FIFO_ID = re.compile(r"[!-~]{1,128}")
 ID_LENGTH = 128  # sample and step ids
+# The metric by which a finished rollout says its episode succeeded (1) or not (0): the
+# environment's `success` flag (reward_envs/interface.py), which the pipeline's pass rates count.
+SUCCESS_METRIC = "env/success"
 
 
 def fifo_id(value: str) -> str:
@@ -156,6 +159,12 @@ class RolloutResponse(_Message):
     @property
     def aggregate_score(self) -> float | None:
         return self.rewards.get("aggregate_score")
+
+    @property
+    def succeeded(self) -> bool | None:
+        """The episode's success flag, None when the rollout reports none."""
+        flags = [metric.value for metric in self.metrics if metric.name == SUCCESS_METRIC]
+        return flags[-1] >= 0.5 if flags else None
 
 
 class ChatMessage(BaseModel):

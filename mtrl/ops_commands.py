@@ -220,9 +220,7 @@ def _print_status(status: RunDetails) -> None:
     rows = {
         "status": run.status,
         "execution": f"{status.execution or 'not started'}" + (f" in {status.state}" if status.state else ""),
-        "training": "no step yet" if status.step is None else (
-            f"step {status.step}" + (f", mean reward {status.mean_reward:.3f}" if status.mean_reward is not None else "")
-        ),
+        "training": _training_line(status),
         "queues": "\n".join(_queue_line(q) for q in status.queues) or "none",
         "reward workers": "none" if status.workers is None else f"{status.workers[0]} running of {status.workers[1]}",
         "GPU nodes": "unknown" if status.gpu_nodes is None else str(status.gpu_nodes),
@@ -230,11 +228,27 @@ def _print_status(status: RunDetails) -> None:
         "cost so far": f"${run.spent_usd:,.0f} at ${run.cost_per_hour:,.0f}/h",
         "deadline in": "—" if run.deadline_in_hours is None else _hours(run.deadline_in_hours),
     }  # fmt: skip
+    if status.checkpoints:
+        rows["checkpoints"] = "\n".join(
+            f"{c['job']}: {c['checkpoint'] or 'location unknown, see ' + c['manifest']}"
+            for c in status.checkpoints
+        )
     if run.error:
         rows["error"] = run.error
     for key, value in rows.items():
         table.add_row(key, value)
     out.print(table)
+
+
+def _training_line(status: RunDetails) -> str:
+    if status.step is None:
+        return "no step yet"
+    line = f"step {status.step}"
+    if status.mean_reward is not None:
+        line += f", mean reward {status.mean_reward:.3f}"
+    if status.pass_rate is not None:
+        line += f", pass rate {status.pass_rate:.0%}"
+    return line
 
 
 def _queue_line(queue: QueueDepth) -> str:

@@ -7,6 +7,11 @@ returns the observation messages, the turn reward and whether the episode is ove
 reward is `Environment.aggregate(turn rewards)`, always inside `reward_range`.
 
 Messages are OpenAI chat messages: `{"role": "system" | "user" | "assistant", "content": str}`.
+
+A step's `info` travels with the rollout's report as metrics (`env/<key>`, numbers and flags
+only). On the turn that ends an episode, set `info["success"]` (a bool) when the task has a
+notion of success (Wordle: solved): the pipeline's pass rates count it
+(`domain.protocol.SUCCESS_METRIC`).
 """
 
 from __future__ import annotations

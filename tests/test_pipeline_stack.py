@@ -143,9 +143,12 @@ def test_step_permissions_are_scoped(default_app: Synthesized) -> None:
         and "sqs:CreateQueue" not in grants["teardown"]
     )
     assert "sns:Publish" in grants["notify_end"] and "states:StartExecution" in grants["start_run"]
-    # The monitor reads the trainer's metrics (its last step), and writes nothing.
+    # The monitor reads the trainer's metrics (its last step) and writes a Nova run's (from its
+    # rollout reports): under runs/ only, and deletes nothing.
     assert re.search(r"runs/\*", grants["monitor"]["s3:GetObject"])
-    assert not any(action.startswith(("s3:Put", "s3:Delete")) for action in grants["monitor"])
+    assert re.search(r"runs/\*", grants["monitor"]["s3:PutObject"])
+    assert not any(action.startswith("s3:Delete") for action in grants["monitor"])
+    assert "dynamodb:Query" in grants["monitor"] and "dynamodb:PutItem" not in grants["monitor"]
 
 
 def test_a_reaper_runs_every_quarter_hour(default_app: Synthesized) -> None:

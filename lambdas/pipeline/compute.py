@@ -12,7 +12,7 @@ import secrets
 from typing import Any
 
 from domain.backends import RunContext
-from domain.bucket import run_output_prefix
+from domain.bucket import SUMMARY_OBJECT, run_output_prefix
 from domain.run_state import JobReport, RegisteredRun, RunState
 from domain.runs import RunStore
 from lambdas.pipeline import policies
@@ -128,7 +128,7 @@ class ComputeSteps:
         }
         s3.put_object(
             Bucket=state.bucket,
-            Key=f"{prefix}summary.json",
+            Key=f"{prefix}{SUMMARY_OBJECT}",
             Body=json.dumps(summary, indent=2).encode(),
             ContentType="application/json",
         )

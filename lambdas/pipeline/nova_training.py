@@ -11,6 +11,8 @@ lambdas/launcher/) — on the deployment's restricted instance group.
   to the launcher function, which starts it idempotently;
 - status: the chart's PyTorchJob in the `kubeflow` namespace, its conditions and the pods of the
   job (image pulls, crash loops, OOM kills, pending too long fail the run with that reason);
+  its progress is the run's reward curve, which the Nova job does not write: made from the
+  rollout reports the router accepted (lambdas/pipeline/reward_curve.py);
 - delete: the launcher function uninstalls the run's releases (everything the chart made).
 """
 
@@ -26,7 +28,7 @@ from typing import Any
 import yaml
 from pydantic import Field
 
-from domain.backends import METRICS_OBJECT, JobStatus, Phase, RunContext, last_step
+from domain.backends import JobStatus, Phase, RunContext
 from domain.nova_job import (
     FORGE_RECIPE_SOURCE,
     FORGE_RECIPES,
@@ -45,6 +47,8 @@ from lambdas.kubernetes.client import KubernetesClient
 from lambdas.kubernetes.training_job import JOB_API
 from lambdas.pipeline.hyperpod_capacity import HyperPodCapacity
 from lambdas.pipeline.hyperpod_training import ClusterSettings, InstanceGroupPlane, job_status
+from lambdas.pipeline.reward_curve import RewardCurve
+from lambdas.router.conversations import ConversationStore
 
 JOB_KIND = "PyTorchJob"  # the chart's trainer (templates/training.yaml), Kubeflow's
 NOVA_GROUP_SETTING = "NOVA_INSTANCE_GROUP"  # set where the deployment has a restricted group
@@ -61,6 +65,7 @@ class NovaSettings(ClusterSettings):
     instance_group: str = Field(alias=NOVA_GROUP_SETTING)
     instance_type: str = Field(alias="NOVA_INSTANCE_TYPE")
     launcher: str = Field(alias="NOVA_LAUNCHER_FUNCTION")
+    conversations_table: str = Field(alias="CONVERSATIONS_TABLE")
     # Where the Forge recipes are: `{recipe}` is a path of domain/nova_job.py's FORGE_RECIPES.
     recipe_source: str = Field(default=FORGE_RECIPE_SOURCE, alias="NOVA_RECIPE_SOURCE")
 
@@ -74,6 +79,7 @@ class NovaTrainingCluster(InstanceGroupPlane):
         capacity: HyperPodCapacity,
         lambda_client: Any,
         s3: Any,
+        curve: RewardCurve,
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(
@@ -81,7 +87,7 @@ class NovaTrainingCluster(InstanceGroupPlane):
             keep_warm_seconds=settings.keep_warm_seconds, clock=clock,
         )  # fmt: skip
         self.settings = settings
-        self.lambda_client, self.s3 = lambda_client, s3
+        self.lambda_client, self.s3, self.curve = lambda_client, s3, curve
 
     @classmethod
     def from_environment(
@@ -92,6 +98,9 @@ class NovaTrainingCluster(InstanceGroupPlane):
             settings, kubernetes=settings.kubernetes(clients),
             capacity=settings.capacity(clients, settings.instance_group, restricted=True),
             lambda_client=clients("lambda"), s3=clients("s3"),
+            curve=RewardCurve(
+                ConversationStore(clients("dynamodb"), settings.conversations_table), clients("s3")
+            ),
         )  # fmt: skip
 
     def name(self, run: RunContext) -> str:
@@ -155,8 +164,8 @@ class NovaTrainingCluster(InstanceGroupPlane):
         status = job_status(
             job, pods, now=self._clock(), pending_limit_seconds=self.settings.pending_limit_seconds
         )
-        step = last_step(self.s3, bucket=run.bucket, key=f"{run.output_prefix}{METRICS_OBJECT}")
-        return replace(status, step=step)
+        ended = status.phase in (Phase.SUCCEEDED, Phase.FAILED)
+        return replace(status, step=self.curve.update(run, final=ended))
 
     def delete(self, run: RunContext) -> int:
         return self._launch({"action": "stop", "name": self.name(run)})["releases"]

@@ -5,7 +5,10 @@ One table, key (`run_id`, `item`), TTL on `expires_at`:
 - `queue#<name>`: which run a queue belongs to (under `run_id` = `queue#<name>`), for the
   consumer, which only knows the queue a message came from;
 - `step#<step_id>`: one model turn: `pending -> processing -> completed | failed`;
-- `rollout#<sample_id>`: one episode: `processing -> completed | failed`.
+- `rollout#<sample_id>`: one episode: `processing -> completed | failed`;
+- `report#<request id>`: one rollout report as it was accepted (its score, success flag and
+  time), written once and never changed: what a run's reward curve is made of
+  (lambdas/pipeline/reward_curve.py).
 Every transition is a conditional write, so a redelivered message can neither add a turn nor
 overwrite a finished one.
 """
@@ -70,6 +73,18 @@ class Step:
     result: dict[str, Any] | None
     created_at: float
     updated_at: float
+
+
+@dataclass(frozen=True)
+class ReportedRollout:
+    """One accepted rollout report: its score (None: the rollout failed), its success flag
+    (None: not reported), when it was accepted, and its key (which orders reports accepted at
+    the same time)."""
+
+    key: str
+    reported_at: float
+    score: float | None
+    success: bool | None
 
 
 def token_digest(token: str) -> str:
@@ -203,6 +218,52 @@ class ConversationStore:
         return self._transition(
             run_id, f"rollout#{sample_id}", status, ("processing",), now, extra=extra
         )
+
+    def record_report(
+        self,
+        run_id: str,
+        request_id: str,
+        *,
+        score: float | None,
+        success: bool | None,
+        now: float,
+    ) -> bool:
+        """Keep the report of request `request_id` once; False if it was already kept (a retried
+        report)."""
+        fields: dict[str, Any] = {}
+        if score is not None:
+            fields["score"] = {"N": repr(score)}
+        if success is not None:
+            fields["success"] = {"BOOL": success}
+        return self._put_new(run_id, f"report#{request_id}", fields, now)
+
+    def reports(self, run_id: str) -> list[ReportedRollout]:
+        """Every report the run's rollouts were accepted with, in the order they were."""
+        paginator = self._db.get_paginator("query")
+        pages = paginator.paginate(
+            TableName=self._table,
+            KeyConditionExpression="run_id = :run AND begins_with(#item, :prefix)",
+            # Every name aliased: none may collide with DynamoDB's reserved words.
+            ExpressionAttributeNames={
+                "#item": "item",
+                "#at": "created_at",
+                "#score": "score",
+                "#success": "success",
+            },
+            ExpressionAttributeValues={":run": {"S": run_id}, ":prefix": {"S": "report#"}},
+            ProjectionExpression="#item, #at, #score, #success",
+        )
+        found = [
+            ReportedRollout(
+                key=item["item"]["S"],
+                reported_at=float(item["created_at"]["N"]),
+                score=float(item["score"]["N"]) if "score" in item else None,
+                success=item["success"]["BOOL"] if "success" in item else None,
+            )
+            for page in pages
+            for item in page["Items"]
+        ]
+        return sorted(found, key=lambda report: (report.reported_at, report.key))
 
     def run_summary(self, run_id: str, *, now: float, stuck_after_seconds: float) -> dict[str, int]:
         """How many rollouts of the run are in flight, finished, failed, and stuck (in flight

@@ -299,6 +299,14 @@ class Proxy:
             score=response.aggregate_score,
             now=self.clock(),
         )
+        # Kept on its own key, so a retry after a failure above still records it, once.
+        self.store.record_report(
+            run.run_id,
+            request_id,
+            score=response.aggregate_score,
+            success=response.succeeded,
+            now=self.clock(),
+        )
         self.counters.reports += 1
         if not first:
             self.counters.duplicate_reports += 1

@@ -1,7 +1,8 @@
 """What `mtrl runs` and `mtrl status` show: the runs table, and for one run what each plane says.
 
 A run's status gathers, each from its source of truth: the execution (state machine status and
-the state it is in), the trainer's last metrics (step, reward), the run queues (depth, in flight),
+the state it is in), the run's last metrics (step, reward, pass rate), the checkpoints its
+summary records (once the run ended), the run queues (depth, in flight),
 the reward fleet (running / wanted workers), the GPU instance group (running nodes), and the
 clock against the run's cost per hour and deadline. A plane that cannot be read (not created yet,
 already torn down) shows as absent rather than failing the whole view.
@@ -9,6 +10,7 @@ already torn down) shows as absent rather than failing the whole view.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from domain.backends import METRICS_OBJECT, last_metrics
-from domain.bucket import run_output_prefix
+from domain.bucket import SUMMARY_OBJECT, object_exists, run_output_prefix
 from domain.run_queues import QueueKind, queue_name
 from domain.runs import FINISHED, RunRecord, RunStore
 from lambdas.pipeline.ecs_fleet import worker_service_name
@@ -58,6 +60,8 @@ class RunDetails:
     state: str | None  # the state the execution is in, or ended in
     step: int | None
     mean_reward: float | None
+    pass_rate: float | None  # of the step's rollouts that said whether they succeeded
+    checkpoints: list[dict[str, Any]]  # each job's manifest and where it points (summary.json)
     queues: list[QueueDepth]
     workers: tuple[int, int] | None  # (running, wanted)
     gpu_nodes: int | None
@@ -98,19 +102,26 @@ def run_status(
             "`mtrl runs` lists them"
         )
     execution, state = _execution(clients["stepfunctions"], deployment.execution_arn(run_id))
-    metrics = last_metrics(
-        clients["s3"], bucket=run.bucket, key=f"{run_output_prefix(run_id)}{METRICS_OBJECT}"
-    )
+    prefix = run_output_prefix(run_id)
+    metrics = last_metrics(clients["s3"], bucket=run.bucket, key=f"{prefix}{METRICS_OBJECT}")
     return RunDetails(
         summary=summarize(run, now=now),
         execution=execution,
         state=state,
         step=metrics["step"] if metrics else None,
         mean_reward=metrics.get("mean_reward") if metrics else None,
+        pass_rate=metrics.get("pass_rate") if metrics else None,
+        checkpoints=_checkpoints(clients["s3"], run.bucket, f"{prefix}{SUMMARY_OBJECT}"),
         queues=_queues(clients["sqs"], clients["cloudwatch"], deployment.prefix, run_id, now=now),
         workers=_workers(clients["ecs"], deployment, run_id),
         gpu_nodes=_gpu_nodes(clients["sagemaker"], deployment),
     )
+
+
+def _checkpoints(s3: Any, bucket: str, key: str) -> list[dict[str, Any]]:
+    if not object_exists(s3, bucket=bucket, key=key):
+        return []  # the run has not ended
+    return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read()).get("checkpoints", [])
 
 
 def _execution(sfn: Any, arn: str) -> tuple[str | None, str | None]:

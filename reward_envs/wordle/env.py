@@ -136,7 +136,7 @@ class WordleEpisode(Episode):
                 if won
                 else f"Out of guesses. The word was {self.secret.upper()}."
             )
-            info |= {"won": won, "secret": self.secret, "episode_reward": reward}
+            info |= {"won": won, "success": won, "secret": self.secret, "episode_reward": reward}
             return StepResult(
                 messages=[{"role": "user", "content": f"{text}\n{ending}"}],
                 reward=reward,

@@ -26,6 +26,7 @@ class Need(StrEnum):
     ALERTS_PUBLISH = "publish to the alert topic"
     # The router: conversations, run queues, their alarms, the consumer's mappings.
     CONVERSATIONS_GET = "read a conversation record"
+    CONVERSATIONS_QUERY = "read a run's rollout reports"
     CONVERSATIONS_PUT = "store a new conversation record"
     CONVERSATIONS_UPDATE = "change a conversation record"
     RUN_QUEUES_CREATE = "create a run's queues"

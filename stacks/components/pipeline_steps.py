@@ -105,7 +105,11 @@ STEPS = (
     ),
     PipelineStep(
         "monitor", "Polls the job; stops runs past their deadline or budget",
-        (Need.RUNS_GET, Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.KUBERNETES),
+        # A Nova run's reward curve: its rollout reports into its metrics object.
+        (
+            Need.RUNS_GET, Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE,
+            Need.KUBERNETES, Need.CONVERSATIONS_QUERY,
+        ),
     ),
     PipelineStep(
         "collect", "Lists the run's results under runs/<run_id>/ and its checkpoints",

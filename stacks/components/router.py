@@ -130,6 +130,7 @@ class Router(Construct):
     provides = frozenset(
         {
             Need.CONVERSATIONS_GET,
+            Need.CONVERSATIONS_QUERY,
             Need.CONVERSATIONS_PUT,
             Need.CONVERSATIONS_UPDATE,
             Need.RUN_QUEUES_CREATE,
@@ -153,9 +154,10 @@ class Router(Construct):
     def grant(self, need: Need, role: iam.IRole) -> None:  # noqa: C901 - one case per need
         queues, key = self.run_queue_arns, self._data_key.key_arn
         match need:
-            case Need.CONVERSATIONS_GET:
+            case Need.CONVERSATIONS_GET | Need.CONVERSATIONS_QUERY:
+                action = "GetItem" if need is Need.CONVERSATIONS_GET else "Query"
                 grant_table_action(
-                    role, "dynamodb:GetItem", self.table, self._data_key, writes=False
+                    role, f"dynamodb:{action}", self.table, self._data_key, writes=False
                 )
             case Need.CONVERSATIONS_PUT | Need.CONVERSATIONS_UPDATE:
                 action = "PutItem" if need is Need.CONVERSATIONS_PUT else "UpdateItem"

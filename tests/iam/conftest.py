@@ -7,7 +7,8 @@ restricted group for Nova, whose jobs AWS's launcher starts (its processes faked
 - "succeeds": a run of an open-weights model with a config of its own (workers scale on the
   backlog) runs to the end;
 - "nova succeeds": a Nova run (the deployment's default config) on the restricted group, its
-  job started and stopped by the launcher function;
+  job started and stopped by the launcher function; at work, the job records its checkpoints
+  and its planes exchange rollouts (whose reports make the run's reward curve);
 - "job cannot start": its trainer image cannot be pulled; the run fails, all is released;
 - "invalid dataset": refused at validation, nothing created;
 - "stopped by hand": stopped in the console while its planes exchange rollouts (trainer,
@@ -26,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -45,6 +47,7 @@ from tests.iam.world import (
     dataset,
     deployed_world,
     exchange_rollouts,
+    nova_recipe,
     publish_stacks,
     run_cli,
     write_manifest_as_the_nova_job,
@@ -74,6 +77,7 @@ class Scenario:
     updates: slice
     left: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] | None = None  # runs/<run_id>/summary.json, when Collect wrote it
+    metrics: list[dict[str, Any]] = field(default_factory=list)  # runs/<run_id>/metrics.jsonl
 
 
 @dataclass
@@ -85,6 +89,7 @@ class Scenarios:
     exchange: dict[str, Any] = field(default_factory=dict)
     reaped: list[dict[str, Any]] = field(default_factory=list)
     nova_exchange: dict[str, Any] = field(default_factory=dict)
+    nova_rollouts: dict[str, dict[str, Any]] = field(default_factory=dict)  # by run id
     nova_reaped: dict[str, Any] = field(default_factory=dict)
     monkeypatch: Any = None
     cli: dict[str, Any] = field(default_factory=dict)  # `mtrl` command -> its CliRunner result
@@ -133,7 +138,9 @@ class Scenarios:
             updates=slice(marks[2], len(world.sagemaker.updates)),
         )
         run.left = _left(world, run)
-        run.summary = _summary(world, run.run_id)
+        run.summary = _output(world, run.run_id, "summary.json")
+        metrics = _output(world, run.run_id, "metrics.jsonl", lines=True)
+        run.metrics = metrics or []
         self.runs[name] = run
 
     def run(
@@ -176,6 +183,19 @@ class Scenarios:
             self.reaped.append(world.invoke(STEP["reap"].handler, {"run_id": started["run_id"]}))
             world.finish(started["execution_arn"])  # the interpreter notices the stop
 
+    def nova_at_work(self, job: str) -> None:
+        """A Nova job once it runs: it records its checkpoints; a job that goes on to complete
+        exchanges its rollouts then (a held one's are exchanged by its scenario, while it
+        holds)."""
+        world = self.world
+        write_manifest_as_the_nova_job(world, job)
+        if self.controller.outcome != "complete":
+            return
+        run = nova_recipe(world, job)["run"]
+        run_id = urlsplit(run["output_s3_path"]).path.strip("/").removeprefix("runs/")
+        dataset_key = urlsplit(run["data_s3_path"]).path.lstrip("/")
+        self.nova_rollouts[run_id] = exchange_rollouts(world, run_id, dataset_key, nova=True)
+
     def run_nova_held(self) -> None:
         world = self.world
         with self._recorded("nova held", "hold") as started:
@@ -187,11 +207,13 @@ class Scenarios:
             world.finish(started["execution_arn"])
 
 
-def _summary(world: World, run_id: str) -> dict[str, Any] | None:
-    s3, bucket, key = world.clients["s3"], world.pipeline.data_bucket, f"runs/{run_id}/summary.json"
+def _output(world: World, run_id: str, name: str, *, lines: bool = False) -> Any:
+    """The run's output `name` as JSON (`lines`: JSON lines), None when there is none."""
+    s3, bucket, key = world.clients["s3"], world.pipeline.data_bucket, f"runs/{run_id}/{name}"
     if not s3.list_objects_v2(Bucket=bucket, Prefix=key).get("KeyCount"):
         return None
-    return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+    return [json.loads(line) for line in body.splitlines()] if lines else json.loads(body)
 
 
 def _left(world: World, run: Scenario) -> dict[str, Any]:
@@ -244,7 +266,6 @@ def scenarios(nova_app: Synthesized, tmp_path_factory: pytest.TempPathFactory) -
     ):
         controller = JobController(world.kubernetes, world.sagemaker)
         controller.on_running = lambda namespace: write_metrics_as_the_trainer(world, namespace)
-        controller.on_nova_running = lambda job: write_manifest_as_the_nova_job(world, job)
         world.kubernetes.on_request = controller
         # Configs of their own (as `mtrl submit` uploads them) for an open-weights model, one
         # whose workers scale on the backlog.
@@ -261,6 +282,7 @@ def scenarios(nova_app: Synthesized, tmp_path_factory: pytest.TempPathFactory) -
             )
         publish_stacks(world)
         played = Scenarios(world, controller, monkeypatch=monkeypatch)
+        controller.on_nova_running = played.nova_at_work
         # The deploy installs AWS's HyperPod chart (rendered at publish time: its asset) before
         # the HyperPod cluster, then the pipeline's Kubernetes RBAC.
         publish_chart_rendering(world, tmp_path_factory.mktemp("chart"))

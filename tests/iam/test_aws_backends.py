@@ -104,6 +104,16 @@ def test_a_nova_run_is_started_and_stopped_by_aws_launcher_and_leaves_nothing(
     ((checkpoint,),) = [run.summary["checkpoints"]]
     assert checkpoint["job"].startswith(f"{name}-")
     assert checkpoint["checkpoint"] == f"s3://customer-escrow/{checkpoint['job']}"
+    # Its planes exchanged rollouts; the monitor made the run's reward curve from the reports
+    # the proxy accepted — the job ended before a step's window (64 rollouts) filled, so one
+    # short window — and stepped on it.
+    assert scenarios.nova_rollouts[run.run_id]["completed"] == 2
+    (line,) = run.metrics
+    assert (line["step"], line["rollouts"], line["failed_rollouts"]) == (1, 2, 0)
+    assert (line["partial"], line["pass_rate"]) == (True, 1.0)  # both found CRANE
+    assert line["mean_reward"] == line["min_reward"] == line["max_reward"] > 0
+    assert output["job"]["step"] == 1
+    assert "metrics.jsonl" in run.summary["outputs"]
 
 
 def test_a_nova_jobs_planes_work_with_its_own_identity_and_leave_nothing(

@@ -608,12 +608,17 @@ def write_metrics_as_the_trainer(world: World, namespace: str) -> None:
     )  # fmt: skip
 
 
+def nova_recipe(world: World, job: str) -> dict[str, Any]:
+    """The recipe AWS's launcher started Nova job `job` with."""
+    (recipe,) = [r for r in world.launcher.recipes_read if job.startswith(f"{r['run']['name']}-")]
+    return recipe
+
+
 def write_manifest_as_the_nova_job(world: World, job: str) -> None:
     """The Nova job, with its only identity, records its checkpoints where HyperPod's Nova jobs
     do: `<output_s3_path>/<job>/manifest.json`, pointing at them with `checkpoint_s3_bucket`
     (what the Nova Forge SDK reads, util/checkpoint_util.py)."""
-    (recipe,) = [r for r in world.launcher.recipes_read if job.startswith(f"{r['run']['name']}-")]
-    output = urlsplit(recipe["run"]["output_s3_path"])
+    output = urlsplit(nova_recipe(world, job)["run"]["output_s3_path"])
     nova = world.recorder.session(
         role_of(world.deployment, "compute", "HyperPodRestrictedExecutionRole")
     )

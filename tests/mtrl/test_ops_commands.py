@@ -246,9 +246,36 @@ def test_status_gathers_execution_training_queues_and_cost(deployed: dict) -> No
     ages = {q["kind"]: q["oldest_seconds"] for q in status["queues"]}
     assert ages["rollout-requests"] == 42.0 and ages["dlq"] is None  # no data: no age
     assert status["workers"] is None  # no fleet (yet): shown as absent, not an error
+    assert status["pass_rate"] is None and status["checkpoints"] == []  # not said; not ended
     table = _invoke("status", "wordle-abc")
     assert "step 3, mean reward 0.300" in table.output and "RUNNING in Monitor" in table.output
     assert "rollout-requests: 0 waiting, 0 in flight, oldest 42s" in table.output
+    assert "pass rate" not in table.output and "checkpoints" not in table.output
+
+
+def test_status_shows_the_pass_rate_and_the_checkpoints_collect_found(deployed: dict) -> None:
+    """A Nova run's curve line (from its rollout reports) says its pass rate; once the run ended,
+    its summary says where its checkpoints are (a manifest without a location says so)."""
+    _register(deployed["db"], "nova-abc", created=time.time() - 600)
+    line = {"step": 2, "mean_reward": 0.5, "pass_rate": 0.375, "source": "rollout_reports"}
+    deployed["s3"].put_object(
+        Bucket=BUCKET, Key="runs/nova-abc/metrics.jsonl", Body=json.dumps(line) + "\n"
+    )
+    manifest = "s3://nova-mtrl-data-123456789012/runs/nova-abc/{}/manifest.json"
+    checkpoints = [
+        {"job": "j-abcde", "manifest": manifest.format("j-abcde"), "checkpoint": "s3://escrow/j"},
+        {"job": "j-fghij", "manifest": manifest.format("j-fghij"), "checkpoint": None},
+    ]
+    deployed["s3"].put_object(
+        Bucket=BUCKET, Key="runs/nova-abc/summary.json",
+        Body=json.dumps({"run_id": "nova-abc", "checkpoints": checkpoints}),
+    )  # fmt: skip
+    status = json.loads(_invoke("status", "nova-abc", "--json").output)
+    assert (status["pass_rate"], status["checkpoints"]) == (0.375, checkpoints)
+    table = _invoke("status", "nova-abc").output
+    assert "step 2, mean reward 0.500, pass rate 38%" in table
+    assert "j-abcde: s3://escrow/j" in table
+    assert "j-fghij: location unknown, see" in table
 
 
 def test_status_counts_the_gpu_nodes_hyperpod_runs(deployed: dict) -> None:

@@ -20,6 +20,8 @@ from domain.nova_job import NovaRefused, images, run_name
 from lambdas.clients import Clients
 from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
 from lambdas.pipeline.nova_training import LaunchFailed, NovaSettings, NovaTrainingCluster
+from lambdas.pipeline.reward_curve import RewardCurve
+from lambdas.router.conversations import ConversationStore, create_table
 from tests.aws import create_leases_table
 from tests.forge_recipe import forge_recipe
 from tests.kubernetes.fake_api import FakeKubernetes, client_of
@@ -59,16 +61,17 @@ def settings(**overrides: str) -> NovaSettings:
             "EKS_CLUSTER": "nova-mtrl-eks", "HYPERPOD_CLUSTER": "nova-mtrl",
             "NOVA_INSTANCE_GROUP": "nova", "NOVA_INSTANCE_TYPE": "ml.p5.48xlarge",
             "NOVA_LAUNCHER_FUNCTION": LAUNCHER, "NOVA_RECIPE_SOURCE": SOURCE,
-            "AWS_REGION": "us-east-1", **overrides,
+            "CONVERSATIONS_TABLE": "conversations", "AWS_REGION": "us-east-1", **overrides,
         }
     )  # fmt: skip
 
 
 class Plane:
     def __init__(self, cluster: NovaTrainingCluster, processes: FakeLauncherProcesses,
-                 launcher: InProcessLauncher, sagemaker: FakeSageMaker) -> None:  # fmt: skip
+                 launcher: InProcessLauncher, sagemaker: FakeSageMaker,
+                 reports: ConversationStore) -> None:  # fmt: skip
         self.cluster, self.processes = cluster, processes
-        self.launcher, self.sagemaker = launcher, sagemaker
+        self.launcher, self.sagemaker, self.reports = launcher, sagemaker, reports
 
 
 @pytest.fixture
@@ -80,6 +83,8 @@ def plane(aws: None, api: FakeKubernetes, tmp_path: Path) -> Iterator[Plane]:
     s3.put_object(Bucket="forge-recipes", Key=key, Body=yaml.safe_dump(forge_recipe()).encode())
     db = boto3.client("dynamodb")
     create_leases_table(db, "leases")
+    create_table(db, "conversations")
+    reports = ConversationStore(db, "conversations")
     sagemaker = FakeSageMaker()
     processes = FakeLauncherProcesses(tmp_path / "recipes", kubernetes=api)
     # As in the image: the collection's Forge folder is a link into the (not yet made) workdir.
@@ -97,9 +102,9 @@ def plane(aws: None, api: FakeKubernetes, tmp_path: Path) -> Iterator[Plane]:
         )  # fmt: skip
         cluster = NovaTrainingCluster(
             settings(), kubernetes=client_of(api), capacity=capacity,
-            lambda_client=launcher.client(), s3=s3,
+            lambda_client=launcher.client(), s3=s3, curve=RewardCurve(reports, s3),
         )  # fmt: skip
-        yield Plane(cluster, processes, launcher, sagemaker)
+        yield Plane(cluster, processes, launcher, sagemaker, reports)
 
 
 def test_submit_hands_aws_launcher_the_forge_recipe_with_this_runs_overrides(
@@ -234,6 +239,7 @@ def test_made_from_its_environment_it_scales_submits_watches_and_stops(
         )
         s3.put_object(Bucket="forge-recipes", Key=key, Body=yaml.safe_dump(forge_recipe()).encode())
         create_leases_table(boto3.client("dynamodb"), "leases")
+        create_table(boto3.client("dynamodb"), "conversations")
         processes = FakeLauncherProcesses(tmp_path / "recipes", kubernetes=api)
         image = {"EKS_CLUSTER": "nova-mtrl-eks", "AWS_REGION": "us-east-1",
                  "HYPERPOD_RECIPES": str(processes.recipes), "NEMO_LAUNCHER_SCRIPTS": "/opt/nemo",
@@ -285,9 +291,10 @@ def test_a_run_without_its_alias_or_a_recipe_that_is_no_mapping_is_refused(plane
         plane.cluster.recipe(RUN)
 
 
-def test_status_reads_the_latest_job_of_the_run_and_its_last_step(plane: Plane) -> None:
+def test_status_reads_the_latest_job_of_the_run_and_its_reward_curve(plane: Plane) -> None:
     """A job left by an earlier attempt (an older release of the same run) is not the one
-    followed; the step comes from the metrics under the run's outputs."""
+    followed; the step is the run's reward curve, made from the rollout reports the router
+    accepted (a Nova job writes no metrics of ours), its last short window once the job ended."""
     assert plane.cluster.status(RUN).reason == "the run's Nova job is not in namespace kubeflow"
     jobs = plane.processes.kubernetes.objects.setdefault(PYTORCH_JOBS, {})
     for suffix, created, condition in (
@@ -298,8 +305,23 @@ def test_status_reads_the_latest_job_of_the_run_and_its_last_step(plane: Plane) 
             "metadata": {"name": f"{NAME}-{suffix}", "creationTimestamp": created},
             "status": {"conditions": [{"type": condition, "status": "True"}]},
         }  # fmt: skip
-    boto3.client("s3").put_object(
-        Bucket=RUN.bucket, Key=f"{RUN.output_prefix}metrics.jsonl", Body=b'{"step": 3}\n'
-    )
     status = plane.cluster.status(RUN)
-    assert (status.phase, status.step) == (Phase.RUNNING, 3)
+    assert (status.phase, status.step) == (Phase.RUNNING, None)  # no rollout reported yet
+    size = RUN.training.global_batch_size
+    for index in range(2 * size + 3):
+        plane.reports.record_report(
+            RUN.run_id, f"m{index}", score=index % 2, success=index % 2 == 1, now=float(index)
+        )
+    status = plane.cluster.status(RUN)
+    assert (status.phase, status.step) == (Phase.RUNNING, 2)
+    metrics = (
+        boto3.client("s3")
+        .get_object(Bucket=RUN.bucket, Key=f"{RUN.output_prefix}metrics.jsonl")["Body"]
+        .read()
+    )
+    first, second = (json.loads(line) for line in metrics.splitlines())
+    assert (first["rollouts"], first["mean_reward"], first["pass_rate"]) == (size, 0.5, 0.5)
+    assert second["first_report_at"] == float(size)
+    jobs[f"{NAME}-new01"]["status"] = {"conditions": [{"type": "Succeeded", "status": "True"}]}
+    status = plane.cluster.status(RUN)
+    assert (status.phase, status.step) == (Phase.SUCCEEDED, 3)

@@ -108,6 +108,7 @@ def test_the_deployed_composition_has_the_nova_plane_where_the_stack_set_it() ->
         "HYPERPOD_CLUSTER": "h", "HYPERPOD_INSTANCE_GROUP": "gpu",
         "HYPERPOD_INSTANCE_TYPE": "ml.p5.48xlarge", "MODEL_PRESETS": "{}", "ACCOUNT_ID": "1",
         "TRAINING_JOB_ROLE_ARN": "arn:aws:iam::1:role/j", "AWS_REGION": "us-east-1",
+        "CONVERSATIONS_TABLE": "c",
     }  # fmt: skip
     without = deployed_compute(environment, clients).cluster
     assert isinstance(without, TrainingPlanes) and without.nova is None

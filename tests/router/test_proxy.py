@@ -252,6 +252,38 @@ def test_report_forwards_one_rollout_response(router: Router) -> None:
     )
 
 
+def test_each_accepted_report_is_kept_once_with_its_score_and_success_for_the_curve(
+    router: Router,
+) -> None:
+    """What the run's reward curve is made of (lambdas/pipeline/reward_curve.py): a retried
+    report — same request id, or same id without one — is kept once; the success flag is the
+    environment's `env/success` metric, absent when the report has none."""
+    won = {
+        "id": "s1_0",
+        "aggregate_reward_score": 0.9,
+        "request_id": "z-1",
+        "metrics_list": [{"name": "env/success", "value": 1.0}, {"name": "turns", "value": 3}],
+    }
+    lost = {
+        "id": "s1_1",
+        "aggregate_reward_score": 0.0,
+        "request_id": "a-2",
+        "metrics_list": [{"name": "env/success", "value": 0.0}],
+    }
+    plain = {"id": "s1_2", "aggregate_reward_score": 0.5}  # a starter-kit client: no request id
+    failed = {"id": "s1_3", "aggregate_reward_score": None, "stop_reason": "timeout"}
+    for report in (won, won, lost, plain, plain, failed):
+        router.proxy.handle(event("POST", REPORT, report))
+        router.clock.sleep(1)
+    kept = [(r.key, r.reported_at, r.score, r.success) for r in router.store.reports(RUN)]
+    start = router.clock() - 6
+    assert kept == [  # in the order accepted, not the keys'
+        ("report#z-1", start, 0.9, True), ("report#a-2", start + 2, 0.0, False),
+        ("report#s1_2", start + 3, 0.5, None), ("report#s1_3", start + 5, None, None),
+    ]  # fmt: skip
+    assert router.store.reports("another-run") == []
+
+
 def test_a_report_without_a_score_must_say_why(router: Router) -> None:
     status, body = answer(
         router.proxy.handle(

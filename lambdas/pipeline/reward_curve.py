@@ -1,0 +1,112 @@
+"""A run's reward curve from what the router saw, for a trainer that writes none of its own (a
+Nova job's internals are AWS's): every rollout report the proxy accepted (its score and
+success flag, lambdas/router/conversations.py), in windows of a training step's rollouts
+(`global_batch_size`), one line per window in `runs/<run_id>/metrics.jsonl` — the object
+Monitor's stall detection, `mtrl status` and the summary read for every training plane.
+
+A window's `step` counts windows, not the trainer's own steps (which only the trainer knows):
+with the trainer asking for a step's rollouts at once, the two go together. A failed rollout
+(no score) is counted in its window, never scored.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from domain.backends import METRICS_OBJECT, RunContext, last_step
+from lambdas.router.conversations import ConversationStore, ReportedRollout
+
+SOURCE = "rollout_reports"  # what a line was computed from, beside a trainer's own lines
+
+
+@dataclass(frozen=True)
+class RewardWindow:
+    step: int
+    rollouts: int
+    failed_rollouts: int
+    mean_reward: float | None
+    min_reward: float | None
+    reward_p10: float | None
+    reward_p50: float | None
+    reward_p90: float | None
+    max_reward: float | None
+    pass_rate: float | None  # of the rollouts that said whether they succeeded
+    first_report_at: float
+    last_report_at: float
+    partial: bool  # fewer rollouts than a step's: the job ended before its window filled
+    source: str = SOURCE
+
+
+def reward_windows(
+    reports: Sequence[ReportedRollout], *, size: int, final: bool = False
+) -> list[RewardWindow]:
+    """Consecutive windows of `size` reports, in the order they were accepted; the last one,
+    short of `size`, only when `final` (the job ended)."""
+    if size < 1:
+        raise ValueError(f"a window holds at least one rollout, not {size}")
+    windows = []
+    for start in range(0, len(reports), size):
+        chunk = reports[start : start + size]
+        if len(chunk) < size and not final:
+            break
+        windows.append(_window(len(windows) + 1, chunk, partial=len(chunk) < size))
+    return windows
+
+
+def _window(step: int, reports: Sequence[ReportedRollout], *, partial: bool) -> RewardWindow:
+    scores = [report.score for report in reports if report.score is not None]
+    flags = [report.success for report in reports if report.success is not None]
+    p10, p50, p90 = _deciles(scores)
+    return RewardWindow(
+        step=step,
+        rollouts=len(reports),
+        failed_rollouts=len(reports) - len(scores),
+        mean_reward=statistics.fmean(scores) if scores else None,
+        min_reward=min(scores, default=None),
+        reward_p10=p10,
+        reward_p50=p50,
+        reward_p90=p90,
+        max_reward=max(scores, default=None),
+        pass_rate=sum(flags) / len(flags) if flags else None,
+        first_report_at=reports[0].reported_at,
+        last_report_at=reports[-1].reported_at,
+        partial=partial,
+    )
+
+
+def _deciles(scores: list[float]) -> tuple[float | None, float | None, float | None]:
+    """The 10th, 50th and 90th percentiles (linear between the scores, as numpy's default)."""
+    if not scores:
+        return None, None, None
+    if len(scores) == 1:
+        return scores[0], scores[0], scores[0]
+    cuts = statistics.quantiles(scores, n=10, method="inclusive")
+    return cuts[0], cuts[4], cuts[8]
+
+
+class RewardCurve:
+    """Keeps a run's `metrics.jsonl` up to date with its rollout reports."""
+
+    def __init__(self, store: ConversationStore, s3: Any) -> None:
+        self.store, self.s3 = store, s3
+
+    def update(self, run: RunContext, *, final: bool = False) -> int | None:
+        """Write the run's windows when there are more than written; the last step written
+        (None before the first window). `final`: the job ended, its last window may be short."""
+        key = f"{run.output_prefix}{METRICS_OBJECT}"
+        written = last_step(self.s3, bucket=run.bucket, key=key)
+        reports = self.store.reports(run.run_id)
+        windows = reward_windows(reports, size=run.training.global_batch_size, final=final)
+        if not windows or (written is not None and len(windows) <= written):
+            return written
+        self.s3.put_object(
+            Bucket=run.bucket,
+            Key=key,
+            Body="".join(json.dumps(asdict(window)) + "\n" for window in windows).encode(),
+            ContentType="application/x-ndjson",
+        )
+        return len(windows)

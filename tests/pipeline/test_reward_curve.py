@@ -1,0 +1,127 @@
+"""A run's reward curve from its rollout reports: windows of a step's rollouts, their statistics
+against numpy's, and the metrics object kept up to date (in moto's DynamoDB and S3)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import boto3
+import numpy as np
+import pytest
+
+from domain.backends import last_step
+from lambdas.pipeline.reward_curve import RewardCurve, reward_windows
+from lambdas.router.conversations import ConversationStore, ReportedRollout, create_table
+from tests.pipeline.test_nova_training import RUN as NOVA_RUN
+
+RUN = replace(
+    NOVA_RUN,
+    config=NOVA_RUN.training.model_copy(update={"global_batch_size": 4}),
+)
+KEY = f"{RUN.output_prefix}metrics.jsonl"
+
+
+def reported(index: int, score: float | None, success: bool | None = None) -> ReportedRollout:
+    return ReportedRollout(
+        key=f"report#r{index}", reported_at=100.0 + index, score=score, success=success
+    )
+
+
+def test_windows_hold_a_steps_rollouts_with_their_statistics() -> None:
+    scores = [0.1, 0.9, 0.4, 0.7, 0.3, None, 1.0, 0.0, 0.6]
+    flags = [True, False, None, True, None, None, True, False, True]
+    reports = [reported(i, s, f) for i, (s, f) in enumerate(zip(scores, flags, strict=True))]
+    first, second = reward_windows(reports, size=4)
+    window = np.array(scores[:4])
+    assert first.step == 1 and first.rollouts == 4 and first.failed_rollouts == 0
+    assert first.mean_reward == pytest.approx(window.mean())
+    assert (first.min_reward, first.max_reward) == (0.1, 0.9)
+    assert [first.reward_p10, first.reward_p50, first.reward_p90] == pytest.approx(
+        np.percentile(window, [10, 50, 90])
+    )
+    assert first.pass_rate == pytest.approx(2 / 3)  # of the three that said
+    assert (first.first_report_at, first.last_report_at) == (100.0, 103.0)
+    assert first.partial is False and first.source == "rollout_reports"
+    # A failed rollout is counted in its window and never scored.
+    assert second.step == 2 and (second.rollouts, second.failed_rollouts) == (4, 1)
+    assert second.mean_reward == pytest.approx(np.mean([0.3, 1.0, 0.0]))
+    assert [second.reward_p10, second.reward_p50, second.reward_p90] == pytest.approx(
+        np.percentile([0.3, 1.0, 0.0], [10, 50, 90])
+    )
+    assert second.pass_rate == 0.5
+    # The ninth report waits for its window to fill — unless the job ended.
+    *_, last = reward_windows(reports, size=4, final=True)
+    assert (last.step, last.rollouts, last.partial, last.mean_reward) == (3, 1, True, 0.6)
+    assert (last.reward_p10, last.reward_p90, last.pass_rate) == (0.6, 0.6, 1.0)
+
+
+def test_a_window_without_scores_or_flags_says_none_and_a_window_holds_a_rollout() -> None:
+    (window,) = reward_windows([reported(0, None), reported(1, None)], size=2)
+    assert (window.failed_rollouts, window.mean_reward, window.reward_p50) == (2, None, None)
+    assert (window.min_reward, window.max_reward, window.pass_rate) == (None, None, None)
+    assert reward_windows([], size=2, final=True) == []
+    assert [w.mean_reward for w in reward_windows([reported(0, 0.2), reported(1, 0.4)], size=1)] == [
+        0.2, 0.4,
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="^a window holds at least one rollout, not 0$"):
+        reward_windows([reported(0, 1.0)], size=0)
+
+
+@pytest.fixture
+def curve(aws: None) -> tuple[RewardCurve, ConversationStore]:
+    db, s3 = boto3.client("dynamodb"), boto3.client("s3")
+    create_table(db, "conversations")
+    s3.create_bucket(Bucket=RUN.bucket)
+    s3.put_bucket_versioning(Bucket=RUN.bucket, VersioningConfiguration={"Status": "Enabled"})
+    store = ConversationStore(db, "conversations")
+    return RewardCurve(store, s3), store
+
+
+def lines() -> list[dict]:
+    body = boto3.client("s3").get_object(Bucket=RUN.bucket, Key=KEY)["Body"].read()
+    return [json.loads(line) for line in body.decode().splitlines()]
+
+
+def test_the_metrics_object_grows_by_a_line_a_filled_window(
+    curve: tuple[RewardCurve, ConversationStore],
+) -> None:
+    reward_curve, store = curve
+    assert reward_curve.update(RUN) is None
+    assert not boto3.client("s3").list_objects_v2(Bucket=RUN.bucket).get("Contents")
+    for index in range(6):
+        store.record_report(RUN.run_id, f"m{index}", score=index / 10, success=None, now=index)
+    assert store.record_report(RUN.run_id, "m5", score=0.9, success=True, now=9) is False
+    assert reward_curve.update(RUN) == 1
+    (line,) = lines()
+    assert (line["step"], line["rollouts"], line["mean_reward"]) == (1, 4, pytest.approx(0.15))
+    assert last_step(boto3.client("s3"), bucket=RUN.bucket, key=KEY) == 1
+    s3 = boto3.client("s3")
+    assert s3.head_object(Bucket=RUN.bucket, Key=KEY)["ContentType"] == "application/x-ndjson"
+    # Nothing new: not written again (a second object version would show it).
+    assert reward_curve.update(RUN) == 1
+    assert len(s3.list_object_versions(Bucket=RUN.bucket, Prefix=KEY)["Versions"]) == 1
+    # The job ended: the short window is written too.
+    assert reward_curve.update(RUN, final=True) == 2
+    assert [(line["step"], line["rollouts"], line["partial"]) for line in lines()] == [
+        (1, 4, False), (2, 2, True),
+    ]  # fmt: skip
+
+
+def test_a_curve_is_never_shortened_by_reports_that_expired(
+    curve: tuple[RewardCurve, ConversationStore],
+) -> None:
+    reward_curve, store = curve
+    for index in range(8):
+        store.record_report(RUN.run_id, f"m{index}", score=0.5, success=True, now=index)
+    assert reward_curve.update(RUN) == 2
+    db = boto3.client("dynamodb")
+    for index in range(4):  # the table's TTL took the first window's reports
+        db.delete_item(
+            TableName="conversations",
+            Key={"run_id": {"S": RUN.run_id}, "item": {"S": f"report#m{index}"}},
+        )
+    assert reward_curve.update(RUN) == 2
+    assert len(lines()) == 2
+    other = replace(RUN, run_id="another-run", output_prefix="runs/another-run/")
+    assert reward_curve.update(other) is None  # its reports only
