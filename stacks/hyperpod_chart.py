@@ -10,6 +10,14 @@ Sources:
   `creation_template.yaml`, parameter `HelmOperators`): the parts AWS turns on — the health
   monitoring agent, deep health check, job auto-restart, HyperPod patching and the device
   plugins among them.
+- Restricted instance groups (Nova's): AWS's RIG dependencies (aws/sagemaker-hyperpod-cli
+  `release_v2`, `helm_chart/install_rig_dependencies.sh` and `HyperPodHelmChartForRIG/
+  values.yaml`, README "Step Four"): RIG nodes carry the label
+  `sagemaker.amazonaws.com/instance-group-type: Restricted` and the taint
+  `sagemaker.amazonaws.com/RestrictedNode=Worker:NoSchedule`; the device plugins must tolerate
+  it (AWS runs a copy of the NVIDIA plugin there and patches the EFA plugin to tolerate it, its
+  image from the cluster's own region), and the Kubeflow training operator tolerates it while
+  preferring other nodes.
 - The device plugins' own documentation for the resources they advertise: NVIDIA's
   k8s-device-plugin (`nvidia.com/gpu`), AWS's EFA plugin (`vpc.amazonaws.com/efa`), AWS Neuron's
   device plugin (`aws.amazon.com/neuron`, `aws.amazon.com/neuroncore`, `aws.amazon.com/neurondevice`).
@@ -20,6 +28,7 @@ from __future__ import annotations
 import base64
 import enum
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +44,15 @@ RELEASE = "hyperpod-dependencies"
 NAMESPACE = "kube-system"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 KUBEFLOW_PYTORCH_JOBS = "pytorchjobs.kubeflow.org"
+GROUP_TYPE_LABEL = "sagemaker.amazonaws.com/instance-group-type"
+RESTRICTED_TOLERATION = {
+    "key": "sagemaker.amazonaws.com/RestrictedNode",
+    "operator": "Equal",
+    "value": "Worker",
+    "effect": "NoSchedule",
+}
+# The chart's Kubeflow training operator (charts/training-operators, its Deployment's label).
+TRAINING_OPERATOR_LABEL = ("control-plane", "kubeflow-training-operator")
 
 
 class Part(enum.Enum):
@@ -102,6 +120,7 @@ class ChartRequest:
     region: str | None  # None: the deploying machine's default region
     instance_types: tuple[str, ...]
     kubeflow_training_operator: bool
+    restricted_instance_types: tuple[str, ...] = ()  # of the restricted groups (also above)
 
     def values(self, region: str) -> dict[str, Any]:
         """Helm values: only what this deployment needs, everything else off."""
@@ -126,6 +145,7 @@ class ChartRequest:
             "region": self.region,
             "instance_types": list(self.instance_types),
             "kubeflow_training_operator": self.kubeflow_training_operator,
+            "restricted_instance_types": list(self.restricted_instance_types),
         }
         return base64.urlsafe_b64encode(json.dumps(data, sort_keys=True).encode()).decode()
 
@@ -137,7 +157,64 @@ class ChartRequest:
             region=data["region"],
             instance_types=tuple(data["instance_types"]),
             kubeflow_training_operator=data["kubeflow_training_operator"],
+            restricted_instance_types=tuple(data["restricted_instance_types"]),
         )
+
+
+def admit_restricted_nodes(objects: list[dict[str, Any]], *, region: str) -> list[dict[str, Any]]:
+    """The rendering as AWS's RIG dependencies change it for restricted groups: the device
+    plugins tolerate the RIG taint (the EFA plugin's image from `region`'s registry, as RIG
+    nodes pull it), the training operator tolerates it and prefers nodes of other groups."""
+    plugins = {part.image for part in DEVICE_PLUGINS}
+    admitted = []
+    for obj in objects:
+        if obj.get("kind") == "DaemonSet" and _image_names(obj) & plugins:
+            obj = _tolerating(obj)
+            if Part.EFA.image in _image_names(obj):
+                obj = _efa_image_from(obj, region)
+        elif obj.get("kind") == "Deployment" and _labelled(obj, TRAINING_OPERATOR_LABEL):
+            obj = _tolerating(obj)
+            affinity = obj["spec"]["template"]["spec"].setdefault("affinity", {})
+            preferred = affinity.setdefault("nodeAffinity", {}).setdefault(
+                "preferredDuringSchedulingIgnoredDuringExecution", []
+            )
+            elsewhere = {"weight": 100, "preference": {"matchExpressions": [
+                {"key": GROUP_TYPE_LABEL, "operator": "NotIn", "values": ["Restricted"]}
+            ]}}  # fmt: skip
+            if elsewhere not in preferred:
+                preferred.append(elsewhere)
+        admitted.append(obj)
+    return admitted
+
+
+def _tolerating(obj: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the workload whose pods tolerate the RIG taint."""
+    copied = json.loads(json.dumps(obj))
+    tolerations = copied["spec"]["template"]["spec"].setdefault("tolerations", [])
+    if RESTRICTED_TOLERATION not in tolerations:
+        tolerations.append(dict(RESTRICTED_TOLERATION))
+    return copied
+
+
+def _efa_image_from(daemonset: dict[str, Any], region: str) -> dict[str, Any]:
+    for container in daemonset["spec"]["template"]["spec"]["containers"]:
+        if _image_name(container.get("image", "")) == Part.EFA.image:
+            container["image"] = re.sub(
+                r"\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com", f".dkr.ecr.{region}.amazonaws.com",
+                container["image"],
+            )  # fmt: skip
+    return daemonset
+
+
+def _labelled(obj: dict[str, Any], label: tuple[str, str]) -> bool:
+    return (obj.get("metadata", {}).get("labels") or {}).get(label[0]) == label[1]
+
+
+def _tolerates_restricted(workload: dict[str, Any]) -> bool:
+    spec = workload.get("spec", {}).get("template", {}).get("spec", {})
+    return RESTRICTED_TOLERATION in (spec.get("tolerations") or []) or any(
+        t.get("operator") == "Exists" and not t.get("key") for t in spec.get("tolerations") or []
+    )
 
 
 class RenderingError(ValueError):
@@ -176,6 +253,17 @@ def check_rendering(objects: list[dict[str, Any]], request: ChartRequest) -> Non
                     "affinity leaves it out): pick a supported instance type or pin a chart "
                     "commit that supports it in stacks/hyperpod_chart.py"
                 )
+            elif (
+                instance_type in request.restricted_instance_types
+                and part in DEVICE_PLUGINS
+                and not any(
+                    _schedules_on(ds, instance_type) and _tolerates_restricted(ds) for ds in found
+                )
+            ):
+                problems.append(
+                    f"the chart's {part.values_key} does not tolerate the restricted group's "
+                    f"taint on {instance_type}: see admit_restricted_nodes"
+                )
     if problems:
         raise RenderingError(
             f"the HyperPod Helm chart at {COMMIT[:12]} cannot serve this deployment:\n  "
@@ -198,10 +286,11 @@ def _image_names(daemonset: dict[str, Any]) -> set[str]:
     k8s-device-plugin:v0.16.1` is `k8s-device-plugin` (not the EFA plugin's
     `aws-efa-k8s-device-plugin`, which ends the same)."""
     spec = daemonset.get("spec", {}).get("template", {}).get("spec", {})
-    return {
-        c.get("image", "").split("@")[0].rsplit("/", 1)[-1].split(":")[0]
-        for c in spec.get("containers", [])
-    }
+    return {_image_name(c.get("image", "")) for c in spec.get("containers", [])}
+
+
+def _image_name(image: str) -> str:
+    return image.split("@")[0].rsplit("/", 1)[-1].split(":")[0]
 
 
 def _schedules_on(daemonset: dict[str, Any], instance_type: str) -> bool:

@@ -36,6 +36,7 @@ from stacks.hyperpod_chart import (
     RELEASE,
     REPOSITORY,
     ChartRequest,
+    admit_restricted_nodes,
     check_rendering,
 )
 
@@ -111,6 +112,8 @@ def render(
             work,
         )  # fmt: skip
     objects = [_in_release_namespace(doc) for doc in yaml.safe_load_all(manifest) if doc]
+    if request.restricted_instance_types:
+        objects = admit_restricted_nodes(objects, region=region)
     check_rendering(objects, request)
     output.parent.mkdir(parents=True, exist_ok=True)
     document = {"commit": COMMIT, "release": RELEASE, "region": region, "objects": objects}

@@ -57,7 +57,7 @@ def rendering(
     kubeflow: bool = False,
 ) -> list[dict[str, Any]]:
     """The objects, as `helm template` prints them (namespaced ones may name no namespace);
-    `kubeflow`: with the training operator's PyTorchJob CRD."""
+    `kubeflow`: with the training operator (its Deployment and PyTorchJob CRD)."""
     types = {**AFFINITY, **(affinity or {})}
     agent = "health-monitoring-agent"
     objects: list[dict[str, Any]] = [
@@ -78,12 +78,31 @@ def rendering(
             _daemonset(f"hyperpod-dependencies-{plugin}", None, IMAGES[plugin], types[plugin])
         )
     if kubeflow:
-        objects.append(KUBEFLOW_CRD)
+        # charts/training-operators/templates/kubeflow-namespace.yaml (createNamespace: true)
+        kubeflow_namespace = {"apiVersion": "v1", "kind": "Namespace",
+                              "metadata": {"name": "kubeflow"}}  # fmt: skip
+        objects += [kubeflow_namespace, KUBEFLOW_CRD, TRAINING_OPERATOR]
     return objects
 
 
 KUBEFLOW_CRD = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
                 "metadata": {"name": "pytorchjobs.kubeflow.org"}}  # fmt: skip
+
+
+# charts/training-operators/templates/Deployment/training-operator-kubeflow-Deployment.yaml,
+# rendered for release hyperpod-dependencies with the subchart's values (cut to what matters).
+TRAINING_OPERATOR = {
+    "apiVersion": "apps/v1", "kind": "Deployment",
+    "metadata": {"name": "hyperpod-dependencies-training-operators", "namespace": "kubeflow",
+                 "labels": {"control-plane": "kubeflow-training-operator"}},
+    "spec": {"replicas": 1,
+             "selector": {"matchLabels": {"control-plane": "kubeflow-training-operator"}},
+             "template": {"metadata": {"labels": {"control-plane": "kubeflow-training-operator"}},
+                          "spec": {"containers": [{"name": "training-operator",
+                                                   "image": "kubeflow/training-operator:v1-855e096",
+                                                   "command": ["/manager"]}],
+                                   "serviceAccountName": "training-operator"}}},
+}  # fmt: skip
 
 
 def manifest(objects: list[dict[str, Any]]) -> str:

@@ -16,14 +16,16 @@ from stacks.components.hyperpod_dependencies import chart_request
 from stacks.config import PlatformConfig, deployment_context
 from stacks.hyperpod_chart import (
     COMMIT,
+    RESTRICTED_TOLERATION,
     ChartRequest,
     Part,
     RenderingError,
+    admit_restricted_nodes,
     advertised,
     check_rendering,
     parts_needed,
 )
-from tests.chart_rendering import rendering
+from tests.chart_rendering import TRAINING_OPERATOR, rendering
 from tests.kubernetes.test_training_job import request as job_request
 
 P5 = ChartRequest(
@@ -130,6 +132,59 @@ def test_a_rendering_missing_a_part_stops_the_deploy_naming_it(
         check_rendering(objects, P5)
     assert problem in str(raised.value)
     assert COMMIT[:12] in str(raised.value)
+
+
+NOVA = replace(P5, kubeflow_training_operator=True, restricted_instance_types=("ml.p5.48xlarge",))
+
+
+def _spec(objects: list[dict], name: str) -> dict:
+    (found,) = [o for o in objects if o["metadata"]["name"] == name and "spec" in o]
+    return found["spec"]["template"]["spec"]
+
+
+def test_on_restricted_groups_the_device_plugins_and_operator_tolerate_rig_nodes() -> None:
+    """As AWS's RIG dependencies (sagemaker-hyperpod-cli release_v2,
+    helm_chart/install_rig_dependencies.sh, HyperPodHelmChartForRIG/values.yaml): the device
+    plugins run on restricted nodes (the EFA plugin's image from the cluster's region), the
+    Kubeflow operator may too but prefers other nodes; the health agent is left as it is."""
+    original = rendering(kubeflow=True)
+    snapshot = yaml.safe_dump(original)
+    admitted = admit_restricted_nodes(original, region="eu-west-2")
+    assert yaml.safe_dump(original) == snapshot  # a changed copy, the rendering untouched
+    for plugin in ("nvidia-device-plugin", "aws-efa-k8s-device-plugin"):
+        spec = _spec(admitted, f"hyperpod-dependencies-{plugin}")
+        assert spec["tolerations"] == [RESTRICTED_TOLERATION]
+    efa = _spec(admitted, "hyperpod-dependencies-aws-efa-k8s-device-plugin")["containers"][0]
+    assert efa["image"] == (
+        "602401143452.dkr.ecr.eu-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin:v0.5.6"
+    )
+    nvidia = _spec(admitted, "hyperpod-dependencies-nvidia-device-plugin")["containers"][0]
+    assert nvidia["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.16.1"
+    assert "tolerations" not in _spec(admitted, "health-monitoring-agent")
+    operator = _spec(admitted, TRAINING_OPERATOR["metadata"]["name"])
+    assert operator["tolerations"] == [RESTRICTED_TOLERATION]
+    assert operator["affinity"]["nodeAffinity"] == {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
+            "matchExpressions": [{"key": "sagemaker.amazonaws.com/instance-group-type",
+                                  "operator": "NotIn", "values": ["Restricted"]}]}}]
+    }  # fmt: skip
+    # Admitting twice adds nothing more.
+    assert admit_restricted_nodes(admitted, region="eu-west-2") == admitted
+    check_rendering(admitted, NOVA)
+
+
+def test_a_rendering_whose_plugins_shun_restricted_nodes_stops_a_nova_deploy() -> None:
+    with pytest.raises(RenderingError) as raised:
+        check_rendering(rendering(kubeflow=True), NOVA)
+    assert str(raised.value).count("does not tolerate the restricted group's taint") == 2
+    assert "aws-efa-k8s-device-plugin does not tolerate" in str(raised.value)
+    check_rendering(rendering(kubeflow=True), replace(NOVA, restricted_instance_types=()))
+    # A toleration of every taint will do.
+    everything = rendering(kubeflow=True)
+    for obj in everything:
+        if obj["kind"] == "DaemonSet":
+            obj["spec"]["template"]["spec"]["tolerations"] = [{"operator": "Exists"}]
+    check_rendering(everything, NOVA)
 
 
 def test_kubeflow_jobs_need_the_chart_to_bring_their_crd() -> None:

@@ -76,6 +76,34 @@ def test_renders_the_pinned_commit_with_our_values_and_hands_over_checked_object
     assert plugin["metadata"]["namespace"] == NAMESPACE
 
 
+def test_a_deployment_with_a_restricted_group_gets_the_rendering_admitted_to_its_nodes(
+    tmp_path: Path,
+) -> None:
+    """The same chart, changed as AWS's RIG dependencies change it (stacks/hyperpod_chart.py
+    admit_restricted_nodes) before the checks, and cached apart from the plain rendering."""
+    nova = replace(
+        REQUEST, region="eu-west-2", kubeflow_training_operator=True,
+        restricted_instance_types=("ml.p5.48xlarge",),
+    )  # fmt: skip
+    tools = Tools(manifest(rendering(kubeflow=True)))
+    handed = json.loads(renderer.render(nova, cache=tmp_path, run=tools).read_text())
+    tolerating = sorted(
+        obj["metadata"]["name"]
+        for obj in handed["objects"]
+        if "tolerations" in obj.get("spec", {}).get("template", {}).get("spec", {})
+    )
+    assert tolerating == [
+        "hyperpod-dependencies-aws-efa-k8s-device-plugin",
+        "hyperpod-dependencies-nvidia-device-plugin",
+        "hyperpod-dependencies-training-operators",
+    ]
+    plain = renderer.render(replace(nova, restricted_instance_types=()), cache=tmp_path, run=tools)
+    assert not any(
+        "tolerations" in obj.get("spec", {}).get("template", {}).get("spec", {})
+        for obj in json.loads(plain.read_text())["objects"]
+    )
+
+
 def test_a_rendering_is_made_once_per_input(tmp_path: Path) -> None:
     tools = Tools(manifest(rendering()))
     first = renderer.render(replace(REQUEST, region="us-east-1"), cache=tmp_path, run=tools)

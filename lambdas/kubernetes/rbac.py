@@ -124,8 +124,9 @@ def launcher_group(prefix: str) -> str:
 
 def nova_launcher_rbac(prefix: str) -> list[dict[str, Any]]:
     """The launcher group's rights: AWS's chart in the Nova jobs' namespace, nothing elsewhere
-    (a Role, not a ClusterRole). The namespace is declared too: the training operator's chart
-    makes it only when it is turned on."""
+    (a Role, not a ClusterRole). The namespace is the HyperPod chart's (its training operator,
+    always on where Nova runs, makes it: stacks/components/hyperpod_dependencies.py), installed
+    by the compute stack before these and removed after them."""
     name = f"{prefix}-nova-launcher"
     labels = {"app.kubernetes.io/managed-by": "nova-mtrl", "nova-mtrl/deployment": prefix}
     rules = [
@@ -134,8 +135,6 @@ def nova_launcher_rbac(prefix: str) -> list[dict[str, Any]]:
     ]
     metadata = {"name": name, "namespace": NAMESPACE, "labels": labels}
     return [
-        {"apiVersion": "v1", "kind": "Namespace",
-         "metadata": {"name": NAMESPACE, "labels": labels}},
         {"apiVersion": RBAC_API, "kind": "Role", "metadata": metadata, "rules": rules},
         {
             "apiVersion": RBAC_API, "kind": "RoleBinding", "metadata": metadata,

@@ -35,6 +35,9 @@ def chart_request(config: PlatformConfig) -> hyperpod_chart.ChartRequest:
         kubeflow_training_operator=(
             config.training_job_kind == "PyTorchJob" or config.nova_group is not None
         ),
+        restricted_instance_types=tuple(
+            g.instance_type for g in config.hyperpod_instance_groups if g.restricted
+        ),
     )
 
 

@@ -218,6 +218,8 @@ def test_the_deploy_installs_the_hyperpod_chart_and_the_destroy_removes_it(
         == deleted["PhysicalResourceId"]
         == ("nova-mtrl-eks/hyperpod-dependencies")
     )
+    # The kubeflow namespace is the chart's alone: gone with it, after the launcher's RBAC.
+    assert "kubeflow" not in scenarios.world.kubernetes.objects["/api/v1/namespaces"]
     # The installer signed as itself: it read its rendering and found the cluster (the IAM
     # proof checks both against its role), then the objects went again (the namespaces every
     # cluster has stay).
@@ -238,9 +240,10 @@ def test_the_deploy_applies_the_pipelines_rbac_and_the_destroy_removes_it(
     scenarios: Scenarios,
 ) -> None:
     created, deleted = scenarios.rbac
-    # The pipeline's four, and the launcher's Role, RoleBinding and the kubeflow namespace.
-    assert (created["Status"], created["Data"]["Objects"]) == ("SUCCESS", 7)
-    assert (deleted["Status"], deleted["Data"]["Objects"]) == ("SUCCESS", 7)
+    # The pipeline's four, and the launcher's Role and RoleBinding (in the kubeflow namespace
+    # the chart's training operator made: it stays for the chart to remove).
+    assert (created["Status"], created["Data"]["Objects"]) == ("SUCCESS", 6)
+    assert (deleted["Status"], deleted["Data"]["Objects"]) == ("SUCCESS", 6)
     assert (
         created["PhysicalResourceId"] == deleted["PhysicalResourceId"] == "nova-mtrl-pipeline-rbac"
     )
