@@ -63,6 +63,12 @@ MODULES: dict[str, tuple[str, ...]] = {
     "lambdas/launcher/hyperpod_cli.py": ("tests/launcher/test_hyperpod_cli.py",),
     "lambdas/pipeline/nova_training.py": ("tests/pipeline/test_nova_training.py",),
     "lambdas/pipeline/training_planes.py": ("tests/pipeline/test_training_planes.py",),
+    # What restricted nodes get of the EKS add-ons (a wrong copy leaves a Nova job's pods
+    # without network or DNS).
+    "lambdas/kubernetes/rig_addons.py": (
+        "tests/kubernetes/test_rig_addons.py",
+        "tests/kubernetes/test_chart_install.py",
+    ),
     # A Nova run's progress: what stall detection and `mtrl status` read.
     "lambdas/pipeline/reward_curve.py": (
         "tests/pipeline/test_reward_curve.py",

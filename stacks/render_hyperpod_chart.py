@@ -116,7 +116,12 @@ def render(
         objects = admit_restricted_nodes(objects, region=region)
     check_rendering(objects, request)
     output.parent.mkdir(parents=True, exist_ok=True)
-    document = {"commit": COMMIT, "release": RELEASE, "region": region, "objects": objects}
+    document = {
+        "commit": COMMIT, "release": RELEASE, "region": region, "objects": objects,
+        # The installer adds the EKS add-ons' copies for restricted nodes (lambdas/kubernetes/
+        # rig_addons.py): they are made from the cluster's live add-ons, not rendered here.
+        "restricted": bool(request.restricted_instance_types),
+    }  # fmt: skip
     partial = output.with_suffix(".partial")
     partial.write_text(json.dumps(document, sort_keys=True))
     partial.replace(output)

@@ -74,8 +74,13 @@ def test_the_installer_reads_only_its_rendering_and_is_the_clusters_admin(
         if "s3:GetObject" in statement["Action"]
     ]
     assert json.dumps(reads[0]).count(manifest["Key"]) == 1 and len(reads) == 1
-    (entry_id,) = chart["DependsOn"]
+    (entry_id,) = [
+        d for d in chart["DependsOn"] if template["Resources"][d]["Type"] == "AWS::EKS::AccessEntry"
+    ]
     entry = template["Resources"][entry_id]["Properties"]
+    # After the add-ons on the nodes: the chart's pods need them, restricted groups copies.
+    waits_for = {template["Resources"][d]["Type"] for d in chart["DependsOn"]}
+    assert {"AWS::EKS::Addon", "AWS::EKS::Nodegroup"} <= waits_for
     assert entry["PrincipalArn"] == {"Fn::GetAtt": [role, "Arn"]}
     (policy,) = entry["AccessPolicies"]
     assert policy["AccessScope"]["Type"] == "cluster"

@@ -304,6 +304,20 @@ def test_a_restricted_group_brings_the_nova_plane_and_its_rights(pinned_app: Syn
         if "iam:PassRole" in as_list(s["Action"])
     ]  # fmt: skip
     assert any("RestrictedExecutionRole" in json.dumps(resource) for resource in passed)
+    # HyperPod keeps an EKS access entry for every group's execution role, the restricted one's
+    # too (ClusterMetadata.EksRoleAccessEntries): scaling may manage those two entries only.
+    entries = [
+        s for s in role_statements(template, _role_id(scale))
+        if "eks:principalArn" in json.dumps(s.get("Condition", {}))
+    ]  # fmt: skip
+    assert {a for s in entries for a in as_list(s["Action"])} == {
+        "eks:CreateAccessEntry", "eks:DescribeAccessEntry", "eks:AssociateAccessPolicy",
+        "eks:DeleteAccessEntry",
+    }  # fmt: skip
+    for statement in entries:
+        principals = statement["Condition"]["StringEquals"]["eks:principalArn"]
+        assert len(principals) == 2
+        assert "RestrictedExecutionRole" in json.dumps(principals)
 
 
 def test_without_a_restricted_group_there_is_no_nova_plane(default_app: Synthesized) -> None:

@@ -81,10 +81,12 @@ def custom_resource(
     objects_of: Callable[[dict[str, Any], bool], Objects],
     kubernetes: Callable[[], KubernetesClient],
     respond: Respond,
+    prepare: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
     """Reconcile the objects `objects_of(properties, applying)` names and answer CloudFormation;
     `applying` is False for the objects of a previous revision or of a delete. `kubernetes()`
-    is called inside, so not reaching the cluster is an answer too."""
+    is called inside, so not reaching the cluster is an answer too. `prepare(properties)`, on
+    Create and Update, changes what the cluster has that is not ours to own, first."""
     answer = {
         "PhysicalResourceId": event.get("PhysicalResourceId") or physical_id,
         "StackId": event["StackId"],
@@ -93,6 +95,8 @@ def custom_resource(
     }
     try:
         request_type = event["RequestType"]
+        if prepare is not None and request_type != "Delete":
+            prepare(event["ResourceProperties"])
         objects = objects_of(event["ResourceProperties"], request_type != "Delete")
         previous = (
             objects_of(event["OldResourceProperties"], False) if request_type == "Update" else []

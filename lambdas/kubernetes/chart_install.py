@@ -1,6 +1,11 @@
 """Deploy-time custom resource: installs AWS's HyperPod Helm chart on the EKS cluster before the
 HyperPod cluster is created, and removes it after that cluster on destroy.
 
+With restricted instance groups (the rendering says so), the EKS add-ons' copies for their
+nodes go with the chart (lambdas/kubernetes/rig_addons.py: `rig-aws-node`, `rig-coredns`, made
+from the cluster's own add-on objects, removed with the chart), and the VPC CNI's `aws-node` is
+kept off those nodes (not ours: changed, never deleted).
+
 The chart was rendered and checked on the deploying machine (stacks/render_hyperpod_chart.py)
 and uploaded as a CDK asset: `Manifest` names it ({Bucket, Key}); a new rendering is a new key,
 so CloudFormation sends an Update and the objects the chart dropped are deleted
@@ -17,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from lambdas.clients import Clients, Handler, lambda_entries
+from lambdas.kubernetes import rig_addons
 from lambdas.kubernetes.bootstrap import (
     Objects,
     Respond,
@@ -28,15 +34,18 @@ from lambdas.kubernetes.client import KubernetesClient
 from lambdas.kubernetes.settings import ChartSettings
 
 
+def rendering_of(s3: Any, properties: dict[str, Any]) -> dict[str, Any]:
+    manifest = properties["Manifest"]
+    return json.loads(s3.get_object(Bucket=manifest["Bucket"], Key=manifest["Key"])["Body"].read())
+
+
 def rendered_objects(
     s3: Any, properties: dict[str, Any], *, region: str, applying: bool = True
 ) -> Objects:
     """The rendering's objects. One for another region is refused when it is to be applied;
     as a previous revision or one being deleted (a rollback of that refusal) it is nothing to
     remove: it was never applied."""
-    manifest = properties["Manifest"]
-    body = s3.get_object(Bucket=manifest["Bucket"], Key=manifest["Key"])["Body"].read()
-    rendering = json.loads(body)
+    rendering = rendering_of(s3, properties)
     if rendering["region"] != region:
         if not applying:
             return []
@@ -45,6 +54,39 @@ def rendered_objects(
             f"{region}: set `region` in cdk.json (or AWS_REGION when deploying) to {region}"
         )
     return rendering["objects"]
+
+
+def restricted_addons(kubernetes: KubernetesClient, *, applying: bool) -> Objects:
+    """The add-ons' copies for restricted nodes, made from the cluster's add-ons (to apply), or
+    named only (to delete)."""
+    if not applying:
+        return [
+            {"apiVersion": "apps/v1", "kind": "DaemonSet",
+             "metadata": {"name": f"rig-{name}", "namespace": rig_addons.NAMESPACE}}
+            for name in (rig_addons.AWS_NODE, rig_addons.COREDNS)
+        ]  # fmt: skip
+    return [
+        rig_addons.rig_aws_node(_addon(kubernetes, "DaemonSet", rig_addons.AWS_NODE, "vpc-cni")),
+        rig_addons.rig_coredns(_addon(kubernetes, "Deployment", rig_addons.COREDNS, "coredns")),
+    ]
+
+
+def keep_aws_node_off_restricted(kubernetes: KubernetesClient) -> None:
+    changed = rig_addons.aws_node_off_restricted(
+        _addon(kubernetes, "DaemonSet", rig_addons.AWS_NODE, "vpc-cni")
+    )
+    if changed is not None:
+        kubernetes.apply(changed)
+
+
+def _addon(kubernetes: KubernetesClient, kind: str, name: str, addon: str) -> dict[str, Any]:
+    found = kubernetes.get("apps/v1", kind, name, rig_addons.NAMESPACE)
+    if found is None:
+        raise ValueError(
+            f"no {kind} {name} in {rig_addons.NAMESPACE}: restricted instance groups need a copy "
+            f"of the EKS add-on {addon}'s; install the add-on (stacks/components/eks.py does)"
+        )
+    return found
 
 
 def install_chart(
@@ -57,16 +99,24 @@ def install_chart(
     respond: Respond,
 ) -> None:
     """The rendering the `Manifest` property names, applied as release `release`
-    (`<cluster>/<release name>`, the physical id)."""
+    (`<cluster>/<release name>`, the physical id), with the add-ons' copies for restricted
+    nodes where the rendering is for restricted groups."""
+    client = functools.cache(kubernetes)
+
+    def objects_of(properties: dict[str, Any], applying: bool) -> Objects:
+        objects = rendered_objects(s3, properties, region=region, applying=applying)
+        if objects and rendering_of(s3, properties).get("restricted"):
+            objects = [*objects, *restricted_addons(client(), applying=applying)]
+        return objects
+
+    def prepare(properties: dict[str, Any]) -> None:
+        if rendering_of(s3, properties).get("restricted"):
+            keep_aws_node_off_restricted(client())
+
     custom_resource(
-        event,
-        physical_id=release,
-        objects_of=lambda properties, applying: rendered_objects(
-            s3, properties, region=region, applying=applying
-        ),
-        kubernetes=kubernetes,
-        respond=respond,
-    )
+        event, physical_id=release, objects_of=objects_of, kubernetes=client, respond=respond,
+        prepare=prepare,
+    )  # fmt: skip
 
 
 def compose(environment: Mapping[str, str], clients: Clients) -> dict[str, Handler]:

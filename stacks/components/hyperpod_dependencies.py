@@ -119,3 +119,7 @@ class HyperPodDependencies(Construct):
             },
         )
         self.installed.node.add_dependency(access)
+        # The add-ons on the nodes (vpc-cni, coredns) first: the chart's pods need them, and
+        # restricted groups need copies of them made from what the add-ons installed.
+        for dependency in eks.ready:
+            self.installed.node.add_dependency(dependency)

@@ -162,12 +162,15 @@ class TrainingClusterControl(Construct):
                 ]
                 self._allow(role, cluster_actions, self._hyperpod_arn)
                 self._allow(role, ["eks:DescribeCluster"], self._eks_arn)
-                if self._execution_role_arn:
-                    # UpdateCluster hands every instance group's execution role back to SageMaker.
-                    self._pass(role, self._execution_role_arn, "sagemaker.amazonaws.com")
-                    self._execution_role_entry(role, self._execution_role_arn)
-                if self._restricted_role_arn:
-                    self._pass(role, self._restricted_role_arn, "sagemaker.amazonaws.com")
+                # UpdateCluster hands every instance group's execution role back to SageMaker,
+                # restricted groups' too, and HyperPod keeps an access entry for each.
+                execution_roles = [
+                    arn for arn in (self._execution_role_arn, self._restricted_role_arn) if arn
+                ]
+                for arn in execution_roles:
+                    self._pass(role, arn, "sagemaker.amazonaws.com")
+                if execution_roles:
+                    self._execution_role_entries(role, execution_roles)
             case Need.NODES_COUNT:
                 self._allow(role, ["sagemaker:ListClusterNodes"], self._hyperpod_arn)
             case Need.KUBERNETES:
@@ -221,17 +224,17 @@ class TrainingClusterControl(Construct):
                 self._allow(role, ["eks:DescribeCluster"], self._eks_arn)
                 self._access_entry(role.role_arn, groups=[launcher_group(self._config.name_prefix)])
 
-    def _execution_role_entry(self, role: iam.IRole, execution_role_arn: str) -> None:
-        """The EKS access entry of the execution role only: made, read, given its access policy
-        or removed by HyperPod with the caller's rights, for that principal and no other
-        (`eks:principalArn`, a condition key of each of these actions)."""
+    def _execution_role_entries(self, role: iam.IRole, execution_role_arns: list[str]) -> None:
+        """The EKS access entries of the execution roles only: made, read, given their access
+        policy or removed by HyperPod with the caller's rights, for those principals and no
+        other (`eks:principalArn`, a condition key of each of these actions)."""
         stack = Stack.of(self)
         entries = stack.format_arn(
             service="eks",
             resource="access-entry",
             resource_name=f"{self._eks_name}/role/{stack.account}/*",
         )
-        only_it = {"StringEquals": {"eks:principalArn": execution_role_arn}}
+        only_it = {"StringEquals": {"eks:principalArn": execution_role_arns}}
         role.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["eks:CreateAccessEntry"], resources=[self._eks_arn], conditions=only_it
@@ -253,7 +256,7 @@ class TrainingClusterControl(Construct):
             "AwsSolutions-IAM5",
             entries,
             "An access entry ARN ends in an id EKS assigns; the eks:principalArn condition keeps "
-            "it to the HyperPod execution role's entry on this cluster.",
+            "it to the HyperPod execution roles' entries on this cluster.",
         )
 
     def _pass(self, role: iam.IRole, passed: str, service: str) -> None:

@@ -53,6 +53,7 @@ from tests.iam.world import (
     write_manifest_as_the_nova_job,
     write_metrics_as_the_trainer,
 )
+from tests.kubernetes import eks_addons
 from training_configs import load_training_config
 
 SCALING_CONFIG = "configs/scaling.yaml"
@@ -245,7 +246,9 @@ def _left(world: World, run: Scenario) -> dict[str, Any]:
 
 def publish_chart_rendering(world: World, cache: Path) -> None:
     """What `cdk deploy` uploads for the chart before the stacks change: the renderer's output
-    (git and helm faked, as in tests/test_render_hyperpod_chart.py) in the bootstrap bucket."""
+    (git and helm faked, as in tests/test_render_hyperpod_chart.py) in the bootstrap bucket; and
+    the EKS add-ons the chart waits for (their objects, as EKS installs them)."""
+    eks_addons.install(world.kubernetes.objects)
     ((stack, _, chart),) = world.deployment.resources("Custom::HyperPodHelmChart")
     asset = world.deployment.resolve(stack, chart["Properties"]["Manifest"])
     request = replace(chart_request(world.app.config), region=REGION)

@@ -211,8 +211,17 @@ def test_the_deploy_installs_the_hyperpod_chart_and_the_destroy_removes_it(
     created, deleted = scenarios.chart
     assert created["Status"] == deleted["Status"] == "SUCCESS", (created, deleted)
     installed = created["Data"]["Objects"]
-    # With a restricted group: the training operator too (a Nova job's trainer is a PyTorchJob).
-    assert installed == deleted["Data"]["Objects"] == len(rendering(kubeflow=True))
+    # With a restricted group: the training operator too (a Nova job's trainer is a PyTorchJob),
+    # and the EKS add-ons' copies for restricted nodes (rig-aws-node, rig-coredns).
+    assert installed == deleted["Data"]["Objects"] == len(rendering(kubeflow=True)) + 2
+    daemonsets = scenarios.world.kubernetes.objects[
+        "/apis/apps/v1/namespaces/kube-system/daemonsets"
+    ]
+    assert "aws-node" in daemonsets and not {"rig-aws-node", "rig-coredns"} & set(daemonsets)
+    terms = daemonsets["aws-node"]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][-1]["values"] == ["Restricted"]  # kept off them
     assert (
         created["PhysicalResourceId"]
         == deleted["PhysicalResourceId"]
@@ -222,7 +231,7 @@ def test_the_deploy_installs_the_hyperpod_chart_and_the_destroy_removes_it(
     assert "kubeflow" not in scenarios.world.kubernetes.objects["/api/v1/namespaces"]
     # The installer signed as itself: it read its rendering and found the cluster (the IAM
     # proof checks both against its role), then the objects went again (the namespaces every
-    # cluster has stay).
+    # cluster has stay, and the add-ons EKS installed).
     world = scenarios.world
     installer = {
         (call.service, call.operation)
@@ -231,8 +240,7 @@ def test_the_deploy_installs_the_hyperpod_chart_and_the_destroy_removes_it(
     }
     assert installer == {("s3", "GetObject"), ("eks", "DescribeCluster")}
     api = world.kubernetes
-    assert "/apis/apps/v1/namespaces/kube-system/daemonsets" in api.objects
-    assert not api.objects["/apis/apps/v1/namespaces/kube-system/daemonsets"]
+    assert set(api.objects["/apis/apps/v1/namespaces/kube-system/daemonsets"]) == {"aws-node"}
     assert "aws-hyperpod" not in api.objects["/api/v1/namespaces"]
 
 

@@ -16,6 +16,7 @@ from moto import mock_aws
 
 from lambdas.kubernetes import chart_install
 from tests.chart_rendering import rendering
+from tests.kubernetes import eks_addons
 from tests.kubernetes.fake_api import FakeKubernetes, client_of
 
 BUCKET = "cdk-hnb659fds-assets-123456789012-us-east-1"
@@ -36,12 +37,16 @@ def s3() -> Iterator[Any]:
         yield client
 
 
-def upload(s3: Any, key: str, objects: list[dict[str, Any]], region: str = "us-east-1") -> dict:
+def upload(
+    s3: Any, key: str, objects: list[dict[str, Any]], region: str = "us-east-1",
+    restricted: bool = False,
+) -> dict:  # fmt: skip
     """A rendering as stacks/render_hyperpod_chart.py writes it (namespaces filled in)."""
     for obj in objects:
         if obj["kind"] == "DaemonSet":
             obj["metadata"].setdefault("namespace", "kube-system")
-    body = {"commit": "c", "release": "hyperpod-dependencies", "region": region, "objects": objects}
+    body = {"commit": "c", "release": "hyperpod-dependencies", "region": region,
+            "objects": objects, "restricted": restricted}  # fmt: skip
     s3.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(body).encode())
     return {"Manifest": {"Bucket": BUCKET, "Key": key}}
 
@@ -128,3 +133,54 @@ def test_the_apis_refusal_reaches_cloudformation(api: FakeKubernetes, s3: Any) -
     assert answer["Reason"] == (
         'KubernetesError: Kubernetes API 404 NotFound: namespaces "nowhere" not found'
     )
+
+
+def test_for_restricted_groups_the_add_ons_copies_go_with_the_chart_and_aws_node_stays_off(
+    api: FakeKubernetes, s3: Any
+) -> None:
+    """As AWS's RIG dependencies: `rig-aws-node` and `rig-coredns` made from the cluster's own
+    add-ons, installed and removed with the chart; the standard `aws-node` kept off restricted
+    nodes — changed, not owned: a delete leaves it (and coredns) where EKS put it."""
+    eks_addons.install(api.objects)
+    properties = upload(s3, "rig.json", rendering(), restricted=True)
+    created = call(api, s3, {"RequestType": "Create", "ResourceProperties": properties})
+    assert (created["Status"], created["Data"]) == ("SUCCESS", {"Objects": 9}), created
+    daemonsets = api.objects[DAEMONSETS]
+    assert {"rig-aws-node", "rig-coredns"} <= set(daemonsets)
+    assert daemonsets["rig-coredns"]["spec"]["template"]["spec"]["nodeSelector"] == {
+        "sagemaker.amazonaws.com/instance-group-type": "Restricted"
+    }
+    terms = daemonsets["aws-node"]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][-1]["operator"] == "NotIn"
+    # The same deploy again (an update to an equal rendering): aws-node is not changed again.
+    patches = [p for m, p, _ in api.requests if m == "PATCH" and "/daemonsets/aws-node?" in p]
+    again = call(api, s3, {"RequestType": "Update", "ResourceProperties": properties,
+                           "OldResourceProperties": properties,
+                           "PhysicalResourceId": created["PhysicalResourceId"]})  # fmt: skip
+    assert again["Status"] == "SUCCESS"
+    assert [p for m, p, _ in api.requests if m == "PATCH" and "/daemonsets/aws-node?" in p] == (
+        patches
+    )
+    rig = daemonsets["rig-aws-node"]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    (term,) = rig["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"][-1]["operator"] == "In"
+    deleted = call(api, s3, {"RequestType": "Delete", "ResourceProperties": properties,
+                             "PhysicalResourceId": created["PhysicalResourceId"]})  # fmt: skip
+    assert (deleted["Status"], deleted["Data"]) == ("SUCCESS", {"Objects": 9})
+    assert set(api.objects[DAEMONSETS]) == {"aws-node"}
+    assert "coredns" in api.objects["/apis/apps/v1/namespaces/kube-system/deployments"]
+
+
+def test_restricted_groups_without_the_add_ons_fail_the_deploy_saying_which(
+    api: FakeKubernetes, s3: Any
+) -> None:
+    properties = upload(s3, "rig.json", rendering(), restricted=True)
+    answer = call(api, s3, {"RequestType": "Create", "ResourceProperties": properties})
+    assert answer["Status"] == "FAILED"
+    assert answer["Reason"] == (
+        "ValueError: no DaemonSet aws-node in kube-system: restricted instance groups need a "
+        "copy of the EKS add-on vpc-cni's; install the add-on (stacks/components/eks.py does)"
+    )
+    assert not [r for r in api.requests if r[0] == "PATCH"]
