@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -136,6 +137,12 @@ class Dispatcher:
 
 _DISPATCHER = Dispatcher()
 _ORIGINAL_INVOKE = LambdaSimpleBackend.invoke
+_DEFAULT_SESSION_LOCK = threading.Lock()
+
+
+def _one_at_a_time(make: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    with _DEFAULT_SESSION_LOCK:
+        return make(*args, **kwargs)
 
 
 @contextmanager
@@ -157,13 +164,20 @@ def temporary_environ(values: Mapping[str, str], *, remove: tuple[str, ...] = ()
 
 @contextmanager
 def in_process_lambdas() -> Iterator[Dispatcher]:
-    """While active, moto's Docker-less Lambda runs our handlers instead of echoing input."""
+    """While active, moto's Docker-less Lambda runs our handlers instead of echoing input; and
+    clients of boto3's default session are made one at a time: moto's Step Functions
+    interpreter makes one per task from it (asl/utils/boto_client.py) while pollers and
+    handlers make theirs in other threads, and making clients of one session is not
+    thread-safe (boto/boto3#2750: "'dict' object has no attribute ..." at random)."""
     LambdaSimpleBackend.invoke = lambda self, *args, **kwargs: _DISPATCHER.invoke(
         self, *args, **kwargs
     )  # type: ignore[method-assign]
+    make_client = boto3.client
+    boto3.client = functools.partial(_one_at_a_time, make_client)  # type: ignore[assignment]
     try:
         yield _DISPATCHER
     finally:
+        boto3.client = make_client  # type: ignore[assignment]
         LambdaSimpleBackend.invoke = _ORIGINAL_INVOKE  # type: ignore[method-assign]
         _DISPATCHER.functions.clear()
         _DISPATCHER.handlers.clear()

@@ -221,3 +221,35 @@ def test_overrides_set_every_leaf_of_their_name_as_the_sdk_does() -> None:
     assert recipe["run"]["name"] == "my-run"  # the recipe given is left as it was
     with pytest.raises(NovaRefused, match="^the recipe has no key delegate, number_generation$"):
         apply_overrides(recipe, {"delegate": True, "number_generation": 8, "lr": 1e-5})
+
+
+# The leaf names of AWS's public RFT recipes for Nova 2 Lite (aws/sagemaker-hyperpod-recipes
+# @2631995, recipes_collection/recipes/fine-tuning/nova/nova_2_0/nova_lite/RFT/
+# nova_lite_2_0_p5_gpu_rft.yaml; its LoRA twin nova_lite_2_0_p5_gpu_lora_rft.yaml adds
+# LORA_LEAVES): the single-turn family the Forge BYOO recipes belong to.
+PUBLIC_RFT_LEAVES = frozenset({
+    "adam_beta1", "adam_beta2", "age_tolerance", "clip_ratio_high", "data_s3_path", "ent_coeff",
+    "generation_replicas", "global_batch_size", "lambda_arn", "lambda_concurrency_limit",
+    "loss_scale", "lr", "max_length", "max_new_tokens", "max_steps", "mlflow_experiment_name",
+    "mlflow_run_name", "mlflow_tracking_uri", "model_name_or_path", "model_type", "name",
+    "number_generation", "output_s3_path", "reasoning_effort", "refit_freq", "replicas",
+    "reward_lambda_arn", "rollout_worker_replicas", "save_steps", "save_top_k",
+    "set_random_seed", "shuffle", "temperature", "top_k", "type", "weight_decay",
+})  # fmt: skip
+LORA_LEAVES = frozenset({"alpha", "loraplus_lr_ratio", "peft_scheme"})
+# Only in the BYOO recipe (Nova user guide, nova-hp-rft-forge, "BYOO recipe configuration"):
+# delegation to the customer's rollout, its timeout, and the four endpoints (+ the SDK's queue).
+BYOO_ONLY = frozenset({"delegate", "timeout", *BYOO_KEYS})
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_override_but_the_byoo_ones_is_a_key_of_awss_public_rft_recipe(name: str) -> None:
+    config = load_training_config(name)
+    overrides = recipe_overrides(
+        config, name="n", data_s3_path="s3://b/d.jsonl", output_s3_path="s3://b/r/", byoo=BYOO
+    )
+    public = PUBLIC_RFT_LEAVES | (LORA_LEAVES if config.lora is not None else frozenset())
+    assert set(overrides) - BYOO_ONLY <= public
+    assert set(overrides) >= BYOO_ONLY  # delegation is always on, with this run's endpoints
+    assert not (BYOO_ONLY & public)  # the public single-turn recipe delegates nothing
+    assert ("alpha" in overrides) is (config.lora is not None)

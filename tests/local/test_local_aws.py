@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 import boto3
+import pytest
 
 from mtrl.local.aws import _RETRY_SHORT_POLL_SECONDS, LocalAws, _queue_name
 
@@ -177,3 +178,29 @@ def test_a_chunked_body_arrives_whole() -> None:
         with _raw_put(aws, b"Transfer-Encoding: chunked\r\n\r\n") as connection:
             connection.sendall(b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
         assert _stored(aws) == b"hello world"
+
+
+def test_while_lambdas_run_in_process_default_session_clients_are_made_one_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """moto's Step Functions interpreter makes a client per task from boto3's default session
+    while pollers make theirs in other threads; making them is not thread-safe, so each is
+    made holding the lock — and boto3 is as it was afterwards."""
+    from mtrl.local import embedded
+
+    held: list[bool] = []
+
+    def making(*args: object, **kwargs: object) -> str:
+        held.append(embedded._DEFAULT_SESSION_LOCK.locked())
+        return f"client of {args[0]}"
+
+    monkeypatch.setattr(boto3, "client", making)
+    with embedded.in_process_lambdas():
+        assert boto3.client("lambda", region_name="us-east-1") == "client of lambda"
+        threads = [threading.Thread(target=boto3.client, args=("sqs",)) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=10)
+    assert held == [True] * 5
+    assert boto3.client is making
