@@ -34,26 +34,23 @@ from lambdas.kubernetes.client import KubernetesClient
 from lambdas.kubernetes.settings import ChartSettings
 
 
-def rendering_of(s3: Any, properties: dict[str, Any]) -> dict[str, Any]:
-    manifest = properties["Manifest"]
-    return json.loads(s3.get_object(Bucket=manifest["Bucket"], Key=manifest["Key"])["Body"].read())
-
-
-def rendered_objects(
+def rendering_of(
     s3: Any, properties: dict[str, Any], *, region: str, applying: bool = True
-) -> Objects:
-    """The rendering's objects. One for another region is refused when it is to be applied;
-    as a previous revision or one being deleted (a rollback of that refusal) it is nothing to
-    remove: it was never applied."""
-    rendering = rendering_of(s3, properties)
+) -> dict[str, Any]:
+    """The rendering (`objects`, `restricted`). One for another region is refused when it is to
+    be applied; as a previous revision or one being deleted (a rollback of that refusal) it has
+    nothing to remove: it was never applied."""
+    manifest = properties["Manifest"]
+    body = s3.get_object(Bucket=manifest["Bucket"], Key=manifest["Key"])["Body"].read()
+    rendering = json.loads(body)
     if rendering["region"] != region:
         if not applying:
-            return []
+            return {"objects": [], "restricted": False}
         raise ValueError(
             f"the HyperPod Helm chart was rendered for {rendering['region']} but this deploys to "
             f"{region}: set `region` in cdk.json (or AWS_REGION when deploying) to {region}"
         )
-    return rendering["objects"]
+    return rendering
 
 
 def restricted_addons(kubernetes: KubernetesClient, *, applying: bool) -> Objects:
@@ -104,13 +101,14 @@ def install_chart(
     client = functools.cache(kubernetes)
 
     def objects_of(properties: dict[str, Any], applying: bool) -> Objects:
-        objects = rendered_objects(s3, properties, region=region, applying=applying)
-        if objects and rendering_of(s3, properties).get("restricted"):
-            objects = [*objects, *restricted_addons(client(), applying=applying)]
-        return objects
+        rendering = rendering_of(s3, properties, region=region, applying=applying)
+        if not rendering.get("restricted"):
+            return rendering["objects"]
+        return [*rendering["objects"], *restricted_addons(client(), applying=applying)]
 
     def prepare(properties: dict[str, Any]) -> None:
-        if rendering_of(s3, properties).get("restricted"):
+        # Another region's rendering is refused before anything changes.
+        if rendering_of(s3, properties, region=region).get("restricted"):
             keep_aws_node_off_restricted(client())
 
     custom_resource(

@@ -173,6 +173,16 @@ def test_for_restricted_groups_the_add_ons_copies_go_with_the_chart_and_aws_node
     assert "coredns" in api.objects["/apis/apps/v1/namespaces/kube-system/deployments"]
 
 
+def test_a_restricted_rendering_for_another_region_changes_nothing_on_the_cluster(
+    api: FakeKubernetes, s3: Any
+) -> None:
+    eks_addons.install(api.objects)
+    properties = upload(s3, "rig.json", rendering(), region="us-west-2", restricted=True)
+    answer = call(api, s3, {"RequestType": "Create", "ResourceProperties": properties})
+    assert answer["Status"] == "FAILED" and "rendered for us-west-2" in answer["Reason"]
+    assert not [r for r in api.requests if r[0] == "PATCH"]  # aws-node untouched too
+
+
 def test_restricted_groups_without_the_add_ons_fail_the_deploy_saying_which(
     api: FakeKubernetes, s3: Any
 ) -> None:
