@@ -1,6 +1,10 @@
 """A stand-in for the Forge BYOO recipe (subscribers only): every leaf a run's overrides set,
-where the Nova user guide's BYOO recipe (nova-hp-rft-forge, "BYOO recipe configuration") and
-AWS's own pipeline (sample-nova-multi-turn-rl-infra) put them, with the guide's values."""
+with the Nova user guide's BYOO values (nova-hp-rft-forge, "BYOO recipe configuration"; AWS's
+own pipeline, sample-nova-multi-turn-rl-infra), in the layout AWS's launcher requires of an RFT
+recipe — `training_config` with `data`, `rollout` and `trainer` (aws/sagemaker-hyperpod-recipes
+0700d22, the HyperPod CLI's pin, launcher/nova/launchers.py `SMNovaK8SLauncherRFT.
+_validate_recipe_parameters`) — and the public RFT recipes put the trainer's keys
+(nova_lite_2_0_p5_gpu_lora_rft.yaml: `trainer.optim_config.lr`, `trainer.peft.lora_tuning`)."""
 
 from __future__ import annotations
 
@@ -15,11 +19,12 @@ def forge_recipe() -> dict[str, Any]:
         "run": {key: "" for key in run_keys}
         | {"model_type": "amazon.nova-2-lite-v1:0:256k", "replicas": 4, "generation_replicas": 2},
         "training_config": {
-            "max_steps": 100, "global_batch_size": 256, "max_length": 8192,
+            "max_length": 8192, "global_batch_size": 256,
+            "data": {"shuffle": False},
             "rollout": {"delegate": True, "timeout": 600,
                         "advantage_strategy": {"number_generation": 16},
                         "generator": {"max_new_tokens": 100, "timeout": 1000}},
-            "train": {"clip_ratio_high": 0.2, "optim": {"lr": 1e-7},
-                      "peft": {"lora_tuning": {"alpha": 64}}},
+            "trainer": {"max_steps": 100, "clip_ratio_high": 0.2, "optim_config": {"lr": 1e-7},
+                        "peft": {"peft_scheme": "lora", "lora_tuning": {"alpha": 64}}},
         },
     }  # fmt: skip

@@ -1,10 +1,15 @@
 """The launcher function: AWS's HyperPod CLI and recipes, and helm, in a container image built
 at deploy time (stacks/assets/launcher/Dockerfile). The Nova training plane
 (lambdas/pipeline/nova_training.py) invokes it to start a run's job and to stop it; each call
-gets a kubeconfig with a fresh EKS token (helm reads nothing else)."""
+gets a kubeconfig with a fresh EKS token (helm reads nothing else), and a start the cluster
+context `hyperpod connect-cluster` would have stored — the HyperPod cluster as SageMaker
+describes it, which `hyperpod start-job` reads once its job is installed (HyperPod CLI
+release_v2, commands/job.py `start_job` → utils.py `get_cluster_console_url`: without it the
+CLI fails after the install)."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -22,6 +27,12 @@ from lambdas.launcher.hyperpod_cli import HyperPodCli, Runner, run_process
 
 class LauncherSettings(EnvironmentSettings):
     eks_cluster: str = Field(alias="EKS_CLUSTER")
+    hyperpod_cluster: str = Field(alias="HYPERPOD_CLUSTER")
+    # Where the CLI keeps its cluster context (constants/command_constants.py
+    # GENERATED_LAUNCHER_CONFIG_FILE_PATH + HYPERPOD_CLUSTER_CONTEXT_FILE_NAME).
+    context_file: Path = Field(
+        default=Path("/tmp/hyperpod_current_context.json"), alias="HYPERPOD_CONTEXT_FILE"
+    )
     region: str = Field(alias="AWS_REGION")
     # In the image (stacks/assets/launcher/Dockerfile): the CLI's recipes collection, and the
     # NeMo launcher scripts AWS's launcher imports.
@@ -91,6 +102,13 @@ def kubeconfig(*, endpoint: str, certificate_authority: str, token: str) -> dict
     }
 
 
+def store_cluster_context(sagemaker: Any, settings: LauncherSettings) -> None:
+    """What `hyperpod connect-cluster` stores: the cluster's DescribeCluster answer."""
+    described = sagemaker.describe_cluster(ClusterName=settings.hyperpod_cluster)
+    described.pop("ResponseMetadata", None)
+    settings.context_file.write_text(json.dumps(described, indent=4, default=str), encoding="utf-8")
+
+
 def compose(
     environment: Mapping[str, str], clients: Clients, *, run: Runner = run_process
 ) -> dict[str, Handler]:
@@ -98,6 +116,8 @@ def compose(
 
     def launcher(event: dict[str, Any]) -> dict[str, Any]:
         request = REQUEST.validate_python(event)
+        if isinstance(request, StartJob):
+            store_cluster_context(clients("sagemaker"), settings)
         cluster = clients("eks").describe_cluster(name=settings.eks_cluster)["cluster"]
         token = EksTokenSource(settings.eks_cluster, sts=regional_sts(clients, settings.region))
         settings.workdir.mkdir(parents=True, exist_ok=True)

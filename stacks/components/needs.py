@@ -56,7 +56,10 @@ class Need(StrEnum):
     # The Nova plane (a restricted instance group, AWS's launcher).
     NOVA_LAUNCH = "start and stop a run's Nova job through the launcher function"
     FORGE_RECIPES_READ = "read the Nova Forge BYOO recipes"
-    NOVA_CHART = "install and uninstall AWS's Nova chart in the kubeflow namespace"
+    NOVA_CHART = (
+        "install and uninstall AWS's Nova chart in the kubeflow namespace (with the HyperPod "
+        "CLI's cluster context)"
+    )
     # The operator running `mtrl` (submit, runs, status, cost, logs, teardown, doctor).
     DEPLOYMENT_READ = "find the deployment from its stacks' outputs"
     DATASETS_UPLOAD = "upload datasets"

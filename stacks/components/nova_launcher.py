@@ -25,7 +25,13 @@ class NovaLauncher(Construct):
     """Attributes: `function`."""
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, eks_cluster: str, network: ClusterNetwork
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        eks_cluster: str,
+        hyperpod_cluster: str,
+        network: ClusterNetwork,
     ) -> None:
         super().__init__(scope, construct_id)
         code = lambda_.Code.from_asset_image(
@@ -46,6 +52,8 @@ class NovaLauncher(Construct):
             # `helm install` returns once the chart's objects exist (no --wait): seconds.
             timeout=Duration.minutes(10),
             memory_size=2048,
-            environment=environment_for(LauncherSettings, eks_cluster=eks_cluster),
+            environment=environment_for(
+                LauncherSettings, eks_cluster=eks_cluster, hyperpod_cluster=hyperpod_cluster
+            ),
             network=network,
         )

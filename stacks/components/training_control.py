@@ -135,7 +135,10 @@ class TrainingClusterControl(Construct):
         group = self._config.nova_group
         if group is None:
             return None
-        launcher = NovaLauncher(self, "NovaLauncher", eks_cluster=self._eks_name, network=network)
+        launcher = NovaLauncher(
+            self, "NovaLauncher", eks_cluster=self._eks_name,
+            hyperpod_cluster=hyperpod_cluster_name(self._config), network=network,
+        )  # fmt: skip
         self.environment |= environment_for(
             NovaSettings,
             instance_group=group.name,
@@ -222,6 +225,8 @@ class TrainingClusterControl(Construct):
                 self._allow(role, ["s3:GetObject"], *recipes)
             case Need.NOVA_CHART:
                 self._allow(role, ["eks:DescribeCluster"], self._eks_arn)
+                # The cluster context the HyperPod CLI reads (connect-cluster's DescribeCluster).
+                self._allow(role, ["sagemaker:DescribeCluster"], self._hyperpod_arn)
                 self._access_entry(role.role_arn, groups=[launcher_group(self._config.name_prefix)])
 
     def _execution_role_entries(self, role: iam.IRole, execution_role_arns: list[str]) -> None:

@@ -359,7 +359,8 @@ def _launcher_processes(workdir: str, kubernetes: FakeKubernetes) -> Launcher:
     (recipes / "fine-tuning/nova/forge").symlink_to(Path(workdir, "work/forge"))
     processes = FakeLauncherProcesses(recipes, kubernetes=kubernetes)
     image = {"HYPERPOD_RECIPES": str(recipes), "NEMO_LAUNCHER_SCRIPTS": "/opt/nemo",
-             "LAUNCHER_WORKDIR": str(Path(workdir, "work"))}  # fmt: skip
+             "LAUNCHER_WORKDIR": str(Path(workdir, "work")),
+             "HYPERPOD_CONTEXT_FILE": str(Path(workdir, "hyperpod_current_context.json"))}  # fmt: skip
 
     def compose(environment: Mapping[str, str], clients: Clients) -> dict[str, Handler]:
         return compose_launcher({**environment, **image}, clients, run=processes)

@@ -5,7 +5,12 @@ launcher does) and installs a release named as the launcher names it: the recipe
 cut to 34 characters, `-`, 5 random letters or digits (aws/sagemaker-hyperpod-recipes main.py,
 `valid_run_name`); its output ends with `helm install`'s (`NAME: ...`). `helm list --filter`
 and `helm uninstall` see and remove releases as helm does (helm.sh/docs/helm/helm_list: a
-Perl-compatible regular expression over release names). Every call is recorded."""
+Perl-compatible regular expression over release names). Once its job is installed,
+`start-job` reads the cluster context `hyperpod connect-cluster` stores and fails without it
+(release_v2 commands/job.py `start_job` → utils.py `get_cluster_console_url`): the real CLI
+reads /tmp/hyperpod_current_context.json; this one reads what the process's
+HYPERPOD_CONTEXT_FILE names (the handler's setting, passed down), so tests keep it in their
+own folder. Every call is recorded."""
 
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from tests.service_fakes import ServiceFake
 
 PYTORCH_JOBS = "/apis/kubeflow.org/v1/namespaces/kubeflow/pytorchjobs"
 PODS = "/api/v1/namespaces/kubeflow/pods"
+CONTEXT_FILE = "/tmp/hyperpod_current_context.json"  # the real CLI's, never used by the tests
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,7 @@ class FakeLauncherProcesses:
         self.calls.append(Call(argv, dict(env), cwd, timeout))
         match argv[:2]:
             case ["hyperpod", "start-job"]:
-                return self._start(argv)
+                return self._start(argv, Path(env.get("HYPERPOD_CONTEXT_FILE", CONTEXT_FILE)))
             case ["helm", "list"]:
                 pattern = re.compile(argv[argv.index("--filter") + 1])
                 listed = [
@@ -82,7 +88,7 @@ class FakeLauncherProcesses:
                 return _done(argv, 0, f'release "{name}" uninstalled\n')
         return _done(argv, 127, "", f"{argv[0]}: command not found")
 
-    def _start(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    def _start(self, argv: list[str], context: Path) -> subprocess.CompletedProcess[str]:
         path = self.recipes / f"{argv[argv.index('--recipe') + 1]}.yaml"
         if not path.exists():
             return _done(argv, 1, "", f"Could not find recipes/{path.name}")
@@ -107,7 +113,16 @@ class FakeLauncherProcesses:
             f"NAME: {name}\nLAST DEPLOYED: Wed Dec  2 15:00:00 2026\nNAMESPACE: kubeflow\n"
             "STATUS: deployed\nREVISION: 1\nTEST SUITE: None\n"
         )
-        return _done(argv, 0, final + installed)
+        if not context.exists():
+            missing = f"FileNotFoundError: [Errno 2] No such file or directory: '{context}'"
+            return _done(
+                argv, 1, final + installed, f"Traceback (most recent call last):\n{missing}"
+            )
+        cluster = json.loads(context.read_text(encoding="utf-8"))
+        region = cluster["ClusterArn"].split(":")[3]
+        console = (f"https://{region}.console.aws.amazon.com/sagemaker/home?region={region}"
+                   f"#/cluster-management/{cluster['ClusterName']}")  # fmt: skip
+        return _done(argv, 0, final + installed + json.dumps({"Console URL": console}, indent=1))
 
 
 def _done(

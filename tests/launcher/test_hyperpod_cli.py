@@ -29,11 +29,19 @@ def processes(tmp_path: Path) -> FakeLauncherProcesses:
     return FakeLauncherProcesses(tmp_path / "recipes")
 
 
+CLUSTER = {"ClusterArn": "arn:aws:sagemaker:us-east-1:123456789012:cluster/0a1b2c3d4e5f",
+           "ClusterName": "nova-mtrl"}  # fmt: skip
+
+
 @pytest.fixture
 def cli(processes: FakeLauncherProcesses, tmp_path: Path) -> HyperPodCli:
+    """As the handler runs it: the cluster context stored (lambdas/launcher/handler.py)."""
+    context = tmp_path / "hyperpod_current_context.json"
+    context.write_text(json.dumps(CLUSTER))
     return HyperPodCli(
         recipes=processes.recipes, workdir=tmp_path / "work/launcher",
-        environment={"KUBECONFIG": "/k", "HOME": "/h"}, run=processes,
+        environment={"KUBECONFIG": "/k", "HOME": "/h", "HYPERPOD_CONTEXT_FILE": str(context)},
+        run=processes,
     )  # fmt: skip
 
 
@@ -201,3 +209,16 @@ def test_a_program_runs_in_its_directory_with_its_environment_and_its_exit_statu
     with pytest.raises(subprocess.TimeoutExpired):
         run_process([sys.executable, "-c", "import time; time.sleep(5)"], env={}, cwd=tmp_path,
                     timeout=0.2)  # fmt: skip
+
+
+def test_without_the_cluster_context_the_cli_fails_after_installing_and_a_retry_reuses_the_job(
+    cli: HyperPodCli, processes: FakeLauncherProcesses, tmp_path: Path
+) -> None:
+    """AWS's CLI reads the context `hyperpod connect-cluster` stores once its job is installed
+    (release_v2 commands/job.py start_job → get_cluster_console_url): without it the start
+    fails with the CLI's words — and the job it installed is the one a retry finds."""
+    (tmp_path / "hyperpod_current_context.json").unlink()
+    with pytest.raises(LaunchFailed, match="hyperpod_current_context.json"):
+        start(cli)
+    (installed,) = processes.releases
+    assert start(cli) == installed and len(processes.started()) == 1

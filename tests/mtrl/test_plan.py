@@ -80,7 +80,7 @@ def test_given_the_forge_recipe_it_shows_the_recipe_after_overrides(tmp_path: Pa
         "timeout": 120,
     }
     assert rendered["run"]["replicas"] == 2
-    assert rendered["training_config"]["train"]["peft"]["lora_tuning"]["alpha"] == 32
+    assert rendered["training_config"]["trainer"]["peft"]["lora_tuning"]["alpha"] == 32
     text = plan("--config", str(EXAMPLE), "--region", "us-east-1", "--recipe", str(recipe))[1]
     assert "recipe after overrides:" in text and "number_generation: 8" in text
 

@@ -91,15 +91,21 @@ def plane(aws: None, api: FakeKubernetes, tmp_path: Path) -> Iterator[Plane]:
     (processes.recipes / "fine-tuning/nova").mkdir(parents=True)
     (processes.recipes / "fine-tuning/nova/forge").symlink_to(tmp_path / "work/forge")
     environment = {"EKS_CLUSTER": "nova-mtrl-eks", "AWS_REGION": "us-east-1",
+                   "HYPERPOD_CLUSTER": "nova-mtrl",
+                   "HYPERPOD_CONTEXT_FILE": str(tmp_path / "hyperpod_current_context.json"),
                    "HYPERPOD_RECIPES": str(processes.recipes),
                    "NEMO_LAUNCHER_SCRIPTS": "/opt/nemo/launcher_scripts",
                    "LAUNCHER_WORKDIR": str(tmp_path / "work")}  # fmt: skip
-    with FakeEks(endpoint=api.endpoint, ca_data=api.ca_data).installed():
+    capacity = HyperPodCapacity(
+        sagemaker.client(), CapacityLeases(db, "leases"), cluster="nova-mtrl",
+        instance_group="nova", restricted=True,
+    )  # fmt: skip
+    # The launcher's own clients (made inside) reach the fakes too: the EKS API and SageMaker.
+    with (
+        FakeEks(endpoint=api.endpoint, ca_data=api.ca_data).installed(),
+        sagemaker.installed(),
+    ):
         launcher = InProcessLauncher(processes, function=LAUNCHER, environment=environment)
-        capacity = HyperPodCapacity(
-            sagemaker.client(), CapacityLeases(db, "leases"), cluster="nova-mtrl",
-            instance_group="nova", restricted=True,
-        )  # fmt: skip
         cluster = NovaTrainingCluster(
             settings(), kubernetes=client_of(api), capacity=capacity,
             lambda_client=launcher.client(), s3=s3, curve=RewardCurve(reports, s3),
@@ -143,6 +149,11 @@ def test_submit_hands_aws_launcher_the_forge_recipe_with_this_runs_overrides(
     assert kubeconfig["users"][0]["user"]["token"].startswith("k8s-aws-v1.")
     (release,) = plane.processes.releases
     assert job == f"kubeflow/{release}" and release.startswith(f"{NAME}-")
+    # The cluster context `hyperpod connect-cluster` would have stored, which start-job reads
+    # once the job is installed: SageMaker's description of the HyperPod cluster.
+    context = json.loads((tmp_path / "hyperpod_current_context.json").read_text())
+    assert (context["ClusterName"], context["ClusterArn"]) == ("nova-mtrl", plane.sagemaker.arn)
+    assert "ResponseMetadata" not in context
 
 
 def test_a_retried_submit_starts_nothing_more(plane: Plane) -> None:
@@ -201,7 +212,7 @@ def test_a_recipe_without_a_key_the_config_sets_is_refused_before_anything_start
     plane: Plane,
 ) -> None:
     recipe = forge_recipe()
-    del recipe["training_config"]["train"]["peft"]
+    del recipe["training_config"]["trainer"]["peft"]
     key = "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova_lite_2_0_p5_gpu_lora_rft_byoo.yaml"
     boto3.client("s3").put_object(Bucket="forge-recipes", Key=key, Body=yaml.safe_dump(recipe))
     with pytest.raises(NovaRefused, match="^the recipe has no key alpha$"):
@@ -242,6 +253,8 @@ def test_made_from_its_environment_it_scales_submits_watches_and_stops(
         create_table(boto3.client("dynamodb"), "conversations")
         processes = FakeLauncherProcesses(tmp_path / "recipes", kubernetes=api)
         image = {"EKS_CLUSTER": "nova-mtrl-eks", "AWS_REGION": "us-east-1",
+                 "HYPERPOD_CLUSTER": "nova-mtrl",
+                 "HYPERPOD_CONTEXT_FILE": str(tmp_path / "hyperpod_current_context.json"),
                  "HYPERPOD_RECIPES": str(processes.recipes), "NEMO_LAUNCHER_SCRIPTS": "/opt/nemo",
                  "LAUNCHER_WORKDIR": str(tmp_path / "work")}  # fmt: skip
         sagemaker = FakeSageMaker()
