@@ -26,6 +26,7 @@ Sources:
 from __future__ import annotations
 
 import base64
+import copy
 import enum
 import json
 import re
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lambdas.kubernetes.client import KINDS
+from lambdas.kubernetes.rig_addons import OFF_RESTRICTED, RESTRICTED_TAINT, tolerate_restricted
 from lambdas.kubernetes.training_job import ACCELERATORS
 
 REPOSITORY = "https://github.com/aws/sagemaker-hyperpod-cli.git"
@@ -44,13 +46,6 @@ RELEASE = "hyperpod-dependencies"
 NAMESPACE = "kube-system"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 KUBEFLOW_PYTORCH_JOBS = "pytorchjobs.kubeflow.org"
-GROUP_TYPE_LABEL = "sagemaker.amazonaws.com/instance-group-type"
-RESTRICTED_TOLERATION = {
-    "key": "sagemaker.amazonaws.com/RestrictedNode",
-    "operator": "Equal",
-    "value": "Worker",
-    "effect": "NoSchedule",
-}
 # The chart's Kubeflow training operator (charts/training-operators, its Deployment's label).
 TRAINING_OPERATOR_LABEL = ("control-plane", "kubeflow-training-operator")
 
@@ -178,9 +173,10 @@ def admit_restricted_nodes(objects: list[dict[str, Any]], *, region: str) -> lis
             preferred = affinity.setdefault("nodeAffinity", {}).setdefault(
                 "preferredDuringSchedulingIgnoredDuringExecution", []
             )
-            elsewhere = {"weight": 100, "preference": {"matchExpressions": [
-                {"key": GROUP_TYPE_LABEL, "operator": "NotIn", "values": ["Restricted"]}
-            ]}}  # fmt: skip
+            elsewhere = {
+                "weight": 100,
+                "preference": {"matchExpressions": [copy.deepcopy(OFF_RESTRICTED)]},
+            }
             if elsewhere not in preferred:
                 preferred.append(elsewhere)
         admitted.append(obj)
@@ -190,9 +186,7 @@ def admit_restricted_nodes(objects: list[dict[str, Any]], *, region: str) -> lis
 def _tolerating(obj: dict[str, Any]) -> dict[str, Any]:
     """A copy of the workload whose pods tolerate the RIG taint."""
     copied = json.loads(json.dumps(obj))
-    tolerations = copied["spec"]["template"]["spec"].setdefault("tolerations", [])
-    if RESTRICTED_TOLERATION not in tolerations:
-        tolerations.append(dict(RESTRICTED_TOLERATION))
+    tolerate_restricted(copied["spec"]["template"]["spec"])
     return copied
 
 
@@ -212,7 +206,7 @@ def _labelled(obj: dict[str, Any], label: tuple[str, str]) -> bool:
 
 def _tolerates_restricted(workload: dict[str, Any]) -> bool:
     spec = workload.get("spec", {}).get("template", {}).get("spec", {})
-    return RESTRICTED_TOLERATION in (spec.get("tolerations") or []) or any(
+    return RESTRICTED_TAINT in (spec.get("tolerations") or []) or any(
         t.get("operator") == "Exists" and not t.get("key") for t in spec.get("tolerations") or []
     )
 

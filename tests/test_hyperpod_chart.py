@@ -11,12 +11,12 @@ from importlib.resources import files
 import pytest
 import yaml
 
+from lambdas.kubernetes.rig_addons import RESTRICTED_TAINT
 from lambdas.kubernetes.training_job import render
 from stacks.components.hyperpod_dependencies import chart_request
 from stacks.config import PlatformConfig, deployment_context
 from stacks.hyperpod_chart import (
     COMMIT,
-    RESTRICTED_TOLERATION,
     ChartRequest,
     Part,
     RenderingError,
@@ -153,7 +153,7 @@ def test_on_restricted_groups_the_device_plugins_and_operator_tolerate_rig_nodes
     assert yaml.safe_dump(original) == snapshot  # a changed copy, the rendering untouched
     for plugin in ("nvidia-device-plugin", "aws-efa-k8s-device-plugin"):
         spec = _spec(admitted, f"hyperpod-dependencies-{plugin}")
-        assert spec["tolerations"] == [RESTRICTED_TOLERATION]
+        assert spec["tolerations"] == [RESTRICTED_TAINT]
     efa = _spec(admitted, "hyperpod-dependencies-aws-efa-k8s-device-plugin")["containers"][0]
     assert efa["image"] == (
         "602401143452.dkr.ecr.eu-west-2.amazonaws.com/eks/aws-efa-k8s-device-plugin:v0.5.6"
@@ -162,7 +162,7 @@ def test_on_restricted_groups_the_device_plugins_and_operator_tolerate_rig_nodes
     assert nvidia["image"] == "nvcr.io/nvidia/k8s-device-plugin:v0.16.1"
     assert "tolerations" not in _spec(admitted, "health-monitoring-agent")
     operator = _spec(admitted, TRAINING_OPERATOR["metadata"]["name"])
-    assert operator["tolerations"] == [RESTRICTED_TOLERATION]
+    assert operator["tolerations"] == [RESTRICTED_TAINT]
     assert operator["affinity"]["nodeAffinity"] == {
         "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
             "matchExpressions": [{"key": "sagemaker.amazonaws.com/instance-group-type",

@@ -30,6 +30,8 @@ RESTRICTED_TAINT = {
     "value": "Worker",
     "effect": "NoSchedule",
 }
+# A node selector expression that leaves restricted nodes out.
+OFF_RESTRICTED = {"key": GROUP_TYPE_LABEL, "operator": "NotIn", "values": ["Restricted"]}
 # Container -> (the lowest version AWS accepts on restricted nodes, the tag it uses instead).
 MINIMUM_IMAGES = {
     "aws-node": ("1.19.6", "v1.19.6-eksbuild.1"),
@@ -75,12 +77,11 @@ def aws_node_off_restricted(aws_node: dict[str, Any]) -> dict[str, Any] | None:
     changed = _applicable(aws_node, name=AWS_NODE)
     spec = changed["spec"]["template"]["spec"]
     terms = _selector_terms(spec)
-    elsewhere = {"key": GROUP_TYPE_LABEL, "operator": "NotIn", "values": ["Restricted"]}
-    if all(elsewhere in term.get("matchExpressions", []) for term in terms):
+    if all(OFF_RESTRICTED in term.get("matchExpressions", []) for term in terms):
         return None
     for term in terms:
-        if elsewhere not in term.setdefault("matchExpressions", []):
-            term["matchExpressions"].append(dict(elsewhere))
+        if OFF_RESTRICTED not in term.setdefault("matchExpressions", []):
+            term["matchExpressions"].append(copy.deepcopy(OFF_RESTRICTED))
     return changed
 
 
@@ -97,10 +98,15 @@ def rig_coredns(coredns: dict[str, Any]) -> dict[str, Any]:
     pod = spec["template"]["spec"]
     pod.pop("topologySpreadConstraints", None)
     pod["nodeSelector"] = {GROUP_TYPE_LABEL: "Restricted"}
-    tolerations = pod.setdefault("tolerations", [])
+    tolerate_restricted(pod)
+    return rig
+
+
+def tolerate_restricted(pod_spec: dict[str, Any]) -> None:
+    """The pod tolerates restricted nodes' taint (once)."""
+    tolerations = pod_spec.setdefault("tolerations", [])
     if RESTRICTED_TAINT not in tolerations:
         tolerations.append(dict(RESTRICTED_TAINT))
-    return rig
 
 
 def at_least(image: str, minimum: str, tag: str) -> str:

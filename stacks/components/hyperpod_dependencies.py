@@ -19,6 +19,7 @@ from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from lambdas.environment import environment_for
+from lambdas.kubernetes import rig_addons
 from lambdas.kubernetes.settings import ChartSettings
 from stacks import hyperpod_chart, render_hyperpod_chart
 from stacks.components.eks import CLUSTER_ADMIN, HyperPodEks
@@ -60,10 +61,11 @@ class HyperPodDependencies(Construct):
         argument = self.request.encode()
         renderer = "".join(
             Path(module.__file__).read_text()  # type: ignore[arg-type]
-            for module in (hyperpod_chart, render_hyperpod_chart)
+            for module in (hyperpod_chart, render_hyperpod_chart, rig_addons)
         )
         self.manifest = stack.synthesizer.add_file_asset(
-            # A new commit, request or renderer is a new rendering, hence an Update.
+            # A new commit, request or renderer (RIG changes included) is a new rendering, hence
+            # an Update.
             source_hash=hashlib.sha256((argument + renderer).encode()).hexdigest(),
             executable=[sys.executable, "-m", render_hyperpod_chart.__name__, argument],
             display_name="HyperPod Helm chart (rendered)",
