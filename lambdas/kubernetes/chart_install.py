@@ -33,16 +33,17 @@ from lambdas.kubernetes.bootstrap import (
 from lambdas.kubernetes.client import KubernetesClient
 from lambdas.kubernetes.settings import ChartSettings
 
+Load = Callable[[str, str], dict[str, Any]]  # (bucket, key) -> the rendering's document
+
 
 def rendering_of(
-    s3: Any, properties: dict[str, Any], *, region: str, applying: bool = True
+    load: Load, properties: dict[str, Any], *, region: str, applying: bool = True
 ) -> dict[str, Any]:
     """The rendering (`objects`, `restricted`). One for another region is refused when it is to
     be applied; as a previous revision or one being deleted (a rollback of that refusal) it has
     nothing to remove: it was never applied."""
     manifest = properties["Manifest"]
-    body = s3.get_object(Bucket=manifest["Bucket"], Key=manifest["Key"])["Body"].read()
-    rendering = json.loads(body)
+    rendering = load(manifest["Bucket"], manifest["Key"])
     if rendering["region"] != region:
         if not applying:
             return {"objects": [], "restricted": False}
@@ -100,15 +101,19 @@ def install_chart(
     nodes where the rendering is for restricted groups."""
     client = functools.cache(kubernetes)
 
+    @functools.cache  # read once per event: `prepare` and `objects_of` both need it
+    def load(bucket: str, key: str) -> dict[str, Any]:
+        return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+
     def objects_of(properties: dict[str, Any], applying: bool) -> Objects:
-        rendering = rendering_of(s3, properties, region=region, applying=applying)
+        rendering = rendering_of(load, properties, region=region, applying=applying)
         if not rendering.get("restricted"):
             return rendering["objects"]
         return [*rendering["objects"], *restricted_addons(client(), applying=applying)]
 
     def prepare(properties: dict[str, Any]) -> None:
         # Another region's rendering is refused before anything changes.
-        if rendering_of(s3, properties, region=region).get("restricted"):
+        if rendering_of(load, properties, region=region).get("restricted"):
             keep_aws_node_off_restricted(client())
 
     custom_resource(

@@ -143,7 +143,10 @@ def test_for_restricted_groups_the_add_ons_copies_go_with_the_chart_and_aws_node
     nodes — changed, not owned: a delete leaves it (and coredns) where EKS put it."""
     eks_addons.install(api.objects)
     properties = upload(s3, "rig.json", rendering(), restricted=True)
+    reads: list[dict] = []
+    s3.meta.events.register("before-call.s3.GetObject", lambda params, **_: reads.append(params))
     created = call(api, s3, {"RequestType": "Create", "ResourceProperties": properties})
+    assert len(reads) == 1  # the rendering is read once, for the change to aws-node and the rest
     assert (created["Status"], created["Data"]) == ("SUCCESS", {"Objects": 9}), created
     daemonsets = api.objects[DAEMONSETS]
     assert {"rig-aws-node", "rig-coredns"} <= set(daemonsets)
