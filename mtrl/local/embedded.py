@@ -21,6 +21,8 @@ from typing import Any
 
 import boto3
 from moto.awslambda_simple.models import LambdaSimpleBackend
+from moto.stepfunctions.parser.asl.eval.environment import Environment as ProgramEnvironment
+from moto.stepfunctions.parser.asl.eval.program_state import ProgramStopped
 
 from domain.nova_job import NOVA_INSTANCE_TYPE
 from lambdas.clients import Clients, Compose, Handler
@@ -138,6 +140,15 @@ class Dispatcher:
 _DISPATCHER = Dispatcher()
 _ORIGINAL_INVOKE = LambdaSimpleBackend.invoke
 _DEFAULT_SESSION_LOCK = threading.Lock()
+_ORIGINAL_SET_ERROR = ProgramEnvironment.set_error
+
+
+def _set_error_unless_stopped(self: ProgramEnvironment, error: Any) -> None:
+    """An execution stopped stays ABORTED, as on AWS (StopExecution): moto's interpreter fails
+    one whose in-flight state ends after the stop (a stopped program takes no next state)."""
+    with self._state_mutex:
+        if not isinstance(self._program_state, ProgramStopped):
+            _ORIGINAL_SET_ERROR(self, error)
 
 
 def _one_at_a_time(make: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -165,18 +176,21 @@ def temporary_environ(values: Mapping[str, str], *, remove: tuple[str, ...] = ()
 @contextmanager
 def in_process_lambdas() -> Iterator[Dispatcher]:
     """While active, moto's Docker-less Lambda runs our handlers instead of echoing input; and
-    clients of boto3's default session are made one at a time: moto's Step Functions
-    interpreter makes one per task from it (asl/utils/boto_client.py) while pollers and
-    handlers make theirs in other threads, and making clients of one session is not
-    thread-safe (boto/boto3#2750: "'dict' object has no attribute ..." at random)."""
+    where moto's Step Functions races with our handlers' threads, it keeps to what AWS does:
+    clients of boto3's default session are made one at a time (the interpreter makes one per
+    task from it, asl/utils/boto_client.py, while pollers and handlers make theirs in other
+    threads, and making clients of one session is not thread-safe: boto/boto3#2750, "'dict'
+    object has no attribute ..." at random), and a stopped execution stays stopped."""
     LambdaSimpleBackend.invoke = lambda self, *args, **kwargs: _DISPATCHER.invoke(
         self, *args, **kwargs
     )  # type: ignore[method-assign]
     make_client = boto3.client
     boto3.client = functools.partial(_one_at_a_time, make_client)  # type: ignore[assignment]
+    ProgramEnvironment.set_error = _set_error_unless_stopped  # type: ignore[method-assign]
     try:
         yield _DISPATCHER
     finally:
+        ProgramEnvironment.set_error = _ORIGINAL_SET_ERROR  # type: ignore[method-assign]
         boto3.client = make_client  # type: ignore[assignment]
         LambdaSimpleBackend.invoke = _ORIGINAL_INVOKE  # type: ignore[method-assign]
         _DISPATCHER.functions.clear()

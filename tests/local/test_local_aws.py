@@ -204,3 +204,35 @@ def test_while_lambdas_run_in_process_default_session_clients_are_made_one_at_a_
             thread.join(timeout=10)
     assert held == [True] * 5
     assert boto3.client is making
+
+
+def test_while_lambdas_run_in_process_a_stopped_execution_is_not_failed_afterwards() -> None:
+    """On AWS a stopped execution stays ABORTED; moto's interpreter would record a failure of
+    the state still in flight at the stop (it cannot set a stopped program's next state)."""
+    import datetime
+    import types
+
+    from moto.stepfunctions.parser.asl.eval.environment import Environment
+    from moto.stepfunctions.parser.asl.eval.program_state import (
+        ProgramError,
+        ProgramRunning,
+        ProgramStopped,
+    )
+
+    from mtrl.local import embedded
+
+    def program(state: object) -> types.SimpleNamespace:
+        return types.SimpleNamespace(
+            _state_mutex=threading.RLock(), _program_state=state, _frames=[],
+            program_state_event=threading.Event(),
+        )  # fmt: skip
+
+    stopped = program(ProgramStopped(stop_date=datetime.datetime.now(), error="x", cause="y"))
+    running = program(ProgramRunning())
+    failure = {"error": "States.Runtime", "cause": "RuntimeError(Could not set NextState)"}
+    with embedded.in_process_lambdas():
+        Environment.set_error(stopped, failure)
+        Environment.set_error(running, failure)
+    assert isinstance(stopped._program_state, ProgramStopped)
+    assert isinstance(running._program_state, ProgramError)  # a running one still fails
+    assert Environment.set_error is embedded._ORIGINAL_SET_ERROR  # moto as it was afterwards
