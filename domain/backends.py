@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from domain.bucket import object_exists
+from domain.evaluation import EvaluationStage
 from domain.run_queues import QueueKind
 from training_configs.schema import TrainingConfig
 
@@ -82,6 +83,11 @@ def worker_environment(run: RunContext) -> dict[str, str]:
     return {key: value for key, value in values.items() if value}
 
 
+class EvaluationUnsupported(RuntimeError):
+    """The training plane cannot evaluate a model (yet); the message says why. The run goes on
+    and its evaluation report says so."""
+
+
 @dataclass(frozen=True)
 class JobStatus:
     phase: Phase
@@ -122,8 +128,20 @@ class TrainingCluster(ABC):
         """Where the run's job is, with the reason when it failed or waits too long."""
 
     @abstractmethod
+    def submit_evaluation(self, run: RunContext, *, stage: EvaluationStage) -> str:
+        """Submit the evaluation of the run's starting (`baseline`) or trained (`final`) model
+        on its held-out records (domain/evaluation.py): its episodes, one JSON line each, go to
+        `episodes_key(run.output_prefix, stage)`. Idempotent per run and stage. Raises
+        EvaluationUnsupported where the plane cannot evaluate."""
+
+    @abstractmethod
+    def evaluation_status(self, run: RunContext, *, stage: EvaluationStage) -> JobStatus:
+        """Where the run's evaluation of `stage` is."""
+
+    @abstractmethod
     def delete(self, run: RunContext) -> int:
-        """Delete every object of the run's job (idempotent); returns how many existed."""
+        """Delete every object of the run's jobs, its evaluations' too (idempotent); returns
+        how many existed."""
 
     @abstractmethod
     def scale_down(self, run: RunContext) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from domain.backends import Phase
+from domain.evaluation import EvaluationStage
 from training_configs.schema import TrainingConfig
 
 
@@ -47,6 +48,22 @@ class JobReport(BaseModel):
     quiet_polls: int = 0
 
 
+class EvaluationJob(BaseModel):
+    """An evaluation's state, at `$.evaluations.<stage>`: submitted (its job) or skipped (why);
+    `ready` once it ended (the poll's choice reads it), with its headline figures then."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stage: EvaluationStage
+    job: str | None = None
+    skipped: str | None = None
+    ready: bool = False
+    phase: Phase | None = None
+    n: int | None = None
+    mean_reward: float | None = None
+    pass_at_1: float | None = None
+
+
 class RunState(BaseModel):
     """The execution's state as a step receives it whole: the upload it started with, and what
     the steps before it added (absent before they ran: a failure before Register has no run)."""
@@ -59,6 +76,7 @@ class RunState(BaseModel):
     run: RegisteredRun | None = None
     resources: RunResources | None = None
     job: JobReport | None = None
+    evaluations: dict[EvaluationStage, EvaluationJob] = {}
 
     @property
     def registered(self) -> RegisteredRun:

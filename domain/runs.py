@@ -50,6 +50,7 @@ class RunRecord(BaseModel):
     deadline_at: float
     cost_per_hour: float = 0.0
     error: str | None = None
+    evaluation: str | None = None  # its held-out evaluation's headline, once it succeeded
 
     def hours(self, now: float) -> float:
         """How long the run has held compute: from registration to now, or to its last update
@@ -98,7 +99,7 @@ class RunStore:
         return RunRecord.model_validate_json(item["record"]["S"]) if item else None
 
     def update(self, run_id: str, *, now: float, **changes: Any) -> RunRecord:
-        """Apply `changes` (status, error); fails if the run changed meanwhile."""
+        """Apply `changes` (status, error, evaluation); fails if the run changed meanwhile."""
         current = self.get(run_id)
         if current is None:
             raise KeyError(f"no run {run_id!r}")

@@ -197,6 +197,16 @@ class _Lines:
         self._line(f"step {metrics['step']}/{total}: {_step_line(metrics)}")
 
 
+def _evaluation_line(evaluation: dict[str, Any]) -> str:
+    from domain.evaluation import EvaluationReport
+
+    report = EvaluationReport.model_validate(evaluation)
+    if report.headline():
+        return str(report.headline())
+    skipped = "; ".join(f"{stage}: {why}" for stage, why in report.skipped.items())
+    return f"skipped ({skipped})" if skipped else "nothing to compare"
+
+
 def _print_result(outcome: Any, directory: Path) -> None:
     """How the run ended: a table on a terminal, `key: value` lines (never cut) elsewhere."""
     from mtrl.local.report import report_data
@@ -218,6 +228,8 @@ def _print_result(outcome: Any, directory: Path) -> None:
         ]
         if last.get("win_rate") is not None:
             rows.append(("win rate", f"{first['win_rate']:.0%} -> {last['win_rate']:.0%}"))
+    if data["evaluation"] is not None:
+        rows.append(("held-out evaluation", _evaluation_line(data["evaluation"])))
     leftover = data["leftover"]
     rows += [
         (
@@ -260,7 +272,7 @@ def _print_result(outcome: Any, directory: Path) -> None:
 
 def _preflight(prepared: Any, endpoint: str, model: str, limit: int, out_dir: Path) -> None:
     from domain.dataset import read_records
-    from mtrl.local.evaluate import evaluate
+    from mtrl.local.preflight import preflight
     from reward_envs.registry import load
     from reward_envs.worker.model_client import OpenAICompatibleClient
 
@@ -268,7 +280,7 @@ def _preflight(prepared: Any, endpoint: str, model: str, limit: int, out_dir: Pa
     with prepared.dataset.open("rb") as stream:
         chosen = [record for _, record in zip(range(limit), read_records(stream), strict=False)]
     err.print(f"preflight: {len(chosen)} records x {config.group_size} rollouts against {endpoint}")
-    result = evaluate(
+    result = preflight(
         load(config.environment),
         OpenAICompatibleClient(endpoint, model),
         chosen,

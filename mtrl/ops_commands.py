@@ -145,7 +145,8 @@ def runs_command(
     if as_json:
         out.print_json(json.dumps([asdict(run) for run in runs]))
         return
-    table = Table("run", "status", "config", "elapsed", "cost so far", "deadline in", "error",
+    table = Table("run", "status", "config", "elapsed", "cost so far", "deadline in",
+                  "held-out evaluation", "error",
                   title=f"runs of {deployment.prefix} ({deployment.region})")  # fmt: skip
     for run in runs:
         table.add_row(*_summary_cells(run))
@@ -163,6 +164,7 @@ def _summary_cells(run: RunSummary) -> list[str]:
         _hours(run.elapsed_hours),
         f"${run.spent_usd:,.0f} (${run.cost_per_hour:,.0f}/h)",
         deadline,
+        run.evaluation or "",
         run.error or "",
     ]
 
@@ -233,6 +235,8 @@ def _print_status(status: RunDetails) -> None:
             f"{c['job']}: {c['checkpoint'] or 'location unknown, see ' + c['manifest']}"
             for c in status.checkpoints
         )
+    if run.evaluation:
+        rows["held-out evaluation"] = run.evaluation
     if run.error:
         rows["error"] = run.error
     for key, value in rows.items():

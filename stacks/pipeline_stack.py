@@ -22,6 +22,11 @@ from stacks.components.storage import DataBucketAccess, Storage, data_bucket_nam
 from stacks.components.training_control import TrainingClusterControl
 from stacks.config import PlatformConfig
 
+# Steps told the training planes' settings though they call no plane's AWS API: Register checks a
+# config against them (presets, instance type); the evaluation steps ask the run's plane whether
+# it can evaluate.
+KNOW_THE_PLANES = ("register", "start_evaluation", "evaluation_status")
+
 
 class PipelineStack(PlatformStack):
     def __init__(
@@ -88,8 +93,7 @@ class PipelineStack(PlatformStack):
             if needs & fleet.provides:
                 for key, value in fleet.environment.items():
                     function.add_environment(key, value)
-            # Register checks a config against the training plane (presets, instance type).
-            if needs & training.provides or step == "register":
+            if needs & training.provides or step in KNOW_THE_PLANES:
                 for key, value in training.environment.items():
                     function.add_environment(key, value)
         # What every function and workload may do: declared once (stacks/components/access.py).

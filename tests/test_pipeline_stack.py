@@ -48,6 +48,8 @@ def test_every_step_handler_exists(default_app: Synthesized) -> None:
         "workers_healthy",
         "submit_job",
         "monitor",
+        "start_evaluation",
+        "evaluation_status",
         "collect",
         "release_compute",
     }
@@ -176,7 +178,7 @@ def test_alarms_reach_the_alert_topic(default_app: Synthesized) -> None:
         "Errors",
     } <= names
     assert all(alarm["Properties"]["AlarmActions"] == [{"Ref": topic_id}] for alarm in alarms)
-    assert sum(1 for alarm in alarms if alarm["Properties"]["MetricName"] == "Errors") == 15
+    assert sum(1 for alarm in alarms if alarm["Properties"]["MetricName"] == "Errors") == 17
 
 
 def test_dashboard_shows_runs_step_errors_and_queue_ages(default_app: Synthesized) -> None:

@@ -18,6 +18,10 @@ SHIPPED = ("rft_multiturn_lora", "rft_multiturn_full")
 DEFAULT_CONFIG = "rft_multiturn_lora"  # what a run uses when its upload names none
 # The longest a run may take (a month); the pipeline's state machine outlives any valid run.
 MAX_DEADLINE_HOURS = 720.0
+# Where a config's `eval_dataset` lives in the data bucket (domain/bucket.py's layout): apart from
+# training-data/, where an upload starts a run.
+EVALUATION_DATA_PREFIX = "evaluation-data/"
+DEFAULT_EVAL_FRACTION = 0.1
 
 
 class TrainingConfigError(ValueError):
@@ -76,9 +80,46 @@ class TrainingConfig(BaseModel):
     scale_to_zero: bool = True
     lora: LoraSettings | None = None
     local_policy: LocalPolicySettings = LocalPolicySettings()
+    # Held-out evaluation of the starting and the trained model (domain/evaluation.py).
+    eval_fraction: float | None = Field(
+        default=None,
+        ge=0.0,
+        lt=1.0,
+        description=f"share of the dataset's records held out for evaluation, never trained on "
+        f"(default {DEFAULT_EVAL_FRACTION} unless eval_dataset names the records)",
+    )
+    eval_dataset: str | None = Field(
+        default=None,
+        pattern=rf"^{EVALUATION_DATA_PREFIX}[^\s]+\.jsonl$",
+        description=f"a .jsonl under {EVALUATION_DATA_PREFIX} in the data bucket to evaluate on "
+        "instead of a held-out fraction",
+    )
+    eval_samples: int = Field(
+        default=4, ge=1, le=64, description="rollouts per evaluation record: the k of pass@k"
+    )
+    eval_max_records: int = Field(
+        default=64, ge=1, le=10_000, description="evaluation records at most (the first held out)"
+    )
+    eval_seed: int = Field(default=0, ge=0, description="which records the fraction holds out")
+
+    @property
+    def held_out_fraction(self) -> float:
+        """The share of the training dataset held out: none when an evaluation file is named."""
+        if self.eval_dataset:
+            return 0.0
+        return DEFAULT_EVAL_FRACTION if self.eval_fraction is None else self.eval_fraction
+
+    @property
+    def evaluates(self) -> bool:
+        return self.eval_dataset is not None or self.held_out_fraction > 0
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
+        if self.eval_dataset and self.eval_fraction is not None:
+            raise ValueError(
+                "eval_dataset names the evaluation records; remove eval_fraction (or eval_dataset "
+                "to hold out a share of the training data instead)"
+            )
         if self.global_batch_size % self.group_size:
             raise ValueError(
                 f"global_batch_size ({self.global_batch_size}) must be a multiple of group_size "

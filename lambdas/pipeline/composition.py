@@ -64,6 +64,8 @@ def compose(
         "start_workers": work.start_workers,
         "workers_healthy": work.workers_healthy,
         "submit_job": work.submit_job,
+        "start_evaluation": work.start_evaluation,
+        "evaluation_status": work.evaluation_status,
         "monitor": work.monitor,
         "collect": work.collect,
         "release_compute": work.release_compute,

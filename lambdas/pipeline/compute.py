@@ -11,9 +11,17 @@ import json
 import secrets
 from typing import Any
 
-from domain.backends import RunContext
-from domain.bucket import SUMMARY_OBJECT, run_output_prefix
-from domain.run_state import JobReport, RegisteredRun, RunState
+from domain.backends import WAITING, EvaluationUnsupported, Phase, RunContext
+from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, object_exists, run_output_prefix
+from domain.evaluation import (
+    Episode,
+    EvaluationReport,
+    EvaluationStage,
+    compare,
+    episodes_key,
+    summarize,
+)
+from domain.run_state import EvaluationJob, JobReport, RegisteredRun, RunState
 from domain.runs import RunStore
 from lambdas.pipeline import policies
 from lambdas.pipeline.dependencies import Compute, Dependencies
@@ -22,6 +30,10 @@ from lambdas.router.conversations import ConversationStore
 
 class RunPastDeadline(RuntimeError):
     """The run's deadline passed while it waited for compute."""
+
+
+class EvaluationFailed(RuntimeError):
+    """An evaluation job did not succeed: the run fails like at any other step."""
 
 
 class ComputeSteps:
@@ -110,12 +122,57 @@ class ComputeSteps:
         report = JobReport(phase=phase, reason=reason, step=status.step, quiet_polls=quiet)
         return report.model_dump(mode="json")
 
+    def start_evaluation(self, event: dict[str, Any]) -> dict[str, Any]:
+        """`event`: {"stage", "state"}. Submit the evaluation of the stage's model on the run's
+        held-out records, or say why there is none (the config holds nothing out, or the plane
+        cannot evaluate): then it is ready at once and the run goes on."""
+        stage, state = EvaluationStage(event["stage"]), RunState.model_validate(event["state"])
+        config = state.registered.config
+        if not config.evaluates:
+            skipped = "the config holds no records out (eval_fraction 0, no eval_dataset)"
+            return EvaluationJob(stage=stage, skipped=skipped, ready=True).model_dump(mode="json")
+        try:
+            job = self.compute.cluster.submit_evaluation(self._context(state), stage=stage)
+        except EvaluationUnsupported as error:
+            return EvaluationJob(stage=stage, skipped=str(error), ready=True).model_dump(
+                mode="json"
+            )
+        return EvaluationJob(stage=stage, job=job).model_dump(mode="json")
+
+    def evaluation_status(self, event: dict[str, Any]) -> dict[str, Any]:
+        """`event`: {"stage", "state"}. One poll of the stage's evaluation; once it succeeded,
+        its headline figures. A failed evaluation fails the run."""
+        stage, state = EvaluationStage(event["stage"]), RunState.model_validate(event["state"])
+        self._check_deadline(state.registered)
+        submitted = state.evaluations[stage]
+        context = self._context(state)
+        status = self.compute.cluster.evaluation_status(context, stage=stage)
+        phase = Phase(status.phase)
+        if phase not in (Phase.SUCCEEDED, *WAITING):
+            raise EvaluationFailed(f"the {stage} evaluation ended {phase}: {status.reason}")
+        update: dict[str, Any] = {"phase": phase, "ready": phase is Phase.SUCCEEDED}
+        if phase is Phase.SUCCEEDED:
+            config = state.registered.config
+            found = read_episodes(self.clients("s3"), context, stage)
+            summary = summarize(stage, found, k=config.eval_samples)
+            update |= {"n": summary.n, "mean_reward": summary.mean_reward}
+            update |= {"pass_at_1": summary.pass_at_1}
+        return submitted.model_copy(update=update).model_dump(mode="json")
+
     def collect(self, event: dict[str, Any]) -> dict[str, Any]:
-        """Write `runs/<run_id>/summary.json` (config, job, outputs found, checkpoints) next to
-        the outputs."""
+        """Write `runs/<run_id>/evaluation.json` (both evaluations and the change) and
+        `summary.json` (config, job, evaluation, outputs found, checkpoints) next to the
+        outputs."""
         state = RunState.model_validate(event)
         s3, run = self.clients("s3"), state.registered
         prefix = run_output_prefix(run.run_id)
+        evaluation = evaluation_report(s3, self._context(state), state)
+        s3.put_object(
+            Bucket=state.bucket,
+            Key=f"{prefix}{EVALUATION_OBJECT}",
+            Body=evaluation.model_dump_json(indent=2).encode(),
+            ContentType="application/json",
+        )
         listed = s3.list_objects_v2(Bucket=state.bucket, Prefix=prefix).get("Contents", [])
         outputs = sorted(item["Key"].removeprefix(prefix) for item in listed)
         summary = {
@@ -123,6 +180,7 @@ class ComputeSteps:
             "dataset": f"s3://{state.bucket}/{state.key}",
             "config": run.config.model_dump(mode="json"),
             "job": state.job.model_dump(mode="json") if state.job else None,
+            "evaluation": evaluation.model_dump(mode="json"),
             "outputs": outputs,
             "checkpoints": checkpoints(s3, bucket=state.bucket, prefix=prefix, outputs=outputs),
         }
@@ -132,7 +190,11 @@ class ComputeSteps:
             Body=json.dumps(summary, indent=2).encode(),
             ContentType="application/json",
         )
-        return {"results": f"s3://{state.bucket}/{prefix}", "objects": len(listed)}
+        return {
+            "results": f"s3://{state.bucket}/{prefix}",
+            "objects": len(listed),
+            "evaluation": evaluation.headline(),
+        }
 
     def release_compute(self, event: dict[str, Any]) -> dict[str, Any]:
         """Teardown of the compute planes (idempotent): workers, job, nodes."""
@@ -171,6 +233,36 @@ def checkpoints(s3: Any, *, bucket: str, prefix: str, outputs: list[str]) -> lis
             {"job": job, "manifest": f"s3://{bucket}/{prefix}{output}", "checkpoint": location}
         )
     return found
+
+
+def read_episodes(s3: Any, run: RunContext, stage: EvaluationStage) -> list[Episode]:
+    """The episodes of the run's evaluation of `stage` (none when it did not run)."""
+    key = episodes_key(run.output_prefix, stage)
+    if not object_exists(s3, bucket=run.bucket, key=key):
+        return []
+    body = s3.get_object(Bucket=run.bucket, Key=key)["Body"].read().decode()
+    return [Episode.model_validate_json(line) for line in body.splitlines() if line.strip()]
+
+
+def evaluation_report(s3: Any, run: RunContext, state: RunState) -> EvaluationReport:
+    """Both evaluations of the run from their episodes, the change between them, and why an
+    evaluation was skipped."""
+    episodes = {stage: read_episodes(s3, run, stage) for stage in EvaluationStage}
+    summaries = {
+        stage: summarize(stage, found, k=run.training.eval_samples)
+        for stage, found in episodes.items()
+        if state.evaluations.get(stage) and state.evaluations[stage].job
+    }
+    return EvaluationReport(
+        baseline=summaries.get(EvaluationStage.BASELINE),
+        final=summaries.get(EvaluationStage.FINAL),
+        delta=compare(
+            episodes[EvaluationStage.BASELINE],
+            episodes[EvaluationStage.FINAL],
+            seed=run.training.eval_seed,
+        ),
+        skipped={stage: job.skipped for stage, job in state.evaluations.items() if job.skipped},
+    )
 
 
 def release(run: RunContext, compute: Compute, *, scale_down: bool) -> dict[str, int]:

@@ -30,12 +30,14 @@ from pydantic import Field, Json
 
 from domain.backends import (
     METRICS_OBJECT,
+    EvaluationUnsupported,
     JobStatus,
     Phase,
     RunContext,
     TrainingCluster,
     last_step,
 )
+from domain.evaluation import EvaluationStage
 from lambdas.clients import Clients
 from lambdas.environment import EnvironmentSettings
 from lambdas.kubernetes.client import KubernetesClient
@@ -254,6 +256,16 @@ class HyperPodTrainingCluster(InstanceGroupPlane):
         )
         step = last_step(self.s3, bucket=run.bucket, key=f"{run.output_prefix}{METRICS_OBJECT}")
         return replace(status, step=step)
+
+    # The open-weights trainer image is what would evaluate a checkpoint on this plane, and it is
+    # not built yet: its runs train without a held-out evaluation, and their report says so.
+    NO_EVALUATION = "the open-weights plane has no evaluation yet: it comes with its trainer image"
+
+    def submit_evaluation(self, run: RunContext, *, stage: EvaluationStage) -> str:
+        raise EvaluationUnsupported(self.NO_EVALUATION)
+
+    def evaluation_status(self, run: RunContext, *, stage: EvaluationStage) -> JobStatus:
+        raise EvaluationUnsupported(self.NO_EVALUATION)
 
     def delete(self, run: RunContext) -> int:
         """Delete the run's namespace and wait until it is gone; returns how many of the run's

@@ -18,7 +18,9 @@ def summary(
     failed_state: str | None = None,
     error: str | None = None,
     teardown: dict[str, int] | None = None,
+    evaluation: str | None = None,
 ) -> dict[str, Any]:
+    """`evaluation`: the headline of the run's held-out evaluation (`pass@1 0.31 → 0.58 ...`)."""
     if run is None:
         return {
             "run_id": run_id,
@@ -38,6 +40,7 @@ def summary(
         "failed_state": failed_state,
         "error": error,
         "teardown": teardown,
+        "evaluation": evaluation,
     }
 
 
@@ -52,6 +55,8 @@ def notify(sns: Any, topic_arn: str, report: dict[str, Any]) -> str:
             f"${report['cost_estimate_usd']:,.2f} (the config's hourly rate x duration)",
             f"results: {report['results']}",
         ]
+    if report.get("evaluation"):
+        lines.append(f"held-out evaluation: {report['evaluation']}")
     if report.get("teardown") is not None:
         lines.append(f"teardown: {report['teardown'].get('leftover', '?')} resources left")
     message = "\n".join(lines) + "\n\n" + json.dumps(report, indent=2)

@@ -28,7 +28,8 @@ from typing import Any
 import yaml
 from pydantic import Field
 
-from domain.backends import JobStatus, Phase, RunContext
+from domain.backends import EvaluationUnsupported, JobStatus, Phase, RunContext
+from domain.evaluation import EvaluationStage
 from domain.nova_job import (
     FORGE_RECIPE_SOURCE,
     FORGE_RECIPES,
@@ -166,6 +167,20 @@ class NovaTrainingCluster(InstanceGroupPlane):
         )
         ended = status.phase in (Phase.SUCCEEDED, Phase.FAILED)
         return replace(status, step=self.curve.update(run, final=ended))
+
+    # AWS's evaluation (the Forge SDK's RFT_MULTITURN_EVAL recipe over the same BYOO queues) is
+    # not launched by the pipeline yet: Nova runs train without a held-out evaluation, and their
+    # report says so.
+    NO_EVALUATION = (
+        "the Nova plane does not launch AWS's RFT multi-turn evaluation recipe yet; evaluate "
+        "the model with the Nova Forge SDK (RFT_MULTITURN_EVAL)"
+    )
+
+    def submit_evaluation(self, run: RunContext, *, stage: EvaluationStage) -> str:
+        raise EvaluationUnsupported(self.NO_EVALUATION)
+
+    def evaluation_status(self, run: RunContext, *, stage: EvaluationStage) -> JobStatus:
+        raise EvaluationUnsupported(self.NO_EVALUATION)
 
     def delete(self, run: RunContext) -> int:
         return self._launch({"action": "stop", "name": self.name(run)})["releases"]

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from domain.backends import METRICS_OBJECT, RunContext, last_step
+from domain.evaluation import deciles
 from lambdas.router.conversations import ConversationStore, ReportedRollout
 
 SOURCE = "rollout_reports"  # what a line was computed from, beside a trainer's own lines
@@ -60,7 +61,7 @@ def reward_windows(
 def _window(step: int, reports: Sequence[ReportedRollout], *, partial: bool) -> RewardWindow:
     scores = [report.score for report in reports if report.score is not None]
     flags = [report.success for report in reports if report.success is not None]
-    p10, p50, p90 = _deciles(scores)
+    p10, p50, p90 = deciles(scores)
     return RewardWindow(
         step=step,
         rollouts=len(reports),
@@ -76,16 +77,6 @@ def _window(step: int, reports: Sequence[ReportedRollout], *, partial: bool) -> 
         last_report_at=reports[-1].reported_at,
         partial=partial,
     )
-
-
-def _deciles(scores: list[float]) -> tuple[float | None, float | None, float | None]:
-    """The 10th, 50th and 90th percentiles (linear between the scores, as numpy's default)."""
-    if not scores:
-        return None, None, None
-    if len(scores) == 1:
-        return scores[0], scores[0], scores[0]
-    cuts = statistics.quantiles(scores, n=10, method="inclusive")
-    return cuts[0], cuts[4], cuts[8]
 
 
 class RewardCurve:

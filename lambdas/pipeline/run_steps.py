@@ -145,14 +145,17 @@ class RunSteps:
         return {"run_id": event["run_id"], **result}
 
     def notify_end(self, event: dict[str, Any]) -> dict[str, Any]:
-        """`event`: {"run_id", "succeeded", "failed_state"?, "error"?, "teardown"?}."""
+        """`event`: {"run_id", "succeeded", "failed_state"?, "error"?, "teardown"?,
+        "evaluation"? (its headline)}."""
         # The run is unknown when the pipeline failed before registering it (invalid dataset).
         runs, now = self._runs(), self._clock()
         error = _readable(event.get("error"))
         run = runs.get(event["run_id"])
         if run is not None and run.status not in FINISHED:
             status = "succeeded" if event.get("succeeded") else "failed"
-            run = runs.update(run.run_id, now=now, status=status, error=error)
+            run = runs.update(
+                run.run_id, now=now, status=status, error=error, evaluation=event.get("evaluation")
+            )
         report = summary(
             run,
             run_id=event["run_id"],
@@ -161,6 +164,7 @@ class RunSteps:
             failed_state=event.get("failed_state"),
             error=error,
             teardown=event.get("teardown"),
+            evaluation=event.get("evaluation"),
         )
         topic = self.settings.alert_topic_arn
         message_id = notify(self._clients("sns"), topic, report) if topic else None

@@ -7,6 +7,7 @@ asks every plane: each removes what it has of the run and nothing else."""
 from __future__ import annotations
 
 from domain.backends import JobStatus, RunContext, TrainingCluster
+from domain.evaluation import EvaluationStage
 from domain.nova_job import NO_NOVA_GROUP, NovaRefused, is_nova
 
 
@@ -36,6 +37,12 @@ class TrainingPlanes(TrainingCluster):
 
     def status(self, run: RunContext) -> JobStatus:
         return self.plane(run).status(run)
+
+    def submit_evaluation(self, run: RunContext, *, stage: EvaluationStage) -> str:
+        return self.plane(run).submit_evaluation(run, stage=stage)
+
+    def evaluation_status(self, run: RunContext, *, stage: EvaluationStage) -> JobStatus:
+        return self.plane(run).evaluation_status(run, stage=stage)
 
     def delete(self, run: RunContext) -> int:
         if run.config is not None:

@@ -2,7 +2,7 @@
 
 - `LocalRewardFleet`: reward workers as local processes running the real worker
   (`python -m reward_envs.worker`), pointed at the run's queues and the local router.
-- `LocalTrainingCluster`: the training job as a local trainer process
+- `LocalTrainingCluster`: the training job, and each evaluation, as a local trainer process
   (`python -m mtrl.local.trainer`); scaling nodes up and down is a no-op, still recorded.
 
 Both keep what they did in `events` (for the run report) and stop their processes on request;
@@ -31,10 +31,12 @@ from domain.backends import (
     TrainingCluster,
     worker_environment,
 )
-from mtrl.local.trainer.loop import TrainingJob
+from domain.evaluation import EvaluationStage
+from mtrl.local.trainer.exchange import TrainingJob
 from reward_envs.registry import load
 
 STOP_GRACE_SECONDS = 10.0
+TRAINER = "trainer"  # the training job's name beside the evaluations' (their stage)
 
 
 @dataclass
@@ -126,13 +128,25 @@ class LocalRewardFleet(RewardFleet):
         return {**os.environ, **self._environment, **worker_environment(run), **local}
 
 
+def _process_status(process: _Process | None, what: str, *, step: int | None = None) -> JobStatus:
+    if process is None:
+        return JobStatus(Phase.PENDING, "not submitted")
+    code = process.popen.poll()
+    if code is None:
+        return JobStatus(Phase.RUNNING, step=step)
+    if code == 0:
+        return JobStatus(Phase.SUCCEEDED, step=step)
+    reason = process.last_error_line() or f"exit code {code}"
+    return JobStatus(Phase.FAILED, f"{what} exited with code {code}: {reason}", step=step)
+
+
 class LocalTrainingCluster(TrainingCluster):
     def __init__(self, *, environment: dict[str, str], log_dir: Path, seed: int = 0) -> None:
         self._environment = environment
         self._log_dir = log_dir
         self._seed = seed
         self._nodes: dict[str, int] = {}
-        self._jobs: dict[str, _Process] = {}
+        self._jobs: dict[tuple[str, str], _Process] = {}  # (run id, trainer or stage)
         self._lock = threading.Lock()
         self.progress: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._recorder = _Recorder()
@@ -146,8 +160,33 @@ class LocalTrainingCluster(TrainingCluster):
         return self._nodes.get(run.run_id, 0)
 
     def submit(self, run: RunContext) -> str:
-        job_id = f"{run.run_id}-trainer"
-        if run.run_id in self._jobs:
+        return self._launch(run, evaluation=None)
+
+    def status(self, run: RunContext) -> JobStatus:
+        process = self._jobs.get((run.run_id, TRAINER))
+        with self._lock:
+            steps = [entry["step"] for entry in self.progress[run.run_id] if "step" in entry]
+        return _process_status(process, "trainer", step=steps[-1] if steps else None)
+
+    def submit_evaluation(self, run: RunContext, *, stage: EvaluationStage) -> str:
+        return self._launch(run, evaluation=stage)
+
+    def evaluation_status(self, run: RunContext, *, stage: EvaluationStage) -> JobStatus:
+        return _process_status(self._jobs.get((run.run_id, stage)), f"{stage} evaluation")
+
+    def delete(self, run: RunContext) -> int:
+        processes = [p for (run_id, _), p in self._jobs.items() if run_id == run.run_id]
+        if not processes:
+            return 0
+        _stop_all(processes, STOP_GRACE_SECONDS)
+        self._recorder.record("delete_job", run)
+        return len(processes)
+
+    def _launch(self, run: RunContext, *, evaluation: EvaluationStage | None) -> str:
+        """The trainer process, training or (with `evaluation`) evaluating; once per run and job."""
+        name = evaluation or TRAINER
+        job_id = f"{run.run_id}-{name}"
+        if (run.run_id, name) in self._jobs:
             return job_id
         environment = load(run.training.environment)
         job = TrainingJob(
@@ -160,8 +199,9 @@ class LocalTrainingCluster(TrainingCluster):
             config=run.training,
             reward_range=(environment.reward_range.low, environment.reward_range.high),
             seed=self._seed,
+            evaluation=evaluation,
         )
-        log = self._log_dir / run.run_id / "logs" / "trainer.log"
+        log = self._log_dir / run.run_id / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as sink:
             popen = subprocess.Popen(
@@ -172,35 +212,15 @@ class LocalTrainingCluster(TrainingCluster):
                 stdin=subprocess.DEVNULL,
                 text=True,
             )
-        self._jobs[run.run_id] = _Process(popen, log)
+        self._jobs[(run.run_id, name)] = _Process(popen, log)
         threading.Thread(
-            target=self._follow, args=(run.run_id, popen), name="trainer-output", daemon=True
+            target=self._follow, args=(run.run_id, popen), name=f"{name}-output", daemon=True
         ).start()
-        self._recorder.record("submit", run, job=job_id)
+        if evaluation:
+            self._recorder.record("submit_evaluation", run, job=job_id, stage=str(evaluation))
+        else:
+            self._recorder.record("submit", run, job=job_id)
         return job_id
-
-    def status(self, run: RunContext) -> JobStatus:
-        process = self._jobs.get(run.run_id)
-        if process is None:
-            return JobStatus(Phase.PENDING, "not submitted")
-        with self._lock:
-            steps = [entry["step"] for entry in self.progress[run.run_id] if "step" in entry]
-        step = steps[-1] if steps else None
-        code = process.popen.poll()
-        if code is None:
-            return JobStatus(Phase.RUNNING, step=step)
-        if code == 0:
-            return JobStatus(Phase.SUCCEEDED, step=step)
-        reason = process.last_error_line() or f"exit code {code}"
-        return JobStatus(Phase.FAILED, f"trainer exited with code {code}: {reason}", step=step)
-
-    def delete(self, run: RunContext) -> int:
-        process = self._jobs.get(run.run_id)
-        if process is None:
-            return 0
-        _stop_all([process], STOP_GRACE_SECONDS)
-        self._recorder.record("delete_job", run)
-        return 1
 
     def scale_down(self, run: RunContext) -> None:
         self._nodes.pop(run.run_id, None)

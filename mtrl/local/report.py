@@ -1,8 +1,10 @@
 """The report of a local run, under `<out>/<run_id>/`:
 
 - `report.json`: status, run id, where and why it failed, the states visited, the training
-  steps, the reward curve, the teardown result and what was left behind;
-- `reward_curve.png`: mean and best reward and win rate per training step;
+  steps, the reward curve, the held-out evaluation (`baseline`, `final`, `delta`), the teardown
+  result and what was left behind;
+- `reward_curve.png`: mean and best reward and win rate per training step, and the held-out
+  evaluation before and after training beside it;
 - `execution_history.json`: the Step Functions execution history;
 - `metrics.jsonl`: the trainer's metrics, one line per step;
 - `notification.txt`: the message the alert topic published;
@@ -65,6 +67,7 @@ def report_data(outcome: RunOutcome) -> dict[str, Any]:
         "states": outcome.states,
         "steps": len(outcome.metrics),
         "reward_curve": curve,
+        "evaluation": outcome.evaluation,
         "teardown": outcome.teardown,
         "leftover": {**outcome.leftover, "total": sum(outcome.leftover.values())},
         "notified": outcome.notification is not None,
@@ -83,18 +86,40 @@ def write_report(outcome: RunOutcome, directory: Path) -> Path:
     if outcome.notification is not None:
         (directory / "notification.txt").write_text(outcome.notification)
     if outcome.metrics:
-        plot_reward_curve(outcome.metrics, directory / "reward_curve.png", title=outcome.run_id)
+        plot_reward_curve(
+            outcome.metrics,
+            directory / "reward_curve.png",
+            title=outcome.run_id,
+            evaluation=outcome.evaluation,
+        )
     return directory / "report.json"
 
 
-def plot_reward_curve(metrics: list[dict[str, Any]], path: Path, *, title: str) -> None:
+# The before/after panel's figures: (label, key in an evaluation summary).
+COMPARED = (("mean reward", "mean_reward"), ("pass@1", "pass_at_1"))
+
+
+def plot_reward_curve(
+    metrics: list[dict[str, Any]],
+    path: Path,
+    *,
+    title: str,
+    evaluation: dict[str, Any] | None = None,
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
     steps = [m["step"] for m in metrics]
-    figure, axes = plt.subplots(figsize=(7, 4), dpi=100)
+    compared = evaluation and evaluation.get("baseline") and evaluation.get("final")
+    if compared:
+        figure, (axes, panel) = plt.subplots(
+            1, 2, figsize=(11, 4), dpi=100, gridspec_kw={"width_ratios": [2, 1]}
+        )
+        plot_before_after(panel, evaluation)
+    else:
+        figure, axes = plt.subplots(figsize=(7, 4), dpi=100)
     axes.plot(steps, [m["mean_reward"] for m in metrics], marker="o", label="mean reward")
     axes.plot(steps, [m["max_reward"] for m in metrics], linestyle="--", label="best reward")
     wins = [m.get("win_rate") for m in metrics]
@@ -107,3 +132,26 @@ def plot_reward_curve(metrics: list[dict[str, Any]], path: Path, *, title: str) 
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
+
+
+def plot_before_after(axes: Any, evaluation: dict[str, Any]) -> None:
+    """Bars of the held-out evaluation's figures before and after training, the change's 95 %
+    interval as the final bar's whisker."""
+    shown = [(label, key) for label, key in COMPARED if evaluation["final"].get(key) is not None]
+    positions = range(len(shown))
+    width = 0.38
+    for offset, stage in ((-width / 2, "baseline"), (width / 2, "final")):
+        values = [evaluation[stage][key] or 0.0 for _, key in shown]
+        errors = None
+        if stage == "final":
+            deltas = [evaluation.get("delta", {}).get(key) for _, key in shown]
+            errors = [
+                [d["delta"] - d["ci_low"] if d else 0.0 for d in deltas],
+                [d["ci_high"] - d["delta"] if d else 0.0 for d in deltas],
+            ]
+        bars = axes.bar([p + offset for p in positions], values, width, yerr=errors, label=stage)
+        axes.bar_label(bars, fmt="%.2f", padding=2)
+    axes.set_xticks(list(positions), [label for label, _ in shown])
+    axes.margins(y=0.2)  # room for the labels above the bars
+    axes.set_title(f"held-out evaluation (n={evaluation['final']['n']})")
+    axes.legend(loc="upper left")

@@ -13,11 +13,13 @@ Everything that can be wrong with the input is checked before anything is create
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from domain.bucket import EVALUATION_OBJECT
 from domain.dataset import DatasetValidator
 from mtrl.local.embedded import definition_skeleton, fault_states
 from mtrl.local.report import write_report
@@ -123,5 +125,8 @@ def run_local(
         outcome.config = prepared.config
         directory = options.out_dir / run_id
         session.download_outputs(run_id, directory / "outputs")
+    evaluation = directory / "outputs" / EVALUATION_OBJECT
+    if evaluation.is_file():
+        outcome.evaluation = json.loads(evaluation.read_text())
     write_report(outcome, directory)
     return outcome, directory

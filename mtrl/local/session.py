@@ -84,6 +84,7 @@ class RunOutcome:
     events: list[dict[str, Any]] = field(default_factory=list)
     config: TrainingConfig | None = None
     seconds: float = 0.0
+    evaluation: dict[str, Any] | None = None  # the run's evaluation.json, once Collect wrote it
 
 
 def config_upload(prepared: Prepared) -> tuple[str, bytes | None]:

@@ -40,6 +40,7 @@ class RunSummary:
     spent_usd: float
     deadline_in_hours: float | None  # None once finished
     error: str | None
+    evaluation: str | None  # the held-out evaluation's headline, once the run succeeded
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ def summarize(run: RunRecord, *, now: float) -> RunSummary:
         spent_usd=run.spent_usd(now),
         deadline_in_hours=None if finished else (run.deadline_at - now) / 3600,
         error=run.error,
+        evaluation=run.evaluation,
     )
 
 

@@ -2,14 +2,18 @@
 failure path) and the machine itself.
 
     Validate -> Register -> Provision -> ScaleUp -> (WaitForNodes -> NodesReady)* ->
-    StartWorkers -> (WaitForWorkers -> WorkersHealthy)* -> SubmitJob ->
-    (WaitForJob -> Monitor -> JobDone?)* -> Collect -> ReleaseCompute -> Teardown ->
-    NotifySuccess -> RunSucceeded
+    StartWorkers -> (WaitForWorkers -> WorkersHealthy)* ->
+    EvaluateBaseline -> (WaitForBaselineEvaluation -> BaselineEvaluation)* -> SubmitJob ->
+    (WaitForJob -> Monitor -> JobDone?)* ->
+    EvaluateFinal -> (WaitForFinalEvaluation -> FinalEvaluation)* ->
+    Collect -> ReleaseCompute -> Teardown -> NotifySuccess -> RunSucceeded
     any step fails -> FailedIn<State> -> ReleaseComputeAfterFailure -> TeardownAfterFailure ->
     NotifyFailure -> RunFailed
 
-Every task retries Lambda's transient errors; every failure releases the run's compute, tears
-its resources down, then notifies, then fails with the original error and cause.
+An evaluation the run cannot have (nothing held out, a plane that cannot evaluate) is skipped at
+once, its reason kept. Every task retries Lambda's transient errors; every failure (a failed
+evaluation too) releases the run's compute, tears its resources down, then notifies, then fails
+with the original error and cause.
 """
 
 from __future__ import annotations
@@ -25,12 +29,14 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from domain.backends import WAITING, Phase
+from domain.evaluation import EvaluationStage
 from stacks.components.nag import acknowledge, acknowledge_resource
 from training_configs.schema import MAX_DEADLINE_HOURS
 
 # Validation before a run's deadline starts, and release, teardown and notice after it passes.
 AFTER_DEADLINE_HOURS = 2
-RUN_ID = {"run_id.$": "$.run.run_id"}
+RUN_PATH = "$.run.run_id"
+RUN_ID = {"run_id.$": RUN_PATH}
 
 
 class PipelineDefinition:
@@ -125,6 +131,25 @@ class PipelineDefinition:
         )
         return wait
 
+    def evaluation(
+        self, stage: EvaluationStage, failure: sfn.IChainable, then: sfn.IChainable
+    ) -> sfn.IChainable:
+        """Start the evaluation of `stage` and poll it until it ended, then `then`; straight to
+        `then` when it was skipped (ready at once)."""
+        name, result = stage.value.title(), f"$.evaluations.{stage.value}"
+        payload = {"stage": stage.value, "state.$": "$"}
+        start = self.caught(
+            self.task(f"Evaluate{name}", "start_evaluation", payload, result), RUN_PATH, failure
+        )
+        poll = self.caught(
+            self.task(f"{name}Evaluation", "evaluation_status", payload, result), RUN_PATH, failure
+        )
+        return start.next(
+            sfn.Choice(self._scope, f"{name}EvaluationSkipped?")
+            .when(sfn.Condition.boolean_equals(f"{result}.ready", True), then)
+            .otherwise(self.poll_until(f"{name}Evaluation", poll, result, then))
+        )
+
     def job_failed(self, failure: sfn.IChainable) -> sfn.IChainable:
         """The job ended without success: its phase and reason become the run's error."""
         return (
@@ -172,7 +197,12 @@ class PipelineDefinition:
             task(
                 "NotifySuccess",
                 "notify_end",
-                {**RUN_ID, "succeeded": True, "teardown.$": "$.teardown"},
+                {
+                    **RUN_ID,
+                    "succeeded": True,
+                    "teardown.$": "$.teardown",
+                    "evaluation.$": "$.results.evaluation",
+                },
                 "$.notification",
             ),
             "$.run.run_id",
@@ -193,7 +223,10 @@ class PipelineDefinition:
         )
         job_wait.next(monitor).next(
             sfn.Choice(self._scope, "JobDone?")
-            .when(sfn.Condition.string_equals("$.job.phase", Phase.SUCCEEDED), finish)
+            .when(
+                sfn.Condition.string_equals("$.job.phase", Phase.SUCCEEDED),
+                self.evaluation(EvaluationStage.FINAL, failure, finish),
+            )
             .when(
                 sfn.Condition.or_(
                     *(sfn.Condition.string_equals("$.job.phase", p) for p in WAITING)
@@ -208,7 +241,7 @@ class PipelineDefinition:
                 "Workers",
                 compute("WorkersHealthy", "workers_healthy", "$.fleet"),
                 "$.fleet",
-                submit,
+                self.evaluation(EvaluationStage.BASELINE, failure, submit),
             )
         )
         nodes = compute("ScaleUp", "scale_up", "$.scaled").next(

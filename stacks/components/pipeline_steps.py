@@ -104,6 +104,14 @@ STEPS = (
         (Need.KUBERNETES, Need.POD_IDENTITY_CREATE, Need.NOVA_LAUNCH, Need.FORGE_RECIPES_READ),
     ),
     PipelineStep(
+        "start_evaluation", "Starts the evaluation of the run's starting or trained model",
+        (),
+    ),
+    PipelineStep(
+        "evaluation_status", "Polls an evaluation; its headline figures once it ended",
+        (Need.OUTPUTS_LIST, Need.OUTPUTS_READ),
+    ),
+    PipelineStep(
         "monitor", "Polls the job; stops runs past their deadline or budget",
         # A Nova run's reward curve: its rollout reports into its metrics object.
         (
@@ -112,7 +120,7 @@ STEPS = (
         ),
     ),
     PipelineStep(
-        "collect", "Lists the run's results under runs/<run_id>/ and its checkpoints",
+        "collect", "Writes the run's evaluation report and summary under runs/<run_id>/",
         (Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE),
     ),
     PipelineStep(

@@ -40,9 +40,12 @@ def _child_processes() -> set[int]:
 
 @pytest.fixture
 def small_config(tmp_path: Path) -> Path:
-    """The example config, smaller: 2 secrets x 8 rollouts per step, one reward worker."""
+    """The example config, smaller: 2 secrets x 8 rollouts per step, one reward worker; each
+    evaluation 8 held-out secrets x 2 rollouts."""
     config = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
-    config.update(global_batch_size=16, max_steps=2, reward_workers=1)
+    config.update(
+        global_batch_size=16, max_steps=3, reward_workers=1, eval_max_records=8, eval_samples=2
+    )
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -64,7 +67,7 @@ def test_the_wordle_example_trains_and_leaves_nothing(
     )
     assert outcome.status == "SUCCEEDED", (outcome.error, outcome.cause)
     report = json.loads((directory / "report.json").read_text())
-    assert report["steps"] == 2 and [p["step"] for p in report["reward_curve"]] == [1, 2]
+    assert report["steps"] == 3 and [p["step"] for p in report["reward_curve"]] == [1, 2, 3]
     assert all(0.0 <= p["mean_reward"] <= p["max_reward"] <= 1.0 for p in report["reward_curve"])
     assert report["leftover"] == {"resources": 0, "processes": 0, "pollers": 0, "total": 0}
     assert report["teardown"]["leftover"] == 0 and report["teardown"]["queues_deleted"] == 5
@@ -73,8 +76,21 @@ def test_the_wordle_example_trains_and_leaves_nothing(
     # The compute planes were asked for what the config says, and released.
     actions = [event["action"] for event in report["compute_events"]]
     assert actions == [
-        "scale_up", "start_workers", "submit", "stop_workers", "delete_job", "scale_down",
+        "scale_up", "start_workers", "submit_evaluation", "submit", "submit_evaluation",
+        "stop_workers", "delete_job", "scale_down",
     ]  # fmt: skip
+    # Evaluated before and after on the same 8 held-out secrets: three steps already win some.
+    evaluation = report["evaluation"]
+    assert {"EvaluateBaseline", "BaselineEvaluation", "EvaluateFinal", "FinalEvaluation"} <= set(
+        report["states"]
+    )
+    baseline, final = evaluation["baseline"], evaluation["final"]
+    assert (baseline["n"], final["n"], baseline["records"]) == (16, 16, 8)
+    assert final["pass_at_1"] > baseline["pass_at_1"]
+    assert final["mean_reward"] > baseline["mean_reward"]
+    assert evaluation["delta"]["pass_at_1"]["delta"] == pytest.approx(
+        final["pass_at_1"] - baseline["pass_at_1"]
+    )
     assert report["compute_events"][0]["instances"] == 4
     assert report["compute_events"][1]["workers"] == 1
     assert (directory / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -86,18 +102,23 @@ def test_the_wordle_example_trains_and_leaves_nothing(
     outputs = directory / "outputs"
     assert (outputs / "checkpoints" / "final.npz").is_file()
     summary = json.loads((outputs / "summary.json").read_text())
-    assert "metrics.jsonl" in summary["outputs"] and summary["config"]["max_steps"] == 2
+    assert "metrics.jsonl" in summary["outputs"] and summary["config"]["max_steps"] == 3
+    assert summary["evaluation"] == evaluation
+    assert "held-out evaluation: pass@1 " in (directory / "notification.txt").read_text()
     trained = [json.loads(line) for line in (outputs / "metrics.jsonl").read_text().splitlines()]
-    assert [m["rollouts"] + m["failed_rollouts"] for m in trained] == [16, 16]
+    assert [m["rollouts"] + m["failed_rollouts"] for m in trained] == [16, 16, 16]
     history = json.loads((directory / "execution_history.json").read_text())
     assert history[-1]["type"] == "ExecutionSucceeded"
-    assert (directory / "logs" / "trainer.log").is_file()
+    assert all(
+        (directory / "logs" / f"{job}.log").is_file() for job in ("trainer", "baseline", "final")
+    )
     assert _child_processes() == before
 
 
 FAULT_STATES = [
     "Validate", "Register", "Provision", "ScaleUp", "NodesReady", "StartWorkers", "WorkersHealthy",
-    "SubmitJob", "Monitor", "Collect", "ReleaseCompute", "Teardown", "NotifySuccess",
+    "EvaluateBaseline", "SubmitJob", "Monitor", "FinalEvaluation", "Collect", "ReleaseCompute",
+    "Teardown", "NotifySuccess",
 ]  # fmt: skip
 
 
@@ -195,8 +216,8 @@ def test_off_a_terminal_the_cli_prints_a_line_per_state_and_per_step(
     lines = result.output.splitlines()
     progress = [line.split("] ", 1)[1] for line in lines if line.startswith("[")]
     steps = [line for line in progress if line.startswith("step ")]
-    assert [line.split(":")[0] for line in steps] == ["step 1/2", "step 2/2"]
-    assert all(re.fullmatch(r"step \d/2: reward \d\.\d{3}, wins \d+%", line) for line in steps)
+    assert [line.split(":")[0] for line in steps] == ["step 1/3", "step 2/3", "step 3/3"]
+    assert all(re.fullmatch(r"step \d/3: reward \d\.\d{3}, wins \d+%", line) for line in steps)
     assert progress[0] == "pipeline: synthesizing the pipeline stack"
     assert "pipeline: validate" in progress and progress[-1] == "pipeline: SUCCEEDED", progress
     assert progress.count("pipeline: monitor") == 1  # a step polled again is said once
@@ -205,4 +226,4 @@ def test_off_a_terminal_the_cli_prints_a_line_per_state_and_per_step(
     assert f"  reward curve: {run_directory / 'reward_curve.png'}" in lines
     assert any(line.startswith("  cost: $0 here; on AWS this config costs $") for line in lines)
     trainer_log = (run_directory / "logs" / "trainer.log").read_text()
-    assert "step 2/2: mean reward" in trainer_log and "final checkpoint saved" in trainer_log
+    assert "step 3/3: mean reward" in trainer_log and "final checkpoint saved" in trainer_log

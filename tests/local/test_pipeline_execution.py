@@ -12,7 +12,14 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from domain.backends import JobStatus, RewardFleet, RunContext, TrainingCluster
+from domain.backends import (
+    EvaluationUnsupported,
+    JobStatus,
+    RewardFleet,
+    RunContext,
+    TrainingCluster,
+)
+from domain.evaluation import EvaluationStage
 from lambdas.pipeline.dependencies import Compute
 from mtrl.local.embedded import (
     REGION,
@@ -50,12 +57,14 @@ class FakeFleet(RewardFleet):
 
 
 class FakeCluster(TrainingCluster):
-    """Nodes ready on the second poll; the job goes through `phases`."""
+    """Nodes ready on the second poll; the job goes through `phases`; each evaluation through
+    `evaluations`, or none can run (None)."""
 
     def __init__(self, phases: list[JobStatus]) -> None:
         self.calls: list[str] = []
         self.phases = phases
         self.polls = 0
+        self.evaluations: list[JobStatus] | None = None
 
     def scale_up(self, run: RunContext, *, instances: int) -> None:
         self.calls.append(f"scale_up:{instances}")
@@ -70,6 +79,16 @@ class FakeCluster(TrainingCluster):
 
     def status(self, run: RunContext) -> JobStatus:
         return self.phases.pop(0) if len(self.phases) > 1 else self.phases[0]
+
+    def submit_evaluation(self, run: RunContext, *, stage: EvaluationStage) -> str:
+        self.calls.append(f"evaluate:{stage}")
+        if self.evaluations is None:
+            raise EvaluationUnsupported("this plane cannot evaluate")
+        return f"{run.run_id}-{stage}"
+
+    def evaluation_status(self, run: RunContext, *, stage: EvaluationStage) -> JobStatus:
+        assert self.evaluations is not None, "a skipped evaluation is not polled"
+        return self.evaluations.pop(0) if len(self.evaluations) > 1 else self.evaluations[0]
 
     def delete(self, run: RunContext) -> int:
         self.calls.append("delete")
@@ -192,18 +211,53 @@ def test_a_valid_upload_runs_to_success_and_leaves_nothing(local, compute) -> No
     assert described["status"] == "SUCCEEDED", described
     assert pipeline.dispatcher.invocations == [
         "start_run", "validate", "register", "provision", "scale_up", "nodes_ready", "nodes_ready", "start_workers",
-        "workers_healthy", "submit_job", "monitor", "monitor", "monitor", "collect", "release_compute",
-        "teardown", "notify_end",
+        "workers_healthy", "start_evaluation", "submit_job", "monitor", "monitor", "monitor",
+        "start_evaluation", "collect", "release_compute", "teardown", "notify_end",
     ]  # fmt: skip
-    assert cluster.calls == ["scale_up:4", "submit", "delete", "scale_down"] and fleet.calls == [
-        "start",
-        "stop",
-    ]
+    assert cluster.calls == [
+        "scale_up:4", "evaluate:baseline", "submit", "evaluate:final", "delete", "scale_down",
+    ]  # fmt: skip
+    assert fleet.calls == ["start", "stop"]
     assert _run_queues(clients) == []
     (notice,) = _notifications(clients)
     assert notice.startswith(f"nova-mtrl run {started['run_id']} SUCCEEDED")
     output = json.loads(described["output"])
     assert output["teardown"]["leftover"] == 0
+    # A plane that cannot evaluate: both evaluations skipped with its reason, and reported so.
+    assert output["evaluations"]["baseline"]["skipped"] == "this plane cannot evaluate"
+    report = json.loads(
+        clients["s3"]
+        .get_object(Bucket=pipeline.data_bucket, Key=f"runs/{started['run_id']}/evaluation.json")[
+            "Body"
+        ]
+        .read()
+    )
+    assert report["baseline"] is None and report["skipped"] == {
+        "baseline": "this plane cannot evaluate",
+        "final": "this plane cannot evaluate",
+    }
+
+
+def test_the_evaluations_are_polled_until_done_and_a_failed_one_fails_the_run(
+    local, compute
+) -> None:
+    pipeline, clients = local
+    fleet, cluster = compute
+    cluster.evaluations = [
+        JobStatus("pending"),
+        JobStatus("running"),
+        JobStatus("failed", "evaluator exited with code 1: no final checkpoint"),
+    ]
+    started = _upload(pipeline, clients, "training-data/w.jsonl", GOOD)
+    described = finished(clients["stepfunctions"], started["execution_arn"])
+    assert described["status"] == "FAILED" and described["error"] == "EvaluationFailed"
+    assert "the baseline evaluation ended failed: evaluator exited" in described["cause"]
+    invocations = pipeline.dispatcher.invocations
+    assert invocations.count("evaluation_status") == 3 and "submit_job" not in invocations
+    assert invocations[-3:] == ["release_compute", "teardown", "notify_end"]
+    assert cluster.calls[-2:] == ["delete", "scale_down"] and _run_queues(clients) == []
+    (notice,) = _notifications(clients)
+    assert "failed in BaselineEvaluation: EvaluationFailed: the baseline evaluation" in notice
 
 
 def test_a_duplicate_event_is_one_run(local) -> None:
@@ -265,6 +319,7 @@ class Injected(RuntimeError):
         ("nodes_ready", "NodesReady"),
         ("start_workers", "StartWorkers"),
         ("workers_healthy", "WorkersHealthy"),
+        ("start_evaluation", "EvaluateBaseline"),
         ("submit_job", "SubmitJob"),
         ("monitor", "Monitor"),
         ("collect", "Collect"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +23,7 @@ from lambdas.clients import Clients
 from lambdas.pipeline.composition import compose
 from lambdas.pipeline.dependencies import Compute
 from lambdas.router.conversations import create_table
-from mtrl import ops_commands
+from mtrl import console, ops_commands
 from mtrl.cli import app
 from mtrl.ops.deployment import find_deployment
 from mtrl.ops.logs import follow, sources
@@ -201,17 +202,26 @@ def test_every_missing_prerequisite_is_named_at_once(no_aws_setup: None) -> None
     assert result.exit_code == 2 and "AWS profile 'nope' is not configured" in result.output
 
 
-def _register(db: Any, run_id: str, *, created: float, status: str = "active") -> None:
+def _register(
+    db: Any, run_id: str, *, created: float, status: str = "active", evaluation: str | None = None
+) -> None:
     RunStore(db, "nova-mtrl-runs").register(RunRecord(
         run_id=run_id, bucket=BUCKET, key=f"training-data/{run_id}.jsonl", config_name="rft_multiturn_lora",
         status=status, created_at=created, updated_at=created + 1800, deadline_at=created + 12 * 3600,
-        cost_per_hour=394.0,
+        cost_per_hour=394.0, evaluation=evaluation,
     ))  # fmt: skip
 
 
-def test_runs_lists_newest_first_with_cost_so_far(deployed: dict) -> None:
+HEADLINE = "pass@1 0.31 → 0.58 (+0.27, 95% CI +0.12..+0.41; 256 held-out rollouts)"
+
+
+def test_runs_lists_newest_first_with_cost_so_far(
+    deployed: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
     now = time.time()
-    _register(deployed["db"], "older-1", created=now - 7200, status="succeeded")
+    _register(
+        deployed["db"], "older-1", created=now - 7200, status="succeeded", evaluation=HEADLINE
+    )
     _register(deployed["db"], "newer-2", created=now - 3600)
     result = _invoke("runs", "--json")
     assert result.exit_code == 0, result.output
@@ -219,8 +229,12 @@ def test_runs_lists_newest_first_with_cost_so_far(deployed: dict) -> None:
     assert [r["run_id"] for r in runs] == ["newer-2", "older-1"]
     assert runs[0]["spent_usd"] == pytest.approx(394.0, rel=0.01)  # one hour, still running
     assert runs[1]["spent_usd"] == pytest.approx(197.0) and runs[1]["deadline_in_hours"] is None
+    assert (runs[0]["evaluation"], runs[1]["evaluation"]) == (None, HEADLINE)
+    monkeypatch.setattr(console.out, "_width", 250)  # the tables whole, unwrapped
     table = _invoke("runs")
-    assert "newer-2" in table.output and "$394/h" in table.output
+    assert "newer-2" in table.output and "$394/h" in table.output and HEADLINE in table.output
+    status = _invoke("status", "older-1")
+    assert re.search(rf"held-out evaluation\W+{re.escape(HEADLINE)}", status.output), status.output
 
 
 def test_status_gathers_execution_training_queues_and_cost(deployed: dict) -> None:

@@ -7,11 +7,12 @@ import json
 import boto3
 import pytest
 
-from domain.backends import JobStatus, RunContext, TrainingCluster
+from domain.backends import EvaluationUnsupported, JobStatus, RunContext, TrainingCluster
+from domain.evaluation import Episode, EvaluationStage
 from domain.run_state import RegisteredRun
 from domain.runs import RunRecord, RunStore
 from lambdas.clients import Clients
-from lambdas.pipeline.compute import ComputeSteps
+from lambdas.pipeline.compute import ComputeSteps, EvaluationFailed, RunPastDeadline
 from lambdas.pipeline.dependencies import Compute, Dependencies
 from lambdas.pipeline.settings import PipelineSettings
 from tests.aws import create_runs_table
@@ -30,6 +31,12 @@ class Scripted(TrainingCluster):
         return "job"
 
     def status(self, run: RunContext) -> JobStatus:
+        return self.current
+
+    def submit_evaluation(self, run: RunContext, *, stage: EvaluationStage) -> str:
+        return f"evaluation-{stage}"
+
+    def evaluation_status(self, run: RunContext, *, stage: EvaluationStage) -> JobStatus:
         return self.current
 
     def delete(self, run: RunContext) -> int:
@@ -129,9 +136,90 @@ def test_collect_writes_the_run_summary(aws: None) -> None:
         }
     )
     summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
-    assert result == {"results": "s3://bucket-1/runs/r/", "objects": 1}
-    assert summary["outputs"] == ["metrics.jsonl"] and summary["job"]["step"] == 9
-    assert summary["checkpoints"] == []
+    assert result == {"results": "s3://bucket-1/runs/r/", "objects": 2, "evaluation": None}
+    assert summary["outputs"] == ["evaluation.json", "metrics.jsonl"]
+    assert summary["job"]["step"] == 9 and summary["checkpoints"] == []
+
+
+def _episodes(passed: list[int]) -> bytes:
+    """One episode per flag, two per record; a reward of 0.1, or 0.9 when it passed."""
+    return b"".join(
+        Episode(
+            record_id=f"r{i // 2}",
+            sample_id=f"eval-r{i // 2}_{i}",
+            stop_reason="end_of_conversation",
+            score=0.9 if flag else 0.1,
+            success=bool(flag),
+            turns=3,
+        )
+        .model_dump_json()
+        .encode()
+        + b"\n"
+        for i, flag in enumerate(passed)
+    )
+
+
+def test_an_evaluation_is_skipped_when_nothing_is_held_out_or_the_plane_cannot(state: dict) -> None:
+    cluster = Scripted(JobStatus("running"))
+    event = {"stage": "baseline", "state": state}
+    assert steps(cluster).start_evaluation(event) == {
+        "stage": "baseline", "job": "evaluation-baseline", "skipped": None, "ready": False,
+        "phase": None, "n": None, "mean_reward": None, "pass_at_1": None,
+    }  # fmt: skip
+    held_nothing = {**state, "run": {**REGISTERED, "config": {**CONFIG, "eval_fraction": 0.0}}}
+    skipped = steps(cluster).start_evaluation({"stage": "final", "state": held_nothing})
+    assert skipped["ready"] and "holds no records out" in skipped["skipped"]
+
+    class CannotEvaluate(Scripted):
+        def submit_evaluation(self, run: RunContext, *, stage: EvaluationStage) -> str:
+            raise EvaluationUnsupported("not on this plane")
+
+    unsupported = steps(CannotEvaluate(JobStatus("running"))).start_evaluation(event)
+    assert unsupported["ready"] and unsupported["skipped"] == "not on this plane"
+
+
+def test_an_evaluation_is_polled_until_it_ends_then_its_figures_are_read(state: dict) -> None:
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="bucket-1")
+    state["bucket"] = "bucket-1"
+    state["evaluations"] = {"baseline": {"stage": "baseline", "job": "j"}}
+    event = {"stage": "baseline", "state": state}
+    running = steps(Scripted(JobStatus("running")), now=60.0).evaluation_status(event)
+    assert running["ready"] is False and running["phase"] == "running" and running["job"] == "j"
+    s3.put_object(
+        Bucket="bucket-1", Key="runs/r/evaluation/baseline.jsonl", Body=_episodes([1, 0, 0, 0])
+    )
+    done = steps(Scripted(JobStatus("succeeded")), now=60.0).evaluation_status(event)
+    assert done["ready"] and (done["n"], done["pass_at_1"]) == (4, 0.25)
+    assert done["mean_reward"] == pytest.approx(0.3)
+    with pytest.raises(EvaluationFailed, match="baseline evaluation ended failed: OOMKilled"):
+        steps(Scripted(JobStatus("failed", "OOMKilled")), now=60.0).evaluation_status(event)
+    with pytest.raises(RunPastDeadline):
+        steps(Scripted(JobStatus("running")), now=4000.0).evaluation_status(event)
+
+
+def test_collect_writes_the_evaluation_report_and_its_headline(state: dict) -> None:
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="bucket-1")
+    state["bucket"] = "bucket-1"
+    state["evaluations"] = {
+        stage: {"stage": stage, "job": "j", "ready": True} for stage in ("baseline", "final")
+    }
+    s3.put_object(
+        Bucket="bucket-1", Key="runs/r/evaluation/baseline.jsonl", Body=_episodes([0, 0, 1, 0])
+    )
+    s3.put_object(
+        Bucket="bucket-1", Key="runs/r/evaluation/final.jsonl", Body=_episodes([1, 1, 1, 0])
+    )
+    result = steps().collect(state)
+    assert result["evaluation"].startswith("pass@1 0.25 → 0.75 (+0.50, 95% CI ")
+    report = json.loads(
+        s3.get_object(Bucket="bucket-1", Key="runs/r/evaluation.json")["Body"].read()
+    )
+    assert (report["baseline"]["n"], report["final"]["pass_at_1"]) == (4, 0.75)
+    assert report["delta"]["mean_reward"]["delta"] == pytest.approx(0.4)
+    summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
+    assert summary["evaluation"] == report
 
 
 def test_collect_records_the_checkpoints_a_nova_job_recorded(aws: None) -> None:

@@ -8,6 +8,7 @@ import boto3
 import pytest
 
 from domain.backends import JobStatus, RewardFleet, RunContext, TrainingCluster
+from domain.evaluation import EvaluationStage
 from domain.runs import RunStore
 from lambdas.clients import Clients
 from lambdas.pipeline.composition import compose
@@ -245,7 +246,17 @@ def test_the_end_notification_records_how_the_run_ended(env: dict) -> None:
         now=10.0,
     )
     run = RunStore(boto3.client("dynamodb"), "runs").get(registered["run_id"])
-    assert (run.status, run.error) == ("failed", "Boom: no")
+    assert (run.status, run.error, run.evaluation) == ("failed", "Boom: no", None)
+    version = s3.put_object(Bucket=BUCKET, Key="training-data/v.jsonl", Body=GOOD)["VersionId"]
+    upload = {"bucket": BUCKET, "key": "training-data/v.jsonl", "version_id": version}
+    succeeded = call(env, "register", upload, now=0.0)["run_id"]
+    headline = "pass@1 0.31 → 0.58 (+0.27, 95% CI +0.12..+0.41; 256 held-out rollouts)"
+    notice = call(
+        env, "notify_end", {"run_id": succeeded, "succeeded": True, "evaluation": headline}, now=5.0
+    )
+    run = RunStore(boto3.client("dynamodb"), "runs").get(succeeded)
+    assert (run.status, run.evaluation) == ("succeeded", headline)
+    assert notice["evaluation"] == headline
 
 
 def _provisioned(env: dict, name: str, *, now: float = 0.0) -> tuple[str, dict]:
@@ -285,6 +296,12 @@ class RecordingCompute(RewardFleet, TrainingCluster):
 
     def submit(self, run: RunContext) -> str:
         raise AssertionError("the reaper submits nothing")
+
+    def submit_evaluation(self, run: RunContext, *, stage: EvaluationStage) -> str:
+        raise AssertionError("the reaper evaluates nothing")
+
+    def evaluation_status(self, run: RunContext, *, stage: EvaluationStage) -> JobStatus:
+        raise AssertionError("the reaper evaluates nothing")
 
     def status(self, run: RunContext) -> JobStatus:
         return JobStatus("running")

@@ -17,8 +17,8 @@ from stacks.components.pipeline_states import PipelineDefinition
 
 STEP_FUNCTIONS = (
     "validate", "register", "provision", "scale_up", "nodes_ready", "start_workers",
-    "workers_healthy", "submit_job", "monitor", "collect", "release_compute", "teardown",
-    "notify_end",
+    "workers_healthy", "start_evaluation", "evaluation_status", "submit_job", "monitor",
+    "collect", "release_compute", "teardown", "notify_end",
 )  # fmt: skip
 
 
@@ -84,13 +84,25 @@ STEPS: dict[str, tuple[str, dict | None, str, str, str, bool]] = {
     "StartWorkers": ("start_workers", None, "$.workers", "WaitForWorkers", "$.run.run_id", False),
     "WorkersHealthy": ("workers_healthy", None, "$.fleet", "WorkersReady?", "$.run.run_id",
                        False),
+    "EvaluateBaseline": ("start_evaluation", {"stage": "baseline", "state.$": "$"},
+                         "$.evaluations.baseline", "BaselineEvaluationSkipped?", "$.run.run_id",
+                         False),
+    "BaselineEvaluation": ("evaluation_status", {"stage": "baseline", "state.$": "$"},
+                           "$.evaluations.baseline", "BaselineEvaluationReady?", "$.run.run_id",
+                           False),
+    "EvaluateFinal": ("start_evaluation", {"stage": "final", "state.$": "$"},
+                      "$.evaluations.final", "FinalEvaluationSkipped?", "$.run.run_id", False),
+    "FinalEvaluation": ("evaluation_status", {"stage": "final", "state.$": "$"},
+                        "$.evaluations.final", "FinalEvaluationReady?", "$.run.run_id", False),
     "SubmitJob": ("submit_job", None, "$.submitted", "WaitForJob", "$.run.run_id", False),
     "Monitor": ("monitor", None, "$.job", "JobDone?", "$.run.run_id", False),
     "Collect": ("collect", None, "$.results", "ReleaseCompute", "$.run.run_id", False),
     "ReleaseCompute": ("release_compute", None, "$.released", "Teardown", "$.run.run_id", True),
     "Teardown": ("teardown", RUN_ID, "$.teardown", "NotifySuccess", "$.run.run_id", True),
     "NotifySuccess": (
-        "notify_end", {**RUN_ID, "succeeded": True, "teardown.$": "$.teardown"},
+        "notify_end",
+        {**RUN_ID, "succeeded": True, "teardown.$": "$.teardown",
+         "evaluation.$": "$.results.evaluation"},
         "$.notification", "RunSucceeded", "$.run.run_id", False,
     ),
 }  # fmt: skip
@@ -128,7 +140,9 @@ def test_each_step_runs_its_function_and_any_failure_marks_where_then_cleans_up(
 def test_the_polls_wait_by_the_runs_interval_until_ready(states: dict) -> None:
     for name, check, field, then in (
         ("Nodes", "NodesReady", "nodes", "StartWorkers"),
-        ("Workers", "WorkersHealthy", "fleet", "SubmitJob"),
+        ("Workers", "WorkersHealthy", "fleet", "EvaluateBaseline"),
+        ("BaselineEvaluation", "BaselineEvaluation", "evaluations.baseline", "SubmitJob"),
+        ("FinalEvaluation", "FinalEvaluation", "evaluations.final", "Collect"),
     ):
         assert states[f"WaitFor{name}"] == {
             "Type": "Wait", "SecondsPath": "$.run.poll_seconds", "Next": check,
@@ -150,7 +164,7 @@ def test_the_job_is_polled_while_pending_or_running_and_anything_else_but_succes
     assert states["JobDone?"] == {
         "Type": "Choice",
         "Choices": [
-            {"Variable": phase, "StringEquals": "succeeded", "Next": "Collect"},
+            {"Variable": phase, "StringEquals": "succeeded", "Next": "EvaluateFinal"},
             {
                 "Or": [
                     {"Variable": phase, "StringEquals": "pending"},
@@ -176,6 +190,22 @@ def test_the_job_is_polled_while_pending_or_running_and_anything_else_but_succes
         "ResultPath": "$.failure",
         "Next": "ReleaseComputeAfterFailure",
     }
+
+
+def test_a_skipped_evaluation_goes_straight_on_and_a_started_one_is_polled(states: dict) -> None:
+    """An evaluation the run cannot have is ready at once: no wait, the run goes on."""
+    for stage, then in (("Baseline", "SubmitJob"), ("Final", "Collect")):
+        assert states[f"{stage}EvaluationSkipped?"] == {
+            "Type": "Choice",
+            "Choices": [
+                {
+                    "Variable": f"$.evaluations.{stage.lower()}.ready",
+                    "BooleanEquals": True,
+                    "Next": then,
+                }
+            ],
+            "Default": f"WaitFor{stage}Evaluation",
+        }
 
 
 def test_after_a_failure_compute_is_released_then_torn_down_then_noticed_then_failed(
@@ -221,6 +251,8 @@ def test_there_is_no_state_but_these(states: dict) -> None:
         *STEPS,
         *(f"FailedIn{name}" for name in (*STEPS, "TrainingJob")),
         "WaitForNodes", "NodesReady?", "WaitForWorkers", "WorkersReady?", "WaitForJob",
+        "BaselineEvaluationSkipped?", "WaitForBaselineEvaluation", "BaselineEvaluationReady?",
+        "FinalEvaluationSkipped?", "WaitForFinalEvaluation", "FinalEvaluationReady?",
         "JobDone?", "JobDidNotSucceed", "ReleaseComputeAfterFailure", "TeardownAfterFailure",
         "NotifyFailure", "RunFailed", "RunSucceeded",
     }  # fmt: skip

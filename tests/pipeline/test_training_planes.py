@@ -9,6 +9,7 @@ import boto3
 import pytest
 
 from domain.backends import JobStatus, Phase, RunContext, TrainingCluster
+from domain.evaluation import EvaluationStage
 from domain.nova_job import NovaRefused
 from lambdas.clients import Clients
 from lambdas.pipeline.composition import deployed_compute
@@ -49,6 +50,14 @@ class Recording(TrainingCluster):
         self._ask("status", run)
         return JobStatus(Phase.RUNNING, self.name)
 
+    def submit_evaluation(self, run: RunContext, *, stage: EvaluationStage) -> str:
+        self._ask("submit_evaluation", run, stage)
+        return f"{self.name}-{stage}"
+
+    def evaluation_status(self, run: RunContext, *, stage: EvaluationStage) -> JobStatus:
+        self._ask("evaluation_status", run, stage)
+        return JobStatus(Phase.SUCCEEDED, self.name)
+
     def delete(self, run: RunContext) -> int:
         self._ask("delete", run)
         return 2
@@ -70,12 +79,16 @@ def test_the_runs_model_picks_its_plane() -> None:
     assert planes.nodes_ready(QWEN) == 1
     assert planes.delete(NOVA) == 2
     planes.scale_down(NOVA)
+    final, baseline = EvaluationStage.FINAL, EvaluationStage.BASELINE
+    assert planes.submit_evaluation(QWEN, stage=final) == "standard-final"
+    assert planes.evaluation_status(NOVA, stage=baseline).reason == "nova"
     assert nova.asked == [("submit", "r", None), ("status", "r", None), ("delete", "r", None),
-                          ("scale_down", "r", None)]  # fmt: skip
+                          ("scale_down", "r", None), ("evaluation_status", "r", baseline)]  # fmt: skip
     assert standard.asked == [
         ("submit", "r", None),
         ("scale_up", "r", 2),
         ("nodes_ready", "r", None),
+        ("submit_evaluation", "r", final),
     ]
 
 

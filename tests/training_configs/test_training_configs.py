@@ -55,6 +55,16 @@ def test_lora_and_full_differ_where_they_should() -> None:
         ({"budget_usd": 0}, "budget_usd: Input should be greater than 0"),
         ({"lerning_rate": 1e-5}, "lerning_rate: unknown key"),
         ({"lora": {"rank": 0}}, "lora.rank: Input should be greater than or equal to 1"),
+        ({"eval_fraction": 1.0}, "eval_fraction: Input should be less than 1"),
+        (
+            {"eval_dataset": "training-data/held.jsonl"},
+            "eval_dataset: String should match pattern '^evaluation-data/",
+        ),
+        (
+            {"eval_dataset": "evaluation-data/held.jsonl", "eval_fraction": 0.2},
+            "eval_dataset names the evaluation records; remove eval_fraction",
+        ),
+        ({"eval_samples": 0}, "eval_samples: Input should be greater than or equal to 1"),
     ],
 )
 def test_errors_name_the_file_and_the_key(change: dict, expected: str) -> None:
@@ -63,6 +73,17 @@ def test_errors_name_the_file_and_the_key(change: dict, expected: str) -> None:
         parse_training_config(yaml.safe_dump(data), "my.yaml")
     message = str(raised.value)
     assert message.startswith("config my.yaml: ") and expected in message, message
+
+
+def test_an_evaluation_file_replaces_the_held_out_share() -> None:
+    held = parse_training_config(yaml.safe_dump(_lora()))
+    assert (held.held_out_fraction, held.evaluates) == (0.1, True)
+    named = held.model_validate({**_lora(), "eval_dataset": "evaluation-data/wordle.jsonl"})
+    assert (named.held_out_fraction, named.evaluates) == (0.0, True)
+    none = held.model_validate({**_lora(), "eval_fraction": 0.0})
+    assert (none.held_out_fraction, none.evaluates) == (0.0, False)
+    # The pipeline carries a config as JSON between its steps: it must read back the same.
+    assert named.model_validate(named.model_dump(mode="json")) == named
 
 
 def test_files_and_yaml_errors(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """`python -m mtrl.local.trainer`: the local trainer process (the local training cluster's job).
 
-The job comes as JSON in `MTRL_TRAINING_JOB` (see loop.TrainingJob). Prints one JSON line per
-training step on stdout. Exit codes: 0 when every step ran (or after SIGTERM), 1 when training
-cannot go on, 2 for a job it cannot read — with one line on stderr saying why.
+The job comes as JSON in `MTRL_TRAINING_JOB` (see exchange.TrainingJob): training, or the
+evaluation of a policy (evaluation.py). Training prints one JSON line per step on stdout. Exit
+codes: 0 when every step or rollout ran (or after SIGTERM), 1 when it cannot go on, 2 for a job
+it cannot read — with one line on stderr saying why.
 """
 
 from __future__ import annotations
@@ -15,7 +16,10 @@ import sys
 import boto3
 from pydantic import ValidationError
 
-from mtrl.local.trainer.loop import Trainer, TrainingFailed, TrainingJob
+from mtrl.local.trainer.checkpoints import CheckpointMismatch
+from mtrl.local.trainer.evaluation import Evaluator
+from mtrl.local.trainer.exchange import TrainingFailed, TrainingJob
+from mtrl.local.trainer.loop import Trainer
 from mtrl.local.trainer.policy import NoLocalPolicy, policy_for
 
 
@@ -34,14 +38,17 @@ def main() -> int:
     except NoLocalPolicy as error:
         print(f"trainer: {error}", file=sys.stderr)
         return 2
-    trainer = Trainer(
-        job, sqs=boto3.client("sqs"), s3=boto3.client("s3"), policy=policy, out=sys.stdout
-    )
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: trainer.stop())
+    sqs, s3 = boto3.client("sqs"), boto3.client("s3")
     try:
-        trainer.run()
-    except TrainingFailed as error:
+        work: Trainer | Evaluator = (
+            Evaluator(job, sqs=sqs, s3=s3, policy=policy)
+            if job.evaluation
+            else Trainer(job, sqs=sqs, s3=s3, policy=policy, out=sys.stdout)
+        )
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: work.stop())
+        work.run()
+    except (TrainingFailed, CheckpointMismatch) as error:
         print(f"trainer: {error}", file=sys.stderr)
         return 1
     print('{"event": "done"}', flush=True)

@@ -27,7 +27,7 @@ FLAT_SPREAD = 1e-6
 
 
 @dataclass(frozen=True)
-class Evaluation:
+class Preflight:
     records: int
     group_size: int
     responses: list[RolloutResponse]
@@ -68,7 +68,7 @@ class Evaluation:
         }
 
 
-def evaluate(
+def preflight(
     environment: Environment,
     model: ModelClient,
     records: Sequence[DatasetRecord],
@@ -77,7 +77,7 @@ def evaluate(
     max_turns: int | None,
     timeout: float,
     concurrency: int = 8,
-) -> Evaluation:
+) -> Preflight:
     """`group_size` rollouts of every record against `model`, `concurrency` at a time."""
     reward_range = RewardSpec(range=(environment.reward_range.low, environment.reward_range.high))
     requests = [
@@ -97,4 +97,4 @@ def evaluate(
     for request, response in zip(requests, responses, strict=True):
         if response.aggregate_score is not None:
             groups[request.record_id].append(response.aggregate_score)
-    return Evaluation(len(records), group_size, responses, groups)
+    return Preflight(len(records), group_size, responses, groups)

@@ -1,0 +1,335 @@
+"""Held-out evaluation: the records a run never trains on, what one evaluation of a model on
+them measures, and how the trained model compares with the one it started from.
+
+A run evaluates its starting model (`baseline`) and its trained model (`final`) on the same
+held-out records, with the same environment and reward workers as training: `eval_samples`
+rollouts per record. The records are the config's `eval_dataset`, or the share
+`eval_fraction` of the training dataset picked by a seeded hash of each record's id — stable
+whatever the order of the file, decided line by line, and the trainer skips exactly those.
+
+One evaluation's episodes are kept as they ended (`Episode`, one JSON line each, under
+`runs/<run_id>/evaluation/<stage>.jsonl`); everything reported is computed from them here.
+"pass" is the environment's success flag (`domain.protocol.SUCCESS_METRIC`): a rollout that
+failed (environment error, timeout, no answer) did not pass, and has no reward — it is counted
+in the error rates, never scored as 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from enum import StrEnum
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from domain.dataset import DatasetRecord
+from domain.protocol import RolloutResponse, sample_id_for
+from training_configs.schema import TrainingConfig
+
+# Under a run's outputs: each evaluation's episodes.
+EPISODES_PREFIX = "evaluation/"
+# Evaluation rollouts' sample ids start with it: never one of a training rollout, even when the
+# evaluation file reuses a training record's id.
+SAMPLE_PREFIX = "eval-"
+CONFIDENCE = 0.95
+RESAMPLES = 2000
+# The rollout metrics an episode's figures come from (reward_envs/worker/rollout.py).
+TURNS_METRIC, INVALID_METRIC = "turns", "env/invalid"
+FAILED_STOPS = ("env_error", "timeout", "no_response")
+
+
+class EvaluationStage(StrEnum):
+    BASELINE = "baseline"  # the starting model, before training
+    FINAL = "final"  # the model training ended with
+
+
+def episodes_key(output_prefix: str, stage: EvaluationStage) -> str:
+    return f"{output_prefix}{EPISODES_PREFIX}{stage}.jsonl"
+
+
+def held_out(record_id: str, *, fraction: float, seed: int) -> bool:
+    """Whether the record is kept for evaluation: its id's seeded hash falls in `fraction`."""
+    if fraction <= 0:
+        return False
+    digest = hashlib.sha256(f"{seed}\0{record_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def training_records(
+    records: Iterable[DatasetRecord], config: TrainingConfig
+) -> list[DatasetRecord]:
+    """The records training may draw from: all but the held-out ones."""
+    fraction, seed = config.held_out_fraction, config.eval_seed
+    return [record for record in records if not held_out(record.id, fraction=fraction, seed=seed)]
+
+
+def evaluation_records(
+    records: Iterable[DatasetRecord], config: TrainingConfig, *, named_file: bool
+) -> list[DatasetRecord]:
+    """The first `eval_max_records` records to evaluate on: every record of the evaluation file
+    (`named_file`), or the held-out ones of the training dataset."""
+    fraction, seed = config.held_out_fraction, config.eval_seed
+    chosen = []
+    for record in records:
+        if len(chosen) == config.eval_max_records:
+            break
+        if named_file or held_out(record.id, fraction=fraction, seed=seed):
+            chosen.append(record)
+    return chosen
+
+
+def evaluation_sample_id(record_id: str, stage: EvaluationStage, number: int, samples: int) -> str:
+    """The `number`th evaluation rollout of a record: the baseline's and the final's numbered
+    apart, so the router keeps them apart; the same record id in both (the same episode seed)."""
+    offset = list(EvaluationStage).index(stage) * samples
+    return sample_id_for(f"{SAMPLE_PREFIX}{record_id}", offset + number)
+
+
+class Episode(BaseModel):
+    """How one evaluation rollout ended."""
+
+    model_config = ConfigDict(frozen=True)
+
+    record_id: str
+    sample_id: str
+    stop_reason: str
+    score: float | None = None
+    success: bool | None = None
+    turns: float = 0.0
+    invalid_moves: float | None = None
+    error: str | None = None
+
+    @classmethod
+    def of(cls, record_id: str, response: RolloutResponse) -> Episode:
+        metrics = {metric.name: metric.value for metric in response.metrics}
+        return cls(
+            record_id=record_id,
+            sample_id=response.sample_id,
+            stop_reason=response.stop_reason,
+            score=response.aggregate_score,
+            success=response.succeeded,
+            turns=metrics.get(TURNS_METRIC, 0.0),
+            invalid_moves=metrics.get(INVALID_METRIC),
+            error=response.error,
+        )
+
+    @classmethod
+    def unanswered(cls, record_id: str, sample_id: str, waited_seconds: float) -> Episode:
+        return cls(
+            record_id=record_id,
+            sample_id=sample_id,
+            stop_reason="no_response",
+            error=f"no rollout response within {waited_seconds:.0f} s",
+        )
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.success)
+
+
+def deciles(scores: Sequence[float]) -> tuple[float | None, float | None, float | None]:
+    """The 10th, 50th and 90th percentiles (linear between the scores, as numpy's default)."""
+    if not scores:
+        return None, None, None
+    if len(scores) == 1:
+        return scores[0], scores[0], scores[0]
+    cuts = statistics.quantiles(scores, n=10, method="inclusive")
+    return cuts[0], cuts[4], cuts[8]
+
+
+def pass_at_k(samples: int, passed: int, k: int) -> float:
+    """The chance that at least one of k rollouts drawn from a record's `samples` passes, given
+    `passed` of them did (the unbiased estimator of Chen et al. 2021, "Evaluating Large Language
+    Models Trained on Code")."""
+    if not 0 < k <= samples:
+        raise ValueError(f"pass@{k} needs 1 <= k <= {samples} rollouts per record")
+    if samples - passed < k:
+        return 1.0
+    return 1.0 - math.comb(samples - passed, k) / math.comb(samples, k)
+
+
+class RewardDistribution(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    min: float
+    p10: float
+    p50: float
+    p90: float
+    max: float
+    stdev: float
+
+
+class EvaluationSummary(BaseModel):
+    """One evaluation of one model. `n`: its rollouts; rates are shares of them (invalid moves:
+    per turn played); pass rates are None when the environment reports no success flag."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stage: EvaluationStage
+    n: int
+    records: int
+    k: int
+    scored: int
+    mean_reward: float | None
+    reward: RewardDistribution | None
+    pass_at_1: float | None
+    pass_at_k: float | None
+    turns_per_episode: float | None
+    invalid_move_rate: float | None
+    env_error_rate: float
+    timeout_rate: float
+
+
+def _by_record(episodes: Iterable[Episode]) -> dict[str, list[Episode]]:
+    grouped: dict[str, list[Episode]] = defaultdict(list)
+    for episode in episodes:
+        grouped[episode.record_id].append(episode)
+    return grouped
+
+
+def summarize(stage: EvaluationStage, episodes: Sequence[Episode], *, k: int) -> EvaluationSummary:
+    """What an evaluation measured; pass@k over the records with at least k rollouts."""
+    scores = [episode.score for episode in episodes if episode.score is not None]
+    reports_success = any(episode.success is not None for episode in episodes)
+    groups = _by_record(episodes).values()
+    eligible = [group for group in groups if len(group) >= k]
+    played = [episode for episode in episodes if episode.stop_reason not in FAILED_STOPS]
+    invalid = [e.invalid_moves for e in played if e.invalid_moves is not None]
+    turns = sum(episode.turns for episode in played)
+    n = len(episodes)
+
+    def share(*reasons: str) -> float:
+        return sum(1 for e in episodes if e.stop_reason in reasons) / n if n else 0.0
+
+    p10, p50, p90 = deciles(scores)
+    return EvaluationSummary(
+        stage=stage,
+        n=n,
+        records=len(groups),
+        k=k,
+        scored=len(scores),
+        mean_reward=statistics.fmean(scores) if scores else None,
+        reward=RewardDistribution(
+            min=min(scores),
+            p10=p10,
+            p50=p50,
+            p90=p90,
+            max=max(scores),
+            stdev=statistics.pstdev(scores),
+        )
+        if scores
+        else None,  # fmt: skip
+        pass_at_1=(sum(e.passed for e in episodes) / n) if reports_success and n else None,
+        pass_at_k=(
+            statistics.fmean(
+                pass_at_k(len(group), sum(e.passed for e in group), k) for group in eligible
+            )
+            if reports_success and eligible
+            else None
+        ),
+        turns_per_episode=turns / len(played) if played else None,
+        invalid_move_rate=sum(invalid) / turns if invalid and turns else None,
+        env_error_rate=share("env_error"),
+        timeout_rate=share("timeout", "no_response"),
+    )
+
+
+class Delta(BaseModel):
+    """final - baseline of one figure, with a paired bootstrap confidence interval (records
+    resampled with replacement, both evaluations' episodes of a record kept together)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    baseline: float
+    final: float
+    delta: float
+    ci_low: float
+    ci_high: float
+    confidence: float = CONFIDENCE
+
+
+def _pooled(
+    baseline: dict[str, list[Episode]],
+    final: dict[str, list[Episode]],
+    records: list[str],
+    value: Callable[[Episode], float | None],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per record and evaluation: the sum of `value` over the episodes it counts, and how many."""
+    sums, counts = np.zeros((2, len(records))), np.zeros((2, len(records)))
+    for row, grouped in enumerate((baseline, final)):
+        for column, record in enumerate(records):
+            values = [v for v in (value(e) for e in grouped.get(record, [])) if v is not None]
+            sums[row, column], counts[row, column] = sum(values), len(values)
+    return sums, counts
+
+
+def _delta(
+    sums: np.ndarray, counts: np.ndarray, rng: np.random.Generator, resamples: int
+) -> Delta | None:
+    if not counts[0].sum() or not counts[1].sum():
+        return None
+    baseline, final = sums[0].sum() / counts[0].sum(), sums[1].sum() / counts[1].sum()
+    picks = rng.integers(0, sums.shape[1], size=(resamples, sums.shape[1]))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = sums[:, picks].sum(axis=2) / counts[:, picks].sum(axis=2)
+    differences = means[1] - means[0]
+    differences = differences[~np.isnan(differences)]
+    tail = (1 - CONFIDENCE) / 2 * 100
+    low, high = np.percentile(differences, [tail, 100 - tail])
+    return Delta(
+        baseline=float(baseline),
+        final=float(final),
+        delta=float(final - baseline),
+        ci_low=float(low),
+        ci_high=float(high),
+    )
+
+
+def compare(
+    baseline: Sequence[Episode],
+    final: Sequence[Episode],
+    *,
+    seed: int = 0,
+    resamples: int = RESAMPLES,
+) -> dict[str, Delta]:
+    """The change of the mean reward and of pass@1 from baseline to final (a figure is left
+    out when either evaluation has nothing to measure it by)."""
+    before, after = _by_record(baseline), _by_record(final)
+    records = sorted(before.keys() | after.keys())
+    rng = np.random.default_rng(seed)
+    deltas = {}
+    if any(e.success is not None for e in [*baseline, *final]):
+        sums, counts = _pooled(before, after, records, lambda e: float(e.passed))
+        deltas["pass_at_1"] = _delta(sums, counts, rng, resamples)
+    sums, counts = _pooled(before, after, records, lambda e: e.score)
+    deltas["mean_reward"] = _delta(sums, counts, rng, resamples)
+    return {name: delta for name, delta in deltas.items() if delta is not None}
+
+
+class EvaluationReport(BaseModel):
+    """`runs/<run_id>/evaluation.json`: both evaluations and what changed; `skipped` says why
+    an evaluation did not run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    baseline: EvaluationSummary | None = None
+    final: EvaluationSummary | None = None
+    delta: dict[str, Delta] = {}
+    skipped: dict[str, str] = {}
+
+    def headline(self) -> str | None:
+        """One line for a notification: `pass@1 0.31 → 0.58 (+0.27, 95% CI +0.12..+0.41)`."""
+        for name, label in (("pass_at_1", "pass@1"), ("mean_reward", "mean reward")):
+            delta = self.delta.get(name)
+            if delta is not None:
+                n = self.final.n if self.final else 0
+                return (
+                    f"{label} {delta.baseline:.2f} → {delta.final:.2f} ({delta.delta:+.2f}, "
+                    f"{delta.confidence:.0%} CI {delta.ci_low:+.2f}..{delta.ci_high:+.2f}; "
+                    f"{n} held-out rollouts)"
+                )
+        return None

@@ -1,0 +1,126 @@
+"""The local trainer's evaluation job: the starting policy (baseline) or the one training saved
+last (final) plays the run's held-out records through the same queues, router and reward workers
+as training — `eval_samples` rollouts per record, sampled as in training, nothing learned — and
+the episodes go, one JSON line each, to the run's `evaluation/<stage>.jsonl`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from domain.dataset import DatasetRecord
+from domain.evaluation import (
+    Episode,
+    EvaluationStage,
+    episodes_key,
+    evaluation_records,
+    evaluation_sample_id,
+)
+from domain.protocol import RewardSpec, RolloutRequest
+from mtrl.local.trainer.checkpoints import FINAL, checkpoint_key, load_checkpoint
+from mtrl.local.trainer.exchange import PolicyServer, TrainingJob, exchange_rollouts, read_dataset
+from mtrl.local.trainer.policy import Policy
+
+log = logging.getLogger("mtrl.trainer")
+
+
+class Evaluator:
+    def __init__(
+        self,
+        job: TrainingJob,
+        *,
+        sqs: Any,
+        s3: Any,
+        policy: Policy,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if job.evaluation is None:
+            raise ValueError(f"run {job.run_id}: the job is not an evaluation")
+        self.job, self.stage = job, job.evaluation
+        self.sqs, self.s3, self.policy, self.clock = sqs, s3, policy, clock
+        self.server = PolicyServer(job, sqs=sqs, policy=policy, params=self._params())
+
+    def _params(self) -> np.ndarray:
+        if self.stage is EvaluationStage.BASELINE:
+            return self.policy.initial_params()
+        params, _ = load_checkpoint(
+            self.s3,
+            bucket=self.job.bucket,
+            key=checkpoint_key(self.job.output_prefix, FINAL),
+            policy=self.policy,
+        )
+        return params
+
+    def records(self) -> list[DatasetRecord]:
+        job, config = self.job, self.job.config
+        if config.eval_dataset:
+            records = read_dataset(
+                self.s3, bucket=job.bucket, key=config.eval_dataset, version=None
+            )
+        else:
+            records = read_dataset(
+                self.s3, bucket=job.bucket, key=job.dataset_key, version=job.dataset_version
+            )
+        return evaluation_records(records, config, named_file=config.eval_dataset is not None)
+
+    def run(self) -> list[Episode]:
+        """Play every evaluation rollout, a training step's worth at a time; write the episodes."""
+        config = self.job.config
+        records = self.records()
+        planned = [
+            (record, evaluation_sample_id(record.id, self.stage, number, config.eval_samples))
+            for record in records
+            for number in range(config.eval_samples)
+        ]
+        episodes: list[Episode] = []
+        self.server.start()
+        try:
+            for start in range(0, len(planned), config.global_batch_size):
+                if self.server.stopped:
+                    break
+                episodes += self._batch(planned[start : start + config.global_batch_size])
+        finally:
+            self.server.stop()
+        self.s3.put_object(
+            Bucket=self.job.bucket,
+            Key=episodes_key(self.job.output_prefix, self.stage),
+            Body="".join(episode.model_dump_json() + "\n" for episode in episodes).encode(),
+            ContentType="application/x-ndjson",
+        )
+        log.info(
+            "%s evaluation: %d rollouts of %d records", self.stage, len(episodes), len(records)
+        )
+        return episodes
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def _batch(self, planned: list[tuple[DatasetRecord, str]]) -> list[Episode]:
+        started = self.clock()
+        requests = [
+            RolloutRequest(
+                sample_id=sample,
+                max_length=self.job.config.max_length,
+                rewards=RewardSpec(range=self.job.reward_range),
+                data=record.rollout_data(),
+            )
+            for record, sample in planned
+        ]
+        responses, waited = exchange_rollouts(
+            self.sqs,
+            self.job,
+            requests,
+            started=started,
+            clock=self.clock,
+            stopped=lambda: self.server.stopped,
+        )
+        return [
+            Episode.of(record.id, responses[sample])
+            if sample in responses
+            else Episode.unanswered(record.id, sample, waited)
+            for record, sample in planned
+        ]
