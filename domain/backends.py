@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from domain.bucket import object_exists
+from domain.checkpoints import BaseCheckpoint
 from domain.evaluation import EvaluationStage
 from domain.run_queues import QueueKind
 from training_configs.schema import TrainingConfig
@@ -58,6 +59,8 @@ class RunContext:
     # What the run was registered with; None when only tearing down (the reaper knows the run's
     # record, not its state).
     config: TrainingConfig | None = None
+    # The checkpoint the run starts from (its config's base_checkpoint, resolved by Register).
+    base: BaseCheckpoint | None = None
 
     @property
     def training(self) -> TrainingConfig:

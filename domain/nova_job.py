@@ -168,9 +168,11 @@ def recipe_overrides(
     data_s3_path: str,
     output_s3_path: str,
     byoo: dict[str, str],
+    base_checkpoint: str | None = None,
 ) -> dict[str, Any]:
     """The recipe's leaf keys this config and run set (NovaRefused: `nova_problems`, all at
-    once)."""
+    once). `base_checkpoint`: an S3 checkpoint to train on from (iterative training: the Forge
+    SDK sets `model_name_or_path` to it, recipe/recipe_builder.py)."""
     problems = nova_problems(config)
     if problems:
         raise NovaRefused(
@@ -178,7 +180,7 @@ def recipe_overrides(
         )
     overrides: dict[str, Any] = {
         "name": name,
-        "model_name_or_path": NOVA_MODELS[config.model],
+        "model_name_or_path": base_checkpoint or NOVA_MODELS[config.model],
         "data_s3_path": data_s3_path,
         "output_s3_path": output_s3_path,
         "replicas": training_replicas(config),

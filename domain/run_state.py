@@ -7,6 +7,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from domain.backends import Phase
+from domain.checkpoints import BaseCheckpoint
 from domain.evaluation import EvaluationStage
 from training_configs.schema import TrainingConfig
 
@@ -22,6 +23,7 @@ class RegisteredRun(BaseModel):
     config: TrainingConfig
     cost_per_hour: float
     deadline_at: float
+    base: BaseCheckpoint | None = None  # the checkpoint the run starts from
 
 
 class RunResources(BaseModel):

@@ -222,7 +222,7 @@ def _print_result(outcome: Any, directory: Path) -> None:
             ("steps", str(len(curve))),
             (
                 "mean reward",
-                f"{first['mean_reward']:.3f} (step 1) -> {last['mean_reward']:.3f} "
+                f"{first['mean_reward']:.3f} (step {first['step']}) -> {last['mean_reward']:.3f} "
                 f"(step {last['step']})",
             ),
         ]

@@ -231,10 +231,7 @@ def _print_status(status: RunDetails) -> None:
         "deadline in": "—" if run.deadline_in_hours is None else _hours(run.deadline_in_hours),
     }  # fmt: skip
     if status.checkpoints:
-        rows["checkpoints"] = "\n".join(
-            f"{c['job']}: {c['checkpoint'] or 'location unknown, see ' + c['manifest']}"
-            for c in status.checkpoints
-        )
+        rows["checkpoints"] = "\n".join(_checkpoint_line(c) for c in status.checkpoints)
     if run.evaluation:
         rows["held-out evaluation"] = run.evaluation
     if run.error:
@@ -242,6 +239,12 @@ def _print_status(status: RunDetails) -> None:
     for key, value in rows.items():
         table.add_row(key, value)
     out.print(table)
+
+
+def _checkpoint_line(checkpoint: dict[str, Any]) -> str:
+    step = f" (step {checkpoint['step']})" if checkpoint.get("step") is not None else ""
+    where = checkpoint["uri"] or f"location unknown, see {checkpoint['manifest']}"
+    return f"{checkpoint['name']}{step}: {where}"
 
 
 def _training_line(status: RunDetails) -> str:

@@ -101,6 +101,12 @@ class TrainingConfig(BaseModel):
         default=64, ge=1, le=10_000, description="evaluation records at most (the first held out)"
     )
     eval_seed: int = Field(default=0, ge=0, description="which records the fraction holds out")
+    # Iterative training (domain/checkpoints.py): a previous run of the same model, or an S3 URI.
+    base_checkpoint: str | None = Field(
+        default=None,
+        pattern=r"^(run:[a-z0-9][a-z0-9-]{0,79}|s3://[a-z0-9][a-z0-9.-]{1,62}/\S+)$",
+        description="start from this checkpoint: run:<run_id> (that run's last) or s3://bucket/key",
+    )
 
     @property
     def held_out_fraction(self) -> float:

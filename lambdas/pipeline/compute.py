@@ -24,6 +24,7 @@ from domain.evaluation import (
 from domain.run_state import EvaluationJob, JobReport, RegisteredRun, RunState
 from domain.runs import RunStore
 from lambdas.pipeline import policies
+from lambdas.pipeline.checkpoints import best_checkpoint, recorded_checkpoints
 from lambdas.pipeline.dependencies import Compute, Dependencies
 from lambdas.router.conversations import ConversationStore
 
@@ -54,6 +55,7 @@ class ComputeSteps:
             output_prefix=run_output_prefix(run.run_id),
             rollout_request_arn=(state.resources.rollout_request_arn if state.resources else None),
             config=run.config,
+            base=run.base,
         )
 
     def _check_deadline(self, run: RegisteredRun) -> None:
@@ -175,6 +177,7 @@ class ComputeSteps:
         )
         listed = s3.list_objects_v2(Bucket=state.bucket, Prefix=prefix).get("Contents", [])
         outputs = sorted(item["Key"].removeprefix(prefix) for item in listed)
+        found = recorded_checkpoints(s3, bucket=state.bucket, prefix=prefix, outputs=outputs)
         summary = {
             "run_id": run.run_id,
             "dataset": f"s3://{state.bucket}/{state.key}",
@@ -182,7 +185,8 @@ class ComputeSteps:
             "job": state.job.model_dump(mode="json") if state.job else None,
             "evaluation": evaluation.model_dump(mode="json"),
             "outputs": outputs,
-            "checkpoints": checkpoints(s3, bucket=state.bucket, prefix=prefix, outputs=outputs),
+            "checkpoints": [c.model_dump() for c in found],
+            "best_checkpoint": best_checkpoint(found, evaluation),
         }
         s3.put_object(
             Bucket=state.bucket,
@@ -209,30 +213,6 @@ class ComputeSteps:
         """Scheduled: scale nodes kept warm to zero once no run took them for the keep-warm
         period."""
         return {"released": self.compute.cluster.release_idle()}
-
-
-# Where a HyperPod Nova job records its checkpoints: `<output_s3_path>/<job>/manifest.json`,
-# whose `checkpoint_s3_bucket` the Nova Forge SDK reads (amzn-nova-forge 1.4.10,
-# util/checkpoint_util.py).
-MANIFEST = "manifest.json"
-
-
-def checkpoints(s3: Any, *, bucket: str, prefix: str, outputs: list[str]) -> list[dict[str, Any]]:
-    """The checkpoints the run's job recorded: each job's manifest and where it points."""
-    found = []
-    for output in outputs:
-        job, _, name = output.rpartition("/")
-        if name != MANIFEST or "/" in job or not job:
-            continue
-        body = s3.get_object(Bucket=bucket, Key=f"{prefix}{output}")["Body"].read()
-        try:
-            location = json.loads(body).get("checkpoint_s3_bucket")
-        except (json.JSONDecodeError, AttributeError):
-            location = None  # recorded as found, its location unknown
-        found.append(
-            {"job": job, "manifest": f"s3://{bucket}/{prefix}{output}", "checkpoint": location}
-        )
-    return found
 
 
 def read_episodes(s3: Any, run: RunContext, stage: EvaluationStage) -> list[Episode]:

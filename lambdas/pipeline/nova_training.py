@@ -128,6 +128,7 @@ class NovaTrainingCluster(InstanceGroupPlane):
             data_s3_path=f"s3://{run.bucket}/{run.dataset_key}",
             output_s3_path=f"s3://{run.bucket}/{run.output_prefix}",
             byoo=byoo_endpoints(run.rollout_request_arn, lambda kind: run.queues[kind]),
+            base_checkpoint=run.base.uri if run.base else None,
         )
         return apply_overrides(base, overrides)
 

@@ -2,8 +2,8 @@
 
 The config is chosen by the dataset object's S3 metadata `mtrl-config` (a shipped config
 name, or the key of a YAML file in the same bucket), falling back to the deployment's default.
-A run whose cost at full burn over its deadline exceeds its budget is refused before anything
-is created.
+A run whose cost at full burn over its deadline exceeds its budget, or whose base checkpoint
+cannot be used, is refused before anything is created.
 """
 
 from __future__ import annotations
@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.bucket import CONFIGS_PREFIX, object_exists
+from domain.checkpoints import BaseCheckpoint
 from domain.nova_job import NO_NOVA_GROUP, is_nova, nova_problems
 from domain.presets import ModelPreset
 from domain.runs import RunRecord, RunStore, run_id_for
 from lambdas.kubernetes.training_job import preset_for
+from lambdas.pipeline.checkpoints import resolve_base
 from training_configs import (
     CostEstimate,
     InstancePrices,
@@ -38,6 +40,7 @@ class Registered:
     created: bool
     config: TrainingConfig
     cost: CostEstimate
+    base: BaseCheckpoint | None = None
 
 
 def resolve_config(
@@ -102,6 +105,7 @@ def register_run(
             )
         if presets is not None:
             preset_for(config, presets)
+    base = resolve_base(s3, bucket=bucket, config=config, name=name)
     record = RunRecord(
         run_id=run_id,
         bucket=bucket,
@@ -114,7 +118,7 @@ def register_run(
         cost_per_hour=cost.per_hour,
     )
     stored, created = runs.register(record)
-    return Registered(stored, created, config, cost)
+    return Registered(stored, created, config, cost, base)
 
 
 def _check_nova(

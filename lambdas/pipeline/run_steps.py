@@ -123,6 +123,7 @@ class RunSteps:
             config=registered.config,
             cost_per_hour=registered.cost.per_hour,
             deadline_at=registered.run.deadline_at,
+            base=registered.base,
         ).model_dump(mode="json")
 
     def provision(self, event: dict[str, Any]) -> dict[str, Any]:

@@ -200,6 +200,7 @@ class LocalTrainingCluster(TrainingCluster):
             reward_range=(environment.reward_range.low, environment.reward_range.high),
             seed=self._seed,
             evaluation=evaluation,
+            base=run.base,
         )
         log = self._log_dir / run.run_id / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from domain.bucket import EVALUATION_OBJECT
+from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT
+from domain.checkpoints import referenced_run
 from domain.dataset import DatasetValidator
 from mtrl.local.embedded import definition_skeleton, fault_states
 from mtrl.local.report import write_report
@@ -78,6 +79,13 @@ def prepare(options: LocalRunOptions) -> Prepared:
         policy_for(config.environment)
     except (EnvironmentNotFound, NoLocalPolicy) as error:
         raise LocalRunError(f"config {name}: environment: {error}") from None
+    base_run = referenced_run(config.base_checkpoint or "")
+    if base_run and not (options.out_dir / base_run / "outputs" / SUMMARY_OBJECT).is_file():
+        raise LocalRunError(
+            f"config {name}: base_checkpoint {config.base_checkpoint}: no local run {base_run} "
+            f"with results under {options.out_dir} ({base_run}/outputs/{SUMMARY_OBJECT}); run it "
+            "first, or pass --out where it is"
+        )
     return Prepared(dataset, validator.summary.records, name, config)
 
 
@@ -118,6 +126,9 @@ def run_local(
         if options.inject_fault:
             session.inject_fault(options.inject_fault)
         started = time.monotonic()
+        base_run = referenced_run(prepared.config.base_checkpoint or "")
+        if base_run:  # where a deployment would have it: under runs/<run_id>/ in the bucket
+            session.restore_outputs(base_run, options.out_dir / base_run / "outputs")
         run_id, execution = session.upload(prepared)
         limit = timeout_seconds or prepared.config.deadline_hours * 3600
         outcome = session.follow(run_id, execution, observer, prepared.config, limit)

@@ -243,7 +243,7 @@ class LocalSession:
             seen_calls = len(calls)
             progress = [e for e in self.cluster.progress.get(run_id, []) if "step" in e]
             for metrics in progress[seen_steps:]:
-                observer.on_step(metrics, config.max_steps)
+                observer.on_step(metrics, metrics.get("of", config.max_steps))
             seen_steps = len(progress)
             if described["status"] != "RUNNING":
                 break
@@ -267,7 +267,7 @@ class LocalSession:
             cause=described.get("cause"),
             states=seen_states,
             history=history,
-            metrics=[{k: v for k, v in m.items() if k != "event"} for m in progress],
+            metrics=[{k: v for k, v in m.items() if k not in ("event", "of")} for m in progress],
             notification=self._notification(),
             teardown=_teardown_result(history),
             leftover=self.leftover(run_id),
@@ -307,6 +307,17 @@ class LocalSession:
             target.write_bytes(body.read())
             saved.append(target)
         return saved
+
+    def restore_outputs(self, run_id: str, directory: Path) -> int:
+        """Put a previous local run's outputs (as `download_outputs` saved them) back under
+        `runs/<run_id>/`, where a deployment keeps them: a run can then start from its checkpoint.
+        Returns how many objects."""
+        s3, prefix = self.clients["s3"], run_output_prefix(run_id)
+        files = sorted(path for path in directory.rglob("*") if path.is_file())
+        for path in files:
+            key = f"{prefix}{path.relative_to(directory).as_posix()}"
+            s3.put_object(Bucket=self.pipeline.data_bucket, Key=key, Body=path.read_bytes())
+        return len(files)
 
     def leftover(self, run_id: str) -> dict[str, int]:
         """What of the run still exists: AWS resources, processes, event source pollers."""

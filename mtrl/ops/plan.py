@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from rich.table import Table
 
+from domain.checkpoints import referenced_run
 from domain.nova_job import (
     FORGE_RECIPE_SOURCE,
     FORGE_RECIPES,
@@ -76,6 +77,13 @@ def byoo_placeholders(platform: PlatformConfig, region: str) -> dict[str, str]:
     )
 
 
+def _base_shown(reference: str | None) -> str | None:
+    """A base checkpoint as the plan can show it: an S3 URI as it is; a run's, as a placeholder
+    (Register resolves it from that run's summary)."""
+    run_id = referenced_run(reference or "")
+    return f"<last checkpoint of run {run_id}>" if run_id else reference
+
+
 def plan(
     config: TrainingConfig,
     platform: PlatformConfig,
@@ -97,6 +105,7 @@ def plan(
         data_s3_path=f"s3://{bucket}/training-data/<dataset>.jsonl",
         output_s3_path=f"s3://{bucket}/runs/{RUN}/",
         byoo=byoo,
+        base_checkpoint=_base_shown(config.base_checkpoint),
     )
     service_images = images(region)
     recipe_path = FORGE_RECIPES[config.recipe]

@@ -70,10 +70,14 @@ STEPS = (
         "validate", "Validates the uploaded dataset, streaming, with a line-numbered report",
         (Need.DATASETS_READ, Need.OUTPUTS_WRITE), timeout_seconds=900, memory_mb=1024,
     ),
-    # RUNS_GET: a retried Register finds the run its first attempt stored.
+    # RUNS_GET: a retried Register finds the run its first attempt stored; OUTPUTS_*: the summary
+    # of the run a config's base_checkpoint names.
     PipelineStep(
         "register", "Registers the run: id, training config, cost and budget check",
-        (Need.DATASETS_READ, Need.CONFIGS_READ, Need.RUNS_PUT, Need.RUNS_GET),
+        (
+            Need.DATASETS_READ, Need.CONFIGS_READ, Need.RUNS_PUT, Need.RUNS_GET,
+            Need.OUTPUTS_LIST, Need.OUTPUTS_READ,
+        ),
     ),
     PipelineStep(
         "provision", "Creates the run's queues, alarms, router entry and rollout alias",

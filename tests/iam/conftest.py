@@ -58,6 +58,7 @@ from training_configs import load_training_config
 
 SCALING_CONFIG = "configs/scaling.yaml"
 OPEN_WEIGHTS_CONFIG = "configs/qwen.yaml"
+ITERATIVE_CONFIG = "configs/again.yaml"  # trains on from the "nova succeeds" run's checkpoint
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -299,6 +300,22 @@ def scenarios(nova_app: Synthesized, tmp_path_factory: pytest.TempPathFactory) -
             config=SCALING_CONFIG,
         )
         played.run("nova succeeds", "training-data/nova.jsonl", dataset(), outcome="complete")
+        again = load_training_config("rft_multiturn_lora").model_dump(mode="json") | {
+            "name": "again",
+            "base_checkpoint": f"run:{played.runs['nova succeeds'].run_id}",
+        }
+        world.clients["s3"].put_object(
+            Bucket=world.pipeline.data_bucket,
+            Key=ITERATIVE_CONFIG,
+            Body=yaml.safe_dump(again).encode(),
+        )
+        played.run(
+            "nova trains on",
+            "training-data/nova-again.jsonl",
+            dataset(),
+            outcome="complete",
+            config=ITERATIVE_CONFIG,
+        )
         played.run(
             "job cannot start",
             "training-data/wordle-2.jsonl",

@@ -69,6 +69,21 @@ def test_a_run_on_the_aws_backends_submits_scales_finishes_and_leaves_nothing(
     )
 
 
+def test_a_nova_run_trains_on_from_the_checkpoint_of_the_run_its_config_names(
+    scenarios: Scenarios,
+) -> None:
+    """Register read the named run's summary (as its own role) and the launcher got a recipe
+    whose model path is that run's checkpoint in AWS's escrow bucket."""
+    first, run = scenarios.runs["nova succeeds"], scenarios.runs["nova trains on"]
+    assert run.described["status"] == "SUCCEEDED", run.described
+    (checkpoint,) = first.summary["checkpoints"]
+    registered = json.loads(run.described["output"])["run"]
+    assert registered["base"] == {"uri": checkpoint["uri"], "run_id": first.run_id, "step": None}
+    name = run_name(PREFIX, run.run_id)
+    (recipe,) = [r for r in scenarios.world.launcher.recipes_read if r["run"]["name"] == name]
+    assert recipe["run"]["model_name_or_path"] == checkpoint["uri"]
+
+
 def test_a_nova_run_is_started_and_stopped_by_aws_launcher_and_leaves_nothing(
     scenarios: Scenarios,
 ) -> None:
@@ -102,8 +117,8 @@ def test_a_nova_run_is_started_and_stopped_by_aws_launcher_and_leaves_nothing(
     assert run.left == {"active services": 0, "task definitions": 0, "parameters": 0, "queues": []}
     # Collect found the checkpoints the job recorded (its manifest, written as its role).
     ((checkpoint,),) = [run.summary["checkpoints"]]
-    assert checkpoint["job"].startswith(f"{name}-")
-    assert checkpoint["checkpoint"] == f"s3://customer-escrow/{checkpoint['job']}"
+    assert checkpoint["name"].startswith(f"{name}-")
+    assert checkpoint["uri"] == f"s3://customer-escrow/{checkpoint['name']}"
     # Its planes exchanged rollouts; the monitor made the run's reward curve from the reports
     # the proxy accepted — the job ended before a step's window (64 rollouts) filled, so one
     # short window — and stepped on it.
@@ -166,6 +181,7 @@ def test_each_run_is_notified_once(scenarios: Scenarios) -> None:
     for name, status in (
         ("succeeds", "SUCCEEDED"),
         ("nova succeeds", "SUCCEEDED"),
+        ("nova trains on", "SUCCEEDED"),
         ("job cannot start", "FAILED"),
         ("invalid dataset", "FAILED"),
     ):
@@ -173,7 +189,7 @@ def test_each_run_is_notified_once(scenarios: Scenarios) -> None:
         assert [n for n in notices if f" {run_id} " in n][0].startswith(
             f"{PREFIX} run {run_id} {status}"
         )
-    assert len(notices) == 4
+    assert len(notices) == 5
 
 
 def test_a_run_stopped_by_hand_is_reaped_and_leaves_nothing(scenarios: Scenarios) -> None:

@@ -13,6 +13,7 @@ import boto3
 import numpy as np
 import pytest
 
+from domain.checkpoints import BaseCheckpoint
 from domain.dataset import DatasetRecord
 from domain.evaluation import Episode, EvaluationStage, evaluation_records, held_out
 from domain.protocol import Metric, RolloutRequest, RolloutResponse, dump, parse
@@ -191,3 +192,24 @@ def test_a_named_evaluation_file_is_evaluated_whole(s3: Any) -> None:
     evaluator = Evaluator(job, sqs=RewardSide(), s3=s3, policy=WordlePolicy())
     assert [r.id for r in evaluator.records()] == ["probe-0", "probe-1", "probe-2"]
     assert evaluation_records(_records(40), job.config, named_file=False) == []
+
+
+def test_training_from_a_base_checkpoint_starts_from_its_policy_step_and_curve(s3: Any) -> None:
+    policy = WordlePolicy()
+    trained = np.linspace(-1, 1, len(policy.feature_names))
+    key = checkpoint_key("runs/first-1/", "final")
+    save_checkpoint(s3, bucket=BUCKET, key=key, policy=policy, params=trained, step=4)
+    earlier = "".join(json.dumps({"step": n, "mean_reward": 0.1 * n}) + "\n" for n in range(1, 5))
+    s3.put_object(Bucket=BUCKET, Key="runs/first-1/metrics.jsonl", Body=earlier.encode())
+    base = BaseCheckpoint(uri=f"s3://{BUCKET}/{key}", run_id="first-1", step=4)
+    job = _job(max_steps=2).model_copy(update={"base": base})
+    trainer = Trainer(job, sqs=RewardSide(), s3=s3, policy=policy)
+    assert np.array_equal(trainer.server.params, trained) and trainer.steps_before == 4
+    assert [m.step for m in trainer.run()] == [5, 6]
+    body = s3.get_object(Bucket=BUCKET, Key="runs/r/metrics.jsonl")["Body"].read().decode()
+    assert [json.loads(line)["step"] for line in body.splitlines()] == [1, 2, 3, 4, 5, 6]
+    baseline = Evaluator(
+        job.model_copy(update={"evaluation": EvaluationStage.BASELINE}),
+        sqs=RewardSide(), s3=s3, policy=policy,
+    )  # fmt: skip
+    assert np.array_equal(baseline.server.params, trained)  # the start it is compared with

@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from mtrl.cli import app
-from mtrl.local.run import LocalRunError, LocalRunOptions, run_local
+from mtrl.local.run import LocalRunError, LocalRunOptions, prepare, run_local
 from tests.conftest import Synthesized
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "wordle"
@@ -115,6 +115,47 @@ def test_the_wordle_example_trains_and_leaves_nothing(
     assert _child_processes() == before
 
 
+def test_a_run_from_a_previous_runs_checkpoint_continues_its_curve(
+    tmp_path: Path, small_config: Path, template: dict
+) -> None:
+    config = yaml.safe_load(small_config.read_text()) | {"max_steps": 1, "eval_max_records": 2}
+    small_config.write_text(yaml.safe_dump(config))
+    first, _ = run_local(
+        LocalRunOptions(EXAMPLE / "train.jsonl", config=str(small_config), out_dir=tmp_path),
+        template=template,
+        timeout_seconds=300,
+    )
+    assert first.status == "SUCCEEDED", (first.error, first.cause)
+    again = tmp_path / "again.yaml"
+    again.write_text(yaml.safe_dump(config | {"base_checkpoint": f"run:{first.run_id}"}))
+    second, directory = run_local(
+        LocalRunOptions(EXAMPLE / "train.jsonl", config=str(again), out_dir=tmp_path),
+        template=template,
+        timeout_seconds=300,
+    )
+    assert second.status == "SUCCEEDED", (second.error, second.cause)
+    assert second.run_id != first.run_id
+    # Step 2 follows step 1, and the run's curve holds both.
+    assert [m["step"] for m in second.metrics] == [2]
+    outputs = directory / "outputs"
+    curve = [json.loads(line) for line in (outputs / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in curve] == [1, 2]
+    assert curve[0] == {k: v for k, v in first.metrics[0].items()}
+    manifest = json.loads((outputs / "checkpoints" / "manifest.json").read_text())
+    assert [(c["name"], c["step"]) for c in manifest["checkpoints"]] == [("final", 2)]
+
+
+def test_a_base_run_that_is_not_there_is_refused_before_anything_exists(
+    tmp_path: Path, small_config: Path
+) -> None:
+    config = yaml.safe_load(small_config.read_text()) | {"base_checkpoint": "run:gone-0123456789"}
+    small_config.write_text(yaml.safe_dump(config))
+    with pytest.raises(LocalRunError, match=r"base_checkpoint run:gone-0123456789: no local run"):
+        prepare(
+            LocalRunOptions(EXAMPLE / "train.jsonl", config=str(small_config), out_dir=tmp_path)
+        )
+
+
 FAULT_STATES = [
     "Validate", "Register", "Provision", "ScaleUp", "NodesReady", "StartWorkers", "WorkersHealthy",
     "EvaluateBaseline", "SubmitJob", "Monitor", "FinalEvaluation", "Collect", "ReleaseCompute",
@@ -131,7 +172,10 @@ def test_a_fault_in_any_state_fails_the_run_cleanly(
     state: str,
 ) -> None:
     before = _child_processes()
-    config = yaml.safe_load(small_config.read_text()) | {"max_steps": 1}
+    # One step, and one held-out rollout per evaluation: the failure path is under test.
+    config = yaml.safe_load(small_config.read_text()) | {
+        "max_steps": 1, "eval_max_records": 1, "eval_samples": 1,
+    }  # fmt: skip
     small_config.write_text(yaml.safe_dump(config))
     monkeypatch.setattr("mtrl.local.run.pipeline_template", lambda: template)
     result = CliRunner().invoke(

@@ -277,8 +277,14 @@ def test_status_shows_the_pass_rate_and_the_checkpoints_collect_found(deployed: 
     )
     manifest = "s3://nova-mtrl-data-123456789012/runs/nova-abc/{}/manifest.json"
     checkpoints = [
-        {"job": "j-abcde", "manifest": manifest.format("j-abcde"), "checkpoint": "s3://escrow/j"},
-        {"job": "j-fghij", "manifest": manifest.format("j-fghij"), "checkpoint": None},
+        {"name": "j-abcde", "manifest": manifest.format("j-abcde"), "uri": "s3://escrow/j"},
+        {"name": "j-fghij", "manifest": manifest.format("j-fghij"), "uri": None},
+        {
+            "name": "final",
+            "manifest": manifest.format("checkpoints"),
+            "uri": "s3://b/final.npz",
+            "step": 12,
+        },
     ]
     deployed["s3"].put_object(
         Bucket=BUCKET, Key="runs/nova-abc/summary.json",
@@ -290,6 +296,7 @@ def test_status_shows_the_pass_rate_and_the_checkpoints_collect_found(deployed: 
     assert "step 2, mean reward 0.500, pass rate 38%" in table
     assert "j-abcde: s3://escrow/j" in table
     assert "j-fghij: location unknown, see" in table
+    assert "final (step 12): s3://b/final.npz" in table
 
 
 def test_status_counts_the_gpu_nodes_hyperpod_runs(deployed: dict) -> None:

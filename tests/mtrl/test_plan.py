@@ -170,3 +170,24 @@ def test_a_deployment_with_a_restricted_group_plans_the_job_there() -> None:
         "fsx": {"size_gib": 2400, "per_unit_storage_throughput": 250},
     }
     assert made.warnings == ()
+
+
+@pytest.mark.parametrize(
+    ("base", "shown"),
+    [
+        (None, "nova-lite-2/prod"),
+        ("s3://customer-escrow/job-abcde/ckpt", "s3://customer-escrow/job-abcde/ckpt"),
+        ("run:wordle-0123456789", "<last checkpoint of run wordle-0123456789>"),
+    ],
+)
+def test_iterative_training_sets_the_model_path_to_the_base_checkpoint(
+    tmp_path: Path, base: str | None, shown: str
+) -> None:
+    """The Forge SDK trains on from a checkpoint by setting `model_name_or_path` to it."""
+    config = tmp_path / "again.yaml"
+    config.write_text(
+        yaml.safe_dump(yaml.safe_load(EXAMPLE.read_text()) | {"base_checkpoint": base})
+    )
+    code, output = plan("--config", str(config), "--region", "us-east-1", "--json")
+    assert code == 0, output
+    assert json.loads(output)["recipe"]["overrides"]["model_name_or_path"] == shown

@@ -8,6 +8,7 @@ import boto3
 import pytest
 
 from domain.backends import EvaluationUnsupported, JobStatus, RunContext, TrainingCluster
+from domain.checkpoints import CheckpointManifest, SavedCheckpoint
 from domain.evaluation import Episode, EvaluationStage
 from domain.run_state import RegisteredRun
 from domain.runs import RunRecord, RunStore
@@ -237,11 +238,54 @@ def test_collect_records_the_checkpoints_a_nova_job_recorded(aws: None) -> None:
     steps().collect({"bucket": "bucket-1", "key": "training-data/x.jsonl", "run": REGISTERED})
     summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
     assert summary["checkpoints"] == [
-        {"job": "job-abcde", "manifest": "s3://bucket-1/runs/r/job-abcde/manifest.json",
-         "checkpoint": "s3://escrow/job-abcde"},
-        {"job": "job-fghij", "manifest": "s3://bucket-1/runs/r/job-fghij/manifest.json",
-         "checkpoint": None},
+        {"name": "job-abcde", "manifest": "s3://bucket-1/runs/r/job-abcde/manifest.json",
+         "uri": "s3://escrow/job-abcde", "step": None, "mean_reward": None},
+        {"name": "job-fghij", "manifest": "s3://bucket-1/runs/r/job-fghij/manifest.json",
+         "uri": None, "step": None, "mean_reward": None},
     ]  # fmt: skip
+    # Nothing evaluated it against the start: the located one, said so.
+    assert summary["best_checkpoint"] == {
+        "name": "job-abcde",
+        "uri": "s3://escrow/job-abcde",
+        "why": "the last checkpoint; no held-out evaluation compared it with the start",
+    }
+
+
+def test_collect_lists_our_trainers_checkpoints_and_the_best_by_the_evaluation(
+    state: dict,
+) -> None:
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="bucket-1")
+    state["bucket"] = "bucket-1"
+    manifest = CheckpointManifest(
+        model="nova-lite-2",
+        checkpoints=[
+            SavedCheckpoint(name="step-000005", key="runs/r/checkpoints/step-000005.npz", step=5),
+            SavedCheckpoint(name="final", key="runs/r/checkpoints/final.npz", step=7),
+        ],
+    )
+    s3.put_object(
+        Bucket="bucket-1", Key="runs/r/checkpoints/manifest.json", Body=manifest.model_dump_json()
+    )
+    state["evaluations"] = {
+        stage: {"stage": stage, "job": "j", "ready": True} for stage in ("baseline", "final")
+    }
+    # The trained model did worse than the one it started from on the held-out records.
+    for stage, passed in (("baseline", [1, 1, 1, 0]), ("final", [0, 0, 1, 0])):
+        s3.put_object(
+            Bucket="bucket-1", Key=f"runs/r/evaluation/{stage}.jsonl", Body=_episodes(passed)
+        )
+    steps().collect(state)
+    summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
+    assert [(c["name"], c["step"], c["uri"]) for c in summary["checkpoints"]] == [
+        ("step-000005", 5, "s3://bucket-1/runs/r/checkpoints/step-000005.npz"),
+        ("final", 7, "s3://bucket-1/runs/r/checkpoints/final.npz"),
+    ]
+    assert summary["best_checkpoint"] == {
+        "name": None,
+        "uri": None,
+        "why": "the starting model did better on the held-out records",
+    }
 
 
 def test_the_state_is_parsed_once_and_typed(state: dict) -> None:

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from domain.backends import Phase, RunContext
+from domain.checkpoints import BaseCheckpoint
 from domain.nova_job import NovaRefused, images, run_name
 from lambdas.clients import Clients
 from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
@@ -154,6 +155,15 @@ def test_submit_hands_aws_launcher_the_forge_recipe_with_this_runs_overrides(
     context = json.loads((tmp_path / "hyperpod_current_context.json").read_text())
     assert (context["ClusterName"], context["ClusterArn"]) == ("nova-mtrl", plane.sagemaker.arn)
     assert "ResponseMetadata" not in context
+
+
+def test_a_run_from_a_base_checkpoint_trains_on_from_it(plane: Plane) -> None:
+    """Iterative training as the Forge SDK does it: `model_name_or_path` is the checkpoint."""
+    base = BaseCheckpoint(uri="s3://customer-escrow/job-abcde/step_10", run_id="first-1")
+    plane.cluster.submit(replace(RUN, base=base))
+    (recipe,) = plane.processes.recipes_read
+    assert recipe["run"]["model_name_or_path"] == "s3://customer-escrow/job-abcde/step_10"
+    assert recipe["run"]["model_type"] == "amazon.nova-2-lite-v1:0:256k"
 
 
 def test_a_retried_submit_starts_nothing_more(plane: Plane) -> None:

@@ -12,6 +12,7 @@ import yaml
 
 from domain.runs import RunStore, run_id_for
 from lambdas.kubernetes.training_job import JobRenderError
+from lambdas.pipeline.checkpoints import CheckpointRefused
 from lambdas.pipeline.notify import notify, summary
 from lambdas.pipeline.register import BudgetExceeded, Registered, register_run
 from stacks.config import PlatformConfig, deployment_context
@@ -238,3 +239,59 @@ def test_failure_notification_names_state_error_and_leftovers(s3_and_runs) -> No
     assert details["duration_hours"] == 0.5 and details["cost_estimate_usd"] == pytest.approx(
         0.5 * registered.run.cost_per_hour, abs=0.01
     )
+
+
+def _summary_of(s3: object, run_id: str, *, model: str, checkpoints: list[dict]) -> None:
+    """What Collect leaves of a finished run: its config's model and its checkpoints."""
+    body = {"run_id": run_id, "config": {**_lora(), "model": model}, "checkpoints": checkpoints}
+    s3.put_object(Bucket=BUCKET, Key=f"runs/{run_id}/summary.json", Body=json.dumps(body))
+
+
+def _with_base(s3: object, runs: object, base: str) -> Registered:
+    config = yaml.safe_dump({**_lora(), "name": "again", "base_checkpoint": base})
+    s3.put_object(Bucket=BUCKET, Key="configs/again.yaml", Body=config.encode())
+    return _register_with(s3, runs, "configs/again.yaml")
+
+
+def test_a_run_starts_from_the_last_checkpoint_of_the_run_it_names(s3_and_runs) -> None:
+    s3, runs = s3_and_runs
+    manifest = f"s3://{BUCKET}/runs/first-1/checkpoints/manifest.json"
+    _summary_of(s3, "first-1", model="nova-lite-2", checkpoints=[
+        {"name": "final", "manifest": manifest, "uri": f"s3://{BUCKET}/final.npz", "step": 10},
+        {"name": "step-000005", "manifest": manifest, "uri": f"s3://{BUCKET}/s5.npz", "step": 5},
+        {"name": "lost", "manifest": manifest, "uri": None, "step": 20},
+    ])  # fmt: skip
+    registered = _with_base(s3, runs, "run:first-1")
+    assert registered.base is not None
+    assert (registered.base.uri, registered.base.run_id, registered.base.step) == (
+        f"s3://{BUCKET}/final.npz", "first-1", 10,
+    )  # fmt: skip
+    # A Nova checkpoint (its step unknown) or any S3 URI: taken as it is.
+    uri = _with_base(s3, runs, "s3://customer-escrow/job-abcde/checkpoint").base
+    assert uri is not None and (uri.uri, uri.run_id) == (
+        "s3://customer-escrow/job-abcde/checkpoint",
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "checkpoints", "expected"),
+    [
+        (None, [], r"run first-1 left no results \(no s3://data-bucket/runs/first-1/summary.json\)"),
+        ("qwen3-8b", [], r"run first-1 trained qwen3-8b, not this config's model nova-lite-2"),
+        ("nova-lite-2", [{"name": "j", "manifest": "m", "uri": None}],
+         r"run first-1 recorded no checkpoint with a location"),
+    ],
+)  # fmt: skip
+def test_a_base_checkpoint_that_cannot_be_used_is_refused_before_the_run_exists(
+    s3_and_runs, model: str | None, checkpoints: list, expected: str
+) -> None:
+    s3, runs = s3_and_runs
+    if model:
+        _summary_of(s3, "first-1", model=model, checkpoints=checkpoints)
+    with pytest.raises(
+        CheckpointRefused,
+        match=rf"config configs/again.yaml: base_checkpoint run:first-1: {expected}",
+    ):
+        _with_base(s3, runs, "run:first-1")
+    assert runs.all() == []

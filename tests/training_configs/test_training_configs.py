@@ -65,6 +65,7 @@ def test_lora_and_full_differ_where_they_should() -> None:
             "eval_dataset names the evaluation records; remove eval_fraction",
         ),
         ({"eval_samples": 0}, "eval_samples: Input should be greater than or equal to 1"),
+        ({"base_checkpoint": "wordle-1"}, "base_checkpoint: String should match pattern"),
     ],
 )
 def test_errors_name_the_file_and_the_key(change: dict, expected: str) -> None:

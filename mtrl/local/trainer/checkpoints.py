@@ -1,5 +1,7 @@
 """The local policy's checkpoints under the run's outputs: `checkpoints/<name>.npz`, holding the
-parameters, the names of the features they weigh and the training step they were saved at."""
+parameters, the names of the features they weigh and the training step they were saved at (the
+run's `checkpoints/manifest.json` lists them, domain/checkpoints.py); and where a trainer
+starts from: the policy that knows nothing, or a base checkpoint."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ from typing import Any
 
 import numpy as np
 
+from domain.backends import METRICS_OBJECT
+from domain.bucket import object_exists, run_output_prefix
+from mtrl.local.trainer.exchange import TrainingJob
 from mtrl.local.trainer.policy import Policy
 
 CHECKPOINTS = "checkpoints/"
@@ -32,6 +37,26 @@ def save_checkpoint(
 
 class CheckpointMismatch(ValueError):
     """A checkpoint of another policy (other features) than the one asked to load it."""
+
+
+def starting_policy(s3: Any, job: TrainingJob, policy: Policy) -> tuple[np.ndarray, int]:
+    """The parameters a run starts from and the steps trained before: its base checkpoint's, or
+    the policy that knows nothing at step 0."""
+    if job.base is None:
+        return policy.initial_params(), 0
+    bucket, _, key = job.base.uri.removeprefix("s3://").partition("/")
+    return load_checkpoint(s3, bucket=bucket, key=key, policy=policy)
+
+
+def earlier_metrics(s3: Any, job: TrainingJob) -> list[str]:
+    """The metrics lines of the run a job continues (none for a fresh start or an S3 URI)."""
+    if job.base is None or job.base.run_id is None:
+        return []
+    key = f"{run_output_prefix(job.base.run_id)}{METRICS_OBJECT}"
+    if not object_exists(s3, bucket=job.bucket, key=key):
+        return []
+    body = s3.get_object(Bucket=job.bucket, Key=key)["Body"].read().decode()
+    return [line for line in body.splitlines() if line.strip()]
 
 
 def load_checkpoint(s3: Any, *, bucket: str, key: str, policy: Policy) -> tuple[np.ndarray, int]:

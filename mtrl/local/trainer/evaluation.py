@@ -1,5 +1,5 @@
-"""The local trainer's evaluation job: the starting policy (baseline) or the one training saved
-last (final) plays the run's held-out records through the same queues, router and reward workers
+"""The local trainer's evaluation job: the policy training starts from (baseline: its base
+checkpoint, or the policy that knows nothing) or the one training saved last (final) plays the run's held-out records through the same queues, router and reward workers
 as training — `eval_samples` rollouts per record, sampled as in training, nothing learned — and
 the episodes go, one JSON line each, to the run's `evaluation/<stage>.jsonl`."""
 
@@ -21,7 +21,12 @@ from domain.evaluation import (
     evaluation_sample_id,
 )
 from domain.protocol import RewardSpec, RolloutRequest
-from mtrl.local.trainer.checkpoints import FINAL, checkpoint_key, load_checkpoint
+from mtrl.local.trainer.checkpoints import (
+    FINAL,
+    checkpoint_key,
+    load_checkpoint,
+    starting_policy,
+)
 from mtrl.local.trainer.exchange import PolicyServer, TrainingJob, exchange_rollouts, read_dataset
 from mtrl.local.trainer.policy import Policy
 
@@ -46,7 +51,7 @@ class Evaluator:
 
     def _params(self) -> np.ndarray:
         if self.stage is EvaluationStage.BASELINE:
-            return self.policy.initial_params()
+            return starting_policy(self.s3, self.job, self.policy)[0]
         params, _ = load_checkpoint(
             self.s3,
             bucket=self.job.bucket,

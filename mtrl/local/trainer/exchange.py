@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from domain.checkpoints import BaseCheckpoint
 from domain.dataset import DatasetRecord, read_records
 from domain.evaluation import EvaluationStage
 from domain.protocol import (
@@ -53,6 +54,7 @@ class TrainingJob(BaseModel):
     reward_range: tuple[float, float] = (0.0, 1.0)
     seed: int = 0
     evaluation: EvaluationStage | None = None
+    base: BaseCheckpoint | None = None  # the checkpoint training starts from
 
 
 class TrainingFailed(RuntimeError):

@@ -22,10 +22,17 @@ from typing import Any, TextIO
 import numpy as np
 
 from domain.backends import METRICS_OBJECT
+from domain.checkpoints import MANIFEST_OBJECT, CheckpointManifest, SavedCheckpoint
 from domain.dataset import DatasetRecord
 from domain.evaluation import training_records
 from domain.protocol import RewardSpec, RolloutRequest, RolloutResponse, sample_id_for
-from mtrl.local.trainer.checkpoints import FINAL, checkpoint_key, save_checkpoint
+from mtrl.local.trainer.checkpoints import (
+    FINAL,
+    checkpoint_key,
+    earlier_metrics,
+    save_checkpoint,
+    starting_policy,
+)
 from mtrl.local.trainer.exchange import (
     PolicyServer,
     TrainingFailed,
@@ -71,17 +78,26 @@ class Trainer:
         self.config = job.config
         self.out = out
         self.clock = clock
-        self.reference = policy.initial_params()
+        # The policy it starts from is also the KL term's reference.
+        self.reference, self.steps_before = starting_policy(s3, job, policy)
         self.server = PolicyServer(job, sqs=sqs, policy=policy, params=self.reference.copy())
         self.optimizer = Adam(self.config.local_policy.learning_rate)
         self.history: list[StepMetrics] = []
+        # A run continued from another's checkpoint carries its curve on (its metrics lines).
+        self.earlier_metrics = earlier_metrics(s3, job)
+        self.manifest = CheckpointManifest(model=self.config.model)
+
+    @property
+    def last_step(self) -> int:
+        return self.steps_before + len(self.history)
 
     def run(self) -> list[StepMetrics]:
         records = self._records()
         self.server.start()
+        first = self.steps_before + 1
         try:
-            rng = np.random.default_rng(self.job.seed)
-            for step in range(1, self.config.max_steps + 1):
+            rng = np.random.default_rng([self.job.seed, first])
+            for step in range(first, first + self.config.max_steps):
                 if self.server.stopped:
                     break
                 self._step(step, records, rng)
@@ -211,33 +227,44 @@ class Trainer:
             params=[round(float(p), 4) for p in params],
         )
         self.history.append(metrics)
+        lines = self.earlier_metrics + [json.dumps(asdict(m)) for m in self.history]
         self._put(
-            METRICS_OBJECT,
-            "".join(json.dumps(asdict(m)) + "\n" for m in self.history).encode(),
-            "application/x-ndjson",
+            METRICS_OBJECT, "".join(line + "\n" for line in lines).encode(), "application/x-ndjson"
         )
         if step % settings.checkpoint_every == 0:
             self._save_checkpoint(f"step-{step:06d}")
+        last = self.steps_before + self.config.max_steps
         log.info(
             "step %d/%d: mean reward %.3f, %d rollouts (%d failed), %.1f s",
             step,
-            self.config.max_steps,
+            last,
             metrics.mean_reward,
             metrics.rollouts,
             metrics.failed_rollouts,
             metrics.seconds,
         )
         if self.out is not None:
-            print(json.dumps({"event": "step", **asdict(metrics)}), file=self.out, flush=True)
+            line = {"event": "step", **asdict(metrics), "of": last}
+            print(json.dumps(line), file=self.out, flush=True)
 
     def _save_checkpoint(self, name: str) -> None:
+        """The policy now, and the run's checkpoint manifest with it."""
+        key = checkpoint_key(self.job.output_prefix, name)
         save_checkpoint(
             self.s3,
             bucket=self.job.bucket,
-            key=checkpoint_key(self.job.output_prefix, name),
+            key=key,
             policy=self.policy,
             params=self.server.params,
-            step=len(self.history),
+            step=self.last_step,
+        )
+        reward = self.history[-1].mean_reward if self.history else None
+        saved = SavedCheckpoint(name=name, key=key, step=self.last_step, mean_reward=reward)
+        self.manifest = self.manifest.model_copy(
+            update={"checkpoints": [*self.manifest.checkpoints, saved]}
+        )
+        self._put(
+            MANIFEST_OBJECT, self.manifest.model_dump_json(indent=2).encode(), "application/json"
         )
 
     def _put(self, name: str, body: bytes, content_type: str) -> None:
