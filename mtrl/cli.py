@@ -19,6 +19,7 @@ from mtrl.ops.plan import plan as make_plan
 from mtrl.ops.plan import print_plan
 from mtrl.ops_commands import (
     cost_command,
+    deploy_command,
     doctor_command,
     logs_command,
     runs_command,
@@ -43,6 +44,7 @@ app.command("status")(status_command)
 app.command("cost")(cost_command)
 app.command("logs")(logs_command)
 app.command("teardown")(teardown_command)
+app.command("deploy")(deploy_command)
 app.command("doctor")(doctor_command)
 
 

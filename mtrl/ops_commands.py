@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,7 +23,15 @@ from rich.table import Table
 
 from domain.dataset import counted
 from domain.runs import RunStore
-from mtrl.console import check_dataset, fail, out, print_problem
+from mtrl.console import check_dataset, err, fail, out, print_problem
+from mtrl.ops.deploy import (
+    WAIT_SECONDS,
+    DeployFailed,
+    DeployRefused,
+    Waiting,
+    delete_from_bedrock,
+    deploy_to_bedrock,
+)
 from mtrl.ops.deployment import (
     Deployment,
     DeploymentError,
@@ -321,21 +330,35 @@ def teardown_command(
         raise fail("give a run id (`mtrl teardown RUN`) or --all-idle, not both")
     session, deployment = _deployment(prefix, profile, region)
     lambda_client = session.client("lambda")
-    try:
+
+    def work() -> tuple[dict[str, Any], str]:
         if all_idle:
             released = release_idle_nodes(lambda_client, deployment)
-            result: dict[str, Any] = {"released_idle": released}
             message = (
                 "idle GPU nodes scaled to zero" if released else "no idle GPU nodes to release"
             )
-        else:
-            result = teardown_run(lambda_client, deployment, run_id or "")
-            message = (
-                f"run {run_id} torn down: {result['workers_stopped']} workers stopped, "
-                f"{result['job_objects_deleted']} job objects deleted, "
-                f"{result['queues_deleted']} queues deleted, {result['leftover']} left"
-            )
-    except TeardownFailed as error:
+            return {"released_idle": released}, message
+        result = teardown_run(lambda_client, deployment, run_id or "")
+        return result, (
+            f"run {run_id} torn down: {result['workers_stopped']} workers stopped, "
+            f"{result['job_objects_deleted']} job objects deleted, "
+            f"{result['queues_deleted']} queues deleted, {result['leftover']} left"
+        )
+
+    _change(work, refusals=(TeardownFailed,), as_json=as_json)
+
+
+def _change(
+    work: Callable[[], tuple[dict[str, Any], str]],
+    *,
+    refusals: tuple[type[Exception], ...],
+    as_json: bool,
+) -> None:
+    """Do `work` (what it did, and the line saying so), its failures as one line: exit 1 for
+    `refusals` and AWS's refusals, 2 for a deployment that cannot be used."""
+    try:
+        result, message = work()
+    except refusals as error:
         raise fail(str(error), code=1) from None
     except DeploymentError as error:
         raise fail(str(error)) from None
@@ -345,6 +368,50 @@ def teardown_command(
         out.print_json(json.dumps(result))
     else:
         out.print(message, highlight=False, soft_wrap=True)
+
+
+def deploy_command(
+    run_id: Annotated[str, typer.Argument(help="The run whose trained model to deploy.")],
+    to: Annotated[
+        str, typer.Option("--to", help="bedrock (a Nova model, on demand); sagemaker: not yet.")
+    ] = "bedrock",
+    delete: Annotated[
+        bool, typer.Option("--delete", help="Delete the run's deployment and custom model.")
+    ] = False,
+    wait_minutes: Annotated[
+        float, typer.Option(min=1.0, help="Wait this long for Bedrock, then say how to go on.")
+    ] = WAIT_SECONDS / 60,
+    prefix: Prefix = None,
+    profile: Profile = None,
+    region: Region = None,
+    as_json: AsJson = False,
+) -> None:
+    """Register a run's trained model and deploy it: Bedrock custom model, on-demand deployment."""
+    if to != "bedrock":
+        raise fail(
+            f"--to {to}: only bedrock (a Nova model) for now; serving an open-weights model "
+            "from SageMaker comes with its trainer image"
+        )
+    session, deployment = _deployment(prefix, profile, region)
+    clients = {name: session.client(name) for name in ("s3", "sagemaker", "bedrock")}
+
+    def work() -> tuple[dict[str, Any], str]:
+        if delete:
+            deleted = delete_from_bedrock(clients["bedrock"], deployment, run_id)
+            return {"deleted": deleted}, (
+                "deleted: " + ", ".join(deleted) if deleted else "nothing to delete"
+            )
+        released = deploy_to_bedrock(
+            clients, deployment, run_id,
+            waiting=Waiting(limit_seconds=wait_minutes * 60),
+            on_progress=lambda line: err.print(line, markup=False, highlight=False),
+        )  # fmt: skip
+        return asdict(released), (
+            f"run {run_id} deployed on Bedrock: invoke {released.deployment_arn}\n"
+            f"custom model {released.model_arn}\nregistered {released.model_package_arn}"
+        )
+
+    _change(work, refusals=(DeployRefused, DeployFailed), as_json=as_json)
 
 
 def logs_command(

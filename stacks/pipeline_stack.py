@@ -14,6 +14,7 @@ from stacks.components.fleet_control import RewardFleetControl
 from stacks.components.functions import ClusterNetwork
 from stacks.components.hyperpod import HyperPodCluster
 from stacks.components.lambda_code import pipeline_code
+from stacks.components.model_release import ModelRelease
 from stacks.components.pipeline import TrainingPipeline
 from stacks.components.pipeline_steps import STEP
 from stacks.components.reward_fleet import RewardFleet, log_group_name
@@ -119,9 +120,11 @@ class PipelineStack(PlatformStack):
             roles["nova_job"] = iam.Role.from_role_arn(
                 self, "NovaJobRole", hyperpod.restricted_execution_role.role_arn, mutable=True
             )
+        self.model_release = ModelRelease(self, "ModelRelease", config=config)
         grant_needs(
             roles,
             [
+                self.model_release,
                 DataBucketAccess(data_bucket, storage.data_key),
                 StacksAccess(self, config.name_prefix),
                 self.pipeline,
@@ -138,6 +141,9 @@ class PipelineStack(PlatformStack):
             description="Attach to the role or permission set of whoever runs mtrl",
         )
         cdk.CfnOutput(self, "RouterUrl", value=self.router.proxy_url.url)
+        # `mtrl deploy` registers models in the group and passes Bedrock the import role.
+        cdk.CfnOutput(self, "ModelPackageGroupName", value=self.model_release.group_name)
+        cdk.CfnOutput(self, "BedrockImportRoleArn", value=self.model_release.import_role.role_arn)
         cdk.CfnOutput(self, "ConversationTableName", value=self.router.table.table_name)
         cdk.CfnOutput(self, "StateMachineArn", value=self.pipeline.state_machine.state_machine_arn)
         cdk.CfnOutput(self, "RunsTableName", value=self.pipeline.runs_table.table_name)

@@ -364,3 +364,88 @@ class FakeServiceQuotas(ServiceFake):
 
     def list_aws_default_service_quotas(self, ServiceCode: str, **_: Any) -> dict[str, Any]:  # noqa: N803
         return self._quotas(ServiceCode, self.defaults)
+
+
+class FakeBedrock(ServiceFake):
+    """Bedrock's custom models and their on-demand deployments, by name or ARN: each is Creating
+    for `polls` Gets after it was made, then Active (a model made while `import_fails`: Failed)."""
+
+    service = "bedrock"
+
+    def __init__(self, *, polls: int = 2, import_fails: bool = False) -> None:
+        super().__init__()
+        self.polls, self.import_fails = polls, import_fails
+        self.models: dict[str, dict[str, Any]] = {}  # by name
+        self.deployments: dict[str, dict[str, Any]] = {}  # by name
+        self._ids = (f"{n:012x}" for n in itertools.count(0xA00000000000))
+
+    @staticmethod
+    def _named(records: dict[str, dict[str, Any]], identifier: str, arn_key: str) -> dict[str, Any]:
+        for name, record in records.items():
+            if identifier in (name, record[arn_key]):
+                return record
+        raise AwsError("ResourceNotFoundException", f"{identifier} not found", 404)
+
+    def _status(self, record: dict[str, Any], failed: bool = False) -> str:
+        record["gets"] += 1
+        if record["gets"] <= self.polls:
+            return "Creating"
+        return "Failed" if failed else "Active"
+
+    def create_custom_model(self, modelName: str, **params: Any) -> dict[str, Any]:  # noqa: N803
+        if modelName in self.models:
+            raise AwsError("ConflictException", f"model {modelName} exists")
+        arn = f"arn:aws:bedrock:{REGION}:{ACCOUNT}:custom-model/imported/{next(self._ids)}"
+        self.models[modelName] = {
+            "arn": arn, "params": params, "gets": 0, "made": _now(), "fails": self.import_fails,
+        }  # fmt: skip
+        return {"modelArn": arn}
+
+    def get_custom_model(self, modelIdentifier: str) -> dict[str, Any]:  # noqa: N803
+        record = self._named(self.models, modelIdentifier, "arn")
+        name = next(n for n, r in self.models.items() if r is record)
+        status = self._status(record, failed=record["fails"])
+        answer = {"modelArn": record["arn"], "modelName": name, "creationTime": record["made"],
+                  "modelStatus": status}  # fmt: skip
+        if status == "Failed":
+            answer["failureMessage"] = "the checkpoint could not be read"
+        return answer
+
+    def delete_custom_model(self, modelIdentifier: str) -> dict[str, Any]:  # noqa: N803
+        record = self._named(self.models, modelIdentifier, "arn")
+        self.models = {n: r for n, r in self.models.items() if r is not record}
+        return {}
+
+    def create_custom_model_deployment(
+        self,
+        modelDeploymentName: str,
+        modelArn: str,
+        **params: Any,  # noqa: N803
+    ) -> dict[str, Any]:
+        if modelDeploymentName in self.deployments:
+            raise AwsError("ConflictException", f"deployment {modelDeploymentName} exists")
+        arn = f"arn:aws:bedrock:{REGION}:{ACCOUNT}:custom-model-deployment/{next(self._ids)}"
+        self.deployments[modelDeploymentName] = {
+            "arn": arn, "model": modelArn, "params": params, "gets": 0, "made": _now(),
+        }  # fmt: skip
+        return {"customModelDeploymentArn": arn}
+
+    def get_custom_model_deployment(
+        self,
+        customModelDeploymentIdentifier: str,  # noqa: N803
+    ) -> dict[str, Any]:
+        record = self._named(self.deployments, customModelDeploymentIdentifier, "arn")
+        name = next(n for n, r in self.deployments.items() if r is record)
+        return {
+            "customModelDeploymentArn": record["arn"], "modelDeploymentName": name,
+            "modelArn": record["model"], "createdAt": record["made"],
+            "status": self._status(record),
+        }  # fmt: skip
+
+    def delete_custom_model_deployment(
+        self,
+        customModelDeploymentIdentifier: str,  # noqa: N803
+    ) -> dict[str, Any]:
+        record = self._named(self.deployments, customModelDeploymentIdentifier, "arn")
+        self.deployments = {n: r for n, r in self.deployments.items() if r is not record}
+        return {}

@@ -50,7 +50,7 @@ NEEDS: Mapping[str, tuple[Need, ...]] = {
         Need.RUNS_GET, Need.EXECUTIONS_READ, Need.OUTPUTS_LIST, Need.OUTPUTS_READ,
         Need.QUEUES_WATCH, Need.FLEET_WATCH, Need.NODES_COUNT, Need.REAPER_INVOKE,
         Need.PIPELINE_LOGS_READ, Need.WORKER_LOGS_READ, Need.TRAINER_LOGS_READ,
-        Need.WORKER_IMAGE_CHECK, Need.CLUSTERS_CHECK,
+        Need.WORKER_IMAGE_CHECK, Need.CLUSTERS_CHECK, Need.MODELS_RELEASE,
     ),
 }  # fmt: skip
 

@@ -72,3 +72,6 @@ class Need(StrEnum):
     WORKER_IMAGE_CHECK = "check the reward worker's image"
     TRAINER_LOGS_READ = "read the training pods' logs"
     CLUSTERS_CHECK = "check the EKS and HyperPod clusters and the GPU quota"
+    MODELS_RELEASE = (
+        "register a trained model in the deployment's model registry and deploy it on Bedrock"
+    )

@@ -127,6 +127,13 @@ class Directory:
                 self.arns[("hyperpod", params["ClusterName"])] = answer["ClusterArn"]
             case ("ecs", "RegisterTaskDefinition") if "taskDefinition" in answer:
                 self.task_definitions[answer["taskDefinition"]["taskDefinitionArn"]] = params
+            case ("bedrock", "CreateCustomModel") if "modelArn" in answer:
+                self.arns[("custom-model", params["modelName"])] = answer["modelArn"]
+            case ("bedrock", "GetCustomModel") if "modelArn" in answer:
+                self.arns[("custom-model", answer["modelName"])] = answer["modelArn"]
+            case ("bedrock", "CreateCustomModelDeployment") if "customModelDeploymentArn" in answer:
+                name = params["modelDeploymentName"]
+                self.arns[("custom-model-deployment", name)] = answer["customModelDeploymentArn"]
             case ("ecs", "DescribeTaskDefinition") if "taskDefinition" in answer:
                 self.arns[("task-definition", params["taskDefinition"])] = answer["taskDefinition"][
                     "taskDefinitionArn"
@@ -297,6 +304,12 @@ class Authorization:
                 if op in ("DeletePodIdentityAssociation", "DescribePodIdentityAssociation"):
                     return [_arn("eks", f"podidentityassociation/{cluster}/{p['associationId']}")]
                 return [_arn("eks", f"cluster/{cluster}")]
+            case "sagemaker" if "ModelPackageGroupName" in p:
+                group = _arn("sagemaker", f"model-package-group/{p['ModelPackageGroupName']}")
+                made = (call.response or {}).get("ModelPackageArn")
+                return [group, *([made] if made else [])]
+            case "bedrock":
+                return [self._bedrock_arn(p, op)]
             case "sagemaker":
                 name = p["ClusterName"]
                 return [
@@ -308,6 +321,23 @@ class Authorization:
             case "ecr":
                 return [_arn("ecr", f"repository/{p['repositoryName']}")]
         raise AssertionError(f"{call}: no resource mapping for {call.service}; add one to _arns")
+
+    def _bedrock_arn(self, p: dict[str, Any], op: str) -> str:
+        """A custom model or deployment, named by ARN or by name (the ARN a call made or read
+        it with; for one never seen, an ARN of that name in its form)."""
+        if op == "CreateCustomModelDeployment":
+            return p["modelArn"]
+        kind, key = (
+            ("custom-model", "modelIdentifier")
+            if "modelIdentifier" in p
+            else ("custom-model-deployment", "customModelDeploymentIdentifier")
+        )
+        identifier = p[key]
+        if identifier.startswith("arn:"):
+            return identifier
+        return self.directory.arns.get((kind, identifier)) or _arn(
+            "bedrock", f"{kind}/{identifier}"
+        )
 
     # --- what else the call needs ---
 
@@ -354,6 +384,11 @@ class Authorization:
                     yield self._pass_role(who, role, "ecs-tasks.amazonaws.com", why)
             case "ecs", "CreateService":
                 yield from self._task_start(call)
+            case "bedrock", "CreateCustomModel" if "roleArn" in p:
+                # Bedrock API reference, CreateCustomModel `roleArn`: the role Bedrock assumes to
+                # read the checkpoint, which the caller passes (IAM User Guide, "Grant a user
+                # permissions to pass a role to an AWS service").
+                yield self._pass_role(who, p["roleArn"], "bedrock.amazonaws.com", why)
             case "eks", "CreatePodIdentityAssociation":
                 # EKS User Guide, Pod Identity: the caller passes the role to pods.eks.
                 yield self._pass_role(who, p["roleArn"], "pods.eks.amazonaws.com", why)

@@ -101,6 +101,7 @@ class Scenarios:
     def use_the_cli(self, tmp: Path) -> None:
         """The operator's commands, after the runs: each reads or changes the deployment."""
         world, run_id = self.world, self.runs["succeeds"].run_id
+        nova = self.runs["nova succeeds"].run_id
         config = tmp / "mine.yaml"
         config.write_text(
             yaml.safe_dump(load_training_config("rft_multiturn_lora").model_dump(mode="json"))
@@ -116,6 +117,8 @@ class Scenarios:
             "logs workers": ("logs", run_id, "--plane", "workers"),
             "logs trainer": ("logs", run_id, "--plane", "trainer"),
             "teardown": ("teardown", run_id),
+            "deploy": ("deploy", nova, "--to", "bedrock"),
+            "deploy --delete": ("deploy", nova, "--delete"),
         }
         for name, command in commands.items():
             self.cli[name] = run_cli(world, self.monkeypatch, *command)

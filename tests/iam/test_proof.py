@@ -143,6 +143,8 @@ NOT_NEEDED = {
     "at once; mtrl names each of its stacks.",
     ("servicequotas:ListServiceQuotas", "*"): "For the quotas of those services (Auto Scaling, "
     "DynamoDB, ...); mtrl doctor lists SageMaker's only.",
+    ("sagemaker:CreateModelPackage", "sagemaker:AddTags"): "For tags on the model package; "
+    "mtrl deploy sends none (the run is in its metadata).",
 }
 
 
@@ -185,8 +187,18 @@ def test_the_operator_runs_every_mtrl_command_on_the_operator_policy(
     assert {name for name, (code, _) in results.items() if code != 0} == {"doctor"}, results
     assert "FAIL │ worker image" in results["doctor"][1].replace("  ", " ")
     assert "torn down" in results["teardown"][1] and "$394/h" in results["cost"][1]
+    # The Nova run's model: registered, imported from its checkpoint, deployed, then deleted.
+    assert "deployed on Bedrock: invoke arn:aws:bedrock:" in results["deploy"][1]
+    assert results["deploy --delete"][1].startswith("deleted: arn:aws:bedrock:")
+    nova = scenarios.runs["nova succeeds"]
+    (checkpoint,) = nova.summary["checkpoints"]
+    assert scenarios.world.bedrock.operations("CreateCustomModel")[0]["modelSourceConfig"] == {
+        "s3DataSource": {"s3Uri": checkpoint["uri"]}
+    }
     operator_actions = {n.request.action for n in report.needs if n.principal == OPERATOR}
     assert {
         "cloudformation:DescribeStacks", "s3:PutObject", "dynamodb:Scan", "states:GetExecutionHistory",
         "logs:FilterLogEvents", "lambda:InvokeFunction", "sagemaker:DescribeCluster",
+        "sagemaker:CreateModelPackage", "bedrock:CreateCustomModel", "iam:PassRole",
+        "bedrock:CreateCustomModelDeployment", "bedrock:DeleteCustomModel",
     } <= operator_actions  # fmt: skip

@@ -61,7 +61,13 @@ from tests.iam.deployment import Deployment
 from tests.iam.recorder import SECRET, Recorder
 from tests.kubernetes.fake_api import FakeKubernetes
 from tests.launcher.fake_cli import PODS, PYTORCH_JOBS, FakeLauncherProcesses
-from tests.service_fakes import FakeEks, FakeSageMaker, FakeServiceQuotas, every_client
+from tests.service_fakes import (
+    FakeBedrock,
+    FakeEks,
+    FakeSageMaker,
+    FakeServiceQuotas,
+    every_client,
+)
 
 HARNESS_KEYS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
 CLIENTS = ("iam", "dynamodb", "sns", "lambda", "stepfunctions", "s3", "sqs", "cloudwatch", "ecs")
@@ -78,6 +84,7 @@ class World:
     kubernetes: FakeKubernetes
     sagemaker: FakeSageMaker
     eks: FakeEks
+    bedrock: FakeBedrock  # custom models and deployments `mtrl deploy` makes
     directory: Directory
     inbox: str
     launcher: FakeLauncherProcesses  # the HyperPod CLI and helm the launcher function runs
@@ -299,10 +306,19 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
                 defaults={TOTAL_INSTANCES: 30}, **{"ml.p5.48xlarge for cluster usage": 4}
             ).installed()
         )
+        bedrock = stack.enter_context(FakeBedrock(polls=0).installed())
         harness = boto3.Session(
             aws_access_key_id="test", aws_secret_access_key="test", region_name=REGION
         )
         clients = {name: harness.client(name) for name in CLIENTS}
+        # The stack's model registry group (moto's SageMaker holds it).
+        (group,) = [
+            output["Value"]
+            for template in deployment.templates.values()
+            for key, output in template.get("Outputs", {}).items()
+            if key == "ModelPackageGroupName"
+        ]
+        harness.client("sagemaker").create_model_package_group(ModelPackageGroupName=group)
         launcher = _launcher_processes(
             stack.enter_context(tempfile.TemporaryDirectory()), kubernetes
         )
@@ -338,6 +354,7 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
             kubernetes=kubernetes,
             sagemaker=sagemaker,
             eks=eks,
+            bedrock=bedrock,
             directory=_directory(deployment),
             inbox=inbox,
             launcher=launcher.processes,

@@ -1,0 +1,229 @@
+"""`mtrl deploy RUN --to bedrock`: a trained Nova model's way out.
+
+1. Register it in the deployment's SageMaker Model Registry group (`<prefix>-models`): the run's
+   held-out evaluation (`runs/<run_id>/evaluation.json`) as its model-quality statistics, the
+   run's execution as what generated it, the run, checkpoint and headline as metadata. One
+   version per run (the request's ClientToken is the run's).
+2. Import the checkpoint into Amazon Bedrock as a custom model (`CreateCustomModel` from its S3
+   URI, with the deployment's import role), and wait until it is Active.
+3. Deploy it on demand (`CreateCustomModelDeployment`), wait until it is Active; its ARN is what
+   to invoke.
+
+The same calls and arguments the Nova Forge SDK makes (amzn-nova-forge 1.4.10,
+deployer/forge_deployer.py `create_custom_model`, `deploy_to_bedrock` on demand). Each step
+finds what an earlier try made (by name) and goes on from there. `delete_from_bedrock` removes
+the deployment and the custom model; the registry keeps its record.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, object_exists, run_output_prefix
+from domain.evaluation import EvaluationReport
+from domain.nova_job import is_nova
+from mtrl.ops.deployment import Deployment
+
+NAME_LIMIT = 63  # Bedrock's model and deployment names: ([0-9a-zA-Z][_-]?){1,63}
+WAIT_SECONDS = 3 * 3600  # a Nova import takes tens of minutes; a deployment, minutes
+POLL_SECONDS = 30.0
+
+
+class DeployRefused(ValueError):
+    """The run cannot be deployed (yet); the message says why and what to do."""
+
+
+class DeployFailed(RuntimeError):
+    """Bedrock answered that the import or the deployment failed, or it took too long."""
+
+
+@dataclass(frozen=True)
+class Released:
+    model_package_arn: str
+    model_arn: str
+    deployment_arn: str
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """How to wait for Bedrock: the clock and the pause are injectable, the wait bounded."""
+
+    clock: Callable[[], float] = time.monotonic
+    pause: Callable[[float], None] = time.sleep
+    limit_seconds: float = WAIT_SECONDS
+    poll_seconds: float = POLL_SECONDS
+
+
+def bedrock_name(prefix: str, run_id: str) -> str:
+    """The name of a run's custom model and its deployment: `<prefix>-<run_id>`, in Bedrock's
+    alphabet (no run of separators), at most 63 characters."""
+    name = re.sub(r"[^0-9A-Za-z]+", "-", f"{prefix}-{run_id}")[:NAME_LIMIT]
+    return name.strip("-")
+
+
+def released_checkpoint(s3: Any, deployment: Deployment, run_id: str) -> tuple[dict, str]:
+    """The run's summary and the checkpoint to release (its best): refused when the run has not
+    succeeded, did not train a Nova model, or has no checkpoint worth releasing."""
+    bucket, key = deployment.data_bucket, f"{run_output_prefix(run_id)}{SUMMARY_OBJECT}"
+    if not object_exists(s3, bucket=bucket, key=key):
+        raise DeployRefused(
+            f"run {run_id} has no results (no s3://{bucket}/{key}): only a run that succeeded can "
+            "be deployed (`mtrl runs`)"
+        )
+    summary = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    model = summary["config"]["model"]
+    if not is_nova(model):
+        raise DeployRefused(
+            f"run {run_id} trained {model}, not a Nova model: Bedrock imports Nova checkpoints; "
+            "an open-weights model is served from its checkpoint once its trainer image exists"
+        )
+    best = summary.get("best_checkpoint") or {}
+    if not best.get("uri"):
+        why = best.get("why") or "the run recorded no checkpoint with a location"
+        raise DeployRefused(f"run {run_id}: nothing to deploy: {why}")
+    return summary, best["uri"]
+
+
+def register(
+    sagemaker: Any, s3: Any, deployment: Deployment, run_id: str, summary: dict, checkpoint: str
+) -> str:
+    """The run's model package in the deployment's group (one per run)."""
+    bucket, prefix = deployment.data_bucket, run_output_prefix(run_id)
+    evaluation_key = f"{prefix}{EVALUATION_OBJECT}"
+    metadata = {"mtrl:run_id": run_id, "mtrl:checkpoint": checkpoint[:256]}
+    request: dict[str, Any] = {
+        "ModelPackageGroupName": deployment.output("ModelPackageGroupName"),
+        "ModelPackageDescription": f"nova-mtrl run {run_id} ({summary['config']['name']})",
+        "ModelApprovalStatus": "PendingManualApproval",
+        "MetadataProperties": {"GeneratedBy": deployment.execution_arn(run_id)},
+        "ClientToken": run_id,
+    }
+    if object_exists(s3, bucket=bucket, key=evaluation_key):
+        body = s3.get_object(Bucket=bucket, Key=evaluation_key)["Body"].read()
+        headline = EvaluationReport.model_validate_json(body).headline()
+        if headline:
+            metadata["mtrl:evaluation"] = headline[:256]
+        request["ModelMetrics"] = {
+            "ModelQuality": {
+                "Statistics": {
+                    "ContentType": "application/json",
+                    "S3Uri": f"s3://{bucket}/{evaluation_key}",
+                }
+            }
+        }
+    request["CustomerMetadataProperties"] = metadata
+    return sagemaker.create_model_package(**request)["ModelPackageArn"]
+
+
+def _find(call: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    try:
+        return call()
+    except ClientError as error:
+        if error.response["Error"]["Code"] == "ResourceNotFoundException":
+            return None
+        raise
+
+
+def _wait(
+    describe: Callable[[], dict[str, Any]],
+    status_of: Callable[[dict[str, Any]], str],
+    what: str,
+    waiting: Waiting,
+    on_progress: Callable[[str], None],
+) -> dict[str, Any]:
+    started = waiting.clock()
+    while True:
+        answer = describe()
+        status = status_of(answer)
+        on_progress(f"{what}: {status} ({waiting.clock() - started:.0f} s)")
+        if status == "Active":
+            return answer
+        if status == "Failed":
+            raise DeployFailed(
+                f"{what} failed: {answer.get('failureMessage') or 'no reason given'}"
+            )
+        if waiting.clock() - started >= waiting.limit_seconds:
+            raise DeployFailed(
+                f"{what} still {status} after {waiting.limit_seconds:.0f} s: run `mtrl deploy` "
+                "again to go on waiting"
+            )
+        waiting.pause(waiting.poll_seconds)
+
+
+def deploy_to_bedrock(
+    clients: dict[str, Any],
+    deployment: Deployment,
+    run_id: str,
+    *,
+    waiting: Waiting = Waiting(),
+    on_progress: Callable[[str], None] = lambda line: None,
+) -> Released:
+    """`clients`: boto3 clients of s3, sagemaker, bedrock."""
+    s3, bedrock = clients["s3"], clients["bedrock"]
+    summary, checkpoint = released_checkpoint(s3, deployment, run_id)
+    package = register(clients["sagemaker"], s3, deployment, run_id, summary, checkpoint)
+    on_progress(f"registered: {package}")
+    name = bedrock_name(deployment.prefix, run_id)
+    tags = [
+        {"key": "mtrl-run", "value": run_id},
+        {"key": "mtrl-deployment", "value": deployment.prefix},
+    ]
+    model = _find(lambda: bedrock.get_custom_model(modelIdentifier=name))
+    if model is None or model.get("modelStatus") == "Failed":
+        if model is not None:  # a failed import of an earlier try: its name is taken
+            bedrock.delete_custom_model(modelIdentifier=model["modelArn"])
+        bedrock.create_custom_model(
+            modelName=name,
+            modelSourceConfig={"s3DataSource": {"s3Uri": checkpoint}},
+            roleArn=deployment.output("BedrockImportRoleArn"),
+            modelTags=tags,
+        )
+    model = _wait(
+        lambda: bedrock.get_custom_model(modelIdentifier=name),
+        lambda answer: answer.get("modelStatus", "Creating"),
+        f"custom model {name}",
+        waiting,
+        on_progress,
+    )
+    if (
+        _find(lambda: bedrock.get_custom_model_deployment(customModelDeploymentIdentifier=name))
+        is None
+    ):
+        bedrock.create_custom_model_deployment(
+            modelDeploymentName=name,
+            modelArn=model["modelArn"],
+            description=f"nova-mtrl run {run_id}",
+            tags=tags,
+        )
+    deployed = _wait(
+        lambda: bedrock.get_custom_model_deployment(customModelDeploymentIdentifier=name),
+        lambda answer: answer["status"],
+        f"deployment {name}",
+        waiting,
+        on_progress,
+    )
+    return Released(package, model["modelArn"], deployed["customModelDeploymentArn"])
+
+
+def delete_from_bedrock(bedrock: Any, deployment: Deployment, run_id: str) -> list[str]:
+    """Delete the run's deployment, then its custom model; what was deleted (none: nothing
+    was there). The registry keeps the model's record."""
+    name, deleted = bedrock_name(deployment.prefix, run_id), []
+    found = _find(lambda: bedrock.get_custom_model_deployment(customModelDeploymentIdentifier=name))
+    if found is not None:
+        bedrock.delete_custom_model_deployment(
+            customModelDeploymentIdentifier=found["customModelDeploymentArn"]
+        )
+        deleted.append(found["customModelDeploymentArn"])
+    model = _find(lambda: bedrock.get_custom_model(modelIdentifier=name))
+    if model is not None:
+        bedrock.delete_custom_model(modelIdentifier=model["modelArn"])
+        deleted.append(model["modelArn"])
+    return deleted

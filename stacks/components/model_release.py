@@ -1,0 +1,109 @@
+"""Where trained models go out (`mtrl deploy`): the deployment's SageMaker Model Registry group,
+where each released model is registered with its evaluation and the run it came from, and the
+role Amazon Bedrock assumes to import a Nova checkpoint as a custom model.
+
+The import role reads what the Nova Forge SDK's own Bedrock execution role reads: Nova's
+checkpoints in AWS's escrow buckets of the account, `customer-escrow-<account>…` (amzn-nova-forge
+1.4.10, iam/iam_role_creator.py `create_bedrock_execution_role` and iam/bedrock_policies.json).
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Stack
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_sagemaker as sagemaker
+from constructs import Construct
+
+from stacks.components.nag import acknowledge_resource
+from stacks.components.needs import Need
+from stacks.config import PlatformConfig
+
+BEDROCK = "bedrock.amazonaws.com"
+
+
+class ModelRelease(Construct):
+    provides = frozenset({Need.MODELS_RELEASE})
+
+    def __init__(self, scope: Construct, construct_id: str, *, config: PlatformConfig) -> None:
+        super().__init__(scope, construct_id)
+        stack = Stack.of(self)
+        self.group_name = f"{config.name_prefix}-models"
+        self.group = sagemaker.CfnModelPackageGroup(
+            self,
+            "Models",
+            model_package_group_name=self.group_name,
+            model_package_group_description="Models trained by nova-mtrl runs (mtrl deploy)",
+        )
+        self.group_arn = stack.format_arn(
+            service="sagemaker", resource="model-package-group", resource_name=self.group_name
+        )
+        self.import_role = iam.Role(
+            self,
+            "BedrockImport",
+            assumed_by=iam.ServicePrincipal(BEDROCK).with_conditions(
+                {"StringEquals": {"aws:SourceAccount": stack.account}}
+            ),
+            description="Amazon Bedrock imports a Nova checkpoint a run trained (mtrl deploy)",
+        )
+        escrow = f"arn:aws:s3:::customer-escrow-{stack.account}*"
+        self.import_role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject", "s3:ListBucket"], resources=[escrow, f"{escrow}/*"]
+            )
+        )
+        for resource in (escrow, f"{escrow}/*"):
+            acknowledge_resource(
+                self.import_role, "AwsSolutions-IAM5", resource,
+                "AWS names a Nova job's escrow bucket per job; only the account's escrow buckets.",
+            )  # fmt: skip
+
+    def grant(self, need: Need, role: iam.IRole) -> None:
+        """The operator: register in the group, pass the import role to Bedrock, create, watch
+        and delete the custom models and deployments (their ids are Bedrock's: by wildcard)."""
+        stack = Stack.of(self)
+        models = stack.format_arn(service="bedrock", resource="custom-model", resource_name="*")
+        deployments = stack.format_arn(
+            service="bedrock", resource="custom-model-deployment", resource_name="*"
+        )
+        packages = stack.format_arn(
+            service="sagemaker", resource="model-package", resource_name=f"{self.group_name}/*"
+        )
+        statements = [
+            iam.PolicyStatement(
+                actions=["sagemaker:CreateModelPackage"],
+                resources=[self.group_arn, packages],
+            ),
+            iam.PolicyStatement(
+                actions=["iam:PassRole"],
+                resources=[self.import_role.role_arn],
+                conditions={"StringEquals": {"iam:PassedToService": BEDROCK}},
+            ),
+            # CreateCustomModel has no resource type (Service Authorization Reference).
+            iam.PolicyStatement(actions=["bedrock:CreateCustomModel"], resources=["*"]),
+            iam.PolicyStatement(
+                actions=[
+                    "bedrock:GetCustomModel",
+                    "bedrock:DeleteCustomModel",
+                    "bedrock:CreateCustomModelDeployment",
+                ],
+                resources=[models],
+            ),
+            # (CreateCustomModelDeployment is authorized on the model, above.)
+            iam.PolicyStatement(
+                actions=[
+                    "bedrock:GetCustomModelDeployment",
+                    "bedrock:DeleteCustomModelDeployment",
+                ],
+                resources=[deployments],
+            ),
+        ]
+        for statement in statements:
+            role.add_to_principal_policy(statement)
+        reasons = {
+            models: "Bedrock gives a custom model an id of its own; only this account's models.",
+            deployments: "Bedrock gives a deployment an id of its own; only this account's.",
+            packages: "Model package versions are numbered by SageMaker; only this group's.",
+            "*": "bedrock:CreateCustomModel has no resource type to name (SAR).",
+        }
+        for resource, reason in reasons.items():
+            acknowledge_resource(role, "AwsSolutions-IAM5", resource, reason)

@@ -1,0 +1,174 @@
+"""`mtrl deploy RUN --to bedrock`: a run's trained Nova model registered in the deployment's
+model registry, imported as a Bedrock custom model and deployed on demand — against moto's S3
+and SageMaker and a Bedrock fake whose requests and answers botocore checks against Bedrock's
+model (tests/service_fakes.py); the calls as the Nova Forge SDK makes them (amzn-nova-forge
+1.4.10, deployer/forge_deployer.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from typer.testing import CliRunner
+
+from mtrl.cli import app
+from mtrl.ops.deploy import (
+    DeployFailed,
+    DeployRefused,
+    Waiting,
+    bedrock_name,
+    delete_from_bedrock,
+    deploy_to_bedrock,
+)
+from mtrl.ops.deployment import Deployment
+from tests.service_fakes import ACCOUNT, FakeBedrock
+
+BUCKET, RUN = "nova-mtrl-data", "wordle-0a1b2c3d4e"
+CHECKPOINT = f"s3://customer-escrow-{ACCOUNT}-abc/job-abcde/step_10"
+ROLE = f"arn:aws:iam::{ACCOUNT}:role/nova-mtrl-bedrock-import"
+DEPLOYMENT = Deployment(
+    prefix="nova-mtrl", region="us-east-1", account=ACCOUNT,
+    outputs={
+        "DataBucketName": BUCKET, "ModelPackageGroupName": "nova-mtrl-models",
+        "BedrockImportRoleArn": ROLE,
+        "StateMachineArn": f"arn:aws:states:us-east-1:{ACCOUNT}:stateMachine:nova-mtrl-pipeline",
+    },
+)  # fmt: skip
+EVALUATION = {
+    "baseline": None, "final": None, "skipped": {},
+    "delta": {"pass_at_1": {"baseline": 0.31, "final": 0.58, "delta": 0.27, "ci_low": 0.12,
+                            "ci_high": 0.41}},
+}  # fmt: skip
+
+
+def _summary(model: str = "nova-lite-2", best: dict | None = None) -> dict[str, Any]:
+    best = best if best is not None else {"name": "job-abcde", "uri": CHECKPOINT, "why": "last"}
+    return {
+        "run_id": RUN,
+        "config": {"name": "wordle-lora", "model": model},
+        "best_checkpoint": best,
+    }
+
+
+@pytest.fixture
+def world(aws: None) -> Iterator[dict[str, Any]]:
+    s3, sagemaker = boto3.client("s3"), boto3.client("sagemaker")
+    s3.create_bucket(Bucket=BUCKET)
+    sagemaker.create_model_package_group(ModelPackageGroupName="nova-mtrl-models")
+    s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/summary.json", Body=json.dumps(_summary()))
+    s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/evaluation.json", Body=json.dumps(EVALUATION))
+    bedrock = FakeBedrock()
+    with bedrock.installed():
+        yield {"s3": s3, "sagemaker": sagemaker, "bedrock": bedrock,
+               "clients": {"s3": s3, "sagemaker": sagemaker, "bedrock": boto3.client("bedrock")}}  # fmt: skip
+
+
+def _waiting() -> tuple[Waiting, list[float]]:
+    """A clock that moves by each pause (of 30 s), and the pauses taken."""
+    pauses: list[float] = []
+    return Waiting(clock=lambda: 30.0 * len(pauses), pause=pauses.append), pauses
+
+
+def test_a_run_is_registered_imported_and_deployed_on_demand(world: dict) -> None:
+    waiting, pauses = _waiting()
+    lines: list[str] = []
+    released = deploy_to_bedrock(world["clients"], DEPLOYMENT, RUN, waiting=waiting,
+                                 on_progress=lines.append)  # fmt: skip
+    bedrock, name = world["bedrock"], bedrock_name("nova-mtrl", RUN)
+    assert name == "nova-mtrl-wordle-0a1b2c3d4e"
+    (created,) = bedrock.operations("CreateCustomModel")
+    assert created == {
+        "modelName": name,
+        "modelSourceConfig": {"s3DataSource": {"s3Uri": CHECKPOINT}},
+        "roleArn": ROLE,
+        "modelTags": [{"key": "mtrl-run", "value": RUN},
+                      {"key": "mtrl-deployment", "value": "nova-mtrl"}],
+    }  # fmt: skip
+    (deployed,) = bedrock.operations("CreateCustomModelDeployment")
+    assert (deployed["modelDeploymentName"], deployed["modelArn"]) == (name, released.model_arn)
+    assert released.deployment_arn == bedrock.deployments[name]["arn"]
+    # Each waited through two Creating answers, a pause after each.
+    assert pauses == [30.0] * 4
+    assert lines[1:4] == [
+        f"custom model {name}: Creating (0 s)", f"custom model {name}: Creating (30 s)",
+        f"custom model {name}: Active (60 s)",
+    ]  # fmt: skip
+    # Registered with its evaluation as model quality and the run as what generated it.
+    package = world["sagemaker"].describe_model_package(ModelPackageName=released.model_package_arn)
+    assert package["ModelPackageGroupName"] == "nova-mtrl-models"
+    assert package["ModelMetrics"]["ModelQuality"]["Statistics"]["S3Uri"] == (
+        f"s3://{BUCKET}/runs/{RUN}/evaluation.json"
+    )
+    assert package["MetadataProperties"]["GeneratedBy"] == DEPLOYMENT.execution_arn(RUN)
+    assert package["CustomerMetadataProperties"]["mtrl:checkpoint"] == CHECKPOINT
+    assert package["CustomerMetadataProperties"]["mtrl:evaluation"].startswith("pass@1 0.31 → 0.58")
+
+
+def test_deploying_again_goes_on_from_what_is_there(world: dict) -> None:
+    deploy_to_bedrock(world["clients"], DEPLOYMENT, RUN, waiting=_waiting()[0])
+    again = deploy_to_bedrock(world["clients"], DEPLOYMENT, RUN, waiting=_waiting()[0])
+    bedrock = world["bedrock"]
+    assert len(bedrock.operations("CreateCustomModel")) == 1
+    assert len(bedrock.operations("CreateCustomModelDeployment")) == 1
+    assert again.deployment_arn == next(iter(bedrock.deployments.values()))["arn"]
+
+
+def test_a_failed_import_says_why_and_the_next_try_starts_it_again(world: dict) -> None:
+    world["bedrock"].import_fails = True
+    with pytest.raises(DeployFailed, match="custom model .* failed: the checkpoint could not be"):
+        deploy_to_bedrock(world["clients"], DEPLOYMENT, RUN, waiting=_waiting()[0])
+    world["bedrock"].import_fails = False
+    deploy_to_bedrock(world["clients"], DEPLOYMENT, RUN, waiting=_waiting()[0])
+    bedrock = world["bedrock"]
+    assert len(bedrock.operations("DeleteCustomModel")) == 1
+    assert len(bedrock.operations("CreateCustomModel")) == 2
+
+
+def test_waiting_is_bounded_and_says_how_to_go_on(world: dict) -> None:
+    world["bedrock"].polls = 1000
+    waiting, pauses = _waiting()
+    bounded = Waiting(clock=waiting.clock, pause=waiting.pause, limit_seconds=90)
+    with pytest.raises(DeployFailed, match=r"still Creating after 90 s: run `mtrl deploy` again"):
+        deploy_to_bedrock(world["clients"], DEPLOYMENT, RUN, waiting=bounded)
+    assert len(pauses) == 3
+
+
+@pytest.mark.parametrize(
+    ("summary", "expected"),
+    [
+        (None, rf"run {RUN} has no results \(no s3://{BUCKET}/runs/{RUN}/summary.json\)"),
+        (_summary(model="qwen3-8b"), "trained qwen3-8b, not a Nova model"),
+        (_summary(best={"name": None, "uri": None, "why": "the starting model did better"}),
+         "nothing to deploy: the starting model did better"),
+    ],
+)  # fmt: skip
+def test_a_run_without_a_nova_checkpoint_worth_deploying_is_refused(
+    world: dict, summary: dict | None, expected: str
+) -> None:
+    key = f"runs/{RUN}/summary.json"
+    if summary is None:
+        world["s3"].delete_object(Bucket=BUCKET, Key=key)
+    else:
+        world["s3"].put_object(Bucket=BUCKET, Key=key, Body=json.dumps(summary))
+    with pytest.raises(DeployRefused, match=expected):
+        deploy_to_bedrock(world["clients"], DEPLOYMENT, RUN, waiting=_waiting()[0])
+    assert world["bedrock"].requests == []
+
+
+def test_delete_removes_the_deployment_then_the_model(world: dict) -> None:
+    released = deploy_to_bedrock(world["clients"], DEPLOYMENT, RUN, waiting=_waiting()[0])
+    bedrock = world["clients"]["bedrock"]
+    assert delete_from_bedrock(bedrock, DEPLOYMENT, RUN) == [
+        released.deployment_arn, released.model_arn,
+    ]  # fmt: skip
+    assert world["bedrock"].models == {} and world["bedrock"].deployments == {}
+    assert delete_from_bedrock(bedrock, DEPLOYMENT, RUN) == []
+
+
+def test_the_cli_refuses_a_target_it_cannot_serve_yet() -> None:
+    result = CliRunner().invoke(app, ["deploy", RUN, "--to", "sagemaker", "--region", "us-east-1"])
+    assert result.exit_code == 2
+    assert "--to sagemaker: only bedrock (a Nova model) for now" in result.output
