@@ -74,6 +74,19 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/pipeline/test_reward_curve.py",
         "tests/pipeline/test_nova_training.py",
     ),
+    # Did it learn: which records are held out, pass@k, the change and its interval.
+    "domain/evaluation.py": (
+        "tests/domain/test_evaluation.py",
+        "tests/pipeline/test_compute.py",
+        "tests/local/test_held_out.py",
+    ),
+    # Where a run starts from, and which checkpoint is released.
+    "lambdas/pipeline/checkpoints.py": (
+        "tests/pipeline/test_register_notify.py",
+        "tests/pipeline/test_compute.py",
+    ),
+    # What is imported into Bedrock and deployed (a paid endpoint).
+    "mtrl/ops/deploy.py": ("tests/mtrl/test_deploy.py",),
     "lambdas/router/proxy.py": ("tests/router/test_proxy.py", "tests/router/test_nova_contract.py"),
     # Run isolation of a Nova trainer's rollout requests, and the alias teardown removes.
     "lambdas/router/rollout_forwarder.py": ("tests/router/test_rollout_forwarder.py",),

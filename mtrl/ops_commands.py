@@ -386,14 +386,14 @@ def deploy_command(
     region: Region = None,
     as_json: AsJson = False,
 ) -> None:
-    """Register a run's trained model and deploy it: Bedrock custom model, on-demand deployment."""
+    """Deploy a run's registered model: Bedrock custom model, on-demand deployment."""
     if to != "bedrock":
         raise fail(
             f"--to {to}: only bedrock (a Nova model) for now; serving an open-weights model "
             "from SageMaker comes with its trainer image"
         )
     session, deployment = _deployment(prefix, profile, region)
-    clients = {name: session.client(name) for name in ("s3", "sagemaker", "bedrock")}
+    clients = {name: session.client(name) for name in ("s3", "bedrock")}
 
     def work() -> tuple[dict[str, Any], str]:
         if delete:

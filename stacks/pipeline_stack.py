@@ -47,10 +47,12 @@ class PipelineStack(PlatformStack):
         code = pipeline_code()
         data_bucket = s3.Bucket.from_bucket_name(self, "DataBucket", data_bucket_name(config))
         self.router = Router(self, "Router", config=config, code=code, data_key=storage.data_key)
+        self.model_release = ModelRelease(self, "ModelRelease", config=config)
         self.pipeline = TrainingPipeline(
             self,
             "Pipeline",
             config=config,
+            model_package_group=self.model_release.group_name,
             code=code,
             data_bucket=data_bucket,
             data_key=storage.data_key,
@@ -120,7 +122,6 @@ class PipelineStack(PlatformStack):
             roles["nova_job"] = iam.Role.from_role_arn(
                 self, "NovaJobRole", hyperpod.restricted_execution_role.role_arn, mutable=True
             )
-        self.model_release = ModelRelease(self, "ModelRelease", config=config)
         grant_needs(
             roles,
             [

@@ -26,6 +26,7 @@ from domain.runs import RunStore
 from lambdas.pipeline import policies
 from lambdas.pipeline.checkpoints import best_checkpoint, recorded_checkpoints
 from lambdas.pipeline.dependencies import Compute, Dependencies
+from lambdas.pipeline.model_registry import register_model
 from lambdas.router.conversations import ConversationStore
 
 
@@ -162,10 +163,11 @@ class ComputeSteps:
         return submitted.model_copy(update=update).model_dump(mode="json")
 
     def collect(self, event: dict[str, Any]) -> dict[str, Any]:
-        """Write `runs/<run_id>/evaluation.json` (both evaluations and the change) and
-        `summary.json` (config, job, evaluation, outputs found, checkpoints) next to the
-        outputs."""
-        state = RunState.model_validate(event)
+        """`event`: {"state", "execution_arn"}. Write `runs/<run_id>/evaluation.json` (both
+        evaluations and the change), register the best checkpoint in the deployment's model
+        registry, and write `summary.json` (config, job, evaluation, outputs found, checkpoints,
+        the model package) next to the outputs."""
+        state = RunState.model_validate(event["state"])
         s3, run = self.clients("s3"), state.registered
         prefix = run_output_prefix(run.run_id)
         evaluation = evaluation_report(s3, self._context(state), state)
@@ -178,6 +180,20 @@ class ComputeSteps:
         listed = s3.list_objects_v2(Bucket=state.bucket, Prefix=prefix).get("Contents", [])
         outputs = sorted(item["Key"].removeprefix(prefix) for item in listed)
         found = recorded_checkpoints(s3, bucket=state.bucket, prefix=prefix, outputs=outputs)
+        best = best_checkpoint(found, evaluation)
+        group = self.settings.model_package_group
+        package = None
+        if group and best and best["uri"]:
+            package = register_model(
+                self.clients("sagemaker"),
+                group=group,
+                run_id=run.run_id,
+                config_name=run.config.name,
+                checkpoint=best["uri"],
+                evaluation=evaluation,
+                evaluation_uri=f"s3://{state.bucket}/{prefix}{EVALUATION_OBJECT}",
+                generated_by=event["execution_arn"],
+            )
         summary = {
             "run_id": run.run_id,
             "dataset": f"s3://{state.bucket}/{state.key}",
@@ -186,7 +202,8 @@ class ComputeSteps:
             "evaluation": evaluation.model_dump(mode="json"),
             "outputs": outputs,
             "checkpoints": [c.model_dump() for c in found],
-            "best_checkpoint": best_checkpoint(found, evaluation),
+            "best_checkpoint": best,
+            "model_package": package,
         }
         s3.put_object(
             Bucket=state.bucket,

@@ -26,6 +26,8 @@ class PipelineSettings(EnvironmentSettings):
     alert_topic_arn: str | None = Field(default=None, alias="ALERT_TOPIC_ARN")
     router_url: str | None = Field(default=None, alias="ROUTER_URL")
     poll_seconds: int = Field(default=60, ge=0, alias="POLL_SECONDS")
+    # The model registry group Collect registers each trained model in (unset: none).
+    model_package_group: str | None = Field(default=None, alias="MODEL_PACKAGE_GROUP")
     # What the training cluster offers (its presets and GPU type), to refuse a config it cannot
     # run before any resource exists; unset, registration does not check. The stack sets them
     # from the same values as the cluster's own settings (hyperpod_training.HyperPodSettings).

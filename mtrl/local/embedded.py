@@ -266,6 +266,10 @@ def deploy_pipeline(
         create_table_as_declared(clients["dynamodb"], names[logical_id]["Ref"], table["Properties"])
     for logical_id in of_type("AWS::SNS::Topic"):
         clients["sns"].create_topic(Name=names[logical_id]["TopicName"])
+    for group in of_type("AWS::SageMaker::ModelPackageGroup").values():
+        clients["sagemaker"].create_model_package_group(
+            ModelPackageGroupName=resolve(group["Properties"]["ModelPackageGroupName"])
+        )
     functions = of_type("AWS::Lambda::Function")
     machine_id, machine = next(iter(of_type("AWS::StepFunctions::StateMachine").items()))
     environment: dict[str, str] = {}

@@ -37,6 +37,7 @@ NAME_PROPERTY = {
     "AWS::DynamoDB::Table": "TableName",
     "AWS::SNS::Topic": "TopicName",
     "AWS::Events::Rule": "Name",
+    "AWS::SageMaker::ModelPackageGroup": "ModelPackageGroupName",
 }
 
 

@@ -39,7 +39,9 @@ from stacks.components.router import CONSUMER_HANDLER, PROXY_HANDLER
 from training_configs.schema import SHIPPED, TrainingConfig, load_training_config
 
 POLL_SECONDS = "1"
-CLIENTS = ("iam", "dynamodb", "sns", "lambda", "stepfunctions", "s3", "sqs", "cloudwatch")
+CLIENTS = (
+    "iam", "dynamodb", "sns", "lambda", "stepfunctions", "s3", "sqs", "cloudwatch", "sagemaker",
+)  # fmt: skip
 # This process serves every AWS request of a run on one core, and Python's collector stopped it
 # for 9 % of a run (pauses up to 0.6 s) rescanning what lives all run long (moto, botocore's
 # models, the deployment). Those are frozen out of its scans once deployed, and it runs less

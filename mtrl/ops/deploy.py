@@ -1,9 +1,7 @@
 """`mtrl deploy RUN --to bedrock`: a trained Nova model's way out.
 
-1. Register it in the deployment's SageMaker Model Registry group (`<prefix>-models`): the run's
-   held-out evaluation (`runs/<run_id>/evaluation.json`) as its model-quality statistics, the
-   run's execution as what generated it, the run, checkpoint and headline as metadata. One
-   version per run (the request's ClientToken is the run's).
+1. Find the run's model: Collect registered its best checkpoint in the deployment's SageMaker
+   Model Registry group (lambdas/pipeline/model_registry.py); the summary names both.
 2. Import the checkpoint into Amazon Bedrock as a custom model (`CreateCustomModel` from its S3
    URI, with the deployment's import role), and wait until it is Active.
 3. Deploy it on demand (`CreateCustomModelDeployment`), wait until it is Active; its ARN is what
@@ -26,8 +24,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, object_exists, run_output_prefix
-from domain.evaluation import EvaluationReport
+from domain.bucket import SUMMARY_OBJECT, object_exists, run_output_prefix
 from domain.nova_job import is_nova
 from mtrl.ops.deployment import Deployment
 
@@ -68,9 +65,15 @@ def bedrock_name(prefix: str, run_id: str) -> str:
     return name.strip("-")
 
 
-def released_checkpoint(s3: Any, deployment: Deployment, run_id: str) -> tuple[dict, str]:
-    """The run's summary and the checkpoint to release (its best): refused when the run has not
-    succeeded, did not train a Nova model, or has no checkpoint worth releasing."""
+@dataclass(frozen=True)
+class TrainedModel:
+    checkpoint: str
+    model_package: str
+
+
+def trained_model(s3: Any, deployment: Deployment, run_id: str) -> TrainedModel:
+    """The run's registered best checkpoint: refused when the run has not succeeded, did not
+    train a Nova model, or has no checkpoint worth releasing."""
     bucket, key = deployment.data_bucket, f"{run_output_prefix(run_id)}{SUMMARY_OBJECT}"
     if not object_exists(s3, bucket=bucket, key=key):
         raise DeployRefused(
@@ -88,38 +91,12 @@ def released_checkpoint(s3: Any, deployment: Deployment, run_id: str) -> tuple[d
     if not best.get("uri"):
         why = best.get("why") or "the run recorded no checkpoint with a location"
         raise DeployRefused(f"run {run_id}: nothing to deploy: {why}")
-    return summary, best["uri"]
-
-
-def register(
-    sagemaker: Any, s3: Any, deployment: Deployment, run_id: str, summary: dict, checkpoint: str
-) -> str:
-    """The run's model package in the deployment's group (one per run)."""
-    bucket, prefix = deployment.data_bucket, run_output_prefix(run_id)
-    evaluation_key = f"{prefix}{EVALUATION_OBJECT}"
-    metadata = {"mtrl:run_id": run_id, "mtrl:checkpoint": checkpoint[:256]}
-    request: dict[str, Any] = {
-        "ModelPackageGroupName": deployment.output("ModelPackageGroupName"),
-        "ModelPackageDescription": f"nova-mtrl run {run_id} ({summary['config']['name']})",
-        "ModelApprovalStatus": "PendingManualApproval",
-        "MetadataProperties": {"GeneratedBy": deployment.execution_arn(run_id)},
-        "ClientToken": run_id,
-    }
-    if object_exists(s3, bucket=bucket, key=evaluation_key):
-        body = s3.get_object(Bucket=bucket, Key=evaluation_key)["Body"].read()
-        headline = EvaluationReport.model_validate_json(body).headline()
-        if headline:
-            metadata["mtrl:evaluation"] = headline[:256]
-        request["ModelMetrics"] = {
-            "ModelQuality": {
-                "Statistics": {
-                    "ContentType": "application/json",
-                    "S3Uri": f"s3://{bucket}/{evaluation_key}",
-                }
-            }
-        }
-    request["CustomerMetadataProperties"] = metadata
-    return sagemaker.create_model_package(**request)["ModelPackageArn"]
+    if not summary.get("model_package"):
+        raise DeployRefused(
+            f"run {run_id}: its model is not in the model registry (s3://{bucket}/{key} names "
+            "no model_package); Collect registers every run's model: redeploy the platform"
+        )
+    return TrainedModel(best["uri"], summary["model_package"])
 
 
 def _find(call: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
@@ -165,11 +142,10 @@ def deploy_to_bedrock(
     waiting: Waiting = Waiting(),
     on_progress: Callable[[str], None] = lambda line: None,
 ) -> Released:
-    """`clients`: boto3 clients of s3, sagemaker, bedrock."""
-    s3, bedrock = clients["s3"], clients["bedrock"]
-    summary, checkpoint = released_checkpoint(s3, deployment, run_id)
-    package = register(clients["sagemaker"], s3, deployment, run_id, summary, checkpoint)
-    on_progress(f"registered: {package}")
+    """`clients`: boto3 clients of s3 and bedrock."""
+    bedrock = clients["bedrock"]
+    trained = trained_model(clients["s3"], deployment, run_id)
+    on_progress(f"registered as {trained.model_package}")
     name = bedrock_name(deployment.prefix, run_id)
     tags = [
         {"key": "mtrl-run", "value": run_id},
@@ -181,7 +157,7 @@ def deploy_to_bedrock(
             bedrock.delete_custom_model(modelIdentifier=model["modelArn"])
         bedrock.create_custom_model(
             modelName=name,
-            modelSourceConfig={"s3DataSource": {"s3Uri": checkpoint}},
+            modelSourceConfig={"s3DataSource": {"s3Uri": trained.checkpoint}},
             roleArn=deployment.output("BedrockImportRoleArn"),
             modelTags=tags,
         )
@@ -209,7 +185,7 @@ def deploy_to_bedrock(
         waiting,
         on_progress,
     )
-    return Released(package, model["modelArn"], deployed["customModelDeploymentArn"])
+    return Released(trained.model_package, model["modelArn"], deployed["customModelDeploymentArn"])
 
 
 def delete_from_bedrock(bedrock: Any, deployment: Deployment, run_id: str) -> list[str]:

@@ -22,7 +22,7 @@ BEDROCK = "bedrock.amazonaws.com"
 
 
 class ModelRelease(Construct):
-    provides = frozenset({Need.MODELS_RELEASE})
+    provides = frozenset({Need.MODELS_REGISTER, Need.MODELS_RELEASE})
 
     def __init__(self, scope: Construct, construct_id: str, *, config: PlatformConfig) -> None:
         super().__init__(scope, construct_id)
@@ -58,21 +58,29 @@ class ModelRelease(Construct):
             )  # fmt: skip
 
     def grant(self, need: Need, role: iam.IRole) -> None:
-        """The operator: register in the group, pass the import role to Bedrock, create, watch
-        and delete the custom models and deployments (their ids are Bedrock's: by wildcard)."""
+        """Collect: a model package version in the group. The operator: pass the import role to
+        Bedrock, create, watch and delete the custom models and deployments (their ids are
+        Bedrock's: by wildcard)."""
         stack = Stack.of(self)
+        if need is Need.MODELS_REGISTER:
+            packages = stack.format_arn(
+                service="sagemaker", resource="model-package", resource_name=f"{self.group_name}/*"
+            )
+            role.add_to_principal_policy(
+                iam.PolicyStatement(
+                    actions=["sagemaker:CreateModelPackage"], resources=[self.group_arn, packages]
+                )
+            )
+            acknowledge_resource(
+                role, "AwsSolutions-IAM5", packages,
+                "Model package versions are numbered by SageMaker; only this group's.",
+            )  # fmt: skip
+            return
         models = stack.format_arn(service="bedrock", resource="custom-model", resource_name="*")
         deployments = stack.format_arn(
             service="bedrock", resource="custom-model-deployment", resource_name="*"
         )
-        packages = stack.format_arn(
-            service="sagemaker", resource="model-package", resource_name=f"{self.group_name}/*"
-        )
         statements = [
-            iam.PolicyStatement(
-                actions=["sagemaker:CreateModelPackage"],
-                resources=[self.group_arn, packages],
-            ),
             iam.PolicyStatement(
                 actions=["iam:PassRole"],
                 resources=[self.import_role.role_arn],
@@ -102,7 +110,6 @@ class ModelRelease(Construct):
         reasons = {
             models: "Bedrock gives a custom model an id of its own; only this account's models.",
             deployments: "Bedrock gives a deployment an id of its own; only this account's.",
-            packages: "Model package versions are numbered by SageMaker; only this group's.",
             "*": "bedrock:CreateCustomModel has no resource type to name (SAR).",
         }
         for resource, reason in reasons.items():

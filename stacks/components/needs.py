@@ -72,6 +72,6 @@ class Need(StrEnum):
     WORKER_IMAGE_CHECK = "check the reward worker's image"
     TRAINER_LOGS_READ = "read the training pods' logs"
     CLUSTERS_CHECK = "check the EKS and HyperPod clusters and the GPU quota"
-    MODELS_RELEASE = (
-        "register a trained model in the deployment's model registry and deploy it on Bedrock"
-    )
+    # Where trained models go (stacks/components/model_release.py).
+    MODELS_REGISTER = "register a run's trained model in the deployment's model registry"
+    MODELS_RELEASE = "deploy a registered model on Bedrock"

@@ -55,6 +55,7 @@ class TrainingPipeline(Construct):
         consumer: lambda_.IFunction,
         rollout_forwarder: lambda_.IFunction,
         cluster_network: ClusterNetwork,
+        model_package_group: str,
     ) -> None:
         super().__init__(scope, construct_id)
         self._cluster_network, self._code, self._data_key = cluster_network, code, data_key
@@ -87,6 +88,7 @@ class TrainingPipeline(Construct):
             consumer_function=consumer.function_name,
             rollout_forwarder=rollout_forwarder.function_name,
             poll_seconds=60,
+            model_package_group=model_package_group,
         )
         self.functions: dict[str, lambda_.Function] = {}
         for step in STEPS:

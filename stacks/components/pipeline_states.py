@@ -209,9 +209,18 @@ class PipelineDefinition:
             failure,
         )
         release = self.retried(compute("ReleaseCompute", "release_compute", "$.released"))
+        collect = caught(
+            task(
+                "Collect",
+                "collect",
+                {"state.$": "$", "execution_arn.$": "$$.Execution.Id"},
+                "$.results",
+            ),
+            RUN_PATH,
+            failure,
+        )
         finish = (
-            compute("Collect", "collect", "$.results")
-            .next(release)
+            collect.next(release)
             .next(teardown)
             .next(notify)
             .next(sfn.Succeed(self._scope, "RunSucceeded"))

@@ -124,8 +124,8 @@ STEPS = (
         ),
     ),
     PipelineStep(
-        "collect", "Writes the run's evaluation report and summary under runs/<run_id>/",
-        (Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE),
+        "collect", "Writes the run's evaluation report and summary, registers its model",
+        (Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE, Need.MODELS_REGISTER),
     ),
     PipelineStep(
         "release_compute", "Stops workers, deletes the job, scales nodes down (idempotent)",

@@ -119,6 +119,13 @@ def test_a_nova_run_is_started_and_stopped_by_aws_launcher_and_leaves_nothing(
     ((checkpoint,),) = [run.summary["checkpoints"]]
     assert checkpoint["name"].startswith(f"{name}-")
     assert checkpoint["uri"] == f"s3://customer-escrow/{checkpoint['name']}"
+    # ...and registered it in the model registry, as its own role.
+    (registered,) = [
+        c for c in scenarios.world.recorder.calls[run.calls] if c.operation == "CreateModelPackage"
+    ]
+    assert "CollectFunction" in registered.principal
+    assert registered.params["CustomerMetadataProperties"]["mtrl:checkpoint"] == checkpoint["uri"]
+    assert registered.response["ModelPackageArn"] == run.summary["model_package"]
     # Its planes exchanged rollouts; the monitor made the run's reward curve from the reports
     # the proxy accepted — the job ended before a step's window (64 rollouts) filled, so one
     # short window — and stepped on it.

@@ -199,6 +199,6 @@ def test_the_operator_runs_every_mtrl_command_on_the_operator_policy(
     assert {
         "cloudformation:DescribeStacks", "s3:PutObject", "dynamodb:Scan", "states:GetExecutionHistory",
         "logs:FilterLogEvents", "lambda:InvokeFunction", "sagemaker:DescribeCluster",
-        "sagemaker:CreateModelPackage", "bedrock:CreateCustomModel", "iam:PassRole",
+        "bedrock:CreateCustomModel", "iam:PassRole",
         "bedrock:CreateCustomModelDeployment", "bedrock:DeleteCustomModel",
     } <= operator_actions  # fmt: skip

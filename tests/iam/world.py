@@ -70,7 +70,10 @@ from tests.service_fakes import (
 )
 
 HARNESS_KEYS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
-CLIENTS = ("iam", "dynamodb", "sns", "lambda", "stepfunctions", "s3", "sqs", "cloudwatch", "ecs")
+CLIENTS = (
+    "iam", "dynamodb", "sns", "lambda", "stepfunctions", "s3", "sqs", "cloudwatch", "ecs",
+    "sagemaker",
+)  # fmt: skip
 
 
 @dataclass
@@ -311,14 +314,6 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
             aws_access_key_id="test", aws_secret_access_key="test", region_name=REGION
         )
         clients = {name: harness.client(name) for name in CLIENTS}
-        # The stack's model registry group (moto's SageMaker holds it).
-        (group,) = [
-            output["Value"]
-            for template in deployment.templates.values()
-            for key, output in template.get("Outputs", {}).items()
-            if key == "ModelPackageGroupName"
-        ]
-        harness.client("sagemaker").create_model_package_group(ModelPackageGroupName=group)
         launcher = _launcher_processes(
             stack.enter_context(tempfile.TemporaryDirectory()), kubernetes
         )

@@ -144,7 +144,8 @@ def deployed_pipeline(
     with mock_aws(config=config), in_process_lambdas() as dispatcher:
         clients = {
             name: boto3.client(name)
-            for name in ("iam", "dynamodb", "sns", "lambda", "stepfunctions", "s3", "sqs", "cloudwatch")
+            for name in ("iam", "dynamodb", "sns", "lambda", "stepfunctions", "s3", "sqs", "cloudwatch",
+                         "sagemaker")
         }  # fmt: skip
         pipeline = deploy_pipeline(
             app.template("pipeline"),

@@ -1,6 +1,6 @@
 """`mtrl deploy RUN --to bedrock`: a run's trained Nova model registered in the deployment's
-model registry, imported as a Bedrock custom model and deployed on demand — against moto's S3
-and SageMaker and a Bedrock fake whose requests and answers botocore checks against Bedrock's
+model registry (by Collect), imported as a Bedrock custom model and deployed on demand —
+against moto's S3 and a Bedrock fake whose requests and answers botocore checks against Bedrock's
 model (tests/service_fakes.py); the calls as the Nova Forge SDK makes them (amzn-nova-forge
 1.4.10, deployer/forge_deployer.py)."""
 
@@ -37,33 +37,26 @@ DEPLOYMENT = Deployment(
         "StateMachineArn": f"arn:aws:states:us-east-1:{ACCOUNT}:stateMachine:nova-mtrl-pipeline",
     },
 )  # fmt: skip
-EVALUATION = {
-    "baseline": None, "final": None, "skipped": {},
-    "delta": {"pass_at_1": {"baseline": 0.31, "final": 0.58, "delta": 0.27, "ci_low": 0.12,
-                            "ci_high": 0.41}},
-}  # fmt: skip
+PACKAGE = f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:model-package/nova-mtrl-models/3"
 
 
-def _summary(model: str = "nova-lite-2", best: dict | None = None) -> dict[str, Any]:
+def _summary(
+    model: str = "nova-lite-2", best: dict | None = None, package: str | None = PACKAGE
+) -> dict[str, Any]:
     best = best if best is not None else {"name": "job-abcde", "uri": CHECKPOINT, "why": "last"}
-    return {
-        "run_id": RUN,
-        "config": {"name": "wordle-lora", "model": model},
-        "best_checkpoint": best,
-    }
+    return {"run_id": RUN, "config": {"name": "wordle-lora", "model": model},
+            "best_checkpoint": best, "model_package": package}  # fmt: skip
 
 
 @pytest.fixture
 def world(aws: None) -> Iterator[dict[str, Any]]:
-    s3, sagemaker = boto3.client("s3"), boto3.client("sagemaker")
+    s3 = boto3.client("s3")
     s3.create_bucket(Bucket=BUCKET)
-    sagemaker.create_model_package_group(ModelPackageGroupName="nova-mtrl-models")
     s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/summary.json", Body=json.dumps(_summary()))
-    s3.put_object(Bucket=BUCKET, Key=f"runs/{RUN}/evaluation.json", Body=json.dumps(EVALUATION))
     bedrock = FakeBedrock()
     with bedrock.installed():
-        yield {"s3": s3, "sagemaker": sagemaker, "bedrock": bedrock,
-               "clients": {"s3": s3, "sagemaker": sagemaker, "bedrock": boto3.client("bedrock")}}  # fmt: skip
+        yield {"s3": s3, "bedrock": bedrock,
+               "clients": {"s3": s3, "bedrock": boto3.client("bedrock")}}  # fmt: skip
 
 
 def _waiting() -> tuple[Waiting, list[float]]:
@@ -96,15 +89,7 @@ def test_a_run_is_registered_imported_and_deployed_on_demand(world: dict) -> Non
         f"custom model {name}: Creating (0 s)", f"custom model {name}: Creating (30 s)",
         f"custom model {name}: Active (60 s)",
     ]  # fmt: skip
-    # Registered with its evaluation as model quality and the run as what generated it.
-    package = world["sagemaker"].describe_model_package(ModelPackageName=released.model_package_arn)
-    assert package["ModelPackageGroupName"] == "nova-mtrl-models"
-    assert package["ModelMetrics"]["ModelQuality"]["Statistics"]["S3Uri"] == (
-        f"s3://{BUCKET}/runs/{RUN}/evaluation.json"
-    )
-    assert package["MetadataProperties"]["GeneratedBy"] == DEPLOYMENT.execution_arn(RUN)
-    assert package["CustomerMetadataProperties"]["mtrl:checkpoint"] == CHECKPOINT
-    assert package["CustomerMetadataProperties"]["mtrl:evaluation"].startswith("pass@1 0.31 → 0.58")
+    assert released.model_package_arn == PACKAGE and lines[0] == f"registered as {PACKAGE}"
 
 
 def test_deploying_again_goes_on_from_what_is_there(world: dict) -> None:
@@ -143,6 +128,7 @@ def test_waiting_is_bounded_and_says_how_to_go_on(world: dict) -> None:
         (_summary(model="qwen3-8b"), "trained qwen3-8b, not a Nova model"),
         (_summary(best={"name": None, "uri": None, "why": "the starting model did better"}),
          "nothing to deploy: the starting model did better"),
+        (_summary(package=None), "its model is not in the model registry"),
     ],
 )  # fmt: skip
 def test_a_run_without_a_nova_checkpoint_worth_deploying_is_refused(

@@ -69,11 +69,24 @@ SETTINGS = PipelineSettings(
 )
 
 
-def steps(cluster: TrainingCluster | None = None, *, now: float = 0.0) -> ComputeSteps:
+EXECUTION = "arn:aws:states:us-east-1:123456789012:execution:nova-mtrl-pipeline:r"
+
+
+def collect(compute: ComputeSteps, state: dict) -> dict:
+    """Collect as the state machine calls it: the state, and the execution's ARN."""
+    return compute.collect({"state": state, "execution_arn": EXECUTION})
+
+
+def steps(
+    cluster: TrainingCluster | None = None,
+    *,
+    now: float = 0.0,
+    settings: PipelineSettings = SETTINGS,
+) -> ComputeSteps:
     """The compute steps at `now`, with `cluster` as the training plane (and no reward fleet)."""
     unused = lambda: pytest.fail("this step needs no other plane")  # noqa: E731
     compute = Compute(fleet=unused, cluster=(lambda: cluster) if cluster else unused)
-    return ComputeSteps(Dependencies(SETTINGS, Clients(boto3.Session()), compute, lambda: now))
+    return ComputeSteps(Dependencies(settings, Clients(boto3.Session()), compute, lambda: now))
 
 
 @pytest.fixture
@@ -128,13 +141,14 @@ def test_collect_writes_the_run_summary(aws: None) -> None:
     s3 = boto3.client("s3")
     s3.create_bucket(Bucket="bucket-1")
     s3.put_object(Bucket="bucket-1", Key="runs/r/metrics.jsonl", Body=b"{}\n")
-    result = steps().collect(
+    result = collect(
+        steps(),
         {
             "bucket": "bucket-1",
             "key": "training-data/x.jsonl",
             "run": REGISTERED,
             "job": {"phase": "succeeded", "step": 9},
-        }
+        },
     )
     summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
     assert result == {"results": "s3://bucket-1/runs/r/", "objects": 2, "evaluation": None}
@@ -212,7 +226,7 @@ def test_collect_writes_the_evaluation_report_and_its_headline(state: dict) -> N
     s3.put_object(
         Bucket="bucket-1", Key="runs/r/evaluation/final.jsonl", Body=_episodes([1, 1, 1, 0])
     )
-    result = steps().collect(state)
+    result = collect(steps(), state)
     assert result["evaluation"].startswith("pass@1 0.25 → 0.75 (+0.50, 95% CI ")
     report = json.loads(
         s3.get_object(Bucket="bucket-1", Key="runs/r/evaluation.json")["Body"].read()
@@ -235,7 +249,7 @@ def test_collect_records_the_checkpoints_a_nova_job_recorded(aws: None) -> None:
         ("runs/r/job-abcde/deeper/manifest.json", b"{}"),
     ):
         s3.put_object(Bucket="bucket-1", Key=key, Body=body)
-    steps().collect({"bucket": "bucket-1", "key": "training-data/x.jsonl", "run": REGISTERED})
+    collect(steps(), {"bucket": "bucket-1", "key": "training-data/x.jsonl", "run": REGISTERED})
     summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
     assert summary["checkpoints"] == [
         {"name": "job-abcde", "manifest": "s3://bucket-1/runs/r/job-abcde/manifest.json",
@@ -275,7 +289,7 @@ def test_collect_lists_our_trainers_checkpoints_and_the_best_by_the_evaluation(
         s3.put_object(
             Bucket="bucket-1", Key=f"runs/r/evaluation/{stage}.jsonl", Body=_episodes(passed)
         )
-    steps().collect(state)
+    collect(steps(), state)
     summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
     assert [(c["name"], c["step"], c["uri"]) for c in summary["checkpoints"]] == [
         ("step-000005", 5, "s3://bucket-1/runs/r/checkpoints/step-000005.npz"),
@@ -309,3 +323,36 @@ def test_the_state_is_parsed_once_and_typed(state: dict) -> None:
         "workers_stopped": 0,
         "job_objects_deleted": 0,
     }
+
+
+def test_collect_registers_the_best_checkpoint_with_its_evaluation_and_lineage(
+    state: dict,
+) -> None:
+    s3, sagemaker = boto3.client("s3"), boto3.client("sagemaker")
+    s3.create_bucket(Bucket="bucket-1")
+    sagemaker.create_model_package_group(ModelPackageGroupName="nova-mtrl-models")
+    state["bucket"] = "bucket-1"
+    s3.put_object(
+        Bucket="bucket-1", Key="runs/r/job-abcde/manifest.json",
+        Body=b'{"checkpoint_s3_bucket": "s3://customer-escrow-1/job-abcde"}',
+    )  # fmt: skip
+    state["evaluations"] = {
+        stage: {"stage": stage, "job": "j", "ready": True} for stage in ("baseline", "final")
+    }
+    for stage, passed in (("baseline", [0, 0, 1, 0]), ("final", [1, 1, 1, 0])):
+        s3.put_object(
+            Bucket="bucket-1", Key=f"runs/r/evaluation/{stage}.jsonl", Body=_episodes(passed)
+        )
+    registry = SETTINGS.model_copy(update={"model_package_group": "nova-mtrl-models"})
+    collect(steps(settings=registry), state)
+    summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
+    package = sagemaker.describe_model_package(ModelPackageName=summary["model_package"])
+    assert package["ModelPackageGroupName"] == "nova-mtrl-models"
+    assert package["ModelApprovalStatus"] == "PendingManualApproval"
+    assert package["MetadataProperties"] == {"GeneratedBy": EXECUTION}
+    assert package["ModelMetrics"]["ModelQuality"]["Statistics"] == {
+        "ContentType": "application/json", "S3Uri": "s3://bucket-1/runs/r/evaluation.json",
+    }  # fmt: skip
+    metadata = package["CustomerMetadataProperties"]
+    assert metadata["mtrl:checkpoint"] == "s3://customer-escrow-1/job-abcde"
+    assert metadata["mtrl:run_id"] == "r" and metadata["mtrl:evaluation"].startswith("pass@1 0.25")

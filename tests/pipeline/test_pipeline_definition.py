@@ -96,7 +96,8 @@ STEPS: dict[str, tuple[str, dict | None, str, str, str, bool]] = {
                         "$.evaluations.final", "FinalEvaluationReady?", "$.run.run_id", False),
     "SubmitJob": ("submit_job", None, "$.submitted", "WaitForJob", "$.run.run_id", False),
     "Monitor": ("monitor", None, "$.job", "JobDone?", "$.run.run_id", False),
-    "Collect": ("collect", None, "$.results", "ReleaseCompute", "$.run.run_id", False),
+    "Collect": ("collect", {"state.$": "$", "execution_arn.$": "$$.Execution.Id"}, "$.results",
+                "ReleaseCompute", "$.run.run_id", False),
     "ReleaseCompute": ("release_compute", None, "$.released", "Teardown", "$.run.run_id", True),
     "Teardown": ("teardown", RUN_ID, "$.teardown", "NotifySuccess", "$.run.run_id", True),
     "NotifySuccess": (
