@@ -82,6 +82,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     ),
     # Where a run starts from, and which checkpoint is released.
     "lambdas/pipeline/checkpoints.py": (
+        "tests/pipeline/test_checkpoints.py",
         "tests/pipeline/test_register_notify.py",
         "tests/pipeline/test_compute.py",
     ),

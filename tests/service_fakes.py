@@ -372,9 +372,12 @@ class FakeBedrock(ServiceFake):
 
     service = "bedrock"
 
-    def __init__(self, *, polls: int = 2, import_fails: bool = False) -> None:
+    def __init__(
+        self, *, polls: int = 2, import_fails: bool = False, failure: str | None = "bad checkpoint"
+    ) -> None:
+        """`failure`: the failed import's message (None: Bedrock gives none)."""
         super().__init__()
-        self.polls, self.import_fails = polls, import_fails
+        self.polls, self.import_fails, self.failure = polls, import_fails, failure
         self.models: dict[str, dict[str, Any]] = {}  # by name
         self.deployments: dict[str, dict[str, Any]] = {}  # by name
         self._ids = (f"{n:012x}" for n in itertools.count(0xA00000000000))
@@ -405,10 +408,12 @@ class FakeBedrock(ServiceFake):
         record = self._named(self.models, modelIdentifier, "arn")
         name = next(n for n, r in self.models.items() if r is record)
         status = self._status(record, failed=record["fails"])
-        answer = {"modelArn": record["arn"], "modelName": name, "creationTime": record["made"],
-                  "modelStatus": status}  # fmt: skip
-        if status == "Failed":
-            answer["failureMessage"] = "the checkpoint could not be read"
+        # modelStatus is optional in GetCustomModel's answer: none is given while it is made.
+        answer = {"modelArn": record["arn"], "modelName": name, "creationTime": record["made"]}
+        if status != "Creating":
+            answer["modelStatus"] = status
+        if status == "Failed" and self.failure:
+            answer["failureMessage"] = self.failure
         return answer
 
     def delete_custom_model(self, modelIdentifier: str) -> dict[str, Any]:  # noqa: N803

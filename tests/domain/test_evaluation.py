@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from domain.dataset import DatasetRecord
@@ -165,3 +166,80 @@ def test_the_headline_says_before_after_and_how_sure() -> None:
     assert headline is not None and headline.startswith("pass@1 0.12 → 0.88 (+0.75, 95% CI +")
     assert headline.endswith("; 80 held-out rollouts)")
     assert EvaluationReport(skipped={"baseline": "no plane"}).headline() is None
+
+
+def test_an_episode_keeps_its_error_and_counts_no_turn_it_did_not_report() -> None:
+    response = RolloutResponse(
+        sample_id="eval-a_0", stop_reason="env_error", rewards={"aggregate_score": None},
+        metrics=[], error="reset: KeyError: 'answer'",
+    )  # fmt: skip
+    read = Episode.of("a", response)
+    assert (read.error, read.turns, read.score, read.success) == (
+        "reset: KeyError: 'answer'", 0.0, None, None,
+    )  # fmt: skip
+
+
+def test_the_reward_distribution_is_numpys_linear_deciles() -> None:
+    found = [episode("a", n, score=float(n)) for n in range(11)]
+    distribution = summarize(BASELINE, found, k=1).reward
+    assert distribution is not None
+    assert (distribution.p10, distribution.p50, distribution.p90) == (1.0, 5.0, 9.0)
+    assert (distribution.min, distribution.max) == (0.0, 10.0)
+
+
+def test_rates_count_their_own_stop_reasons_and_nothing_is_a_rate_of_nothing() -> None:
+    found = [
+        episode("a", 0, score=1.0, turns=4.0),  # no invalid-move metric
+        episode("a", 1, stop_reason="timeout", error="late"),
+        episode("b", 0, stop_reason="env_error", error="boom"),
+        episode("b", 1, score=0.0, turns=2.0),
+    ]
+    summary = summarize(FINAL, found, k=2)
+    assert (summary.timeout_rate, summary.env_error_rate) == (0.25, 0.25)
+    assert summary.invalid_move_rate is None and summary.turns_per_episode == 3.0
+    empty = summarize(FINAL, [], k=2)
+    assert (empty.n, empty.env_error_rate, empty.timeout_rate, empty.pass_at_1) == (
+        0,
+        0.0,
+        0.0,
+        None,
+    )
+    with pytest.raises(ValueError, match="1 <= k"):
+        pass_at_k(4, 1, 0)
+
+
+def test_each_figure_is_pooled_over_its_own_episodes() -> None:
+    baseline = [episode("a", 0, score=0.0), episode("a", 1, score=1.0)]
+    final = [episode("a", n, score=0.5) for n in range(4)] + [episode("b", 0, score=1.0)]
+    change = compare(baseline, final, seed=0)["mean_reward"]
+    assert (change.baseline, change.final) == (0.5, 0.6)
+    # A record only one evaluation has still counts in that one.
+    only_before = [*baseline, episode("c", 0, score=1.0)]
+    assert compare(only_before, final, seed=0)["mean_reward"].baseline == pytest.approx(2 / 3)
+    # No scored baseline rollout: no change to state.
+    failed = [episode("a", 0, stop_reason="env_error", error="x")]
+    assert "mean_reward" not in compare(failed, final, seed=0)
+
+
+def test_the_interval_is_a_95_percent_one() -> None:
+    """Many records, each of 4 paired rollouts: the bootstrap's 2.5 and 97.5 percentiles sit
+    where the normal approximation puts them, delta ± 1.96 standard errors."""
+    rng = np.random.default_rng(3)
+    before = rng.random(400).round(2)
+    after = np.clip(before + rng.normal(0.1, 0.2, 400), 0, 1).round(2)
+    baseline = [episode(f"r{r}", n, score=float(before[r])) for r in range(400) for n in range(4)]
+    final = [episode(f"r{r}", n, score=float(after[r])) for r in range(400) for n in range(4)]
+    change = compare(baseline, final, seed=1, resamples=20_000)["mean_reward"]
+    error = float(np.std(after - before) / np.sqrt(400))
+    assert change.ci_low == pytest.approx(change.delta - 1.96 * error, abs=0.08 * error)
+    assert change.ci_high == pytest.approx(change.delta + 1.96 * error, abs=0.08 * error)
+
+
+def test_a_headline_without_pass_rates_says_the_reward() -> None:
+    baseline, final = [episode("a", 0, score=0.2)], [episode("a", 0, score=0.6)]
+    report = EvaluationReport(final=summarize(FINAL, final, k=1), delta=compare(baseline, final))
+    assert report.headline() == (
+        "mean reward 0.20 → 0.60 (+0.40, 95% CI +0.40..+0.40; 1 held-out rollouts)"
+    )
+    no_final = EvaluationReport(delta=compare(baseline, final))
+    assert str(no_final.headline()).endswith("; 0 held-out rollouts)")

@@ -62,7 +62,7 @@ def world(aws: None) -> Iterator[dict[str, Any]]:
 def _waiting() -> tuple[Waiting, list[float]]:
     """A clock that moves by each pause (of 30 s), and the pauses taken."""
     pauses: list[float] = []
-    return Waiting(clock=lambda: 30.0 * len(pauses), pause=pauses.append), pauses
+    return Waiting(clock=lambda: 5000.0 + 30.0 * len(pauses), pause=pauses.append), pauses
 
 
 def test_a_run_is_registered_imported_and_deployed_on_demand(world: dict) -> None:
@@ -81,7 +81,11 @@ def test_a_run_is_registered_imported_and_deployed_on_demand(world: dict) -> Non
                       {"key": "mtrl-deployment", "value": "nova-mtrl"}],
     }  # fmt: skip
     (deployed,) = bedrock.operations("CreateCustomModelDeployment")
-    assert (deployed["modelDeploymentName"], deployed["modelArn"]) == (name, released.model_arn)
+    assert deployed == {
+        "modelDeploymentName": name, "modelArn": released.model_arn,
+        "description": f"nova-mtrl run {RUN}", "tags": created["modelTags"],
+    }  # fmt: skip
+    assert lines[-1] == f"deployment {name}: Active (60 s)"
     assert released.deployment_arn == bedrock.deployments[name]["arn"]
     # Each waited through two Creating answers, a pause after each.
     assert pauses == [30.0] * 4
@@ -103,19 +107,24 @@ def test_deploying_again_goes_on_from_what_is_there(world: dict) -> None:
 
 def test_a_failed_import_says_why_and_the_next_try_starts_it_again(world: dict) -> None:
     world["bedrock"].import_fails = True
-    with pytest.raises(DeployFailed, match="custom model .* failed: the checkpoint could not be"):
+    with pytest.raises(DeployFailed, match="custom model .* failed: bad checkpoint"):
+        deploy_to_bedrock(world["clients"], DEPLOYMENT, RUN, waiting=_waiting()[0])
+    world["bedrock"].failure = None
+    world["bedrock"].models.clear()
+    with pytest.raises(DeployFailed, match="custom model .* failed: no reason given"):
         deploy_to_bedrock(world["clients"], DEPLOYMENT, RUN, waiting=_waiting()[0])
     world["bedrock"].import_fails = False
     deploy_to_bedrock(world["clients"], DEPLOYMENT, RUN, waiting=_waiting()[0])
     bedrock = world["bedrock"]
     assert len(bedrock.operations("DeleteCustomModel")) == 1
-    assert len(bedrock.operations("CreateCustomModel")) == 2
+    assert len(bedrock.operations("CreateCustomModel")) == 3
 
 
 def test_waiting_is_bounded_and_says_how_to_go_on(world: dict) -> None:
     world["bedrock"].polls = 1000
     waiting, pauses = _waiting()
     bounded = Waiting(clock=waiting.clock, pause=waiting.pause, limit_seconds=90)
+    assert waiting.clock() == 5000.0  # the bound counts from the start, not from zero
     with pytest.raises(DeployFailed, match=r"still Creating after 90 s: run `mtrl deploy` again"):
         deploy_to_bedrock(world["clients"], DEPLOYMENT, RUN, waiting=bounded)
     assert len(pauses) == 3
@@ -124,11 +133,16 @@ def test_waiting_is_bounded_and_says_how_to_go_on(world: dict) -> None:
 @pytest.mark.parametrize(
     ("summary", "expected"),
     [
-        (None, rf"run {RUN} has no results \(no s3://{BUCKET}/runs/{RUN}/summary.json\)"),
-        (_summary(model="qwen3-8b"), "trained qwen3-8b, not a Nova model"),
+        (None, rf"run {RUN} has no results \(no s3://{BUCKET}/runs/{RUN}/summary.json\): only a "
+               r"run that succeeded can be deployed \(`mtrl runs`\)"),
+        (_summary(model="qwen3-8b"), "trained qwen3-8b, not a Nova model: Bedrock imports Nova "
+         "checkpoints; an open-weights model is served from its checkpoint once its trainer image"),
+        (_summary(best={"name": "j", "uri": None}),
+         "nothing to deploy: the run recorded no checkpoint with a location"),
         (_summary(best={"name": None, "uri": None, "why": "the starting model did better"}),
          "nothing to deploy: the starting model did better"),
-        (_summary(package=None), "its model is not in the model registry"),
+        (_summary(package=None), r"its model is not in the model registry \(s3://.*summary.json "
+         r"names no model_package\); Collect registers every run's model: redeploy the platform"),
     ],
 )  # fmt: skip
 def test_a_run_without_a_nova_checkpoint_worth_deploying_is_refused(
@@ -158,3 +172,10 @@ def test_the_cli_refuses_a_target_it_cannot_serve_yet() -> None:
     result = CliRunner().invoke(app, ["deploy", RUN, "--to", "sagemaker", "--region", "us-east-1"])
     assert result.exit_code == 2
     assert "--to sagemaker: only bedrock (a Nova model) for now" in result.output
+
+
+def test_names_are_in_bedrocks_alphabet_and_never_end_in_a_separator() -> None:
+    assert bedrock_name("Nova", "run--x_y") == "Nova-run-x-y"
+    assert bedrock_name("nova", "runX") == "nova-runX"
+    long = bedrock_name("nova-mtrl", "a" * 52 + "-b")  # the 63rd character is the separator
+    assert len(long) == 62 and long.endswith("a")

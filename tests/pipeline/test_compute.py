@@ -275,12 +275,15 @@ def test_collect_lists_our_trainers_checkpoints_and_the_best_by_the_evaluation(
         model="nova-lite-2",
         checkpoints=[
             SavedCheckpoint(name="step-000005", key="runs/r/checkpoints/step-000005.npz", step=5),
-            SavedCheckpoint(name="final", key="runs/r/checkpoints/final.npz", step=7),
+            SavedCheckpoint(
+                name="final", key="runs/r/checkpoints/final.npz", step=7, mean_reward=0.5
+            ),
         ],
     )
     s3.put_object(
         Bucket="bucket-1", Key="runs/r/checkpoints/manifest.json", Body=manifest.model_dump_json()
     )
+    s3.put_object(Bucket="bucket-1", Key="runs/r/j-1/manifest.json", Body=b"{}")  # Nova's, too
     state["evaluations"] = {
         stage: {"stage": stage, "job": "j", "ready": True} for stage in ("baseline", "final")
     }
@@ -291,9 +294,10 @@ def test_collect_lists_our_trainers_checkpoints_and_the_best_by_the_evaluation(
         )
     collect(steps(), state)
     summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
-    assert [(c["name"], c["step"], c["uri"]) for c in summary["checkpoints"]] == [
-        ("step-000005", 5, "s3://bucket-1/runs/r/checkpoints/step-000005.npz"),
-        ("final", 7, "s3://bucket-1/runs/r/checkpoints/final.npz"),
+    assert [(c["name"], c["step"], c["uri"], c["mean_reward"]) for c in summary["checkpoints"]] == [
+        ("j-1", None, None, None),
+        ("step-000005", 5, "s3://bucket-1/runs/r/checkpoints/step-000005.npz", None),
+        ("final", 7, "s3://bucket-1/runs/r/checkpoints/final.npz", 0.5),
     ]
     assert summary["best_checkpoint"] == {
         "name": None,

@@ -277,7 +277,9 @@ def test_a_run_starts_from_the_last_checkpoint_of_the_run_it_names(s3_and_runs) 
 @pytest.mark.parametrize(
     ("model", "checkpoints", "expected"),
     [
-        (None, [], r"run first-1 left no results \(no s3://data-bucket/runs/first-1/summary.json\)"),
+        (None, [], r"run first-1 left no results \(no s3://data-bucket/runs/first-1/summary.json\); "
+                   r"start from a run that succeeded \(`mtrl runs`\), or give the checkpoint's S3 URI"),
+        ("garbled", [], r"s3://data-bucket/runs/first-1/summary.json cannot be read"),
         ("qwen3-8b", [], r"run first-1 trained qwen3-8b, not this config's model nova-lite-2"),
         ("nova-lite-2", [{"name": "j", "manifest": "m", "uri": None}],
          r"run first-1 recorded no checkpoint with a location"),
@@ -287,7 +289,9 @@ def test_a_base_checkpoint_that_cannot_be_used_is_refused_before_the_run_exists(
     s3_and_runs, model: str | None, checkpoints: list, expected: str
 ) -> None:
     s3, runs = s3_and_runs
-    if model:
+    if model == "garbled":
+        s3.put_object(Bucket=BUCKET, Key="runs/first-1/summary.json", Body=b"{not json")
+    elif model:
         _summary_of(s3, "first-1", model=model, checkpoints=checkpoints)
     with pytest.raises(
         CheckpointRefused,
