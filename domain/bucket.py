@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-# Held-out evaluation files a config's `eval_dataset` names (defined with the config).
-from training_configs.schema import EVALUATION_DATA_PREFIX as EVALUATION_DATA_PREFIX
-
 TRAINING_DATA_PREFIX = "training-data/"  # a .jsonl uploaded here starts a run
 CONFIGS_PREFIX = "configs/"  # training configs named by a dataset's metadata
+# A config's `eval_dataset` lives under training_configs.schema.EVALUATION_DATA_PREFIX (the config
+# validates it, and training_configs imports nothing of ours).
 RUNS_PREFIX = "runs/"  # runs/<run id>/: checkpoints, metrics, summary
 SUMMARY_OBJECT = "summary.json"  # under a run's outputs, written by Collect when the run ends
 EVALUATION_OBJECT = "evaluation.json"  # under a run's outputs: baseline, final and the delta

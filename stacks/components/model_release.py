@@ -14,7 +14,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
-from stacks.components.nag import acknowledge_resource
+from stacks.components.access import Allow
 from stacks.components.needs import Need
 from stacks.config import PlatformConfig
 
@@ -46,71 +46,55 @@ class ModelRelease(Construct):
             description="Amazon Bedrock imports a Nova checkpoint a run trained (mtrl deploy)",
         )
         escrow = f"arn:aws:s3:::customer-escrow-{stack.account}*"
-        self.import_role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["s3:GetObject", "s3:ListBucket"], resources=[escrow, f"{escrow}/*"]
-            )
+        buckets = "AWS names a Nova job's escrow bucket per job; only the account's escrow buckets."
+        Allow({escrow: buckets, f"{escrow}/*": buckets})(
+            self.import_role, ["s3:GetObject", "s3:ListBucket"], escrow, f"{escrow}/*"
         )
-        for resource in (escrow, f"{escrow}/*"):
-            acknowledge_resource(
-                self.import_role, "AwsSolutions-IAM5", resource,
-                "AWS names a Nova job's escrow bucket per job; only the account's escrow buckets.",
-            )  # fmt: skip
+        # Resources whose names Bedrock and SageMaker make: granted by wildcard, each one
+        # acknowledged on the role it is granted to, with its reason.
+        self._packages = stack.format_arn(
+            service="sagemaker", resource="model-package", resource_name=f"{self.group_name}/*"
+        )
+        self._models = stack.format_arn(
+            service="bedrock", resource="custom-model", resource_name="*"
+        )
+        self._deployments = stack.format_arn(
+            service="bedrock", resource="custom-model-deployment", resource_name="*"
+        )
+        self._allow = Allow(
+            {
+                self._packages: "Model package versions are numbered by SageMaker; only this group's.",
+                self._models: "Bedrock gives a custom model an id of its own; only this account's models.",
+                self._deployments: "Bedrock gives a deployment an id of its own; only this account's.",
+                "*": "bedrock:CreateCustomModel has no resource type to name (SAR).",
+            }
+        )
 
     def grant(self, need: Need, role: iam.IRole) -> None:
         """Collect: a model package version in the group. The operator: pass the import role to
-        Bedrock, create, watch and delete the custom models and deployments (their ids are
-        Bedrock's: by wildcard)."""
-        stack = Stack.of(self)
+        Bedrock, create, watch and delete the custom models and deployments."""
+        allow = self._allow
         if need is Need.MODELS_REGISTER:
-            packages = stack.format_arn(
-                service="sagemaker", resource="model-package", resource_name=f"{self.group_name}/*"
-            )
-            role.add_to_principal_policy(
-                iam.PolicyStatement(
-                    actions=["sagemaker:CreateModelPackage"], resources=[self.group_arn, packages]
-                )
-            )
-            acknowledge_resource(
-                role, "AwsSolutions-IAM5", packages,
-                "Model package versions are numbered by SageMaker; only this group's.",
-            )  # fmt: skip
+            allow(role, ["sagemaker:CreateModelPackage"], self.group_arn, self._packages)
             return
-        models = stack.format_arn(service="bedrock", resource="custom-model", resource_name="*")
-        deployments = stack.format_arn(
-            service="bedrock", resource="custom-model-deployment", resource_name="*"
+        allow(
+            role, ["iam:PassRole"], self.import_role.role_arn,
+            conditions={"StringEquals": {"iam:PassedToService": BEDROCK}},
+        )  # fmt: skip
+        # CreateCustomModel has no resource type (Service Authorization Reference).
+        allow(role, ["bedrock:CreateCustomModel"], "*")
+        # CreateCustomModelDeployment is authorized on the model.
+        allow(
+            role,
+            [
+                "bedrock:GetCustomModel",
+                "bedrock:DeleteCustomModel",
+                "bedrock:CreateCustomModelDeployment",
+            ],
+            self._models,
         )
-        statements = [
-            iam.PolicyStatement(
-                actions=["iam:PassRole"],
-                resources=[self.import_role.role_arn],
-                conditions={"StringEquals": {"iam:PassedToService": BEDROCK}},
-            ),
-            # CreateCustomModel has no resource type (Service Authorization Reference).
-            iam.PolicyStatement(actions=["bedrock:CreateCustomModel"], resources=["*"]),
-            iam.PolicyStatement(
-                actions=[
-                    "bedrock:GetCustomModel",
-                    "bedrock:DeleteCustomModel",
-                    "bedrock:CreateCustomModelDeployment",
-                ],
-                resources=[models],
-            ),
-            # (CreateCustomModelDeployment is authorized on the model, above.)
-            iam.PolicyStatement(
-                actions=[
-                    "bedrock:GetCustomModelDeployment",
-                    "bedrock:DeleteCustomModelDeployment",
-                ],
-                resources=[deployments],
-            ),
-        ]
-        for statement in statements:
-            role.add_to_principal_policy(statement)
-        reasons = {
-            models: "Bedrock gives a custom model an id of its own; only this account's models.",
-            deployments: "Bedrock gives a deployment an id of its own; only this account's.",
-            "*": "bedrock:CreateCustomModel has no resource type to name (SAR).",
-        }
-        for resource, reason in reasons.items():
-            acknowledge_resource(role, "AwsSolutions-IAM5", resource, reason)
+        allow(
+            role,
+            ["bedrock:GetCustomModelDeployment", "bedrock:DeleteCustomModelDeployment"],
+            self._deployments,
+        )

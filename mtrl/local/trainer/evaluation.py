@@ -20,7 +20,6 @@ from domain.evaluation import (
     evaluation_records,
     evaluation_sample_id,
 )
-from domain.protocol import RewardSpec, RolloutRequest
 from mtrl.local.trainer.checkpoints import (
     FINAL,
     checkpoint_key,
@@ -62,14 +61,13 @@ class Evaluator:
 
     def records(self) -> list[DatasetRecord]:
         job, config = self.job, self.job.config
-        if config.eval_dataset:
-            records = read_dataset(
-                self.s3, bucket=job.bucket, key=config.eval_dataset, version=None
-            )
-        else:
-            records = read_dataset(
-                self.s3, bucket=job.bucket, key=job.dataset_key, version=job.dataset_version
-            )
+        # The named evaluation file as it is now, or the run's dataset version.
+        key, version = (
+            (config.eval_dataset, None)
+            if config.eval_dataset
+            else (job.dataset_key, job.dataset_version)
+        )
+        records = read_dataset(self.s3, bucket=job.bucket, key=key, version=version)
         return evaluation_records(records, config, named_file=config.eval_dataset is not None)
 
     def run(self) -> list[Episode]:
@@ -106,15 +104,7 @@ class Evaluator:
 
     def _batch(self, planned: list[tuple[DatasetRecord, str]]) -> list[Episode]:
         started = self.clock()
-        requests = [
-            RolloutRequest(
-                sample_id=sample,
-                max_length=self.job.config.max_length,
-                rewards=RewardSpec(range=self.job.reward_range),
-                data=record.rollout_data(),
-            )
-            for record, sample in planned
-        ]
+        requests = [self.job.rollout_request(record, sample) for record, sample in planned]
         responses, waited = exchange_rollouts(
             self.sqs,
             self.job,

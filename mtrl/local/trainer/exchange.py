@@ -23,6 +23,7 @@ from domain.protocol import (
     GenerateRequest,
     GenerateResponse,
     ProtocolError,
+    RewardSpec,
     RolloutRequest,
     RolloutResponse,
     dump,
@@ -55,6 +56,15 @@ class TrainingJob(BaseModel):
     seed: int = 0
     evaluation: EvaluationStage | None = None
     base: BaseCheckpoint | None = None  # the checkpoint training starts from
+
+    def rollout_request(self, record: DatasetRecord, sample_id: str) -> RolloutRequest:
+        """The rollout request of one sample of `record`, for training or evaluation alike."""
+        return RolloutRequest(
+            sample_id=sample_id,
+            max_length=self.config.max_length,
+            rewards=RewardSpec(range=self.reward_range),
+            data=record.rollout_data(),
+        )
 
 
 class TrainingFailed(RuntimeError):

@@ -25,7 +25,7 @@ from domain.backends import METRICS_OBJECT
 from domain.checkpoints import MANIFEST_OBJECT, CheckpointManifest, SavedCheckpoint
 from domain.dataset import DatasetRecord
 from domain.evaluation import training_records
-from domain.protocol import RewardSpec, RolloutRequest, RolloutResponse, sample_id_for
+from domain.protocol import RolloutResponse, sample_id_for
 from mtrl.local.trainer.checkpoints import (
     FINAL,
     checkpoint_key,
@@ -140,15 +140,7 @@ class Trainer:
                 number = ((step - 1) * wanted + slot) * group_size + k
                 samples.append(sample_id_for(record.id, number))
             groups[f"{slot}"] = samples
-            requests += [
-                RolloutRequest(
-                    sample_id=sample,
-                    max_length=self.config.max_length,
-                    rewards=RewardSpec(range=self.job.reward_range),
-                    data=record.rollout_data(),
-                )
-                for sample in samples
-            ]
+            requests += [self.job.rollout_request(record, sample) for sample in samples]
         self.server.record(request.sample_id for request in requests)
         responses, waited = exchange_rollouts(
             self.sqs,
