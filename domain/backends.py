@@ -16,7 +16,7 @@ from typing import Any
 
 from domain.bucket import object_exists
 from domain.checkpoints import BaseCheckpoint
-from domain.evaluation import EvaluationStage
+from domain.episodes import EvaluationStage
 from domain.run_queues import QueueKind
 from training_configs.schema import TrainingConfig
 

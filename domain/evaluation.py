@@ -21,30 +21,27 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from enum import StrEnum
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from domain.dataset import DatasetRecord
-from domain.protocol import RolloutResponse, sample_id_for
+from domain.episodes import Episode, EvaluationStage
+from domain.protocol import sample_id_for
 from training_configs.schema import TrainingConfig
 
 # Under a run's outputs: each evaluation's episodes.
 EPISODES_PREFIX = "evaluation/"
+# Under a run's outputs, for a trainer that reads records from a file (Nova's): the dataset
+# without the held-out records, and the records to evaluate on.
+TRAINING_RECORDS_OBJECT = "data/training.jsonl"
+EVALUATION_RECORDS_OBJECT = "data/evaluation.jsonl"
 # Evaluation rollouts' sample ids start with it: never one of a training rollout, even when the
 # evaluation file reuses a training record's id.
 SAMPLE_PREFIX = "eval-"
 CONFIDENCE = 0.95
 RESAMPLES = 2000
-# The rollout metrics an episode's figures come from (reward_envs/worker/rollout.py).
-TURNS_METRIC, INVALID_METRIC = "turns", "env/invalid"
 FAILED_STOPS = ("env_error", "timeout", "no_response")
-
-
-class EvaluationStage(StrEnum):
-    BASELINE = "baseline"  # the starting model, before training
-    FINAL = "final"  # the model training ended with
 
 
 def episodes_key(output_prefix: str, stage: EvaluationStage) -> str:
@@ -67,6 +64,16 @@ def training_records(
     return [record for record in records if not held_out(record.id, fraction=fraction, seed=seed)]
 
 
+def evaluation_source(
+    config: TrainingConfig, dataset_key: str, dataset_version: str | None
+) -> tuple[str, str | None]:
+    """Where a run's evaluation records are read from (key, version): the named evaluation file
+    as it is now, or the run's dataset at the version that started it."""
+    if config.eval_dataset:
+        return config.eval_dataset, None
+    return dataset_key, dataset_version
+
+
 def evaluation_records(
     records: Iterable[DatasetRecord], config: TrainingConfig, *, named_file: bool
 ) -> list[DatasetRecord]:
@@ -87,48 +94,6 @@ def evaluation_sample_id(record_id: str, stage: EvaluationStage, number: int, sa
     apart, so the router keeps them apart; the same record id in both (the same episode seed)."""
     offset = list(EvaluationStage).index(stage) * samples
     return sample_id_for(f"{SAMPLE_PREFIX}{record_id}", offset + number)
-
-
-class Episode(BaseModel):
-    """How one evaluation rollout ended."""
-
-    model_config = ConfigDict(frozen=True)
-
-    record_id: str
-    sample_id: str
-    stop_reason: str
-    score: float | None = None
-    success: bool | None = None
-    turns: float = 0.0
-    invalid_moves: float | None = None
-    error: str | None = None
-
-    @classmethod
-    def of(cls, record_id: str, response: RolloutResponse) -> Episode:
-        metrics = {metric.name: metric.value for metric in response.metrics}
-        return cls(
-            record_id=record_id,
-            sample_id=response.sample_id,
-            stop_reason=response.stop_reason,
-            score=response.aggregate_score,
-            success=response.succeeded,
-            turns=metrics.get(TURNS_METRIC, 0.0),
-            invalid_moves=metrics.get(INVALID_METRIC),
-            error=response.error,
-        )
-
-    @classmethod
-    def unanswered(cls, record_id: str, sample_id: str, waited_seconds: float) -> Episode:
-        return cls(
-            record_id=record_id,
-            sample_id=sample_id,
-            stop_reason="no_response",
-            error=f"no rollout response within {waited_seconds:.0f} s",
-        )
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.success)
 
 
 def deciles(scores: Sequence[float]) -> tuple[float | None, float | None, float | None]:

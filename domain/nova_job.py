@@ -35,6 +35,10 @@ FORGE_RECIPES: dict[Recipe, str] = {
     "RFT_MULTITURN_LORA": "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova_lite_2_0_p5_gpu_lora_rft_byoo",
     "RFT_MULTITURN_FULL": "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova_lite_2_0_p5_gpu_rft_byoo",
 }
+# AWS's multi-turn evaluation over the same BYOO endpoints (the SDK's RFT_MULTITURN_EVAL).
+FORGE_EVALUATION_RECIPE = (
+    "evaluation/nova/forge/nova_2_0/nova_lite/nova_lite_2_0_p5_gpu_rft_long_process_eval"
+)
 FORGE_RECIPE_SOURCE = (
     "s3://nova-forge-c7363-206080352451-us-east-1/v1/src/hyperpod_cli/"
     "sagemaker_hyperpod_recipes/recipes_collection/recipes/{recipe}.yaml"
@@ -64,6 +68,22 @@ IMAGE_TAGS = {
     "nats_reloader": "SM-HP-RFT-NATS-reloader-V2-latest",
     "redis": "SM-HP-RFT-REDIS-V2-latest",
 }
+# Nova 2's evaluation image on HyperPod, by region (the SDK's util/recipe.py
+# `get_hub_recipe_metadata` for RFT_EVAL on SMHP: `<escrow account>.dkr.ecr.<region>.amazonaws.com/
+# nova-evaluation-repo:SM-HP-Eval-V2-latest`; accounts: core/constants.py
+# REGION_TO_ESCROW_ACCOUNT_MAPPING).
+EVALUATION_IMAGE_ACCOUNTS = {
+    "us-east-1": "708977205387",
+    "us-west-2": "176779409107",
+    "eu-west-2": "470633809225",
+}
+EVALUATION_IMAGE_TAG = "SM-HP-Eval-V2-latest"
+# What the SDK sets on an RFT_MULTITURN_EVAL recipe (recipe/recipe_builder.py: the task's
+# `get_recipe_value`, EVAL_TASK_STRATEGY_MAP and EVAL_TASK_METRIC_MAP of core/constants.py).
+EVALUATION_TASK = {"task": "rft_eval", "strategy": "rft_eval", "metric": "all"}
+# The SDK drops the single-turn reward Lambda from a multi-turn evaluation recipe
+# (`build_and_validate`): rollouts come through the BYOO endpoints instead.
+SINGLE_TURN_REWARD = ("rl_env", "reward_lambda_arn")
 # The run's BYOO endpoints, by the recipe's leaf key (the SDK's `get_recipe_overrides`).
 BYOO_KEYS = (
     "rollout_request_arn",
@@ -112,6 +132,14 @@ def images(region: str) -> dict[str, str]:
         )
     registry = f"{account}.dkr.ecr.{region}.amazonaws.com/nova-fine-tune-repo"
     return {service: f"{registry}:{tag}" for service, tag in IMAGE_TAGS.items()}
+
+
+def evaluation_image(region: str) -> str | None:
+    """Nova 2's HyperPod evaluation image in `region` (None: AWS publishes none there)."""
+    account = EVALUATION_IMAGE_ACCOUNTS.get(region)
+    if account is None:
+        return None
+    return f"{account}.dkr.ecr.{region}.amazonaws.com/nova-evaluation-repo:{EVALUATION_IMAGE_TAG}"
 
 
 def training_replicas(config: TrainingConfig) -> int:
@@ -200,6 +228,46 @@ def recipe_overrides(
     return {**overrides, **{key: byoo[key] for key in BYOO_KEYS}}
 
 
+def evaluation_overrides(
+    *,
+    name: str,
+    model_name_or_path: str,
+    data_s3_path: str,
+    output_s3_path: str,
+    byoo: dict[str, str],
+) -> dict[str, Any]:
+    """The leaves the Forge SDK sets on the RFT multi-turn evaluation recipe for a model
+    (`RecipeBuilder` for EvaluationTask.RFT_MULTITURN_EVAL on SMHP): the job's name, the model
+    or checkpoint, the records to evaluate, where results go, the task, and the BYOO endpoints
+    (the recipe's replicas and inference settings stay AWS's)."""
+    return {
+        "name": name,
+        "model_name_or_path": model_name_or_path,
+        "data_s3_path": data_s3_path,
+        "output_s3_path": output_s3_path,
+        **EVALUATION_TASK,
+        **{key: byoo[key] for key in BYOO_KEYS},
+    }
+
+
+def recipe_leaves(recipe: dict[str, Any]) -> set[str]:
+    """Every leaf key of a recipe, wherever it sits."""
+    leaves: set[str] = set()
+    for key, value in recipe.items():
+        leaves |= recipe_leaves(value) if isinstance(value, dict) else {key}
+    return leaves
+
+
+def without_single_turn_reward(recipe: dict[str, Any]) -> dict[str, Any]:
+    """The recipe without its single-turn reward Lambda (`SINGLE_TURN_REWARD`), as the SDK
+    sends a multi-turn evaluation."""
+    section, key = SINGLE_TURN_REWARD
+    kept = copy.deepcopy(recipe)
+    if isinstance(kept.get(section), dict):
+        kept[section].pop(key, None)
+    return kept
+
+
 def apply_overrides(recipe: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """The recipe with every leaf named in `overrides` set, as the Forge SDK builds it (but an
     optimizer's `name`); a key the recipe has no leaf of is refused, not added."""
@@ -231,16 +299,20 @@ def byoo_endpoints(
     }
 
 
-def run_name(prefix: str, run_id: str) -> str:
-    """The recipe's `run.name` for a run: a DNS label starting with a letter, whole within the
-    launcher's cut (a hash of the rest stands in when the run's id is longer)."""
+def run_name(prefix: str, run_id: str, stage: str | None = None) -> str:
+    """The recipe's `run.name` for a run's training job, or for its `stage` evaluation (marked
+    `-eval-` and the stage's initial, at the end): a DNS label starting with a letter, whole
+    within the launcher's cut (a hash of the rest stands in when the run's id is longer), each
+    job's apart from the others' (a run id ends in ten hex digits, never in a mark)."""
+    mark = f"-eval-{stage[:1]}" if stage else ""
     name = re.sub(r"[^a-z0-9-]+", "-", f"{prefix}-{run_id}".lower()).strip("-")
     if not name[:1].isalpha():
         name = f"r-{name}"
-    if len(name) <= RUN_NAME_LIMIT:
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-    return f"{name[: RUN_NAME_LIMIT - 11].rstrip('-')}-{digest}"
+    limit = RUN_NAME_LIMIT - len(mark)
+    if len(name) > limit:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+        name = f"{name[: limit - 11].rstrip('-')}-{digest}"
+    return name + mark
 
 
 def job_pattern(name: str) -> str:
@@ -253,6 +325,11 @@ def run_recipe(recipe: Recipe, name: str) -> str:
     it: beside the Forge recipe, named after the run (the SDK's layout,
     `RecipeBuilder._get_recipe_path`)."""
     return f"{FORGE_RECIPES[recipe].rpartition('/')[0]}/{name}"
+
+
+def evaluation_run_recipe(name: str) -> str:
+    """Where a run's evaluation recipe goes in the recipes collection: beside AWS's."""
+    return f"{FORGE_EVALUATION_RECIPE.rpartition('/')[0]}/{name}"
 
 
 def launcher_command(*, recipe: str, instance_type: str, container: str) -> list[str]:

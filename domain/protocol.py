@@ -49,6 +49,13 @@ def sample_id_for(record_id: str, number: int) -> str:
     return record_id[: ID_LENGTH - len(suffix)] + suffix
 
 
+def record_id_of(sample_id: str) -> str:
+    """The dataset record a sample was drawn from (`<record id>_<k>`, `sample_id_for`); a sample
+    id of another form is its own record."""
+    head, separator, tail = sample_id.rpartition("_")
+    return head if separator and tail.isdigit() else sample_id
+
+
 def episode_seed(run_id: str, record_id: str) -> int:
     """The seed an environment draws a record's episode with in a run (what it does not take
     from the record, e.g. a Wordle secret when the record names none): the same for every sample
@@ -111,9 +118,7 @@ class RolloutRequest(_Message):
 
     @property
     def record_id(self) -> str:
-        """The dataset record this sample was drawn from (`<record id>_<k>`)."""
-        head, separator, tail = self.sample_id.rpartition("_")
-        return head if separator and tail.isdigit() else self.sample_id
+        return record_id_of(self.sample_id)
 
 
 class Metric(BaseModel):

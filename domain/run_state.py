@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict
 
 from domain.backends import Phase
 from domain.checkpoints import BaseCheckpoint
-from domain.evaluation import EvaluationStage
+from domain.episodes import EvaluationStage
 from training_configs.schema import TrainingConfig
 
 

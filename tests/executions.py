@@ -27,6 +27,8 @@ def finished(sfn: Any, execution_arn: str, *, timeout: float = 60) -> dict[str, 
 
 def wait_for_state(sfn: Any, execution_arn: str, state: str, *, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
-    while state not in entered_states(sfn, execution_arn):
-        assert time.monotonic() < deadline, f"{execution_arn} never entered {state}"
+    while state not in (entered := entered_states(sfn, execution_arn)):
+        assert time.monotonic() < deadline, (
+            f"{execution_arn} never entered {state}; last states: {entered[-6:]}"
+        )
         time.sleep(0.05)

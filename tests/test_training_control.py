@@ -8,7 +8,7 @@ import json
 
 import boto3
 
-from domain.nova_job import FORGE_RECIPE_SOURCE, FORGE_RECIPES
+from domain.nova_job import FORGE_EVALUATION_RECIPE, FORGE_RECIPE_SOURCE, FORGE_RECIPES
 from lambdas.kubernetes.rbac import nova_launcher_rbac, pipeline_rbac
 from lambdas.pipeline.hyperpod_capacity import LEASE_KEY
 from lambdas.pipeline.hyperpod_training import HyperPodSettings
@@ -296,7 +296,7 @@ def test_a_restricted_group_brings_the_nova_plane_and_its_rights(pinned_app: Syn
     ]  # fmt: skip
     assert sorted(read["Resource"]) == sorted(
         "arn:aws:s3:::" + FORGE_RECIPE_SOURCE.format(recipe=path).removeprefix("s3://")
-        for path in FORGE_RECIPES.values()
+        for path in [*FORGE_RECIPES.values(), FORGE_EVALUATION_RECIPE]
     )
     _, scale = _function(template, "PipelineScaleUpFunction")
     passed = [

@@ -13,14 +13,8 @@ from typing import Any
 
 from domain.backends import WAITING, EvaluationUnsupported, Phase, RunContext
 from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, object_exists, run_output_prefix
-from domain.evaluation import (
-    Episode,
-    EvaluationReport,
-    EvaluationStage,
-    compare,
-    episodes_key,
-    summarize,
-)
+from domain.episodes import Episode, EvaluationStage
+from domain.evaluation import EvaluationReport, compare, episodes_key, summarize
 from domain.run_state import EvaluationJob, JobReport, RegisteredRun, RunState
 from domain.runs import RunStore
 from lambdas.pipeline import policies

@@ -37,7 +37,7 @@ from domain.backends import (
     TrainingCluster,
     last_step,
 )
-from domain.evaluation import EvaluationStage
+from domain.episodes import EvaluationStage
 from lambdas.clients import Clients
 from lambdas.environment import EnvironmentSettings
 from lambdas.kubernetes.client import KubernetesClient

@@ -13,11 +13,23 @@ lambdas/launcher/) — on the deployment's restricted instance group.
   job (image pulls, crash loops, OOM kills, pending too long fail the run with that reason);
   its progress is the run's reward curve, which the Nova job does not write: made from the
   rollout reports the router accepted (lambdas/pipeline/reward_curve.py);
-- delete: the launcher function uninstalls the run's releases (everything the chart made).
+- submit_evaluation / evaluation_status: AWS's multi-turn evaluation recipe (the Forge SDK's
+  RFT_MULTITURN_EVAL) for the starting model or the trained checkpoint, on the run's held-out
+  records, through the same launcher and queues — but the rollout Lambda alias of that
+  evaluation, so its rollouts' reports are kept apart from training's
+  (lambdas/router/rollout_aliases.py). Once the job succeeded, those reports are the
+  evaluation's episodes (`runs/<run_id>/evaluation/<stage>.jsonl`), summarised like every
+  plane's. Where AWS publishes no evaluation image, or its recipe takes no BYOO endpoints, the
+  run goes on without an evaluation and says why;
+- the held-out records are never trained on: with a share held out, the job trains on
+  `runs/<run_id>/data/training.jsonl` (the dataset without them);
+- delete: the launcher function uninstalls the run's releases (everything the chart made),
+  its evaluations' too.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import time
@@ -29,27 +41,47 @@ import yaml
 from pydantic import Field
 
 from domain.backends import EvaluationUnsupported, JobStatus, Phase, RunContext
-from domain.evaluation import EvaluationStage
+from domain.checkpoints import latest
+from domain.dataset import read_records
+from domain.episodes import EvaluationStage
+from domain.evaluation import (
+    EVALUATION_RECORDS_OBJECT,
+    TRAINING_RECORDS_OBJECT,
+    episodes_key,
+    evaluation_records,
+    evaluation_source,
+    training_records,
+)
 from domain.nova_job import (
+    BYOO_KEYS,
+    FORGE_EVALUATION_RECIPE,
     FORGE_RECIPE_SOURCE,
     FORGE_RECIPES,
     NAMESPACE,
+    NOVA_MODELS,
     NovaRefused,
     apply_overrides,
     byoo_endpoints,
+    evaluation_image,
+    evaluation_overrides,
+    evaluation_run_recipe,
     images,
     job_pattern,
+    recipe_leaves,
     recipe_overrides,
     run_name,
     run_recipe,
+    without_single_turn_reward,
 )
 from lambdas.clients import Clients
 from lambdas.kubernetes.client import KubernetesClient
 from lambdas.kubernetes.training_job import JOB_API
+from lambdas.pipeline.checkpoints import recorded_checkpoints
 from lambdas.pipeline.hyperpod_capacity import HyperPodCapacity
 from lambdas.pipeline.hyperpod_training import ClusterSettings, InstanceGroupPlane, job_status
 from lambdas.pipeline.reward_curve import RewardCurve
 from lambdas.router.conversations import ConversationStore
+from lambdas.router.rollout_aliases import evaluation_alias_arn
 
 JOB_KIND = "PyTorchJob"  # the chart's trainer (templates/training.yaml), Kubeflow's
 NOVA_GROUP_SETTING = "NOVA_INSTANCE_GROUP"  # set where the deployment has a restricted group
@@ -80,15 +112,18 @@ class NovaTrainingCluster(InstanceGroupPlane):
         capacity: HyperPodCapacity,
         lambda_client: Any,
         s3: Any,
-        curve: RewardCurve,
+        store: ConversationStore,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`store`: the router's record of the run's rollouts (its reward curve, and its
+        evaluations' episodes)."""
         super().__init__(
             kubernetes=kubernetes, capacity=capacity, instance_type=settings.instance_type,
             keep_warm_seconds=settings.keep_warm_seconds, clock=clock,
         )  # fmt: skip
         self.settings = settings
-        self.lambda_client, self.s3, self.curve = lambda_client, s3, curve
+        self.lambda_client, self.s3, self.store = lambda_client, s3, store
+        self.curve = RewardCurve(store, s3)
 
     @classmethod
     def from_environment(
@@ -99,9 +134,7 @@ class NovaTrainingCluster(InstanceGroupPlane):
             settings, kubernetes=settings.kubernetes(clients),
             capacity=settings.capacity(clients, settings.instance_group, restricted=True),
             lambda_client=clients("lambda"), s3=clients("s3"),
-            curve=RewardCurve(
-                ConversationStore(clients("dynamodb"), settings.conversations_table), clients("s3")
-            ),
+            store=ConversationStore(clients("dynamodb"), settings.conversations_table),
         )  # fmt: skip
 
     def name(self, run: RunContext) -> str:
@@ -109,28 +142,55 @@ class NovaTrainingCluster(InstanceGroupPlane):
 
     # --- the job ---
 
+    def forge_recipe(self, path: str) -> tuple[str, dict[str, Any]]:
+        """Where the Forge recipe at `path` (of the recipes collection) is read from, and it."""
+        source = self.settings.recipe_source.format(recipe=path)
+        found = S3_URI.match(source)
+        if found is None:
+            raise NovaRefused(f"NOVA_RECIPE_SOURCE {source!r} is not an s3://bucket/key URI")
+        body = self.s3.get_object(Bucket=found.group(1), Key=found.group(2))["Body"].read()
+        recipe = yaml.safe_load(body)
+        if not isinstance(recipe, dict):
+            raise NovaRefused(f"recipe {source}: expected a YAML mapping")
+        return source, recipe
+
     def recipe(self, run: RunContext) -> dict[str, Any]:
         """The Forge recipe of the run's config with the run's overrides."""
         config = run.training
         if run.rollout_request_arn is None:
             raise ValueError(f"run {run.run_id}: no rollout Lambda alias (Provision makes it)")
-        source = self.settings.recipe_source.format(recipe=FORGE_RECIPES[config.recipe])
-        found = S3_URI.match(source)
-        if found is None:
-            raise NovaRefused(f"NOVA_RECIPE_SOURCE {source!r} is not an s3://bucket/key URI")
-        body = self.s3.get_object(Bucket=found.group(1), Key=found.group(2))["Body"].read()
-        base = yaml.safe_load(body)
-        if not isinstance(base, dict):
-            raise NovaRefused(f"recipe {source}: expected a YAML mapping")
+        _, base = self.forge_recipe(FORGE_RECIPES[config.recipe])
         overrides = recipe_overrides(
             config,
             name=self.name(run),
-            data_s3_path=f"s3://{run.bucket}/{run.dataset_key}",
+            data_s3_path=self.training_data(run),
             output_s3_path=f"s3://{run.bucket}/{run.output_prefix}",
             byoo=byoo_endpoints(run.rollout_request_arn, lambda kind: run.queues[kind]),
             base_checkpoint=run.base.uri if run.base else None,
         )
         return apply_overrides(base, overrides)
+
+    def training_data(self, run: RunContext) -> str:
+        """The records the job trains on: the dataset, without the held-out ones when a share is
+        held out (written once beside the run's outputs)."""
+        config = run.training
+        if config.held_out_fraction <= 0:
+            return f"s3://{run.bucket}/{run.dataset_key}"
+        key = f"{run.output_prefix}{TRAINING_RECORDS_OBJECT}"
+        records = training_records(self._records(run, run.dataset_key, run.dataset_version), config)
+        return self._write_records(run, key, records)
+
+    def _records(self, run: RunContext, key: str, version: str | None) -> list[Any]:
+        extra = {"VersionId": version} if version else {}
+        body = self.s3.get_object(Bucket=run.bucket, Key=key, **extra)["Body"].read()
+        return list(read_records(io.BytesIO(body)))
+
+    def _write_records(self, run: RunContext, key: str, records: list[Any]) -> str:
+        lines = "".join(record.model_dump_json(exclude_none=True) + "\n" for record in records)
+        self.s3.put_object(
+            Bucket=run.bucket, Key=key, Body=lines.encode(), ContentType="application/x-ndjson"
+        )
+        return f"s3://{run.bucket}/{key}"
 
     def submit(self, run: RunContext) -> str:
         config = run.training
@@ -148,14 +208,20 @@ class NovaTrainingCluster(InstanceGroupPlane):
         return f"{NAMESPACE}/{answer['job']}"
 
     def status(self, run: RunContext) -> JobStatus:
-        pattern = re.compile(job_pattern(self.name(run)))
+        status = self._job_status(self.name(run), "the run's Nova job")
+        ended = status.phase in (Phase.SUCCEEDED, Phase.FAILED)
+        return replace(status, step=self.curve.update(run, final=ended))
+
+    def _job_status(self, name: str, what: str) -> JobStatus:
+        """The latest PyTorchJob the launcher made of recipe name `name`, and its pods."""
+        pattern = re.compile(job_pattern(name))
         jobs = [
             job
             for job in self.kubernetes.list(JOB_API[JOB_KIND], JOB_KIND, namespace=NAMESPACE)
             if pattern.match(job["metadata"]["name"])
         ]
         if not jobs:
-            return JobStatus(Phase.FAILED, f"the run's Nova job is not in namespace {NAMESPACE}")
+            return JobStatus(Phase.FAILED, f"{what} is not in namespace {NAMESPACE}")
         job = max(jobs, key=lambda item: item["metadata"]["creationTimestamp"])
         prefix = f"{job['metadata']['name']}-"
         pods = [
@@ -163,28 +229,117 @@ class NovaTrainingCluster(InstanceGroupPlane):
             for pod in self.kubernetes.list("v1", "Pod", namespace=NAMESPACE)
             if pod["metadata"]["name"].startswith(prefix)
         ]
-        status = job_status(
+        return job_status(
             job, pods, now=self._clock(), pending_limit_seconds=self.settings.pending_limit_seconds
         )
-        ended = status.phase in (Phase.SUCCEEDED, Phase.FAILED)
-        return replace(status, step=self.curve.update(run, final=ended))
 
-    # AWS's evaluation (the Forge SDK's RFT_MULTITURN_EVAL recipe over the same BYOO queues) is
-    # not launched by the pipeline yet: Nova runs train without a held-out evaluation, and their
-    # report says so.
-    NO_EVALUATION = (
-        "the Nova plane does not launch AWS's RFT multi-turn evaluation recipe yet; evaluate "
-        "the model with the Nova Forge SDK (RFT_MULTITURN_EVAL)"
-    )
+    # --- the held-out evaluations ---
+
+    def evaluation_name(self, run: RunContext, stage: EvaluationStage) -> str:
+        return run_name(self.settings.prefix, run.run_id, stage)
+
+    def evaluation_recipe(self, run: RunContext, stage: EvaluationStage) -> dict[str, Any]:
+        """AWS's evaluation recipe for the stage's model on the run's held-out records, through
+        the stage's endpoints (EvaluationUnsupported: the recipe takes no BYOO endpoints)."""
+        if run.rollout_request_arn is None:
+            raise ValueError(f"run {run.run_id}: no rollout Lambda alias (Provision makes it)")
+        source, base = self.forge_recipe(FORGE_EVALUATION_RECIPE)
+        missing = [key for key in BYOO_KEYS if key not in recipe_leaves(base)]
+        if missing:
+            raise EvaluationUnsupported(
+                f"AWS's evaluation recipe {source} has no {', '.join(missing)}: it cannot play "
+                "its rollouts through this run's reward workers"
+            )
+        arn = evaluation_alias_arn(run.rollout_request_arn, stage)
+        source_key, version = evaluation_source(run.training, run.dataset_key, run.dataset_version)
+        records = evaluation_records(
+            self._records(run, source_key, version), run.training,
+            named_file=run.training.eval_dataset is not None,
+        )  # fmt: skip
+        if not records:
+            raise EvaluationUnsupported(
+                f"no record of s3://{run.bucket}/{source_key} is held out for evaluation "
+                f"(eval_fraction {run.training.held_out_fraction}); raise eval_fraction or name "
+                "an eval_dataset"
+            )
+        overrides = evaluation_overrides(
+            name=self.evaluation_name(run, stage),
+            model_name_or_path=self.evaluated_model(run, stage),
+            data_s3_path=self._write_records(
+                run, f"{run.output_prefix}{EVALUATION_RECORDS_OBJECT}", records
+            ),
+            output_s3_path=f"s3://{run.bucket}/{run.output_prefix}evaluation/{stage}/",
+            byoo=byoo_endpoints(arn, lambda kind: run.queues[kind]),
+        )
+        return apply_overrides(without_single_turn_reward(base), overrides)
+
+    def evaluated_model(self, run: RunContext, stage: EvaluationStage) -> str:
+        """The starting model (the base checkpoint, or Nova's), or the checkpoint training
+        ended with (EvaluationUnsupported: the job recorded none with a location)."""
+        if stage is EvaluationStage.BASELINE:
+            return run.base.uri if run.base else NOVA_MODELS[run.training.model]
+        listed = self.s3.list_objects_v2(Bucket=run.bucket, Prefix=run.output_prefix)
+        outputs = [
+            item["Key"].removeprefix(run.output_prefix) for item in listed.get("Contents", [])
+        ]
+        found = latest(
+            recorded_checkpoints(
+                self.s3, bucket=run.bucket, prefix=run.output_prefix, outputs=outputs
+            )
+        )
+        if found is None or found.uri is None:
+            raise EvaluationUnsupported(
+                f"the run's Nova job recorded no checkpoint with a location under "
+                f"s3://{run.bucket}/{run.output_prefix}: there is no trained model to evaluate"
+            )
+        return found.uri
 
     def submit_evaluation(self, run: RunContext, *, stage: EvaluationStage) -> str:
-        raise EvaluationUnsupported(self.NO_EVALUATION)
+        image = evaluation_image(self.settings.region)
+        if image is None:
+            raise EvaluationUnsupported(
+                f"AWS publishes no Nova evaluation image in {self.settings.region}; evaluate "
+                "the model with the Nova Forge SDK (RFT_MULTITURN_EVAL) in a region that has one"
+            )
+        name = self.evaluation_name(run, stage)
+        answer = self._launch(
+            {
+                "action": "start",
+                "name": name,
+                "recipe": evaluation_run_recipe(name),
+                "body": self.evaluation_recipe(run, stage),
+                "instance_type": run.training.instance_type,
+                "container": image,
+            }
+        )
+        return f"{NAMESPACE}/{answer['job']}"
 
     def evaluation_status(self, run: RunContext, *, stage: EvaluationStage) -> JobStatus:
-        raise EvaluationUnsupported(self.NO_EVALUATION)
+        """The evaluation job's phase; once it succeeded, the reports of its rollouts are its
+        episodes (none at all fails it: AWS's job played nothing through the run's workers)."""
+        status = self._job_status(self.evaluation_name(run, stage), f"the run's {stage} evaluation")
+        if status.phase is not Phase.SUCCEEDED:
+            return status
+        episodes = [
+            report.episode for report in self.store.reports(run.run_id, stage) if report.episode
+        ]
+        if not episodes:
+            return JobStatus(
+                Phase.FAILED,
+                f"AWS's {stage} evaluation job succeeded but no rollout of it reached the run's "
+                "reward workers (its rollout Lambda alias was never invoked)",
+            )
+        self.s3.put_object(
+            Bucket=run.bucket,
+            Key=episodes_key(run.output_prefix, stage),
+            Body="".join(episode.model_dump_json() + "\n" for episode in episodes).encode(),
+            ContentType="application/x-ndjson",
+        )
+        return status
 
     def delete(self, run: RunContext) -> int:
-        return self._launch({"action": "stop", "name": self.name(run)})["releases"]
+        names = [self.name(run), *(self.evaluation_name(run, stage) for stage in EvaluationStage)]
+        return sum(self._launch({"action": "stop", "name": name})["releases"] for name in names)
 
     def _launch(self, request: dict[str, Any]) -> dict[str, Any]:
         answer = self.lambda_client.invoke(

@@ -2,7 +2,7 @@
 
 A run's resources are its FIFO queues (and dead-letter queue), their age alarms, the event
 source mapping that feeds its generate responses to the router's consumer, and its alias of the
-rollout forwarder (the `rollout_request_arn` a Nova trainer invokes). The run's entry in
+rollout forwarder (the `rollout_request_arn` a Nova trainer invokes; one per evaluation). The run's entry in
 the conversation table (with the token its workers present) is written when the workers start.
 """
 
@@ -25,9 +25,9 @@ from lambdas.router.event_sources import (
     disconnect_consumer,
 )
 from lambdas.router.rollout_aliases import (
-    create_rollout_alias,
-    delete_rollout_alias,
-    rollout_alias_exists,
+    create_rollout_aliases,
+    delete_rollout_aliases,
+    rollout_aliases_left,
 )
 
 
@@ -56,7 +56,7 @@ def provision_run(
     wiring: RouterWiring, *, run_id: str, kms_key_id: str | None, alert_topic_arn: str | None
 ) -> Provisioned:
     """Per-run queues, queue-age alarms, the consumer's event source mapping and the rollout
-    forwarder's alias."""
+    forwarder's aliases."""
     queues = create_run_queues(
         wiring.sqs, prefix=wiring.prefix, run_id=run_id, kms_key_id=kms_key_id
     )
@@ -69,7 +69,7 @@ def provision_run(
     mapping = connect_consumer(
         wiring.lambda_client, function=wiring.consumer_function, queue_arn=responses_arn
     )
-    alias = create_rollout_alias(
+    alias = create_rollout_aliases(
         wiring.lambda_client, function=wiring.rollout_forwarder, run_id=run_id
     )
     return Provisioned(
@@ -78,9 +78,9 @@ def provision_run(
 
 
 def teardown_run(wiring: RouterWiring, *, run_id: str) -> dict[str, int]:
-    """Delete the run's alias, mapping, queues and alarms; safe to repeat. Returns what was
+    """Delete the run's aliases, mapping, queues and alarms; safe to repeat. Returns what was
     deleted and what is left (0 when teardown is complete)."""
-    delete_rollout_alias(wiring.lambda_client, function=wiring.rollout_forwarder, run_id=run_id)
+    delete_rollout_aliases(wiring.lambda_client, function=wiring.rollout_forwarder, run_id=run_id)
     disconnect_consumer(
         wiring.lambda_client,
         function=wiring.consumer_function,
@@ -106,7 +106,7 @@ def leftover_resources(wiring: RouterWiring, *, run_id: str) -> int:
         function=wiring.consumer_function,
         queue_name=queue_name(wiring.prefix, run_id, QueueKind.GENERATE_RESPONSES),
     )
-    alias = rollout_alias_exists(
+    aliases = rollout_aliases_left(
         wiring.lambda_client, function=wiring.rollout_forwarder, run_id=run_id
     )
-    return queues + len(alarms) + mappings + int(alias)
+    return queues + len(alarms) + mappings + aliases

@@ -7,7 +7,7 @@ asks every plane: each removes what it has of the run and nothing else."""
 from __future__ import annotations
 
 from domain.backends import JobStatus, RunContext, TrainingCluster
-from domain.evaluation import EvaluationStage
+from domain.episodes import EvaluationStage
 from domain.nova_job import NO_NOVA_GROUP, NovaRefused, is_nova
 
 

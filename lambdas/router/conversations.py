@@ -6,9 +6,12 @@ One table, key (`run_id`, `item`), TTL on `expires_at`:
   consumer, which only knows the queue a message came from;
 - `step#<step_id>`: one model turn: `pending -> processing -> completed | failed`;
 - `rollout#<sample_id>`: one episode: `processing -> completed | failed`;
-- `report#<request id>`: one rollout report as it was accepted (its score, success flag and
-  time), written once and never changed: what a run's reward curve is made of
-  (lambdas/pipeline/reward_curve.py).
+- `sample#<sample_id>`: which phase of the run (training, or an evaluation) a sample was last
+  asked for in, by the rollout forwarder (lambdas/router/rollout_aliases.py): the phase of its
+  report;
+- `report#<request id>`: one rollout report as it was accepted (its score, success flag, time,
+  phase and episode), written once and never changed: what a run's reward curve is made of
+  (lambdas/pipeline/reward_curve.py), and a Nova run's held-out evaluations.
 Every transition is a conditional write, so a redelivered message can neither add a turn nor
 overwrite a finished one.
 """
@@ -23,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
+
+from domain.episodes import Episode, EvaluationStage
 
 DEFAULT_TTL_SECONDS = 14 * 24 * 3600
 PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE = "run_id", "item", "expires_at"
@@ -78,13 +83,14 @@ class Step:
 @dataclass(frozen=True)
 class ReportedRollout:
     """One accepted rollout report: its score (None: the rollout failed), its success flag
-    (None: not reported), when it was accepted, and its key (which orders reports accepted at
-    the same time)."""
+    (None: not reported), when it was accepted, its key (which orders reports accepted at the
+    same time), and how its episode ended."""
 
     key: str
     reported_at: float
     score: float | None
     success: bool | None
+    episode: Episode | None = None
 
 
 def token_digest(token: str) -> str:
@@ -219,26 +225,46 @@ class ConversationStore:
             run_id, f"rollout#{sample_id}", status, ("processing",), now, extra=extra
         )
 
+    # --- phases and reports ----------------------------------------------------------------
+
+    def mark_sample(
+        self, run_id: str, sample_id: str, *, stage: EvaluationStage | None, now: float
+    ) -> None:
+        """Sample `sample_id` is asked for in `stage`'s evaluation (None: in training)."""
+        fields = {"stage": {"S": stage}} if stage else {}
+        self._db.put_item(
+            TableName=self._table, Item=self._fresh(run_id, f"sample#{sample_id}", fields, now)
+        )
+
+    def stage_of(self, run_id: str, sample_id: str) -> EvaluationStage | None:
+        """The evaluation sample `sample_id` was last asked for in (None: training, or asked
+        for straight on the run's queue)."""
+        item = self._get(run_id, f"sample#{sample_id}")
+        return EvaluationStage(item["stage"]["S"]) if item and "stage" in item else None
+
     def record_report(
         self,
         run_id: str,
         request_id: str,
         *,
-        score: float | None,
-        success: bool | None,
+        episode: Episode,
+        stage: EvaluationStage | None,
         now: float,
     ) -> bool:
         """Keep the report of request `request_id` once; False if it was already kept (a retried
         report)."""
-        fields: dict[str, Any] = {}
-        if score is not None:
-            fields["score"] = {"N": repr(score)}
-        if success is not None:
-            fields["success"] = {"BOOL": success}
+        fields: dict[str, Any] = {"episode": {"S": episode.model_dump_json(exclude_none=True)}}
+        if episode.score is not None:
+            fields["score"] = {"N": repr(episode.score)}
+        if episode.success is not None:
+            fields["success"] = {"BOOL": episode.success}
+        if stage:
+            fields["stage"] = {"S": stage}
         return self._put_new(run_id, f"report#{request_id}", fields, now)
 
-    def reports(self, run_id: str) -> list[ReportedRollout]:
-        """Every report the run's rollouts were accepted with, in the order they were."""
+    def reports(self, run_id: str, stage: EvaluationStage | None = None) -> list[ReportedRollout]:
+        """Every report the run's rollouts were accepted with in training (or in `stage`'s
+        evaluation), in the order they were."""
         paginator = self._db.get_paginator("query")
         pages = paginator.paginate(
             TableName=self._table,
@@ -249,9 +275,11 @@ class ConversationStore:
                 "#at": "created_at",
                 "#score": "score",
                 "#success": "success",
+                "#stage": "stage",
+                "#episode": "episode",
             },
             ExpressionAttributeValues={":run": {"S": run_id}, ":prefix": {"S": "report#"}},
-            ProjectionExpression="#item, #at, #score, #success",
+            ProjectionExpression="#item, #at, #score, #success, #stage, #episode",
         )
         found = [
             ReportedRollout(
@@ -259,9 +287,13 @@ class ConversationStore:
                 reported_at=float(item["created_at"]["N"]),
                 score=float(item["score"]["N"]) if "score" in item else None,
                 success=item["success"]["BOOL"] if "success" in item else None,
+                episode=(
+                    Episode.model_validate_json(item["episode"]["S"]) if "episode" in item else None
+                ),
             )
             for page in pages
             for item in page["Items"]
+            if item.get("stage", {}).get("S") == (stage or None)
         ]
         return sorted(found, key=lambda report: (report.reported_at, report.key))
 

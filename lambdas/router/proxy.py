@@ -32,6 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from domain.episodes import Episode
 from domain.protocol import (
     ID_LENGTH,
     MAX_BODY_BYTES,
@@ -42,6 +43,7 @@ from domain.protocol import (
     chat_completion,
     dump,
     fifo_id,
+    record_id_of,
     split_run_path,
     step_id_for,
 )
@@ -299,12 +301,13 @@ class Proxy:
             score=response.aggregate_score,
             now=self.clock(),
         )
-        # Kept on its own key, so a retry after a failure above still records it, once.
+        # Kept on its own key, so a retry after a failure above still records it, once; in
+        # the phase the forwarder last asked for the sample in.
         self.store.record_report(
             run.run_id,
             request_id,
-            score=response.aggregate_score,
-            success=response.succeeded,
+            episode=Episode.of(record_id_of(report.id), response),
+            stage=self.store.stage_of(run.run_id, report.id),
             now=self.clock(),
         )
         self.counters.reports += 1

@@ -5,11 +5,13 @@ BYOO recipe configuration; the trainer's Rollout component "delegates rollout ge
 Proxy Lambda"). It puts the request on the run's rollout-request queue, where the reward workers
 take it.
 
-One function serves every run, and each run invokes it through an alias of its own, named after
+One function serves every run, and each run invokes it through aliases of its own, named after
 the run (created with the run's queues, deleted at teardown: `rollout_aliases.py`).
 The run is the alias the invocation came through (`context.invoked_function_arn`), so concurrent
 runs never mix and a run that is torn down cannot be reached; an invocation of the bare function
-is refused. A request that is not valid v0 is refused with what is wrong — the trainer sees the
+is refused. The alias also says the phase — training, or a held-out evaluation — which is
+recorded for the sample before its request is queued, so its report is kept in that phase
+(lambdas/router/conversations.py) and an evaluation's rollouts never enter the reward curve. A request that is not valid v0 is refused with what is wrong — the trainer sees the
 failed invocation at once instead of waiting for a rollout that never comes. A retried
 invocation carries the same request: its deduplication id is the request's digest, so SQS keeps
 one (a sample asked for again in a later step comes with a new timestamp, so it is a new one).
@@ -20,7 +22,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 from domain.protocol import RolloutRequest, dump, fifo_id, parse
 from domain.run_queues import QueueKind, queue_name, run_queue_url
 from lambdas.clients import Clients, composed_once
+from lambdas.router.conversations import ConversationStore
 from lambdas.router.metrics import Counts, metered_entry
 from lambdas.router.rollout_aliases import run_of
 from lambdas.router.settings import ForwarderSettings
@@ -55,21 +59,30 @@ class ForwarderCounters(Counts):
 
 
 class RolloutForwarder:
-    def __init__(self, sqs: Any, *, prefix: str) -> None:
-        self.sqs = sqs
-        self.prefix = prefix
+    def __init__(
+        self,
+        sqs: Any,
+        store: ConversationStore,
+        *,
+        prefix: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sqs, self.store = sqs, store
+        self.prefix, self.clock = prefix, clock
         self.counters = ForwarderCounters()
         self._queues: dict[str, str] = {}  # run id -> its rollout-request queue URL
 
     def handle(self, raw: dict[str, Any]) -> dict[str, Any]:
         invocation = Invocation.model_validate(raw)
-        run_id = run_of(invocation.invoked_function_arn)
-        if run_id is None:
+        invoked = run_of(invocation.invoked_function_arn)
+        if invoked is None:
             self.counters.refused += 1
             raise RolloutRefused(
                 f"invoked as {invocation.invoked_function_arn}: invoke the run's alias "
-                "(<function ARN>:<run id>), the rollout_request_arn its recipe names"
+                "(<function ARN>:<run id>[_<evaluation>]), the rollout_request_arn its recipe "
+                "names"
             )
+        run_id = invoked.run_id
         body = (
             invocation.request
             if isinstance(invocation.request, str)
@@ -80,14 +93,21 @@ class RolloutForwarder:
         except ValueError:
             self.counters.malformed += 1
             raise
+        queue = self._queue_of(run_id)
+        self.store.mark_sample(run_id, request.sample_id, stage=invoked.stage, now=self.clock())
         self.sqs.send_message(
-            QueueUrl=self._queue_of(run_id),
+            QueueUrl=queue,
             MessageBody=dump(request),
             MessageGroupId=fifo_id(request.sample_id),
             MessageDeduplicationId=hashlib.sha256(body.encode()).hexdigest(),
         )
         self.counters.forwarded += 1
-        return {"run_id": run_id, "sample_id": request.sample_id, "forwarded": True}
+        return {
+            "run_id": run_id,
+            "sample_id": request.sample_id,
+            "stage": invoked.stage,
+            "forwarded": True,
+        }
 
     def _queue_of(self, run_id: str) -> str:
         if run_id not in self._queues:
@@ -107,7 +127,8 @@ class RolloutForwarder:
 def forwarder_for(environment: Mapping[str, str], clients: Clients) -> RolloutForwarder:
     """The forwarder of a function with this environment (`ForwarderSettings`)."""
     settings = ForwarderSettings.from_environment(environment)
-    return RolloutForwarder(clients("sqs"), prefix=settings.name_prefix)
+    store = ConversationStore(clients("dynamodb"), settings.table_name)
+    return RolloutForwarder(clients("sqs"), store, prefix=settings.name_prefix)
 
 
 _forward = metered_entry("rollout-forwarder", composed_once(forwarder_for, os.environ), os.environ)

@@ -20,9 +20,11 @@ class RouterSettings(EnvironmentSettings):
 
 class ForwarderSettings(EnvironmentSettings):
     """The rollout forwarder's: the deployment's name prefix, which the run queues' names
-    start with (domain/run_queues.py)."""
+    start with (domain/run_queues.py), and the conversation table, where it records each
+    sample's phase."""
 
     name_prefix: str = Field(alias="NAME_PREFIX")
+    table_name: str = Field(alias="TABLE_NAME")
 
 
 def metrics_deployment(environment: Mapping[str, str]) -> str:

@@ -31,7 +31,7 @@ from domain.backends import (
     TrainingCluster,
     worker_environment,
 )
-from domain.evaluation import EvaluationStage
+from domain.episodes import EvaluationStage
 from mtrl.local.trainer.exchange import TrainingJob
 from reward_envs.registry import load
 

@@ -18,6 +18,7 @@ import yaml
 from rich.table import Table
 
 from domain.checkpoints import referenced_run
+from domain.evaluation import TRAINING_RECORDS_OBJECT
 from domain.nova_job import (
     FORGE_RECIPE_SOURCE,
     FORGE_RECIPES,
@@ -102,7 +103,12 @@ def plan(
     overrides = recipe_overrides(
         config,
         name=name,
-        data_s3_path=f"s3://{bucket}/training-data/<dataset>.jsonl",
+        # With a share held out for evaluation, the job trains on the dataset without it.
+        data_s3_path=(
+            f"s3://{bucket}/runs/{RUN}/{TRAINING_RECORDS_OBJECT}"
+            if config.held_out_fraction > 0
+            else f"s3://{bucket}/training-data/<dataset>.jsonl"
+        ),
         output_s3_path=f"s3://{bucket}/runs/{RUN}/",
         byoo=byoo,
         base_checkpoint=_base_shown(config.base_checkpoint),

@@ -29,7 +29,7 @@ NEEDS: Mapping[str, tuple[Need, ...]] = {
         Need.RUN_QUEUES_SEND,
     ),
     "consumer": (Need.CONVERSATIONS_GET, Need.CONVERSATIONS_UPDATE, Need.RUN_QUEUES_POLL),
-    "rollout_forwarder": (Need.ROLLOUT_REQUESTS_FORWARD,),
+    "rollout_forwarder": (Need.ROLLOUT_REQUESTS_FORWARD, Need.CONVERSATIONS_PUT),
     # AWS's launcher (a deployment with a restricted group): helm in the kubeflow namespace.
     "nova_launcher": (Need.NOVA_CHART,),
     # Workers report through the proxy; a message they cannot read goes to the dead-letter queue.
@@ -40,8 +40,9 @@ NEEDS: Mapping[str, tuple[Need, ...]] = {
     ),
     # A Nova job, whose only identity is the restricted group's execution role (AWS's RIG
     # docs): its dataset and outputs, the run's queues, and the run's rollout Lambda (BYOO).
+    # OUTPUTS_READ: the records written for it (held-out ones apart, domain/evaluation.py).
     "nova_job": (
-        Need.DATASETS_READ_CURRENT, Need.OUTPUTS_WRITE, Need.RUN_QUEUES_RECEIVE,
+        Need.DATASETS_READ_CURRENT, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE, Need.RUN_QUEUES_RECEIVE,
         Need.RUN_QUEUES_SEND, Need.ROLLOUT_LAMBDA_INVOKE,
     ),
     # The operator's managed policy (stack output OperatorPolicyArn), for the `mtrl` commands.

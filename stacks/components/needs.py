@@ -10,6 +10,7 @@ class Need(StrEnum):
     # The data bucket (datasets, configs, a run's outputs).
     DATASETS_READ = "read the dataset version a run started with"
     DATASETS_READ_CURRENT = "read datasets as they are now"
+    EVALUATION_DATA_READ = "read a config's evaluation file (evaluation-data/)"
     CONFIGS_READ = "read configs"
     OUTPUTS_LIST = "list a run's outputs"
     OUTPUTS_READ = "read a run's outputs"

@@ -29,7 +29,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from domain.backends import WAITING, Phase
-from domain.evaluation import EvaluationStage
+from domain.episodes import EvaluationStage
 from stacks.components.nag import acknowledge, acknowledge_resource
 from training_configs.schema import MAX_DEADLINE_HOURS
 

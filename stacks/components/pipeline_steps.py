@@ -103,17 +103,29 @@ STEPS = (
         (Need.CONVERSATIONS_PUT, Need.FLEET_START),
     ),
     PipelineStep("workers_healthy", "Counts the run's healthy reward workers", (Need.FLEET_WATCH,)),
+    # DATASETS_READ, OUTPUTS_WRITE: a Nova job trains on the dataset without its held-out records.
     PipelineStep(
         "submit_job", "Submits the run's training job (idempotent)",
-        (Need.KUBERNETES, Need.POD_IDENTITY_CREATE, Need.NOVA_LAUNCH, Need.FORGE_RECIPES_READ),
+        (
+            Need.KUBERNETES, Need.POD_IDENTITY_CREATE, Need.NOVA_LAUNCH, Need.FORGE_RECIPES_READ,
+            Need.DATASETS_READ, Need.OUTPUTS_WRITE,
+        ),
     ),
+    # A Nova evaluation: AWS's recipe, the held-out records written for it, the checkpoint found.
     PipelineStep(
         "start_evaluation", "Starts the evaluation of the run's starting or trained model",
-        (),
+        (
+            Need.NOVA_LAUNCH, Need.FORGE_RECIPES_READ, Need.DATASETS_READ,
+            Need.EVALUATION_DATA_READ, Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE,
+        ),
     ),
+    # A Nova evaluation's episodes: its rollout reports, written beside the run's outputs.
     PipelineStep(
         "evaluation_status", "Polls an evaluation; its headline figures once it ended",
-        (Need.OUTPUTS_LIST, Need.OUTPUTS_READ),
+        (
+            Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE, Need.KUBERNETES,
+            Need.CONVERSATIONS_QUERY,
+        ),
     ),
     PipelineStep(
         "monitor", "Polls the job; stops runs past their deadline or budget",

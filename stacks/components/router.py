@@ -93,7 +93,9 @@ class Router(Construct):
             description="Rollout router: puts a Nova trainer's rollout requests on the run's queue",
             code=code,
             timeout=Duration.seconds(30),
-            environment=environment_for(ForwarderSettings, name_prefix=config.name_prefix),
+            environment=environment_for(
+                ForwarderSettings, name_prefix=config.name_prefix, table_name=self.table.table_name
+            ),
         )
         self._data_key = data_key
         self._alarms = stack.format_arn(

@@ -15,6 +15,7 @@ from domain.bucket import CONFIGS_PREFIX, RUNS_PREFIX, TRAINING_DATA_PREFIX
 from stacks.components.nag import acknowledge, acknowledge_resource
 from stacks.components.needs import Need
 from stacks.config import PlatformConfig
+from training_configs.schema import EVALUATION_DATA_PREFIX
 
 LIFECYCLE_SCRIPTS = Path(__file__).resolve().parent.parent / "assets" / "hyperpod_lifecycle"
 LIFECYCLE_PREFIX = "hyperpod-lifecycle/"
@@ -206,6 +207,7 @@ class DataBucketAccess:
         {
             Need.DATASETS_READ,
             Need.DATASETS_READ_CURRENT,
+            Need.EVALUATION_DATA_READ,
             Need.CONFIGS_READ,
             Need.OUTPUTS_LIST,
             Need.OUTPUTS_READ,
@@ -226,6 +228,9 @@ class DataBucketAccess:
                 self._use_key(role, "kms:Decrypt")
             case Need.DATASETS_READ_CURRENT:
                 self._objects(role, TRAINING_DATA_PREFIX, "s3:GetObject")
+                self._use_key(role, "kms:Decrypt")
+            case Need.EVALUATION_DATA_READ:
+                self._objects(role, EVALUATION_DATA_PREFIX, "s3:GetObject")
                 self._use_key(role, "kms:Decrypt")
             case Need.CONFIGS_READ:
                 self._list(role, CONFIGS_PREFIX)

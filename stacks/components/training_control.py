@@ -23,7 +23,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
-from domain.nova_job import FORGE_RECIPE_SOURCE, FORGE_RECIPES
+from domain.nova_job import FORGE_EVALUATION_RECIPE, FORGE_RECIPE_SOURCE, FORGE_RECIPES
 from lambdas.environment import environment_for
 from lambdas.kubernetes.rbac import (
     launcher_group,
@@ -215,12 +215,12 @@ class TrainingClusterControl(Construct):
             case Need.NOVA_LAUNCH:
                 self._allow(role, ["lambda:InvokeFunction"], self.launcher.function.function_arn)
             case Need.FORGE_RECIPES_READ:
-                # The Forge recipes a run may use, each named (domain/nova_job.py), read-only.
+                # The Forge recipes a run may use (training, evaluation), each named (domain/nova_job.py), read-only.
                 partition = Stack.of(self).partition
                 recipes = [
                     f"arn:{partition}:s3:::"
                     + FORGE_RECIPE_SOURCE.format(recipe=path).removeprefix("s3://")
-                    for path in sorted(FORGE_RECIPES.values())
+                    for path in sorted([*FORGE_RECIPES.values(), FORGE_EVALUATION_RECIPE])
                 ]
                 self._allow(role, ["s3:GetObject"], *recipes)
             case Need.NOVA_CHART:

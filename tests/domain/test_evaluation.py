@@ -9,10 +9,9 @@ import numpy as np
 import pytest
 
 from domain.dataset import DatasetRecord
+from domain.episodes import Episode, EvaluationStage
 from domain.evaluation import (
-    Episode,
     EvaluationReport,
-    EvaluationStage,
     compare,
     evaluation_records,
     evaluation_sample_id,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from importlib.metadata import distribution
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,15 @@ from domain.nova_job import (
     FORGE_RECIPE_SOURCE,
     FORGE_RECIPES,
     REPLICAS,
+    RUN_NAME_LIMIT,
     NovaRefused,
     apply_overrides,
     images,
+    job_pattern,
     launcher_command,
     nova_problems,
     recipe_overrides,
+    run_name,
 )
 from training_configs.schema import SHIPPED, TrainingConfig, load_training_config
 
@@ -253,3 +257,19 @@ def test_every_override_but_the_byoo_ones_is_a_key_of_awss_public_rft_recipe(nam
     assert set(overrides) >= BYOO_ONLY  # delegation is always on, with this run's endpoints
     assert not (BYOO_ONLY & public)  # the public single-turn recipe delegates nothing
     assert ("alpha" in overrides) is (config.lora is not None)
+
+
+@pytest.mark.parametrize(
+    "run_id", ["wordle-0a1b2c3d4e", "nova-held-50d5b38c7b", "a" * 53 + "-0123456789"]
+)
+def test_a_runs_jobs_have_names_apart_within_the_launchers_cut(run_id: str) -> None:
+    """Training and each evaluation: whole within 34 characters, evaluations marked at the end,
+    and no job the launcher makes of one name matches another's pattern."""
+    names = [run_name("nova-mtrl", run_id, stage) for stage in (None, "baseline", "final")]
+    assert all(len(name) <= RUN_NAME_LIMIT and name[0].isalpha() for name in names)
+    assert names[1].endswith("-eval-b") and names[2].endswith("-eval-f")
+    for name in names:
+        job = f"{name}-x1y2z"
+        assert [re.match(job_pattern(other), job) is not None for other in names] == [
+            other == name for other in names
+        ]

@@ -33,6 +33,7 @@ import pytest
 import yaml
 
 from lambdas.pipeline.register import CONFIG_METADATA_KEY
+from lambdas.router.rollout_aliases import run_of
 from mtrl.local.physical import REGION
 from stacks.components.hyperpod_dependencies import chart_request
 from stacks.components.pipeline_steps import STEP
@@ -80,6 +81,10 @@ class Scenario:
     left: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] | None = None  # runs/<run_id>/summary.json, when Collect wrote it
     metrics: list[dict[str, Any]] = field(default_factory=list)  # runs/<run_id>/metrics.jsonl
+    evaluation: dict[str, Any] | None = None  # runs/<run_id>/evaluation.json
+    trained_on: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # runs/<run_id>/data/training.jsonl
 
 
 @dataclass
@@ -92,6 +97,7 @@ class Scenarios:
     reaped: list[dict[str, Any]] = field(default_factory=list)
     nova_exchange: dict[str, Any] = field(default_factory=dict)
     nova_rollouts: dict[str, dict[str, Any]] = field(default_factory=dict)  # by run id
+    nova_evaluations: dict[str, dict[str, Any]] = field(default_factory=dict)  # by run, stage
     nova_reaped: dict[str, Any] = field(default_factory=dict)
     monkeypatch: Any = None
     cli: dict[str, Any] = field(default_factory=dict)  # `mtrl` command -> its CliRunner result
@@ -144,6 +150,8 @@ class Scenarios:
         )
         run.left = _left(world, run)
         run.summary = _output(world, run.run_id, "summary.json")
+        run.evaluation = _output(world, run.run_id, "evaluation.json")
+        run.trained_on = _output(world, run.run_id, "data/training.jsonl", lines=True) or []
         metrics = _output(world, run.run_id, "metrics.jsonl", lines=True)
         run.metrics = metrics or []
         self.runs[name] = run
@@ -193,12 +201,20 @@ class Scenarios:
         exchanges its rollouts then (a held one's are exchanged by its scenario, while it
         holds)."""
         world = self.world
+        recipe = nova_recipe(world, job)
+        run = recipe["run"]
+        run_id = urlsplit(run["output_s3_path"]).path.strip("/").split("/")[1]
+        dataset_key = urlsplit(run["data_s3_path"]).path.lstrip("/")
+        if "evaluation" in recipe:  # AWS's evaluation: one rollout through its stage's alias
+            invoked = run_of(recipe["rl_env"]["rollout_request_arn"])
+            assert invoked is not None and invoked.stage is not None
+            self.nova_evaluations.setdefault(run_id, {})[invoked.stage] = exchange_rollouts(
+                world, run_id, dataset_key, 1, nova=True, stage=invoked.stage
+            )
+            return
         write_manifest_as_the_nova_job(world, job)
         if self.controller.outcome != "complete":
             return
-        run = nova_recipe(world, job)["run"]
-        run_id = urlsplit(run["output_s3_path"]).path.strip("/").removeprefix("runs/")
-        dataset_key = urlsplit(run["data_s3_path"]).path.lstrip("/")
         self.nova_rollouts[run_id] = exchange_rollouts(world, run_id, dataset_key, nova=True)
 
     def run_nova_held(self) -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 
-from domain.nova_job import run_name, run_recipe
+from domain.episodes import EvaluationStage
+from domain.evaluation import EvaluationReport
+from domain.nova_job import evaluation_run_recipe, run_name, run_recipe
 from lambdas.kubernetes.training_job import run_namespace
 from tests.chart_rendering import rendering
 from tests.iam.conftest import Scenario, Scenarios
@@ -102,9 +104,12 @@ def test_a_nova_run_is_started_and_stopped_by_aws_launcher_and_leaves_nothing(
     assert {recipe["run"][f"{kind}_sqs_url"] for kind in ("generate_request", "generate_response",
             "rollout_response")} == {resources["queues"][f"{kind}s"] for kind in (
             "generate_request", "generate_response", "rollout_response")}  # fmt: skip
-    (started,) = [c for c in world.launcher.started() if name in " ".join(c.argv)]
-    assert started.argv[:6] == ["hyperpod", "start-job", "--namespace", "kubeflow", "--recipe",
-                                run_recipe("RFT_MULTITURN_LORA", name)]  # fmt: skip
+    recipes = [c.argv[5] for c in world.launcher.started() if name in c.argv[5]]
+    evaluations = [run_name(PREFIX, run.run_id, stage) for stage in EvaluationStage]
+    assert recipes == [
+        evaluation_run_recipe(evaluations[0]), run_recipe("RFT_MULTITURN_LORA", name),
+        evaluation_run_recipe(evaluations[1]),
+    ]  # fmt: skip
     assert not [release for release in world.launcher.releases if release.startswith(name)]
     assert not world.kubernetes.objects.get(PYTORCH_JOBS)
     requests = world.kubernetes.requests[run.kubernetes]
@@ -112,7 +117,7 @@ def test_a_nova_run_is_started_and_stopped_by_aws_launcher_and_leaves_nothing(
     updates = world.sagemaker.updates[run.updates]
     assert [u["RestrictedInstanceGroups"][0]["InstanceCount"] for u in updates] == [4, 0]
     assert not [u for u in updates if "InstanceGroups" in u]  # the standard group untouched
-    assert output["released"]["job_objects_deleted"] == 1
+    assert output["released"]["job_objects_deleted"] == 3  # training's and both evaluations'
     assert output["teardown"]["leftover"] == 0
     assert run.left == {"active services": 0, "task definitions": 0, "parameters": 0, "queues": []}
     # Collect found the checkpoints the job recorded (its manifest, written as its role).
@@ -136,6 +141,18 @@ def test_a_nova_run_is_started_and_stopped_by_aws_launcher_and_leaves_nothing(
     assert line["mean_reward"] == line["min_reward"] == line["max_reward"] > 0
     assert output["job"]["step"] == 1
     assert "metrics.jsonl" in run.summary["outputs"]
+    # Before and after, AWS's evaluation of the held-out record (w0; the job trained on the
+    # others) played its rollout through its own alias: its episode, not the curve's.
+    assert recipe["run"]["data_s3_path"].endswith(f"/runs/{run.run_id}/data/training.jsonl")
+    assert [record["id"] for record in run.trained_on] == ["w1", "w2"]
+    played = scenarios.nova_evaluations[run.run_id]
+    assert {stage: p["completed"] for stage, p in played.items()} == {"baseline": 1, "final": 1}
+    assert run.evaluation is not None
+    for stage in EvaluationStage:
+        assert (run.evaluation[stage]["n"], run.evaluation[stage]["pass_at_1"]) == (1, 1.0)
+    headline = EvaluationReport.model_validate(run.summary["evaluation"]).headline()
+    assert headline is not None and headline.startswith("pass@1 1.00 → 1.00 (+0.00")
+    assert [n for n in scenarios.notifications if headline in n and run.run_id in n]
 
 
 def test_a_nova_jobs_planes_work_with_its_own_identity_and_leave_nothing(
@@ -157,7 +174,8 @@ def test_a_nova_jobs_planes_work_with_its_own_identity_and_leave_nothing(
     assert {("s3", "GetObject"), ("lambda", "Invoke"), ("sqs", "SendMessage"),
             ("sqs", "ReceiveMessage"), ("sqs", "DeleteMessage")} <= trainer  # fmt: skip
     ((reaped,),) = [scenarios.nova_reaped["reaped"]]
-    assert reaped["run_id"] == run.run_id and reaped["job_objects_deleted"] == 1
+    # Its training job and its baseline evaluation (the final one never came).
+    assert reaped["run_id"] == run.run_id and reaped["job_objects_deleted"] == 2
     name = run_name(PREFIX, run.run_id)
     assert not [r for r in scenarios.world.launcher.releases if r.startswith(name)]
     updates = scenarios.world.sagemaker.updates[run.updates]

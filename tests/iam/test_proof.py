@@ -108,6 +108,9 @@ def test_each_rule_may_invoke_its_target_and_dead_letter_its_events(scenarios: S
 KEPT = {
     ("*SubmitJob*", "s3:GetObject"): "The Forge recipes, each named: a run reads the one of its "
     "config's recipe (the scenarios' Nova run is LoRA).",
+    ("*StartEvaluation*", "s3:GetObject"): "The Forge recipes, each named: an evaluation reads "
+    "the evaluation recipe; and evaluation-data/, a config's eval_dataset (the scenarios' runs "
+    "hold a share of their dataset out instead).",
     ("*", "logs:CreateLogStream"): "The Lambda runtime (or ECS's awslogs driver) writes the "
     "function's (or task's) logs with the role; no request of the code does.",
     ("*", "logs:PutLogEvents"): "The Lambda runtime (or ECS's awslogs driver) writes the logs.",

@@ -13,6 +13,7 @@ import base64
 import contextlib
 import functools
 import json
+import re
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -27,12 +28,14 @@ import yaml
 from botocore.credentials import Credentials
 from moto import mock_aws
 
-from domain.nova_job import FORGE_RECIPE_SOURCE, FORGE_RECIPES
+from domain.episodes import EvaluationStage
+from domain.nova_job import FORGE_EVALUATION_RECIPE, FORGE_RECIPE_SOURCE, FORGE_RECIPES, job_pattern
 from domain.protocol import RolloutRequest, dump
 from domain.run_queues import QueueKind, queue_name
 from lambdas.clients import Clients, Compose, Handler
 from lambdas.kubernetes.token import CLUSTER_HEADER, PREFIX
 from lambdas.launcher.handler import compose as compose_launcher
+from lambdas.router.rollout_aliases import alias_name
 from mtrl.local.embedded import (
     Dispatcher,
     LocalPipeline,
@@ -55,7 +58,7 @@ from stacks.components.pipeline_steps import STEP
 from stacks.components.router import FORWARDER_HANDLER, PROXY_HANDLER
 from tests.conftest import Synthesized
 from tests.executions import finished
-from tests.forge_recipe import forge_recipe
+from tests.forge_recipe import forge_evaluation_recipe, forge_recipe
 from tests.iam.authorization import Directory
 from tests.iam.deployment import Deployment
 from tests.iam.recorder import SECRET, Recorder
@@ -369,6 +372,8 @@ def _launcher_processes(workdir: str, kubernetes: FakeKubernetes) -> Launcher:
     recipes = Path(workdir, "recipes")
     (recipes / "fine-tuning/nova").mkdir(parents=True)
     (recipes / "fine-tuning/nova/forge").symlink_to(Path(workdir, "work/forge"))
+    (recipes / "evaluation/nova").mkdir(parents=True)
+    (recipes / "evaluation/nova/forge").symlink_to(Path(workdir, "work/forge-evaluation"))
     processes = FakeLauncherProcesses(recipes, kubernetes=kubernetes)
     image = {"HYPERPOD_RECIPES": str(recipes), "NEMO_LAUNCHER_SCRIPTS": "/opt/nemo",
              "LAUNCHER_WORKDIR": str(Path(workdir, "work")),
@@ -381,14 +386,17 @@ def _launcher_processes(workdir: str, kubernetes: FakeKubernetes) -> Launcher:
 
 
 def _publish_forge_recipes(s3: Any) -> None:
-    """The Forge BYOO recipes where a Forge subscription reads them (a stand-in's leaves)."""
-    for path in FORGE_RECIPES.values():
+    """The Forge BYOO recipes, training and evaluation, where a Forge subscription reads them
+    (stand-ins' leaves)."""
+    published = {path: forge_recipe() for path in FORGE_RECIPES.values()}
+    published[FORGE_EVALUATION_RECIPE] = forge_evaluation_recipe()
+    for path, recipe in published.items():
         bucket, _, key = (
             FORGE_RECIPE_SOURCE.format(recipe=path).removeprefix("s3://").partition("/")
         )
         if bucket not in {b["Name"] for b in s3.list_buckets()["Buckets"]}:
             s3.create_bucket(Bucket=bucket)
-        s3.put_object(Bucket=bucket, Key=key, Body=yaml.safe_dump(forge_recipe()).encode())
+        s3.put_object(Bucket=bucket, Key=key, Body=yaml.safe_dump(recipe).encode())
 
 
 def dataset(records: int = 3) -> bytes:
@@ -399,12 +407,15 @@ def dataset(records: int = 3) -> bytes:
     )
 
 
+EVALUATION_JOB = re.compile(r"-eval-[bf]-[a-z0-9]{5}$")  # domain/nova_job.py run_name
+
+
 class JobController:
     """The training operator and kubelet, scripted: HyperPod's GPU nodes (of the standard and
     the restricted group) join as SageMaker runs them; a run's job — ours in its namespace, or
     the PyTorchJob AWS's chart puts in kubeflow — runs once read, then completes — or, as
     `outcome` says, its trainer pod cannot pull its image ("bad_image"), or it keeps running
-    ("hold")."""
+    ("hold": a Nova evaluation still completes)."""
 
     def __init__(
         self,
@@ -462,6 +473,8 @@ class JobController:
     def _nova_jobs(self) -> None:
         for name, job in list(self.api.objects.get(PYTORCH_JOBS, {}).items()):
             state, first = self._read(name)
+            if EVALUATION_JOB.search(name) and self.outcome == "hold":
+                state = "Succeeded" if self._reads[name] > 1 else state  # only training holds
             if first and self.outcome != "bad_image":
                 self.on_nova_running(name)
             job["status"] = {"conditions": [{"type": state, "status": "True"}]}
@@ -495,11 +508,18 @@ GUESSES = ["[slate]", "[moist]", "[crane]"]  # the secret is CRANE: three turns
 
 
 def exchange_rollouts(
-    world: World, run_id: str, dataset_key: str, rollouts: int = 2, *, nova: bool = False
+    world: World,
+    run_id: str,
+    dataset_key: str,
+    rollouts: int = 2,
+    *,
+    nova: bool = False,
+    stage: EvaluationStage | None = None,
 ) -> dict[str, Any]:
     """A run's planes at work, each as its own role: the trainer (the job role of the run's
     pods; for a Nova run, the restricted group's execution role, a Nova job's only identity)
-    reads its dataset, asks for rollouts, answers generate requests and writes metrics;
+    reads its dataset, asks for rollouts (for `stage`'s evaluation: through that alias),
+    answers generate requests and writes metrics;
     a reward worker (the fleet's task role) plays them through the proxy's function URL (SigV4);
     the router's consumer records the answers (Lambda, through the run's event source mapping)."""
     prefix = world.app.config.name_prefix
@@ -526,22 +546,25 @@ def exchange_rollouts(
     bucket = world.pipeline.data_bucket
     s3, sqs = trainer_session.client("s3"), trainer_session.client("sqs")
     s3.get_object(Bucket=bucket, Key=dataset_key)["Body"].read()
-    # One the worker cannot read: it goes to the run's dead-letter queue, not into a rollout.
-    sqs.send_message(
-        QueueUrl=queues[QueueKind.ROLLOUT_REQUESTS], MessageBody="{not a rollout request",
-        MessageGroupId="poison", MessageDeduplicationId="poison",
-    )  # fmt: skip
+    if stage is None:  # one the worker cannot read: to the dead-letter queue, not a rollout
+        sqs.send_message(
+            QueueUrl=queues[QueueKind.ROLLOUT_REQUESTS], MessageBody="{not a rollout request",
+            MessageGroupId="poison", MessageDeduplicationId="poison",
+        )  # fmt: skip
+    # An evaluation's samples are numbered apart from training's (AWS's ids are AWS's).
+    number = 0 if stage is None else 1 + list(EvaluationStage).index(stage)
     # The first rollout is asked for as a Nova trainer asks: through the run's alias of the
     # rollout forwarder (which runs with its own role); the others straight on the queue.
     forwarder = world.function(FORWARDER_HANDLER)
-    alias = world.clients["lambda"].get_alias(FunctionName=forwarder, Name=run_id)["AliasArn"]
+    name = alias_name(run_id, stage)
+    alias = world.clients["lambda"].get_alias(FunctionName=forwarder, Name=name)["AliasArn"]
     for index in range(rollouts):
-        request = RolloutRequest(sample_id=f"w{index}_0", data={"answer": "crane"})
+        request = RolloutRequest(sample_id=f"w{index}_{number}", data={"answer": "crane"})
         if index == 0:
             if nova:  # a Nova trainer invokes the run's rollout Lambda with its own role
                 recorder.record(
                     recorder.access_key(trainer_role), "lambda", "Invoke",
-                    {"FunctionName": forwarder, "Qualifier": run_id},
+                    {"FunctionName": forwarder, "Qualifier": name},
                 )  # fmt: skip
             world.pipeline.dispatcher.call(
                 forwarder, {"request": dump(request), "invoked_function_arn": alias}
@@ -623,7 +646,9 @@ def write_metrics_as_the_trainer(world: World, namespace: str) -> None:
 
 def nova_recipe(world: World, job: str) -> dict[str, Any]:
     """The recipe AWS's launcher started Nova job `job` with."""
-    (recipe,) = [r for r in world.launcher.recipes_read if job.startswith(f"{r['run']['name']}-")]
+    (recipe,) = [
+        r for r in world.launcher.recipes_read if re.match(job_pattern(r["run"]["name"]), job)
+    ]
     return recipe
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from domain.nova_job import FORGE_RECIPES, run_recipe
+from domain.nova_job import FORGE_RECIPES, evaluation_run_recipe, run_recipe
 from lambdas.launcher import handler
 from lambdas.launcher.handler import LauncherSettings
 from stacks.components.lambda_code import PACKAGES
@@ -35,13 +35,21 @@ def test_it_sets_what_the_handler_reads_from_it() -> None:
     )
 
 
-def test_a_runs_recipe_lands_in_the_writable_folder_the_image_links() -> None:
-    """The link is the Forge folder of the CLI's recipes collection; every run recipe is under
-    it; its target is under the handler's default working directory, in /tmp."""
-    link, target = re.search(r'ln -s (\S+) "\$\{HYPERPOD_RECIPES\}/(\S+)"', TEXT).groups()
-    assert all(run_recipe(recipe, "n").startswith(f"{target}/") for recipe in FORGE_RECIPES)
+def test_a_runs_recipes_land_in_the_writable_folders_the_image_links() -> None:
+    """The links are the Forge folders of the CLI's recipes collection, for training and for
+    evaluation; every run recipe is under one; their targets are apart, under the handler's
+    default working directory, in /tmp."""
+    links = dict(
+        (folder, link)
+        for link, folder in re.findall(r'ln -s (\S+) "\$\{HYPERPOD_RECIPES\}/(\S+)"', TEXT)
+    )
+    assert sorted(links) == ["evaluation/nova/forge", "fine-tuning/nova/forge"]
+    recipes = [run_recipe(recipe, "n") for recipe in FORGE_RECIPES]
+    assert all(recipe.startswith("fine-tuning/nova/forge/") for recipe in recipes)
+    assert evaluation_run_recipe("n").startswith("evaluation/nova/forge/")
     workdir = LauncherSettings.model_fields["workdir"].default
-    assert Path(link).parent == workdir and str(workdir).startswith("/tmp/")
+    assert {Path(link).parent for link in links.values()} == {workdir}
+    assert len(set(links.values())) == 2 and str(workdir).startswith("/tmp/")
 
 
 def test_aws_tools_are_pinned() -> None:

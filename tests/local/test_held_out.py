@@ -15,7 +15,8 @@ import pytest
 
 from domain.checkpoints import BaseCheckpoint
 from domain.dataset import DatasetRecord
-from domain.evaluation import Episode, EvaluationStage, evaluation_records, held_out
+from domain.episodes import Episode, EvaluationStage
+from domain.evaluation import evaluation_records, held_out
 from domain.protocol import Metric, RolloutRequest, RolloutResponse, dump, parse
 from domain.run_queues import QueueKind
 from mtrl.local.trainer.checkpoints import (

@@ -19,7 +19,7 @@ from domain.backends import (
     RunContext,
     TrainingCluster,
 )
-from domain.evaluation import EvaluationStage
+from domain.episodes import EvaluationStage
 from lambdas.pipeline.dependencies import Compute
 from mtrl.local.embedded import (
     REGION,

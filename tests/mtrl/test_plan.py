@@ -191,3 +191,16 @@ def test_iterative_training_sets_the_model_path_to_the_base_checkpoint(
     code, output = plan("--config", str(config), "--region", "us-east-1", "--json")
     assert code == 0, output
     assert json.loads(output)["recipe"]["overrides"]["model_name_or_path"] == shown
+
+
+def test_the_job_is_planned_on_the_records_it_may_train_on() -> None:
+    """A share held out for evaluation: the dataset without it, written for the run; none held
+    out (or a named evaluation file): the uploaded dataset."""
+    platform = PlatformConfig.from_context(deployment_context({}))
+    config = load_training_config(EXAMPLE)
+    held = make_plan(config, platform, region="us-east-1")
+    assert held.recipe["overrides"]["data_s3_path"].endswith("/runs/<run id>/data/training.jsonl")
+    whole = make_plan(
+        config.model_copy(update={"eval_fraction": 0.0}), platform, region="us-east-1"
+    )
+    assert whole.recipe["overrides"]["data_s3_path"].endswith("/training-data/<dataset>.jsonl")

@@ -9,7 +9,7 @@ import pytest
 
 from domain.backends import EvaluationUnsupported, JobStatus, RunContext, TrainingCluster
 from domain.checkpoints import CheckpointManifest, SavedCheckpoint
-from domain.evaluation import Episode, EvaluationStage
+from domain.episodes import Episode, EvaluationStage
 from domain.run_state import RegisteredRun
 from domain.runs import RunRecord, RunStore
 from lambdas.clients import Clients

@@ -8,7 +8,7 @@ import boto3
 import pytest
 
 from domain.backends import JobStatus, RewardFleet, RunContext, TrainingCluster
-from domain.evaluation import EvaluationStage
+from domain.episodes import EvaluationStage
 from domain.runs import RunStore
 from lambdas.clients import Clients
 from lambdas.pipeline.composition import compose

@@ -5,6 +5,7 @@ Kubernetes API, the restricted group scaled through the recorded SageMaker fake.
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import replace
@@ -15,16 +16,24 @@ import boto3
 import pytest
 import yaml
 
-from domain.backends import Phase, RunContext
+from domain.backends import EvaluationUnsupported, Phase, RunContext
 from domain.checkpoints import BaseCheckpoint
-from domain.nova_job import NovaRefused, images, run_name
+from domain.dataset import DatasetRecord, read_records
+from domain.episodes import Episode, EvaluationStage
+from domain.evaluation import held_out
+from domain.nova_job import (
+    FORGE_EVALUATION_RECIPE,
+    NovaRefused,
+    evaluation_image,
+    images,
+    run_name,
+)
 from lambdas.clients import Clients
 from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
 from lambdas.pipeline.nova_training import LaunchFailed, NovaSettings, NovaTrainingCluster
-from lambdas.pipeline.reward_curve import RewardCurve
 from lambdas.router.conversations import ConversationStore, create_table
 from tests.aws import create_leases_table
-from tests.forge_recipe import forge_recipe
+from tests.forge_recipe import forge_evaluation_recipe, forge_recipe
 from tests.kubernetes.fake_api import FakeKubernetes, client_of
 from tests.launcher.fake_cli import PODS, PYTORCH_JOBS, FakeLauncherProcesses, InProcessLauncher
 from tests.service_fakes import FakeEks, FakeSageMaker
@@ -52,6 +61,15 @@ RUN = RunContext(
     config=load_training_config("rft_multiturn_lora"),
 )
 NAME = run_name("nova-mtrl", RUN.run_id)
+DATASET = b"".join(
+    json.dumps({"id": f"w{i}", "metadata": {"prompt": "Play.", "answer": "crane"}}).encode() + b"\n"
+    for i in range(40)
+)
+HELD_OUT = [
+    f"w{i}"
+    for i in range(40)
+    if held_out(f"w{i}", fraction=RUN.training.held_out_fraction, seed=RUN.training.eval_seed)
+]
 SOURCE = "s3://forge-recipes/{recipe}.yaml"
 
 
@@ -82,6 +100,11 @@ def plane(aws: None, api: FakeKubernetes, tmp_path: Path) -> Iterator[Plane]:
         s3.create_bucket(Bucket=bucket)
     key = "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova_lite_2_0_p5_gpu_lora_rft_byoo.yaml"
     s3.put_object(Bucket="forge-recipes", Key=key, Body=yaml.safe_dump(forge_recipe()).encode())
+    s3.put_object(
+        Bucket="forge-recipes", Key=f"{FORGE_EVALUATION_RECIPE}.yaml",
+        Body=yaml.safe_dump(forge_evaluation_recipe()).encode(),
+    )  # fmt: skip
+    s3.put_object(Bucket=RUN.bucket, Key=RUN.dataset_key, Body=DATASET)
     db = boto3.client("dynamodb")
     create_leases_table(db, "leases")
     create_table(db, "conversations")
@@ -91,6 +114,8 @@ def plane(aws: None, api: FakeKubernetes, tmp_path: Path) -> Iterator[Plane]:
     # As in the image: the collection's Forge folder is a link into the (not yet made) workdir.
     (processes.recipes / "fine-tuning/nova").mkdir(parents=True)
     (processes.recipes / "fine-tuning/nova/forge").symlink_to(tmp_path / "work/forge")
+    (processes.recipes / "evaluation/nova").mkdir(parents=True)
+    (processes.recipes / "evaluation/nova/forge").symlink_to(tmp_path / "work/forge-evaluation")
     environment = {"EKS_CLUSTER": "nova-mtrl-eks", "AWS_REGION": "us-east-1",
                    "HYPERPOD_CLUSTER": "nova-mtrl",
                    "HYPERPOD_CONTEXT_FILE": str(tmp_path / "hyperpod_current_context.json"),
@@ -109,7 +134,7 @@ def plane(aws: None, api: FakeKubernetes, tmp_path: Path) -> Iterator[Plane]:
         launcher = InProcessLauncher(processes, function=LAUNCHER, environment=environment)
         cluster = NovaTrainingCluster(
             settings(), kubernetes=client_of(api), capacity=capacity,
-            lambda_client=launcher.client(), s3=s3, curve=RewardCurve(reports, s3),
+            lambda_client=launcher.client(), s3=s3, store=reports,
         )  # fmt: skip
         yield Plane(cluster, processes, launcher, sagemaker, reports)
 
@@ -121,7 +146,7 @@ def test_submit_hands_aws_launcher_the_forge_recipe_with_this_runs_overrides(
     (recipe,) = plane.processes.recipes_read
     assert recipe["run"] == {
         "name": NAME, "model_name_or_path": "nova-lite-2/prod",
-        "data_s3_path": "s3://nova-mtrl-data/training-data/wordle.jsonl",
+        "data_s3_path": "s3://nova-mtrl-data/runs/wordle-0a1b2c3d4e/data/training.jsonl",
         "output_s3_path": "s3://nova-mtrl-data/runs/wordle-0a1b2c3d4e/",
         "rollout_request_arn": ALIAS,
         "rollout_response_sqs_url": QUEUES["rollout_responses"],
@@ -259,6 +284,7 @@ def test_made_from_its_environment_it_scales_submits_watches_and_stops(
             "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova_lite_2_0_p5_gpu_lora_rft_byoo.yaml"
         )
         s3.put_object(Bucket="forge-recipes", Key=key, Body=yaml.safe_dump(forge_recipe()).encode())
+        s3.put_object(Bucket=RUN.bucket, Key=RUN.dataset_key, Body=DATASET)
         create_leases_table(boto3.client("dynamodb"), "leases")
         create_table(boto3.client("dynamodb"), "conversations")
         processes = FakeLauncherProcesses(tmp_path / "recipes", kubernetes=api)
@@ -333,8 +359,11 @@ def test_status_reads_the_latest_job_of_the_run_and_its_reward_curve(plane: Plan
     size = RUN.training.global_batch_size
     for index in range(2 * size + 3):
         plane.reports.record_report(
-            RUN.run_id, f"m{index}", score=index % 2, success=index % 2 == 1, now=float(index)
-        )
+            RUN.run_id, f"m{index}", episode=Episode(
+                record_id="r", sample_id=f"r_{index}", stop_reason="end_of_conversation",
+                score=index % 2, success=index % 2 == 1,
+            ), stage=None, now=float(index),
+        )  # fmt: skip
     status = plane.cluster.status(RUN)
     assert (status.phase, status.step) == (Phase.RUNNING, 2)
     metrics = (
@@ -348,3 +377,186 @@ def test_status_reads_the_latest_job_of_the_run_and_its_reward_curve(plane: Plan
     jobs[f"{NAME}-new01"]["status"] = {"conditions": [{"type": "Succeeded", "status": "True"}]}
     status = plane.cluster.status(RUN)
     assert (status.phase, status.step) == (Phase.SUCCEEDED, 3)
+
+
+def records_at(uri: str) -> list[DatasetRecord]:
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    body = boto3.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+    return list(read_records(io.BytesIO(body)))
+
+
+def test_the_job_never_trains_on_the_held_out_records(plane: Plane) -> None:
+    """With a share held out, the job's data is the dataset without exactly those records (as
+    the local trainer skips them); with none, the dataset itself."""
+    assert 0 < len(HELD_OUT) < 40
+    plane.cluster.submit(RUN)
+    (recipe,) = plane.processes.recipes_read
+    trained = [record.id for record in records_at(recipe["run"]["data_s3_path"])]
+    assert trained == [f"w{i}" for i in range(40) if f"w{i}" not in HELD_OUT]
+    config = RUN.training.model_copy(update={"eval_fraction": 0.0})
+    assert plane.cluster.training_data(replace(RUN, config=config)) == (
+        f"s3://{RUN.bucket}/{RUN.dataset_key}"
+    )
+
+
+def evaluation_recipe(plane: Plane, stage: EvaluationStage) -> dict[str, Any]:
+    name = run_name("nova-mtrl", RUN.run_id, stage)
+    (recipe,) = [r for r in plane.processes.recipes_read if r["run"]["name"] == name]
+    return recipe
+
+
+def test_the_baseline_evaluation_is_awss_recipe_on_the_held_out_records_through_its_own_alias(
+    plane: Plane, tmp_path: Path
+) -> None:
+    job = plane.cluster.submit_evaluation(RUN, stage=EvaluationStage.BASELINE)
+    name = run_name("nova-mtrl", RUN.run_id, "baseline")
+    assert name == f"{NAME}-eval-b"  # whole: the run's name and the stage, within the cut
+    assert job.startswith(f"kubeflow/{name}-")
+    recipe = evaluation_recipe(plane, EvaluationStage.BASELINE)
+    assert recipe["run"] | {"data_s3_path": None} == {
+        "name": name, "model_type": "amazon.nova-2-lite-v1:0:256k",
+        "model_name_or_path": "nova-lite-2/prod", "replicas": 1, "data_s3_path": None,
+        "output_s3_path": f"s3://nova-mtrl-data/{RUN.output_prefix}evaluation/baseline/",
+        "mlflow_tracking_uri": "", "mlflow_experiment_name": "", "mlflow_run_name": "",
+    }  # fmt: skip
+    evaluated = [record.id for record in records_at(recipe["run"]["data_s3_path"])]
+    assert evaluated == HELD_OUT[: RUN.training.eval_max_records]
+    assert recipe["evaluation"] == {"task": "rft_eval", "strategy": "rft_eval", "metric": "all"}
+    assert recipe["rl_env"] == {  # the SDK drops the single-turn reward Lambda
+        "rollout_request_arn": f"{ALIAS}_baseline",
+        "rollout_response_sqs_url": QUEUES["rollout_responses"],
+        "rollout_request_queue_url": QUEUES["rollout_requests"],
+        "generate_request_sqs_url": QUEUES["generate_requests"],
+        "generate_response_sqs_url": QUEUES["generate_responses"],
+    }
+    assert recipe["inference"] == forge_evaluation_recipe()["inference"]  # AWS's, untouched
+    (started,) = plane.processes.started()
+    assert started.argv[4:] == [
+        "--recipe", f"evaluation/nova/forge/nova_2_0/nova_lite/{name}", "--override-parameters",
+        json.dumps({"instance_type": "ml.p5.48xlarge",
+                    "container": "708977205387.dkr.ecr.us-east-1.amazonaws.com/"
+                                 "nova-evaluation-repo:SM-HP-Eval-V2-latest"}),
+    ]  # fmt: skip
+    assert (tmp_path / f"work/forge-evaluation/nova_2_0/nova_lite/{name}.yaml").is_file()
+    # Again (a retried step): the same job.
+    assert plane.cluster.submit_evaluation(RUN, stage=EvaluationStage.BASELINE) == job
+    assert len(plane.processes.started()) == 1
+
+
+def test_a_named_evaluation_file_is_evaluated_whole_and_training_keeps_every_record(
+    plane: Plane,
+) -> None:
+    lines = b"".join(
+        json.dumps({"id": f"held-{i}", "metadata": {"prompt": "Play.", "answer": "slate"}}).encode()
+        + b"\n"
+        for i in range(3)
+    )
+    boto3.client("s3").put_object(Bucket=RUN.bucket, Key="evaluation-data/w.jsonl", Body=lines)
+    config = RUN.training.model_copy(update={"eval_dataset": "evaluation-data/w.jsonl"})
+    run = replace(RUN, config=config)
+    assert plane.cluster.training_data(run) == f"s3://{RUN.bucket}/{RUN.dataset_key}"
+    plane.cluster.submit_evaluation(run, stage=EvaluationStage.BASELINE)
+    recipe = evaluation_recipe(plane, EvaluationStage.BASELINE)
+    assert [r.id for r in records_at(recipe["run"]["data_s3_path"])] == [
+        "held-0",
+        "held-1",
+        "held-2",
+    ]
+
+
+def test_the_final_evaluation_is_of_the_checkpoint_training_ended_with(plane: Plane) -> None:
+    stage = EvaluationStage.FINAL
+    with pytest.raises(EvaluationUnsupported, match="recorded no checkpoint with a location"):
+        plane.cluster.submit_evaluation(RUN, stage=stage)
+    assert plane.processes.started() == []
+    s3 = boto3.client("s3")
+    for job, created in (("job-1", "step_5"), ("job-2", "step_9")):
+        s3.put_object(
+            Bucket=RUN.bucket, Key=f"{RUN.output_prefix}{NAME}-{job}/manifest.json",
+            Body=json.dumps({"checkpoint_s3_bucket": f"s3://escrow/{job}/{created}"}).encode(),
+        )  # fmt: skip
+    plane.cluster.submit_evaluation(RUN, stage=stage)
+    recipe = evaluation_recipe(plane, stage)
+    assert recipe["run"]["model_name_or_path"] == "s3://escrow/job-2/step_9"
+    assert recipe["rl_env"]["rollout_request_arn"] == f"{ALIAS}_final"
+    # A run that started from a checkpoint evaluates that one as its baseline.
+    base = BaseCheckpoint(uri="s3://escrow/first/step_3", run_id="first-1")
+    plane.cluster.submit_evaluation(replace(RUN, base=base), stage=EvaluationStage.BASELINE)
+    assert evaluation_recipe(plane, EvaluationStage.BASELINE)["run"]["model_name_or_path"] == (
+        "s3://escrow/first/step_3"
+    )
+
+
+def test_where_aws_cannot_evaluate_the_run_goes_on_and_says_why(plane: Plane) -> None:
+    plane.cluster.settings = settings(AWS_REGION="eu-central-1")
+    assert evaluation_image("eu-central-1") is None
+    with pytest.raises(EvaluationUnsupported, match="no Nova evaluation image in eu-central-1"):
+        plane.cluster.submit_evaluation(RUN, stage=EvaluationStage.BASELINE)
+    plane.cluster.settings = settings()
+    recipe = forge_evaluation_recipe()
+    del recipe["rl_env"]["rollout_request_arn"], recipe["rl_env"]["generate_request_sqs_url"]
+    boto3.client("s3").put_object(
+        Bucket="forge-recipes", Key=f"{FORGE_EVALUATION_RECIPE}.yaml", Body=yaml.safe_dump(recipe)
+    )
+    with pytest.raises(
+        EvaluationUnsupported,
+        match="has no rollout_request_arn, generate_request_sqs_url: it cannot play",
+    ):
+        plane.cluster.submit_evaluation(RUN, stage=EvaluationStage.BASELINE)
+    assert plane.launcher.payloads == []
+    boto3.client("s3").put_object(
+        Bucket="forge-recipes", Key=f"{FORGE_EVALUATION_RECIPE}.yaml",
+        Body=yaml.safe_dump(forge_evaluation_recipe()),
+    )  # fmt: skip
+    none_held = b"".join(line + b"\n" for line in DATASET.splitlines()[1:4])  # w0 is held out
+    boto3.client("s3").put_object(Bucket=RUN.bucket, Key=RUN.dataset_key, Body=none_held)
+    with pytest.raises(EvaluationUnsupported, match="^no record of s3://nova-mtrl-data/training"):
+        plane.cluster.submit_evaluation(RUN, stage=EvaluationStage.BASELINE)
+    assert plane.launcher.payloads == []
+
+
+def test_an_evaluation_that_succeeded_leaves_the_episodes_its_alias_was_asked_for(
+    plane: Plane,
+) -> None:
+    stage = EvaluationStage.BASELINE
+    plane.cluster.submit_evaluation(RUN, stage=stage)
+    (job,) = plane.processes.kubernetes.objects[PYTORCH_JOBS].values()
+    assert plane.cluster.evaluation_status(RUN, stage=stage).phase is Phase.PENDING
+    job["status"] = {"conditions": [{"type": "Succeeded", "status": "True"}]}
+    nothing = plane.cluster.evaluation_status(RUN, stage=stage)
+    assert nothing.phase is Phase.FAILED
+    assert "no rollout of it reached the run's reward workers" in nothing.reason
+    episodes = [
+        Episode(record_id=f"w{i}", sample_id=f"w{i}_0", stop_reason="end_of_conversation",
+                score=0.5 * i, success=i == 1, turns=3.0)
+        for i in range(2)
+    ]  # fmt: skip
+    for index, episode in enumerate(episodes):
+        plane.reports.record_report(
+            RUN.run_id, f"e{index}", episode=episode, stage=stage, now=index
+        )
+    plane.reports.record_report(  # training's and the other evaluation's are not this one's
+        RUN.run_id, "t", episode=episodes[0], stage=None, now=5.0
+    )
+    plane.reports.record_report(
+        RUN.run_id, "f", episode=episodes[0], stage=EvaluationStage.FINAL, now=6.0
+    )
+    assert plane.cluster.evaluation_status(RUN, stage=stage).phase is Phase.SUCCEEDED
+    body = (
+        boto3.client("s3")
+        .get_object(Bucket=RUN.bucket, Key=f"{RUN.output_prefix}evaluation/baseline.jsonl")["Body"]
+        .read()
+    )
+    assert [Episode.model_validate_json(line) for line in body.splitlines()] == episodes
+    # The training job's status is not the evaluation's.
+    assert plane.cluster.status(RUN).phase is Phase.FAILED
+
+
+def test_delete_uninstalls_the_evaluations_too(plane: Plane) -> None:
+    plane.cluster.submit(RUN)
+    plane.cluster.submit_evaluation(RUN, stage=EvaluationStage.BASELINE)
+    assert len(plane.processes.releases) == 2
+    assert plane.cluster.delete(RUN) == 2
+    assert plane.processes.releases == {}
+    stops = [p["name"] for p in plane.launcher.payloads if p["action"] == "stop"]
+    assert stops == [NAME, *(run_name("nova-mtrl", RUN.run_id, s) for s in EvaluationStage)]

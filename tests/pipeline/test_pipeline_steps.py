@@ -98,8 +98,8 @@ def test_provision_then_teardown_leaves_nothing_and_can_repeat(bucket) -> None:
     assert provisioned.rollout_request_arn.endswith(":function:rollout-forwarder:r-7")
     # Provisioning again (a retried step) changes nothing and answers the same.
     assert provision_run(wiring, run_id="r-7", kms_key_id=key, alert_topic_arn=topic) == provisioned
-    # 5 queues, 4 alarms, 1 event source mapping, 1 alias
-    assert leftover_resources(wiring, run_id="r-7") == 11
+    # 5 queues, 4 alarms, 1 event source mapping, 3 aliases (training's, each evaluation's)
+    assert leftover_resources(wiring, run_id="r-7") == 13
     assert teardown_run(wiring, run_id="r-7") == {"queues_deleted": 5, "leftover": 0}
     assert teardown_run(wiring, run_id="r-7") == {"queues_deleted": 0, "leftover": 0}
 

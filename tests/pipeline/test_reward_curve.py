@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from domain.backends import last_step
+from domain.episodes import Episode, EvaluationStage
 from lambdas.pipeline.reward_curve import RewardCurve, reward_windows
 from lambdas.router.conversations import ConversationStore, ReportedRollout, create_table
 from tests.pipeline.test_nova_training import RUN as NOVA_RUN
@@ -20,6 +21,13 @@ RUN = replace(
     config=NOVA_RUN.training.model_copy(update={"global_batch_size": 4}),
 )
 KEY = f"{RUN.output_prefix}metrics.jsonl"
+BASELINE = EvaluationStage.BASELINE
+
+
+def scored(score: float | None, success: bool | None = None) -> Episode:
+    """An episode as a report the proxy accepted ends it."""
+    return Episode(record_id="r", sample_id="r_0", stop_reason="end_of_conversation",
+                   score=score, success=success)  # fmt: skip
 
 
 def reported(index: int, score: float | None, success: bool | None = None) -> ReportedRollout:
@@ -90,8 +98,16 @@ def test_the_metrics_object_grows_by_a_line_a_filled_window(
     assert reward_curve.update(RUN) is None
     assert not boto3.client("s3").list_objects_v2(Bucket=RUN.bucket).get("Contents")
     for index in range(6):
-        store.record_report(RUN.run_id, f"m{index}", score=index / 10, success=None, now=index)
-    assert store.record_report(RUN.run_id, "m5", score=0.9, success=True, now=9) is False
+        store.record_report(
+            RUN.run_id, f"m{index}", episode=scored(index / 10), stage=None, now=index
+        )
+    assert (
+        store.record_report(RUN.run_id, "m5", episode=scored(0.9, True), stage=None, now=9) is False
+    )
+    # An evaluation's rollouts (held-out records) are never part of the training curve.
+    for index in range(4):
+        evaluated = scored(1.0, True)
+        store.record_report(RUN.run_id, f"e{index}", episode=evaluated, stage=BASELINE, now=index)
     assert reward_curve.update(RUN) == 1
     (line,) = lines()
     assert (line["step"], line["rollouts"], line["mean_reward"]) == (1, 4, pytest.approx(0.15))
@@ -113,7 +129,9 @@ def test_a_curve_is_never_shortened_by_reports_that_expired(
 ) -> None:
     reward_curve, store = curve
     for index in range(8):
-        store.record_report(RUN.run_id, f"m{index}", score=0.5, success=True, now=index)
+        store.record_report(
+            RUN.run_id, f"m{index}", episode=scored(0.5, True), stage=None, now=index
+        )
     assert reward_curve.update(RUN) == 2
     db = boto3.client("dynamodb")
     for index in range(4):  # the table's TTL took the first window's reports

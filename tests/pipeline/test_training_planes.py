@@ -9,7 +9,7 @@ import boto3
 import pytest
 
 from domain.backends import JobStatus, Phase, RunContext, TrainingCluster
-from domain.evaluation import EvaluationStage
+from domain.episodes import EvaluationStage
 from domain.nova_job import NovaRefused
 from lambdas.clients import Clients
 from lambdas.pipeline.composition import deployed_compute

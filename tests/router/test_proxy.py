@@ -9,6 +9,7 @@ import re
 import boto3
 import pytest
 
+from domain.episodes import Episode, EvaluationStage
 from domain.protocol import (
     ID_LENGTH,
     MAX_BODY_BYTES,
@@ -282,6 +283,28 @@ def test_each_accepted_report_is_kept_once_with_its_score_and_success_for_the_cu
         ("report#s1_2", start + 3, 0.5, None), ("report#s1_3", start + 5, None, None),
     ]  # fmt: skip
     assert router.store.reports("another-run") == []
+    (episode,) = [r.episode for r in router.store.reports(RUN) if r.key == "report#z-1"]
+    assert episode == Episode(
+        record_id="s1", sample_id="s1_0", stop_reason="end_of_conversation", score=0.9,
+        success=True, turns=3.0,
+    )  # fmt: skip
+
+
+def test_a_report_is_kept_in_the_phase_its_sample_was_asked_for_in(router: Router) -> None:
+    """The forwarder marked the sample for an evaluation: its report stays out of the training
+    curve and is found under that evaluation, as its episode; one asked for straight on the
+    queue (no mark) is training's."""
+    router.store.mark_sample(RUN, "e_0", stage=EvaluationStage.BASELINE, now=router.clock())
+    for sample in ("e_0", "t_0"):
+        report = {"id": sample, "aggregate_reward_score": 0.25, "stop_reason": "max_turns",
+                  "metrics_list": [{"name": "env/invalid", "value": 2}]}  # fmt: skip
+        assert answer(router.proxy.handle(event("POST", REPORT, report)))[0] == 200
+    assert [r.key for r in router.store.reports(RUN)] == ["report#t_0"]
+    assert router.store.reports(RUN, EvaluationStage.FINAL) == []
+    (evaluated,) = router.store.reports(RUN, EvaluationStage.BASELINE)
+    assert evaluated.episode == Episode(
+        record_id="e", sample_id="e_0", stop_reason="max_turns", score=0.25, invalid_moves=2.0
+    )
 
 
 def test_a_report_without_a_score_must_say_why(router: Router) -> None:

@@ -1,5 +1,6 @@
 """The rollout Lambda: a Nova trainer's rollout requests reach the run whose alias it invoked,
-once, as valid v0; anything else is refused with the reason, and nothing is sent."""
+once, as valid v0, each sample marked with the phase the alias is for; anything else is refused
+with the reason, and nothing is sent."""
 
 from __future__ import annotations
 
@@ -11,25 +12,29 @@ from typing import Any
 import boto3
 import pytest
 
+from domain.episodes import EvaluationStage
 from domain.protocol import ProtocolError, RolloutRequest, parse
 from lambdas.router import rollout_forwarder
 from lambdas.router.rollout_aliases import (
+    Invoked,
     alias_name,
-    create_rollout_alias,
-    delete_rollout_alias,
-    rollout_alias_exists,
+    create_rollout_aliases,
+    delete_rollout_aliases,
+    evaluation_alias_arn,
+    rollout_aliases_left,
     run_of,
 )
 from lambdas.router.rollout_forwarder import RolloutForwarder, RolloutRefused, forwarder_for
 from tests.aws import create_router_functions
-from tests.router.conftest import OTHER_RUN, RUN, Router
+from tests.router.conftest import OTHER_RUN, RUN, TABLE, Router
 from tests.router.test_nova_contract import DOCUMENTED_ROLLOUT_REQUEST
 
 FUNCTION = "arn:aws:lambda:us-east-1:123456789012:function:nova-mtrl-rollout"
 
 
 def forwarder(router: Router) -> RolloutForwarder:
-    return RolloutForwarder(router.sqs, prefix="test")  # the conftest's queues' prefix
+    # The conftest's queues' prefix.
+    return RolloutForwarder(router.sqs, router.store, prefix="test", clock=router.clock)
 
 
 def invoke(forwarder: RolloutForwarder, request: Any, alias: str | None = RUN) -> dict[str, Any]:
@@ -42,6 +47,7 @@ def test_a_documented_request_lands_on_the_invoking_runs_queue_once(router: Rout
     assert invoke(sent, DOCUMENTED_ROLLOUT_REQUEST) == {
         "run_id": RUN,
         "sample_id": "sample-000_0",
+        "stage": None,
         "forwarded": True,
     }
     invoke(sent, DOCUMENTED_ROLLOUT_REQUEST)  # the trainer's retry of the same invocation
@@ -99,8 +105,8 @@ def test_refusals_say_what_to_invoke_and_why_a_run_cannot_be_reached(router: Rou
     with pytest.raises(RolloutRefused) as bare:
         invoke(forwarder(router), DOCUMENTED_ROLLOUT_REQUEST, alias=None)
     assert str(bare.value) == (
-        f"invoked as {FUNCTION}: invoke the run's alias (<function ARN>:<run id>), the "
-        "rollout_request_arn its recipe names"
+        f"invoked as {FUNCTION}: invoke the run's alias (<function ARN>:<run id>"
+        "[_<evaluation>]), the rollout_request_arn its recipe names"
     )
     with pytest.raises(RolloutRefused) as gone:
         invoke(forwarder(router), DOCUMENTED_ROLLOUT_REQUEST, alias="gone-run")
@@ -113,11 +119,35 @@ def test_refusals_say_what_to_invoke_and_why_a_run_cannot_be_reached(router: Rou
 def test_a_function_with_its_environment_forwards_to_that_deployments_queues(
     router: Router,
 ) -> None:
-    made = forwarder_for(
-        {"NAME_PREFIX": "test"}, lambda service: router.sqs if service == "sqs" else None
-    )
-    invoke(made, DOCUMENTED_ROLLOUT_REQUEST)
+    clients = {"sqs": router.sqs, "dynamodb": router.db}
+    made = forwarder_for({"NAME_PREFIX": "test", "TABLE_NAME": TABLE}, clients.__getitem__)
+    invoke(made, DOCUMENTED_ROLLOUT_REQUEST, alias=f"{RUN}_final")
     assert len(router.messages(router.queues.rollout_requests)) == 1
+    assert router.store.stage_of(RUN, "sample-000_0") is EvaluationStage.FINAL
+
+
+def test_each_sample_is_kept_in_the_phase_its_alias_is_for(router: Router) -> None:
+    """Baseline, training and final ask in turn, the same sample id too: the phase recorded is
+    the last one asked in, before the request is queued."""
+    sent = forwarder(router)
+    asked = {**DOCUMENTED_ROLLOUT_REQUEST, "sample_id": "a_0"}
+    assert invoke(sent, asked, alias=f"{RUN}_baseline")["stage"] == "baseline"
+    assert router.store.stage_of(RUN, "a_0") is EvaluationStage.BASELINE
+    invoke(sent, {**asked, "timestamp": 2.0})
+    assert router.store.stage_of(RUN, "a_0") is None
+    invoke(sent, {**asked, "timestamp": 3.0}, alias=f"{RUN}_final")
+    assert router.store.stage_of(RUN, "a_0") is EvaluationStage.FINAL
+    assert router.store.stage_of(OTHER_RUN, "a_0") is None
+    assert len(router.messages(router.queues.rollout_requests)) == 3
+
+
+def test_an_alias_of_no_phase_is_refused_and_nothing_is_recorded(router: Router) -> None:
+    sent = forwarder(router)
+    with pytest.raises(RolloutRefused, match="invoke the run's alias"):
+        invoke(sent, DOCUMENTED_ROLLOUT_REQUEST, alias=f"{RUN}_midway")
+    assert router.store.stage_of(RUN, "sample-000_0") is None
+    assert not router.messages(router.queues.rollout_requests)
+    assert sent.counters.refused == 1
 
 
 @pytest.mark.parametrize(
@@ -159,29 +189,39 @@ def test_the_lambda_entry_reads_the_run_from_the_arn_it_was_invoked_by(monkeypat
 
 
 def test_run_ids_and_alias_names_are_one_and_the_same() -> None:
-    assert run_of(f"{FUNCTION}:{alias_name('wordle-3f2a9c01d4')}") == "wordle-3f2a9c01d4"
-    for bad in ("", "123", "has space", "x" * 129, "dot.ted"):
+    run = "wordle-3f2a9c01d4"
+    assert run_of(f"{FUNCTION}:{alias_name(run)}") == Invoked(run)
+    for stage in EvaluationStage:
+        assert run_of(f"{FUNCTION}:{alias_name(run, stage)}") == Invoked(run, stage)
+        assert evaluation_alias_arn(f"{FUNCTION}:{run}", stage) == f"{FUNCTION}:{run}_{stage}"
+    for bad in ("", "123", "has space", "x" * 129, "dot.ted", "under_score"):
         with pytest.raises(ValueError, match="cannot name a Lambda alias"):
             alias_name(bad)
     assert run_of("arn:aws:lambda:us-east-1:1:function:f:a:b") is None
+    assert run_of(f"{FUNCTION}:{run}_") is None
 
 
-def test_a_runs_alias_is_created_once_and_deleted_once(aws: None) -> None:
+def test_a_runs_aliases_are_created_once_and_deleted_once(aws: None) -> None:
     client = boto3.client("lambda")
     _, function = create_router_functions(client, boto3.client("iam"))
-    arn = create_rollout_alias(client, function=function, run_id="r-1")
-    assert create_rollout_alias(client, function=function, run_id="r-1") == arn
+    arn = create_rollout_aliases(client, function=function, run_id="r-1")
+    assert create_rollout_aliases(client, function=function, run_id="r-1") == arn
     assert arn.endswith(f":function:{function}:r-1")
-    alias = client.get_alias(FunctionName=function, Name="r-1")
-    assert alias["Description"] == "nova-mtrl run r-1: its rollout_request_arn"
-    assert rollout_alias_exists(client, function=function, run_id="r-1")
-    delete_rollout_alias(client, function=function, run_id="r-1")
-    assert not rollout_alias_exists(client, function=function, run_id="r-1")
+    aliases = {a["Name"]: a for a in client.list_aliases(FunctionName=function)["Aliases"]}
+    assert sorted(aliases) == ["r-1", "r-1_baseline", "r-1_final"]
+    assert aliases["r-1"]["Description"] == "nova-mtrl run r-1: its rollout_request_arn"
+    assert aliases["r-1_final"]["Description"] == (
+        "nova-mtrl run r-1: its rollout_request_arn for its final evaluation"
+    )
+    assert aliases["r-1_final"]["AliasArn"] == evaluation_alias_arn(arn, EvaluationStage.FINAL)
+    assert rollout_aliases_left(client, function=function, run_id="r-1") == 3
+    delete_rollout_aliases(client, function=function, run_id="r-1")
+    assert rollout_aliases_left(client, function=function, run_id="r-1") == 0
     assert [a["Name"] for a in client.list_aliases(FunctionName=function)["Aliases"]] == []
     # Lambda answers a gone alias with ResourceNotFoundException (botocore's DeleteAlias errors).
     gone = Gone(client)
-    delete_rollout_alias(gone, function=function, run_id="r-1")
-    assert gone.asked == ["r-1"]
+    delete_rollout_aliases(gone, function=function, run_id="r-1")
+    assert gone.asked == ["r-1", "r-1_baseline", "r-1_final"]
 
 
 class Gone:

@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 
 from domain.dataset import DatasetRecord
+from domain.episodes import Episode, EvaluationStage
 from domain.evaluation import (
-    Episode,
-    EvaluationStage,
     episodes_key,
     evaluation_records,
     evaluation_sample_id,
+    evaluation_source,
 )
 from mtrl.local.trainer.checkpoints import (
     FINAL,
@@ -61,12 +61,7 @@ class Evaluator:
 
     def records(self) -> list[DatasetRecord]:
         job, config = self.job, self.job.config
-        # The named evaluation file as it is now, or the run's dataset version.
-        key, version = (
-            (config.eval_dataset, None)
-            if config.eval_dataset
-            else (job.dataset_key, job.dataset_version)
-        )
+        key, version = evaluation_source(config, job.dataset_key, job.dataset_version)
         records = read_dataset(self.s3, bucket=job.bucket, key=key, version=version)
         return evaluation_records(records, config, named_file=config.eval_dataset is not None)
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from domain.checkpoints import BaseCheckpoint
 from domain.dataset import DatasetRecord, read_records
-from domain.evaluation import EvaluationStage
+from domain.episodes import EvaluationStage
 from domain.protocol import (
     Choice,
     GenerateRequest,
