@@ -74,6 +74,12 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/pipeline/test_reward_curve.py",
         "tests/pipeline/test_nova_training.py",
     ),
+    # How an evaluation rollout ended, as the router keeps it and the statistics read it.
+    "domain/episodes.py": (
+        "tests/domain/test_evaluation.py",
+        "tests/router/test_proxy.py",
+        "tests/local/test_held_out.py",
+    ),
     # Did it learn: which records are held out, pass@k, the change and its interval.
     "domain/evaluation.py": (
         "tests/domain/test_evaluation.py",

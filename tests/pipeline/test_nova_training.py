@@ -332,6 +332,12 @@ def test_a_run_without_its_alias_or_a_recipe_that_is_no_mapping_is_refused(plane
         ValueError, match=r"^run wordle-0a1b2c3d4e: no rollout Lambda alias \(Provision makes it\)$"
     ):
         plane.cluster.recipe(replace(RUN, rollout_request_arn=None))
+    with pytest.raises(
+        ValueError, match=r"^run wordle-0a1b2c3d4e: no rollout Lambda alias \(Provision makes it\)$"
+    ):
+        plane.cluster.evaluation_recipe(
+            replace(RUN, rollout_request_arn=None), EvaluationStage.BASELINE
+        )
     key = "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova_lite_2_0_p5_gpu_lora_rft_byoo.yaml"
     boto3.client("s3").put_object(Bucket="forge-recipes", Key=key, Body=b"- a list\n")
     with pytest.raises(
@@ -377,6 +383,13 @@ def test_status_reads_the_latest_job_of_the_run_and_its_reward_curve(plane: Plan
     jobs[f"{NAME}-new01"]["status"] = {"conditions": [{"type": "Succeeded", "status": "True"}]}
     status = plane.cluster.status(RUN)
     assert (status.phase, status.step) == (Phase.SUCCEEDED, 3)
+
+
+def ndjson(uri: str) -> bool:
+    """The object at `uri` says it is JSON lines."""
+    bucket, _, key = uri.removeprefix("s3://").partition("/")
+    head = boto3.client("s3").head_object(Bucket=bucket, Key=key)
+    return head["ContentType"] == "application/x-ndjson"
 
 
 def records_at(uri: str) -> list[DatasetRecord]:
@@ -490,19 +503,25 @@ def test_the_final_evaluation_is_of_the_checkpoint_training_ended_with(plane: Pl
 def test_where_aws_cannot_evaluate_the_run_goes_on_and_says_why(plane: Plane) -> None:
     plane.cluster.settings = settings(AWS_REGION="eu-central-1")
     assert evaluation_image("eu-central-1") is None
-    with pytest.raises(EvaluationUnsupported, match="no Nova evaluation image in eu-central-1"):
+    with pytest.raises(EvaluationUnsupported) as unsupported:
         plane.cluster.submit_evaluation(RUN, stage=EvaluationStage.BASELINE)
+    assert str(unsupported.value) == (
+        "AWS publishes no Nova evaluation image in eu-central-1; evaluate the model with the Nova "
+        "Forge SDK (RFT_MULTITURN_EVAL) in a region that has one"
+    )
     plane.cluster.settings = settings()
     recipe = forge_evaluation_recipe()
     del recipe["rl_env"]["rollout_request_arn"], recipe["rl_env"]["generate_request_sqs_url"]
     boto3.client("s3").put_object(
         Bucket="forge-recipes", Key=f"{FORGE_EVALUATION_RECIPE}.yaml", Body=yaml.safe_dump(recipe)
     )
-    with pytest.raises(
-        EvaluationUnsupported,
-        match="has no rollout_request_arn, generate_request_sqs_url: it cannot play",
-    ):
+    with pytest.raises(EvaluationUnsupported) as unsupported:
         plane.cluster.submit_evaluation(RUN, stage=EvaluationStage.BASELINE)
+    assert str(unsupported.value) == (
+        f"AWS's evaluation recipe s3://forge-recipes/{FORGE_EVALUATION_RECIPE}.yaml has no "
+        "rollout_request_arn, generate_request_sqs_url: it cannot play its rollouts through this "
+        "run's reward workers"
+    )
     assert plane.launcher.payloads == []
     boto3.client("s3").put_object(
         Bucket="forge-recipes", Key=f"{FORGE_EVALUATION_RECIPE}.yaml",
@@ -510,8 +529,12 @@ def test_where_aws_cannot_evaluate_the_run_goes_on_and_says_why(plane: Plane) ->
     )  # fmt: skip
     none_held = b"".join(line + b"\n" for line in DATASET.splitlines()[1:4])  # w0 is held out
     boto3.client("s3").put_object(Bucket=RUN.bucket, Key=RUN.dataset_key, Body=none_held)
-    with pytest.raises(EvaluationUnsupported, match="^no record of s3://nova-mtrl-data/training"):
+    with pytest.raises(EvaluationUnsupported) as unsupported:
         plane.cluster.submit_evaluation(RUN, stage=EvaluationStage.BASELINE)
+    assert str(unsupported.value) == (
+        "no record of s3://nova-mtrl-data/training-data/wordle.jsonl is held out for evaluation "
+        "(eval_fraction 0.1); raise eval_fraction or name an eval_dataset"
+    )
     assert plane.launcher.payloads == []
 
 
@@ -519,13 +542,18 @@ def test_an_evaluation_that_succeeded_leaves_the_episodes_its_alias_was_asked_fo
     plane: Plane,
 ) -> None:
     stage = EvaluationStage.BASELINE
+    missing = plane.cluster.evaluation_status(RUN, stage=stage)
+    assert missing.reason == "the run's baseline evaluation is not in namespace kubeflow"
     plane.cluster.submit_evaluation(RUN, stage=stage)
     (job,) = plane.processes.kubernetes.objects[PYTORCH_JOBS].values()
     assert plane.cluster.evaluation_status(RUN, stage=stage).phase is Phase.PENDING
     job["status"] = {"conditions": [{"type": "Succeeded", "status": "True"}]}
     nothing = plane.cluster.evaluation_status(RUN, stage=stage)
-    assert nothing.phase is Phase.FAILED
-    assert "no rollout of it reached the run's reward workers" in nothing.reason
+    assert (nothing.phase, nothing.reason) == (
+        Phase.FAILED,
+        "AWS's baseline evaluation job succeeded but no rollout of it reached the run's reward "
+        "workers (its rollout Lambda alias was never invoked)",
+    )
     episodes = [
         Episode(record_id=f"w{i}", sample_id=f"w{i}_0", stop_reason="end_of_conversation",
                 score=0.5 * i, success=i == 1, turns=3.0)
@@ -548,6 +576,7 @@ def test_an_evaluation_that_succeeded_leaves_the_episodes_its_alias_was_asked_fo
         .read()
     )
     assert [Episode.model_validate_json(line) for line in body.splitlines()] == episodes
+    assert ndjson(f"s3://{RUN.bucket}/{RUN.output_prefix}evaluation/baseline.jsonl")
     # The training job's status is not the evaluation's.
     assert plane.cluster.status(RUN).phase is Phase.FAILED
 
@@ -560,3 +589,22 @@ def test_delete_uninstalls_the_evaluations_too(plane: Plane) -> None:
     assert plane.processes.releases == {}
     stops = [p["name"] for p in plane.launcher.payloads if p["action"] == "stop"]
     assert stops == [NAME, *(run_name("nova-mtrl", RUN.run_id, s) for s in EvaluationStage)]
+
+
+def test_the_records_are_those_of_the_dataset_version_that_started_the_run(plane: Plane) -> None:
+    """The upload that started the run, not the file as it is now; each record written as it
+    was given (no field added), as JSON lines."""
+    s3 = boto3.client("s3")
+    s3.put_bucket_versioning(Bucket=RUN.bucket, VersioningConfiguration={"Status": "Enabled"})
+    first = s3.put_object(Bucket=RUN.bucket, Key=RUN.dataset_key, Body=DATASET)["VersionId"]
+    s3.put_object(Bucket=RUN.bucket, Key=RUN.dataset_key, Body=DATASET.splitlines()[5] + b"\n")
+    run = replace(RUN, dataset_version=first)
+    training = plane.cluster.training_data(run)
+    assert len(records_at(training)) == 40 - len(HELD_OUT) and ndjson(training)
+    bucket, _, key = training.removeprefix("s3://").partition("/")
+    written = s3.get_object(Bucket=bucket, Key=key)["Body"].read().splitlines()
+    assert json.loads(written[0]) == json.loads(DATASET.splitlines()[1])  # w1: w0 is held out
+    plane.cluster.submit_evaluation(run, stage=EvaluationStage.BASELINE)
+    evaluated = evaluation_recipe(plane, EvaluationStage.BASELINE)["run"]["data_s3_path"]
+    assert [r.id for r in records_at(evaluated)] == HELD_OUT[: RUN.training.eval_max_records]
+    assert ndjson(evaluated)
