@@ -8,14 +8,20 @@ CDK_CLI_VERSION ?= 2.1148.1
 CDK := npx --yes aws-cdk@$(CDK_CLI_VERSION)
 SAGEMAKER_HYPERPOD_VERSION := 3.12.0
 AMZN_NOVA_FORGE_VERSION := 1.4.10
+# The outside scanner a security reviewer runs over cdk.out, in a virtualenv of its own: its pins
+# (boto3 1.35, policy_sentry 0.13) clash with ours.
+CHECKOV_VERSION := 3.3.30
+SCAN_VENV := .venv-scan
+SCAN_STAMP := $(SCAN_VENV)/.checkov-$(CHECKOV_VERSION)
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
-.PHONY: help install demo test lint synth diff deploy destroy bench mutate clean
+.PHONY: help install demo test lint synth scan diff deploy destroy bench mutate clean
 
 help:
 	@echo "make demo     set up .venv if needed, train the Wordle example locally, offline (report in runs/)"
 	@echo "make test     set up .venv if needed, lint, run the whole check suite (pytest, cfn-lint, cdk-nag), synth with bundling"
 	@echo "make synth    write the CloudFormation templates to cdk.out/"
+	@echo "make scan     synth, then checkov over cdk.out: fails on a finding not justified in its template"
 	@echo "make deploy   cdk deploy --all (AWS credentials needed)   make destroy   make diff"
 	@echo "make bench    measure synth and test times, environments and worker, router (bench/)"
 	@echo "make mutate   mutation testing of the critical modules (bench/mutate.py; MODULES=... for some)"
@@ -46,13 +52,25 @@ lint: install
 test: lint
 	$(BIN)/python -m pytest
 	# The tests synthesize without Lambda bundling; deploy bundles. Do it once for real here, so a
-	# requirement with no wheel for Lambda's platform fails the check, not the first deploy.
-	$(MAKE) --no-print-directory synth
+	# requirement with no wheel for Lambda's platform fails the check, not the first deploy; then
+	# scan what it wrote.
+	$(MAKE) --no-print-directory scan
 
 synth: install
 	rm -rf cdk.out
 	CDK_OUTDIR=cdk.out $(BIN)/python app.py
 	@ls cdk.out/*.template.json
+
+# Every checkov finding is fixed or justified in its resource's metadata (stacks/components/scan.py):
+# a finding without a reason fails.
+scan: synth $(SCAN_STAMP)
+	$(SCAN_VENV)/bin/checkov --directory cdk.out --framework cloudformation --quiet --compact --skip-download
+
+$(SCAN_STAMP):
+	test -x $(SCAN_VENV)/bin/python || $(PYTHON) -m venv $(SCAN_VENV)
+	$(SCAN_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(SCAN_VENV)/bin/python -m pip install --quiet checkov==$(CHECKOV_VERSION)
+	touch $(SCAN_STAMP)
 
 diff: install
 	$(CDK) diff --all

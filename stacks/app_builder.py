@@ -24,8 +24,12 @@ def build_app(
     app = cdk.App(context=merged, outdir=outdir)
     # An existing VPC is only referenced, so it needs no stack of its own (an empty stack is
     # not a valid template); the compute stack imports it.
-    network = None if config.existing_vpc else NetworkStack(app, config=config).network
     storage = StorageStack(app, config=config)
+    network = (
+        None
+        if config.existing_vpc
+        else NetworkStack(app, config=config, log_key=storage.storage.data_key).network
+    )
     compute = ComputeStack(app, config=config, network=network, storage=storage.storage)
     PipelineStack(
         app,

@@ -29,7 +29,9 @@ class ComputeStack(PlatformStack):
         super().__init__(
             scope, "compute", config=config, description="EKS, HyperPod, ECS reward workers"
         )
-        network = network or Network(self, "ExistingNetwork", config=config)
+        network = network or Network(
+            self, "ExistingNetwork", config=config, log_key=storage.data_key
+        )
         self.eks = HyperPodEks(
             self,
             "Eks",
@@ -44,8 +46,9 @@ class ComputeStack(PlatformStack):
             # AWS requires the chart before the HyperPod cluster: without its device plugins
             # no GPU pod schedules, without its health agent node recovery has nothing to act on.
             self.chart = HyperPodDependencies(
-                self, "HyperPodChart", config=config, eks=self.eks, code=pipeline_code()
-            )
+                self, "HyperPodChart", config=config, eks=self.eks, code=pipeline_code(),
+                log_key=storage.data_key,
+            )  # fmt: skip
             ready.append(self.chart.installed)
         self.hyperpod = HyperPodCluster(
             self,
@@ -66,7 +69,9 @@ class ComputeStack(PlatformStack):
                 )
         if not config.existing_eks_cluster:
             self.eks.add_container_logs()  # an existing cluster ships its logs its own way
-        self.reward_fleet = RewardFleet(self, "RewardFleet", config=config, vpc=network.vpc)
+        self.reward_fleet = RewardFleet(
+            self, "RewardFleet", config=config, vpc=network.vpc, log_key=storage.data_key
+        )
 
         cdk.CfnOutput(self, "EksClusterName", value=self.eks.cluster_name)
         cdk.CfnOutput(self, "HyperPodClusterName", value=self.hyperpod.cluster_name)

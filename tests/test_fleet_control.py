@@ -54,7 +54,8 @@ def _arn_text(resource: object) -> str:
 
 def test_workers_read_run_queues_and_their_token_only(default_app: Synthesized) -> None:
     """Every queue action but ListQueues (no resource type) names this deployment's run queues
-    (`<prefix>-*`), never every queue of the account."""
+    (`<prefix>-*`) — or, for StartRun's dead letters, the upload trigger's queue itself —, never
+    every queue of the account."""
     statements = [s for _, s in policy_statements(default_app.template("pipeline"))]
     sqs = [
         s for s in statements
@@ -63,6 +64,10 @@ def test_workers_read_run_queues_and_their_token_only(default_app: Synthesized) 
     assert any("sqs:ReceiveMessage" in as_list(s["Action"]) for s in sqs)
     for statement in sqs:
         for resource in as_list(statement["Resource"]):
+            if "Fn::GetAtt" in resource:  # the upload trigger's dead letters, StartRun's too
+                assert resource["Fn::GetAtt"][0].startswith("PipelineTriggerDeadLetters")
+                assert "sqs:ReceiveMessage" not in as_list(statement["Action"])
+                continue
             assert _arn_text(resource) == "arn:{Partition}:sqs:{Region}:{AccountId}:nova-mtrl-*"
     (token,) = [s for s in statements if as_list(s["Action"]) == ["ssm:GetParameters"]]
     assert ":parameter/nova-mtrl/runs/*" in str(token["Resource"])

@@ -1,5 +1,7 @@
-"""The pipeline's Lambda functions: Python 3.12, own role and log group, X-Ray, acknowledged L1;
-those that call the EKS cluster's API run in the VPC (ClusterNetwork)."""
+"""The pipeline's Lambda functions: Python 3.12, own role and log group (encrypted with the
+deployment's key), X-Ray, acknowledged L1; those that call the EKS cluster's API run in the VPC
+(ClusterNetwork). What outside scanners ask of every function and does not apply is justified
+on it (stacks/components/scan.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from dataclasses import dataclass
 from aws_cdk import Duration, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
@@ -15,6 +18,26 @@ from constructs import Construct
 from stacks.components.lambda_code import ARCHITECTURE, RUNTIME
 from stacks.components.nag import acknowledge, acknowledge_resource
 from stacks.components.network import interface_scope
+from stacks.components.scan import justify
+
+# Why the scanners' function-wide checks do not apply (checkov's ids).
+NO_RESERVED_CONCURRENCY = (
+    "Reserved concurrency is taken from the account's pool and fails the deploy where that pool "
+    "is small (new accounts); each function is bounded by what invokes it: a state, a run's "
+    "queue, a run's workers, a schedule"
+)
+ENVIRONMENT_WITHOUT_SECRETS = (
+    "Its environment holds resource names and settings only, never a secret (a run's token is "
+    "an SSM SecureString read at run time); Lambda encrypts it at rest with an AWS owned key"
+)
+CUSTOM_RESOURCE = (
+    "CloudFormation invokes it synchronously for its custom resource; a failure fails and rolls "
+    "back the stack operation"
+)
+OUTSIDE_THE_VPC = (
+    "It calls AWS APIs only, with its own IAM role, and reaches nothing inside the VPC; the "
+    "functions that call the EKS API run in the VPC"
+)
 
 
 @dataclass(frozen=True)
@@ -38,17 +61,21 @@ def pipeline_function(
     code: lambda_.Code,
     timeout: Duration,
     environment: dict[str, str],
+    log_key: kms.IKey,
+    invocation: str | None,
     memory_size: int = 512,
     network: ClusterNetwork | None = None,
     runtime: lambda_.Runtime = RUNTIME,
 ) -> lambda_.Function:
     """A function with a role of its own (no managed policies) that may only write its own logs
-    (and, in `network`, manage its network interfaces there)."""
+    (and, in `network`, manage its network interfaces there). `invocation`: who invokes it and
+    sees its errors, the reason it needs no dead-letter queue (None: it is given one)."""
     log_group = logs.LogGroup(
         scope,
         f"{name}Logs",
         retention=logs.RetentionDays.THREE_MONTHS,
         removal_policy=RemovalPolicy.DESTROY,
+        encryption_key=log_key,
     )
     role = iam.Role(
         scope,
@@ -77,6 +104,12 @@ def pipeline_function(
     )
     if network:
         _allow_network_interfaces(role, network)
+    else:
+        justify(function, "CKV_AWS_117", OUTSIDE_THE_VPC)
+    if invocation:
+        justify(function, "CKV_AWS_116", f"{invocation}: a dead-letter queue would hold nothing")
+    justify(function, "CKV_AWS_115", NO_RESERVED_CONCURRENCY)
+    justify(function, "CKV_AWS_173", ENVIRONMENT_WITHOUT_SECRETS)
     acknowledge(
         function,
         "AwsSolutions-L1",

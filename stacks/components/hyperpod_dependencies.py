@@ -15,6 +15,7 @@ from pathlib import Path
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
@@ -23,7 +24,7 @@ from lambdas.kubernetes import rig_addons
 from lambdas.kubernetes.settings import ChartSettings
 from stacks import hyperpod_chart, render_hyperpod_chart
 from stacks.components.eks import CLUSTER_ADMIN, HyperPodEks
-from stacks.components.functions import pipeline_function
+from stacks.components.functions import CUSTOM_RESOURCE, pipeline_function
 from stacks.config import PlatformConfig
 
 
@@ -54,6 +55,7 @@ class HyperPodDependencies(Construct):
         config: PlatformConfig,
         eks: HyperPodEks,
         code: lambda_.Code,
+        log_key: kms.IKey,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = cdk.Stack.of(self)
@@ -84,6 +86,8 @@ class HyperPodDependencies(Construct):
                 ChartSettings, eks_cluster=eks.cluster_name, release=hyperpod_chart.RELEASE
             ),
             network=eks.network,
+            log_key=log_key,
+            invocation=CUSTOM_RESOURCE,
         )
         function.add_to_role_policy(
             iam.PolicyStatement(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aws_cdk import RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
@@ -49,7 +50,10 @@ class Network(Construct):
     Attributes: `vpc`, `private_subnets` (where workers and GPU nodes go).
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, config: PlatformConfig) -> None:
+    def __init__(
+        self, scope: Construct, construct_id: str, *, config: PlatformConfig, log_key: kms.IKey
+    ) -> None:
+        """`log_key` encrypts the flow logs of a new VPC."""
         super().__init__(scope, construct_id)
         self.private_subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
         existing = config.existing_vpc
@@ -97,6 +101,7 @@ class Network(Construct):
             "FlowLogs",
             retention=logs.RetentionDays.ONE_YEAR,
             removal_policy=RemovalPolicy.DESTROY,
+            encryption_key=log_key,
         )
         vpc.add_flow_log(
             "FlowLog",

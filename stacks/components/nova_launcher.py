@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from aws_cdk import Duration
 from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
@@ -32,6 +33,7 @@ class NovaLauncher(Construct):
         eks_cluster: str,
         hyperpod_cluster: str,
         network: ClusterNetwork,
+        log_key: kms.IKey,
     ) -> None:
         super().__init__(scope, construct_id)
         code = lambda_.Code.from_asset_image(
@@ -56,4 +58,7 @@ class NovaLauncher(Construct):
                 LauncherSettings, eks_cluster=eks_cluster, hyperpod_cluster=hyperpod_cluster
             ),
             network=network,
+            log_key=log_key,
+            invocation="The Nova plane invokes it synchronously (RequestResponse) and fails the "
+            "step with its error",
         )

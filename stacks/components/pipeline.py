@@ -5,6 +5,8 @@ there are, and what each needs, is the step table (stacks/components/pipeline_st
 
 from __future__ import annotations
 
+from typing import cast
+
 from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
@@ -35,6 +37,15 @@ from stacks.components.pipeline_trigger import upload_trigger
 from stacks.components.tables import data_table
 from stacks.config import PlatformConfig
 from training_configs.schema import DEFAULT_CONFIG
+
+# Who invokes a step's function and sees its errors (None: it has a dead-letter queue).
+INVOKED_BY: dict[Trigger, str | None] = {
+    Trigger.STATE_MACHINE: "Step Functions invokes it synchronously and retries or catches each "
+    "error; the run's failure path releases, tears down and notifies",
+    Trigger.SCHEDULE: "A schedule invokes it (and `mtrl teardown`, synchronously); an invocation "
+    "lost after Lambda's retries is done again by the next one",
+    Trigger.UPLOAD: None,
+}
 
 
 class TrainingPipeline(Construct):
@@ -96,7 +107,7 @@ class TrainingPipeline(Construct):
                 self._function(step)
         machine_name = f"{config.name_prefix}-pipeline"
         self.state_machine, self.execution_logs = pipeline_state_machine(
-            self, name=machine_name, functions=dict(self.functions)
+            self, name=machine_name, functions=dict(self.functions), log_key=data_key
         )
         self._executions = Stack.of(self).format_arn(
             service="states",
@@ -114,6 +125,14 @@ class TrainingPipeline(Construct):
         self.upload_rule, self.trigger_dlq = upload_trigger(
             self, data_bucket=data_bucket, start=start
         )
+        # An upload must not be lost: an event StartRun still fails after Lambda's retries of
+        # the asynchronous invocation goes to the same dead-letter queue (alarmed) as one
+        # EventBridge could not deliver.
+        cfn_start = cast(lambda_.CfnFunction, start.node.default_child)
+        cfn_start.dead_letter_config = lambda_.CfnFunction.DeadLetterConfigProperty(
+            target_arn=self.trigger_dlq.queue_arn
+        )
+        self.trigger_dlq.grant_send_messages(start)
         monitored = {
             "machine": self.state_machine,
             "functions": self.functions,
@@ -142,6 +161,8 @@ class TrainingPipeline(Construct):
             environment=variables,
             memory_size=step.memory_mb,
             network=self._cluster_network if step.calls_kubernetes else None,
+            log_key=self._data_key,
+            invocation=INVOKED_BY[step.trigger],
         )
         self.functions[step.name] = function
         return function

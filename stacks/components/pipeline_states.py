@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_stepfunctions as sfn
@@ -262,15 +263,17 @@ class PipelineDefinition:
 
 
 def pipeline_state_machine(
-    scope: Construct, *, name: str, functions: Mapping[str, lambda_.IFunction]
+    scope: Construct, *, name: str, functions: Mapping[str, lambda_.IFunction], log_key: kms.IKey
 ) -> tuple[sfn.StateMachine, logs.LogGroup]:
-    """The state machine (and the log group of its executions' history)."""
+    """The state machine (and the log group of its executions' history, encrypted with
+    `log_key`)."""
     definition = PipelineDefinition(scope, functions).build()
     log_group = logs.LogGroup(
         scope,
         "ExecutionLogs",
         retention=logs.RetentionDays.SIX_MONTHS,
         removal_policy=RemovalPolicy.DESTROY,
+        encryption_key=log_key,
     )
     machine = sfn.StateMachine(
         scope,

@@ -7,6 +7,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
@@ -51,6 +52,7 @@ class RewardFleet(Construct):
         *,
         config: PlatformConfig,
         vpc: ec2.IVpc,
+        log_key: kms.IKey,
     ) -> None:
         super().__init__(scope, construct_id)
         self.subnet_ids = [subnet.subnet_id for subnet in vpc.private_subnets]
@@ -77,6 +79,7 @@ class RewardFleet(Construct):
             log_group_name=log_group_name(config),
             retention=logs.RetentionDays.THREE_MONTHS,
             removal_policy=RemovalPolicy.DESTROY,
+            encryption_key=log_key,
         )
         self.task_role = iam.Role(
             self,

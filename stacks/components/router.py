@@ -72,6 +72,9 @@ class Router(Construct):
                 wait_seconds=5,
                 deployment=config.name_prefix,
             ),
+            log_key=data_key,
+            invocation="Its function URL is called synchronously: the caller, a run's reward "
+            "worker, sees each error and retries",
         )
         self.proxy_url = self.proxy.add_function_url(auth_type=lambda_.FunctionUrlAuthType.AWS_IAM)
         self.consumer = pipeline_function(
@@ -84,6 +87,9 @@ class Router(Construct):
             environment=environment_for(
                 RouterSettings, table_name=self.table.table_name, deployment=config.name_prefix
             ),
+            log_key=data_key,
+            invocation="A run's generate-response queue invokes it synchronously through its "
+            "event source mapping: a message it fails stays on that queue, redelivered",
         )
         # A Nova trainer's rollout_request_arn: each run invokes its own alias of it.
         self.rollout_forwarder = pipeline_function(
@@ -96,6 +102,9 @@ class Router(Construct):
             environment=environment_for(
                 ForwarderSettings, name_prefix=config.name_prefix, table_name=self.table.table_name
             ),
+            log_key=data_key,
+            invocation="A Nova trainer invokes it synchronously (RequestResponse) and sees each "
+            "error at once",
         )
         self._data_key = data_key
         self._alarms = stack.format_arn(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aws_cdk import Aws, DefaultStackSynthesizer, Duration, RemovalPolicy, Stack
+from aws_cdk import ArnFormat, Aws, DefaultStackSynthesizer, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
@@ -12,8 +12,14 @@ from aws_cdk import aws_s3_deployment as s3deploy
 from constructs import Construct, IConstruct
 
 from domain.bucket import CONFIGS_PREFIX, RUNS_PREFIX, TRAINING_DATA_PREFIX
+from stacks.components.functions import (
+    CUSTOM_RESOURCE,
+    ENVIRONMENT_WITHOUT_SECRETS,
+    NO_RESERVED_CONCURRENCY,
+)
 from stacks.components.nag import acknowledge, acknowledge_resource
 from stacks.components.needs import Need
+from stacks.components.scan import justify
 from stacks.config import PlatformConfig
 from training_configs.schema import EVALUATION_DATA_PREFIX
 
@@ -38,6 +44,21 @@ class Storage(Construct):
             enable_key_rotation=True,
             removal_policy=RemovalPolicy.RETAIN,
         )
+        # The deployment's log groups are encrypted with it: CloudWatch Logs uses the key for
+        # log groups of this account and region only (CloudWatch Logs User Guide, "Encrypt log
+        # data in CloudWatch Logs using AWS KMS", the key policy it gives).
+        stack = Stack.of(self)
+        self.data_key.add_to_resource_policy(
+            iam.PolicyStatement(
+                principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
+                actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*",
+                         "kms:Describe*"],
+                resources=["*"],
+                conditions={"ArnLike": {"kms:EncryptionContext:aws:logs:arn": stack.format_arn(
+                    service="logs", resource="log-group", resource_name="*",
+                    arn_format=ArnFormat.COLON_RESOURCE_NAME)}},
+            )
+        )  # fmt: skip
         self.access_log_bucket = s3.Bucket(
             self,
             "AccessLogs",
@@ -57,6 +78,15 @@ class Storage(Construct):
             "AwsSolutions-S1",
             "This is the access-log bucket itself; logging it into itself would loop.",
         )
+        justify(
+            self.access_log_bucket, "CKV_AWS_18",
+            "This is the access-log bucket itself; logging it into itself would loop",
+        )  # fmt: skip
+        justify(
+            self.access_log_bucket, "CKV_AWS_21",
+            "S3's log delivery writes each access log once and never overwrites one; versions "
+            "would only keep what the 365-day expiry removes",
+        )  # fmt: skip
         self.data_bucket = s3.Bucket(
             self,
             "Data",
@@ -103,6 +133,11 @@ class Storage(Construct):
             # Unversioned: the deployment below empties it on delete, so `cdk destroy` works.
             removal_policy=RemovalPolicy.DESTROY,
         )
+        justify(
+            self.lifecycle_bucket, "CKV_AWS_21",
+            "The scripts come from the repository (their history is git's); the deployment empties "
+            "the bucket on delete, which old versions would block, so `cdk destroy` completes",
+        )  # fmt: skip
         deployment = s3deploy.BucketDeployment(
             self,
             "DeployLifecycleScripts",
@@ -170,6 +205,14 @@ class Storage(Construct):
             self.lifecycle_bucket.arn_for_objects("*"),
             "CDK's BucketDeployment handler writes the objects of the lifecycle-scripts bucket only.",
         )
+        for handler in (notifications, deployment):
+            justify(handler, "CKV_AWS_116", f"aws-cdk-lib's handler: {CUSTOM_RESOURCE}")
+            justify(
+                handler, "CKV_AWS_117", "aws-cdk-lib's handler calls S3's API only, at deploy "
+                "time: there is nothing in the VPC for it to reach",
+            )  # fmt: skip
+            justify(handler, "CKV_AWS_115", NO_RESERVED_CONCURRENCY)
+        justify(deployment, "CKV_AWS_173", ENVIRONMENT_WITHOUT_SECRETS)
 
 
 def data_bucket_name(config: PlatformConfig) -> str:

@@ -37,7 +37,7 @@ from lambdas.pipeline.nova_training import NovaSettings
 from stacks.components.access import Allow, grant_log_reading, log_group_arn
 from stacks.components.capacity_leases import CapacityLeaseTable
 from stacks.components.eks import CLUSTER_ADMIN, eks_cluster_name, pod_identity_role
-from stacks.components.functions import ClusterNetwork, pipeline_function
+from stacks.components.functions import CUSTOM_RESOURCE, ClusterNetwork, pipeline_function
 from stacks.components.hyperpod import hyperpod_cluster_name
 from stacks.components.nag import acknowledge_resource
 from stacks.components.needs import Need
@@ -64,7 +64,7 @@ class TrainingClusterControl(Construct):
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
-        self._config = config
+        self._config, self._data_key = config, data_key
         self._eks_name = eks_cluster_name(config)
         self._eks_arn = stack.format_arn(
             service="eks", resource="cluster", resource_name=self._eks_name
@@ -138,6 +138,7 @@ class TrainingClusterControl(Construct):
         launcher = NovaLauncher(
             self, "NovaLauncher", eks_cluster=self._eks_name,
             hyperpod_cluster=hyperpod_cluster_name(self._config), network=network,
+            log_key=self._data_key,
         )  # fmt: skip
         self.environment |= environment_for(
             NovaSettings,
@@ -320,6 +321,8 @@ class TrainingClusterControl(Construct):
                 RbacSettings, prefix=self._config.name_prefix, eks_cluster=self._eks_name
             ),
             network=network,
+            log_key=self._data_key,
+            invocation=CUSTOM_RESOURCE,
         )
         function.add_to_role_policy(
             iam.PolicyStatement(actions=["eks:DescribeCluster"], resources=[self._eks_arn])

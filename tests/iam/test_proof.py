@@ -132,6 +132,9 @@ KEPT = {
     "with it; no request of the job does.",
     ("*RestrictedExecutionRole*", "eks-auth:AssumeRoleForPodIdentity"): "As ec2:*: the nodes' "
     "Pod Identity agent uses it.",
+    ("*StartRun*", "sqs:*"): "Lambda sends an upload event StartRun still failed after the "
+    "asynchronous invocation's retries to its dead-letter queue, with the function's role "
+    "(Lambda Developer Guide, 'Dead-letter queues'); no request of the code does.",
     ("*", "sqs:ChangeMessageVisibility"): "Workers and trainers extend a long episode's message "
     "(the worker's heartbeat); these episodes end sooner.",
 }
