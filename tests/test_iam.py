@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from tests.conftest import Synthesized, as_list, policy_statements
 from tests.iam.authorization import resource_formats
+from tests.readme import check_section
 
 # No resource type either, but allowed on "*" only with a condition naming the function.
 CONDITIONED = {"lambda:CreateEventSourceMapping"}
@@ -53,3 +54,42 @@ def test_one_role_per_plane(default_app: Synthesized) -> None:
         "pods.eks.amazonaws.com",  # HyperPod training operator
         "sagemaker.amazonaws.com",  # HyperPod nodes
     ]
+
+
+def wildcard_grants(app: Synthesized) -> dict[str, set[str]]:
+    """Each action granted on Resource "*", and the roles it is granted to (logical ids without
+    CDK's hash)."""
+    found: dict[str, set[str]] = {}
+    for template in app.templates.values():
+        resources = template["Resources"]
+        for logical_id, statement in policy_statements(template):
+            if statement["Effect"] != "Allow" or "*" not in as_list(statement["Resource"]):
+                continue
+            resource = resources[logical_id]
+            roles = (
+                [ref["Ref"] for ref in resource["Properties"].get("Roles", []) if "Ref" in ref]
+                if resource["Type"] == "AWS::IAM::Policy"
+                else [logical_id]
+            )
+            for action in as_list(statement["Action"]):
+                found.setdefault(action, set()).update(role[:-8] for role in roles)
+    return found
+
+
+def test_the_readme_lists_every_wildcard_resource_with_the_action_that_needs_it(
+    nova_app: Synthesized,
+) -> None:
+    """The deployment with both planes (a restricted group adds the Nova launcher): each action
+    on "*", why nothing narrower exists, and who holds it."""
+    rows = ["| action on `*` | why not narrower | granted to |", "|---|---|---|"]
+    for action, roles in sorted(wildcard_grants(nova_app).items()):
+        why = (
+            "no resource type; conditioned on the consumer function's ARN"
+            if action in CONDITIONED
+            else "no resource type (Service Authorization Reference)"
+        )
+        holders = (
+            f"every function's role ({len(roles)})" if len(roles) > 12 else ", ".join(sorted(roles))
+        )
+        rows.append(f"| `{action}` | {why} | {holders} |")
+    check_section("wildcard-resources", "\n".join(rows))

@@ -5,15 +5,11 @@ checked by the IAM proof against every `mtrl` command). `UPDATE_README=1` rewrit
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 from stacks.components.nag import nag_text
 from tests.conftest import Synthesized
 from tests.iam.policy import as_list
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-BEGIN, END = "<!-- operator-policy -->", "<!-- /operator-policy -->"
+from tests.readme import check_section
 
 
 def rendered(app: Synthesized) -> str:
@@ -34,15 +30,8 @@ def rendered(app: Synthesized) -> str:
     ]
     statements.sort(key=lambda s: (s["Action"], s["Resource"]))
     document = json.dumps({"Version": "2012-10-17", "Statement": statements}, indent=2)
-    return f"{BEGIN}\n```json\n{document}\n```\n{END}"
+    return f"```json\n{document}\n```"
 
 
 def test_the_readme_shows_the_operator_policy_the_stack_makes(default_app: Synthesized) -> None:
-    text = README.read_text()
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    wanted = rendered(default_app)
-    if os.environ.get("UPDATE_README"):
-        README.write_text(text[:start] + wanted + text[end:])
-        text = README.read_text()
-        start, end = text.index(BEGIN), text.index(END) + len(END)
-    assert text[start:end] == wanted, "the README's operator policy is stale: UPDATE_README=1"
+    check_section("operator-policy", rendered(default_app))
