@@ -18,18 +18,25 @@ import pytest
 
 from domain.nova_job import (
     BYOO_KEYS,
+    EVALUATION_IMAGE_ACCOUNTS,
+    EVALUATION_TASK,
+    FORGE_EVALUATION_RECIPE,
     FORGE_RECIPE_SOURCE,
     FORGE_RECIPES,
     REPLICAS,
     RUN_NAME_LIMIT,
+    SINGLE_TURN_REWARD,
     NovaRefused,
     apply_overrides,
+    evaluation_image,
+    evaluation_overrides,
     images,
     job_pattern,
     launcher_command,
     nova_problems,
     recipe_overrides,
     run_name,
+    without_single_turn_reward,
 )
 from training_configs.schema import SHIPPED, TrainingConfig, load_training_config
 
@@ -74,6 +81,7 @@ def test_the_recipes_and_where_they_come_from_are_the_sdks() -> None:
         by_method["RFT_MULTITURN_FULL"],
     }
     assert by_method["RFT_MULTITURN_LORA"] == FORGE_RECIPES["RFT_MULTITURN_LORA"] + ".yaml"
+    assert by_method["RFT_MULTITURN_EVAL"] == f"{FORGE_EVALUATION_RECIPE}.yaml"
     (download,) = [
         node
         for node in ast.walk(function)
@@ -273,3 +281,55 @@ def test_a_runs_jobs_have_names_apart_within_the_launchers_cut(run_id: str) -> N
         assert [re.match(job_pattern(other), job) is not None for other in names] == [
             other == name for other in names
         ]
+
+
+def sdk_source(path: str) -> str:
+    located = distribution("amzn-nova-forge").locate_file(f"amzn_nova_forge/{path}")
+    return Path(str(located)).read_text(encoding="utf-8")
+
+
+def test_the_evaluation_image_is_the_sdks_for_nova_2_on_hyperpod() -> None:
+    """get_hub_recipe_metadata for RFT_EVAL (what RFT_MULTITURN_EVAL's metadata is read as) on
+    SMHP: `<escrow account>.dkr.ecr.<region>.amazonaws.com/nova-evaluation-repo:` + `SM-HP-` +
+    `Eval-V2-latest` for Nova 2, the accounts of REGION_TO_ESCROW_ACCOUNT_MAPPING."""
+    metadata = ast.unparse(sdk_function("util/recipe.py", "get_hub_recipe_metadata"))
+    for part in ("nova-evaluation-repo:", "'SM-HP-' if platform == Platform.SMHP",
+                 "'Eval-V2-latest' if model.version == Version.TWO"):  # fmt: skip
+        assert part in metadata, part
+    (mapping,) = [
+        node.value
+        for node in ast.walk(ast.parse(sdk_source("core/constants.py")))
+        if isinstance(node, ast.Assign)
+        and getattr(node.targets[0], "id", "") == "REGION_TO_ESCROW_ACCOUNT_MAPPING"
+    ]
+    assert ast.literal_eval(mapping) == EVALUATION_IMAGE_ACCOUNTS
+    assert evaluation_image("us-west-2") == (
+        "176779409107.dkr.ecr.us-west-2.amazonaws.com/nova-evaluation-repo:SM-HP-Eval-V2-latest"
+    )
+
+
+def test_the_evaluation_leaves_are_those_the_sdk_sets_for_rft_multiturn_eval() -> None:
+    """The task's recipe value, strategy and metric (core/enums.py, core/constants.py); the
+    recipe builder's own leaves for an evaluation (name, model, data, output) and its removal of
+    the single-turn reward Lambda (recipe/recipe_builder.py)."""
+    enums, constants = sdk_source("core/enums.py"), sdk_source("core/constants.py")
+    assert re.search(r'if self == EvaluationTask.RFT_MULTITURN_EVAL:\s+return "rft_eval"', enums)
+    assert re.search(r'RFT_MULTITURN_EVAL = "rft_eval"  # Strategy', enums)
+    assert "EvaluationTask.RFT_MULTITURN_EVAL: EvaluationStrategy.RFT_MULTITURN_EVAL" in constants
+    assert "EvaluationTask.RFT_MULTITURN_EVAL: EvaluationMetric.ALL" in constants
+    assert re.search(r'ALL = "all"', enums)
+    assert EVALUATION_TASK == {"task": "rft_eval", "strategy": "rft_eval", "metric": "all"}
+    builder = ast.unparse(sdk_function("recipe/recipe_builder.py", "build_and_validate"))
+    section, key = SINGLE_TURN_REWARD
+    assert f"del final_recipe_dict['{section}']['{key}']" in builder
+    overrides = evaluation_overrides(
+        name="n", model_name_or_path="m", data_s3_path="d", output_s3_path="o", byoo=BYOO
+    )
+    assert set(overrides) == {"name", "model_name_or_path", "data_s3_path", "output_s3_path",
+                              *EVALUATION_TASK, *BYOO_KEYS}  # fmt: skip
+    recipe = {"rl_env": {"reward_lambda_arn": "x", "rollout_request_arn": ""}, "run": {"n": 1}}
+    assert without_single_turn_reward(recipe) == {
+        "rl_env": {"rollout_request_arn": ""},
+        "run": {"n": 1},
+    }
+    assert recipe["rl_env"]["reward_lambda_arn"] == "x"  # a copy: the recipe read is kept
