@@ -11,7 +11,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct, IDependable
 
 from stacks.components.functions import ClusterNetwork
-from stacks.components.nag import acknowledge
+from stacks.components.nag import acknowledge, acknowledge_managed_policy
 from stacks.config import UNVERIFIED_EKS_VERSIONS, PlatformConfig
 
 # Installed before the system nodes start (nodes need the CNI to become Ready) ...
@@ -19,6 +19,11 @@ NODE_ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
 # ... and after them (CoreDNS pods need somewhere to run before the add-on turns ACTIVE).
 SCHEDULED_ADDONS = ("coredns",)
 LOGS_POLICY = "CloudWatchAgentServerPolicy"
+NODE_POLICIES = (
+    "AmazonEKSWorkerNodePolicy",
+    "AmazonEC2ContainerRegistryPullOnly",
+    "AmazonEKS_CNI_Policy",
+)
 CLUSTER_ADMIN = "AmazonEKSClusterAdminPolicy"
 
 _LOG_TYPES = [
@@ -97,12 +102,11 @@ class HyperPodEks(Construct):
                 "in eks_public_access_cidrs only. Every request is IAM-authenticated (access "
                 "entries only).",
             )
-            acknowledge(
-                cluster.role,
-                "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonEKSClusterPolicy]",
+            acknowledge_managed_policy(
+                cluster.role, "AmazonEKSClusterPolicy",
                 "The EKS service role must carry the AWS-maintained AmazonEKSClusterPolicy; EKS "
                 "keeps it in step with the control plane.",
-            )
+            )  # fmt: skip
             if config.eks_version in UNVERIFIED_EKS_VERSIONS:
                 Annotations.of(cluster).add_warning_v2(
                     "nova-mtrl:eks-version-unverified",
@@ -160,24 +164,16 @@ class HyperPodEks(Construct):
             assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
             description="System node group of the HyperPod EKS cluster (CoreDNS, operators)",
             managed_policies=[
-                iam.ManagedPolicy.from_aws_managed_policy_name(name)
-                for name in (
-                    "AmazonEKSWorkerNodePolicy",
-                    "AmazonEC2ContainerRegistryPullOnly",
-                    "AmazonEKS_CNI_Policy",
-                )
+                iam.ManagedPolicy.from_aws_managed_policy_name(name) for name in NODE_POLICIES
             ],
         )
-        for name, why in (
-            ("AmazonEKSWorkerNodePolicy", "lets the kubelet describe and join its cluster"),
-            ("AmazonEC2ContainerRegistryPullOnly", "lets the nodes pull images, nothing else"),
-            ("AmazonEKS_CNI_Policy", "lets the VPC CNI manage the nodes' network interfaces"),
-        ):
-            acknowledge(
-                node_role,
-                f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{name}]",
-                f"The AWS-maintained EKS node policy {name} {why}; AWS keeps it current with EKS.",
-            )
+        for name in NODE_POLICIES:
+            acknowledge_managed_policy(
+                node_role, name,
+                "The AWS-maintained EKS node policies: the kubelet joins its cluster, the nodes "
+                "pull images (nothing else), the VPC CNI manages their network interfaces; AWS "
+                "keeps them current with EKS.",
+            )  # fmt: skip
         node_addons = [self._addon(cluster, name) for name in NODE_ADDONS]
         nodegroup = cluster.add_nodegroup_capacity(
             "System",
@@ -209,9 +205,9 @@ class HyperPodEks(Construct):
             description="CloudWatch agent and Fluent Bit of the EKS cluster (EKS Pod Identity)",
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(LOGS_POLICY)],
         )
-        acknowledge(
+        acknowledge_managed_policy(
             role,
-            f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{LOGS_POLICY}]",
+            LOGS_POLICY,
             "The AWS-maintained policy of the CloudWatch observability add-on: it writes the "
             "cluster's container logs and metrics, and AWS keeps it in step with the agent.",
         )

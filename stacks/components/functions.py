@@ -16,7 +16,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from stacks.components.lambda_code import ARCHITECTURE, RUNTIME
-from stacks.components.nag import acknowledge, acknowledge_resource
+from stacks.components.nag import acknowledge, acknowledge_no_resource_type, acknowledge_resource
 from stacks.components.network import interface_scope
 from stacks.components.scan import justify
 
@@ -116,13 +116,7 @@ def pipeline_function(
         "The pipeline Lambdas target Python 3.12 on purpose: their wheels are built for "
         "cp312 and the runtime is supported; upgrades are a deliberate change.",
     )
-    acknowledge(
-        role,
-        "AwsSolutions-IAM5[Resource::*]",
-        "X-Ray PutTraceSegments and PutTelemetryRecords have no resource-level permissions"
-        + (", and ec2:DescribeNetworkInterfaces works on all resources only (Lambda's VPC "
-           "attachment)." if network else "."),
-    )  # fmt: skip
+    acknowledge_no_resource_type(role)  # X-Ray's, and ec2:DescribeNetworkInterfaces in the VPC
     return function
 
 

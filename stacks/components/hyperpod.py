@@ -11,7 +11,12 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct, IDependable
 
-from stacks.components.nag import acknowledge, acknowledge_resource
+from stacks.components.nag import (
+    acknowledge,
+    acknowledge_managed_policy,
+    acknowledge_no_resource_type,
+    acknowledge_resource,
+)
 from stacks.components.network import interface_scope
 from stacks.components.storage import lifecycle_bucket_name, lifecycle_scripts_uri
 from stacks.config import HyperPodInstanceGroup, PlatformConfig
@@ -144,12 +149,11 @@ class HyperPodCluster(Construct):
             description=description,
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(INSTANCE_POLICY)],
         )
-        acknowledge(
-            role,
-            f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{INSTANCE_POLICY}]",
+        acknowledge_managed_policy(
+            role, INSTANCE_POLICY,
             "HyperPod requires its AWS-maintained instance policy on the cluster execution role "
             "(node health agents, CloudWatch metrics); AWS keeps it in step with HyperPod.",
-        )
+        )  # fmt: skip
         create, network_interfaces = interface_scope(
             stack, subnet_ids=subnet_ids, security_group_id=security_group_id
         )
@@ -224,12 +228,7 @@ class HyperPodCluster(Construct):
                 resources=[eks_cluster_arn],
             )
         )
-        acknowledge(
-            role,
-            "AwsSolutions-IAM5[Resource::*]",
-            "EC2 Describe* and ecr:GetAuthorizationToken do not support resource-level "
-            "permissions.",
-        )
+        acknowledge_no_resource_type(role)  # EC2 Describe*, ecr:GetAuthorizationToken
         acknowledge_resource(
             role,
             "AwsSolutions-IAM5",
@@ -239,18 +238,12 @@ class HyperPodCluster(Construct):
         )
         if lifecycle_bucket is not None:
             lifecycle_bucket.grant_read(role)
+            reads = "Nodes read their lifecycle scripts (grant_read: read-only, that bucket only)."
             acknowledge_resource(
-                role,
-                "AwsSolutions-IAM5",
-                lifecycle_bucket.arn_for_objects("*"),
-                "Nodes read their lifecycle scripts, the only objects in that bucket.",
+                role, "AwsSolutions-IAM5", lifecycle_bucket.arn_for_objects("*"), reads
             )
             for action in ("s3:GetBucket*", "s3:GetObject*", "s3:List*"):
-                acknowledge(
-                    role,
-                    f"AwsSolutions-IAM5[Action::{action}]",
-                    "Read-only actions from grant_read, limited to the lifecycle-scripts bucket.",
-                )
+                acknowledge(role, f"AwsSolutions-IAM5[Action::{action}]", reads)
         return role
 
 

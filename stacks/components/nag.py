@@ -26,6 +26,31 @@ def acknowledge(construct: IConstruct, finding: str, reason: str) -> None:
     Validations.of(construct).acknowledge(Acknowledgment(id=f"{pack}::{finding}", reason=reason))
 
 
+# Reasons shared by every acknowledgment of the same kind: each finding is named once, here.
+NO_RESOURCE_TYPE = (
+    "Only actions the Service Authorization Reference gives no resource type are granted on "
+    "`*` (tests/test_iam.py checks each; the README's security section lists them)."
+)
+CDK_HANDLER = (
+    "aws-cdk-lib's own handler (the data bucket's EventBridge notifications, the lifecycle "
+    "scripts' upload), run by CloudFormation at deploy time only; aws-cdk-lib makes its role, "
+    "runtime and grants: the CDK asset bucket read, the lifecycle bucket written."
+)
+
+
+def acknowledge_no_resource_type(construct: IConstruct) -> None:
+    """`Resource: "*"` on `construct`, for actions that have no resource type."""
+    acknowledge(construct, "AwsSolutions-IAM5[Resource::*]", NO_RESOURCE_TYPE)
+
+
+def acknowledge_managed_policy(construct: IConstruct, policy: str, reason: str) -> None:
+    """An AWS managed policy (`policy`, its name) attached to `construct`."""
+    acknowledge(
+        construct, f"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/{policy}]",
+        reason,
+    )  # fmt: skip
+
+
 def acknowledge_key_grant(construct: IConstruct, what: str) -> None:
     """The wildcard actions a KMS key's `grant_encrypt_decrypt` adds, for the data it protects."""
     for action in ("kms:ReEncrypt*", "kms:GenerateDataKey*"):

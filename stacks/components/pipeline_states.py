@@ -31,7 +31,7 @@ from constructs import Construct
 
 from domain.backends import WAITING, Phase
 from domain.episodes import EvaluationStage
-from stacks.components.nag import acknowledge, acknowledge_resource
+from stacks.components.nag import acknowledge_no_resource_type, acknowledge_resource
 from training_configs.schema import MAX_DEADLINE_HOURS
 
 # Validation before a run's deadline starts, and release, teardown and notice after it passes.
@@ -296,9 +296,5 @@ def pipeline_state_machine(
             f"{function.function_arn}:*",
             "Step Functions invokes any published version of the pipeline's own functions.",
         )
-    acknowledge(
-        machine.role,
-        "AwsSolutions-IAM5[Resource::*]",
-        "Logs delivery and X-Ray actions of Step Functions have no resource-level permissions.",
-    )
+    acknowledge_no_resource_type(machine.role)  # log delivery and X-Ray
     return machine, log_group

@@ -12,7 +12,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from lambdas.pipeline.ecs_fleet import CONTAINER
-from stacks.components.nag import acknowledge
+from stacks.components.nag import acknowledge_no_resource_type
 from stacks.components.project_files import PROJECT_ROOT, only_folders
 from stacks.config import PlatformConfig
 
@@ -115,9 +115,5 @@ class RewardFleet(Construct):
             logging=ecs.LogDriver.aws_logs(stream_prefix="worker", log_group=self.log_group),
         )
         execution_role = self.task_definition.obtain_execution_role()
-        acknowledge(
-            execution_role,
-            "AwsSolutions-IAM5[Resource::*]",
-            "ECS adds ecr:GetAuthorizationToken to the execution role; that action has no "
-            "resource-level permissions. Image pulls themselves are scoped to the asset repository.",
-        )
+        # ECS adds ecr:GetAuthorizationToken; image pulls are scoped to the asset repository.
+        acknowledge_no_resource_type(execution_role)

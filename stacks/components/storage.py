@@ -17,7 +17,12 @@ from stacks.components.functions import (
     ENVIRONMENT_WITHOUT_SECRETS,
     NO_RESERVED_CONCURRENCY,
 )
-from stacks.components.nag import acknowledge, acknowledge_resource
+from stacks.components.nag import (
+    CDK_HANDLER,
+    acknowledge,
+    acknowledge_managed_policy,
+    acknowledge_resource,
+)
 from stacks.components.needs import Need
 from stacks.components.scan import justify
 from stacks.config import PlatformConfig
@@ -152,59 +157,28 @@ class Storage(Construct):
     def _acknowledge_cdk_helpers(self) -> None:
         """Findings on the Lambda functions that CDK itself adds for S3 features we use."""
         stack = Stack.of(self)
-        basic_execution = (
-            "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
-            "AWSLambdaBasicExecutionRole]"
-        )
         notifications = _cdk_singleton(stack, "BucketNotificationsHandler")
-        acknowledge(
-            notifications,
-            basic_execution,
-            "CDK's handler that turns on EventBridge notifications for the data bucket at deploy "
-            "time; the managed policy only lets it write its own logs.",
-        )
         deployment = _cdk_singleton(stack, "Custom::CDKBucketDeployment")
-        acknowledge(
-            deployment,
-            basic_execution,
-            "CDK's BucketDeployment handler (uploads the HyperPod lifecycle scripts); the managed "
-            "policy only lets it write its own logs.",
-        )
-        acknowledge(
-            deployment,
-            "AwsSolutions-L1",
-            "The BucketDeployment handler's runtime is chosen and updated by aws-cdk-lib, not here; "
-            "it runs only during deployments.",
-        )
-        for action, why in {
-            "s3:GetBucket*": "reads the zipped scripts from the CDK asset bucket",
-            "s3:GetObject*": "reads the zipped scripts from the CDK asset bucket",
-            "s3:List*": "lists the asset bucket and the lifecycle bucket",
-            "s3:Abort*": "writes the lifecycle bucket",
-            "s3:DeleteObject*": "prunes replaced scripts in the lifecycle bucket",
-        }.items():
-            acknowledge(
-                deployment,
-                f"AwsSolutions-IAM5[Action::{action}]",
-                f"CDK's BucketDeployment handler {why}; aws-cdk-lib generates this grant.",
-            )
         qualifier = DefaultStackSynthesizer.DEFAULT_QUALIFIER
         asset_objects = (
             f"arn:{stack.partition}:s3:::cdk-{qualifier}-assets-{stack.account}-{stack.region}/*"
         )
-        acknowledge_resource(
-            deployment,
-            "AwsSolutions-IAM5",
-            asset_objects,
-            "CDK's BucketDeployment handler reads the zipped scripts, a CDK asset in the bootstrap "
-            "bucket whose object keys are content hashes.",
-        )
-        acknowledge_resource(
-            deployment,
-            "AwsSolutions-IAM5",
-            self.lifecycle_bucket.arn_for_objects("*"),
-            "CDK's BucketDeployment handler writes the objects of the lifecycle-scripts bucket only.",
-        )
+        # What aws-cdk-lib gives its handlers: one reason, each finding named once.
+        for handler in (notifications, deployment):
+            acknowledge_managed_policy(
+                handler, "service-role/AWSLambdaBasicExecutionRole", CDK_HANDLER
+            )
+        acknowledge(deployment, "AwsSolutions-L1", CDK_HANDLER)
+        for action in (
+            "s3:GetBucket*",
+            "s3:GetObject*",
+            "s3:List*",
+            "s3:Abort*",
+            "s3:DeleteObject*",
+        ):
+            acknowledge(deployment, f"AwsSolutions-IAM5[Action::{action}]", CDK_HANDLER)
+        for objects in (asset_objects, self.lifecycle_bucket.arn_for_objects("*")):
+            acknowledge_resource(deployment, "AwsSolutions-IAM5", objects, CDK_HANDLER)
         for handler in (notifications, deployment):
             justify(handler, "CKV_AWS_116", f"aws-cdk-lib's handler: {CUSTOM_RESOURCE}")
             justify(
@@ -306,7 +280,8 @@ class DataBucketAccess:
             role,
             "AwsSolutions-IAM5",
             objects,
-            f"Objects under {prefix} are named at run time (datasets, configs, run ids); only that prefix.",
+            "Objects under the prefix the grant names are named at run time (datasets, configs, "
+            "run ids); only that prefix of the data bucket.",
         )
 
     def _list(self, role: iam.IRole, prefix: str) -> None:
