@@ -1,9 +1,10 @@
 """A run's router resources: provision them, and tear every one of them down (idempotently).
 
 A run's resources are its FIFO queues (and dead-letter queue), their age alarms, the event
-source mapping that feeds its generate responses to the router's consumer, and its alias of the
-rollout forwarder (the `rollout_request_arn` a Nova trainer invokes; one per evaluation). The run's entry in
-the conversation table (with the token its workers present) is written when the workers start.
+source mapping that feeds its generate responses to the router's consumer, and its aliases of
+the rollout forwarder (the `rollout_request_arn` a Nova trainer invokes: training's, and one
+per evaluation). The run's entry in the conversation table (with the token its workers present)
+is written when the workers start.
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ The run is the alias the invocation came through (`context.invoked_function_arn`
 runs never mix and a run that is torn down cannot be reached; an invocation of the bare function
 is refused. The alias also says the phase — training, or a held-out evaluation — which is
 recorded for the sample before its request is queued, so its report is kept in that phase
-(lambdas/router/conversations.py) and an evaluation's rollouts never enter the reward curve. A request that is not valid v0 is refused with what is wrong — the trainer sees the
-failed invocation at once instead of waiting for a rollout that never comes. A retried
+(lambdas/router/conversations.py) and an evaluation's rollouts never enter the reward curve.
+A request that is not valid v0 is refused with what is wrong — the trainer sees the failed
+invocation at once instead of waiting for a rollout that never comes. A retried
 invocation carries the same request: its deduplication id is the request's digest, so SQS keeps
 one (a sample asked for again in a later step comes with a new timestamp, so it is a new one).
 """
