@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import io
 import json
 from array import array
 from collections.abc import Iterator
@@ -360,3 +361,13 @@ def read_records(stream: BinaryIO) -> Iterator[DatasetRecord]:
                 yield DatasetRecord.model_validate_json(raw)
             except ValidationError as error:
                 raise ValueError(str(next(_describe(number, raw, error)))) from None
+
+
+def read_dataset_object(
+    s3: Any, *, bucket: str, key: str, version: str | None
+) -> list[DatasetRecord]:
+    """The records of a dataset object already validated: at `version` when given, else as it
+    is now."""
+    extra = {"VersionId": version} if version else {}
+    body = s3.get_object(Bucket=bucket, Key=key, **extra)["Body"].read()
+    return list(read_records(io.BytesIO(body)))

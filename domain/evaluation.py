@@ -21,10 +21,12 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from domain.bucket import object_exists
 from domain.dataset import DatasetRecord
 from domain.episodes import Episode, EvaluationStage
 from domain.protocol import sample_id_for
@@ -46,6 +48,29 @@ FAILED_STOPS = ("env_error", "timeout", "no_response")
 
 def episodes_key(output_prefix: str, stage: EvaluationStage) -> str:
     return f"{output_prefix}{EPISODES_PREFIX}{stage}.jsonl"
+
+
+def write_episodes(
+    s3: Any, *, bucket: str, output_prefix: str, stage: EvaluationStage, episodes: list[Episode]
+) -> None:
+    """An evaluation's episodes, one JSON line each, where every plane leaves them."""
+    s3.put_object(
+        Bucket=bucket,
+        Key=episodes_key(output_prefix, stage),
+        Body="".join(episode.model_dump_json() + "\n" for episode in episodes).encode(),
+        ContentType="application/x-ndjson",
+    )
+
+
+def read_episodes(
+    s3: Any, *, bucket: str, output_prefix: str, stage: EvaluationStage
+) -> list[Episode]:
+    """The episodes of the evaluation of `stage` (none when it did not run)."""
+    key = episodes_key(output_prefix, stage)
+    if not object_exists(s3, bucket=bucket, key=key):
+        return []
+    body = s3.get_object(Bucket=bucket, Key=key)["Body"].read().decode()
+    return [Episode.model_validate_json(line) for line in body.splitlines() if line.strip()]
 
 
 def held_out(record_id: str, *, fraction: float, seed: int) -> bool:

@@ -12,9 +12,9 @@ import secrets
 from typing import Any
 
 from domain.backends import WAITING, EvaluationUnsupported, Phase, RunContext
-from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, object_exists, run_output_prefix
-from domain.episodes import Episode, EvaluationStage
-from domain.evaluation import EvaluationReport, compare, episodes_key, summarize
+from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, run_output_prefix
+from domain.episodes import EvaluationStage
+from domain.evaluation import EvaluationReport, compare, read_episodes, summarize
 from domain.run_state import EvaluationJob, JobReport, RegisteredRun, RunState
 from domain.runs import RunStore
 from lambdas.pipeline import policies
@@ -150,7 +150,10 @@ class ComputeSteps:
         update: dict[str, Any] = {"phase": phase, "ready": phase is Phase.SUCCEEDED}
         if phase is Phase.SUCCEEDED:
             config = state.registered.config
-            found = read_episodes(self.clients("s3"), context, stage)
+            found = read_episodes(
+                self.clients("s3"), bucket=context.bucket, output_prefix=context.output_prefix,
+                stage=stage,
+            )  # fmt: skip
             summary = summarize(stage, found, k=config.eval_samples)
             update |= {"n": summary.n, "mean_reward": summary.mean_reward}
             update |= {"pass_at_1": summary.pass_at_1}
@@ -226,19 +229,13 @@ class ComputeSteps:
         return {"released": self.compute.cluster.release_idle()}
 
 
-def read_episodes(s3: Any, run: RunContext, stage: EvaluationStage) -> list[Episode]:
-    """The episodes of the run's evaluation of `stage` (none when it did not run)."""
-    key = episodes_key(run.output_prefix, stage)
-    if not object_exists(s3, bucket=run.bucket, key=key):
-        return []
-    body = s3.get_object(Bucket=run.bucket, Key=key)["Body"].read().decode()
-    return [Episode.model_validate_json(line) for line in body.splitlines() if line.strip()]
-
-
 def evaluation_report(s3: Any, run: RunContext, state: RunState) -> EvaluationReport:
     """Both evaluations of the run from their episodes, the change between them, and why an
     evaluation was skipped."""
-    episodes = {stage: read_episodes(s3, run, stage) for stage in EvaluationStage}
+    episodes = {
+        stage: read_episodes(s3, bucket=run.bucket, output_prefix=run.output_prefix, stage=stage)
+        for stage in EvaluationStage
+    }
     summaries = {
         stage: summarize(stage, found, k=run.training.eval_samples)
         for stage, found in episodes.items()

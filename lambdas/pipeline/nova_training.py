@@ -29,7 +29,6 @@ lambdas/launcher/) — on the deployment's restricted instance group.
 
 from __future__ import annotations
 
-import io
 import json
 import re
 import time
@@ -42,15 +41,15 @@ from pydantic import Field
 
 from domain.backends import EvaluationUnsupported, JobStatus, Phase, RunContext
 from domain.checkpoints import latest
-from domain.dataset import read_records
+from domain.dataset import read_dataset_object
 from domain.episodes import EvaluationStage
 from domain.evaluation import (
     EVALUATION_RECORDS_OBJECT,
     TRAINING_RECORDS_OBJECT,
-    episodes_key,
     evaluation_records,
     evaluation_source,
     training_records,
+    write_episodes,
 )
 from domain.nova_job import (
     BYOO_KEYS,
@@ -177,13 +176,11 @@ class NovaTrainingCluster(InstanceGroupPlane):
         if config.held_out_fraction <= 0:
             return f"s3://{run.bucket}/{run.dataset_key}"
         key = f"{run.output_prefix}{TRAINING_RECORDS_OBJECT}"
-        records = training_records(self._records(run, run.dataset_key, run.dataset_version), config)
+        found = read_dataset_object(
+            self.s3, bucket=run.bucket, key=run.dataset_key, version=run.dataset_version
+        )
+        records = training_records(found, config)
         return self._write_records(run, key, records)
-
-    def _records(self, run: RunContext, key: str, version: str | None) -> list[Any]:
-        extra = {"VersionId": version} if version else {}
-        body = self.s3.get_object(Bucket=run.bucket, Key=key, **extra)["Body"].read()
-        return list(read_records(io.BytesIO(body)))
 
     def _write_records(self, run: RunContext, key: str, records: list[Any]) -> str:
         lines = "".join(record.model_dump_json(exclude_none=True) + "\n" for record in records)
@@ -253,7 +250,8 @@ class NovaTrainingCluster(InstanceGroupPlane):
         arn = evaluation_alias_arn(run.rollout_request_arn, stage)
         source_key, version = evaluation_source(run.training, run.dataset_key, run.dataset_version)
         records = evaluation_records(
-            self._records(run, source_key, version), run.training,
+            read_dataset_object(self.s3, bucket=run.bucket, key=source_key, version=version),
+            run.training,
             named_file=run.training.eval_dataset is not None,
         )  # fmt: skip
         if not records:
@@ -329,12 +327,10 @@ class NovaTrainingCluster(InstanceGroupPlane):
                 f"AWS's {stage} evaluation job succeeded but no rollout of it reached the run's "
                 "reward workers (its rollout Lambda alias was never invoked)",
             )
-        self.s3.put_object(
-            Bucket=run.bucket,
-            Key=episodes_key(run.output_prefix, stage),
-            Body="".join(episode.model_dump_json() + "\n" for episode in episodes).encode(),
-            ContentType="application/x-ndjson",
-        )
+        write_episodes(
+            self.s3, bucket=run.bucket, output_prefix=run.output_prefix, stage=stage,
+            episodes=episodes,
+        )  # fmt: skip
         return status
 
     def delete(self, run: RunContext) -> int:

@@ -15,10 +15,10 @@ import numpy as np
 from domain.dataset import DatasetRecord
 from domain.episodes import Episode, EvaluationStage
 from domain.evaluation import (
-    episodes_key,
     evaluation_records,
     evaluation_sample_id,
     evaluation_source,
+    write_episodes,
 )
 from mtrl.local.trainer.checkpoints import (
     FINAL,
@@ -83,12 +83,10 @@ class Evaluator:
                 episodes += self._batch(planned[start : start + config.global_batch_size])
         finally:
             self.server.stop()
-        self.s3.put_object(
-            Bucket=self.job.bucket,
-            Key=episodes_key(self.job.output_prefix, self.stage),
-            Body="".join(episode.model_dump_json() + "\n" for episode in episodes).encode(),
-            ContentType="application/x-ndjson",
-        )
+        write_episodes(
+            self.s3, bucket=self.job.bucket, output_prefix=self.job.output_prefix,
+            stage=self.stage, episodes=episodes,
+        )  # fmt: skip
         log.info(
             "%s evaluation: %d rollouts of %d records", self.stage, len(episodes), len(records)
         )

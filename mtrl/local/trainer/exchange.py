@@ -4,7 +4,6 @@ rollout requests and collecting their responses, and reading the run's dataset."
 
 from __future__ import annotations
 
-import io
 import logging
 import threading
 import zlib
@@ -16,7 +15,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from domain.checkpoints import BaseCheckpoint
-from domain.dataset import DatasetRecord, read_records
+from domain.dataset import DatasetRecord, read_dataset_object
 from domain.episodes import EvaluationStage
 from domain.protocol import (
     Choice,
@@ -72,9 +71,7 @@ class TrainingFailed(RuntimeError):
 
 
 def read_dataset(s3: Any, *, bucket: str, key: str, version: str | None) -> list[DatasetRecord]:
-    extra = {"VersionId": version} if version else {}
-    body = s3.get_object(Bucket=bucket, Key=key, **extra)["Body"]
-    records = list(read_records(io.BytesIO(body.read())))
+    records = read_dataset_object(s3, bucket=bucket, key=key, version=version)
     if not records:
         raise TrainingFailed(f"s3://{bucket}/{key} has no records")
     return records
