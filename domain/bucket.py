@@ -18,6 +18,15 @@ def run_output_prefix(run_id: str) -> str:
     return f"{RUNS_PREFIX}{run_id}/"
 
 
+def run_outputs(s3: Any, *, bucket: str, prefix: str) -> list[str]:
+    """Every key under a run's outputs `prefix`, relative to it, sorted (all pages: a run's
+    outputs may pass ListObjectsV2's 1,000 keys, AWS's evaluation results among them)."""
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return sorted(
+        item["Key"].removeprefix(prefix) for page in pages for item in page.get("Contents", [])
+    )
+
+
 def object_exists(s3: Any, *, bucket: str, key: str) -> bool:
     """Whether `key` is in the bucket, asked by listing its prefix: a GetObject of a missing
     key answers 403 AccessDenied, not 404, to a caller without s3:ListBucket (S3 API reference,

@@ -12,7 +12,7 @@ import secrets
 from typing import Any
 
 from domain.backends import WAITING, EvaluationUnsupported, Phase, RunContext
-from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, run_output_prefix
+from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, run_output_prefix, run_outputs
 from domain.episodes import EvaluationStage
 from domain.evaluation import EvaluationReport, compare, read_episodes, summarize
 from domain.run_state import EvaluationJob, JobReport, RegisteredRun, RunState
@@ -174,8 +174,7 @@ class ComputeSteps:
             Body=evaluation.model_dump_json(indent=2).encode(),
             ContentType="application/json",
         )
-        listed = s3.list_objects_v2(Bucket=state.bucket, Prefix=prefix).get("Contents", [])
-        outputs = sorted(item["Key"].removeprefix(prefix) for item in listed)
+        outputs = run_outputs(s3, bucket=state.bucket, prefix=prefix)
         found = recorded_checkpoints(s3, bucket=state.bucket, prefix=prefix, outputs=outputs)
         best = best_checkpoint(found, evaluation)
         group = self.settings.model_package_group
@@ -210,7 +209,7 @@ class ComputeSteps:
         )
         return {
             "results": f"s3://{state.bucket}/{prefix}",
-            "objects": len(listed),
+            "objects": len(outputs),
             "evaluation": evaluation.headline(),
         }
 

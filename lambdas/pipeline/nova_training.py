@@ -40,6 +40,7 @@ import yaml
 from pydantic import Field
 
 from domain.backends import EvaluationUnsupported, JobStatus, Phase, RunContext
+from domain.bucket import run_outputs
 from domain.checkpoints import latest
 from domain.dataset import read_dataset_object
 from domain.episodes import EvaluationStage
@@ -276,10 +277,7 @@ class NovaTrainingCluster(InstanceGroupPlane):
         ended with (EvaluationUnsupported: the job recorded none with a location)."""
         if stage is EvaluationStage.BASELINE:
             return run.base.uri if run.base else NOVA_MODELS[run.training.model]
-        listed = self.s3.list_objects_v2(Bucket=run.bucket, Prefix=run.output_prefix)
-        outputs = [
-            item["Key"].removeprefix(run.output_prefix) for item in listed.get("Contents", [])
-        ]
+        outputs = run_outputs(self.s3, bucket=run.bucket, prefix=run.output_prefix)
         found = latest(
             recorded_checkpoints(
                 self.s3, bucket=run.bucket, prefix=run.output_prefix, outputs=outputs

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from domain.bucket import CONFIGS_PREFIX, run_output_prefix
+from domain.bucket import CONFIGS_PREFIX, run_output_prefix, run_outputs
 from lambdas.pipeline.dependencies import Compute
 from lambdas.pipeline.register import CONFIG_METADATA_KEY
 from lambdas.pipeline.resources import leftover_resources
@@ -299,13 +299,10 @@ class LocalSession:
         """Copy what the run wrote under `runs/<run_id>/` (the embedded S3 ends with the session)."""
         s3, prefix = self.clients["s3"], run_output_prefix(run_id)
         saved = []
-        pages = s3.get_paginator("list_objects_v2").paginate(
-            Bucket=self.pipeline.data_bucket, Prefix=prefix
-        )
-        for item in (item for page in pages for item in page.get("Contents", [])):
-            target = directory / item["Key"].removeprefix(prefix)
+        for key in run_outputs(s3, bucket=self.pipeline.data_bucket, prefix=prefix):
+            target = directory / key
             target.parent.mkdir(parents=True, exist_ok=True)
-            body = s3.get_object(Bucket=self.pipeline.data_bucket, Key=item["Key"])["Body"]
+            body = s3.get_object(Bucket=self.pipeline.data_bucket, Key=f"{prefix}{key}")["Body"]
             target.write_bytes(body.read())
             saved.append(target)
         return saved

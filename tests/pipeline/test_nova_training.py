@@ -608,3 +608,16 @@ def test_the_records_are_those_of_the_dataset_version_that_started_the_run(plane
     evaluated = evaluation_recipe(plane, EvaluationStage.BASELINE)["run"]["data_s3_path"]
     assert [r.id for r in records_at(evaluated)] == HELD_OUT[: RUN.training.eval_max_records]
     assert ndjson(evaluated)
+
+
+def test_the_trained_checkpoint_is_found_behind_more_than_a_page_of_outputs(plane: Plane) -> None:
+    """AWS's evaluation results sort before the job's manifest: past ListObjectsV2's first
+    1,000 keys, the manifest is still found (every page is read)."""
+    s3 = boto3.client("s3")
+    for index in range(1000):
+        s3.put_object(Bucket=RUN.bucket, Key=f"{RUN.output_prefix}evaluation/baseline/r{index:04}")
+    s3.put_object(
+        Bucket=RUN.bucket, Key=f"{RUN.output_prefix}{NAME}-job-9/manifest.json",
+        Body=json.dumps({"checkpoint_s3_bucket": "s3://escrow/job-9/step_4"}).encode(),
+    )  # fmt: skip
+    assert plane.cluster.evaluated_model(RUN, EvaluationStage.FINAL) == "s3://escrow/job-9/step_4"
