@@ -13,6 +13,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from stacks.components.lambda_code import ARCHITECTURE, RUNTIME
@@ -63,13 +64,17 @@ def pipeline_function(
     environment: dict[str, str],
     log_key: kms.IKey,
     invocation: str | None,
+    dead_letter_queue: sqs.IQueue | None = None,
     memory_size: int = 512,
     network: ClusterNetwork | None = None,
     runtime: lambda_.Runtime = RUNTIME,
 ) -> lambda_.Function:
     """A function with a role of its own (no managed policies) that may only write its own logs
     (and, in `network`, manage its network interfaces there). `invocation`: who invokes it and
-    sees its errors, the reason it needs no dead-letter queue (None: it is given one)."""
+    sees its errors, the reason it needs no dead-letter queue — or None, and its
+    `dead_letter_queue`."""
+    if (invocation is None) == (dead_letter_queue is None):
+        raise ValueError(f"{name}: give a dead-letter queue, or who invokes it and sees its errors")
     log_group = logs.LogGroup(
         scope,
         f"{name}Logs",
@@ -98,6 +103,7 @@ def pipeline_function(
         log_group=log_group,
         tracing=lambda_.Tracing.ACTIVE,
         environment=environment,
+        dead_letter_queue=dead_letter_queue,
         vpc=network.vpc if network else None,
         vpc_subnets=network.subnets if network else None,
         security_groups=[network.security_group] if network else None,

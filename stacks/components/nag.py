@@ -12,10 +12,15 @@ from constructs import IConstruct
 _ACKNOWLEDGED: weakref.WeakKeyDictionary[IConstruct, set[str]] = weakref.WeakKeyDictionary()
 
 
+def require_reason(reason: str, what: str) -> None:
+    """A reason a reviewer can read: a sentence, not a word (`what`: what it is the reason for)."""
+    if len(reason.split()) < 8:
+        raise ValueError(f"the reason for {what} must explain itself: {reason!r}")
+
+
 def acknowledge(construct: IConstruct, finding: str, reason: str) -> None:
     """Acknowledge one cdk-nag finding (e.g. `AwsSolutions-IAM5[Action::s3:List*]`) on `construct`."""
-    if len(reason.split()) < 8:
-        raise ValueError(f"the reason for acknowledging {finding} must explain itself: {reason!r}")
+    require_reason(reason, f"acknowledging {finding}")
     pack = finding.split("-", 1)[0]
     # Several grants may widen the same role the same way: one acknowledgment (the first reason).
     done = _ACKNOWLEDGED.setdefault(construct, set())

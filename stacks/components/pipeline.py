@@ -5,8 +5,6 @@ there are, and what each needs, is the step table (stacks/components/pipeline_st
 
 from __future__ import annotations
 
-from typing import cast
-
 from aws_cdk import ArnFormat, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_events as events
@@ -17,6 +15,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from lambdas.environment import environment_for
@@ -33,7 +32,7 @@ from stacks.components.pipeline_monitoring import (
 )
 from stacks.components.pipeline_states import pipeline_state_machine
 from stacks.components.pipeline_steps import STEP, STEPS, PipelineStep, Trigger
-from stacks.components.pipeline_trigger import upload_trigger
+from stacks.components.pipeline_trigger import trigger_dead_letters, upload_trigger
 from stacks.components.tables import data_table
 from stacks.config import PlatformConfig
 from training_configs.schema import DEFAULT_CONFIG
@@ -115,24 +114,20 @@ class TrainingPipeline(Construct):
             resource_name=f"{machine_name}:*",
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
-        start = self._function(STEP["start_run"])
+        # An upload must not be lost: an event StartRun still fails after Lambda's retries of the
+        # asynchronous invocation goes to the same (alarmed) queue as one EventBridge could not
+        # deliver.
+        self.trigger_dlq = trigger_dead_letters(self)
+        start = self._function(STEP["start_run"], dead_letter_queue=self.trigger_dlq)
         self._on_schedule(
             STEP["reap"],
             self._function(STEP["reap"]),
             every=Duration.minutes(15),
             description="Reaps overdue and orphaned training runs",
         )
-        self.upload_rule, self.trigger_dlq = upload_trigger(
-            self, data_bucket=data_bucket, start=start
+        self.upload_rule = upload_trigger(
+            self, data_bucket=data_bucket, start=start, dead_letters=self.trigger_dlq
         )
-        # An upload must not be lost: an event StartRun still fails after Lambda's retries of
-        # the asynchronous invocation goes to the same dead-letter queue (alarmed) as one
-        # EventBridge could not deliver.
-        cfn_start = cast(lambda_.CfnFunction, start.node.default_child)
-        cfn_start.dead_letter_config = lambda_.CfnFunction.DeadLetterConfigProperty(
-            target_arn=self.trigger_dlq.queue_arn
-        )
-        self.trigger_dlq.grant_send_messages(start)
         monitored = {
             "machine": self.state_machine,
             "functions": self.functions,
@@ -142,7 +137,11 @@ class TrainingPipeline(Construct):
         self.dashboard = pipeline_dashboard(self, name_prefix=config.name_prefix, **monitored)
 
     def _function(
-        self, step: PipelineStep, environment: dict[str, str] | None = None
+        self,
+        step: PipelineStep,
+        environment: dict[str, str] | None = None,
+        *,
+        dead_letter_queue: sqs.IQueue | None = None,
     ) -> lambda_.Function:
         """The step's function, with the pipeline's environment (and `environment`); in the
         cluster's network when it calls the Kubernetes API."""
@@ -163,6 +162,7 @@ class TrainingPipeline(Construct):
             network=self._cluster_network if step.calls_kubernetes else None,
             log_key=self._data_key,
             invocation=INVOKED_BY[step.trigger],
+            dead_letter_queue=dead_letter_queue,
         )
         self.functions[step.name] = function
         return function

@@ -16,10 +16,9 @@ from stacks.components.nag import acknowledge
 from stacks.components.scan import justify
 
 
-def upload_trigger(
-    scope: Construct, *, data_bucket: s3.IBucket, start: lambda_.IFunction
-) -> tuple[events.Rule, sqs.Queue]:
-    """The upload rule and its dead-letter queue."""
+def trigger_dead_letters(scope: Construct) -> sqs.Queue:
+    """Where an upload event goes that could not start a run: one EventBridge could not deliver,
+    or one the start function still failed after Lambda's retries."""
     dead_letters = sqs.Queue(
         scope,
         "TriggerDeadLetters",
@@ -40,7 +39,14 @@ def upload_trigger(
         "key grant for (EventBridge User Guide, 'Using dead-letter queues'); it holds upload "
         "events (bucket, key, version), no data",
     )  # fmt: skip
-    rule = events.Rule(
+    return dead_letters
+
+
+def upload_trigger(
+    scope: Construct, *, data_bucket: s3.IBucket, start: lambda_.IFunction, dead_letters: sqs.IQueue
+) -> events.Rule:
+    """The upload rule, delivering to `start` (or else to `dead_letters`)."""
+    return events.Rule(
         scope,
         "UploadRule",
         description="A .jsonl under training-data/ starts a training run",
@@ -61,4 +67,3 @@ def upload_trigger(
             )
         ],
     )
-    return rule, dead_letters

@@ -1,20 +1,21 @@
 """Outside scanners' findings justified in the template itself: checkov reads a resource's
 `Metadata.checkov.skip` (`{"id", "comment"}` each, checkov's documented suppression), so a
 reviewer who runs it over cdk.out reads every reason beside the resource it is about.
-`make scan` fails on a finding without one (bench/scan.py)."""
+`make scan` (the Makefile) fails on a finding without one."""
 
 from __future__ import annotations
 
 from aws_cdk import CfnResource
 from constructs import IConstruct
 
+from stacks.components.nag import require_reason
+
 METADATA_KEY = "checkov"
 
 
 def justify(construct: IConstruct, check: str, reason: str) -> None:
     """Skip checkov's `check` (e.g. `CKV_AWS_116`) on `construct`'s resource, for `reason`."""
-    if len(reason.split()) < 8:
-        raise ValueError(f"the reason for skipping {check} must explain itself: {reason!r}")
+    require_reason(reason, f"skipping {check}")
     resource = construct if isinstance(construct, CfnResource) else construct.node.default_child
     if not isinstance(resource, CfnResource):
         raise TypeError(
