@@ -34,11 +34,13 @@ class Invoked:
 
 
 def alias_name(run_id: str, stage: EvaluationStage | None = None) -> str:
-    if STAGE_MARK in run_id or not _ALIAS.fullmatch(run_id):
+    name = run_id if stage is None else f"{run_id}{STAGE_MARK}{stage}"
+    if STAGE_MARK in run_id or not _ALIAS.fullmatch(name):
         raise ValueError(
-            f"run id {run_id!r} cannot name a Lambda alias (1-120 letters, digits and -)"
+            f"run id {run_id!r} cannot name a Lambda alias (letters, digits and -, 128 at most "
+            f"with {STAGE_MARK}<evaluation>)"
         )
-    return run_id if stage is None else f"{run_id}{STAGE_MARK}{stage}"
+    return name
 
 
 def evaluation_alias_arn(rollout_request_arn: str, stage: EvaluationStage) -> str:

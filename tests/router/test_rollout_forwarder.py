@@ -199,6 +199,10 @@ def test_run_ids_and_alias_names_are_one_and_the_same() -> None:
             alias_name(bad)
     assert run_of("arn:aws:lambda:us-east-1:1:function:f:a:b") is None
     assert run_of(f"{FUNCTION}:{run}_") is None
+    long = "a" * 120  # an alias by itself, not with `_baseline` (129 characters)
+    assert alias_name(long) == long
+    with pytest.raises(ValueError, match="cannot name a Lambda alias"):
+        alias_name(long, EvaluationStage.BASELINE)
 
 
 def test_a_runs_aliases_are_created_once_and_deleted_once(aws: None) -> None:
