@@ -115,7 +115,7 @@ def new(
         )
     out.print(f"Created {project}/. Next:", markup=False)
     mtrl, python = _as_typed(Path(sys.argv[0]), "mtrl"), _as_typed(Path(sys.executable), "python")
-    out.print(f"  {mtrl} env check {project / name}    # the conformance kit", markup=False)
+    out.print(f"  {mtrl} env check {project}    # the conformance kit", markup=False)
     out.print(f"  {python} -m pytest {project}    # its tests", markup=False)
 
 

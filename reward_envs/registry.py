@@ -73,9 +73,8 @@ def _import(target: str) -> ModuleType:
 
 def _import_path(path: Path, spec: str) -> ModuleType:
     if path.is_dir():
-        if not (path / "__init__.py").is_file():
-            raise EnvironmentNotFound(f"{spec}: {path} is a folder without __init__.py")
-        parent, name = str(path.parent), path.name
+        package = path if (path / "__init__.py").is_file() else _package_in(path, spec)
+        parent, name = str(package.parent), package.name
         if parent not in sys.path:
             sys.path.insert(0, parent)
         return importlib.import_module(name)
@@ -89,6 +88,32 @@ def _import_path(path: Path, spec: str) -> ModuleType:
     sys.modules[module_name] = module
     loader_spec.loader.exec_module(module)
     return module
+
+
+def _package_in(project: Path, spec: str) -> Path:
+    """The environment package of a project folder (what `mtrl env new` writes: `NAME/NAME`, or
+    a `src/` layout): the one package in it, its own name first."""
+    own = [project / project.name, project / "src" / project.name]
+    found = [folder for folder in own if (folder / "__init__.py").is_file()]
+    if not found:
+        found = sorted(
+            folder.parent
+            for pattern in ("*/__init__.py", "src/*/__init__.py")
+            for folder in project.glob(pattern)
+            if folder.parent.name != "tests"
+        )
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise EnvironmentNotFound(
+            f"{spec}: {project} is a folder with no Python package in it (no __init__.py); give "
+            "the package folder, a module or a .py file"
+        )
+    names = ", ".join(str(folder.relative_to(project)) for folder in found)
+    raise EnvironmentNotFound(
+        f"{spec}: {project} holds several packages ({names}); give the one to check, e.g. "
+        f"{project / found[0].relative_to(project)}"
+    )
 
 
 def _checked(environment: object, spec: str) -> Environment:

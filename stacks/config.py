@@ -205,6 +205,13 @@ class PlatformConfig(_Strict):
     model_presets: dict[str, ModelPreset] = Field(
         default={}, description="images, recipes and model ids per training-config model"
     )
+    router_reserved_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="concurrent executions reserved for each of the rollout router's functions "
+        "(proxy, consumer, rollout forwarder): they always have it, and a runaway caller cannot "
+        "take more from the account; Lambda keeps 100 of the account's quota unreserved",
+    )
     reward_worker_cpu: int = 1024
     reward_worker_memory_mib: int = 2048
     alert_email: str | None = Field(default=None, pattern=_EMAIL, description="an e-mail address")

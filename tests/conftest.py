@@ -23,6 +23,8 @@ os.environ["AWS_SHARED_CREDENTIALS_FILE"] = "/nonexistent/credentials"
 os.environ["AWS_CONFIG_FILE"] = "/nonexistent/config"
 os.environ["DOCKER_HOST"] = "unix:///nonexistent/docker.sock"
 
+import aws_cdk as cdk  # noqa: E402
+
 from stacks.app_builder import build_app  # noqa: E402
 from stacks.config import CDK_JSON, PlatformConfig  # noqa: E402
 from tests.kubernetes.fake_api import FakeKubernetes, serving  # noqa: E402
@@ -75,6 +77,8 @@ class Synthesized:
     config: PlatformConfig
     templates: dict[str, dict[str, Any]]
     outdir: Path
+    # (construct path, cdk-nag finding, reason) for every acknowledgment in the app.
+    acknowledgments: list[tuple[str, str, str]]
 
     def has(self, part: str) -> bool:
         return f"{self.config.name_prefix}-{part}" in self.templates
@@ -99,7 +103,21 @@ def synthesize(context: dict[str, Any], outdir: Path) -> Synthesized:
     app, config = build_app({**NO_BUNDLING, **context}, outdir=str(outdir))
     assembly = app.synth()
     templates = {stack.stack_name: stack.template for stack in assembly.stacks}
-    return Synthesized(config=config, templates=templates, outdir=outdir)
+    return Synthesized(
+        config=config, templates=templates, outdir=outdir, acknowledgments=acknowledgments(app)
+    )
+
+
+def acknowledgments(app: cdk.App) -> list[tuple[str, str, str]]:
+    key = cdk.Validations.ACKNOWLEDGED_RULES_METADATA_KEY
+    return [
+        (construct.node.path, finding.removeprefix("AwsSolutions::"), reason)
+        for construct in app.node.find_all()
+        for entry in construct.node.metadata
+        if entry.type == key
+        for finding, reason in entry.data.items()
+        if finding.startswith("AwsSolutions::")
+    ]
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,13 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from stacks.components.lambda_code import PACKAGES, REQUIREMENTS
-from tests.conftest import Synthesized, as_list, role_statements
+from stacks.components.router import CONSUMER_HANDLER, FORWARDER_HANDLER, PROXY_HANDLER
+from stacks.config import ConfigError, PlatformConfig
+from tests.conftest import Synthesized, as_list, role_statements, synthesize
+from tests.test_scan import skips
 
 
 def _functions(app: Synthesized) -> dict[str, tuple[str, dict]]:
@@ -148,3 +153,20 @@ def test_lambda_code_needs_only_what_the_asset_ships() -> None:
     }
     third_party = {m for m in loaded if m not in sys.stdlib_module_names and not m.startswith("_")}
     assert third_party <= shipped | runtime, sorted(third_party - shipped - runtime)
+
+
+def test_the_router_may_reserve_its_concurrency(tmp_path) -> None:
+    """router_reserved_concurrency: the proxy, consumer and forwarder get it (checkov's
+    CKV_AWS_115 then needs no justification on them); the pipeline's functions do not."""
+    app = synthesize({"router_reserved_concurrency": 40}, tmp_path)
+    functions = app.resources("pipeline", "AWS::Lambda::Function")
+    reserved = {
+        fn["Properties"]["Handler"]: fn["Properties"]["ReservedConcurrentExecutions"]
+        for fn in functions.values()
+        if "ReservedConcurrentExecutions" in fn["Properties"]
+    }
+    assert reserved == {PROXY_HANDLER: 40, CONSUMER_HANDLER: 40, FORWARDER_HANDLER: 40}
+    for handler in reserved:
+        assert "CKV_AWS_115" not in skips(_functions(app)[handler][1])
+    with pytest.raises(ConfigError, match="router_reserved_concurrency"):
+        PlatformConfig.from_context({"router_reserved_concurrency": 0})

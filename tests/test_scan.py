@@ -46,7 +46,7 @@ def test_a_justification_is_checkovs_skip_with_its_reason_once_per_check() -> No
 def test_every_function_is_justified_where_a_check_does_not_apply(
     every_app: dict[str, Synthesized],
 ) -> None:
-    """Each Lambda function: no reserved concurrency and an environment without secrets, both
+    """Each Lambda function: reserved concurrency or why not; an environment without secrets,
     explained; outside the VPC only with the reason; a dead-letter queue or who invokes it."""
     for shape, app in every_app.items():
         for stack, template in app.templates.items():
@@ -55,9 +55,9 @@ def test_every_function_is_justified_where_a_check_does_not_apply(
                     continue
                 where, found = f"{shape}:{stack}:{name}", skips(resource)
                 properties = resource["Properties"]
-                assert {"CKV_AWS_115", "CKV_AWS_173"} <= set(found) or (
-                    "Environment" not in properties and "CKV_AWS_115" in found
-                ), where
+                reserved = "ReservedConcurrentExecutions" in properties
+                assert reserved != ("CKV_AWS_115" in found), where
+                assert ("Environment" in properties) == ("CKV_AWS_173" in found), where
                 assert ("VpcConfig" in properties) != ("CKV_AWS_117" in found), where
                 assert ("DeadLetterConfig" in properties) != ("CKV_AWS_116" in found), where
                 assert all(len(reason.split()) >= 8 for reason in found.values()), where

@@ -16,7 +16,12 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 
-from stacks.components.nag import acknowledge_key_grant, acknowledge_resource
+from stacks.components.nag import (
+    Wildcard,
+    acknowledge_key_grant,
+    acknowledge_no_resource_type,
+    acknowledge_resource,
+)
 from stacks.components.needs import Need
 from stacks.components.pipeline_steps import STEPS
 
@@ -89,19 +94,16 @@ class StacksAccess:
         role.add_to_principal_policy(
             iam.PolicyStatement(actions=["cloudformation:DescribeStacks"], resources=[self._stacks])
         )
-        acknowledge_resource(
-            role,
-            "AwsSolutions-IAM5",
-            self._stacks,
-            "Stack ARNs end in an id CloudFormation assigns; only this deployment's stacks.",
-        )
+        # A stack's ARN ends in an id CloudFormation assigns; only this deployment's stacks.
+        acknowledge_resource(role, self._stacks, Wildcard.ASSIGNED_BY_AWS)
 
 
 class Allow:
-    """Adds statements to roles. Resources named at run time are wildcards cdk-nag flags: each
-    one in `wildcards` is acknowledged, on the role it is granted to, with the reason there."""
+    """Adds statements to roles. Resources not known at deploy time are wildcards cdk-nag flags:
+    each one in `wildcards` is acknowledged, on the role it is granted to, as the kind it is
+    there; `*` (actions without a resource type) is acknowledged as such."""
 
-    def __init__(self, wildcards: Mapping[str, str]) -> None:
+    def __init__(self, wildcards: Mapping[str, Wildcard]) -> None:
         self.wildcards = wildcards
 
     def __call__(
@@ -115,8 +117,10 @@ class Allow:
             iam.PolicyStatement(actions=actions, resources=list(resources), conditions=conditions)
         )
         for resource in resources:
-            if resource in self.wildcards:
-                acknowledge_resource(role, "AwsSolutions-IAM5", resource, self.wildcards[resource])
+            if resource == "*":
+                acknowledge_no_resource_type(role)
+            elif resource in self.wildcards:
+                acknowledge_resource(role, resource, self.wildcards[resource])
 
 
 def grant_log_reading(role: iam.IRole, *group_arns: str) -> None:
@@ -127,13 +131,8 @@ def grant_log_reading(role: iam.IRole, *group_arns: str) -> None:
         iam.PolicyStatement(actions=["logs:FilterLogEvents"], resources=list(group_arns))
     )
     for group in group_arns:
-        acknowledge_resource(
-            role,
-            "AwsSolutions-IAM5",
-            group,
-            "A log group named as IAM wants it (`:*`: its streams, named by the service at run "
-            "time); reading only.",
-        )
+        # `:*`: the group's streams, named at run time.
+        acknowledge_resource(role, group, Wildcard.NAMED_AT_RUN_TIME)
 
 
 def log_group_arn(stack: Stack, name: str) -> str:
@@ -180,4 +179,4 @@ def grant_table_key(role: iam.IRole, key: kms.IKey, *, writes: bool) -> None:
         actions += ["kms:Encrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*"]
     role.add_to_principal_policy(iam.PolicyStatement(actions=actions, resources=[key.key_arn]))
     if writes:
-        acknowledge_key_grant(role, "DynamoDB items under the data key")
+        acknowledge_key_grant(role)

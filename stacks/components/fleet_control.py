@@ -21,7 +21,7 @@ from domain.run_queues import deployment_prefix
 from lambdas.environment import environment_for
 from lambdas.pipeline.ecs_fleet import EcsFleetSettings
 from stacks.components.access import Allow, grant_log_reading, log_group_arn
-from stacks.components.nag import acknowledge_resource
+from stacks.components.nag import Wildcard, acknowledge_resource
 from stacks.components.needs import Need
 from stacks.components.reward_fleet import RewardFleet, cluster_name, log_group_name, task_family
 from stacks.config import PlatformConfig
@@ -106,16 +106,18 @@ class RewardFleetControl(Construct):
             resource="role",
             resource_name="aws-service-role/ecs.application-autoscaling.amazonaws.com/*",
         )
+        # Per run: services under the deployment prefix, task definition families after the base
+        # family, token parameters under the deployment's /runs path, worker log groups under
+        # the fleet's prefix. Named by AWS: scalable targets, target tracking's alarms (after a
+        # run's service) and ECS's Application Auto Scaling service-linked role.
         self._allow = Allow({
-            self._services: "Per-run ECS services are named at run time under the deployment prefix.",
-            f"{self._task_definitions}:*": "Per-run task definition families are named at run time after the base family.",
-            "*": "ECS task definition description, listing and deregistration and scalable-target "
-            "description take no resource ARN (Service Authorization Reference).",
-            self._parameters: "Each run's token parameter is made at run time under the deployment's /runs path.",
-            self._run_log_groups: "Each run's worker log group is made at run time under the fleet's log prefix.",
-            self._scalable_targets: "Scalable target ARNs are ids Application Auto Scaling makes at run time.",
-            self._scaling_alarms: "Target tracking names its alarms after each run's service, made at run time.",
-            self._autoscaling_role: "Only ECS's Application Auto Scaling service-linked role, created once by AWS.",
+            self._services: Wildcard.NAMED_AT_RUN_TIME,
+            f"{self._task_definitions}:*": Wildcard.NAMED_AT_RUN_TIME,
+            self._parameters: Wildcard.NAMED_AT_RUN_TIME,
+            self._run_log_groups: Wildcard.NAMED_AT_RUN_TIME,
+            self._scalable_targets: Wildcard.ASSIGNED_BY_AWS,
+            self._scaling_alarms: Wildcard.ASSIGNED_BY_AWS,
+            self._autoscaling_role: Wildcard.ASSIGNED_BY_AWS,
         })  # fmt: skip
         self.task_role = iam.Role.from_role_arn(
             self, "TaskRole", reward_fleet.task_role.role_arn, mutable=True
@@ -148,7 +150,7 @@ class RewardFleetControl(Construct):
             (self._parameters, reasons[self._parameters]),
             (f"{self._run_log_groups}:*", reasons[self._run_log_groups]),
         ):
-            acknowledge_resource(startup, "AwsSolutions-IAM5", resource, reason)
+            acknowledge_resource(startup, resource, reason)
 
     provides = frozenset(
         {

@@ -17,7 +17,12 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from stacks.components.lambda_code import ARCHITECTURE, RUNTIME
-from stacks.components.nag import acknowledge, acknowledge_no_resource_type, acknowledge_resource
+from stacks.components.nag import (
+    Wildcard,
+    acknowledge,
+    acknowledge_no_resource_type,
+    acknowledge_resource,
+)
 from stacks.components.network import interface_scope
 from stacks.components.scan import justify
 
@@ -25,7 +30,7 @@ from stacks.components.scan import justify
 NO_RESERVED_CONCURRENCY = (
     "Reserved concurrency is taken from the account's pool and fails the deploy where that pool "
     "is small (new accounts); each function is bounded by what invokes it: a state, a run's "
-    "queue, a run's workers, a schedule"
+    "queue, a run's workers, a schedule (router_reserved_concurrency reserves it for the router)"
 )
 ENVIRONMENT_WITHOUT_SECRETS = (
     "Its environment holds resource names and settings only, never a secret (a run's token is "
@@ -68,11 +73,13 @@ def pipeline_function(
     memory_size: int = 512,
     network: ClusterNetwork | None = None,
     runtime: lambda_.Runtime = RUNTIME,
+    reserved_concurrency: int | None = None,
 ) -> lambda_.Function:
     """A function with a role of its own (no managed policies) that may only write its own logs
     (and, in `network`, manage its network interfaces there). `invocation`: who invokes it and
     sees its errors, the reason it needs no dead-letter queue — or None, and its
-    `dead_letter_queue`."""
+    `dead_letter_queue`. `reserved_concurrency`: its share of the account's concurrency, both
+    guaranteed and its limit (None: the unreserved pool, justified for the scanners)."""
     if (invocation is None) == (dead_letter_queue is None):
         raise ValueError(f"{name}: give a dead-letter queue, or who invokes it and sees its errors")
     log_group = logs.LogGroup(
@@ -104,6 +111,7 @@ def pipeline_function(
         tracing=lambda_.Tracing.ACTIVE,
         environment=environment,
         dead_letter_queue=dead_letter_queue,
+        reserved_concurrent_executions=reserved_concurrency,
         vpc=network.vpc if network else None,
         vpc_subnets=network.subnets if network else None,
         security_groups=[network.security_group] if network else None,
@@ -114,7 +122,8 @@ def pipeline_function(
         justify(function, "CKV_AWS_117", OUTSIDE_THE_VPC)
     if invocation:
         justify(function, "CKV_AWS_116", f"{invocation}: a dead-letter queue would hold nothing")
-    justify(function, "CKV_AWS_115", NO_RESERVED_CONCURRENCY)
+    if reserved_concurrency is None:
+        justify(function, "CKV_AWS_115", NO_RESERVED_CONCURRENCY)
     justify(function, "CKV_AWS_173", ENVIRONMENT_WITHOUT_SECRETS)
     acknowledge(
         function,
@@ -152,10 +161,6 @@ def _allow_network_interfaces(role: iam.Role, network: ClusterNetwork) -> None:
     role.add_to_policy(
         iam.PolicyStatement(actions=["ec2:DescribeNetworkInterfaces"], resources=["*"])
     )
-    acknowledge_resource(
-        role,
-        "AwsSolutions-IAM5",
-        interfaces,
-        "Lambda creates the function's network interfaces in the VPC; their ids are made then. "
-        "Only the subnets and security group named here can hold them.",
-    )
+    # Lambda creates the interfaces, EC2 gives them their ids; only the subnets and security
+    # group named above can hold them.
+    acknowledge_resource(role, interfaces, Wildcard.ASSIGNED_BY_AWS)

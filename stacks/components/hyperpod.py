@@ -12,6 +12,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct, IDependable
 
 from stacks.components.nag import (
+    Wildcard,
     acknowledge,
     acknowledge_managed_policy,
     acknowledge_no_resource_type,
@@ -22,6 +23,9 @@ from stacks.components.storage import lifecycle_bucket_name, lifecycle_scripts_u
 from stacks.config import HyperPodInstanceGroup, PlatformConfig
 
 INSTANCE_POLICY = "AmazonSageMakerClusterInstanceRolePolicy"
+LIFECYCLE_SCRIPTS_READ = (
+    "Nodes read their lifecycle scripts (aws-cdk-lib's grant_read: read-only, that bucket only)."
+)
 
 
 class HyperPodCluster(Construct):
@@ -229,21 +233,16 @@ class HyperPodCluster(Construct):
             )
         )
         acknowledge_no_resource_type(role)  # EC2 Describe*, ecr:GetAuthorizationToken
-        acknowledge_resource(
-            role,
-            "AwsSolutions-IAM5",
-            network_interfaces,
-            "Node network interfaces are created at run time by HyperPod and the VPC CNI, so their "
-            "ids cannot be known at deploy time; the subnets and security group are named.",
-        )
+        # HyperPod and the VPC CNI create the nodes' interfaces; the subnets and security group
+        # are named.
+        acknowledge_resource(role, network_interfaces, Wildcard.ASSIGNED_BY_AWS)
         if lifecycle_bucket is not None:
             lifecycle_bucket.grant_read(role)
-            reads = "Nodes read their lifecycle scripts (grant_read: read-only, that bucket only)."
             acknowledge_resource(
-                role, "AwsSolutions-IAM5", lifecycle_bucket.arn_for_objects("*"), reads
+                role, lifecycle_bucket.arn_for_objects("*"), LIFECYCLE_SCRIPTS_READ
             )
             for action in ("s3:GetBucket*", "s3:GetObject*", "s3:List*"):
-                acknowledge(role, f"AwsSolutions-IAM5[Action::{action}]", reads)
+                acknowledge(role, f"AwsSolutions-IAM5[Action::{action}]", LIFECYCLE_SCRIPTS_READ)
         return role
 
 

@@ -15,6 +15,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from stacks.components.access import Allow
+from stacks.components.nag import Wildcard
 from stacks.components.needs import Need
 from stacks.config import PlatformConfig
 
@@ -46,12 +47,11 @@ class ModelRelease(Construct):
             description="Amazon Bedrock imports a Nova checkpoint a run trained (mtrl deploy)",
         )
         escrow = f"arn:aws:s3:::customer-escrow-{stack.account}*"
-        buckets = "AWS names a Nova job's escrow bucket per job; only the account's escrow buckets."
+        # AWS names a Nova job's escrow bucket per job: only the account's escrow buckets.
+        buckets = Wildcard.ASSIGNED_BY_AWS
         Allow({escrow: buckets, f"{escrow}/*": buckets})(
             self.import_role, ["s3:GetObject", "s3:ListBucket"], escrow, f"{escrow}/*"
         )
-        # Resources whose names Bedrock and SageMaker make: granted by wildcard, each one
-        # acknowledged on the role it is granted to, with its reason.
         self._packages = stack.format_arn(
             service="sagemaker", resource="model-package", resource_name=f"{self.group_name}/*"
         )
@@ -61,12 +61,12 @@ class ModelRelease(Construct):
         self._deployments = stack.format_arn(
             service="bedrock", resource="custom-model-deployment", resource_name="*"
         )
+        # SageMaker numbers a group's versions; Bedrock ids its models and deployments.
         self._allow = Allow(
             {
-                self._packages: "Model package versions are numbered by SageMaker; only this group's.",
-                self._models: "Bedrock gives a custom model an id of its own; only this account's models.",
-                self._deployments: "Bedrock gives a deployment an id of its own; only this account's.",
-                "*": "bedrock:CreateCustomModel has no resource type to name (SAR).",
+                self._packages: Wildcard.ASSIGNED_BY_AWS,
+                self._models: Wildcard.ASSIGNED_BY_AWS,
+                self._deployments: Wildcard.ASSIGNED_BY_AWS,
             }
         )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import weakref
+from enum import StrEnum
 from typing import Any
 
 from aws_cdk import Acknowledgment, Stack, Validations
@@ -28,24 +29,53 @@ def acknowledge(construct: IConstruct, finding: str, reason: str) -> None:
         return
     done.add(finding)
     # Validations keys acknowledgments by plugin: `AwsSolutions::AwsSolutions-IAM5[...]`.
-    Validations.of(construct).acknowledge(Acknowledgment(id=f"{pack}::{finding}", reason=reason))
+    Validations.of(construct).acknowledge(
+        Acknowledgment(id=f"{pack}::{finding}", reason=str(reason))
+    )
 
 
-# Reasons shared by every acknowledgment of the same kind: each finding is named once, here.
-NO_RESOURCE_TYPE = (
-    "Only actions the Service Authorization Reference gives no resource type are granted on "
-    "`*` (tests/test_iam.py checks each; the README's security section lists them)."
-)
+class Wildcard(StrEnum):
+    """Why a granted resource ends in a wildcard: each kind's reason, written once. The finding
+    itself names the resource, so the acknowledgment stays scoped to it."""
+
+    NO_RESOURCE_TYPE = (
+        "Only actions the Service Authorization Reference gives no resource type are granted on "
+        "`*` (tests/test_iam.py checks each; the README's security section lists them)."
+    )
+    NAMED_AT_RUN_TIME = (
+        "Named at run time, one per run (queues, alarms, services, task families, token "
+        "parameters, log groups and streams, executions, aliases, objects): the ARN fixes what "
+        "the deployment knows (account, region, prefix, path, function) and leaves only the "
+        "run's part open."
+    )
+    ASSIGNED_BY_AWS = (
+        "Ends in an id, version or name the service assigns when it makes the resource (stacks, "
+        "access entries, Pod Identity associations, scalable targets, event source mappings, "
+        "network interfaces, function versions, model packages, Bedrock models and deployments, "
+        "escrow buckets, a service-linked role); the rest of the ARN is named."
+    )
+
+
 CDK_HANDLER = (
     "aws-cdk-lib's own handler (the data bucket's EventBridge notifications, the lifecycle "
     "scripts' upload), run by CloudFormation at deploy time only; aws-cdk-lib makes its role, "
     "runtime and grants: the CDK asset bucket read, the lifecycle bucket written."
 )
+KEY_GRANT = (
+    "Added by aws-cdk-lib's grant on one named key (the statement's only resource): the service "
+    "(DynamoDB, SNS) encrypts the caller's items or messages with it."
+)
+
+
+def acknowledge_resource(construct: IConstruct, resource: str, reason: str) -> None:
+    """Acknowledge IAM5 for one wildcard resource ARN (tokens allowed) granted to `construct`."""
+    rendered = nag_text(Stack.of(construct).resolve(resource))
+    acknowledge(construct, f"AwsSolutions-IAM5[Resource::{rendered}]", reason)
 
 
 def acknowledge_no_resource_type(construct: IConstruct) -> None:
     """`Resource: "*"` on `construct`, for actions that have no resource type."""
-    acknowledge(construct, "AwsSolutions-IAM5[Resource::*]", NO_RESOURCE_TYPE)
+    acknowledge_resource(construct, "*", Wildcard.NO_RESOURCE_TYPE)
 
 
 def acknowledge_managed_policy(construct: IConstruct, policy: str, reason: str) -> None:
@@ -56,20 +86,12 @@ def acknowledge_managed_policy(construct: IConstruct, policy: str, reason: str) 
     )  # fmt: skip
 
 
-def acknowledge_key_grant(construct: IConstruct, what: str) -> None:
-    """The wildcard actions a KMS key's `grant_encrypt_decrypt` adds, for the data it protects."""
-    for action in ("kms:ReEncrypt*", "kms:GenerateDataKey*"):
-        acknowledge(
-            construct,
-            f"AwsSolutions-IAM5[Action::{action}]",
-            f"From the data key's grant only, which encrypts {what}.",
-        )
-
-
-def acknowledge_resource(construct: IConstruct, rule: str, resource: str, reason: str) -> None:
-    """Acknowledge `rule` for one wildcard resource ARN (tokens allowed) granted to `construct`."""
-    rendered = nag_text(Stack.of(construct).resolve(resource))
-    acknowledge(construct, f"{rule}[Resource::{rendered}]", reason)
+def acknowledge_key_grant(
+    construct: IConstruct, actions: tuple[str, ...] = ("kms:ReEncrypt*", "kms:GenerateDataKey*")
+) -> None:
+    """The wildcard KMS actions (`actions`) a key grant of aws-cdk-lib adds to `construct`."""
+    for action in actions:
+        acknowledge(construct, f"AwsSolutions-IAM5[Action::{action}]", KEY_GRANT)
 
 
 def nag_text(value: Any) -> str:

@@ -22,7 +22,7 @@ from lambdas.environment import environment_for
 from lambdas.pipeline.settings import PipelineSettings
 from stacks.components.access import grant_log_reading, grant_table_action
 from stacks.components.functions import ClusterNetwork, pipeline_function
-from stacks.components.nag import acknowledge, acknowledge_resource
+from stacks.components.nag import Wildcard, acknowledge_key_grant, acknowledge_resource
 from stacks.components.needs import Need
 from stacks.components.pipeline_monitoring import (
     alarm,
@@ -226,12 +226,8 @@ class TrainingPipeline(Construct):
                         resources=[self._executions],
                     )
                 )
-                acknowledge_resource(
-                    role,
-                    "AwsSolutions-IAM5",
-                    self._executions,
-                    "Executions are named by run id at run time; only this state machine's.",
-                )
+                # Executions are named by run id: only this state machine's.
+                acknowledge_resource(role, self._executions, Wildcard.NAMED_AT_RUN_TIME)
             case Need.REAPER_INVOKE:
                 role.add_to_principal_policy(
                     iam.PolicyStatement(
@@ -244,12 +240,7 @@ class TrainingPipeline(Construct):
                 grant_log_reading(role, *(group.log_group_arn for group in groups))
             case Need.ALERTS_PUBLISH:
                 self.alert_topic.grant_publish(role)
-                acknowledge(
-                    role,
-                    "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]",
-                    "From the alert topic's grant_publish: SNS encrypts each message with the "
-                    "topic's key for the publisher.",
-                )
+                acknowledge_key_grant(role, ("kms:GenerateDataKey*",))
 
     def _table(self, role: iam.IRole, action: str, *, writes: bool) -> None:
         grant_table_action(role, action, self.runs_table, self._data_key, writes=writes)

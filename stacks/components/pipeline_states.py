@@ -31,7 +31,7 @@ from constructs import Construct
 
 from domain.backends import WAITING, Phase
 from domain.episodes import EvaluationStage
-from stacks.components.nag import acknowledge_no_resource_type, acknowledge_resource
+from stacks.components.nag import Wildcard, acknowledge_no_resource_type, acknowledge_resource
 from training_configs.schema import MAX_DEADLINE_HOURS
 
 # Validation before a run's deadline starts, and release, teardown and notice after it passes.
@@ -290,11 +290,7 @@ def pipeline_state_machine(
         ),
     )
     for function in functions.values():
-        acknowledge_resource(
-            machine.role,
-            "AwsSolutions-IAM5",
-            f"{function.function_arn}:*",
-            "Step Functions invokes any published version of the pipeline's own functions.",
-        )
+        # Any version Lambda publishes of the pipeline's own functions.
+        acknowledge_resource(machine.role, f"{function.function_arn}:*", Wildcard.ASSIGNED_BY_AWS)
     acknowledge_no_resource_type(machine.role)  # log delivery and X-Ray
     return machine, log_group

@@ -20,6 +20,7 @@ from lambdas.router.conversations import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from lambdas.router.settings import ForwarderSettings, RouterSettings
 from stacks.components.access import Allow, grant_table_action
 from stacks.components.functions import pipeline_function
+from stacks.components.nag import Wildcard
 from stacks.components.needs import Need
 from stacks.components.tables import data_table
 from stacks.config import PlatformConfig
@@ -75,6 +76,7 @@ class Router(Construct):
             log_key=data_key,
             invocation="Its function URL is called synchronously: the caller, a run's reward "
             "worker, sees each error and retries",
+            reserved_concurrency=config.router_reserved_concurrency,
         )
         self.proxy_url = self.proxy.add_function_url(auth_type=lambda_.FunctionUrlAuthType.AWS_IAM)
         self.consumer = pipeline_function(
@@ -90,6 +92,7 @@ class Router(Construct):
             log_key=data_key,
             invocation="A run's generate-response queue invokes it synchronously through its "
             "event source mapping: a message it fails stays on that queue, redelivered",
+            reserved_concurrency=config.router_reserved_concurrency,
         )
         # A Nova trainer's rollout_request_arn: each run invokes its own alias of it.
         self.rollout_forwarder = pipeline_function(
@@ -105,6 +108,7 @@ class Router(Construct):
             log_key=data_key,
             invocation="A Nova trainer invokes it synchronously (RequestResponse) and sees each "
             "error at once",
+            reserved_concurrency=config.router_reserved_concurrency,
         )
         self._data_key = data_key
         self._alarms = stack.format_arn(
@@ -122,19 +126,15 @@ class Router(Construct):
         )
         # A run's alias of the forwarder is made per run, named after it.
         self._rollout_aliases = f"{self.rollout_forwarder.function_arn}:*"
+        # Per run, under the deployment's prefix: the forwarder's aliases (this function's
+        # only), the queues, their age alarms. Event source mapping ids are Lambda's; the
+        # condition keeps them to the consumer's mappings.
         self._allow = Allow(
             {
-                self._rollout_aliases: "A run's alias of the rollout forwarder is made at run "
-                "time, named after the run; only this function's aliases.",
-                self.run_queue_arns: "A run's queues are made at run time; their names share the "
-                "deployment's prefix, as narrow as a name known at deploy time can be.",
-                self._alarms: "A run's queue-age alarms are made at run time; their names share "
-                "the deployment's prefix.",
-                self._mappings: "Event source mapping ids are made at run time; the condition "
-                "limits it to the router consumer's mappings.",
-                "*": "sqs:ListQueues, lambda:ListEventSourceMappings, CreateEventSourceMapping and "
-                "cloudwatch:GetMetricData have no resource type (Service Authorization "
-                "Reference); creating a mapping is conditioned on the consumer's ARN.",
+                self._rollout_aliases: Wildcard.NAMED_AT_RUN_TIME,
+                self.run_queue_arns: Wildcard.NAMED_AT_RUN_TIME,
+                self._alarms: Wildcard.NAMED_AT_RUN_TIME,
+                self._mappings: Wildcard.ASSIGNED_BY_AWS,
             }
         )
 

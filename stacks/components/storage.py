@@ -19,6 +19,7 @@ from stacks.components.functions import (
 )
 from stacks.components.nag import (
     CDK_HANDLER,
+    Wildcard,
     acknowledge,
     acknowledge_managed_policy,
     acknowledge_resource,
@@ -178,7 +179,7 @@ class Storage(Construct):
         ):
             acknowledge(deployment, f"AwsSolutions-IAM5[Action::{action}]", CDK_HANDLER)
         for objects in (asset_objects, self.lifecycle_bucket.arn_for_objects("*")):
-            acknowledge_resource(deployment, "AwsSolutions-IAM5", objects, CDK_HANDLER)
+            acknowledge_resource(deployment, objects, CDK_HANDLER)
         for handler in (notifications, deployment):
             justify(handler, "CKV_AWS_116", f"aws-cdk-lib's handler: {CUSTOM_RESOURCE}")
             justify(
@@ -276,13 +277,8 @@ class DataBucketAccess:
         role.add_to_principal_policy(
             iam.PolicyStatement(actions=list(actions), resources=[objects])
         )
-        acknowledge_resource(
-            role,
-            "AwsSolutions-IAM5",
-            objects,
-            "Objects under the prefix the grant names are named at run time (datasets, configs, "
-            "run ids); only that prefix of the data bucket.",
-        )
+        # Datasets, configs and run outputs are named at run time: only that prefix.
+        acknowledge_resource(role, objects, Wildcard.NAMED_AT_RUN_TIME)
 
     def _list(self, role: iam.IRole, prefix: str) -> None:
         role.add_to_principal_policy(

@@ -39,7 +39,7 @@ from stacks.components.capacity_leases import CapacityLeaseTable
 from stacks.components.eks import CLUSTER_ADMIN, eks_cluster_name, pod_identity_role
 from stacks.components.functions import CUSTOM_RESOURCE, ClusterNetwork, pipeline_function
 from stacks.components.hyperpod import hyperpod_cluster_name
-from stacks.components.nag import acknowledge_resource
+from stacks.components.nag import Wildcard, acknowledge_resource
 from stacks.components.needs import Need
 from stacks.components.nova_launcher import NovaLauncher
 from stacks.config import PlatformConfig
@@ -80,17 +80,11 @@ class TrainingClusterControl(Construct):
             resource="podidentityassociation",
             resource_name=f"{self._eks_name}/*",
         )
-        wildcards = {
-            self._associations: "Pod Identity association ids are made by EKS per run; only "
-            "this cluster's.",
-            "*": "servicequotas:ListServiceQuotas and ListAWSDefaultServiceQuotas have no resource "
-            "type; they only read quotas.",
-        }
+        # Pod Identity association ids are made by EKS per run: only this cluster's.
+        wildcards = {self._associations: Wildcard.ASSIGNED_BY_AWS}
         if config.existing_hyperpod_cluster:
-            wildcards[hyperpod_cluster_arn] = (
-                "An existing HyperPod cluster's ARN ends in an id SageMaker assigned, not its "
-                "name; the actions are scoped to clusters of this account and region."
-            )
+            # An existing cluster's ARN ends in the id SageMaker gave it, not its name.
+            wildcards[hyperpod_cluster_arn] = Wildcard.ASSIGNED_BY_AWS
         self._allow = Allow(wildcards)
         self.environment = environment_for(
             HyperPodSettings,
@@ -257,13 +251,9 @@ class TrainingClusterControl(Construct):
                 conditions=only_it,
             )
         )
-        acknowledge_resource(
-            role,
-            "AwsSolutions-IAM5",
-            entries,
-            "An access entry ARN ends in an id EKS assigns; the eks:principalArn condition keeps "
-            "it to the HyperPod execution roles' entries on this cluster.",
-        )
+        # An access entry's ARN ends in an id EKS assigns; the eks:principalArn condition keeps
+        # it to the HyperPod execution roles' entries on this cluster.
+        acknowledge_resource(role, entries, Wildcard.ASSIGNED_BY_AWS)
 
     def _pass(self, role: iam.IRole, passed: str, service: str) -> None:
         self._allow(

@@ -85,6 +85,28 @@ def test_new_writes_a_package_that_passes_check_and_its_own_tests(tmp_path: Path
         assert linted.returncode == 0, linted.stdout + linted.stderr
 
 
+def test_new_then_check_as_a_newcomer_types_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`mtrl env new NAME`, then the command it prints: the project folder is found to hold its
+    package (NAME/NAME), by name or as a path."""
+    monkeypatch.chdir(tmp_path)
+    made = runner.invoke(app, ["env", "new", "newcomer"])
+    assert made.exit_code == 0, made.output
+    assert "env check newcomer " in " ".join(made.output.split())
+    for spec in ("newcomer", "./newcomer", str(tmp_path / "newcomer")):
+        check = runner.invoke(app, ["env", "check", spec, "--episodes", "2"])
+        assert check.exit_code == 0, f"{spec}: {check.output}"
+    (tmp_path / "empty").mkdir()
+    result = runner.invoke(app, ["env", "check", "./empty"])
+    assert result.exit_code == 2 and "no Python package in it" in result.output
+    for package in ("one", "two"):
+        (tmp_path / "many" / package).mkdir(parents=True)
+        (tmp_path / "many" / package / "__init__.py").write_text("")
+    result = runner.invoke(app, ["env", "check", "./many"])
+    assert result.exit_code == 2 and "several packages (one, two)" in result.output
+
+
 def test_the_next_steps_name_programs_as_they_can_be_run_from_here(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
