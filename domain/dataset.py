@@ -27,7 +27,7 @@ import json
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Annotated, Any, BinaryIO, Literal
+from typing import Annotated, Any, BinaryIO
 
 import numpy as np
 from pydantic import (
@@ -42,55 +42,21 @@ from pydantic import (
     model_validator,
 )
 
+from domain.chat import ChatMessage
+
 MAX_LINE_BYTES = 1024 * 1024
 MAX_FILE_BYTES = 10 * 1024**3
 MAX_KEPT_PROBLEMS = 1000  # the problems a validation keeps to show (all are counted)
 _BOM = b"\xef\xbb\xbf"
 
 
-class ToolCall(BaseModel):
-    """An OpenAI tool call in an assistant message."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    id: str
-    type: Literal["function"]
-    function: dict[str, Any]
-
-    @field_validator("function")
-    @classmethod
-    def _names_the_call(cls, function: dict[str, Any]) -> dict[str, Any]:
-        missing = [key for key in ("name", "arguments") if key not in function]
-        if missing:
-            raise ValueError(f"needs {' and '.join(missing)}")
-        return function
-
-
-class DatasetMessage(BaseModel):
-    """A chat message in a record, by AWS's rules: system and user messages need text; an
-    assistant message needs text or tool calls; a tool message answers a tool call by id."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    tool_call_id: str | None = None
+class DatasetMessage(ChatMessage):
+    """A chat message in a record, by AWS's rules (stricter than the API's): system, user and
+    tool messages need non-empty text."""
 
     @model_validator(mode="after")
-    def _complete_for_its_role(self) -> DatasetMessage:
-        has_text = self.content is not None and bool(self.content.strip())
-        if self.role == "assistant":
-            if self.content is None and self.tool_calls is None:
-                raise ValueError("an assistant message needs content or tool_calls")
-            if self.tool_calls == []:
-                raise ValueError("an assistant message's tool_calls must not be empty")
-        elif self.role == "tool":
-            if self.tool_call_id is None:
-                raise ValueError("a tool message needs the tool_call_id it answers")
-            if not has_text:
-                raise ValueError("a tool message needs non-empty content")
-        elif not has_text:
+    def _text_where_aws_wants_it(self) -> DatasetMessage:
+        if self.role != "assistant" and not (self.content or "").strip():
             raise ValueError(f"a {self.role} message needs non-empty content")
         return self
 

@@ -17,7 +17,18 @@ import time
 from typing import Any, Literal
 from urllib.parse import quote, unquote
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from domain.chat import AsGiven, ChatMessage
 
 VERSION = "v0"
 MAX_BODY_BYTES = 256 * 1024  # the SQS message size limit
@@ -172,19 +183,24 @@ class RolloutResponse(_Message):
         return flags[-1] >= 0.5 if flags else None
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str
-
-
 class GenerateRequest(_Message):
-    """Proxy → trainer (queue `generate-requests`): the next model turn of a conversation."""
+    """Proxy → trainer (queue `generate-requests`): the next model turn of a conversation, and
+    the tools the model may call (OpenAI's `tools` and `tool_choice`, as the environment sent
+    them; absent when it sent none)."""
 
     sample_id: str = Field(min_length=1, max_length=ID_LENGTH)
     step_id: str = Field(min_length=1, max_length=ID_LENGTH)
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_absent_tools(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        dumped = handler(self)
+        for key in ("tools", "tool_choice"):
+            if dumped.get(key) is None:
+                dumped.pop(key, None)
+        return dumped
 
 
 class TokenLogprob(BaseModel):
@@ -194,28 +210,22 @@ class TokenLogprob(BaseModel):
     logprob: float
 
 
-class CompletionMessage(BaseModel):
-    """The model's turn in a generate response; AWS's documented example gives only `content`."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
+class CompletionMessage(ChatMessage):
+    """The model's turn in a generate response: text (AWS's documented example gives only
+    `content`), tool calls, or both."""
 
     role: Literal["assistant"] = "assistant"
-    content: str
 
 
-class Choice(BaseModel):
-    model_config = ConfigDict(extra="allow", frozen=True)
-
+class Choice(AsGiven):
     message: CompletionMessage
     finish_reason: str | None = None
     logprobs: dict[str, list[TokenLogprob]] | None = None
 
 
-class Generation(BaseModel):
+class Generation(AsGiven):
     """A generate response's `data`: OpenAI-shaped `choices`, and what else the generation
     service adds (AWS's documented example: `serving_model_num`)."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
 
     choices: list[Choice]
 
@@ -229,18 +239,19 @@ class GenerateResponse(_Message):
     finish_reason: str | None = None
 
     def completion(self) -> dict[str, Any]:
-        """The OpenAI-shaped part (`choices`) as plain JSON data; a choice that names no
-        finish_reason takes the response's own."""
-        data = self.model_dump(mode="json", exclude_none=True)["data"]
+        """The OpenAI-shaped part (`choices`) as plain JSON data, as the trainer gave it; a
+        choice that names no finish_reason takes the response's own."""
+        data = self.data.model_dump(mode="json")
         if self.finish_reason is not None:
             for choice in data.get("choices", []):
-                choice.setdefault("finish_reason", self.finish_reason)
+                if choice.get("finish_reason") is None:
+                    choice["finish_reason"] = self.finish_reason
         return data
 
     @property
     def content(self) -> str:
         choices = self.data.choices
-        return choices[0].message.content if choices else ""
+        return (choices[0].message.content or "") if choices else ""
 
 
 def parse(kind: type[_Message], body: str | bytes) -> Any:
@@ -299,6 +310,8 @@ class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=1000)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
     model: str | None = None
     user: str | None = None
     # Where Nova's starter-kit client (aws-samples/sample-nova-multi-turn-rl-infra,
@@ -317,7 +330,7 @@ def chat_completion(
     choices = []
     for index, choice in enumerate(completion.get("choices", [])):
         shaped = {**choice, "index": index, "finish_reason": choice.get("finish_reason") or "stop"}
-        if "logprobs" in choice:  # validated by `Choice`: lists of tokens by key
+        if choice.get("logprobs"):  # validated by `Choice`: lists of tokens by key
             shaped["logprobs"] = {
                 key: [{"top_logprobs": [], **token} for token in tokens]
                 for key, tokens in choice["logprobs"].items()

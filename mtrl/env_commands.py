@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
 import sys
+from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 from rich.text import Text
 
+from domain.dataset import DatasetValidator
 from mtrl.console import fail, out
 from reward_envs.conformance import check_environment
-from reward_envs.interface import Record
+from reward_envs.interface import Message, Record, Reply
 from reward_envs.registry import EnvironmentNotFound, load
 
 env_app = typer.Typer(help="Create, check and play reward environments.", no_args_is_help=True)
@@ -119,6 +122,47 @@ def new(
     out.print(f"  {python} -m pytest {project}    # its tests", markup=False)
 
 
+@env_app.command("records")
+def records(
+    spec: Annotated[
+        str, typer.Argument(help="Registered name, module, .py file or package folder.")
+    ],
+    count: Annotated[int, typer.Option(min=1, max=1_000_000, help="How many records.")] = 256,
+    seed: Annotated[
+        int, typer.Option(help="The dataset's seed: the same seed, the same file.")
+    ] = 0,
+    output: Annotated[
+        Path | None, typer.Option("--out", help="Write the .jsonl here (default: stdout).")
+    ] = None,
+) -> None:
+    """Write a dataset of the environment's example records (Nova's record format, with the
+    environment's tool definitions when it has any), checked as `mtrl validate` checks it."""
+    environment = _load(spec)
+    try:
+        drawn = environment.example_records(count, seed=seed)
+    except NotImplementedError as missing:
+        raise fail(str(missing)) from None
+    lines = [json.dumps(dataset_line(record, environment.tools)) for record in drawn]
+    text = "".join(f"{line}\n" for line in lines)
+    validator = DatasetValidator()
+    problems = list(validator.problems(io.BytesIO(text.encode())))
+    if problems:
+        raise fail(f"{spec}: its example records are not a valid dataset: {problems[0]}")
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text, encoding="utf-8")
+        out.print(f"Wrote {len(lines)} records to {output}", markup=False)
+
+
+def dataset_line(record: Record, tools: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A record as a dataset line: its id and metadata, and the tools the model may call."""
+    line: dict[str, Any] = {"id": record.id, "metadata": dict(record.metadata)}
+    if tools:
+        line["tools"] = [dict(tool) for tool in tools]
+    return line
+
+
 def _as_typed(program: Path, name: str) -> str:
     """How to run `program` from here: `name` when that is what PATH finds, else its path
     (relative when under this folder): hints that work as printed, venv active or not."""
@@ -156,12 +200,29 @@ def play(
     rewards: list[float] = []
     for message in messages:
         _show(message["content"])
-    for _ in range(environment.max_turns):
-        reply = typer.prompt("you", prompt_suffix="> ", default="", show_default=False)
-        result = episode.step(reply)
+    if environment.tools:
+        names = [tool["function"]["name"] for tool in environment.tools]
+        _show(f"Tools: {', '.join(names)}. Call one as: NAME {{JSON arguments}}")
+    for turn in range(environment.max_turns):
+        typed = typer.prompt("you", prompt_suffix="> ", default="", show_default=False)
+        reply = Reply.of(_typed_reply(typed, environment.tools, turn), environment.tools)
+        result = episode.act(reply)
         rewards.append(result.reward)
         for message in result.messages:
             _show(message["content"])
         if result.done:
             break
     out.print(f"episode reward: {environment.aggregate(rewards):.3f}")
+
+
+def _typed_reply(typed: str, tools: Sequence[Mapping[str, Any]], turn: int) -> str | Message:
+    """What a player typed: a tool call when it starts with a tool's name, else text."""
+    name, _, arguments = typed.strip().partition(" ")
+    if not any(tool["function"]["name"] == name for tool in tools):
+        return typed
+    function = {"name": name, "arguments": arguments.strip() or "{}"}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": f"call_{turn}", "type": "function", "function": function}],
+    }

@@ -22,7 +22,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from reward_envs.interface import Environment, Episode, Message, Record, RewardRange, StepResult
+from reward_envs.interface import (
+    Environment,
+    Episode,
+    Message,
+    Record,
+    Reply,
+    RewardRange,
+    StepResult,
+)
 
 ROLES = {"system", "user", "assistant", "tool"}
 GARBAGE_REPLIES = (
@@ -34,6 +42,39 @@ GARBAGE_REPLIES = (
     "[[[[ ]]]] <think> unterminated",
     "😀" * 500,
 )
+
+
+def garbage_tool_turns(tools: Sequence[Any]) -> list[Message]:
+    """Assistant turns whose tool calls no tool can run: an unknown tool, no name, arguments
+    that are not JSON or not an object, and for the environment's first tool, arguments of the
+    wrong type or none at all."""
+
+    def call(name: Any, arguments: Any, content: str | None = None) -> Message:
+        function = {"name": name, "arguments": arguments}
+        return {
+            "role": "assistant",
+            "content": content,
+            "tool_calls": [{"id": "call_garbage", "type": "function", "function": function}],
+        }
+
+    turns = [
+        call("no_such_tool", "{}"),
+        call(None, "{}"),
+        call("", "{}", content="thinking..."),
+        {"role": "assistant", "content": None, "tool_calls": "not a list"},
+        {"role": "assistant", "content": None, "tool_calls": [None, 7]},
+    ]
+    names = [tool.get("function", {}).get("name") for tool in tools if isinstance(tool, dict)]
+    if names:
+        first = names[0]
+        turns += [
+            call(first, "{not json"),
+            call(first, "[1, 2, 3]"),
+            call(first, '{"unexpected": [null, {"deep": true}]}'),
+            call(first, "{}"),
+            call(first, json.dumps({"x": "y" * 100_000})),
+        ]
+    return turns
 
 
 class ConformanceError(AssertionError):
@@ -52,7 +93,7 @@ class Transcript:
     """Everything observable in one episode, for comparing runs."""
 
     first: list[Message]
-    steps: list[tuple[str, list[Message], float, bool]] = field(default_factory=list)
+    steps: list[tuple[str | Message, list[Message], float, bool]] = field(default_factory=list)
 
     @property
     def turn_rewards(self) -> list[float]:
@@ -154,6 +195,8 @@ def _check_messages(messages: Any, what: str) -> None:
             )
         if not isinstance(message.get("content"), str):
             raise ConformanceError(f"{what}[{index}].content must be a string")
+        if message["role"] == "tool" and not isinstance(message.get("tool_call_id"), str):
+            raise ConformanceError(f"{what}[{index}] is a tool message without its tool_call_id")
     _json(messages, what)
 
 
@@ -187,9 +230,9 @@ class _Kit:
             raise ConformanceError(f"record {record.id}: reset must return (Episode, messages)")
         return started
 
-    def _step(self, episode: Episode, reply: str, where: str) -> StepResult:
+    def _step(self, episode: Episode, reply: str | Message, where: str) -> StepResult:
         began = time.perf_counter()
-        result = episode.step(reply)
+        result = episode.act(Reply.of(reply, self.environment.tools))
         self.durations.append(time.perf_counter() - began)
         if not isinstance(result, StepResult):
             raise ConformanceError(
@@ -208,7 +251,7 @@ class _Kit:
         return result
 
     def play(
-        self, record: Record, seed: int, replies: Callable[[list[Message], int], str]
+        self, record: Record, seed: int, replies: Callable[[list[Message], int], str | Message]
     ) -> Transcript:
         episode, first = self._reset(record, seed)
         _check_messages(first, f"record {record.id}: reset messages")
@@ -218,15 +261,15 @@ class _Kit:
         for turn in range(1, limit + 1):
             reply = replies(history, turn)
             result = self._step(
-                episode, reply, f"record {record.id}, turn {turn}, reply {reply[:40]!r}"
+                episode, reply, f"record {record.id}, turn {turn}, reply {_shown(reply)}"
             )
             transcript.steps.append((reply, result.messages, float(result.reward), result.done))
-            history += [{"role": "assistant", "content": reply}, *result.messages]
+            history += [Reply.of(reply).message, *result.messages]
             if result.done:
                 return transcript
         raise ConformanceError(f"record {record.id}: not done after max_turns={limit} turns")
 
-    def _example_replies(self, index: int) -> Callable[[list[Message], int], str]:
+    def _example_replies(self, index: int) -> Callable[[list[Message], int], str | Message]:
         rng = random.Random(self.seed * 1_000_003 + index)
         return lambda history, _turn: self.environment.example_reply(history, rng)
 
@@ -271,12 +314,16 @@ class _Kit:
 
     def survives_garbage(self) -> str:
         record = self.records[0]
-        for reply in GARBAGE_REPLIES:
+        garbage: list[str | Message] = [
+            *GARBAGE_REPLIES,
+            *garbage_tool_turns(self.environment.tools),
+        ]
+        for reply in garbage:
             episode, _ = self._reset(record, self.seed)
-            self._step(episode, reply, f"record {record.id}, garbage reply {reply[:20]!r}")
-        cycle = GARBAGE_REPLIES[:2] + GARBAGE_REPLIES[3:]
+            self._step(episode, reply, f"record {record.id}, garbage reply {_shown(reply)}")
+        cycle = [reply for reply in garbage if reply is not GARBAGE_REPLIES[2]]
         self.play(record, self.seed, lambda _history, turn: cycle[turn % len(cycle)])
-        return f"{len(GARBAGE_REPLIES)} kinds of garbage, and a whole episode of it"
+        return f"{len(garbage)} kinds of garbage, and a whole episode of it"
 
     def isolated(self) -> str:
         alone = self._transcripts()
@@ -294,7 +341,7 @@ class _Kit:
                 reply = replies(history, turn)
                 result = self._step(episode, reply, f"record {self.records[index].id}, turn {turn}")
                 transcript.steps.append((reply, result.messages, float(result.reward), result.done))
-                history += [{"role": "assistant", "content": reply}, *result.messages]
+                history += [Reply.of(reply).message, *result.messages]
                 if result.done:
                     active.remove(index)
         interleaved = [transcript for _, transcript, _, _ in episodes]
@@ -323,6 +370,10 @@ class _Kit:
         ordered = sorted(self.durations)
         pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000  # noqa: E731
         return {"p50": pick(0.5), "p99": pick(0.99), "steps": float(len(ordered))}
+
+
+def _shown(reply: str | Message) -> str:
+    return repr(reply[:40] if isinstance(reply, str) else json.dumps(reply)[:60])
 
 
 def _difference(a: Transcript, b: Transcript) -> str:

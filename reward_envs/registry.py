@@ -20,7 +20,10 @@ from reward_envs.interface import Environment
 
 Factory = Callable[..., Environment]
 
-_REGISTRY: dict[str, Factory | str] = {"wordle": "reward_envs.wordle"}
+_REGISTRY: dict[str, Factory | str] = {
+    "wordle": "reward_envs.wordle",
+    "support_desk": "reward_envs.support_desk",
+}
 
 
 class EnvironmentNotFound(LookupError):

@@ -232,7 +232,13 @@ class Proxy:
     def _enqueue(
         self, run: RouterRegistration, sample_id: str, step_id: str, request: ChatCompletionRequest
     ) -> None:
-        generate = GenerateRequest(sample_id=sample_id, step_id=step_id, messages=request.messages)
+        generate = GenerateRequest(
+            sample_id=sample_id,
+            step_id=step_id,
+            messages=request.messages,
+            tools=request.tools,
+            tool_choice=request.tool_choice,
+        )
         self.sqs.send_message(
             QueueUrl=run.queues[QueueKind.GENERATE_REQUESTS],
             MessageBody=dump(generate),

@@ -12,7 +12,8 @@ import time
 import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from reward_envs.interface import Message
 
@@ -28,27 +29,54 @@ class ModelTimeout(ModelError):
 class ModelClient(ABC):
     @abstractmethod
     def chat(
-        self, messages: Sequence[Message], *, sample_id: str, step_id: str, timeout: float
-    ) -> str:
-        """The assistant's reply to `messages`, within `timeout` seconds."""
+        self,
+        messages: Sequence[Message],
+        *,
+        sample_id: str,
+        step_id: str,
+        timeout: float,
+        tools: Sequence[Mapping[str, Any]] = (),
+    ) -> Message:
+        """The assistant's message answering `messages` (text, tool calls or both), within
+        `timeout` seconds; `tools`: the OpenAI tool definitions the model may call."""
+
+
+def assistant_message(completion: Any, step_id: str) -> Message:
+    """`choices[0].message` of an OpenAI chat completion, as the server sent it."""
+    try:
+        message = completion["choices"][0]["message"]
+    except (KeyError, IndexError, TypeError) as error:
+        raise ModelError(f"{step_id}: completion has no choices[0].message") from error
+    if not isinstance(message, dict) or not isinstance(message.get("content"), str | None):
+        raise ModelError(f"{step_id}: choices[0].message is not an assistant message")
+    return {**message, "role": "assistant"}
 
 
 class CallableModel(ModelClient):
-    """A model that is a Python function of the conversation."""
+    """A model that is a Python function of the conversation (its text, or its whole message)."""
 
-    def __init__(self, reply: Callable[[Sequence[Message]], str], *, delay: float = 0.0) -> None:
+    def __init__(
+        self, reply: Callable[[Sequence[Message]], str | Message], *, delay: float = 0.0
+    ) -> None:
         self._reply = reply
         self._delay = delay
 
     def chat(
-        self, messages: Sequence[Message], *, sample_id: str, step_id: str, timeout: float
-    ) -> str:
+        self,
+        messages: Sequence[Message],
+        *,
+        sample_id: str,
+        step_id: str,
+        timeout: float,
+        tools: Sequence[Mapping[str, Any]] = (),
+    ) -> Message:
         if self._delay:
             if self._delay > timeout:
                 time.sleep(max(0.0, timeout))
                 raise ModelTimeout(f"{step_id}: no reply within {timeout:.1f} s")
             time.sleep(self._delay)
-        return self._reply(messages)
+        reply = self._reply(messages)
+        return {"role": "assistant", "content": reply} if isinstance(reply, str) else reply
 
 
 class OpenAICompatibleClient(ModelClient):
@@ -61,18 +89,25 @@ class OpenAICompatibleClient(ModelClient):
         self._max_tokens = max_tokens
 
     def chat(
-        self, messages: Sequence[Message], *, sample_id: str, step_id: str, timeout: float
-    ) -> str:
+        self,
+        messages: Sequence[Message],
+        *,
+        sample_id: str,
+        step_id: str,
+        timeout: float,
+        tools: Sequence[Mapping[str, Any]] = (),
+    ) -> Message:
         if timeout <= 0:
             raise ModelTimeout(f"{step_id}: no time left")
-        body = json.dumps(
-            {
-                "model": self._model,
-                "messages": list(messages),
-                "max_tokens": self._max_tokens,
-                "user": sample_id,
-            }
-        ).encode()
+        request: dict[str, Any] = {
+            "model": self._model,
+            "messages": list(messages),
+            "max_tokens": self._max_tokens,
+            "user": sample_id,
+        }
+        if tools:
+            request["tools"] = list(tools)
+        body = json.dumps(request).encode()
         headers = {"Content-Type": "application/json"}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
@@ -90,8 +125,4 @@ class OpenAICompatibleClient(ModelClient):
             raise ModelError(f"{step_id}: cannot reach {self._url}: {error.reason}") from error
         except json.JSONDecodeError as error:
             raise ModelError(f"{step_id}: response is not JSON") from error
-        try:
-            content = payload["choices"][0]["message"]["content"]
-        except (KeyError, IndexError, TypeError) as error:
-            raise ModelError(f"{step_id}: response has no choices[0].message.content") from error
-        return content if isinstance(content, str) else ""
+        return assistant_message(payload, step_id)

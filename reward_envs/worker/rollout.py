@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from domain.protocol import Metric, RolloutRequest, RolloutResponse
-from reward_envs.interface import Environment, Message, Record
+from reward_envs.interface import Environment, Record, Reply
 from reward_envs.worker.model_client import ModelClient, ModelError
 
 
@@ -78,11 +78,15 @@ def run_rollout(
             )
         began = clock()
         try:
-            reply = model.chat(
-                history,
-                sample_id=request.sample_id,
-                step_id=f"{request.sample_id}_{turn}",
-                timeout=remaining,
+            reply = Reply.of(
+                model.chat(
+                    history,
+                    sample_id=request.sample_id,
+                    step_id=f"{request.sample_id}_{turn}",
+                    timeout=remaining,
+                    tools=environment.tools,
+                ),
+                environment.tools,
             )
         except ModelError as error:
             return respond("timeout", None, f"model: {error}")
@@ -90,21 +94,17 @@ def run_rollout(
             timings["model_seconds"] += clock() - began
         began = clock()
         try:
-            result = episode.step(reply)
+            result = episode.act(reply)
         except Exception as error:  # noqa: BLE001
             return respond("env_error", None, f"step {turn}: {type(error).__name__}: {error}")
         finally:
             timings["env_seconds"] += clock() - began
         rewards.append(float(result.reward))
         info = result.info
-        history += [_assistant(reply), *result.messages]
+        history += [reply.message, *result.messages]
         if result.done:
             return respond("end_of_conversation", environment.aggregate(rewards))
     return respond("max_turns", environment.aggregate(rewards))
-
-
-def _assistant(content: str) -> Message:
-    return {"role": "assistant", "content": content}
 
 
 def _numeric(value: Any) -> bool:

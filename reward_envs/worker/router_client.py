@@ -13,7 +13,7 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from botocore.auth import SigV4Auth
@@ -22,7 +22,12 @@ from botocore.credentials import Credentials
 
 from domain.protocol import RolloutReport, RolloutResponse, run_base_url
 from reward_envs.interface import Message
-from reward_envs.worker.model_client import ModelClient, ModelError, ModelTimeout
+from reward_envs.worker.model_client import (
+    ModelClient,
+    ModelError,
+    ModelTimeout,
+    assistant_message,
+)
 from reward_envs.worker.queues import Delivery, SqsRolloutQueues
 
 
@@ -45,10 +50,18 @@ class RouterClient(ModelClient):
         self._sleep = sleep
 
     def chat(
-        self, messages: Sequence[Message], *, sample_id: str, step_id: str, timeout: float
-    ) -> str:
+        self,
+        messages: Sequence[Message],
+        *,
+        sample_id: str,
+        step_id: str,
+        timeout: float,
+        tools: Sequence[Mapping[str, Any]] = (),
+    ) -> Message:
         deadline = self._clock() + timeout
-        body = {"messages": list(messages), "sample_id": sample_id}
+        body: dict[str, Any] = {"messages": list(messages), "sample_id": sample_id}
+        if tools:
+            body["tools"] = list(tools)
         status, answer = self._call("POST", "/v1/chat/completions", body, deadline)
         pause = 0.05
         while status == 202:
@@ -64,11 +77,7 @@ class RouterClient(ModelClient):
                 status = 202
             elif status == 200:
                 answer = answer["result"]
-        try:
-            content = answer["choices"][0]["message"]["content"]
-        except (KeyError, IndexError, TypeError) as error:
-            raise ModelError(f"{step_id}: completion has no choices[0].message.content") from error
-        return content if isinstance(content, str) else ""
+        return assistant_message(answer, step_id)
 
     def report(self, response: RolloutResponse, *, request_id: str, timeout: float = 30.0) -> bool:
         """Report a finished rollout; True when it was recorded now, False for a duplicate."""

@@ -271,3 +271,42 @@ def test_off_a_terminal_the_cli_prints_a_line_per_state_and_per_step(
     assert any(line.startswith("  cost: $0 here; on AWS this config costs $") for line in lines)
     trainer_log = (run_directory / "logs" / "trainer.log").read_text()
     assert "step 3/3: mean reward" in trainer_log and "final checkpoint saved" in trainer_log
+
+
+def test_the_support_desk_agent_example_trains_with_tool_calls_end_to_end(
+    tmp_path: Path, template: dict
+) -> None:
+    """The whole tool-calling path offline: the local policy answers generate requests with tool
+    calls, the router carries them, the reward workers run the support desk's tools; the run
+    succeeds, learns, evaluates and leaves nothing."""
+    example = EXAMPLE.parent / "support_desk"
+    config = yaml.safe_load((example / "config.yaml").read_text())
+    config.update(
+        global_batch_size=16, max_steps=3, reward_workers=1, eval_max_records=6, eval_samples=2
+    )
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    outcome, directory = run_local(
+        LocalRunOptions(example / "train.jsonl", config=str(path), out_dir=tmp_path),
+        template=template,
+        timeout_seconds=300,
+    )
+    assert outcome.status == "SUCCEEDED", (outcome.error, outcome.cause)
+    report = json.loads((directory / "report.json").read_text())
+    assert report["leftover"]["total"] == 0
+    trained = [
+        json.loads(line)
+        for line in (directory / "outputs" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [m["rollouts"] for m in trained] == [16, 16, 16]
+    # Every episode took turns (tool calls answered by tool messages); success is counted.
+    assert all(m["turns_per_episode"] > 1 and m["win_rate"] is not None for m in trained)
+    assert trained[-1]["mean_reward"] > trained[0]["mean_reward"]
+    episodes = [
+        json.loads(line)
+        for stage in ("baseline", "final")
+        for line in (directory / "outputs" / "evaluation" / f"{stage}.jsonl")
+        .read_text()
+        .splitlines()
+    ]
+    assert len(episodes) == 24 and all(e["stop_reason"] == "end_of_conversation" for e in episodes)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -67,17 +67,20 @@ class Router:
 
     @contextmanager
     def serving(
-        self, *, wait_seconds: float
+        self,
+        *,
+        wait_seconds: float,
+        reply: Callable[[GenerateRequest], str | dict[str, Any]] | None = None,
     ) -> Iterator[tuple[FunctionUrlServer, ScriptedTrainer]]:
         """The run's router at work: a proxy behind a Function URL on loopback, a scripted
-        trainer answering generate requests with `scripted_guess`, and the consumer fed by the
-        generate-responses queue. The trainer is stopped on the way out."""
+        trainer answering generate requests with `reply` (default `scripted_guess`), and the
+        consumer fed by the generate-responses queue. The trainer is stopped on the way out."""
         proxy = Proxy(self.store, self.sqs, wait_seconds=wait_seconds)
         trainer = ScriptedTrainer(
             self.sqs,
             requests_url=self.queues.generate_requests,
             responses_url=self.queues.generate_responses,
-            reply=scripted_guess,
+            reply=reply or scripted_guess,
         )
         with (
             FunctionUrlServer(lambda event, _context: proxy.handle(event)) as url,

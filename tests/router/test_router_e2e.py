@@ -4,52 +4,65 @@ generate-response queue -> consumer -> conversation table -> back to the workers
 
 from __future__ import annotations
 
-from collections import Counter
+import json
+from collections import Counter, defaultdict
 
 from botocore.credentials import Credentials
 
-from domain.protocol import RolloutRequest, RolloutResponse, dump, parse
+from domain.protocol import GenerateRequest, RolloutRequest, RolloutResponse, dump, parse
+from reward_envs import support_desk
+from reward_envs.interface import Environment
 from reward_envs.wordle import load_environment
 from reward_envs.worker.router_client import RouterClient, RouterRolloutQueues
 from reward_envs.worker.settings import WorkerSettings
-from reward_envs.worker.worker import RewardWorker
+from reward_envs.worker.worker import RewardWorker, WorkerStats
 from tests.router.conftest import RUN, TOKEN, Router
 
 ROLLOUTS = int(__import__("os").environ.get("E2E_ROLLOUTS", "100"))
 
 
+def enqueue(router: Router, request: RolloutRequest, number: int) -> None:
+    router.sqs.send_message(
+        QueueUrl=router.queues.rollout_requests,
+        MessageBody=dump(request),
+        MessageGroupId=request.sample_id,
+        MessageDeduplicationId=str(number),
+    )
+
+
+def work(router: Router, url: str, environment: Environment) -> WorkerStats:
+    """A reward worker on the run's queues, through the router at `url`, until idle."""
+    queues = router.queues
+    client = RouterClient(
+        url,
+        run_id=RUN,
+        run_token=TOKEN,
+        region="us-east-1",
+        credentials=lambda: Credentials("AKIDTEST", "secret"),
+    )
+    settings = WorkerSettings(
+        rollout_request_queue_url=queues.rollout_requests,
+        rollout_response_queue_url=queues.rollout_responses,
+        dead_letter_queue_url=queues.dlq,
+        wait_seconds=0,
+        rollout_timeout_seconds=60,
+    )
+    reporting = RouterRolloutQueues(
+        router.sqs, client, requests_url=queues.rollout_requests, dead_letter_url=queues.dlq
+    )
+    worker = RewardWorker(
+        queues=reporting, environment=environment, model=client, settings=settings
+    )
+    return worker.run(exit_when_idle=True)
+
+
 def test_a_hundred_rollouts_each_answered_once_and_every_turn_recorded_once(router: Router) -> None:
-    sqs, queues = router.sqs, router.queues
+    queues = router.queues
     for index in range(ROLLOUTS):
         request = RolloutRequest(sample_id=f"rec{index}_0", data={"answer": "crane"})
-        sqs.send_message(
-            QueueUrl=queues.rollout_requests,
-            MessageBody=dump(request),
-            MessageGroupId=request.sample_id,
-            MessageDeduplicationId=str(index),
-        )
+        enqueue(router, request, index)
     with router.serving(wait_seconds=0.2) as (url_server, trainer):
-        client = RouterClient(
-            url_server.url,
-            run_id=RUN,
-            run_token=TOKEN,
-            region="us-east-1",
-            credentials=lambda: Credentials("AKIDTEST", "secret"),
-        )
-        settings = WorkerSettings(
-            rollout_request_queue_url=queues.rollout_requests,
-            rollout_response_queue_url=queues.rollout_responses,
-            dead_letter_queue_url=queues.dlq,
-            wait_seconds=0,
-            rollout_timeout_seconds=60,
-        )
-        reporting = RouterRolloutQueues(
-            sqs, client, requests_url=queues.rollout_requests, dead_letter_url=queues.dlq
-        )
-        worker = RewardWorker(
-            queues=reporting, environment=load_environment(), model=client, settings=settings
-        )
-        stats = worker.run(exit_when_idle=True)
+        stats = work(router, url_server.url, load_environment())
     responses = [
         parse(RolloutResponse, m["Body"]) for m in router.messages(queues.rollout_responses)
     ]
@@ -74,3 +87,42 @@ def test_a_hundred_rollouts_each_answered_once_and_every_turn_recorded_once(rout
         "stuck": 0,
     }
     assert not router.messages(queues.dlq) and router.consumer.counters.duplicates == 0
+
+
+def test_tool_calls_travel_the_router_unchanged_both_ways(router: Router) -> None:
+    """Support-desk cases worked by the oracle as the trainer: every assistant turn (tool calls,
+    `content: null`) and every tool answer comes back in the next generate request as the same
+    JSON, with the environment's tool definitions; every case is solved."""
+    environment = support_desk.load_environment()
+    queues = router.queues
+    cases = 6
+    for index in range(cases):
+        request = RolloutRequest(
+            sample_id=f"desk{index}_0", data=dict(support_desk.record_for(index).metadata)
+        )
+        enqueue(router, request, index)
+    seen: dict[str, list[tuple[dict, dict]]] = defaultdict(list)  # sample -> (request, reply)
+
+    def oracle(request: GenerateRequest) -> dict:
+        sent = json.loads(dump(request))  # the request as it came off the queue
+        reply = support_desk.oracle_reply(sent["messages"])
+        seen[request.sample_id].append((sent, reply))
+        return reply
+
+    with router.serving(wait_seconds=0.2, reply=oracle) as (url_server, _trainer):
+        work(router, url_server.url, environment)
+    responses = [
+        parse(RolloutResponse, m["Body"]) for m in router.messages(queues.rollout_responses)
+    ]
+    assert sorted(r.aggregate_score for r in responses) == [1.0] * cases
+    assert len(seen) == cases
+    tools = json.loads(json.dumps(list(environment.tools)))
+    for turns in seen.values():
+        assert any(reply["content"] is None and reply["tool_calls"] for _, reply in turns)
+        for (sent, reply), (following, _) in zip(turns, turns[1:], strict=False):
+            assert sent["tools"] == tools
+            held = len(sent["messages"])
+            assert following["messages"][:held] == sent["messages"]
+            assert following["messages"][held] == reply  # exactly what the trainer sent
+            assert following["messages"][held + 1]["role"] == "tool"
+            assert following["messages"][held + 1]["tool_call_id"] == reply["tool_calls"][0]["id"]

@@ -13,7 +13,7 @@ import numpy as np
 
 from mtrl.local.trainer.grpo import Adam, Episode, group_advantages, objective_and_gradient
 from mtrl.local.trainer.policy import Decision, Policy
-from reward_envs.interface import Environment, Record
+from reward_envs.interface import Environment, Record, Reply
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,10 @@ def play(
     while True:
         decision = policy.decide(params, messages, rng)
         decisions.append(decision)
-        result = episode.step(decision.text)
+        reply = Reply.of(decision.reply, environment.tools)
+        result = episode.act(reply)
         rewards.append(result.reward)
-        messages += [{"role": "assistant", "content": decision.text}, *result.messages]
+        messages += [reply.message, *result.messages]
         if result.done:
             return decisions, environment.aggregate(rewards)
 

@@ -167,7 +167,7 @@ class PolicyServer:
                 data={
                     "choices": [
                         Choice(
-                            message={"role": "assistant", "content": decision.text},
+                            message=decision.message,
                             finish_reason="stop",
                             logprobs={
                                 "content": [{"token": decision.text, "logprob": decision.logprob}]

@@ -184,8 +184,9 @@ class Trainer:
                 rewards.append(float(score))
                 metrics = {m.name: m.value for m in responses[sample].metrics}
                 turns.append(metrics.get("turns", 0.0))
-                if "env/won" in metrics:
-                    wins.append(metrics["env/won"])
+                succeeded = responses[sample].succeeded  # the environment's success flag
+                if succeeded is not None:
+                    wins.append(float(succeeded))
         if not rewards:
             raise TrainingFailed(f"step {step}: no group had two rewarded rollouts")
         settings = self.config.local_policy

@@ -10,6 +10,7 @@ to winning Wordle most of the time, which is what a local run needs to show.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from reward_envs.interface import Message
+from reward_envs.support_desk.notes import Notes, call, read_notes
 from reward_envs.wordle import words
 from reward_envs.wordle.env import read_feedback
 from reward_envs.wordle.solver import encode, pattern_matrix
@@ -24,12 +26,25 @@ from reward_envs.wordle.solver import encode, pattern_matrix
 
 @dataclass(frozen=True)
 class Decision:
-    """One reply: the candidates' features, the one chosen, and its log-probability then."""
+    """One reply (text, or an assistant message with tool calls): the candidates' features, the
+    one chosen, and its log-probability then."""
 
-    text: str
+    reply: str | Message
     features: np.ndarray  # (candidates, features), float32
     choice: int
     logprob: float
+
+    @property
+    def message(self) -> Message:
+        """The reply as the assistant message a model server answers with."""
+        if isinstance(self.reply, str):
+            return {"role": "assistant", "content": self.reply}
+        return self.reply
+
+    @property
+    def text(self) -> str:
+        """The reply as one token's text (the local policy samples a reply as one token)."""
+        return self.reply if isinstance(self.reply, str) else json.dumps(self.reply, sort_keys=True)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -47,8 +62,8 @@ class Policy(ABC):
         """Each candidate's features after `messages`, shape (candidates, len(feature_names))."""
 
     @abstractmethod
-    def reply(self, choice: int) -> str:
-        """The text of candidate `choice`."""
+    def reply(self, choice: int, messages: Sequence[Message]) -> str | Message:
+        """Candidate `choice` after `messages`: its text, or its assistant message."""
 
     def initial_params(self) -> np.ndarray:
         """All zeros: every candidate equally likely (a policy that knows nothing)."""
@@ -60,7 +75,7 @@ class Policy(ABC):
         features = self.features(messages)
         logprobs = log_softmax(features @ params)
         choice = int(rng.choice(len(logprobs), p=np.exp(logprobs)))
-        return Decision(self.reply(choice), features, choice, float(logprobs[choice]))
+        return Decision(self.reply(choice, messages), features, choice, float(logprobs[choice]))
 
 
 class WordlePolicy(Policy):
@@ -84,7 +99,7 @@ class WordlePolicy(Policy):
         np.put_along_axis(self._has, letters.astype(np.int64), 1.0, axis=1)
         self._distinct = self._has.sum(axis=1)
 
-    def reply(self, choice: int) -> str:
+    def reply(self, choice: int, messages: Sequence[Message]) -> str:
         return f"[{self.words[choice]}]"
 
     def features(self, messages: Sequence[Message]) -> np.ndarray:
@@ -116,7 +131,88 @@ class WordlePolicy(Policy):
         return pattern_matrix([guess], self.words)[0]
 
 
-POLICIES: dict[str, Callable[[], Policy]] = {"wordle": WordlePolicy}
+class SupportDeskPolicy(Policy):
+    """Candidates: the support desk's actions, filled in from what the conversation has shown
+    (reward_envs/support_desk/notes.py) — look up the order, the customer, the tier's policy;
+    refund the order in full; finish refunded or denied; or answer in words. Features:
+
+    - gathers: it looks up something the decision needs and is not known yet;
+    - repeats: it looks up what is already known (a wasted call);
+    - premature: it refunds or finishes before everything is known;
+    - by_policy: it is what the known facts call for (refund when allowed and not done yet,
+      finish as the facts say once the refund is done or not allowed);
+    - against_policy: a refund or a finish the known facts contradict;
+    - retries: it refunds again after the refund service failed transiently;
+    - words: it calls no tool.
+    """
+
+    feature_names = (
+        "gathers", "repeats", "premature", "by_policy", "against_policy", "retries", "words",
+    )  # fmt: skip
+    ACTIONS = (
+        "get_order", "get_customer", "get_refund_policy", "issue_refund", "finish_refunded",
+        "finish_denied", "words",
+    )  # fmt: skip
+
+    def features(self, messages: Sequence[Message]) -> np.ndarray:
+        notes = read_notes(messages)
+        allowed = notes.refund_allowed()
+        rows = []
+        for action in self.ACTIONS:
+            known = self._known(notes, action)
+            deciding = action in ("issue_refund", "finish_refunded", "finish_denied")
+            wanted = {
+                "issue_refund": allowed is True and not notes.refund_issued,
+                "finish_refunded": allowed is True and notes.refund_issued,
+                "finish_denied": allowed is False,
+            }.get(action, False)
+            contradicted = deciding and allowed is not None and not wanted
+            rows.append([
+                known is False,
+                known is True,
+                deciding and allowed is None,
+                wanted,
+                contradicted,
+                action == "issue_refund" and notes.last_refund_transient and allowed is True,
+                action == "words",
+            ])  # fmt: skip
+        return np.asarray(rows, dtype=np.float32)
+
+    @staticmethod
+    def _known(notes: Notes, action: str) -> bool | None:
+        """Whether what a look-up action fetches is known already (None: not a look-up)."""
+        return {
+            "get_order": notes.order is not None,
+            "get_customer": notes.customer is not None,
+            "get_refund_policy": notes.policy is not None,
+        }.get(action)
+
+    def reply(self, choice: int, messages: Sequence[Message]) -> str | Message:
+        notes, action = read_notes(messages), self.ACTIONS[choice]
+        turn = f"call_{len(messages)}"
+        order, customer = notes.order or {}, notes.customer or {}
+        match action:
+            case "get_order":
+                return call(turn, action, order_id=notes.order_id or "")
+            case "get_customer":
+                return call(turn, action, customer_id=notes.customer_id or "")
+            case "get_refund_policy":
+                return call(turn, action, tier=customer.get("tier", "standard"))
+            case "issue_refund":
+                amount = order.get("amount_cents", 1)
+                return call(turn, action, order_id=notes.order_id or "", amount_cents=amount)
+            case "finish_refunded" | "finish_denied":
+                decision = action.removeprefix("finish_")
+                return call(
+                    turn, "finish", decision=decision, message=f"Your request is {decision}."
+                )
+        return "Let me look into this for you."
+
+
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "wordle": WordlePolicy,
+    "support_desk": SupportDeskPolicy,
+}
 
 
 class NoLocalPolicy(LookupError):

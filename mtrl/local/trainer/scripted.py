@@ -1,6 +1,7 @@
 """A scripted trainer: the generate side of the rollout protocol with no policy at all.
 
-Each generate request is answered at once with `reply(request)`; no logprobs, no learning. The
+Each generate request is answered at once with `reply(request)` (the assistant's text, or its
+whole message: tool calls included); no logprobs, no learning. The
 router's end-to-end test and benchmark use it, so the time they measure is the router's own.
 """
 
@@ -20,7 +21,7 @@ class ScriptedTrainer(threading.Thread):
         *,
         requests_url: str,
         responses_url: str,
-        reply: Callable[[GenerateRequest], str],
+        reply: Callable[[GenerateRequest], str | dict[str, Any]],
         wait_seconds: int = 0,
     ) -> None:
         """`wait_seconds`: the long poll; 0 polls briefly and pauses when the queue is empty."""
@@ -41,13 +42,16 @@ class ScriptedTrainer(threading.Thread):
                 self.stop.wait(0.01)
             for message in messages:
                 request = parse(GenerateRequest, message["Body"])
+                reply = self.reply(request)
+                if isinstance(reply, str):
+                    reply = {"role": "assistant", "content": reply}
                 response = GenerateResponse(
                     sample_id=request.sample_id,
                     step_id=request.step_id,
                     data={
                         "choices": [
                             {
-                                "message": {"role": "assistant", "content": self.reply(request)},
+                                "message": reply,
                                 "finish_reason": "stop",
                             }
                         ]
