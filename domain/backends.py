@@ -79,6 +79,9 @@ def worker_environment(run: RunContext) -> dict[str, str]:
         "MTRL_ROUTER_URL": run.router_url or "",
         "MTRL_RUN_ID": run.run_id,
         "MTRL_ENVIRONMENT": config.environment,
+        "MTRL_ENVIRONMENT_ARGS": json.dumps(config.environment_args)
+        if config.environment_args
+        else "",
         "MTRL_CONCURRENCY": str(config.rollout_concurrency),
         "MTRL_ROLLOUT_TIMEOUT_SECONDS": str(config.rollout_timeout_seconds),
         "MTRL_MAX_TURNS": str(config.max_turns),

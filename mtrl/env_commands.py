@@ -19,7 +19,7 @@ from rich.text import Text
 from domain.dataset import DatasetValidator
 from mtrl.console import fail, out
 from reward_envs.conformance import check_environment
-from reward_envs.interface import Message, Record, Reply
+from reward_envs.interface import Environment, Message, Record, Reply
 from reward_envs.registry import EnvironmentNotFound, load
 
 env_app = typer.Typer(help="Create, check and play reward environments.", no_args_is_help=True)
@@ -34,14 +34,38 @@ _TEMPLATE_FILES = {
 }
 
 
-def _load(spec: str):
+# `--arg KEY=VALUE`, repeatable: what a training config's environment_args gives the environment.
+Arguments = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--arg",
+        help="An argument of the environment's load_environment, KEY=VALUE (VALUE as JSON when "
+        "it parses, else text); repeat it for more. A config's environment_args.",
+    ),
+]
+
+
+def _load(spec: str, arguments: list[str] | None = None) -> Environment:
     # Like `python -m`, the current folder is importable, so `mtrl env check mypkg` finds ./mypkg.
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
-        return load(spec)
+        return load(spec, **_parsed(arguments or []))
     except EnvironmentNotFound as missing:
         raise fail(str(missing)) from None
+
+
+def _parsed(arguments: list[str]) -> dict[str, Any]:
+    parsed: dict[str, Any] = {}
+    for argument in arguments:
+        key, equals, value = argument.partition("=")
+        if not equals or not key.isidentifier():
+            raise fail(f"--arg {argument!r}: give KEY=VALUE, e.g. --arg url=http://localhost:8000")
+        try:
+            parsed[key] = json.loads(value)
+        except json.JSONDecodeError:
+            parsed[key] = value
+    return parsed
 
 
 def _records(path: Path) -> list[Record]:
@@ -78,9 +102,10 @@ def check(
     ] = 16,
     seed: Annotated[int, typer.Option(help="Seed for records and replies.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    arguments: Arguments = None,
 ) -> None:
     """Run the conformance kit; exit 1 when any check fails."""
-    environment = _load(spec)
+    environment = _load(spec, arguments)
     records = _records(data) if data else None
     report = check_environment(environment, records, episodes=episodes, seed=seed)
     if as_json:
@@ -134,10 +159,11 @@ def records(
     output: Annotated[
         Path | None, typer.Option("--out", help="Write the .jsonl here (default: stdout).")
     ] = None,
+    arguments: Arguments = None,
 ) -> None:
     """Write a dataset of the environment's example records (Nova's record format, with the
     environment's tool definitions when it has any), checked as `mtrl validate` checks it."""
-    environment = _load(spec)
+    environment = _load(spec, arguments)
     try:
         drawn = environment.example_records(count, seed=seed)
     except NotImplementedError as missing:
@@ -187,9 +213,10 @@ def play(
         str | None, typer.Option(help="The record's metadata.answer (e.g. the secret word).")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed for the episode.")] = 0,
+    arguments: Arguments = None,
 ) -> None:
     """Play one episode by hand: you are the model."""
-    environment = _load(spec)
+    environment = _load(spec, arguments)
     metadata = {"answer": answer} if answer is not None else {}
     try:
         episode, messages = environment.reset(

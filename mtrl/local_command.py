@@ -281,7 +281,7 @@ def _preflight(prepared: Any, endpoint: str, model: str, limit: int, out_dir: Pa
         chosen = [record for _, record in zip(range(limit), read_records(stream), strict=False)]
     err.print(f"preflight: {len(chosen)} records x {config.group_size} rollouts against {endpoint}")
     result = preflight(
-        load(config.environment),
+        load(config.environment, **config.environment_args),
         OpenAICompatibleClient(endpoint, model),
         chosen,
         group_size=config.group_size,

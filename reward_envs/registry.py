@@ -23,6 +23,7 @@ Factory = Callable[..., Environment]
 _REGISTRY: dict[str, Factory | str] = {
     "wordle": "reward_envs.wordle",
     "support_desk": "reward_envs.support_desk",
+    "openenv": "reward_envs.openenv",
 }
 
 
@@ -48,7 +49,7 @@ def load(spec: str, **kwargs: Any) -> Environment:
     """The environment that `spec` names, built with `kwargs`."""
     target = _REGISTRY.get(spec, spec)
     if callable(target):
-        return _checked(target(**kwargs), spec)
+        return _checked(_built(target, kwargs, spec), spec)
     module = _import(target)
     entry = getattr(module, "load_environment", None)
     if not callable(entry):
@@ -56,7 +57,16 @@ def load(spec: str, **kwargs: Any) -> Environment:
             f"{spec}: module {module.__name__} has no load_environment(**kwargs); add one that "
             "returns your Environment (see `mtrl env new`)"
         )
-    return _checked(entry(**kwargs), spec)
+    return _checked(_built(entry, kwargs, spec), spec)
+
+
+def _built(factory: Factory, kwargs: dict[str, Any], spec: str) -> Environment:
+    """The factory's environment; arguments it refuses are the caller's to fix, not a crash."""
+    try:
+        return factory(**kwargs)
+    except (TypeError, ValueError) as refused:
+        given = ", ".join(sorted(kwargs)) or "none"
+        raise EnvironmentNotFound(f"{spec}: {refused} (arguments given: {given})") from None
 
 
 def _import(target: str) -> ModuleType:

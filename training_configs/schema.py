@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
 Recipe = Literal["RFT_MULTITURN_LORA", "RFT_MULTITURN_FULL"]
 SHIPPED = ("rft_multiturn_lora", "rft_multiturn_full")
@@ -75,6 +75,10 @@ class TrainingConfig(BaseModel):
         description="scale the reward fleet out to this many workers on backlog (default: no scaling)",
     )
     environment: str = Field(default="wordle", min_length=1)
+    environment_args: dict[str, JsonValue] = Field(
+        default={},
+        description="the environment's load_environment arguments (e.g. openenv's url)",
+    )
     deadline_hours: float = Field(gt=0.0, le=MAX_DEADLINE_HOURS)
     budget_usd: float = Field(gt=0.0)
     scale_to_zero: bool = True

@@ -188,7 +188,7 @@ class LocalTrainingCluster(TrainingCluster):
         job_id = f"{run.run_id}-{name}"
         if (run.run_id, name) in self._jobs:
             return job_id
-        environment = load(run.training.environment)
+        environment = load(run.training.environment, **run.training.environment_args)
         job = TrainingJob(
             run_id=run.run_id,
             bucket=run.bucket,

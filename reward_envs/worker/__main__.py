@@ -47,9 +47,9 @@ def main() -> int:
         )
         return 2
     try:
-        environment = load(settings.environment)
+        environment = load(settings.environment, **settings.environment_args)
     except EnvironmentNotFound as missing:
-        print(f"reward worker: MTRL_ENVIRONMENT: {missing}", file=sys.stderr)
+        print(f"reward worker: MTRL_ENVIRONMENT(_ARGS): {missing}", file=sys.stderr)
         return 2
     queues, model = _model_and_queues(settings)
     worker = RewardWorker(queues=queues, environment=environment, model=model, settings=settings)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -13,6 +15,7 @@ class WorkerSettings(BaseSettings):
     rollout_response_queue_url: str | None = None
     dead_letter_queue_url: str | None = None
     environment: str = "wordle"
+    environment_args: dict[str, Any] = {}  # JSON: the environment's load_environment arguments
     concurrency: int = Field(default=16, ge=1, le=512)
     rollout_timeout_seconds: float = Field(default=600.0, gt=0)
     max_turns: int | None = Field(default=None, ge=1)

@@ -50,14 +50,17 @@ def test_the_image_carries_what_the_worker_and_its_environments_import(tmp_path:
     packages = _packages()
     assert set(packages) == {"domain", "reward_envs"}
     assert f"COPY {REQUIREMENTS_FILE} " in DOCKERFILE
-    # The built-in environments: what the registry knows in a fresh process.
+    # The built-in environments: what the registry knows in a fresh process (OpenEnv's needs
+    # its server's address; it connects only when an episode starts).
     load_all = (
-        "from reward_envs.registry import load, registered\nfor name in registered(): load(name)"
+        "from reward_envs.registry import load, registered\n"
+        "arguments = {'openenv': {'url': 'http://localhost:8000'}}\n"
+        "for name in registered(): load(name, **arguments.get(name, {}))"
     )
     imported = third_party_imports(
         packages, {"reward_envs.worker.__main__"}, tmp_path, code=load_all
     )
-    assert {"boto3", "pydantic", "pydantic_settings"} <= imported
+    assert {"boto3", "pydantic", "pydantic_settings", "websockets"} <= imported
     # botocore tries certifi for its CA bundle and falls back to its own when it is missing.
     assert_installed(imported - {"certifi"}, _requirements())
 
