@@ -102,6 +102,15 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/pipeline/test_pipeline_steps.py",
     ),
     "reward_envs/worker/worker.py": ("tests/reward_envs/test_worker.py",),
+    # What a conversation is on the wire: a dropped null or tool call breaks every agent run.
+    "domain/chat.py": ("tests/domain/test_chat.py", "tests/mtrl/test_dataset.py"),
+    # How a model's tool calls reach an environment, and what the agent environment pays.
+    "reward_envs/interface.py": (
+        "tests/reward_envs/test_support_desk.py",
+        "tests/reward_envs/test_conformance.py",
+    ),
+    "reward_envs/support_desk/env.py": ("tests/reward_envs/test_support_desk.py",),
+    "reward_envs/openenv/__init__.py": ("tests/reward_envs/test_openenv.py",),
     "mtrl/local/trainer/grpo.py": ("tests/local/test_grpo.py", "tests/local/test_trainer.py"),
     "stacks/components/pipeline_states.py": ("tests/pipeline/test_pipeline_definition.py",),
 }

@@ -51,6 +51,9 @@ RULES = (
 )
 
 
+# What a record shows before the rules (a dataset record needs a prompt: domain/dataset.py).
+EXAMPLE_PROMPT = "You are playing Wordle. Think briefly, then guess."
+
 _FEEDBACK_LINE = re.compile(r"^([A-Z]{5}): ([GYX](?: [GYX]){4})$", re.MULTILINE)
 
 
@@ -172,7 +175,14 @@ class WordleEnvironment(Environment):
     def example_records(self, count: int, *, seed: int = 0) -> list[Record]:
         rng = random.Random(seed)
         return [
-            Record(id=f"wordle-{seed}-{index}", metadata={"answer": rng.choice(words.answers())})
+            Record(
+                id=f"wordle-{seed}-{index}",
+                metadata={
+                    "prompt": EXAMPLE_PROMPT,
+                    "answer": rng.choice(words.answers()),
+                    "task": "wordle",
+                },
+            )  # fmt: skip
             for index in range(count)
         ]
 

@@ -164,3 +164,35 @@ def test_play_shows_the_environments_text_as_it_is() -> None:
 def test_play_rejects_a_bad_answer() -> None:
     result = runner.invoke(app, ["env", "play", "wordle", "--answer", "cat"])
     assert result.exit_code == 2 and "five-letter word" in result.output
+
+
+def test_records_writes_a_valid_dataset_from_the_seed(tmp_path: Path) -> None:
+    """`mtrl env records`: the environment's example records as Nova dataset lines, with its
+    tools; the shipped support-desk example is exactly what it writes."""
+    out = tmp_path / "desk.jsonl"
+    result = runner.invoke(
+        app, ["env", "records", "support_desk", "--count", "128", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    example = Path(__file__).parents[2] / "examples" / "support_desk" / "train.jsonl"
+    assert out.read_text() == example.read_text()
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 128 and {tool["function"]["name"] for tool in lines[0]["tools"]} >= {
+        "get_order", "finish",
+    }  # fmt: skip
+    assert runner.invoke(app, ["validate", str(out)]).exit_code == 0
+    wordle = runner.invoke(app, ["env", "records", "wordle", "--count", "3", "--seed", "2"])
+    assert wordle.exit_code == 0
+    assert [json.loads(line).keys() for line in wordle.output.splitlines()] == [
+        {"id", "metadata"}
+    ] * 3
+    (tmp_path / "bare.py").write_text(
+        "from reward_envs.interface import Environment\n"
+        "class Bare(Environment):\n"
+        "    def reset(self, record, *, seed=0):\n"
+        "        raise NotImplementedError\n"
+        "def load_environment():\n"
+        "    return Bare()\n"
+    )
+    bare = runner.invoke(app, ["env", "records", str(tmp_path / "bare.py")])
+    assert bare.exit_code == 2 and "no example records" in bare.output
