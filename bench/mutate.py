@@ -106,6 +106,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "domain/chat.py": ("tests/domain/test_chat.py", "tests/mtrl/test_dataset.py"),
     # How a model's tool calls reach an environment, and what the agent environment pays.
     "reward_envs/interface.py": (
+        "tests/reward_envs/test_reply.py",
         "tests/reward_envs/test_support_desk.py",
         "tests/reward_envs/test_conformance.py",
     ),

@@ -182,3 +182,57 @@ def test_a_record_without_a_case_draws_one_from_its_id_and_seed() -> None:
     assert draw_case(random.Random(5)) == draw_case(random.Random(5))
     with pytest.raises(ValueError, match="not a support-desk case"):
         ENV.reset(Record(id="x", metadata={"info": {"customer_id": "C-1"}}))
+
+
+def test_every_wasted_call_is_counted_and_shown_to_the_model() -> None:
+    turns = [
+        garbled("nope", "{}"),
+        garbled("get_order", "{oops"),
+        "hm",
+        call("x", "get_order", order_id="O-9"),
+    ]
+    score, metrics = play(GRANT, turns)
+    assert score == pytest.approx(0.8)
+    assert metrics["wasted_calls"] == 4
+    assert (metrics["informed"], metrics["state_correct"], metrics["decision_correct"]) == (1, 1, 1)
+    episode, _ = ENV.reset(record(GRANT))
+    refused = episode.act(Reply.of(call("x", "get_order", order_id="O-9"), ENV.tools))
+    assert refused.messages == [
+        {"role": "tool", "tool_call_id": "x", "content": json.dumps({"error": "no order 'O-9'"})}
+    ]
+    assert not refused.done and refused.reward == 0.0 and refused.info["wasted_calls"] == 1
+
+
+def test_a_malformed_finish_is_wasted_and_leaves_the_case_open() -> None:
+    bad = call("f", "finish", decision="maybe", message="?")
+    episode, _ = ENV.reset(record(GRANT))
+    answer = episode.act(Reply.of(bad, ENV.tools))
+    assert not answer.done and answer.info["wasted_calls"] == 1
+    assert "finish takes decision" in answer.messages[0]["content"]
+    assert play(GRANT, [bad])[0] == pytest.approx(0.95)
+
+
+def test_calls_after_finish_are_wasted_and_a_closed_case_takes_no_more() -> None:
+    episode, _ = ENV.reset(record(TOO_LATE))
+    for turn in checks(TOO_LATE):
+        episode.act(Reply.of(turn, ENV.tools))
+    finish = call("f", "finish", decision="denied", message="Sorry.")
+    late = checks(TOO_LATE)[0]["tool_calls"][0]
+    both = {**finish, "tool_calls": [*finish["tool_calls"], {**late, "id": "late"}]}
+    closing = episode.act(Reply.of(both, ENV.tools))
+    assert closing.done and closing.reward == pytest.approx(0.95)
+    assert [json.loads(m["content"]) for m in closing.messages] == [
+        {"status": "case closed"},
+        {"error": "the case is already finished"},
+    ]
+    again = episode.act(Reply.of(finish, ENV.tools))
+    assert (again.done, again.reward, again.messages) == (True, 0.0, [])
+
+
+def test_recovered_needs_the_refund_to_go_through_after_a_transient_failure() -> None:
+    flaky = replace(GRANT, transient_failures=1)
+    refund = call("r", "issue_refund", order_id="O-20001", amount_cents=4599)
+    finish = call("f", "finish", decision="refunded", message="Done.")
+    gave_up = play(flaky, [*checks(flaky), refund, finish])[1]
+    assert gave_up["transient_errors"] == 1 and gave_up["recovered"] == 0.0
+    assert play(GRANT, [])[1]["recovered"] == 0.0  # no failure, nothing to recover from
