@@ -111,7 +111,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/reward_envs/test_conformance.py",
     ),
     "reward_envs/support_desk/env.py": ("tests/reward_envs/test_support_desk.py",),
-    "reward_envs/openenv/__init__.py": ("tests/reward_envs/test_openenv.py",),
+    "reward_envs/openenv/env.py": ("tests/reward_envs/test_openenv.py",),
     "mtrl/local/trainer/grpo.py": ("tests/local/test_grpo.py", "tests/local/test_trainer.py"),
     "stacks/components/pipeline_states.py": ("tests/pipeline/test_pipeline_definition.py",),
 }

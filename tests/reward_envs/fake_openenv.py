@@ -8,7 +8,9 @@ The environment: the number is `seed % 10 + 1`; each step's action is `{"message
 observation says `higher`, `lower` or `correct`; reward 1.0 for the right number, else 0.0; the
 episode ends when guessed or after four guesses; metadata counts the guesses. A message
 `"explode"` makes the environment raise (an EXECUTION_ERROR answer). `max_sessions` bounds the
-concurrent sessions as OpenEnv's ConcurrencyConfig does (CAPACITY_REACHED).
+concurrent sessions as OpenEnv's ConcurrencyConfig does (CAPACITY_REACHED). For the client's
+failure paths, a server that misbehaves: `"silent"` gets no answer, `"babble"` an answer that is
+not JSON, `"state"` an answer of another type, `"nan"` a reward that is not a number.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class FakeOpenEnv:
         self.sessions = 0
         self.opened = 0
         self.resets: list[dict[str, Any]] = []
+        self.closed = 0  # sessions the client ended with a close message
         self._lock = threading.Lock()
 
     def handle(self, connection: ServerConnection) -> None:
@@ -78,7 +81,19 @@ class FakeOpenEnv:
                 message = json.loads(raw)
                 kind = message.get("type")
                 if kind == "close":
+                    with self._lock:
+                        self.closed += 1
                     return
+                misbehaviour = (message.get("data") or {}).get("message")
+                if kind == "step" and misbehaviour in ("silent", "babble", "state", "nan"):
+                    if misbehaviour == "babble":
+                        connection.send("<html>bad gateway</html>")
+                    elif misbehaviour == "state":
+                        connection.send(json.dumps({"type": "state", "data": {"step_count": 1}}))
+                    elif misbehaviour == "nan":
+                        observation = {"observation": {"hint": "?"}, "reward": float("nan")}
+                        connection.send(json.dumps({"type": "observation", "data": observation}))
+                    continue
                 try:
                     if kind == "reset":
                         self.resets.append(message.get("data", {}))

@@ -143,3 +143,46 @@ def test_a_configs_environment_args_reach_the_reward_worker(
     assert environment.max_turns == 6 and environment.url == "ws://envs:8000/ws"
     plain = RunContext(**{**run.__dict__, "config": load_training_config("rft_multiturn_lora")})
     assert "MTRL_ENVIRONMENT_ARGS" not in worker_environment(plain)
+
+
+def test_observations_are_shown_as_asked_and_sessions_end_with_a_close() -> None:
+    with serving() as (url, server):
+        whole = load("openenv", url=url)
+        episode, first = whole.reset(Record(id="a"), seed=4)  # the number 5
+        assert first == [{"role": "user", "content": '{"hint": "Guess a number from 1 to 10."}'}]
+        won = episode.step("5")
+        assert won.messages == [{"role": "user", "content": '{"hint": "correct"}'}]
+        assert (won.reward, won.done, won.info) == (1.0, True, {"guesses": 1})
+        over = episode.step("5")
+        assert (over.messages, over.reward, over.done) == ([], 0.0, True)
+        missing = load("openenv", url=url, observation_field="score")
+        assert missing.reset(Record(id="b"))[1] == [{"role": "user", "content": ""}]
+        assert whole.shown({"board": [[1, 2]], "é": 1}) == {
+            "role": "user", "content": '{"board": [[1, 2]], "é": 1}',
+        }  # fmt: skip
+        assert load("openenv", url=url, observation_field="board").shown({"board": [1]}) == {
+            "role": "user", "content": "[1]",
+        }  # fmt: skip
+    assert server.closed == 1  # the finished episode closed its session
+
+
+@pytest.mark.parametrize(
+    ("reply", "problem"),
+    [
+        ("silent", "step: TimeoutError"),
+        ("babble", "step: JSONDecodeError"),
+        ("state", "step: expected an observation, got 'state'"),
+    ],
+)
+def test_a_misbehaving_server_is_an_env_error(reply: str, problem: str) -> None:
+    with serving() as (url, _server):
+        environment = load("openenv", url=url, timeout_seconds=0.2)
+        request = RolloutRequest(sample_id="m_0", data={"prompt": "Play."})
+        response = run_rollout(environment, CallableModel(lambda _: reply), request)
+        assert response.stop_reason == "env_error" and problem in (response.error or "")
+
+
+def test_a_reward_that_is_not_a_number_counts_as_none() -> None:
+    with serving() as (url, _server):
+        episode, _ = load("openenv", url=url).reset(Record(id="n"))
+        assert episode.step("nan").reward == 0.0
