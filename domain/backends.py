@@ -33,6 +33,7 @@ class Phase(StrEnum):
     STALLED = "stalled"
     PAST_DEADLINE = "past_deadline"
     OVER_BUDGET = "over_budget"
+    UNHEALTHY = "unhealthy"  # a run-health rule with action `stop` held (domain/health.py)
 
 
 # The job goes on: Monitor polls again.
@@ -165,19 +166,26 @@ def last_step(s3: Any, *, bucket: str, key: str) -> int | None:
     return metrics["step"] if metrics else None
 
 
-def last_metrics(
-    s3: Any, *, bucket: str, key: str, tail_bytes: int = 8192
-) -> dict[str, Any] | None:
-    """The last step's metrics a trainer recorded, read from the object's tail only: it grows
-    by a line a step for the whole run."""
+def last_metrics(s3: Any, *, bucket: str, key: str) -> dict[str, Any] | None:
+    """The last step's metrics a trainer recorded."""
+    recent = recent_metrics(s3, bucket=bucket, key=key, tail_bytes=8192)
+    return recent[-1] if recent else None
+
+
+def recent_metrics(
+    s3: Any, *, bucket: str, key: str, tail_bytes: int = 256 * 1024
+) -> list[dict[str, Any]]:
+    """The last steps' metrics a trainer recorded, in order, read from the object's tail only:
+    it grows by a line a step for the whole run."""
     if not object_exists(s3, bucket=bucket, key=key):
-        return None
+        return []
     body = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=-{tail_bytes}")["Body"].read()
-    for line in reversed(body.decode("utf-8", errors="replace").splitlines()):
+    recent = []
+    for line in body.decode("utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue  # the tail may start mid-line
         if isinstance(record, dict) and isinstance(record.get("step"), int):
-            return record
-    return None
+            recent.append(record)
+    return recent

@@ -48,6 +48,7 @@ class JobReport(BaseModel):
     reason: str = ""
     step: int | None = None
     quiet_polls: int = 0
+    health: list[str] = []  # run-health warnings that hold (rules with action `warn`)
 
 
 class EvaluationJob(BaseModel):

@@ -47,6 +47,32 @@ class LocalPolicySettings(BaseModel):
     checkpoint_every: int = Field(default=10, ge=1, description="steps between checkpoints")
 
 
+HealthMetric = Literal[
+    "zero_variance_groups", "failed_rollout_rate", "env_error_rate", "timeout_rate"
+]
+
+
+class HealthRule(BaseModel):
+    """A run-health rule (domain/health.py): when `metric` of a training step is at least
+    `at_least` for `steps` steps in a row, `warn` or `stop` the run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    metric: HealthMetric
+    at_least: float = Field(ge=0.0, le=1.0, description="a share of the step's groups or rollouts")
+    steps: int = Field(ge=1, le=10_000, description="consecutive training steps")
+    action: Literal["warn", "stop"]
+
+
+# What stops the obviously dead run by default: no group with a learning signal for 10 steps,
+# half the rollouts failing for 3; what warns: environment errors on a tenth of them.
+DEFAULT_HEALTH = (
+    HealthRule(metric="zero_variance_groups", at_least=1.0, steps=10, action="stop"),
+    HealthRule(metric="failed_rollout_rate", at_least=0.5, steps=3, action="stop"),
+    HealthRule(metric="env_error_rate", at_least=0.1, steps=3, action="warn"),
+)
+
+
 class TrainingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -75,6 +101,10 @@ class TrainingConfig(BaseModel):
         description="scale the reward fleet out to this many workers on backlog (default: no scaling)",
     )
     environment: str = Field(default="wordle", min_length=1)
+    health: list[HealthRule] = Field(
+        default_factory=lambda: list(DEFAULT_HEALTH),
+        description="run-health rules over each step's metrics (empty: none)",
+    )
     environment_args: dict[str, JsonValue] = Field(
         default={},
         description="the environment's load_environment arguments (e.g. openenv's url)",

@@ -11,10 +11,18 @@ import json
 import secrets
 from typing import Any
 
-from domain.backends import WAITING, EvaluationUnsupported, Phase, RunContext
+from domain.backends import (
+    METRICS_OBJECT,
+    WAITING,
+    EvaluationUnsupported,
+    Phase,
+    RunContext,
+    recent_metrics,
+)
 from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, run_output_prefix, run_outputs
 from domain.episodes import EvaluationStage
 from domain.evaluation import EvaluationReport, compare, read_episodes, summarize
+from domain.health import findings
 from domain.run_state import EvaluationJob, JobReport, RegisteredRun, RunState
 from domain.runs import RunStore
 from lambdas.pipeline import policies
@@ -105,18 +113,29 @@ class ComputeSteps:
         )
         if verdict:
             return JobReport(phase=verdict.phase, reason=verdict.reason).model_dump(mode="json")
-        status = self.compute.cluster.status(self._context(state))
+        context = self._context(state)
+        status = self.compute.cluster.status(context)
         quiet = policies.quiet_polls(status, state.job)
+        found = findings(
+            recent_metrics(
+                self.clients("s3"), bucket=context.bucket,
+                key=f"{context.output_prefix}{METRICS_OBJECT}",
+            ),
+            run.config.health,
+        )  # fmt: skip
         verdict = policies.stalled(
             status,
             quiet,
             rollout_timeout_seconds=run.config.rollout_timeout_seconds,
             poll_seconds=run.poll_seconds,
-        )
+        ) or policies.unhealthy(status, found)
         phase, reason = (
             (verdict.phase, verdict.reason) if verdict else (status.phase, status.reason)
         )
-        report = JobReport(phase=phase, reason=reason, step=status.step, quiet_polls=quiet)
+        warnings = [finding.reason() for finding in found if not finding.stops]
+        report = JobReport(
+            phase=phase, reason=reason, step=status.step, quiet_polls=quiet, health=warnings
+        )
         return report.model_dump(mode="json")
 
     def start_evaluation(self, event: dict[str, Any]) -> dict[str, Any]:

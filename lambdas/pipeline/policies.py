@@ -4,9 +4,11 @@ which Monitor and the reaper apply (lambdas/pipeline/compute.py, handlers.py).""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from domain.backends import JobStatus, Phase
+from domain.health import Finding
 from domain.run_state import JobReport
 from domain.runs import RunRecord
 
@@ -51,6 +53,14 @@ def stalled(
             "queue ages",
         )
     return None
+
+
+def unhealthy(status: JobStatus, found: Sequence[Finding]) -> Verdict | None:
+    """A running job one of whose run-health rules with action `stop` holds (the first)."""
+    stopping = [finding for finding in found if finding.stops]
+    if status.phase != Phase.RUNNING or not stopping:
+        return None
+    return Verdict(Phase.UNHEALTHY, stopping[0].reason())
 
 
 @dataclass(frozen=True)

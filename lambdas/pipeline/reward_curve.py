@@ -27,8 +27,11 @@ SOURCE = "rollout_reports"  # what a line was computed from, beside a trainer's 
 @dataclass(frozen=True)
 class RewardWindow:
     step: int
-    rollouts: int
+    rollouts: int  # every report of the window, failed ones included
+    rollouts_asked: int  # the same: what run health divides by (domain/health.py)
     failed_rollouts: int
+    env_error_rollouts: int  # of the failed, by how their reports say they ended
+    timeout_rollouts: int
     mean_reward: float | None
     min_reward: float | None
     reward_p10: float | None
@@ -61,11 +64,15 @@ def reward_windows(
 def _window(step: int, reports: Sequence[ReportedRollout], *, partial: bool) -> RewardWindow:
     scores = [report.score for report in reports if report.score is not None]
     flags = [report.success for report in reports if report.success is not None]
+    ended = [report.episode.stop_reason for report in reports if report.episode is not None]
     p10, p50, p90 = deciles(scores)
     return RewardWindow(
         step=step,
         rollouts=len(reports),
+        rollouts_asked=len(reports),
         failed_rollouts=len(reports) - len(scores),
+        env_error_rollouts=ended.count("env_error"),
+        timeout_rollouts=ended.count("timeout"),
         mean_reward=statistics.fmean(scores) if scores else None,
         min_reward=min(scores, default=None),
         reward_p10=p10,

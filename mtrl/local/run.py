@@ -75,8 +75,7 @@ def prepare(options: LocalRunOptions) -> Prepared:
     if options.max_steps is not None:
         config = config.model_copy(update={"max_steps": options.max_steps})
     try:
-        load(config.environment, **config.environment_args)
-        policy_for(config.environment)
+        policy_for(load(config.environment, **config.environment_args))
     except (EnvironmentNotFound, NoLocalPolicy) as error:
         raise LocalRunError(f"config {name}: environment: {error}") from None
     base_run = referenced_run(config.base_checkpoint or "")

@@ -310,3 +310,48 @@ def test_the_support_desk_agent_example_trains_with_tool_calls_end_to_end(
         .splitlines()
     ]
     assert len(episodes) == 24 and all(e["stop_reason"] == "end_of_conversation" for e in episodes)
+
+
+@pytest.mark.parametrize(
+    ("sickness", "rule", "reason"),
+    [
+        (
+            "same_reward",
+            {"metric": "zero_variance_groups", "at_least": 1.0, "steps": 2, "action": "stop"},
+            "of the GRPO groups had no reward variance (no learning signal)",
+        ),
+        (
+            "flaky",
+            {"metric": "env_error_rate", "at_least": 0.25, "steps": 2, "action": "stop"},
+            "of the rollouts ended in an environment error",
+        ),
+    ],
+)
+def test_a_run_health_rule_stops_a_sick_run_and_leaves_nothing(
+    tmp_path: Path, small_config: Path, template: dict, sickness: str, rule: dict, reason: str
+) -> None:
+    """An environment that gives every episode the same reward, or fails on half its records:
+    the run's rule trips after two steps, Monitor stops the run, it ends FAILED with the rule's
+    reason, torn down."""
+    before = _child_processes()
+    # Four records a step (groups of four): a step has groups that still score.
+    config = yaml.safe_load(small_config.read_text()) | {
+        "max_steps": 40, "eval_fraction": 0, "health": [rule], "group_size": 4,
+        "environment": str(Path(__file__).with_name("sick_wordle.py")),
+        "environment_args": {"sickness": sickness},
+    }  # fmt: skip
+    small_config.write_text(yaml.safe_dump(config))
+    outcome, directory = run_local(
+        LocalRunOptions(EXAMPLE / "train.jsonl", config=str(small_config), out_dir=tmp_path),
+        template=template,
+        timeout_seconds=300,
+    )
+    assert outcome.status == "FAILED"
+    report = json.loads((directory / "report.json").read_text())
+    assert report["failed_state"] == "TrainingJob"
+    assert report["reason"].startswith("TrainingJobFailed: unhealthy: run health: ")
+    assert reason in report["reason"]
+    assert report["leftover"]["total"] == 0 and report["teardown"]["leftover"] == 0
+    trained = (directory / "outputs" / "metrics.jsonl").read_text().splitlines()
+    assert 2 <= len(trained) < 40  # stopped, long before its last step
+    assert _child_processes() == before

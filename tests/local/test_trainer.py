@@ -6,9 +6,15 @@ import numpy as np
 import pytest
 
 from mtrl.local.trainer.direct import train
-from mtrl.local.trainer.policy import NoLocalPolicy, WordlePolicy, policy_for
+from mtrl.local.trainer.policy import (
+    NoLocalPolicy,
+    SupportDeskPolicy,
+    WordlePolicy,
+    policy_for,
+)
 from reward_envs.interface import Record
-from reward_envs.wordle import feedback, load_environment, words
+from reward_envs.support_desk import SupportDeskEnvironment
+from reward_envs.wordle import WordleEnvironment, feedback, load_environment, words
 from reward_envs.wordle.env import feedback_line, read_feedback
 
 
@@ -67,5 +73,17 @@ def test_grpo_learns_wordle(policy: WordlePolicy) -> None:
 
 
 def test_an_environment_without_a_local_policy_is_named() -> None:
+    class Arithmetic(WordleEnvironment):
+        name = "gsm8k"
+
     with pytest.raises(NoLocalPolicy, match=r"'gsm8k' has no local policy .* --model-endpoint"):
-        policy_for("gsm8k")
+        policy_for(Arithmetic())
+
+
+def test_the_local_policy_is_chosen_by_the_environments_name() -> None:
+    class SameRewardWordle(WordleEnvironment):
+        def aggregate(self, turn_rewards):
+            return 0.5
+
+    assert isinstance(policy_for(SameRewardWordle()), WordlePolicy)
+    assert isinstance(policy_for(SupportDeskEnvironment()), SupportDeskPolicy)

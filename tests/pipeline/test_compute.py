@@ -105,9 +105,10 @@ def state(aws: None) -> dict:
             cost_per_hour=60.0,
         )
     )
+    boto3.client("s3").create_bucket(Bucket="data-b")
     return {
         "run": REGISTERED,
-        "bucket": "b",
+        "bucket": "data-b",
         "key": "training-data/x.jsonl",
     }
 
@@ -135,6 +136,49 @@ def test_monitor_calls_a_run_without_progress_stalled(state: dict) -> None:
         verdicts.append(verdict["phase"])
     assert verdicts == ["running", "running", "running", "stalled"]
     assert "no training progress past step 7" in state["job"]["reason"]
+
+
+def metrics(*lines: dict) -> None:
+    """The run's metrics object as its trainer writes it, a line per step."""
+    body = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    boto3.client("s3").put_object(Bucket="data-b", Key="runs/r/metrics.jsonl", Body=body)
+
+
+def test_monitor_stops_a_run_a_health_rule_says_is_dead(state: dict) -> None:
+    """The default rules: no learning signal in any group for 10 steps stops the run (the state
+    machine then fails it, its reason as the error, and tears it down)."""
+    flat = [{"step": s, "zero_variance_groups": 1.0, "rollouts_asked": 32, "failed_rollouts": 0}
+            for s in range(1, 11)]  # fmt: skip
+    monitor = steps(Scripted(JobStatus("running", step=10)), now=100.0).monitor
+    metrics(*flat[:9])
+    assert monitor(state)["phase"] == "running"  # nine steps: not yet
+    metrics(*flat)
+    verdict = monitor(state)
+    assert verdict["phase"] == "unhealthy"
+    assert verdict["reason"].startswith(
+        "run health: 100% of the GRPO groups had no reward variance"
+    )
+    assert "steps 1-10" in verdict["reason"]
+    done = steps(Scripted(JobStatus("succeeded", step=10)), now=100.0).monitor(state)
+    assert done["phase"] == "succeeded"  # a job that finished is not stopped after the fact
+
+
+def test_monitor_carries_health_warnings_and_goes_on(state: dict) -> None:
+    flaky = {
+        "rollouts_asked": 32,
+        "failed_rollouts": 4,
+        "env_error_rollouts": 4,
+        "timeout_rollouts": 0,
+    }
+    metrics(*({"step": s, "zero_variance_groups": 0.0, **flaky} for s in (1, 2, 3)))
+    verdict = steps(Scripted(JobStatus("running", step=3)), now=100.0).monitor(state)
+    assert verdict["phase"] == "running"
+    (warning,) = verdict["health"]
+    assert "12% of the rollouts ended in an environment error on steps 1-3" in warning
+    failing = {**flaky, "failed_rollouts": 16, "env_error_rollouts": 16}
+    metrics(*({"step": s, "zero_variance_groups": 0.0, **failing} for s in (1, 2, 3)))
+    stopped = steps(Scripted(JobStatus("running", step=3)), now=100.0).monitor(state)
+    assert stopped["phase"] == "unhealthy" and "50% of the rollouts failed" in stopped["reason"]
 
 
 def test_collect_writes_the_run_summary(aws: None) -> None:
@@ -319,7 +363,7 @@ def test_the_state_is_parsed_once_and_typed(state: dict) -> None:
     ):
         steps(cluster).submit_job({"bucket": "b", "key": "training-data/x.jsonl"})
     unregistered = {
-        "bucket": "b",
+        "bucket": "data-b",
         "key": "training-data/x.jsonl",
         "error": {"Error": "DatasetInvalid"},
     }

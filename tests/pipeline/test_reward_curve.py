@@ -4,7 +4,7 @@ against numpy's, and the metrics object kept up to date (in moto's DynamoDB and 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import boto3
 import numpy as np
@@ -12,6 +12,7 @@ import pytest
 
 from domain.backends import last_step
 from domain.episodes import Episode, EvaluationStage
+from domain.health import share
 from lambdas.pipeline.reward_curve import RewardCurve, reward_windows
 from lambdas.router.conversations import ConversationStore, ReportedRollout, create_table
 from tests.pipeline.test_nova_training import RUN as NOVA_RUN
@@ -143,3 +144,19 @@ def test_a_curve_is_never_shortened_by_reports_that_expired(
     assert len(lines()) == 2
     other = replace(RUN, run_id="another-run", output_prefix="runs/another-run/")
     assert reward_curve.update(other) is None  # its reports only
+
+
+def test_a_window_counts_how_its_failed_rollouts_ended_for_run_health() -> None:
+    def ended(index: int, stop_reason: str, score: float | None) -> ReportedRollout:
+        episode = Episode(
+            record_id="r", sample_id=f"r_{index}", stop_reason=stop_reason, score=score
+        )
+        return replace(reported(index, score), episode=episode)
+
+    reports = [ended(0, "env_error", None), ended(1, "timeout", None), ended(2, "env_error", None),
+               ended(3, "end_of_conversation", 0.5), reported(4, None)]  # fmt: skip
+    (window,) = reward_windows(reports, size=5)
+    assert (window.rollouts_asked, window.failed_rollouts) == (5, 4)
+    assert (window.env_error_rollouts, window.timeout_rollouts) == (2, 1)
+    line = asdict(window)
+    assert share(line, "env_error_rate") == 0.4 and share(line, "failed_rollout_rate") == 0.8

@@ -21,6 +21,7 @@ from mtrl.local.trainer.evaluation import Evaluator
 from mtrl.local.trainer.exchange import TrainingFailed, TrainingJob
 from mtrl.local.trainer.loop import Trainer
 from mtrl.local.trainer.policy import NoLocalPolicy, policy_for
+from reward_envs.registry import EnvironmentNotFound, load
 
 
 def main() -> int:
@@ -29,13 +30,13 @@ def main() -> int:
     logging.getLogger("mtrl").setLevel(logging.INFO)
     try:
         job = TrainingJob.model_validate_json(os.environ.get("MTRL_TRAINING_JOB", ""))
-        policy = policy_for(job.config.environment)
+        policy = policy_for(load(job.config.environment, **job.config.environment_args))
     except ValidationError as error:
         problem = error.errors(include_url=False)[0]
         where = ".".join(str(part) for part in problem["loc"]) or "job"
         print(f"trainer: MTRL_TRAINING_JOB: {where}: {problem['msg']}", file=sys.stderr)
         return 2
-    except NoLocalPolicy as error:
+    except (NoLocalPolicy, EnvironmentNotFound) as error:
         print(f"trainer: {error}", file=sys.stderr)
         return 2
     sqs, s3 = boto3.client("sqs"), boto3.client("s3")

@@ -54,8 +54,11 @@ class StepMetrics:
     win_rate: float | None
     zero_variance_groups: float
     turns_per_episode: float
-    rollouts: int
+    rollouts: int  # scored ones
+    rollouts_asked: int  # what run health divides by (domain/health.py)
     failed_rollouts: int
+    env_error_rollouts: int  # of the failed: the environment raised
+    timeout_rollouts: int  # of the failed: timed out, or no answer within the step's wait
     objective: float
     kl: float
     clipped_fraction: float
@@ -204,6 +207,8 @@ class Trainer:
             self.server.params = params
         assert stats is not None
         expected = sum(len(samples) for samples in groups.values())
+        asked = [sample for samples in groups.values() for sample in samples]
+        ended = [responses[sample].stop_reason for sample in asked if sample in responses]
         metrics = StepMetrics(
             step=step,
             mean_reward=float(np.mean(rewards)),
@@ -212,7 +217,10 @@ class Trainer:
             zero_variance_groups=flat_groups / max(1, len(groups)),
             turns_per_episode=float(np.mean(turns)),
             rollouts=len(rewards),
+            rollouts_asked=expected,
             failed_rollouts=expected - len(rewards),
+            env_error_rollouts=ended.count("env_error"),
+            timeout_rollouts=ended.count("timeout") + expected - len(ended),
             objective=stats.objective,
             kl=stats.kl,
             clipped_fraction=stats.clipped_fraction,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reward_envs.interface import Message
+from reward_envs.interface import Environment, Message
 from reward_envs.support_desk.notes import Notes, call, read_notes
 from reward_envs.wordle import words
 from reward_envs.wordle.env import read_feedback
@@ -219,11 +219,13 @@ class NoLocalPolicy(LookupError):
     """The environment has no local policy to train."""
 
 
-def policy_for(environment: str) -> Policy:
-    if environment not in POLICIES:
+def policy_for(environment: Environment) -> Policy:
+    """The local policy of an environment, by its name: a variant of Wordle named "wordle" (a
+    subclass, say) plays with Wordle's policy."""
+    if environment.name not in POLICIES:
         raise NoLocalPolicy(
-            f"environment {environment!r} has no local policy (the local trainer has one for "
-            f"{', '.join(sorted(POLICIES))}); evaluate it against a real model with "
+            f"environment {environment.name!r} has no local policy (the local trainer has one "
+            f"for {', '.join(sorted(POLICIES))}); evaluate it against a real model with "
             "`mtrl local FILE --model-endpoint URL` instead"
         )
-    return POLICIES[environment]()
+    return POLICIES[environment.name]()
