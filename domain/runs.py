@@ -51,6 +51,8 @@ class RunRecord(BaseModel):
     cost_per_hour: float = 0.0
     error: str | None = None
     evaluation: str | None = None  # its held-out evaluation's headline, once it succeeded
+    # Run-health warnings that hold (domain/health.py), by metric: Monitor keeps them here.
+    health: dict[str, str] = {}
 
     def hours(self, now: float) -> float:
         """How long the run has held compute: from registration to now, or to its last update

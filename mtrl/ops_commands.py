@@ -243,6 +243,8 @@ def _print_status(status: RunDetails) -> None:
         rows["checkpoints"] = "\n".join(_checkpoint_line(c) for c in status.checkpoints)
     if run.evaluation:
         rows["held-out evaluation"] = run.evaluation
+    if run.health:
+        rows["run health"] = "\n".join(run.health)
     if run.error:
         rows["error"] = run.error
     for key, value in rows.items():

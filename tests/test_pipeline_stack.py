@@ -150,7 +150,11 @@ def test_step_permissions_are_scoped(default_app: Synthesized) -> None:
     assert re.search(r"runs/\*", grants["monitor"]["s3:GetObject"])
     assert re.search(r"runs/\*", grants["monitor"]["s3:PutObject"])
     assert not any(action.startswith("s3:Delete") for action in grants["monitor"])
-    assert "dynamodb:Query" in grants["monitor"] and "dynamodb:PutItem" not in grants["monitor"]
+    # It queries the conversations (a Nova run's reports) and writes only the run's record (its
+    # health warnings), never a conversation.
+    assert "Conversations" in grants["monitor"]["dynamodb:Query"]
+    puts = grants["monitor"]["dynamodb:PutItem"]
+    assert "Runs" in puts and "Conversations" not in puts, puts
 
 
 def test_a_reaper_runs_every_quarter_hour(default_app: Synthesized) -> None:

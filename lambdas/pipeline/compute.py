@@ -22,13 +22,14 @@ from domain.backends import (
 from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, run_output_prefix, run_outputs
 from domain.episodes import EvaluationStage
 from domain.evaluation import EvaluationReport, compare, read_episodes, summarize
-from domain.health import findings
+from domain.health import Finding, findings
 from domain.run_state import EvaluationJob, JobReport, RegisteredRun, RunState
-from domain.runs import RunStore
+from domain.runs import RunRecord, RunStore
 from lambdas.pipeline import policies
 from lambdas.pipeline.checkpoints import best_checkpoint, recorded_checkpoints
 from lambdas.pipeline.dependencies import Compute, Dependencies
 from lambdas.pipeline.model_registry import register_model
+from lambdas.pipeline.notify import alert_health
 from lambdas.router.conversations import ConversationStore
 
 
@@ -133,10 +134,23 @@ class ComputeSteps:
             (verdict.phase, verdict.reason) if verdict else (status.phase, status.reason)
         )
         warnings = [finding.reason() for finding in found if not finding.stops]
+        self._keep_warnings(record, found)
         report = JobReport(
             phase=phase, reason=reason, step=status.step, quiet_polls=quiet, health=warnings
         )
         return report.model_dump(mode="json")
+
+    def _keep_warnings(self, record: RunRecord | None, found: list[Finding]) -> None:
+        """The run's health warnings on its record (`mtrl status`, the end notification), and an
+        alert when a rule starts to hold."""
+        current = {f.rule.metric: f.reason() for f in found if not f.stops}
+        if record is None or current == record.health:
+            return
+        runs = RunStore(self.clients("dynamodb"), self.settings.runs_table)
+        runs.update(record.run_id, now=self.clock(), health=current)
+        started = [current[metric] for metric in sorted(set(current) - set(record.health))]
+        if started and self.settings.alert_topic_arn:
+            alert_health(self.clients("sns"), self.settings.alert_topic_arn, record.run_id, started)
 
     def start_evaluation(self, event: dict[str, Any]) -> dict[str, Any]:
         """`event`: {"stage", "state"}. Submit the evaluation of the stage's model on the run's

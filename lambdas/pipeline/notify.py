@@ -41,7 +41,19 @@ def summary(
         "error": error,
         "teardown": teardown,
         "evaluation": evaluation,
+        "health": sorted(run.health.values()),
     }
+
+
+def alert_health(sns: Any, topic_arn: str, run_id: str, reasons: list[str]) -> str:
+    """An alert while the run goes on: run-health warnings that started to hold."""
+    answer = sns.publish(
+        TopicArn=topic_arn,
+        Subject=f"nova-mtrl {run_id}: run health warning"[:100],
+        Message=f"nova-mtrl run {run_id} goes on, but:\n" + "\n".join(reasons),
+        MessageAttributes={"status": {"DataType": "String", "StringValue": "WARNING"}},
+    )
+    return answer["MessageId"]
 
 
 def notify(sns: Any, topic_arn: str, report: dict[str, Any]) -> str:
@@ -57,6 +69,7 @@ def notify(sns: Any, topic_arn: str, report: dict[str, Any]) -> str:
         ]
     if report.get("evaluation"):
         lines.append(f"held-out evaluation: {report['evaluation']}")
+    lines += [f"warning: {reason}" for reason in report.get("health") or []]
     if report.get("teardown") is not None:
         lines.append(f"teardown: {report['teardown'].get('leftover', '?')} resources left")
     message = "\n".join(lines) + "\n\n" + json.dumps(report, indent=2)

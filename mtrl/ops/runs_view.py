@@ -41,6 +41,7 @@ class RunSummary:
     deadline_in_hours: float | None  # None once finished
     error: str | None
     evaluation: str | None  # the held-out evaluation's headline, once the run succeeded
+    health: tuple[str, ...]  # run-health warnings that hold, as Monitor keeps them
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ def summarize(run: RunRecord, *, now: float) -> RunSummary:
         deadline_in_hours=None if finished else (run.deadline_at - now) / 3600,
         error=run.error,
         evaluation=run.evaluation,
+        health=tuple(sorted(run.health.values())),
     )
 
 

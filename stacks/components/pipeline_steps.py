@@ -128,11 +128,12 @@ STEPS = (
         ),
     ),
     PipelineStep(
-        "monitor", "Polls the job; stops runs past their deadline or budget",
-        # A Nova run's reward curve: its rollout reports into its metrics object.
+        "monitor", "Polls the job; stops runs past their deadline or budget, or unhealthy",
+        # A Nova run's reward curve: its rollout reports into its metrics object. Run-health
+        # warnings: kept on the run's record, alerted once.
         (
-            Need.RUNS_GET, Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE,
-            Need.KUBERNETES, Need.CONVERSATIONS_QUERY,
+            Need.RUNS_GET, Need.RUNS_PUT, Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE,
+            Need.KUBERNETES, Need.CONVERSATIONS_QUERY, Need.ALERTS_PUBLISH,
         ),
     ),
     PipelineStep(

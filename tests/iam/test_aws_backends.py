@@ -59,8 +59,15 @@ def test_a_run_on_the_aws_backends_submits_scales_finishes_and_leaves_nothing(
     assert [c.operation for c in calls].count("DeleteService") == 1
     _released(scenarios, run)
     output = json.loads(run.described["output"])
-    # The monitor read the trainer's metrics (written with its pods' role) for its last step.
-    assert output["job"]["step"] == 1
+    # The monitor read the trainer's metrics (written with its pods' role) for its last step,
+    # and its health: an environment error in each step's rollouts, the default warning, kept on
+    # the run's record, alerted once as Monitor's own role, and in the end notification.
+    assert output["job"]["step"] == 3
+    (warning,) = output["job"]["health"]
+    assert "12% of the rollouts ended in an environment error on steps 1-3" in warning
+    alerts = [c for c in calls if c.operation == "Publish" and "MonitorFunction" in c.principal]
+    assert len(alerts) == 1 and warning in alerts[0].params["Message"]
+    assert output["notification"]["health"] == [warning]
     # Its config let workers scale on the backlog; ReleaseCompute took the scaling away too.
     assert [c.operation for c in calls].count("PutScalingPolicy") == 1
     assert [c.operation for c in calls].count("DeregisterScalableTarget") == 1
@@ -202,7 +209,12 @@ def test_an_invalid_dataset_creates_nothing(scenarios: Scenarios) -> None:
 
 
 def test_each_run_is_notified_once(scenarios: Scenarios) -> None:
-    notices = scenarios.notifications
+    """Once at its end; a run whose health warned (its trainer's steps each had an environment
+    error) was alerted once more, while it went on, and only once."""
+    alerts = [n for n in scenarios.notifications if " goes on, but:" in n]
+    alerted = [alert.split(" ")[2] for alert in alerts]
+    assert scenarios.runs["succeeds"].run_id in alerted and len(set(alerted)) == len(alerted)
+    notices = [n for n in scenarios.notifications if n not in alerts]
     for name, status in (
         ("succeeds", "SUCCEEDED"),
         ("nova succeeds", "SUCCEEDED"),

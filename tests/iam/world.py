@@ -629,8 +629,10 @@ def exchange_rollouts(
 
 
 def write_metrics_as_the_trainer(world: World, namespace: str) -> None:
-    """The trainer, with its pods' role, records its first step where its job says (the run's
-    settings in its namespace): what the monitor reads to tell a stalled job from a slow one."""
+    """The trainer, with its pods' role, records its first steps where its job says (the run's
+    settings in its namespace): what the monitor reads to tell a stalled job from a slow one,
+    and its run's health from (an environment error in each step's eight rollouts: the default
+    warning, which Monitor keeps on the run's record and alerts)."""
     settings = world.kubernetes.objects[f"/api/v1/namespaces/{namespace}/configmaps"][
         "run-settings"
     ]
@@ -640,7 +642,12 @@ def write_metrics_as_the_trainer(world: World, namespace: str) -> None:
     )
     trainer.client("s3").put_object(
         Bucket=output.hostname, Key=f"{output.path.lstrip('/')}metrics.jsonl",
-        Body=b'{"step": 1, "mean_reward": 0.4}\n',
+        Body=b"".join(
+            json.dumps({"step": step, "mean_reward": 0.4, "zero_variance_groups": 0.0,
+                        "rollouts": 7, "rollouts_asked": 8, "failed_rollouts": 1,
+                        "env_error_rollouts": 1, "timeout_rollouts": 0}).encode() + b"\n"
+            for step in (1, 2, 3)
+        ),
     )  # fmt: skip
 
 

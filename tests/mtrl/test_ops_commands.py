@@ -519,3 +519,15 @@ def test_logs_refuses_an_unknown_plane_and_an_old_deployment(deployed: dict) -> 
         "error: deployment nova-mtrl in us-east-1 has no output PipelineLogGroups: redeploy with "
         "this version (make deploy)"
     )
+
+
+def test_status_shows_the_run_health_warnings_monitor_kept(deployed: dict) -> None:
+    _register(deployed["db"], "sick-1", created=time.time() - 600)
+    warning = "run health: 12% of the rollouts ended in an environment error on steps 1-3 (...)"
+    RunStore(deployed["db"], "nova-mtrl-runs").update(
+        "sick-1", now=time.time(), health={"env_error_rate": warning}
+    )
+    status = json.loads(_invoke("status", "sick-1", "--json").output)
+    assert status["summary"]["health"] == [warning]
+    table = _invoke("status", "sick-1").output
+    assert "run health" in table and "run health: 12% of the rollouts" in table

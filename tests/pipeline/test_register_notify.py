@@ -299,3 +299,25 @@ def test_a_base_checkpoint_that_cannot_be_used_is_refused_before_the_run_exists(
     ):
         _with_base(s3, runs, "run:first-1")
     assert runs.all() == []
+
+
+def test_the_end_notification_lists_the_run_health_warnings(s3_and_runs) -> None:
+    s3, runs = s3_and_runs
+    registered = register_run(
+        s3, runs, bucket=BUCKET, key="training-data/w.jsonl", version_id=_upload(s3),
+        default_config="rft_multiturn_lora", now=0.0,
+    )  # fmt: skip
+    warning = "run health: 12% of the rollouts ended in an environment error on steps 1-3 (...)"
+    run = runs.update(registered.run.run_id, now=1.0, health={"env_error_rate": warning})
+    report = summary(run, succeeded=True, now=1800.0, teardown={"leftover": 0})
+    assert report["health"] == [warning]
+    sns = boto3.client("sns")
+    topic = sns.create_topic(Name="alerts")["TopicArn"]
+    published: list[dict] = []
+    spy = type(
+        "Sns",
+        (),
+        {"publish": lambda _self, **kwargs: published.append(kwargs) or {"MessageId": "m"}},
+    )()
+    notify(spy, topic, report)
+    assert f"warning: {warning}" in published[0]["Message"].split("\n\n", 1)[0]
