@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -39,6 +40,9 @@ class RewardWindow:
     reward_p90: float | None
     max_reward: float | None
     pass_rate: float | None  # of the rollouts that said whether they succeeded
+    # Of the window's GRPO groups (its reports by record, two scores or more), those whose
+    # scores were all the same: no learning signal (run health, domain/health.py).
+    zero_variance_groups: float | None
     first_report_at: float
     last_report_at: float
     partial: bool  # fewer rollouts than a step's: the job ended before its window filled
@@ -61,6 +65,17 @@ def reward_windows(
     return windows
 
 
+def _flat_share(reports: Sequence[ReportedRollout]) -> float | None:
+    groups: dict[str, list[float]] = defaultdict(list)
+    for report in reports:
+        if report.episode is not None and report.score is not None:
+            groups[report.episode.record_id].append(report.score)
+    scored = [scores for scores in groups.values() if len(scores) >= 2]
+    if not scored:
+        return None
+    return sum(1 for scores in scored if max(scores) == min(scores)) / len(scored)
+
+
 def _window(step: int, reports: Sequence[ReportedRollout], *, partial: bool) -> RewardWindow:
     scores = [report.score for report in reports if report.score is not None]
     flags = [report.success for report in reports if report.success is not None]
@@ -80,6 +95,7 @@ def _window(step: int, reports: Sequence[ReportedRollout], *, partial: bool) -> 
         reward_p90=p90,
         max_reward=max(scores, default=None),
         pass_rate=sum(flags) / len(flags) if flags else None,
+        zero_variance_groups=_flat_share(reports),
         first_report_at=reports[0].reported_at,
         last_report_at=reports[-1].reported_at,
         partial=partial,

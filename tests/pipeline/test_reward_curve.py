@@ -160,3 +160,22 @@ def test_a_window_counts_how_its_failed_rollouts_ended_for_run_health() -> None:
     assert (window.env_error_rollouts, window.timeout_rollouts) == (2, 1)
     line = asdict(window)
     assert share(line, "env_error_rate") == 0.4 and share(line, "failed_rollout_rate") == 0.8
+
+
+def test_a_window_tells_the_groups_without_a_learning_signal() -> None:
+    """Reports grouped by record (a GRPO group): a group whose scores are all alike is flat; a
+    group with one score or none says nothing; a window without such groups says None."""
+
+    def of(index: int, record: str, score: float | None) -> ReportedRollout:
+        episode = Episode(record_id=record, sample_id=f"{record}_{index}",
+                          stop_reason="end_of_conversation" if score is not None else "env_error",
+                          score=score)  # fmt: skip
+        return replace(reported(index, score), episode=episode)
+
+    reports = [of(0, "a", 0.5), of(1, "a", 0.5), of(2, "b", 0.2), of(3, "b", 0.9),
+               of(4, "c", 1.0), of(5, "c", None), of(6, "d", 0.0), of(7, "d", 0.0)]  # fmt: skip
+    (window,) = reward_windows(reports, size=8)
+    assert window.zero_variance_groups == pytest.approx(2 / 3)  # a and d of a, b, d
+    (lonely,) = reward_windows([of(0, "a", 0.5), of(1, "b", 0.5)], size=2)
+    assert lonely.zero_variance_groups is None
+    assert share(asdict(window), "zero_variance_groups") == pytest.approx(2 / 3)
