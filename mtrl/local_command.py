@@ -129,9 +129,14 @@ def _synth_failed(error: Exception) -> Exception:
 
 def _step_line(metrics: dict[str, Any]) -> str:
     wins = metrics.get("win_rate")
-    return f"reward {metrics['mean_reward']:.3f}" + (
+    return f"reward {_reward(metrics['mean_reward'])}" + (
         f", wins {wins:.0%}" if wins is not None else ""
     )
+
+
+def _reward(value: float | None) -> str:
+    """A step's mean reward; none when no rollout of it scored."""
+    return "none" if value is None else f"{value:.3f}"
 
 
 class _Bars:
@@ -222,11 +227,11 @@ def _print_result(outcome: Any, directory: Path) -> None:
             ("steps", str(len(curve))),
             (
                 "mean reward",
-                f"{first['mean_reward']:.3f} (step {first['step']}) -> {last['mean_reward']:.3f} "
-                f"(step {last['step']})",
+                f"{_reward(first['mean_reward'])} (step {first['step']}) -> "
+                f"{_reward(last['mean_reward'])} (step {last['step']})",
             ),
         ]
-        if last.get("win_rate") is not None:
+        if first.get("win_rate") is not None and last.get("win_rate") is not None:
             rows.append(("win rate", f"{first['win_rate']:.0%} -> {last['win_rate']:.0%}"))
     if data["evaluation"] is not None:
         rows.append(("held-out evaluation", _evaluation_line(data["evaluation"])))

@@ -120,8 +120,12 @@ def plot_reward_curve(
         plot_before_after(panel, evaluation)
     else:
         figure, axes = plt.subplots(figsize=(7, 4), dpi=100)
-    axes.plot(steps, [m["mean_reward"] for m in metrics], marker="o", label="mean reward")
-    axes.plot(steps, [m["max_reward"] for m in metrics], linestyle="--", label="best reward")
+    # A step where no rollout scored is a gap in the curve.
+    gap = float("nan")
+    axes.plot(steps, [_or(m["mean_reward"], gap) for m in metrics], marker="o", label="mean reward")
+    axes.plot(
+        steps, [_or(m["max_reward"], gap) for m in metrics], linestyle="--", label="best reward"
+    )
     wins = [m.get("win_rate") for m in metrics]
     if all(w is not None for w in wins):
         axes.plot(steps, wins, linestyle=":", label="win rate")
@@ -132,6 +136,10 @@ def plot_reward_curve(
     figure.tight_layout()
     figure.savefig(path)
     plt.close(figure)
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def plot_before_after(axes: Any, evaluation: dict[str, Any]) -> None:

@@ -3,7 +3,8 @@ environment; `environment_args.sickness` says how):
 
 - same_reward: every episode earns 0.5, so no GRPO group has a learning signal;
 - flaky: the environment raises on half the records (by id), so half the rollouts end in an
-  environment error.
+  environment error;
+- down: the environment raises on every record.
 """
 
 from __future__ import annotations
@@ -28,5 +29,11 @@ class FlakyWordle(WordleEnvironment):
         return super().reset(record, seed=seed)
 
 
+class DownWordle(WordleEnvironment):
+    def reset(self, record: Record, *, seed: int = 0) -> tuple[WordleEpisode, list[Message]]:
+        raise ConnectionError("the environment's backend is down")
+
+
 def load_environment(sickness: str) -> WordleEnvironment:
-    return {"same_reward": SameRewardWordle, "flaky": FlakyWordle}[sickness]()
+    sick = {"same_reward": SameRewardWordle, "flaky": FlakyWordle, "down": DownWordle}
+    return sick[sickness]()

@@ -355,3 +355,35 @@ def test_a_run_health_rule_stops_a_sick_run_and_leaves_nothing(
     trained = (directory / "outputs" / "metrics.jsonl").read_text().splitlines()
     assert 2 <= len(trained) < 40  # stopped, long before its last step
     assert _child_processes() == before
+
+
+def test_an_environment_that_is_down_is_stopped_by_the_default_rules_not_a_crash(
+    tmp_path: Path, small_config: Path, template: dict
+) -> None:
+    """Every rollout fails: the trainer records each step (nothing scored, nothing learned) and
+    the default rule — half the rollouts failed for three steps — stops the run."""
+    config = yaml.safe_load(small_config.read_text()) | {
+        "max_steps": 40, "eval_fraction": 0,
+        "environment": str(Path(__file__).with_name("sick_wordle.py")),
+        "environment_args": {"sickness": "down"},
+    }  # fmt: skip
+    small_config.write_text(yaml.safe_dump(config))
+    outcome, directory = run_local(
+        LocalRunOptions(EXAMPLE / "train.jsonl", config=str(small_config), out_dir=tmp_path),
+        template=template,
+        timeout_seconds=300,
+    )
+    assert outcome.status == "FAILED"
+    report = json.loads((directory / "report.json").read_text())
+    assert re.search(
+        r"unhealthy: run health: 100% of the rollouts failed \(no score\) on steps \d+-\d+ "
+        r"\(failed_rollout_rate >= 0.5 for 3 steps in a row: stop\)",
+        report["reason"],
+    ), report["reason"]
+    assert report["leftover"]["total"] == 0
+    steps = [
+        json.loads(line)
+        for line in (directory / "outputs" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert steps[0]["mean_reward"] is None and steps[0]["failed_rollouts"] == 16
+    assert steps[0]["env_error_rollouts"] == 16

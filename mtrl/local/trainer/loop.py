@@ -48,20 +48,22 @@ log = logging.getLogger("mtrl.trainer")
 
 @dataclass(frozen=True)
 class StepMetrics:
+    # None: no rollout of the step scored (all failed): nothing learned, the step still counted,
+    # for run health (domain/health.py) to judge.
     step: int
-    mean_reward: float
-    max_reward: float
+    mean_reward: float | None
+    max_reward: float | None
     win_rate: float | None
-    zero_variance_groups: float
-    turns_per_episode: float
+    zero_variance_groups: float | None
+    turns_per_episode: float | None
     rollouts: int  # scored ones
     rollouts_asked: int  # what run health divides by (domain/health.py)
     failed_rollouts: int
     env_error_rollouts: int  # of the failed: the environment raised
     timeout_rollouts: int  # of the failed: timed out, or no answer within the step's wait
-    objective: float
-    kl: float
-    clipped_fraction: float
+    objective: float | None
+    kl: float | None
+    clipped_fraction: float | None
     seconds: float
     params: list[float]
 
@@ -190,12 +192,12 @@ class Trainer:
                 succeeded = responses[sample].succeeded  # the environment's success flag
                 if succeeded is not None:
                     wins.append(float(succeeded))
-        if not rewards:
-            raise TrainingFailed(f"step {step}: no group had two rewarded rollouts")
         settings = self.config.local_policy
         stats = None
         params = self.server.params
-        for _ in range(settings.epochs):
+        if not rewards:
+            log.warning("step %d: no group had two rewarded rollouts; no update", step)
+        for _ in range(settings.epochs if rewards else 0):
             _, gradient, stats = objective_and_gradient(
                 params,
                 episodes,
@@ -205,25 +207,24 @@ class Trainer:
             )
             params = self.optimizer.step(params, gradient)
             self.server.params = params
-        assert stats is not None
         expected = sum(len(samples) for samples in groups.values())
         asked = [sample for samples in groups.values() for sample in samples]
         ended = [responses[sample].stop_reason for sample in asked if sample in responses]
         metrics = StepMetrics(
             step=step,
-            mean_reward=float(np.mean(rewards)),
-            max_reward=float(np.max(rewards)),
+            mean_reward=float(np.mean(rewards)) if rewards else None,
+            max_reward=float(np.max(rewards)) if rewards else None,
             win_rate=float(np.mean(wins)) if wins else None,
-            zero_variance_groups=flat_groups / max(1, len(groups)),
-            turns_per_episode=float(np.mean(turns)),
+            zero_variance_groups=flat_groups / len(groups) if rewards else None,
+            turns_per_episode=float(np.mean(turns)) if rewards else None,
             rollouts=len(rewards),
             rollouts_asked=expected,
             failed_rollouts=expected - len(rewards),
             env_error_rollouts=ended.count("env_error"),
             timeout_rollouts=ended.count("timeout") + expected - len(ended),
-            objective=stats.objective,
-            kl=stats.kl,
-            clipped_fraction=stats.clipped_fraction,
+            objective=stats.objective if stats else None,
+            kl=stats.kl if stats else None,
+            clipped_fraction=stats.clipped_fraction if stats else None,
             seconds=self.clock() - started,
             params=[round(float(p), 4) for p in params],
         )
@@ -236,10 +237,10 @@ class Trainer:
             self._save_checkpoint(f"step-{step:06d}")
         last = self.steps_before + self.config.max_steps
         log.info(
-            "step %d/%d: mean reward %.3f, %d rollouts (%d failed), %.1f s",
+            "step %d/%d: mean reward %s, %d rollouts (%d failed), %.1f s",
             step,
             last,
-            metrics.mean_reward,
+            "none" if metrics.mean_reward is None else f"{metrics.mean_reward:.3f}",
             metrics.rollouts,
             metrics.failed_rollouts,
             metrics.seconds,
