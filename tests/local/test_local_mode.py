@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -312,6 +313,26 @@ def test_the_support_desk_agent_example_trains_with_tool_calls_end_to_end(
     assert len(episodes) == 24 and all(e["stop_reason"] == "end_of_conversation" for e in episodes)
 
 
+def sick_run(
+    tmp_path: Path, small_config: Path, template: dict, sickness: str, **settings: Any
+) -> tuple[dict, Path]:
+    """A run of Wordle made sick (tests/local/sick_wordle.py), up to 40 steps, no evaluation:
+    it must end FAILED; its report and folder."""
+    config = yaml.safe_load(small_config.read_text()) | {
+        "max_steps": 40, "eval_fraction": 0,
+        "environment": str(Path(__file__).with_name("sick_wordle.py")),
+        "environment_args": {"sickness": sickness}, **settings,
+    }  # fmt: skip
+    small_config.write_text(yaml.safe_dump(config))
+    outcome, directory = run_local(
+        LocalRunOptions(EXAMPLE / "train.jsonl", config=str(small_config), out_dir=tmp_path),
+        template=template,
+        timeout_seconds=300,
+    )
+    assert outcome.status == "FAILED"
+    return json.loads((directory / "report.json").read_text()), directory
+
+
 @pytest.mark.parametrize(
     ("sickness", "rule", "reason"),
     [
@@ -335,19 +356,9 @@ def test_a_run_health_rule_stops_a_sick_run_and_leaves_nothing(
     reason, torn down."""
     before = _child_processes()
     # Four records a step (groups of four): a step has groups that still score.
-    config = yaml.safe_load(small_config.read_text()) | {
-        "max_steps": 40, "eval_fraction": 0, "health": [rule], "group_size": 4,
-        "environment": str(Path(__file__).with_name("sick_wordle.py")),
-        "environment_args": {"sickness": sickness},
-    }  # fmt: skip
-    small_config.write_text(yaml.safe_dump(config))
-    outcome, directory = run_local(
-        LocalRunOptions(EXAMPLE / "train.jsonl", config=str(small_config), out_dir=tmp_path),
-        template=template,
-        timeout_seconds=300,
+    report, directory = sick_run(
+        tmp_path, small_config, template, sickness, health=[rule], group_size=4
     )
-    assert outcome.status == "FAILED"
-    report = json.loads((directory / "report.json").read_text())
     assert report["failed_state"] == "TrainingJob"
     assert report["reason"].startswith("TrainingJobFailed: unhealthy: run health: ")
     assert reason in report["reason"]
@@ -362,19 +373,7 @@ def test_an_environment_that_is_down_is_stopped_by_the_default_rules_not_a_crash
 ) -> None:
     """Every rollout fails: the trainer records each step (nothing scored, nothing learned) and
     the default rule — half the rollouts failed for three steps — stops the run."""
-    config = yaml.safe_load(small_config.read_text()) | {
-        "max_steps": 40, "eval_fraction": 0,
-        "environment": str(Path(__file__).with_name("sick_wordle.py")),
-        "environment_args": {"sickness": "down"},
-    }  # fmt: skip
-    small_config.write_text(yaml.safe_dump(config))
-    outcome, directory = run_local(
-        LocalRunOptions(EXAMPLE / "train.jsonl", config=str(small_config), out_dir=tmp_path),
-        template=template,
-        timeout_seconds=300,
-    )
-    assert outcome.status == "FAILED"
-    report = json.loads((directory / "report.json").read_text())
+    report, directory = sick_run(tmp_path, small_config, template, "down")
     assert re.search(
         r"unhealthy: run health: 100% of the rollouts failed \(no score\) on steps \d+-\d+ "
         r"\(failed_rollout_rate >= 0.5 for 3 steps in a row: stop\)",
