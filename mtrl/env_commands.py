@@ -19,7 +19,7 @@ from rich.text import Text
 from domain.dataset import DatasetValidator
 from mtrl.console import fail, out
 from reward_envs.conformance import check_environment
-from reward_envs.interface import Environment, Message, Record, Reply
+from reward_envs.interface import Environment, Message, Record, Reply, tool_turn
 from reward_envs.registry import EnvironmentNotFound, load
 
 env_app = typer.Typer(help="Create, check and play reward environments.", no_args_is_help=True)
@@ -247,9 +247,4 @@ def _typed_reply(typed: str, tools: Sequence[Mapping[str, Any]], turn: int) -> s
     name, _, arguments = typed.strip().partition(" ")
     if not any(tool["function"]["name"] == name for tool in tools):
         return typed
-    function = {"name": name, "arguments": arguments.strip() or "{}"}
-    return {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [{"id": f"call_{turn}", "type": "function", "function": function}],
-    }
+    return tool_turn(name, arguments.strip() or "{}", call_id=f"call_{turn}")

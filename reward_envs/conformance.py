@@ -30,6 +30,7 @@ from reward_envs.interface import (
     Reply,
     RewardRange,
     StepResult,
+    tool_turn,
 )
 
 ROLES = {"system", "user", "assistant", "tool"}
@@ -50,12 +51,7 @@ def garbage_tool_turns(tools: Sequence[Any]) -> list[Message]:
     wrong type or none at all."""
 
     def call(name: Any, arguments: Any, content: str | None = None) -> Message:
-        function = {"name": name, "arguments": arguments}
-        return {
-            "role": "assistant",
-            "content": content,
-            "tool_calls": [{"id": "call_garbage", "type": "function", "function": function}],
-        }
+        return tool_turn(name, arguments, call_id="call_garbage", content=content)
 
     turns = [
         call("no_such_tool", "{}"),
@@ -230,9 +226,9 @@ class _Kit:
             raise ConformanceError(f"record {record.id}: reset must return (Episode, messages)")
         return started
 
-    def _step(self, episode: Episode, reply: str | Message, where: str) -> StepResult:
+    def _step(self, episode: Episode, reply: Reply, where: str) -> StepResult:
         began = time.perf_counter()
-        result = episode.act(Reply.of(reply, self.environment.tools))
+        result = episode.act(reply)
         self.durations.append(time.perf_counter() - began)
         if not isinstance(result, StepResult):
             raise ConformanceError(
@@ -260,11 +256,12 @@ class _Kit:
         limit = self.environment.max_turns
         for turn in range(1, limit + 1):
             reply = replies(history, turn)
+            parsed = Reply.of(reply, self.environment.tools)
             result = self._step(
-                episode, reply, f"record {record.id}, turn {turn}, reply {_shown(reply)}"
+                episode, parsed, f"record {record.id}, turn {turn}, reply {_shown(reply)}"
             )
             transcript.steps.append((reply, result.messages, float(result.reward), result.done))
-            history += [Reply.of(reply).message, *result.messages]
+            history += [parsed.message, *result.messages]
             if result.done:
                 return transcript
         raise ConformanceError(f"record {record.id}: not done after max_turns={limit} turns")
@@ -320,7 +317,8 @@ class _Kit:
         ]
         for reply in garbage:
             episode, _ = self._reset(record, self.seed)
-            self._step(episode, reply, f"record {record.id}, garbage reply {_shown(reply)}")
+            parsed = Reply.of(reply, self.environment.tools)
+            self._step(episode, parsed, f"record {record.id}, garbage reply {_shown(reply)}")
         cycle = [reply for reply in garbage if reply is not GARBAGE_REPLIES[2]]
         self.play(record, self.seed, lambda _history, turn: cycle[turn % len(cycle)])
         return f"{len(garbage)} kinds of garbage, and a whole episode of it"
@@ -339,9 +337,11 @@ class _Kit:
             for index in list(active):
                 episode, transcript, history, replies = episodes[index]
                 reply = replies(history, turn)
-                result = self._step(episode, reply, f"record {self.records[index].id}, turn {turn}")
+                parsed = Reply.of(reply, self.environment.tools)
+                where = f"record {self.records[index].id}, turn {turn}"
+                result = self._step(episode, parsed, where)
                 transcript.steps.append((reply, result.messages, float(result.reward), result.done))
-                history += [Reply.of(reply).message, *result.messages]
+                history += [parsed.message, *result.messages]
                 if result.done:
                     active.remove(index)
         interleaved = [transcript for _, transcript, _, _ in episodes]

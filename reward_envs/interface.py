@@ -99,6 +99,17 @@ def _tool_use(call: Any, index: int, known: set[Any]) -> ToolUse:
     return ToolUse(call_id, name, arguments, raw)
 
 
+def tool_turn(name: Any, arguments: Any, *, call_id: str, content: str | None = None) -> Message:
+    """An assistant turn that calls one tool, as a model writes it (`arguments`: its JSON text,
+    or whatever a broken model sends)."""
+    function = {"name": name, "arguments": arguments}
+    return {
+        "role": "assistant",
+        "content": content,
+        "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+    }
+
+
 def tool_result(call: ToolUse, content: Any) -> Message:
     """The tool message answering `call` (`content` as JSON unless it is text)."""
     text = content if isinstance(content, str) else json.dumps(content, sort_keys=True)

@@ -22,7 +22,7 @@ from domain.backends import (
 from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, run_output_prefix, run_outputs
 from domain.episodes import EvaluationStage
 from domain.evaluation import EvaluationReport, compare, read_episodes, summarize
-from domain.health import Finding, findings
+from domain.health import findings
 from domain.run_state import EvaluationJob, JobReport, RegisteredRun, RunState
 from domain.runs import RunRecord, RunStore
 from lambdas.pipeline import policies
@@ -133,17 +133,17 @@ class ComputeSteps:
         phase, reason = (
             (verdict.phase, verdict.reason) if verdict else (status.phase, status.reason)
         )
-        warnings = [finding.reason() for finding in found if not finding.stops]
-        self._keep_warnings(record, found)
+        warnings = {f.rule.metric: f.reason() for f in found if not f.stops}
+        self._keep_warnings(record, warnings)
         report = JobReport(
-            phase=phase, reason=reason, step=status.step, quiet_polls=quiet, health=warnings
-        )
+            phase=phase, reason=reason, step=status.step, quiet_polls=quiet,
+            health=list(warnings.values()),
+        )  # fmt: skip
         return report.model_dump(mode="json")
 
-    def _keep_warnings(self, record: RunRecord | None, found: list[Finding]) -> None:
-        """The run's health warnings on its record (`mtrl status`, the end notification), and an
-        alert when a rule starts to hold."""
-        current = {f.rule.metric: f.reason() for f in found if not f.stops}
+    def _keep_warnings(self, record: RunRecord | None, current: dict[str, str]) -> None:
+        """The run's health warnings (reasons by metric) on its record (`mtrl status`, the end
+        notification), and an alert when a rule starts to hold."""
         if record is None or current == record.health:
             return
         runs = RunStore(self.clients("dynamodb"), self.settings.runs_table)

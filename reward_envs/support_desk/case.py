@@ -62,13 +62,13 @@ class Case:
 
     def refund_allowed(self) -> bool:
         order = self.order
-        return (
-            order is not None
-            and order.customer_id == self.customer_id
-            and order.status == "delivered"
-            and order.delivered_days_ago is not None
-            and order.delivered_days_ago <= WINDOW_DAYS[self.tier]
-            and not order.refunded
+        return order is not None and policy_allows(
+            asking_customer=self.customer_id,
+            order_customer=order.customer_id,
+            status=order.status,
+            delivered_days_ago=order.delivered_days_ago,
+            refunded=order.refunded,
+            window_days=WINDOW_DAYS[self.tier],
         )
 
     def task(self) -> str:
@@ -98,6 +98,27 @@ class Case:
         if case.tier not in WINDOW_DAYS:
             raise ValueError(f"metadata.info.tier must be one of {sorted(WINDOW_DAYS)}")
         return case
+
+
+def policy_allows(
+    *,
+    asking_customer: Any,
+    order_customer: Any,
+    status: Any,
+    delivered_days_ago: Any,
+    refunded: Any,
+    window_days: Any,
+) -> bool:
+    """The refund policy: the case's truth (`Case.refund_allowed`) and an agent's reading of the
+    tools' answers (notes.py) both ask it."""
+    return (
+        order_customer == asking_customer
+        and status == "delivered"
+        and isinstance(delivered_days_ago, int)
+        and isinstance(window_days, int)
+        and delivered_days_ago <= window_days
+        and not refunded
+    )
 
 
 def draw_case(rng: random.Random, variant: Variant | None = None) -> Case:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ from reward_envs.interface import (
     StepResult,
     ToolUse,
     tool_result,
+    tool_turn,
 )
 from reward_envs.support_desk.case import Case, draw_case
 from reward_envs.support_desk.shop import TOOLS, BadRequest, Refund, Shop
@@ -89,7 +90,7 @@ class SupportDeskEpisode(Episode):
             return tool_result(call, {"error": call.problem})
         if call.name == "finish":
             return self._finish(call)
-        key = f"{call.name}:{json.dumps(call.arguments, sort_keys=True)}"
+        key = _read_key(call.name, call.arguments)
         try:
             answer = self.shop.call(call.name, call.arguments)
         except BadRequest as refused:
@@ -119,9 +120,9 @@ class SupportDeskEpisode(Episode):
     def _needed_reads(self) -> set[str]:
         case = self.shop.case
         return {
-            f"get_order:{json.dumps({'order_id': case.order_id})}",
-            f"get_customer:{json.dumps({'customer_id': case.customer_id})}",
-            f"get_refund_policy:{json.dumps({'tier': case.tier})}",
+            _read_key("get_order", {"order_id": case.order_id}),
+            _read_key("get_customer", {"customer_id": case.customer_id}),
+            _read_key("get_refund_policy", {"tier": case.tier}),
         }
 
     def state_correct(self) -> bool:
@@ -203,14 +204,14 @@ class SupportDeskEnvironment(Environment):
             else rng.choice(spec.get("enum", [0, 1, 999]))
             for name, spec in tool["parameters"]["properties"].items()
         }  # fmt: skip
-        call = {"name": tool["name"], "arguments": json.dumps(arguments)}
-        return {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {"id": f"call_{rng.randrange(10**6)}", "type": "function", "function": call}
-            ],
-        }
+        return tool_turn(
+            tool["name"], json.dumps(arguments), call_id=f"call_{rng.randrange(10**6)}"
+        )
+
+
+def _read_key(name: str, arguments: Mapping[str, Any]) -> str:
+    """What tells one look-up from another: the tool and its arguments."""
+    return f"{name}:{json.dumps(arguments, sort_keys=True)}"
 
 
 def record_for(index: int, seed: int = 0) -> Record:

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reward_envs.interface import Message
+from reward_envs.interface import Message, tool_turn
+from reward_envs.support_desk.case import policy_allows
 
 _TASK = re.compile(r"\((?P<customer>C-\d+)\) asks for a refund of order (?P<order>O-\d+)")
 
@@ -39,13 +40,13 @@ class Notes:
         if not self.complete:
             return None
         order, policy = self.order or {}, self.policy or {}
-        days = order.get("delivered_days_ago")
-        return (
-            order.get("customer_id") == self.customer_id
-            and order.get("status") == "delivered"
-            and isinstance(days, int)
-            and days <= policy.get("window_days", -1)
-            and not order.get("refunded")
+        return policy_allows(
+            asking_customer=self.customer_id,
+            order_customer=order.get("customer_id"),
+            status=order.get("status"),
+            delivered_days_ago=order.get("delivered_days_ago"),
+            refunded=order.get("refunded"),
+            window_days=policy.get("window_days"),
         )
 
 
@@ -100,12 +101,7 @@ def _note(notes: Notes, name: str, answer: dict[str, Any]) -> None:
 
 def call(call_id: str, name: str, **arguments: Any) -> Message:
     """An assistant turn that calls one tool."""
-    function = {"name": name, "arguments": json.dumps(arguments, sort_keys=True)}
-    return {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [{"id": call_id, "type": "function", "function": function}],
-    }
+    return tool_turn(name, json.dumps(arguments, sort_keys=True), call_id=call_id)
 
 
 def oracle_reply(messages: Sequence[Message]) -> Message:

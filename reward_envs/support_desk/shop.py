@@ -66,7 +66,11 @@ TOOLS: tuple[dict[str, Any], ...] = (
         {"decision": {"type": "string", "enum": ["denied", "refunded"]}, "message": _ID},
     ),
 )
-TOOL_NAMES = frozenset(tool["function"]["name"] for tool in TOOLS)
+# The argument names each tool takes (OpenAI's `parameters`), which `Shop.call` checks.
+PARAMETERS = {
+    tool["function"]["name"]: frozenset(tool["function"]["parameters"]["properties"])
+    for tool in TOOLS
+}
 
 
 class BadRequest(ValueError):
@@ -117,9 +121,7 @@ class Shop:
     def call(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """Run tool `name` (not `finish`, which the episode handles); BadRequest when the call
         is wrong."""
-        tool = self._tools[name]
-        expected = set(next(t for t in TOOLS if t["function"]["name"] == name)["function"][
-            "parameters"]["properties"])  # fmt: skip
+        tool, expected = self._tools[name], PARAMETERS[name]
         if set(arguments) != expected:
             raise BadRequest(f"{name} takes {', '.join(sorted(expected))}; got {sorted(arguments)}")
         return tool(**arguments)

@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from reward_envs.interface import Message
+from reward_envs.interface import Message, Reply
 
 
 class ModelError(RuntimeError):
@@ -75,8 +75,7 @@ class CallableModel(ModelClient):
                 time.sleep(max(0.0, timeout))
                 raise ModelTimeout(f"{step_id}: no reply within {timeout:.1f} s")
             time.sleep(self._delay)
-        reply = self._reply(messages)
-        return {"role": "assistant", "content": reply} if isinstance(reply, str) else reply
+        return Reply.of(self._reply(messages)).message
 
 
 class OpenAICompatibleClient(ModelClient):

@@ -14,7 +14,7 @@ import pytest
 from domain.dataset import DatasetValidator
 from domain.protocol import RolloutRequest
 from reward_envs.conformance import check_environment
-from reward_envs.interface import Message, Record, Reply
+from reward_envs.interface import Message, Record, Reply, tool_turn
 from reward_envs.registry import load
 from reward_envs.support_desk import SupportDeskEnvironment, oracle_reply, record_for
 from reward_envs.support_desk.case import VARIANTS, Case, Order, draw_case
@@ -63,12 +63,7 @@ def checks(case: Case) -> list[Message]:
 
 
 def garbled(name: str, arguments: str) -> Message:
-    function = {"name": name, "arguments": arguments}
-    return {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [{"id": "bad", "type": "function", "function": function}],
-    }
+    return tool_turn(name, arguments, call_id="bad")
 
 
 def many_garbled(count: int) -> Message:

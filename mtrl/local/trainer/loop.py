@@ -207,8 +207,8 @@ class Trainer:
             )
             params = self.optimizer.step(params, gradient)
             self.server.params = params
-        expected = sum(len(samples) for samples in groups.values())
         asked = [sample for samples in groups.values() for sample in samples]
+        expected = len(asked)
         ended = [responses[sample].stop_reason for sample in asked if sample in responses]
         metrics = StepMetrics(
             step=step,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reward_envs.interface import Environment, Message
+from reward_envs.interface import Environment, Message, Reply
 from reward_envs.support_desk.notes import Notes, call, read_notes
 from reward_envs.wordle import words
 from reward_envs.wordle.env import read_feedback
@@ -37,9 +37,7 @@ class Decision:
     @property
     def message(self) -> Message:
         """The reply as the assistant message a model server answers with."""
-        if isinstance(self.reply, str):
-            return {"role": "assistant", "content": self.reply}
-        return self.reply
+        return Reply.of(self.reply).message
 
     @property
     def text(self) -> str:

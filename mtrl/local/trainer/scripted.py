@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from domain.protocol import GenerateRequest, GenerateResponse, dump, fifo_id, parse
+from reward_envs.interface import Reply
 
 
 class ScriptedTrainer(threading.Thread):
@@ -42,9 +43,7 @@ class ScriptedTrainer(threading.Thread):
                 self.stop.wait(0.01)
             for message in messages:
                 request = parse(GenerateRequest, message["Body"])
-                reply = self.reply(request)
-                if isinstance(reply, str):
-                    reply = {"role": "assistant", "content": reply}
+                reply = Reply.of(self.reply(request)).message
                 response = GenerateResponse(
                     sample_id=request.sample_id,
                     step_id=request.step_id,
