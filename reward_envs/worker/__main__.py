@@ -13,6 +13,7 @@ import sys
 
 import boto3
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from reward_envs.registry import EnvironmentNotFound, load
 from reward_envs.worker.model_client import ModelClient, OpenAICompatibleClient
@@ -36,6 +37,9 @@ def main() -> int:
         print(
             f"reward worker: {key}: {problem['msg'].removeprefix('Value error, ')}", file=sys.stderr
         )
+        return 2
+    except SettingsError as error:  # a JSON setting that is not JSON (MTRL_ENVIRONMENT_ARGS)
+        print(f"reward worker: {error}: {error.__cause__}", file=sys.stderr)
         return 2
     if not settings.router_url and not (
         settings.model_base_url and settings.rollout_response_queue_url

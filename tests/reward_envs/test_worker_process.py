@@ -168,3 +168,20 @@ def test_worker_process_needs_a_model() -> None:
         timeout=60,
     )
     assert result.returncode == 2 and "set MTRL_ROUTER_URL" in result.stderr
+
+
+def test_worker_process_refuses_environment_args_that_are_not_json_in_one_line() -> None:
+    env = _environment(
+        MTRL_ROLLOUT_REQUEST_QUEUE_URL="https://sqs/q.fifo", MTRL_ENVIRONMENT_ARGS="{url: nope"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "reward_envs.worker"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith('reward worker: error parsing value for field "environment_args"')
+    assert "Expecting property name enclosed in double quotes" in line
