@@ -128,14 +128,19 @@ def test_worker_process_answers_then_stops_cleanly_on_sigterm(
     assert not sqs.receive_message(QueueUrl=urls["resp"], WaitTimeSeconds=0).get("Messages")
 
 
-def test_worker_process_refuses_a_missing_setting_in_one_line() -> None:
-    result = subprocess.run(
+def _run_worker(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The worker's process, with `env` as its environment, until it exits."""
+    return subprocess.run(
         [sys.executable, "-m", "reward_envs.worker"],
-        env=_environment(),
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_worker_process_refuses_a_missing_setting_in_one_line() -> None:
+    result = _run_worker(_environment())
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert lines == ["reward worker: MTRL_ROLLOUT_REQUEST_QUEUE_URL: Field required"]
@@ -145,13 +150,7 @@ def test_worker_process_needs_run_credentials_for_the_router() -> None:
     env = _environment(
         MTRL_ROLLOUT_REQUEST_QUEUE_URL="https://sqs/q.fifo", MTRL_ROUTER_URL="https://router"
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "reward_envs.worker"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = _run_worker(env)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "reward worker: settings: router_url needs run_id and run_token (MTRL_RUN_ID, MTRL_RUN_TOKEN)"
@@ -160,13 +159,7 @@ def test_worker_process_needs_run_credentials_for_the_router() -> None:
 
 def test_worker_process_needs_a_model() -> None:
     env = _environment(MTRL_ROLLOUT_REQUEST_QUEUE_URL="https://sqs/q.fifo")
-    result = subprocess.run(
-        [sys.executable, "-m", "reward_envs.worker"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = _run_worker(env)
     assert result.returncode == 2 and "set MTRL_ROUTER_URL" in result.stderr
 
 
@@ -174,13 +167,7 @@ def test_worker_process_refuses_environment_args_that_are_not_json_in_one_line()
     env = _environment(
         MTRL_ROLLOUT_REQUEST_QUEUE_URL="https://sqs/q.fifo", MTRL_ENVIRONMENT_ARGS="{url: nope"
     )
-    result = subprocess.run(
-        [sys.executable, "-m", "reward_envs.worker"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = _run_worker(env)
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith('reward worker: error parsing value for field "environment_args"')
