@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@echo "Installing nova-mtrl and its dependencies into $(VENV) (about 2 minutes the first time)"
 	# Not quiet: pip's lines are the progress of the longest step a newcomer waits for.
-	$(BIN)/python -m pip install --progress-bar off -e '.[cdk,local,dev]'
+	$(BIN)/python -m pip install --progress-bar off -e '.[cdk,local,tracking,dev]'
 	# HyperPod's job model for the tests' schema check; its own pins clash with ours and the
 	# module we load needs only pydantic, so it comes without dependencies.
 	$(BIN)/python -m pip install --quiet --no-deps sagemaker-hyperpod==$(SAGEMAKER_HYPERPOD_VERSION)

@@ -30,7 +30,7 @@ from reward_envs.wordle import load_environment, words
 from reward_envs.wordle.solver import default_solver
 from reward_envs.worker.model_client import CallableModel
 from reward_envs.worker.queues import SqsRolloutQueues
-from reward_envs.worker.rollout import run_rollout
+from reward_envs.worker.rollout import play_rollout
 from reward_envs.worker.settings import WorkerSettings
 from reward_envs.worker.worker import RewardWorker
 
@@ -72,7 +72,7 @@ def runner_rollouts_per_cpu_second(count: int) -> float:
     ]
     started = cpu_seconds()
     for request in requests:
-        run_rollout(ENV, model, request)
+        play_rollout(ENV, model, request)
     return count / (cpu_seconds() - started)
 
 

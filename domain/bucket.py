@@ -12,10 +12,17 @@ CONFIGS_PREFIX = "configs/"  # training configs named by a dataset's metadata
 RUNS_PREFIX = "runs/"  # runs/<run id>/: checkpoints, metrics, summary
 SUMMARY_OBJECT = "summary.json"  # under a run's outputs, written by Collect when the run ends
 EVALUATION_OBJECT = "evaluation.json"  # under a run's outputs: baseline, final and the delta
+# Under a run's outputs: every finished rollout, Parquet by hour (domain/trajectories.py).
+TRAJECTORIES_FOLDER = "trajectories/"
+QUERY_RESULTS_PREFIX = "athena-results/"  # the Athena workgroup's results (SQL over them)
 
 
 def run_output_prefix(run_id: str) -> str:
     return f"{RUNS_PREFIX}{run_id}/"
+
+
+def trajectories_prefix(run_id: str) -> str:
+    return f"{run_output_prefix(run_id)}{TRAJECTORIES_FOLDER}"
 
 
 def run_outputs(s3: Any, *, bucket: str, prefix: str) -> list[str]:

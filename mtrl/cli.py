@@ -27,6 +27,7 @@ from mtrl.ops_commands import (
     submit_command,
     teardown_command,
 )
+from mtrl.trajectories_command import trajectories_command
 from stacks.config import ConfigError, PlatformConfig, deployment_context
 from training_configs import TrainingConfigError, load_training_config
 from training_configs.schema import DEFAULT_CONFIG
@@ -43,6 +44,7 @@ app.command("runs")(runs_command)
 app.command("status")(status_command)
 app.command("cost")(cost_command)
 app.command("logs")(logs_command)
+app.command("trajectories")(trajectories_command)
 app.command("teardown")(teardown_command)
 app.command("deploy")(deploy_command)
 app.command("doctor")(doctor_command)

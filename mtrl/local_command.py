@@ -257,6 +257,14 @@ def _print_result(outcome: Any, directory: Path) -> None:
     rows.append(("report", str(directory / "report.json")))
     if (directory / "reward_curve.png").is_file():
         rows.append(("reward curve", str(directory / "reward_curve.png")))
+    if (directory / "outputs" / "trajectories").is_dir():
+        rows.append(
+            ("trajectories", f"mtrl trajectories {outcome.run_id} --out {directory.parent}")
+        )
+    for warning in data["health"].values():
+        rows.append(("run health", f"warning: {warning}"))
+    if data["tracking"]:
+        rows.append(("tracking", data["tracking"]))
     if out.is_terminal:
         table = Table(title=f"nova-mtrl local run {outcome.run_id}", show_header=False)
         table.add_column()

@@ -170,6 +170,8 @@ class Environment(ABC):
     reward_range: RewardRange = RewardRange()
     max_turns: int = 10
     tools: Sequence[Mapping[str, Any]] = ()  # OpenAI tool definitions the model may call
+    # Change it when the rewards change: every trajectory records it, so runs compare fairly.
+    version: str | None = None
 
     @abstractmethod
     def reset(self, record: Record, *, seed: int = 0) -> tuple[Episode, list[Message]]:

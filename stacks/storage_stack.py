@@ -8,6 +8,7 @@ from constructs import Construct
 from domain.bucket import TRAINING_DATA_PREFIX
 from stacks.base import PlatformStack
 from stacks.components.storage import Storage
+from stacks.components.trajectory_table import TrajectoryTable
 from stacks.config import PlatformConfig
 
 
@@ -25,3 +26,17 @@ class StorageStack(PlatformStack):
             ),
             description="Starts a training run",
         )
+        trajectories = TrajectoryTable(
+            self,
+            "Trajectories",
+            config=config,
+            data_bucket=self.storage.data_bucket,
+            data_key=self.storage.data_key,
+        )
+        cdk.CfnOutput(
+            self,
+            "TrajectoryTable",
+            value=f"{trajectories.database_name}.{trajectories.table_name}",
+            description="SQL over every run's rollouts (Athena, with WHERE run = '<run id>')",
+        )
+        cdk.CfnOutput(self, "AthenaWorkGroup", value=trajectories.workgroup_name)

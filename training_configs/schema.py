@@ -6,6 +6,7 @@ user's own. Every problem is reported as `config FILE: key: what is wrong`.
 
 from __future__ import annotations
 
+import hashlib
 from importlib import resources
 from pathlib import Path
 from typing import Literal, Self
@@ -105,6 +106,11 @@ class TrainingConfig(BaseModel):
         default_factory=lambda: list(DEFAULT_HEALTH),
         description="run-health rules over each step's metrics (empty: none)",
     )
+    trajectories: bool = Field(
+        default=True,
+        description="keep every finished rollout (conversation, rewards) as Parquet under "
+        "runs/<run_id>/trajectories/",
+    )
     environment_args: dict[str, JsonValue] = Field(
         default={},
         description="the environment's load_environment arguments (e.g. openenv's url)",
@@ -152,6 +158,12 @@ class TrainingConfig(BaseModel):
     @property
     def evaluates(self) -> bool:
         return self.eval_dataset is not None or self.held_out_fraction > 0
+
+    @property
+    def fingerprint(self) -> str:
+        """12 hex digits of the config as it is (every field, defaults included): runs trained
+        with the same settings share it in their trajectories and experiment tracking."""
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:12]
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

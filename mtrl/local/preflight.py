@@ -21,7 +21,7 @@ from domain.dataset import DatasetRecord
 from domain.protocol import RewardSpec, RolloutRequest, RolloutResponse, sample_id_for
 from reward_envs.interface import Environment
 from reward_envs.worker.model_client import ModelClient
-from reward_envs.worker.rollout import run_rollout
+from reward_envs.worker.rollout import play_rollout
 
 FLAT_SPREAD = 1e-6
 
@@ -89,7 +89,9 @@ def preflight(
     ]
 
     def play(request: RolloutRequest) -> RolloutResponse:
-        return run_rollout(environment, model, request, max_turns=max_turns, timeout=timeout)
+        return play_rollout(
+            environment, model, request, max_turns=max_turns, timeout=timeout
+        ).response
 
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="preflight") as pool:
         responses = list(pool.map(play, requests))

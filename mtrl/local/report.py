@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,14 +72,18 @@ def report_data(outcome: RunOutcome) -> dict[str, Any]:
         "teardown": outcome.teardown,
         "leftover": {**outcome.leftover, "total": sum(outcome.leftover.values())},
         "notified": outcome.notification is not None,
+        "health": outcome.health,
+        "tracking": outcome.tracking,
         "compute_events": outcome.events,
     }
 
 
-def write_report(outcome: RunOutcome, directory: Path) -> Path:
+def write_report(
+    outcome: RunOutcome, directory: Path, *, track: Callable[[], str] | None = None
+) -> Path:
+    """Every file of the report; `track` (the experiment tracker, given the rest of the report)
+    runs before report.json is written, which says what it did."""
     directory.mkdir(parents=True, exist_ok=True)
-    data = report_data(outcome)
-    (directory / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     (directory / "execution_history.json").write_text(
         json.dumps(outcome.history, indent=2, default=str) + "\n"
     )
@@ -92,6 +97,10 @@ def write_report(outcome: RunOutcome, directory: Path) -> Path:
             title=outcome.run_id,
             evaluation=outcome.evaluation,
         )
+    if track is not None:
+        outcome.tracking = track()
+    data = report_data(outcome)
+    (directory / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
     return directory / "report.json"
 
 

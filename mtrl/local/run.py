@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,9 +23,11 @@ from typing import Any
 from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT
 from domain.checkpoints import referenced_run
 from domain.dataset import DatasetValidator
+from domain.tracking import tracked_run
 from mtrl.local.embedded import definition_skeleton, fault_states
-from mtrl.local.report import write_report
+from mtrl.local.report import failure_reason, write_report
 from mtrl.local.session import LocalSession, Observer, Prepared, RunOutcome
+from mtrl.local.tracking import TrackingUnavailable, store_uri, track_locally
 from mtrl.local.trainer.policy import NoLocalPolicy, policy_for
 from reward_envs.registry import EnvironmentNotFound, load
 from training_configs.schema import (
@@ -138,5 +141,43 @@ def run_local(
     evaluation = directory / "outputs" / EVALUATION_OBJECT
     if evaluation.is_file():
         outcome.evaluation = json.loads(evaluation.read_text())
-    write_report(outcome, directory)
+    write_report(
+        outcome,
+        directory,
+        track=lambda: track(outcome, options.dataset, directory, options.out_dir),
+    )
     return outcome, directory
+
+
+# What of a run's report goes to MLflow as files.
+TRACKED_FILES = ("reward_curve.png", f"outputs/{SUMMARY_OBJECT}", f"outputs/{EVALUATION_OBJECT}")
+
+
+def track(outcome: RunOutcome, dataset: Path, directory: Path, out_dir: Path) -> str:
+    """Log the run to the output folder's MLflow store: what the report says it became. A
+    tracking failure never fails the run."""
+    if outcome.config is None:
+        return "not tracked: the run has no config"
+    run = tracked_run(
+        run_id=outcome.run_id,
+        succeeded=outcome.status == "SUCCEEDED",
+        config=outcome.config,
+        dataset=str(dataset),
+        metrics=outcome.metrics,
+        evaluation=outcome.evaluation,
+        health=outcome.health,
+        reason=failure_reason(outcome),
+        artifacts={
+            Path(name).name: (directory / name).read_bytes()
+            for name in TRACKED_FILES
+            if (directory / name).is_file()
+        },
+    )
+    try:
+        mlflow_run = track_locally(run, out_dir)
+    except TrackingUnavailable as unavailable:
+        return f"not tracked: {unavailable}"
+    except Exception as error:  # noqa: BLE001 - the run's result stands whatever MLflow does
+        logging.getLogger("mtrl.tracking").exception("MLflow tracking failed")
+        return f"not tracked: MLflow failed ({type(error).__name__}: {error})"
+    return f"MLflow run {mlflow_run} in {store_uri(out_dir)}"

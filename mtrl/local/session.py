@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from domain.bucket import CONFIGS_PREFIX, run_output_prefix, run_outputs
+from domain.runs import RunStore
 from lambdas.pipeline.dependencies import Compute
 from lambdas.pipeline.register import CONFIG_METADATA_KEY
 from lambdas.pipeline.resources import leftover_resources
@@ -87,6 +88,8 @@ class RunOutcome:
     config: TrainingConfig | None = None
     seconds: float = 0.0
     evaluation: dict[str, Any] | None = None  # the run's evaluation.json, once Collect wrote it
+    health: dict[str, str] = field(default_factory=dict)  # run-health warnings, by metric
+    tracking: str | None = None  # the MLflow run it was logged as, or why it was not
 
 
 def config_upload(prepared: Prepared) -> tuple[str, bytes | None]:
@@ -274,7 +277,14 @@ class LocalSession:
             teardown=_teardown_result(history),
             leftover=self.leftover(run_id),
             events=sorted(self.fleet.events + self.cluster.events, key=lambda e: e["at"]),
+            health=self._health(run_id),
         )
+
+    def _health(self, run_id: str) -> dict[str, str]:
+        """The run-health warnings Monitor kept on the run's record."""
+        settings = PipelineSettings.model_validate(self.pipeline.environment)
+        record = RunStore(self.clients["dynamodb"], settings.runs_table).get(run_id)
+        return dict(record.health) if record is not None else {}
 
     def _history(self, execution: str) -> list[dict[str, Any]]:
         pages = self.clients["stepfunctions"].get_paginator("get_execution_history")

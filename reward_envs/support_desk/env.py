@@ -175,6 +175,7 @@ class SupportDeskEnvironment(Environment):
     `mtrl env data support_desk` write it), or drawn from the record id and seed."""
 
     name = "support_desk"
+    version = "1"
     reward_range = RewardRange(0.0, 1.0)
     max_turns = MAX_TURNS
     tools = TOOLS

@@ -157,6 +157,7 @@ class WordleEnvironment(Environment):
     a text `metadata.prompt` is shown before the rules."""
 
     name = "wordle"
+    version = "1"
     reward_range = RewardRange(0.0, 1.0)
     max_turns = MAX_GUESSES
 

@@ -15,11 +15,13 @@ import boto3
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
+from domain.bucket import trajectories_prefix
 from reward_envs.registry import EnvironmentNotFound, load
 from reward_envs.worker.model_client import ModelClient, OpenAICompatibleClient
 from reward_envs.worker.queues import SqsRolloutQueues
 from reward_envs.worker.router_client import RouterClient, RouterRolloutQueues
 from reward_envs.worker.settings import WorkerSettings
+from reward_envs.worker.trajectory_store import TrajectoryStore, s3_put
 from reward_envs.worker.worker import RewardWorker
 
 
@@ -56,13 +58,33 @@ def main() -> int:
         print(f"reward worker: MTRL_ENVIRONMENT(_ARGS): {missing}", file=sys.stderr)
         return 2
     queues, model = _model_and_queues(settings)
-    worker = RewardWorker(queues=queues, environment=environment, model=model, settings=settings)
+    worker = RewardWorker(
+        queues=queues,
+        environment=environment,
+        model=model,
+        settings=settings,
+        trajectories=_trajectory_store(settings),
+    )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: worker.stop())
     stats = worker.run()
     logging.getLogger("mtrl.worker").info("stopped: %s", stats)
+    if worker.trajectories is not None:
+        logging.getLogger("mtrl.worker").info("trajectories: %s", worker.trajectories.stats)
     logging.shutdown()
     return 0
+
+
+def _trajectory_store(settings: WorkerSettings) -> TrajectoryStore | None:
+    if not settings.trajectory_bucket:
+        return None
+    return TrajectoryStore(
+        s3_put(boto3.client("s3"), settings.trajectory_bucket),
+        prefix=trajectories_prefix(settings.run_id or ""),
+        flush_rows=settings.trajectory_flush_rows,
+        flush_seconds=settings.trajectory_flush_seconds,
+        max_buffered_bytes=settings.trajectory_buffer_mib * 1024 * 1024,
+    )
 
 
 def _model_and_queues(settings: WorkerSettings) -> tuple[SqsRolloutQueues, ModelClient]:

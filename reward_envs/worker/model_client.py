@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from reward_envs.interface import Message, Reply
@@ -26,6 +27,18 @@ class ModelTimeout(ModelError):
     """The model did not answer within the time left for the rollout."""
 
 
+@dataclass(frozen=True)
+class ModelTurn:
+    """The model's answer to one turn: the assistant message (what the conversation keeps), and
+    what the trajectory store records of how it was made."""
+
+    message: Message
+    finish_reason: str | None = None  # "length": cut at the token limit (truncated)
+    # How many updates the weights that answered had had, when the trainer says (our trainers
+    # send `policy_version` beside the choices; Nova's does not).
+    policy_version: int | None = None
+
+
 class ModelClient(ABC):
     @abstractmethod
     def chat(
@@ -36,20 +49,28 @@ class ModelClient(ABC):
         step_id: str,
         timeout: float,
         tools: Sequence[Mapping[str, Any]] = (),
-    ) -> Message:
+    ) -> ModelTurn:
         """The assistant's message answering `messages` (text, tool calls or both), within
         `timeout` seconds; `tools`: the OpenAI tool definitions the model may call."""
 
 
-def assistant_message(completion: Any, step_id: str) -> Message:
-    """`choices[0].message` of an OpenAI chat completion, as the server sent it."""
+def model_turn(completion: Any, step_id: str) -> ModelTurn:
+    """`choices[0].message` of an OpenAI chat completion, as the server sent it, with the
+    choice's `finish_reason` and the completion's `policy_version` when they are given."""
     try:
-        message = completion["choices"][0]["message"]
+        choice = completion["choices"][0]
+        message = choice["message"]
     except (KeyError, IndexError, TypeError) as error:
         raise ModelError(f"{step_id}: completion has no choices[0].message") from error
     if not isinstance(message, dict) or not isinstance(message.get("content"), str | None):
         raise ModelError(f"{step_id}: choices[0].message is not an assistant message")
-    return {**message, "role": "assistant"}
+    finish_reason = choice.get("finish_reason")
+    version = completion.get("policy_version")
+    return ModelTurn(
+        {**message, "role": "assistant"},
+        finish_reason if isinstance(finish_reason, str) else None,
+        version if isinstance(version, int) and not isinstance(version, bool) else None,
+    )
 
 
 class CallableModel(ModelClient):
@@ -69,13 +90,13 @@ class CallableModel(ModelClient):
         step_id: str,
         timeout: float,
         tools: Sequence[Mapping[str, Any]] = (),
-    ) -> Message:
+    ) -> ModelTurn:
         if self._delay:
             if self._delay > timeout:
                 time.sleep(max(0.0, timeout))
                 raise ModelTimeout(f"{step_id}: no reply within {timeout:.1f} s")
             time.sleep(self._delay)
-        return Reply.of(self._reply(messages)).message
+        return ModelTurn(Reply.of(self._reply(messages)).message)
 
 
 class OpenAICompatibleClient(ModelClient):
@@ -95,7 +116,7 @@ class OpenAICompatibleClient(ModelClient):
         step_id: str,
         timeout: float,
         tools: Sequence[Mapping[str, Any]] = (),
-    ) -> Message:
+    ) -> ModelTurn:
         if timeout <= 0:
             raise ModelTimeout(f"{step_id}: no time left")
         request: dict[str, Any] = {
@@ -124,4 +145,4 @@ class OpenAICompatibleClient(ModelClient):
             raise ModelError(f"{step_id}: cannot reach {self._url}: {error.reason}") from error
         except json.JSONDecodeError as error:
             raise ModelError(f"{step_id}: response is not JSON") from error
-        return assistant_message(payload, step_id)
+        return model_turn(payload, step_id)

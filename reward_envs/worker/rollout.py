@@ -15,14 +15,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from domain.protocol import Metric, RolloutRequest, RolloutResponse
-from reward_envs.interface import Environment, Record, Reply
+from reward_envs.interface import Environment, Message, Record, Reply
 from reward_envs.worker.model_client import ModelClient, ModelError
 
 
-def run_rollout(
+@dataclass
+class Rollout:
+    """A played rollout: the response the trainer gets, and what the trajectory store keeps."""
+
+    response: RolloutResponse = None  # type: ignore[assignment] - set when the rollout ends
+    messages: list[Message] = field(default_factory=list)  # as the model saw and wrote them
+    turn_rewards: list[float] = field(default_factory=list)
+    finish_reasons: list[str | None] = field(default_factory=list)  # per model turn
+    policy_versions: list[int] = field(default_factory=list)  # of the turns that said
+
+
+def play_rollout(
     environment: Environment,
     model: ModelClient,
     request: RolloutRequest,
@@ -31,16 +43,18 @@ def run_rollout(
     timeout: float = 600.0,
     seed: int = 0,
     clock: Callable[[], float] = time.monotonic,
-) -> RolloutResponse:
-    """`seed`: what the environment's reset draws with (`domain.protocol.episode_seed`)."""
+) -> Rollout:
+    """One rollout: its response, the conversation and each turn's reward and generation.
+    `seed`: what the environment's reset draws with (`domain.protocol.episode_seed`)."""
+    played = Rollout()
+    rewards = played.turn_rewards
     started = clock()
     deadline = started + timeout
     limit = min(environment.max_turns, max_turns or environment.max_turns)
-    rewards: list[float] = []
     timings = {"model_seconds": 0.0, "env_seconds": 0.0}
     info: dict[str, Any] = {}
 
-    def respond(reason: str, score: float | None, error: str | None = None) -> RolloutResponse:
+    def respond(reason: str, score: float | None, error: str | None = None) -> Rollout:
         metrics = [
             Metric(name="turns", value=len(rewards)),
             Metric(name="duration_seconds", value=clock() - started),
@@ -51,20 +65,21 @@ def run_rollout(
                 if _numeric(value)
             ),
         ]
-        return RolloutResponse(
+        played.response = RolloutResponse(
             sample_id=request.sample_id,
             stop_reason=reason,
             rewards={"aggregate_score": score},
             metrics=metrics,
             error=error,
         )
+        return played
 
     began = clock()
     try:
         episode, history = environment.reset(
             Record(id=request.record_id, metadata=request.data), seed=seed
         )
-        history = list(history)
+        history = played.messages = list(history)
     except Exception as error:  # noqa: BLE001 - any environment failure is reported, not raised
         return respond("env_error", None, f"reset: {type(error).__name__}: {error}")
     finally:
@@ -78,20 +93,22 @@ def run_rollout(
             )
         began = clock()
         try:
-            reply = Reply.of(
-                model.chat(
-                    history,
-                    sample_id=request.sample_id,
-                    step_id=f"{request.sample_id}_{turn}",
-                    timeout=remaining,
-                    tools=environment.tools,
-                ),
-                environment.tools,
+            answer = model.chat(
+                history,
+                sample_id=request.sample_id,
+                step_id=f"{request.sample_id}_{turn}",
+                timeout=remaining,
+                tools=environment.tools,
             )
         except ModelError as error:
             return respond("timeout", None, f"model: {error}")
         finally:
             timings["model_seconds"] += clock() - began
+        played.finish_reasons.append(answer.finish_reason)
+        if answer.policy_version is not None:
+            played.policy_versions.append(answer.policy_version)
+        reply = Reply.of(answer.message, environment.tools)
+        history.append(reply.message)
         began = clock()
         try:
             result = episode.act(reply)
@@ -101,7 +118,7 @@ def run_rollout(
             timings["env_seconds"] += clock() - began
         rewards.append(float(result.reward))
         info = result.info
-        history += [reply.message, *result.messages]
+        history += result.messages
         if result.done:
             return respond("end_of_conversation", environment.aggregate(rewards))
     return respond("max_turns", environment.aggregate(rewards))

@@ -26,7 +26,8 @@ from reward_envs.worker.model_client import (
     ModelClient,
     ModelError,
     ModelTimeout,
-    assistant_message,
+    ModelTurn,
+    model_turn,
 )
 from reward_envs.worker.queues import Delivery, SqsRolloutQueues
 
@@ -57,7 +58,7 @@ class RouterClient(ModelClient):
         step_id: str,
         timeout: float,
         tools: Sequence[Mapping[str, Any]] = (),
-    ) -> Message:
+    ) -> ModelTurn:
         deadline = self._clock() + timeout
         body: dict[str, Any] = {"messages": list(messages), "sample_id": sample_id}
         if tools:
@@ -77,7 +78,7 @@ class RouterClient(ModelClient):
                 status = 202
             elif status == 200:
                 answer = answer["result"]
-        return assistant_message(answer, step_id)
+        return model_turn(answer, step_id)
 
     def report(self, response: RolloutResponse, *, request_id: str, timeout: float = 30.0) -> bool:
         """Report a finished rollout; True when it was recorded now, False for a duplicate."""

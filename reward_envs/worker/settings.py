@@ -30,6 +30,12 @@ class WorkerSettings(BaseSettings):
     model_base_url: str | None = None
     model_name: str = "policy"
     model_api_key: str | None = None
+    # The trajectory store (reward_envs/worker/trajectory_store.py): off without a bucket.
+    trajectory_bucket: str | None = None
+    trajectory_flush_rows: int = Field(default=256, ge=1)
+    trajectory_flush_seconds: float = Field(default=30.0, gt=0)
+    trajectory_buffer_mib: int = Field(default=64, ge=1)
+    config_hash: str | None = None  # the run's training config (TrainingConfig.fingerprint)
 
     @model_validator(mode="after")
     def _heartbeat_fits(self) -> WorkerSettings:
@@ -37,4 +43,8 @@ class WorkerSettings(BaseSettings):
             raise ValueError("visibility_timeout_seconds must be more than twice wait_seconds")
         if self.router_url and not (self.run_id and self.run_token):
             raise ValueError("router_url needs run_id and run_token (MTRL_RUN_ID, MTRL_RUN_TOKEN)")
+        if self.trajectory_bucket and not self.run_id:
+            raise ValueError(
+                "trajectory_bucket needs run_id (MTRL_RUN_ID): trajectories are a run's"
+            )
         return self

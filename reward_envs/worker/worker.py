@@ -19,14 +19,17 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import Enum
 
 from domain.protocol import ProtocolError, RolloutRequest, episode_seed, parse
+from domain.trajectories import Trajectory
 from reward_envs.interface import Environment
 from reward_envs.worker.model_client import ModelClient
 from reward_envs.worker.queues import Delivery, SqsRolloutQueues
-from reward_envs.worker.rollout import run_rollout
+from reward_envs.worker.rollout import Rollout, play_rollout
 from reward_envs.worker.settings import WorkerSettings
+from reward_envs.worker.trajectory_store import TrajectoryStore
 
 # How often the heartbeat looks for tasks due an extension: an extension is at most this late,
 # far inside the third of the visibility timeout (at least 10 s) it has to spare.
@@ -124,9 +127,11 @@ class RewardWorker:
         environment: Environment,
         model: ModelClient,
         settings: WorkerSettings,
+        trajectories: TrajectoryStore | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.queues = queues
+        self.trajectories = trajectories
         self.environment = environment
         self.model = model
         self.settings = settings
@@ -226,7 +231,7 @@ class RewardWorker:
             with task.lock:
                 if task.state is not TaskState.RUNNING:
                     return False
-            response = run_rollout(
+            played = play_rollout(
                 self.environment,
                 self.model,
                 request,
@@ -235,13 +240,16 @@ class RewardWorker:
                 seed=episode_seed(self.settings.run_id or "", request.record_id),
                 clock=self.clock,
             )
+            ended = datetime.now(UTC)  # before the trainer can learn of it
             with task.lock:
                 if task.state is not TaskState.RUNNING:
                     return False  # released during shutdown: another worker will answer it
                 task.state = TaskState.SENDING
-            self._completer.complete(task.delivery, response)
+            self._completer.complete(task.delivery, played.response)
             task.state = TaskState.DONE
             self.stats.count("completed")
+            if self.trajectories is not None:  # kept once its response is sent: one per rollout
+                self.trajectories.add(self._trajectory(request, played, ended))
             return True
         except Exception as error:  # noqa: BLE001 - the message is retried or dead-lettered
             self.stats.count("failures")
@@ -251,6 +259,27 @@ class RewardWorker:
             return False
         finally:
             self._forget(task)
+
+    def _trajectory(self, request: RolloutRequest, played: Rollout, ended: datetime) -> Trajectory:
+        response = played.response
+        return Trajectory(
+            run_id=self.settings.run_id or "",
+            sample_id=request.sample_id,
+            record_id=request.record_id,
+            finished_at=ended,
+            stop_reason=response.stop_reason,
+            reward=response.aggregate_score,
+            turn_rewards=played.turn_rewards,
+            finish_reasons=played.finish_reasons,
+            policy_version=min(played.policy_versions, default=None),
+            messages=played.messages,
+            metrics={metric.name: metric.value for metric in response.metrics},
+            error=response.error,
+            environment=self.environment.name,
+            environment_version=self.environment.version,
+            config_hash=self.settings.config_hash,
+            writer=self.trajectories.writer if self.trajectories else "",
+        )
 
     def _give_back(self, task: Task) -> None:
         with task.lock:
@@ -308,6 +337,8 @@ class RewardWorker:
                 task.future.result(timeout=30)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._completer.close()
+        if self.trajectories is not None:
+            self.trajectories.close()
 
     @staticmethod
     def _quietly(action: Callable[..., object], *args: object, **kwargs: object) -> bool:

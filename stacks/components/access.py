@@ -37,8 +37,11 @@ NEEDS: Mapping[str, tuple[Need, ...]] = {
     "rollout_forwarder": (Need.ROLLOUT_REQUESTS_FORWARD, Need.CONVERSATIONS_PUT),
     # AWS's launcher (a deployment with a restricted group): helm in the kubeflow namespace.
     "nova_launcher": (Need.NOVA_CHART,),
-    # Workers report through the proxy; a message they cannot read goes to the dead-letter queue.
-    "reward_worker": (Need.RUN_QUEUES_RECEIVE, Need.RUN_QUEUES_SEND, Need.PROXY_INVOKE),
+    # Workers report through the proxy; a message they cannot read goes to the dead-letter queue;
+    # every rollout they finish goes to the run's trajectory store.
+    "reward_worker": (
+        Need.RUN_QUEUES_RECEIVE, Need.RUN_QUEUES_SEND, Need.PROXY_INVOKE, Need.TRAJECTORIES_WRITE,
+    ),
     # The trainer reads its dataset, writes checkpoints and metrics, and speaks the protocol.
     "run_pods": (
         Need.DATASETS_READ_CURRENT, Need.OUTPUTS_WRITE, Need.RUN_QUEUES_RECEIVE, Need.RUN_QUEUES_SEND,

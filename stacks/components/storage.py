@@ -11,7 +11,13 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_deployment as s3deploy
 from constructs import Construct, IConstruct
 
-from domain.bucket import CONFIGS_PREFIX, RUNS_PREFIX, TRAINING_DATA_PREFIX
+from domain.bucket import (
+    CONFIGS_PREFIX,
+    QUERY_RESULTS_PREFIX,
+    RUNS_PREFIX,
+    TRAINING_DATA_PREFIX,
+    TRAJECTORIES_FOLDER,
+)
 from stacks.components.functions import (
     CUSTOM_RESOURCE,
     ENVIRONMENT_WITHOUT_SECRETS,
@@ -113,6 +119,11 @@ class Storage(Construct):
                     id="expire-old-run-artifacts",
                     prefix=RUNS_PREFIX,
                     expiration=Duration.days(config.run_artifact_retention_days),
+                ),
+                s3.LifecycleRule(
+                    id="expire-query-results",
+                    prefix=QUERY_RESULTS_PREFIX,
+                    expiration=Duration.days(30),
                 ),
                 s3.LifecycleRule(
                     id="expire-replaced-versions",
@@ -230,6 +241,7 @@ class DataBucketAccess:
             Need.OUTPUTS_LIST,
             Need.OUTPUTS_READ,
             Need.OUTPUTS_WRITE,
+            Need.TRAJECTORIES_WRITE,
             Need.DATASETS_UPLOAD,
             Need.CONFIGS_UPLOAD,
         }
@@ -261,6 +273,9 @@ class DataBucketAccess:
                 self._use_key(role, "kms:Decrypt")
             case Need.OUTPUTS_WRITE:
                 self._objects(role, RUNS_PREFIX, "s3:PutObject")
+                self._use_key(role, "kms:GenerateDataKey")
+            case Need.TRAJECTORIES_WRITE:  # the workers: no other output of a run
+                self._objects(role, f"{RUNS_PREFIX}*/{TRAJECTORIES_FOLDER}", "s3:PutObject")
                 self._use_key(role, "kms:GenerateDataKey")
             case Need.DATASETS_UPLOAD | Need.CONFIGS_UPLOAD:
                 # A dataset's version is read back after its upload (it names the run); a large

@@ -107,6 +107,7 @@ class Scenarios:
     def use_the_cli(self, tmp: Path) -> None:
         """The operator's commands, after the runs: each reads or changes the deployment."""
         world, run_id = self.world, self.runs["succeeds"].run_id
+        played = self.runs["stopped by hand"].run_id  # its worker kept its rollouts
         nova = self.runs["nova succeeds"].run_id
         config = tmp / "mine.yaml"
         config.write_text(
@@ -122,6 +123,7 @@ class Scenarios:
             "logs pipeline": ("logs", run_id, "--plane", "pipeline"),
             "logs workers": ("logs", run_id, "--plane", "workers"),
             "logs trainer": ("logs", run_id, "--plane", "trainer"),
+            "trajectories": ("trajectories", played, "--worst", "1", "--out", str(tmp)),
             "teardown": ("teardown", run_id),
             "deploy": ("deploy", nova, "--to", "bedrock"),
             "deploy --delete": ("deploy", nova, "--delete"),

@@ -172,6 +172,7 @@ def test_a_nova_jobs_planes_work_with_its_own_identity_and_leave_nothing(
     assert run.described["status"] == "ABORTED"
     assert scenarios.nova_exchange == {
         "completed": 2,
+        "trajectories": 2,
         "responses": 2,
         "turns": 6,
         "dead-lettered": 1,
@@ -232,8 +233,11 @@ def test_each_run_is_notified_once(scenarios: Scenarios) -> None:
 def test_a_run_stopped_by_hand_is_reaped_and_leaves_nothing(scenarios: Scenarios) -> None:
     run = scenarios.runs["stopped by hand"]
     assert run.described["status"] == "ABORTED"
-    # Meanwhile its planes worked: two Wordle rollouts of three turns, each answered once.
-    assert scenarios.exchange == {"completed": 2, "responses": 2, "turns": 6, "dead-lettered": 1}
+    # Meanwhile its planes worked: two Wordle rollouts of three turns, each answered once and
+    # kept once in the run's trajectory store.
+    assert scenarios.exchange == {
+        "completed": 2, "trajectories": 2, "responses": 2, "turns": 6, "dead-lettered": 1,
+    }  # fmt: skip
     scheduled, on_request, idle, _ = scenarios.reaped
     ((reaped,),) = [scheduled["reaped"]]
     assert reaped["run_id"] == run.run_id and reaped["reason"] == "its execution is ABORTED"

@@ -193,6 +193,9 @@ def test_the_operator_runs_every_mtrl_command_on_the_operator_policy(
     assert {name for name, (code, _) in results.items() if code != 0} == {"doctor"}, results
     assert "FAIL │ worker image" in results["doctor"][1].replace("  ", " ")
     assert "torn down" in results["teardown"][1] and "$394/h" in results["cost"][1]
+    kept = scenarios.exchange["trajectories"]
+    assert kept == scenarios.exchange["completed"] > 0
+    assert f"1 of {kept} trajectories" in results["trajectories"][1]
     # The Nova run's model: registered, imported from its checkpoint, deployed, then deleted.
     assert "deployed on Bedrock: invoke arn:aws:bedrock:" in results["deploy"][1]
     assert results["deploy --delete"][1].startswith("deleted: arn:aws:bedrock:")

@@ -28,6 +28,7 @@ import yaml
 from botocore.credentials import Credentials
 from moto import mock_aws
 
+from domain.bucket import trajectories_prefix
 from domain.episodes import EvaluationStage
 from domain.nova_job import FORGE_EVALUATION_RECIPE, FORGE_RECIPE_SOURCE, FORGE_RECIPES, job_pattern
 from domain.protocol import RolloutRequest, dump
@@ -53,6 +54,7 @@ from mtrl.ops.doctor import TOTAL_INSTANCES
 from reward_envs.wordle import load_environment
 from reward_envs.worker.router_client import RouterClient, RouterRolloutQueues
 from reward_envs.worker.settings import WorkerSettings
+from reward_envs.worker.trajectory_store import TrajectoryStore, s3_put
 from reward_envs.worker.worker import RewardWorker
 from stacks.components.pipeline_steps import STEP
 from stacks.components.router import FORWARDER_HANDLER, PROXY_HANDLER
@@ -604,8 +606,16 @@ def exchange_rollouts(
             worker_session.client("sqs"), client,
             requests_url=queues[QueueKind.ROLLOUT_REQUESTS], dead_letter_url=queues[QueueKind.DLQ],
         )  # fmt: skip
+        # Every rollout it answers kept in the run's trajectory store, with the worker's role.
+        store = TrajectoryStore(
+            s3_put(worker_session.client("s3"), bucket), prefix=trajectories_prefix(run_id)
+        )
         worker = RewardWorker(
-            queues=reporting, environment=load_environment(), model=client, settings=settings
+            queues=reporting,
+            environment=load_environment(),
+            model=client,
+            settings=settings.model_copy(update={"run_id": run_id}),
+            trajectories=store,
         )
         stats = worker.run(exit_when_idle=True)
         trainer.stop.set()
@@ -622,6 +632,7 @@ def exchange_rollouts(
     )
     return {
         "completed": stats.completed,
+        "trajectories": store.stats.written,
         "responses": len(answered),
         "turns": trainer.answered,
         "dead-lettered": len(dead.get("Messages", [])),

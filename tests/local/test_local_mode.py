@@ -9,10 +9,13 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pytest
 import yaml
 from typer.testing import CliRunner
 
+from domain.evaluation import SAMPLE_PREFIX
+from domain.trajectories import step_windows
 from mtrl.cli import app
 from mtrl.local.run import LocalRunError, LocalRunOptions, prepare, run_local
 from tests.conftest import Synthesized
@@ -37,6 +40,14 @@ def _child_processes() -> set[int]:
         if state != "Z":
             alive.add(pid)
     return alive
+
+
+def mlflow_runs(out_dir: Path) -> list:
+    """The runs in an output folder's MLflow store (mtrl/local/tracking.py)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{out_dir / 'mlflow.db'}")
+    return client.search_runs([client.get_experiment_by_name("nova-mtrl").experiment_id])
 
 
 @pytest.fixture
@@ -108,6 +119,30 @@ def test_the_wordle_example_trains_and_leaves_nothing(
     assert "held-out evaluation: pass@1 " in (directory / "notification.txt").read_text()
     trained = [json.loads(line) for line in (outputs / "metrics.jsonl").read_text().splitlines()]
     assert [m["rollouts"] + m["failed_rollouts"] for m in trained] == [16, 16, 16]
+    # Every rollout answered is kept once, as Parquet that pandas reads: 48 trained, 32 evaluated.
+    trajectories = pd.read_parquet(outputs / "trajectories")
+    assert len(trajectories) == trajectories["sample_id"].nunique() == 48 + 16 + 16
+    assert set(trajectories["run_id"]) == {outcome.run_id}
+    assert set(trajectories["config_hash"]) == {outcome.config.fingerprint}
+    # Which weights played: step s's rollouts by the policy after s - 1 updates; the baseline
+    # by the untrained one, the final evaluation by the one trained 3 steps.
+    windows = step_windows(trained)
+    finished = trajectories["finished_at"].map(lambda moment: moment.timestamp())
+    for step, (began, ended) in windows.items():
+        played = trajectories[(finished >= began) & (finished <= ended)]
+        assert len(played) == 16 and set(played["policy_version"]) == {step - 1}
+    evaluated = trajectories[trajectories["sample_id"].str.startswith(SAMPLE_PREFIX)]
+    assert sorted(evaluated["policy_version"].value_counts().items()) == [(0, 16), (3, 16)]
+    # Tracked in the output folder's MLflow store: the config, the curve, the evaluation.
+    (tracked,) = mlflow_runs(tmp_path)
+    assert (
+        report["tracking"]
+        == f"MLflow run {tracked.info.run_id} in sqlite:///{tmp_path / 'mlflow.db'}"
+    )
+    assert tracked.info.status == "FINISHED" and tracked.data.params["max_steps"] == "3"
+    assert tracked.data.tags["config_hash"] == outcome.config.fingerprint
+    assert tracked.data.metrics["train/mean_reward"] == trained[-1]["mean_reward"]
+    assert tracked.data.metrics["eval/final/pass_at_1"] == final["pass_at_1"]
     history = json.loads((directory / "execution_history.json").read_text())
     assert history[-1]["type"] == "ExecutionSucceeded"
     assert all(
@@ -267,8 +302,16 @@ def test_off_a_terminal_the_cli_prints_a_line_per_state_and_per_step(
     assert "pipeline: validate" in progress and progress[-1] == "pipeline: SUCCEEDED", progress
     assert progress.count("pipeline: monitor") == 1  # a step polled again is said once
     assert not [line for line in progress if "router" in line]  # its functions are not steps
-    (run_directory,) = (tmp_path / "runs").iterdir()
+    # The output folder: the run's report, and the MLflow store every local run is tracked in.
+    (run_directory,) = [p for p in (tmp_path / "runs").iterdir() if (p / "report.json").is_file()]
+    assert {p.name for p in (tmp_path / "runs").iterdir()} == {
+        run_directory.name, "mlflow.db", "mlflow-artifacts",
+    }  # fmt: skip
     assert f"  reward curve: {run_directory / 'reward_curve.png'}" in lines
+    assert any(line.startswith("  tracking: MLflow run ") for line in lines)
+    assert (
+        f"  trajectories: mtrl trajectories {run_directory.name} --out {tmp_path / 'runs'}" in lines
+    )
     assert any(line.startswith("  cost: $0 here; on AWS this config costs $") for line in lines)
     trainer_log = (run_directory / "logs" / "trainer.log").read_text()
     assert "step 3/3: mean reward" in trainer_log and "final checkpoint saved" in trainer_log
@@ -365,6 +408,9 @@ def test_a_run_health_rule_stops_a_sick_run_and_leaves_nothing(
     assert report["leftover"]["total"] == 0 and report["teardown"]["leftover"] == 0
     trained = (directory / "outputs" / "metrics.jsonl").read_text().splitlines()
     assert 2 <= len(trained) < 40  # stopped, long before its last step
+    # Tracked as what it became: FAILED, with the rule's reason.
+    (tracked,) = mlflow_runs(tmp_path)
+    assert tracked.info.status == "FAILED" and reason in tracked.data.tags["failure"]
     assert _child_processes() == before
 
 

@@ -17,7 +17,7 @@ from reward_envs.interface import Message, Record
 from reward_envs.openenv import OpenEnvError, session_url
 from reward_envs.registry import EnvironmentNotFound, load
 from reward_envs.worker.model_client import CallableModel
-from reward_envs.worker.rollout import run_rollout
+from reward_envs.worker.rollout import play_rollout
 from reward_envs.worker.settings import WorkerSettings
 from tests.reward_envs.fake_openenv import serving
 from training_configs.schema import load_training_config
@@ -60,7 +60,7 @@ def test_the_worker_plays_openenv_episodes_with_the_servers_rewards_and_metadata
         scores = []
         for seed in range(10):
             request = RolloutRequest(sample_id=f"n{seed}_0", data={"prompt": "Play."})
-            response = run_rollout(environment, CallableModel(bisect), request, seed=seed)
+            response = play_rollout(environment, CallableModel(bisect), request, seed=seed).response
             scores.append(response.aggregate_score)
             metrics = {m.name: m.value for m in response.metrics}
             assert response.stop_reason == "end_of_conversation"
@@ -76,14 +76,14 @@ def test_a_server_error_is_an_env_error_never_a_reward() -> None:
     with serving(max_sessions=1) as (url, _server):
         environment = load("openenv", url=url)
         request = RolloutRequest(sample_id="x_0", data={"prompt": "Play."})
-        blown = run_rollout(environment, CallableModel(lambda _: "explode"), request)
+        blown = play_rollout(environment, CallableModel(lambda _: "explode"), request).response
         assert blown.stop_reason == "env_error" and blown.aggregate_score is None
         assert "EXECUTION_ERROR: the environment blew up" in (blown.error or "")
         strict = load("openenv", url=url, action_field="text")  # the server wants `message`
-        refused = run_rollout(strict, CallableModel(lambda _: "5"), request)
+        refused = play_rollout(strict, CallableModel(lambda _: "5"), request).response
         assert refused.stop_reason == "env_error" and "VALIDATION_ERROR" in (refused.error or "")
         episode, _ = environment.reset(Record(id="hold"), seed=1)  # takes the only session
-        full = run_rollout(environment, CallableModel(lambda _: "5"), request)
+        full = play_rollout(environment, CallableModel(lambda _: "5"), request).response
         assert full.stop_reason == "env_error" and "CAPACITY_REACHED" in (full.error or "")
         assert episode.step("2").done  # the held session still plays (seed 1: the number 2)
     with pytest.raises(OpenEnvError, match="cannot open a session"):
@@ -178,7 +178,7 @@ def test_a_misbehaving_server_is_an_env_error(reply: str, problem: str) -> None:
     with serving() as (url, _server):
         environment = load("openenv", url=url, timeout_seconds=0.2)
         request = RolloutRequest(sample_id="m_0", data={"prompt": "Play."})
-        response = run_rollout(environment, CallableModel(lambda _: reply), request)
+        response = play_rollout(environment, CallableModel(lambda _: reply), request).response
         assert response.stop_reason == "env_error" and problem in (response.error or "")
 
 

@@ -11,7 +11,7 @@ from domain.protocol import RolloutRequest, episode_seed
 from reward_envs.interface import Message
 from reward_envs.wordle import load_environment
 from reward_envs.worker.model_client import CallableModel, ModelError
-from reward_envs.worker.rollout import run_rollout
+from reward_envs.worker.rollout import play_rollout
 
 WORDLE = load_environment()
 
@@ -38,7 +38,7 @@ def metric(response, name: str) -> float:
 
 
 def test_a_won_episode_reports_the_environment_reward() -> None:
-    response = run_rollout(WORDLE, replies("[slate]", "[crane]"), request())
+    response = play_rollout(WORDLE, replies("[slate]", "[crane]"), request()).response
     assert response.stop_reason == "end_of_conversation"
     assert response.aggregate_score == pytest.approx(0.9)
     assert metric(response, "turns") == 2 and metric(response, "env/won") == 1.0
@@ -52,15 +52,17 @@ def test_the_record_id_and_data_reach_the_environment() -> None:
         seen.append(list(messages))
         return "[lapel]"
 
-    response = run_rollout(
+    response = play_rollout(
         WORDLE, CallableModel(model), request(answer="lapel", sample_id="my_record_12")
-    )
+    ).response
     assert response.aggregate_score == 1.0
     assert "Guess 1 of 6" in seen[0][0]["content"]
 
 
 def test_max_turns_cuts_the_episode_short() -> None:
-    response = run_rollout(WORDLE, replies("[slate]", "[moist]", "[pudgy]"), request(), max_turns=2)
+    response = play_rollout(
+        WORDLE, replies("[slate]", "[moist]", "[pudgy]"), request(), max_turns=2
+    ).response
     assert response.stop_reason == "max_turns"
     assert response.aggregate_score == 0.0 and metric(response, "turns") == 2
 
@@ -72,7 +74,9 @@ def test_a_slow_model_times_out_without_a_reward() -> None:
         clock.now += 400  # each turn takes 400 s of the 600 s budget
         return "[slate]"
 
-    response = run_rollout(WORDLE, CallableModel(slow), request(), timeout=600, clock=clock)
+    response = play_rollout(
+        WORDLE, CallableModel(slow), request(), timeout=600, clock=clock
+    ).response
     assert response.stop_reason == "timeout" and response.aggregate_score is None
     assert "deadline of 600 s passed before turn 3" in response.error
 
@@ -81,7 +85,7 @@ def test_a_failing_model_is_a_timeout_not_a_zero() -> None:
     def broken(_messages: Sequence[Message]) -> str:
         raise ModelError("HTTP 503 from proxy")
 
-    response = run_rollout(WORDLE, CallableModel(broken), request())
+    response = play_rollout(WORDLE, CallableModel(broken), request()).response
     assert response.stop_reason == "timeout" and response.aggregate_score is None
     assert "HTTP 503" in response.error
 
@@ -98,13 +102,13 @@ class Exploding(type(WORDLE)):
 
 
 def test_an_environment_crash_is_env_error_not_a_zero() -> None:
-    response = run_rollout(Exploding(), replies("[slate]"), request())
+    response = play_rollout(Exploding(), replies("[slate]"), request()).response
     assert response.stop_reason == "env_error" and response.aggregate_score is None
     assert "step 1: RuntimeError: scorer crashed" in response.error
 
 
 def test_a_bad_record_is_env_error_at_reset() -> None:
-    response = run_rollout(WORDLE, replies(), request(answer="toolong"))
+    response = play_rollout(WORDLE, replies(), request(answer="toolong")).response
     assert response.stop_reason == "env_error" and "reset: ValueError" in response.error
 
 
@@ -123,7 +127,7 @@ def test_a_solver_as_the_model_wins() -> None:
         ]
         return f"[{solver.next_guess(history)}]"
 
-    response = run_rollout(WORDLE, CallableModel(play), request(answer="lapel"))
+    response = play_rollout(WORDLE, CallableModel(play), request(answer="lapel")).response
     assert solver.play("lapel").guesses == ("raise", "laten", "label", "lapel")
     # Solved on the fourth guess: 0.5 + 0.5 x (6 - 4) / 5 (README, the Wordle reward table).
     assert response.stop_reason == "end_of_conversation"
@@ -150,7 +154,7 @@ def test_an_episode_is_drawn_with_its_run_and_record_seed() -> None:
     open_ended = [RolloutRequest(sample_id=f"rec-7_{k}", data={"prompt": "Play."}) for k in (0, 1)]
     for run in ("run-a", "run-a", "run-b"):
         for sample in open_ended:
-            run_rollout(
+            play_rollout(
                 environment, replies("[slate]"), sample, max_turns=1,
                 seed=episode_seed(run, sample.record_id),
             )  # fmt: skip

@@ -20,7 +20,7 @@ from reward_envs.support_desk import SupportDeskEnvironment, oracle_reply, recor
 from reward_envs.support_desk.case import VARIANTS, Case, Order, draw_case
 from reward_envs.support_desk.notes import call
 from reward_envs.worker.model_client import CallableModel
-from reward_envs.worker.rollout import run_rollout
+from reward_envs.worker.rollout import play_rollout
 
 ENV = SupportDeskEnvironment()
 GRANT = Case(
@@ -49,7 +49,7 @@ def play(case: Case, turns: Sequence[Message | str]) -> tuple[float | None, dict
         return next(script, None) or oracle_reply(messages)
 
     request = RolloutRequest(sample_id="case-1_0", data=record(case).metadata)
-    response = run_rollout(ENV, CallableModel(reply), request)
+    response = play_rollout(ENV, CallableModel(reply), request).response
     metrics = {m.name.removeprefix("env/"): m.value for m in response.metrics}
     return response.aggregate_score, metrics
 
@@ -133,7 +133,7 @@ def test_the_oracle_solves_every_case_and_random_tool_calls_earn_nothing() -> No
         rng = random.Random(index)
         request = RolloutRequest(sample_id=f"r{index}_0", data=record(case).metadata)
         model = CallableModel(lambda messages, rng=rng: ENV.example_reply(messages, rng))
-        random_rewards.append(run_rollout(ENV, model, request).aggregate_score)
+        random_rewards.append(play_rollout(ENV, model, request).response.aggregate_score)
     assert rewards == [1.0] * 64
     assert sum(random_rewards) / 64 < 0.1
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import boto3
@@ -67,17 +67,6 @@ class Queues:
 
     def responses_received(self) -> list[RolloutResponse]:
         return [parse(RolloutResponse, m["Body"]) for m in self.drain(self.responses)]
-
-
-@pytest.fixture
-def queues(aws: None) -> Iterator[Queues]:
-    sqs = Serialized(boto3.client("sqs"))
-    fifo = {"FifoQueue": "true"}
-    urls = [
-        sqs.create_queue(QueueName=f"run-{n}.fifo", Attributes=fifo)["QueueUrl"]
-        for n in ("req", "resp", "dlq")
-    ]
-    yield Queues(sqs, *urls)
 
 
 def worker_for(

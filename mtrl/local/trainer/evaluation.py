@@ -46,18 +46,19 @@ class Evaluator:
             raise ValueError(f"run {job.run_id}: the job is not an evaluation")
         self.job, self.stage = job, job.evaluation
         self.sqs, self.s3, self.policy, self.clock = sqs, s3, policy, clock
-        self.server = PolicyServer(job, sqs=sqs, policy=policy, params=self._params())
+        params, version = self._policy()
+        self.server = PolicyServer(job, sqs=sqs, policy=policy, params=params, version=version)
 
-    def _params(self) -> np.ndarray:
+    def _policy(self) -> tuple[np.ndarray, int]:
+        """The parameters evaluated and their version (the steps they were trained)."""
         if self.stage is EvaluationStage.BASELINE:
-            return starting_policy(self.s3, self.job, self.policy)[0]
-        params, _ = load_checkpoint(
+            return starting_policy(self.s3, self.job, self.policy)
+        return load_checkpoint(
             self.s3,
             bucket=self.job.bucket,
             key=checkpoint_key(self.job.output_prefix, FINAL),
             policy=self.policy,
         )
-        return params
 
     def records(self) -> list[DatasetRecord]:
         job, config = self.job, self.job.config

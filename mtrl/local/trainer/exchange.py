@@ -79,11 +79,15 @@ def read_dataset(s3: Any, *, bucket: str, key: str, version: str | None) -> list
 
 class PolicyServer:
     """Answers generate requests with the policy at `params` until stopped. The decisions taken
-    for the samples being recorded (`record`) are kept for the update that follows."""
+    for the samples being recorded (`record`) are kept for the update that follows. Each answer
+    says which `version` of the policy made it (the updates it has had)."""
 
-    def __init__(self, job: TrainingJob, *, sqs: Any, policy: Policy, params: np.ndarray) -> None:
+    def __init__(
+        self, job: TrainingJob, *, sqs: Any, policy: Policy, params: np.ndarray, version: int = 0
+    ) -> None:
         self.job, self.sqs, self.policy = job, sqs, policy
         self._params = params
+        self.version = version
         self._lock = threading.Lock()
         self._decisions: dict[str, dict[str, Decision]] = defaultdict(dict)  # sample -> step
         self._recorded: set[str] = set()
@@ -173,7 +177,8 @@ class PolicyServer:
                                 "content": [{"token": decision.text, "logprob": decision.logprob}]
                             },
                         )
-                    ]
+                    ],
+                    "policy_version": self.version,
                 },
                 finish_reason="stop",
             )

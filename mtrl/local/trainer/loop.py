@@ -65,6 +65,9 @@ class StepMetrics:
     kl: float | None
     clipped_fraction: float | None
     seconds: float
+    # Epoch seconds: the step's rollouts finished between the two (`mtrl trajectories --step`).
+    started_at: float
+    finished_at: float
     params: list[float]
 
 
@@ -78,14 +81,17 @@ class Trainer:
         policy: Policy,
         out: TextIO | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.job, self.sqs, self.s3, self.policy = job, sqs, s3, policy
         self.config = job.config
         self.out = out
-        self.clock = clock
+        self.clock, self.wall_clock = clock, wall_clock
         # The policy it starts from is also the KL term's reference.
         self.reference, self.steps_before = starting_policy(s3, job, policy)
-        self.server = PolicyServer(job, sqs=sqs, policy=policy, params=self.reference.copy())
+        self.server = PolicyServer(
+            job, sqs=sqs, policy=policy, params=self.reference.copy(), version=self.steps_before
+        )
         self.optimizer = Adam(self.config.local_policy.learning_rate)
         self.history: list[StepMetrics] = []
         # A run continued from another's checkpoint carries its curve on (its metrics lines).
@@ -132,7 +138,7 @@ class Trainer:
         return kept
 
     def _step(self, step: int, records: list[DatasetRecord], rng: np.random.Generator) -> None:
-        started = self.clock()
+        started, started_at = self.clock(), self.wall_clock()
         group_size = self.config.group_size
         wanted = self.config.global_batch_size // group_size
         chosen = rng.choice(len(records), size=wanted, replace=len(records) < wanted)
@@ -161,7 +167,7 @@ class Trainer:
                 "are the reward workers running and reaching the router?"
             )
         decisions = self.server.recorded()
-        self._update(step, groups, responses, decisions, started)
+        self._update(step, groups, responses, decisions, (started, started_at))
 
     def _update(
         self,
@@ -169,7 +175,7 @@ class Trainer:
         groups: dict[str, list[str]],
         responses: dict[str, RolloutResponse],
         decisions: dict[str, list[Decision]],
-        started: float,
+        started: tuple[float, float],  # (clock, wall clock)
     ) -> None:
         episodes: list[Episode] = []
         rewards, wins, turns = [], [], []
@@ -207,6 +213,7 @@ class Trainer:
             )
             params = self.optimizer.step(params, gradient)
             self.server.params = params
+        self.server.version = step
         asked = [sample for samples in groups.values() for sample in samples]
         expected = len(asked)
         ended = [responses[sample].stop_reason for sample in asked if sample in responses]
@@ -225,7 +232,9 @@ class Trainer:
             objective=stats.objective if stats else None,
             kl=stats.kl if stats else None,
             clipped_fraction=stats.clipped_fraction if stats else None,
-            seconds=self.clock() - started,
+            seconds=self.clock() - started[0],
+            started_at=started[1],
+            finished_at=self.wall_clock(),
             params=[round(float(p), 4) for p in params],
         )
         self.history.append(metrics)

@@ -1,0 +1,69 @@
+"""Local runs in MLflow: a SQLite tracking store under the output folder (`<out>/mlflow.db`,
+artifacts in `<out>/mlflow-artifacts/`), so `mlflow ui --backend-store-uri sqlite:///<out>/mlflow.db`
+shows every local run side by side.
+
+SQLite, not MLflow's `./mlruns` folder: since MLflow 3.7 the database is MLflow's default and
+the folder store is in maintenance mode (MLflow docs, "Backend Stores"; 3.18 refuses it unless
+MLFLOW_ALLOW_FILE_STORE is set). MLflow is optional (`pip install 'nova-mtrl[tracking]'`):
+without it the run is unchanged and the report says why nothing was tracked.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+from domain.tracking import EXPERIMENT, TrackedRun
+
+STORE = "mlflow.db"
+ARTIFACTS = "mlflow-artifacts"
+
+log = logging.getLogger("mtrl.tracking")
+
+
+class TrackingUnavailable(RuntimeError):
+    """MLflow is not installed (or cannot open its store); the message says what to do."""
+
+
+def store_uri(out_dir: Path) -> str:
+    return f"sqlite:///{(out_dir / STORE).resolve()}"
+
+
+def track_locally(run: TrackedRun, out_dir: Path) -> str:
+    """Log the run to the output folder's MLflow store; its MLflow run id."""
+    try:
+        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=store_uri(out_dir))
+        experiment = client.get_experiment_by_name(EXPERIMENT)
+    except ImportError as missing:
+        raise TrackingUnavailable(
+            f"MLflow is not installed ({missing.name}); `pip install 'nova-mtrl[tracking]'` "
+            "tracks local runs"
+        ) from None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    experiment_id = (
+        experiment.experiment_id
+        if experiment is not None
+        else client.create_experiment(
+            EXPERIMENT, artifact_location=(out_dir / ARTIFACTS).resolve().as_uri()
+        )
+    )
+    created = client.create_run(experiment_id, run_name=run.run_name)
+    run_id = created.info.run_id
+    for metrics, params, tags in run.batches():
+        client.log_batch(
+            run_id,
+            metrics=[Metric(m.key, m.value, m.timestamp_ms, m.step) for m in metrics],
+            params=[Param(key, value) for key, value in params.items()],
+            tags=[RunTag(key, value) for key, value in tags.items()],
+        )
+    with tempfile.TemporaryDirectory() as folder:
+        for name, content in run.artifacts.items():
+            path = Path(folder) / name
+            path.write_bytes(content)
+            client.log_artifact(run_id, str(path))
+    client.set_terminated(run_id, status=run.status)
+    return run_id

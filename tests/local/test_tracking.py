@@ -1,0 +1,107 @@
+"""Experiment tracking: a run's MLflow record (params, metrics by step, evaluation, tags), its
+round trip through a local SQLite store, and a run that is not tracked when MLflow is missing."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from domain.tracking import EXPERIMENT, MAX_METRICS, MAX_PARAMS, TrackedRun, tracked_run
+from mtrl.local.run import track
+from mtrl.local.session import RunOutcome
+from mtrl.local.tracking import STORE, TrackingUnavailable, store_uri, track_locally
+from training_configs.schema import load_training_config
+
+CONFIG = load_training_config("rft_multiturn_lora")
+METRICS = [
+    {"step": 1, "mean_reward": 0.1, "win_rate": 0.0, "rollouts": 16, "finished_at": 1.8e9,
+     "params": [0.1], "partial": False, "kl": None},
+    {"step": 2, "mean_reward": 0.4, "win_rate": 0.25, "rollouts": 16, "finished_at": 1.8e9 + 9},
+]  # fmt: skip
+EVALUATION = {
+    "baseline": {"n": 16, "mean_reward": 0.1, "pass_at_1": 0.0},
+    "final": {"n": 16, "mean_reward": 0.6, "pass_at_1": 0.5},
+    "delta": {"pass_at_1": {"delta": 0.5, "low": 0.2, "high": 0.8}},
+    "skipped": {},
+}
+
+
+def record(**overrides) -> TrackedRun:
+    arguments = {
+        "run_id": "wordle-0a1b2c3d4e",
+        "succeeded": True,
+        "config": CONFIG,
+        "dataset": "examples/wordle/train.jsonl",
+        "metrics": METRICS,
+        "evaluation": EVALUATION,
+        "health": {"env_error_rate": "12% of rollouts hit an environment error"},
+        "artifacts": {"summary.json": b'{"ok": true}'},
+    } | overrides
+    return tracked_run(**arguments)
+
+
+def test_the_record_carries_the_config_steps_and_evaluation() -> None:
+    run = record()
+    assert run.params["max_steps"] == str(CONFIG.max_steps)
+    assert run.params["lora.alpha"] == str(CONFIG.lora.alpha)  # nested by dotted path
+    by_key = {(m.key, m.step): m.value for m in run.metrics}
+    assert by_key[("train/mean_reward", 1)] == 0.1 and by_key[("train/mean_reward", 2)] == 0.4
+    # Times, the step, the policy's parameters, flags and nulls are not measures.
+    assert not {key for key, _ in by_key} & {"train/finished_at", "train/step", "train/params"}
+    assert ("train/partial", 1) not in by_key and ("train/kl", 1) not in by_key
+    assert by_key[("eval/baseline/pass_at_1", 0)] == 0.0
+    assert by_key[("eval/final/pass_at_1", 2)] == 0.5
+    assert by_key[("eval/delta/pass_at_1.low", 2)] == 0.2
+    assert run.tags["config_hash"] == CONFIG.fingerprint and run.status == "FINISHED"
+    assert run.tags["health/env_error_rate"].startswith("12%")
+    failed = record(succeeded=False, reason="RunUnhealthy: all groups zero-variance")
+    assert failed.status == "FAILED" and failed.tags["failure"].startswith("RunUnhealthy")
+
+
+def test_a_large_record_goes_in_requests_mlflow_accepts() -> None:
+    many = [{"step": step, "mean_reward": 0.5, "kl": 0.1} for step in range(1, 701)]
+    run = record(metrics=many)
+    batches = list(run.batches())
+    assert len(batches) == 2 and all(len(metrics) <= MAX_METRICS for metrics, _, _ in batches)
+    assert sum(len(metrics) for metrics, _, _ in batches) == len(run.metrics) == 1400 + 9
+    assert all(len(params) <= MAX_PARAMS for _, params, _ in batches)
+    assert {key for _, params, _ in batches for key in params} == set(run.params)
+
+
+def test_a_run_round_trips_through_the_local_store(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    mlflow_id = track_locally(record(), tmp_path)
+    client = MlflowClient(tracking_uri=store_uri(tmp_path))
+    stored = client.get_run(mlflow_id)
+    assert (tmp_path / STORE).is_file()
+    assert stored.info.status == "FINISHED" and stored.info.run_name == "wordle-0a1b2c3d4e"
+    assert stored.data.params["max_steps"] == str(CONFIG.max_steps)
+    curve = client.get_metric_history(mlflow_id, "train/mean_reward")
+    assert [(point.step, point.value) for point in curve] == [(1, 0.1), (2, 0.4)]
+    assert stored.data.metrics["eval/final/pass_at_1"] == 0.5
+    assert stored.data.tags["run_id"] == "wordle-0a1b2c3d4e"
+    assert [a.path for a in client.list_artifacts(mlflow_id)] == ["summary.json"]
+    # A second run joins the same experiment: `mlflow ui` shows them side by side.
+    track_locally(record(run_id="wordle-9f8e7d6c5b"), tmp_path)
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    assert len(client.search_runs([experiment.experiment_id])) == 2
+
+
+def test_without_mlflow_a_run_is_reported_untracked_not_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for module in ("mlflow", "mlflow.entities", "mlflow.tracking"):
+        monkeypatch.setitem(sys.modules, module, None)  # `import` raises ImportError
+    with pytest.raises(TrackingUnavailable, match=r"pip install 'nova-mtrl\[tracking\]'"):
+        track_locally(record(), tmp_path)
+    outcome = RunOutcome(
+        run_id="wordle-0a1b2c3d4e", status="SUCCEEDED", error=None, cause=None, states=[],
+        history=[], metrics=METRICS, notification=None, teardown=None, leftover={},
+        config=CONFIG,
+    )  # fmt: skip
+    said = track(outcome, Path("data.jsonl"), tmp_path / outcome.run_id, tmp_path)
+    assert said.startswith("not tracked: MLflow is not installed")
+    assert not (tmp_path / STORE).exists()
