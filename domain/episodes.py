@@ -12,6 +12,8 @@ from domain.protocol import RolloutResponse
 
 # The rollout metrics an episode's figures come from (reward_envs/worker/rollout.py).
 TURNS_METRIC, INVALID_METRIC = "turns", "env/invalid"
+# A rollout's model turns cut at the token limit (finish_reason "length"): the worker reports it.
+TRUNCATED_METRIC = "truncated_turns"
 
 
 class EvaluationStage(StrEnum):
@@ -31,6 +33,7 @@ class Episode(BaseModel):
     success: bool | None = None
     turns: float = 0.0
     invalid_moves: float | None = None
+    truncated_turns: float | None = None
     error: str | None = None
 
     @classmethod
@@ -44,6 +47,7 @@ class Episode(BaseModel):
             success=response.succeeded,
             turns=metrics.get(TURNS_METRIC, 0.0),
             invalid_moves=metrics.get(INVALID_METRIC),
+            truncated_turns=metrics.get(TRUNCATED_METRIC),
             error=response.error,
         )
 

@@ -3,7 +3,7 @@ run writes a line of per training step (`runs/<run_id>/metrics.jsonl`: our train
 the router's windows for a Nova job).
 
 A rule holds when its metric was at least its threshold on each of the last `steps` steps. The
-metrics, each a share in [0, 1]:
+metrics, each a share in [0, 1] but the last:
 
 | metric | of a step |
 |---|---|
@@ -11,6 +11,10 @@ metrics, each a share in [0, 1]:
 | failed_rollout_rate | rollouts without a score (environment error, timeout, no answer) |
 | env_error_rate | rollouts that ended in an environment error |
 | timeout_rate | rollouts that timed out or never came back |
+| truncation_rate | rollouts with a model turn cut at the token limit (finish_reason "length") |
+| reward_hacking | the rise of the mean reward over the last `HACKING_WINDOW` steps, when the
+  environment's success rate did not rise with it (0 when it did): a reward that climbs
+  while the task is no better done |
 
 Rates are shares of the rollouts a step asked for (`rollouts_asked`: our trainer's and the
 router's lines write it). A step whose line does not say (a trainer that does not count it) breaks the run of steps, so
@@ -32,11 +36,17 @@ MEANING: Mapping[HealthMetric, str] = {
     "failed_rollout_rate": "of the rollouts failed (no score)",
     "env_error_rate": "of the rollouts ended in an environment error",
     "timeout_rate": "of the rollouts timed out",
+    "truncation_rate": "of the rollouts were cut at the token limit (max_new_tokens)",
+    "reward_hacking": "mean reward over the last {window} steps while the success rate did not "
+    "rise (possible reward hacking)",
 }
+# Steps the reward-hacking heuristic compares: the mean of the first and last three of them.
+HACKING_WINDOW, HACKING_ENDS = 10, 3
 
 
 def share(line: Mapping[str, Any], metric: HealthMetric) -> float | None:
-    """`metric` of one step's metrics line, or None when the line does not say."""
+    """`metric` of one step's metrics line, or None when the line does not say (every metric
+    but `reward_hacking`, which needs the steps before: `value`)."""
     if metric == "zero_variance_groups":
         value = line.get("zero_variance_groups")
         return float(value) if isinstance(value, int | float) else None
@@ -47,8 +57,35 @@ def share(line: Mapping[str, Any], metric: HealthMetric) -> float | None:
         "failed_rollout_rate": failed,
         "env_error_rate": line.get("env_error_rollouts"),
         "timeout_rate": line.get("timeout_rollouts"),
+        "truncation_rate": line.get("truncated_rollouts"),
     }[metric]
     return counted / asked if isinstance(counted, int) else None
+
+
+def value(lines: Sequence[Mapping[str, Any]], metric: HealthMetric) -> float | None:
+    """`metric` of the last of `lines` (one per step, in order), or None when not measured."""
+    if metric != "reward_hacking":
+        return share(lines[-1], metric)
+    window = lines[-HACKING_WINDOW:]
+    rewards = [line.get("mean_reward") for line in window]
+    successes = [_success(line) for line in window]
+    if len(window) < HACKING_WINDOW or any(
+        not isinstance(x, int | float) for x in (*rewards, *successes)
+    ):
+        return None
+    rise = _ends_apart(rewards)  # type: ignore[arg-type]
+    return max(rise, 0.0) if _ends_apart(successes) <= 0 else 0.0  # type: ignore[arg-type]
+
+
+def _success(line: Mapping[str, Any]) -> float | None:
+    """The share of a step's rollouts the environment called a success (our trainer's
+    `win_rate`, the router's `pass_rate`)."""
+    found = line.get("win_rate", line.get("pass_rate"))
+    return float(found) if isinstance(found, int | float) else None
+
+
+def _ends_apart(series: Sequence[float]) -> float:
+    return sum(series[-HACKING_ENDS:]) / HACKING_ENDS - sum(series[:HACKING_ENDS]) / HACKING_ENDS
 
 
 @dataclass(frozen=True)
@@ -69,8 +106,13 @@ class Finding:
             if self.first_step == self.last_step
             else f"steps {self.first_step}-{self.last_step}"
         )
+        measured = (
+            f"+{self.value:.2f} {MEANING[rule.metric].format(window=HACKING_WINDOW)}"
+            if rule.metric == "reward_hacking"
+            else f"{self.value:.0%} {MEANING[rule.metric]}"
+        )
         return (
-            f"run health: {self.value:.0%} {MEANING[rule.metric]} on {steps} "
+            f"run health: {measured} on {steps} "
             f"({rule.metric} >= {rule.at_least:g} for {rule.steps} steps in a row: {rule.action})"
         )
 
@@ -82,15 +124,16 @@ def findings(lines: Iterable[Mapping[str, Any]], rules: Sequence[HealthRule]) ->
         if isinstance(line.get("step"), int):
             by_step.pop(line["step"], None)  # rewritten: it moves to where it was last written
             by_step[line["step"]] = line
-    steps = list(by_step.items())
+    steps = list(by_step.keys())
+    ordered = list(by_step.values())
     found = []
     for rule in rules:
         streak: list[tuple[int, float]] = []
-        for step, line in reversed(steps):
-            value = share(line, rule.metric)
-            if value is None or value < rule.at_least or len(streak) == rule.steps:
+        for index in range(len(ordered) - 1, -1, -1):
+            measured = value(ordered[: index + 1], rule.metric)
+            if measured is None or measured < rule.at_least or len(streak) == rule.steps:
                 break
-            streak.append((step, value))
+            streak.append((steps[index], measured))
         if len(streak) == rule.steps:
             found.append(Finding(rule, streak[-1][0], streak[0][0], streak[0][1]))
     return found

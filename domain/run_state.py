@@ -49,6 +49,7 @@ class JobReport(BaseModel):
     step: int | None = None
     quiet_polls: int = 0
     health: list[str] = []  # run-health warnings that hold (rules with action `warn`)
+    published_step: int | None = None  # the last step whose figures went to the dashboard
 
 
 class EvaluationJob(BaseModel):

@@ -9,6 +9,7 @@ import re
 import pytest
 from pydantic import ValidationError
 
+from lambdas.pipeline.training_metrics import FIGURES, EmbeddedMetrics
 from stacks.components.pipeline_states import AFTER_DEADLINE_HOURS
 from tests.conftest import Synthesized, as_list, role_statements
 from tests.pipeline.test_pipeline_definition import STEP_FUNCTIONS, function_arn, render_definition
@@ -196,3 +197,29 @@ def test_dashboard_shows_runs_step_errors_and_queue_ages(default_app: Synthesize
     ):
         assert title in body
     assert "ApproximateAgeOfOldestMessage" in body and "nova-mtrl-" in body
+
+
+def test_dashboard_graphs_what_monitor_publishes_of_each_run(
+    default_app: Synthesized, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each training figure is searched for under the namespace and the very dimensions of the
+    documents Monitor writes (a search naming other dimensions finds nothing)."""
+    EmbeddedMetrics("nova-mtrl").publish("r", 1, dict.fromkeys(FIGURES, 0.5))
+    (document,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    (directive,) = document["_aws"]["CloudWatchMetrics"]
+    (dimensions,) = directive["Dimensions"]
+    _, dashboard = default_app.one("pipeline", "AWS::CloudWatch::Dashboard")
+    body = json.loads(
+        "".join(p if isinstance(p, str) else "X" for p in dashboard["Properties"]["DashboardBody"]["Fn::Join"][1])
+    )  # fmt: skip
+    searches = [
+        metric[0]["expression"]
+        for widget in body["widgets"]
+        for metric in widget["properties"].get("metrics", [])
+        if "expression" in metric[0] and directive["Namespace"] in metric[0]["expression"]
+    ]
+    schema = "{" + ",".join([directive["Namespace"], *sorted(dimensions)]) + "}"
+    searched = {re.search(r'MetricName="(\w+)"', search)[1] for search in searches}
+    assert searched == {m["Name"] for m in directive["Metrics"]} == set(FIGURES)
+    assert all(search.startswith(f"SEARCH('{schema} ") for search in searches)
+    assert all(f'deployment="nova-mtrl" service="{document["service"]}"' in s for s in searches)

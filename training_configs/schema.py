@@ -49,7 +49,12 @@ class LocalPolicySettings(BaseModel):
 
 
 HealthMetric = Literal[
-    "zero_variance_groups", "failed_rollout_rate", "env_error_rate", "timeout_rate"
+    "zero_variance_groups",
+    "failed_rollout_rate",
+    "env_error_rate",
+    "timeout_rate",
+    "truncation_rate",
+    "reward_hacking",
 ]
 
 
@@ -60,17 +65,24 @@ class HealthRule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     metric: HealthMetric
-    at_least: float = Field(ge=0.0, le=1.0, description="a share of the step's groups or rollouts")
+    at_least: float = Field(
+        ge=0.0,
+        le=1.0,
+        description="a share of the step's groups or rollouts (reward_hacking: a rise in reward)",
+    )
     steps: int = Field(ge=1, le=10_000, description="consecutive training steps")
     action: Literal["warn", "stop"]
 
 
 # What stops the obviously dead run by default: no group with a learning signal for 10 steps,
-# half the rollouts failing for 3; what warns: environment errors on a tenth of them.
+# half the rollouts failing for 3; what warns: environment errors on a tenth of them, a quarter
+# of them cut at max tokens, the reward rising by 0.1 over 10 steps with no more successes.
 DEFAULT_HEALTH = (
     HealthRule(metric="zero_variance_groups", at_least=1.0, steps=10, action="stop"),
     HealthRule(metric="failed_rollout_rate", at_least=0.5, steps=3, action="stop"),
     HealthRule(metric="env_error_rate", at_least=0.1, steps=3, action="warn"),
+    HealthRule(metric="truncation_rate", at_least=0.25, steps=3, action="warn"),
+    HealthRule(metric="reward_hacking", at_least=0.1, steps=3, action="warn"),
 )
 
 

@@ -17,6 +17,7 @@ from lambdas.pipeline.nova_training import NOVA_GROUP_SETTING, NovaTrainingClust
 from lambdas.pipeline.reaper import Reaper
 from lambdas.pipeline.run_steps import RunSteps
 from lambdas.pipeline.settings import PipelineSettings
+from lambdas.pipeline.training_metrics import EmbeddedMetrics, TrainingMetrics
 from lambdas.pipeline.training_planes import TrainingPlanes
 
 
@@ -44,13 +45,16 @@ def compose(
     clients: Clients,
     *,
     compute: Compute | None = None,
+    training_metrics: TrainingMetrics | None = None,
     clock: Callable[[], float] = time.time,
 ) -> dict[str, Handler]:
-    """The pipeline's steps by handler name."""
+    """The pipeline's steps by handler name (deployed: ECS, HyperPod, metrics in the log)."""
+    settings = PipelineSettings.from_environment(environment)
     dependencies = Dependencies(
-        settings=PipelineSettings.from_environment(environment),
+        settings=settings,
         clients=clients,
         compute=compute or deployed_compute(environment, clients),
+        training_metrics=training_metrics or EmbeddedMetrics(settings.name_prefix),
         clock=clock,
     )
     runs, work, reaper = RunSteps(dependencies), ComputeSteps(dependencies), Reaper(dependencies)

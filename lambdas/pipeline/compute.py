@@ -30,6 +30,7 @@ from lambdas.pipeline.checkpoints import best_checkpoint, recorded_checkpoints
 from lambdas.pipeline.dependencies import Compute, Dependencies
 from lambdas.pipeline.model_registry import register_model
 from lambdas.pipeline.notify import alert_health
+from lambdas.pipeline.training_metrics import step_figures
 from lambdas.router.conversations import ConversationStore
 
 
@@ -45,6 +46,7 @@ class ComputeSteps:
     def __init__(self, dependencies: Dependencies) -> None:
         self.settings, self.clients = dependencies.settings, dependencies.clients
         self.compute, self.clock = dependencies.compute, dependencies.clock
+        self.training_metrics = dependencies.training_metrics
 
     def _context(self, state: RunState, *, run_token: str = "") -> RunContext:
         run = state.registered
@@ -117,13 +119,12 @@ class ComputeSteps:
         context = self._context(state)
         status = self.compute.cluster.status(context)
         quiet = policies.quiet_polls(status, state.job)
-        found = findings(
-            recent_metrics(
-                self.clients("s3"), bucket=context.bucket,
-                key=f"{context.output_prefix}{METRICS_OBJECT}",
-            ),
-            run.config.health,
+        lines = recent_metrics(
+            self.clients("s3"), bucket=context.bucket,
+            key=f"{context.output_prefix}{METRICS_OBJECT}",
         )  # fmt: skip
+        found = findings(lines, run.config.health)
+        published = self._publish(run.run_id, lines, state.job)
         verdict = policies.stalled(
             status,
             quiet,
@@ -137,9 +138,24 @@ class ComputeSteps:
         self._keep_warnings(record, warnings)
         report = JobReport(
             phase=phase, reason=reason, step=status.step, quiet_polls=quiet,
-            health=list(warnings.values()),
+            health=list(warnings.values()), published_step=published,
         )  # fmt: skip
         return report.model_dump(mode="json")
+
+    def _publish(
+        self, run_id: str, lines: list[dict[str, Any]], last: JobReport | None
+    ) -> int | None:
+        """Each step not yet on the dashboard (a step rewritten by a resume counts once); the
+        last step published."""
+        done = last.published_step if last else None
+        by_step = {line["step"]: line for line in lines if isinstance(line.get("step"), int)}
+        ordered = sorted(by_step)
+        for index, step in enumerate(ordered):
+            if done is None or step > done:
+                figures = step_figures([by_step[s] for s in ordered[: index + 1]])
+                self.training_metrics.publish(run_id, step, figures)
+                done = step
+        return done
 
     def _keep_warnings(self, record: RunRecord | None, current: dict[str, str]) -> None:
         """The run's health warnings (reasons by metric) on its record (`mtrl status`, the end

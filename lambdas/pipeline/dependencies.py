@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from domain.backends import RewardFleet, TrainingCluster
 from lambdas.clients import Clients
 from lambdas.pipeline.settings import PipelineSettings
+from lambdas.pipeline.training_metrics import TrainingMetrics
 
 
 class Compute:
@@ -36,4 +37,5 @@ class Dependencies:
     settings: PipelineSettings
     clients: Clients
     compute: Compute
+    training_metrics: TrainingMetrics  # where Monitor publishes each step's figures
     clock: Callable[[], float] = field(default=time.time)

@@ -33,6 +33,7 @@ class RewardWindow:
     failed_rollouts: int
     env_error_rollouts: int  # of the failed, by how their reports say they ended
     timeout_rollouts: int
+    truncated_rollouts: int  # with a model turn cut at the token limit (the worker's count)
     mean_reward: float | None
     min_reward: float | None
     reward_p10: float | None
@@ -88,6 +89,9 @@ def _window(step: int, reports: Sequence[ReportedRollout], *, partial: bool) -> 
         failed_rollouts=len(reports) - len(scores),
         env_error_rollouts=ended.count("env_error"),
         timeout_rollouts=ended.count("timeout"),
+        truncated_rollouts=sum(
+            1 for r in reports if r.episode is not None and (r.episode.truncated_turns or 0) > 0
+        ),
         mean_reward=statistics.fmean(scores) if scores else None,
         min_reward=min(scores, default=None),
         reward_p10=p10,

@@ -30,6 +30,7 @@ from lambdas.kubernetes import bootstrap, chart_install
 from lambdas.launcher import handler as launcher
 from lambdas.pipeline.composition import compose as compose_pipeline
 from lambdas.pipeline.dependencies import Compute
+from lambdas.pipeline.training_metrics import TrainingMetrics
 from lambdas.router.consumer import consumer_for
 from lambdas.router.proxy import proxy_for
 from lambdas.router.rollout_forwarder import forwarder_for
@@ -43,8 +44,10 @@ STAND_IN_PLANES = {"NOVA_INSTANCE_TYPE": NOVA_INSTANCE_TYPE}
 CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
-def _pipeline(compute: Compute | None) -> Compose:
-    return lambda environment, clients: compose_pipeline(environment, clients, compute=compute)
+def _pipeline(compute: Compute | None, training_metrics: TrainingMetrics | None) -> Compose:
+    return lambda environment, clients: compose_pipeline(
+        environment, clients, compute=compute, training_metrics=training_metrics
+    )
 
 
 # The other Lambda entry modules' compositions (what their handlers are made of), by module;
@@ -69,14 +72,20 @@ def composed_handler(
     environment: Mapping[str, str],
     *,
     compute: Compute | None = None,
+    training_metrics: TrainingMetrics | None = None,
     composers: Mapping[str, Compose] | None = None,
 ) -> Handler:
     """The function as Lambda runs it: its handler composed, at its first invocation, from its
     own environment, with AWS clients signed with the credentials that environment names (its
     role's; none: the process's). The pipeline's steps use `compute` if given, else the
-    deployed planes; `composers` replace the composition of entry modules (by module)."""
+    deployed planes, and Monitor publishes to `training_metrics` if given, else to its log;
+    `composers` replace the composition of entry modules (by module)."""
     module, name = handler.rsplit(".", 1)
-    composers = {"lambdas.pipeline.handlers": _pipeline(compute), **_COMPOSERS, **(composers or {})}
+    composers = {
+        "lambdas.pipeline.handlers": _pipeline(compute, training_metrics),
+        **_COMPOSERS,
+        **(composers or {}),
+    }
     if module not in composers:
         raise LookupError(f"no local composition for the handler {handler}")
     # What Lambda's runtime adds to every function's environment.
@@ -240,6 +249,7 @@ def deploy_pipeline(
     clients: Mapping[str, Any],
     dispatcher: Dispatcher,
     compute: Compute | None = None,
+    training_metrics: TrainingMetrics | None = None,
     overrides: Mapping[str, str] | None = None,
     imports: Mapping[str, str] | None = None,
     credentials: Callable[[str], Mapping[str, str]] | None = None,
@@ -250,7 +260,7 @@ def deploy_pipeline(
     and the data bucket its upload rule watches (versioned, as the storage stack makes it).
 
     `compute`: the planes the pipeline's steps use (unset: the deployed ones, made from each
-    function's environment); `imports`: the other stacks' exports (unset, they resolve to "");
+    function's environment); `training_metrics`: where Monitor publishes (unset: its log); `imports`: the other stacks' exports (unset, they resolve to "");
     `credentials(role_arn)`: the environment variables that make a function's calls its role's;
     `keep_data_key`: run queues encrypted with the data key, as deployed (local mode lets SQS
     manage the key); `composers`: entry modules composed otherwise (`composed_handler`).
@@ -295,7 +305,13 @@ def deploy_pipeline(
         dispatcher.add(
             name,
             handler,
-            composed_handler(handler, variables, compute=compute, composers=composers),
+            composed_handler(
+                handler,
+                variables,
+                compute=compute,
+                training_metrics=training_metrics,
+                composers=composers,
+            ),
         )
         environment |= {k: v for k, v in variables.items() if k not in CREDENTIALS}
     definition = _compress_retries(resolve(machine["Properties"]["DefinitionString"]))

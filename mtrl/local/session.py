@@ -22,6 +22,7 @@ from lambdas.pipeline.dependencies import Compute
 from lambdas.pipeline.register import CONFIG_METADATA_KEY
 from lambdas.pipeline.resources import leftover_resources
 from lambdas.pipeline.settings import PipelineSettings
+from lambdas.pipeline.training_metrics import KeptMetrics
 from lambdas.router.consumer import Consumer
 from lambdas.router.conversations import ConversationStore
 from lambdas.router.proxy import Proxy
@@ -132,6 +133,7 @@ class LocalSession:
         self.clients = {name: aws.client(name) for name in CLIENTS}
         logs = self._out_dir
         self.fleet = LocalRewardFleet(environment=aws.environment(), log_dir=logs)
+        self.training_metrics = KeptMetrics()  # what the dashboard would graph
         self.cluster = LocalTrainingCluster(
             environment=aws.environment(), log_dir=logs, seed=self._seed
         )
@@ -146,6 +148,7 @@ class LocalSession:
             clients=self.clients,
             dispatcher=aws.dispatcher,
             compute=Compute(fleet=lambda: self.fleet, cluster=lambda: self.cluster),
+            training_metrics=self.training_metrics,
             overrides={"POLL_SECONDS": POLL_SECONDS, "ROUTER_URL": router.url, **STAND_IN_PLANES},
         )
         self._stack.enter_context(_collector_tuned_for_the_run())  # deployed: freeze it

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from domain.episodes import TRUNCATED_METRIC, TURNS_METRIC
 from domain.protocol import Metric, RolloutRequest, RolloutResponse
 from reward_envs.interface import Environment, Message, Record, Reply
 from reward_envs.worker.model_client import ModelClient, ModelError
@@ -56,7 +57,8 @@ def play_rollout(
 
     def respond(reason: str, score: float | None, error: str | None = None) -> Rollout:
         metrics = [
-            Metric(name="turns", value=len(rewards)),
+            Metric(name=TURNS_METRIC, value=len(rewards)),
+            Metric(name=TRUNCATED_METRIC, value=played.finish_reasons.count("length")),
             Metric(name="duration_seconds", value=clock() - started),
             *(Metric(name=name, value=value) for name, value in timings.items()),
             *(

@@ -14,6 +14,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
 from domain.run_queues import deployment_prefix
+from lambdas.pipeline.training_metrics import FIGURES, NAMESPACE, SERVICE
 
 PERIOD = Duration.minutes(5)
 
@@ -99,18 +100,7 @@ def pipeline_dashboard(
             width=12,
         ),
         cloudwatch.GraphWidget(title="Run queues: oldest message age", left=[queue_ages], width=12),
-        cloudwatch.GraphWidget(
-            title="Reward progress (mean reward per run)",
-            left=[
-                cloudwatch.MathExpression(
-                    # Trainers publish nova-mtrl/Training MeanReward with a RunId dimension.
-                    expression="SEARCH('{nova-mtrl/Training,RunId} MetricName=\"MeanReward\"', 'Average', 300)",
-                    label="mean reward",
-                    period=PERIOD,
-                )
-            ],
-            width=12,
-        ),
+        *training_widgets(name_prefix),
         cloudwatch.GraphWidget(
             title="Upload events dead-lettered",
             left=[trigger_dlq.metric_approximate_number_of_messages_visible(period=PERIOD)],
@@ -118,3 +108,43 @@ def pipeline_dashboard(
         ),
     )
     return dashboard
+
+
+# What Monitor publishes a run's steps under (lambdas/pipeline/training_metrics.py).
+TRAINING_DIMENSIONS = ("deployment", "run_id", "service")
+HEALTH_FIGURES = tuple(name for name in FIGURES if name not in ("MeanReward", "SuccessRate"))
+
+
+def per_run(name_prefix: str, figure: str) -> cloudwatch.MathExpression:
+    """`figure` of every run of the deployment, a line per run."""
+    schema = ",".join((NAMESPACE, *TRAINING_DIMENSIONS))
+    return cloudwatch.MathExpression(
+        expression=(
+            f'SEARCH(\'{{{schema}}} MetricName="{figure}" deployment="{name_prefix}" '
+            f"service=\"{SERVICE}\"', 'Average', 300)"
+        ),
+        label=figure,
+        period=PERIOD,
+    )
+
+
+def training_widgets(name_prefix: str) -> list[cloudwatch.GraphWidget]:
+    """Each run's training steps as Monitor saw them: reward, successes and run health."""
+    return [
+        cloudwatch.GraphWidget(
+            title="Mean reward per run (by training step)",
+            left=[per_run(name_prefix, "MeanReward")],
+            width=12,
+        ),
+        cloudwatch.GraphWidget(
+            title="Success rate per run (the environment's success flag)",
+            left=[per_run(name_prefix, "SuccessRate")],
+            width=12,
+        ),
+        cloudwatch.GraphWidget(
+            title="Run health per run (shares of a step's groups or rollouts; reward hacking: "
+            "a rise in reward)",
+            left=[per_run(name_prefix, figure) for figure in HEALTH_FIGURES],
+            width=24,
+        ),
+    ]

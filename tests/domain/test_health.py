@@ -76,3 +76,44 @@ def test_every_config_gets_the_defaults_that_stop_a_dead_run() -> None:
     assert findings([line(s, flat=1.0) for s in range(1, 50)], never.health) == []
     with pytest.raises(ValueError, match="at_least"):
         HealthRule(metric="timeout_rate", at_least=1.5, steps=1, action="warn")
+
+
+CUT = HealthRule(metric="truncation_rate", at_least=0.25, steps=2, action="warn")
+HACKED = HealthRule(metric="reward_hacking", at_least=0.1, steps=3, action="warn")
+
+
+def test_truncation_is_the_share_of_asked_rollouts_cut_at_the_token_limit() -> None:
+    cut = [line(1, truncated_rollouts=1), line(2, truncated_rollouts=2), line(3, truncated_rollouts=3)]  # fmt: skip
+    assert [share(step, "truncation_rate") for step in cut] == [0.125, 0.25, 0.375]
+    (finding,) = findings(cut, [CUT])
+    assert (finding.first_step, finding.last_step) == (2, 3)
+    assert "38% of the rollouts were cut at the token limit (max_new_tokens)" in finding.reason()
+    assert share(line(1), "truncation_rate") is None  # a line that does not count them
+
+
+def curve(rewards: list[float], successes: list[float | None], key: str = "win_rate") -> list:
+    return [
+        {**line(step), "mean_reward": reward, key: success}
+        for step, (reward, success) in enumerate(zip(rewards, successes, strict=True), start=1)
+    ]
+
+
+def test_a_reward_that_climbs_while_successes_do_not_is_flagged() -> None:
+    rising = [0.1 + 0.05 * step for step in range(12)]
+    flat = [0.2] * 12
+    (finding,) = findings(curve(rising, flat), [HACKED])
+    assert (finding.first_step, finding.last_step) == (10, 12)
+    assert finding.value == pytest.approx(0.35)  # the last three steps' mean less the first three's
+    assert finding.reason().startswith(
+        "run health: +0.35 mean reward over the last 10 steps while the success rate did not rise "
+        "(possible reward hacking) on steps 10-12"
+    )
+    # Nova's windows say `pass_rate`: the same heuristic.
+    assert findings(curve(rising, flat, key="pass_rate"), [HACKED])
+    # Learning: the successes rise with the reward.
+    assert findings(curve(rising, [0.05 * step for step in range(12)]), [HACKED]) == []
+    # Too few steps to tell, or an environment that reports no success flag: never fires.
+    assert findings(curve(rising[:9], flat[:9]), [HACKED]) == []
+    assert findings(curve(rising, [None] * 12), [HACKED]) == []
+    # A reward that does not rise is no hacking, whatever the successes do.
+    assert findings(curve([0.5] * 12, flat), [HACKED]) == []

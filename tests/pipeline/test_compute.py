@@ -16,6 +16,7 @@ from lambdas.clients import Clients
 from lambdas.pipeline.compute import ComputeSteps, EvaluationFailed, RunPastDeadline
 from lambdas.pipeline.dependencies import Compute, Dependencies
 from lambdas.pipeline.settings import PipelineSettings
+from lambdas.pipeline.training_metrics import NAMESPACE, EmbeddedMetrics, KeptMetrics
 from tests.aws import create_runs_table
 from training_configs.schema import load_training_config
 
@@ -82,11 +83,21 @@ def steps(
     *,
     now: float = 0.0,
     settings: PipelineSettings = SETTINGS,
+    published: KeptMetrics | None = None,
 ) -> ComputeSteps:
-    """The compute steps at `now`, with `cluster` as the training plane (and no reward fleet)."""
+    """The compute steps at `now`, with `cluster` as the training plane (and no reward fleet);
+    Monitor publishes to `published`."""
     unused = lambda: pytest.fail("this step needs no other plane")  # noqa: E731
     compute = Compute(fleet=unused, cluster=(lambda: cluster) if cluster else unused)
-    return ComputeSteps(Dependencies(settings, Clients(boto3.Session()), compute, lambda: now))
+    return ComputeSteps(
+        Dependencies(
+            settings=settings,
+            clients=Clients(boto3.Session()),
+            compute=compute,
+            training_metrics=published or KeptMetrics(),
+            clock=lambda: now,
+        )
+    )
 
 
 @pytest.fixture
@@ -179,6 +190,51 @@ def test_monitor_carries_health_warnings_and_goes_on(state: dict) -> None:
     metrics(*({"step": s, "zero_variance_groups": 0.0, **failing} for s in (1, 2, 3)))
     stopped = steps(Scripted(JobStatus("running", step=3)), now=100.0).monitor(state)
     assert stopped["phase"] == "unhealthy" and "50% of the rollouts failed" in stopped["reason"]
+
+
+def test_monitor_publishes_each_new_step_once_for_the_dashboard(state: dict) -> None:
+    kept = KeptMetrics()
+    monitor = steps(Scripted(JobStatus("running", step=2)), now=100.0, published=kept).monitor
+    line = {"zero_variance_groups": 0.25, "rollouts_asked": 8, "failed_rollouts": 2,
+            "env_error_rollouts": 1, "timeout_rollouts": 1, "truncated_rollouts": 0,
+            "mean_reward": 0.5, "win_rate": 0.125}  # fmt: skip
+    metrics(*({"step": s, **line} for s in (1, 2)))
+    first = monitor(state)
+    assert first["published_step"] == 2
+    assert [(run, step) for run, step, _ in kept.published] == [("r", 1), ("r", 2)]
+    assert kept.published[0][2] == {
+        "MeanReward": 0.5,
+        "SuccessRate": 0.125,
+        "ZeroVarianceGroups": 0.25,
+        "FailedRolloutRate": 0.25,
+        "EnvErrorRate": 0.125,
+        "TimeoutRate": 0.125,
+        "TruncationRate": 0.0,
+    }  # fmt: skip  (RewardHacking: too few steps to tell)
+    # The next poll publishes only what is new; a step rewritten by a resume is not again.
+    metrics(*({"step": s, **line} for s in (1, 2, 2, 3)))
+    second = monitor({**state, "job": first})
+    assert second["published_step"] == 3 and [s for _, s, _ in kept.published] == [1, 2, 3]
+    assert monitor({**state, "job": second})["published_step"] == 3 and len(kept.published) == 3
+
+
+def test_the_deployed_publisher_writes_embedded_metric_format(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """CloudWatch's embedded metric format (CloudWatch User Guide, "Specification: Embedded
+    metric format"): the namespace, one dimension set, each figure a metric of the document."""
+    EmbeddedMetrics("nova-mtrl").publish("wordle-0a1b2c3d4e", 7, {"MeanReward": 0.5})
+    (document,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    (directive,) = document["_aws"]["CloudWatchMetrics"]
+    assert directive["Namespace"] == NAMESPACE
+    assert directive["Dimensions"] == [["deployment", "run_id", "service"]]
+    assert directive["Metrics"] == [{"Name": "MeanReward", "Unit": "None"}]
+    assert (document["deployment"], document["run_id"], document["step"]) == (
+        "nova-mtrl", "wordle-0a1b2c3d4e", 7,
+    )  # fmt: skip
+    assert document["MeanReward"] == [0.5]
+    EmbeddedMetrics("nova-mtrl").publish("r", 1, {})  # nothing measured: no document
+    assert capsys.readouterr().out == ""
 
 
 def test_collect_writes_the_run_summary(aws: None) -> None:

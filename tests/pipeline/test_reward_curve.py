@@ -147,19 +147,25 @@ def test_a_curve_is_never_shortened_by_reports_that_expired(
 
 
 def test_a_window_counts_how_its_failed_rollouts_ended_for_run_health() -> None:
-    def ended(index: int, stop_reason: str, score: float | None) -> ReportedRollout:
+    def ended(
+        index: int, stop_reason: str, score: float | None, truncated: float | None = None
+    ) -> ReportedRollout:
         episode = Episode(
-            record_id="r", sample_id=f"r_{index}", stop_reason=stop_reason, score=score
-        )
+            record_id="r", sample_id=f"r_{index}", stop_reason=stop_reason, score=score,
+            truncated_turns=truncated,
+        )  # fmt: skip
         return replace(reported(index, score), episode=episode)
 
-    reports = [ended(0, "env_error", None), ended(1, "timeout", None), ended(2, "env_error", None),
-               ended(3, "end_of_conversation", 0.5), reported(4, None)]  # fmt: skip
+    reports = [ended(0, "env_error", None), ended(1, "timeout", None, 1.0),
+               ended(2, "env_error", None), ended(3, "end_of_conversation", 0.5, 2.0),
+               reported(4, None)]  # fmt: skip
     (window,) = reward_windows(reports, size=5)
     assert (window.rollouts_asked, window.failed_rollouts) == (5, 4)
     assert (window.env_error_rollouts, window.timeout_rollouts) == (2, 1)
+    assert window.truncated_rollouts == 2  # as the workers counted cut turns
     line = asdict(window)
     assert share(line, "env_error_rate") == 0.4 and share(line, "failed_rollout_rate") == 0.8
+    assert share(line, "truncation_rate") == 0.4
 
 
 def test_a_window_tells_the_groups_without_a_learning_signal() -> None:

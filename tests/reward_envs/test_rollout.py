@@ -10,7 +10,7 @@ import pytest
 from domain.protocol import RolloutRequest, episode_seed
 from reward_envs.interface import Message
 from reward_envs.wordle import load_environment
-from reward_envs.worker.model_client import CallableModel, ModelError
+from reward_envs.worker.model_client import CallableModel, ModelClient, ModelError, ModelTurn
 from reward_envs.worker.rollout import play_rollout
 
 WORDLE = load_environment()
@@ -161,3 +161,25 @@ def test_an_episode_is_drawn_with_its_run_and_record_seed() -> None:
     seeds = [seed for record, seed in environment.drawn if record == "rec-7"]
     assert len(seeds) == 6 and seeds[0] == seeds[1] == seeds[2] == seeds[3] != seeds[4]
     assert seeds[4] == seeds[5] and episode_seed("run-a", "rec-7") != episode_seed("run-a", "rec-8")
+
+
+class CutModel(ModelClient):
+    """Answers each turn with a guess; the turns in `cut` end at the token limit."""
+
+    def __init__(self, *, cut: set[int], version: int | None = None) -> None:
+        self.cut, self.version, self.turn = cut, version, 0
+
+    def chat(self, messages, *, sample_id, step_id, timeout, tools=()) -> ModelTurn:  # noqa: ANN001
+        self.turn += 1
+        reason = "length" if self.turn in self.cut else "stop"
+        return ModelTurn({"role": "assistant", "content": "[slate]"}, reason, self.version)
+
+
+def test_turns_cut_at_the_token_limit_are_counted_in_the_response_and_kept() -> None:
+    played = play_rollout(WORDLE, CutModel(cut={2, 3}, version=4), request(), max_turns=3)
+    assert metric(played.response, "truncated_turns") == 2
+    assert played.finish_reasons == ["stop", "length", "length"]
+    assert played.policy_versions == [4, 4, 4] and played.turn_rewards == [0.0, 0.0, 0.0]
+    # The conversation as the model saw and wrote it: the task, then each guess and its answer.
+    assert [m["role"] for m in played.messages] == ["user"] + ["assistant", "user"] * 3
+    assert metric(play_rollout(WORDLE, CutModel(cut=set()), request(), max_turns=1).response, "truncated_turns") == 0  # fmt: skip

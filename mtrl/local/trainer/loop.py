@@ -24,6 +24,7 @@ import numpy as np
 from domain.backends import METRICS_OBJECT
 from domain.checkpoints import MANIFEST_OBJECT, CheckpointManifest, SavedCheckpoint
 from domain.dataset import DatasetRecord
+from domain.episodes import TRUNCATED_METRIC
 from domain.evaluation import training_records
 from domain.protocol import RolloutResponse, sample_id_for
 from mtrl.local.trainer.checkpoints import (
@@ -61,6 +62,7 @@ class StepMetrics:
     failed_rollouts: int
     env_error_rollouts: int  # of the failed: the environment raised
     timeout_rollouts: int  # of the failed: timed out, or no answer within the step's wait
+    truncated_rollouts: int  # answered, with a model turn cut at the token limit
     objective: float | None
     kl: float | None
     clipped_fraction: float | None
@@ -229,6 +231,9 @@ class Trainer:
             failed_rollouts=expected - len(rewards),
             env_error_rollouts=ended.count("env_error"),
             timeout_rollouts=ended.count("timeout") + expected - len(ended),
+            truncated_rollouts=sum(
+                1 for sample in asked if sample in responses and _truncated(responses[sample])
+            ),
             objective=stats.objective if stats else None,
             kl=stats.kl if stats else None,
             clipped_fraction=stats.clipped_fraction if stats else None,
@@ -285,3 +290,7 @@ class Trainer:
             Body=body,
             ContentType=content_type,
         )
+
+
+def _truncated(response: RolloutResponse) -> bool:
+    return any(m.name == TRUNCATED_METRIC and m.value > 0 for m in response.metrics)

@@ -1,0 +1,77 @@
+"""A run's training steps as CloudWatch metrics, for the dashboard: Monitor publishes each new
+line of `metrics.jsonl` (our trainer's steps or a Nova run's windows) once, as the figures the
+dashboard graphs — the mean reward, the success rate and every run-health metric
+(domain/health.py) — under `nova-mtrl/Training` with the deployment and the run as dimensions.
+
+Deployed, they leave in CloudWatch's embedded metric format (Powertools, printed to Monitor's
+log: no API call, no permission); local mode keeps them in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, get_args
+
+from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
+
+from domain.health import value
+from training_configs.schema import HealthMetric
+
+NAMESPACE = "nova-mtrl/Training"
+SERVICE = "monitor"
+# Each graphed figure: its CloudWatch name, and how a step's line (with those before) gives it.
+FIGURES: Mapping[str, str] = {
+    "MeanReward": "mean_reward",
+    "SuccessRate": "success_rate",
+    **{
+        "".join(part.title() for part in metric.split("_")): metric
+        for metric in get_args(HealthMetric)
+    },
+}
+
+
+class TrainingMetrics(Protocol):
+    def publish(self, run_id: str, step: int, figures: Mapping[str, float]) -> None: ...
+
+
+def step_figures(lines: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The figures of the last of `lines` (one per step, in order) that it measures."""
+    line = lines[-1]
+    found: dict[str, float] = {}
+    for name, source in FIGURES.items():
+        if source == "mean_reward":
+            measured = line.get("mean_reward")
+        elif source == "success_rate":
+            measured = line.get("win_rate", line.get("pass_rate"))
+        else:
+            measured = value(lines, source)  # type: ignore[arg-type]
+        if isinstance(measured, int | float) and not isinstance(measured, bool):
+            found[name] = float(measured)
+    return found
+
+
+class EmbeddedMetrics:
+    """The deployed publisher: one embedded-metric-format document per step, on stdout."""
+
+    def __init__(self, deployment: str) -> None:
+        self.deployment = deployment
+
+    def publish(self, run_id: str, step: int, figures: Mapping[str, float]) -> None:
+        if not figures:
+            return
+        metrics = EphemeralMetrics(namespace=NAMESPACE, service=SERVICE)
+        metrics.set_default_dimensions(deployment=self.deployment, run_id=run_id)
+        for name, figure in figures.items():
+            metrics.add_metric(name=name, unit=MetricUnit.NoUnit, value=figure)
+        metrics.add_metadata(key="step", value=step)
+        metrics.flush_metrics()
+
+
+class KeptMetrics:
+    """Local mode's publisher: what was published, in order (run, step, figures)."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple[str, int, dict[str, float]]] = []
+
+    def publish(self, run_id: str, step: int, figures: Mapping[str, float]) -> None:
+        self.published.append((run_id, step, dict(figures)))
