@@ -250,6 +250,23 @@ def evaluation_overrides(
     }
 
 
+def tracking_overrides(
+    recipe: dict[str, Any], *, tracking_uri: str | None, experiment: str, run_name: str
+) -> dict[str, Any]:
+    """The recipe's MLflow settings for the deployment's tracking server, where the recipe has
+    them (AWS's Nova 2 recipes, aws/sagemaker-hyperpod-recipes: `run.mlflow_tracking_uri`
+    "Required for MLFlow", `mlflow_experiment_name` and `mlflow_run_name` "leave this field
+    non-empty"); none without a server or keys."""
+    keys = {"mlflow_tracking_uri", "mlflow_experiment_name", "mlflow_run_name"}
+    if tracking_uri is None or not keys <= recipe_leaves(recipe):
+        return {}
+    return {
+        "mlflow_tracking_uri": tracking_uri,
+        "mlflow_experiment_name": experiment,
+        "mlflow_run_name": run_name,
+    }
+
+
 def recipe_leaves(recipe: dict[str, Any]) -> set[str]:
     """Every leaf key of a recipe, wherever it sits."""
     leaves: set[str] = set()

@@ -15,6 +15,8 @@ from typing import Any, Literal
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict
 
+from training_configs.schema import TrainingConfig
+
 # A run is active from registration until the pipeline (or the reaper) ends it; where it is in
 # between is its execution's state (`mtrl status`), not a copy kept here.
 RunStatus = Literal["active", "succeeded", "failed"]
@@ -53,6 +55,7 @@ class RunRecord(BaseModel):
     evaluation: str | None = None  # its held-out evaluation's headline, once it succeeded
     # Run-health warnings that hold (domain/health.py), by metric: Monitor keeps them here.
     health: dict[str, str] = {}
+    config: TrainingConfig | None = None  # what it was registered with (experiment tracking)
 
     def hours(self, now: float) -> float:
         """How long the run has held compute: from registration to now, or to its last update

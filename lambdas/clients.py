@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import boto3
+from botocore.credentials import ReadOnlyCredentials
 
 T = TypeVar("T")
 Handler = Callable[[dict[str, Any]], Any]
@@ -23,6 +24,11 @@ class Clients:
         self._session = session
         self._made: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         self._lock = threading.Lock()  # making a client is not thread-safe; using one is
+
+    def credentials(self) -> ReadOnlyCredentials:
+        """The session's credentials now (its role's; refreshed as they expire), for requests
+        signed by hand (SigV4 to an endpoint botocore has no client for)."""
+        return self._session.get_credentials().get_frozen_credentials()
 
     def __call__(self, service: str, **options: str) -> Any:
         key = (service, tuple(sorted(options.items())))

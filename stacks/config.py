@@ -205,6 +205,11 @@ class PlatformConfig(_Strict):
     model_presets: dict[str, ModelPreset] = Field(
         default={}, description="images, recipes and model ids per training-config model"
     )
+    mlflow_server_size: Literal["Small", "Medium", "Large"] | None = Field(
+        default=None,
+        description="a SageMaker managed MLflow tracking server of this size for the deployment "
+        "(every run logged there, Nova's recipes pointed at it); unset: none (it bills hourly)",
+    )
     router_reserved_concurrency: int | None = Field(
         default=None,
         ge=1,

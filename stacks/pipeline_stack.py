@@ -10,6 +10,7 @@ from constructs import Construct
 
 from stacks.base import PlatformStack
 from stacks.components.access import NEEDS, OperatorPolicy, StacksAccess, grant_needs
+from stacks.components.experiment_tracking import ExperimentTracking
 from stacks.components.fleet_control import RewardFleetControl
 from stacks.components.functions import ClusterNetwork
 from stacks.components.hyperpod import HyperPodCluster
@@ -86,6 +87,10 @@ class PipelineStack(PlatformStack):
             cluster_network=cluster_network,
             data_key=storage.data_key,
         )
+        tracking = ExperimentTracking(
+            self, "ExperimentTracking", config=config, data_bucket=data_bucket,
+            data_key=storage.data_key,
+        )  # fmt: skip
         functions = self.pipeline.functions
         if config.keep_warm_minutes:
             self.pipeline.add_scheduled_step(
@@ -96,8 +101,12 @@ class PipelineStack(PlatformStack):
             if needs & fleet.provides:
                 for key, value in fleet.environment.items():
                     function.add_environment(key, value)
+            # The planes' settings include the tracking server: Nova's recipes log there too.
             if needs & training.provides or step in KNOW_THE_PLANES:
-                for key, value in training.environment.items():
+                for key, value in {**training.environment, **tracking.environment}.items():
+                    function.add_environment(key, value)
+            if needs & tracking.provides:
+                for key, value in tracking.environment.items():
                     function.add_environment(key, value)
         # What every function and workload may do: declared once (stacks/components/access.py).
         roles: dict[str, iam.IRole] = {step: f.role for step, f in functions.items() if f.role}
@@ -133,8 +142,11 @@ class PipelineStack(PlatformStack):
                 fleet,
                 training,
                 training.leases,
+                tracking,
             ],
         )
+        if tracking.server_arn:
+            cdk.CfnOutput(self, "MlflowTrackingServerArn", value=tracking.server_arn)
         cdk.CfnOutput(
             self,
             "OperatorPolicyArn",

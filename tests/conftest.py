@@ -128,10 +128,13 @@ def default_app(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
 
 @pytest.fixture(scope="session")
 def nova_app(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
-    """cdk.json's deployment with a Nova restricted group beside its GPU group
-    (environment-agnostic): the deployed world's (tests/iam/)."""
+    """cdk.json's deployment with a Nova restricted group beside its GPU group and a managed
+    MLflow tracking server (environment-agnostic): the deployed world's (tests/iam/)."""
     groups = json.loads(CDK_JSON.read_text())["context"]["hyperpod_instance_groups"]
-    context = {"hyperpod_instance_groups": json.dumps([*groups, NOVA_GROUP])}
+    context = {
+        "hyperpod_instance_groups": json.dumps([*groups, NOVA_GROUP]),
+        "mlflow_server_size": "Small",
+    }
     return synthesize(context, tmp_path_factory.mktemp("nova"))
 
 

@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from lambdas.pipeline.training_metrics import FIGURES, EmbeddedMetrics
+from stacks.components.experiment_tracking import LOG_ACTIONS
 from stacks.components.pipeline_states import AFTER_DEADLINE_HOURS
 from tests.conftest import Synthesized, as_list, role_statements
 from tests.pipeline.test_pipeline_definition import STEP_FUNCTIONS, function_arn, render_definition
@@ -223,3 +224,47 @@ def test_dashboard_graphs_what_monitor_publishes_of_each_run(
     assert searched == {m["Name"] for m in directive["Metrics"]} == set(FIGURES)
     assert all(search.startswith(f"SEARCH('{schema} ") for search in searches)
     assert all(f'deployment="nova-mtrl" service="{document["service"]}"' in s for s in searches)
+
+
+def _notify_end(app: Synthesized) -> tuple[dict, list[dict]]:
+    """NotifyEnd's function and its role's statements."""
+    template = app.template("pipeline")
+    ((_, function),) = [
+        (key, resource)
+        for key, resource in app.resources("pipeline", "AWS::Lambda::Function").items()
+        if key.startswith("PipelineNotifyEndFunction")
+    ]
+    role_id = function["Properties"]["Role"]["Fn::GetAtt"][0]
+    return function, role_statements(template, role_id)
+
+
+def test_without_an_mlflow_server_nothing_is_made_or_granted(default_app: Synthesized) -> None:
+    assert default_app.resources("pipeline", "AWS::SageMaker::MlflowTrackingServer") == {}
+    function, statements = _notify_end(default_app)
+    assert "MLFLOW_TRACKING_SERVER_ARN" not in function["Properties"]["Environment"]["Variables"]
+    assert not [s for s in statements if "sagemaker-mlflow" in json.dumps(s["Action"])]
+
+
+def test_an_mlflow_server_keeps_its_files_in_the_data_bucket_and_notify_end_logs_to_it(
+    nova_app: Synthesized,
+) -> None:
+    (server_id, server), *others = nova_app.resources(
+        "pipeline", "AWS::SageMaker::MlflowTrackingServer"
+    ).items()
+    assert others == []
+    properties = server["Properties"]
+    assert (
+        properties["TrackingServerSize"] == "Small"
+        and properties["TrackingServerName"] == "nova-mtrl"
+    )
+    assert properties["ArtifactStoreUri"]["Fn::Join"][1][-1] == "/mlflow/"
+    assert properties["AutomaticModelRegistration"] is False
+    role = nova_app.template("pipeline")["Resources"][properties["RoleArn"]["Fn::GetAtt"][0]]
+    (trust,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert trust["Principal"] == {"Service": "sagemaker.amazonaws.com"}
+    function, statements = _notify_end(nova_app)
+    arn = function["Properties"]["Environment"]["Variables"]["MLFLOW_TRACKING_SERVER_ARN"]
+    assert "mlflow-tracking-server/nova-mtrl" in json.dumps(arn)
+    (logging,) = [s for s in statements if "sagemaker-mlflow" in json.dumps(s["Action"])]
+    assert sorted(as_list(logging["Action"])) == sorted(LOG_ACTIONS)
+    assert logging["Resource"] == arn  # that server only

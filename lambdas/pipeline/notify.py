@@ -70,6 +70,8 @@ def notify(sns: Any, topic_arn: str, report: dict[str, Any]) -> str:
     if report.get("evaluation"):
         lines.append(f"held-out evaluation: {report['evaluation']}")
     lines += [f"warning: {reason}" for reason in report.get("health") or []]
+    if report.get("tracking"):
+        lines.append(f"experiment tracking: {report['tracking']}")
     if report.get("teardown") is not None:
         lines.append(f"teardown: {report['teardown'].get('leftover', '?')} resources left")
     message = "\n".join(lines) + "\n\n" + json.dumps(report, indent=2)

@@ -71,8 +71,10 @@ from domain.nova_job import (
     recipe_overrides,
     run_name,
     run_recipe,
+    tracking_overrides,
     without_single_turn_reward,
 )
+from domain.tracking import EXPERIMENT
 from lambdas.clients import Clients
 from lambdas.kubernetes.client import KubernetesClient
 from lambdas.kubernetes.training_job import JOB_API
@@ -101,6 +103,8 @@ class NovaSettings(ClusterSettings):
     conversations_table: str = Field(alias="CONVERSATIONS_TABLE")
     # Where the Forge recipes are: `{recipe}` is a path of domain/nova_job.py's FORGE_RECIPES.
     recipe_source: str = Field(default=FORGE_RECIPE_SOURCE, alias="NOVA_RECIPE_SOURCE")
+    # The deployment's MLflow tracking server, where it has one: the recipes log there too.
+    mlflow_tracking_server_arn: str | None = Field(default=None, alias="MLFLOW_TRACKING_SERVER_ARN")
 
 
 class NovaTrainingCluster(InstanceGroupPlane):
@@ -168,7 +172,15 @@ class NovaTrainingCluster(InstanceGroupPlane):
             byoo=byoo_endpoints(run.rollout_request_arn, lambda kind: run.queues[kind]),
             base_checkpoint=run.base.uri if run.base else None,
         )
-        return apply_overrides(base, overrides)
+        return apply_overrides(base, overrides | self._tracking(base, run.run_id))
+
+    def _tracking(self, recipe: dict[str, Any], run_name: str) -> dict[str, Any]:
+        return tracking_overrides(
+            recipe,
+            tracking_uri=self.settings.mlflow_tracking_server_arn,
+            experiment=EXPERIMENT,
+            run_name=run_name,
+        )
 
     def training_data(self, run: RunContext) -> str:
         """The records the job trains on: the dataset, without the held-out ones when a share is
@@ -270,7 +282,8 @@ class NovaTrainingCluster(InstanceGroupPlane):
             output_s3_path=f"s3://{run.bucket}/{run.output_prefix}evaluation/{stage}/",
             byoo=byoo_endpoints(arn, lambda kind: run.queues[kind]),
         )
-        return apply_overrides(without_single_turn_reward(base), overrides)
+        tracking = self._tracking(base, f"{run.run_id}-{stage}")
+        return apply_overrides(without_single_turn_reward(base), overrides | tracking)
 
     def evaluated_model(self, run: RunContext, stage: EvaluationStage) -> str:
         """The starting model (the base checkpoint, or Nova's), or the checkpoint training

@@ -116,6 +116,7 @@ def register_run(
         updated_at=now,
         deadline_at=now + config.deadline_hours * 3600,
         cost_per_hour=cost.per_hour,
+        config=config,
     )
     stored, created = runs.register(record)
     return Registered(stored, created, config, cost, base)

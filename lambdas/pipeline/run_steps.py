@@ -6,18 +6,25 @@ their messages are what the failure notification shows."""
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from domain.backends import METRICS_OBJECT, recent_metrics
+from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, object_exists, run_output_prefix
 from domain.dataset import counted
 from domain.run_state import RegisteredRun, RunResources
-from domain.runs import FINISHED, RunStore, run_id_for
+from domain.runs import FINISHED, RunRecord, RunStore, run_id_for
+from domain.tracking import tracked_run
 from lambdas.pipeline.dependencies import Dependencies
+from lambdas.pipeline.experiment_tracking import MlflowServer, TrackingFailed
 from lambdas.pipeline.notify import notify, summary
 from lambdas.pipeline.register import register_run
 from lambdas.pipeline.resources import provision_run, teardown_run
 from lambdas.pipeline.validate import validate_upload
+
+log = logging.getLogger("mtrl.pipeline")
 
 
 class DatasetInvalid(ValueError):
@@ -167,9 +174,47 @@ class RunSteps:
             teardown=event.get("teardown"),
             evaluation=event.get("evaluation"),
         )
+        if run is not None and run.config is not None and self.settings.mlflow_tracking_server_arn:
+            report["tracking"] = self._track(
+                run, succeeded=bool(event.get("succeeded")), error=error
+            )
         topic = self.settings.alert_topic_arn
         message_id = notify(self._clients("sns"), topic, report) if topic else None
         return {**report, "message_id": message_id}
+
+    def _track(self, run: RunRecord, *, succeeded: bool, error: str | None) -> str:
+        """The run as an MLflow run of the deployment's tracking server: its config, each step's
+        metrics, its evaluation, health and outcome, and its summary files. A tracking failure
+        is said, never raised: the run's outcome stands."""
+        s3, prefix = self._clients("s3"), run_output_prefix(run.run_id)
+        files = {
+            name: s3.get_object(Bucket=run.bucket, Key=f"{prefix}{name}")["Body"].read()
+            for name in (SUMMARY_OBJECT, EVALUATION_OBJECT)
+            if object_exists(s3, bucket=run.bucket, key=f"{prefix}{name}")
+        }
+        evaluation = json.loads(files[EVALUATION_OBJECT]) if EVALUATION_OBJECT in files else None
+        tracked = tracked_run(
+            run_id=run.run_id,
+            succeeded=succeeded,
+            config=run.config,  # type: ignore[arg-type] - checked by the caller
+            dataset=f"s3://{run.bucket}/{run.key}",
+            metrics=recent_metrics(s3, bucket=run.bucket, key=f"{prefix}{METRICS_OBJECT}"),
+            evaluation=evaluation,
+            health=run.health,
+            reason=error,
+            artifacts=files,
+        )
+        server = MlflowServer(
+            self.settings.mlflow_tracking_server_arn or "",
+            credentials=self._clients.credentials,
+            s3=s3,
+            endpoint=self.settings.mlflow_endpoint,
+        )
+        try:
+            return f"MLflow run {server.log(tracked)} ({server.arn})"
+        except TrackingFailed as failed:
+            log.error("run %s not tracked: %s", run.run_id, failed)
+            return f"not tracked: {failed}"
 
 
 def _readable(cause: str | None) -> str | None:

@@ -35,6 +35,11 @@ class PipelineSettings(EnvironmentSettings):
     training_instance_type: str | None = Field(default=None, alias="HYPERPOD_INSTANCE_TYPE")
     # The restricted group's, where the deployment has one (lambdas/pipeline/nova_training.py).
     nova_instance_type: str | None = Field(default=None, alias="NOVA_INSTANCE_TYPE")
+    # The deployment's managed MLflow tracking server, where it has one: each run is an MLflow
+    # run there (lambdas/pipeline/experiment_tracking.py); the endpoint is the region's unless
+    # set (tests).
+    mlflow_tracking_server_arn: str | None = Field(default=None, alias="MLFLOW_TRACKING_SERVER_ARN")
+    mlflow_endpoint: str | None = Field(default=None, alias="MLFLOW_ENDPOINT")
 
     def router_wiring(self, clients: Clients) -> RouterWiring:
         """The run resources' clients and names."""

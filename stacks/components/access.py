@@ -49,9 +49,10 @@ NEEDS: Mapping[str, tuple[Need, ...]] = {
     # A Nova job, whose only identity is the restricted group's execution role (AWS's RIG
     # docs): its dataset and outputs, the run's queues, and the run's rollout Lambda (BYOO).
     # OUTPUTS_READ: the records written for it (held-out ones apart, domain/evaluation.py).
+    # EXPERIMENTS_LOG: its recipe names the deployment's MLflow server, where it has one.
     "nova_job": (
         Need.DATASETS_READ_CURRENT, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE, Need.RUN_QUEUES_RECEIVE,
-        Need.RUN_QUEUES_SEND, Need.ROLLOUT_LAMBDA_INVOKE,
+        Need.RUN_QUEUES_SEND, Need.ROLLOUT_LAMBDA_INVOKE, Need.EXPERIMENTS_LOG,
     ),
     # The operator's managed policy (stack output OperatorPolicyArn), for the `mtrl` commands.
     "operator": (

@@ -15,6 +15,7 @@ class Need(StrEnum):
     OUTPUTS_LIST = "list a run's outputs"
     OUTPUTS_READ = "read a run's outputs"
     OUTPUTS_WRITE = "write a run's outputs"
+    EXPERIMENTS_LOG = "log a run to the deployment's MLflow tracking server (when it has one)"
     TRAJECTORIES_WRITE = "write a run's trajectories (runs/<run_id>/trajectories/)"
     # The runs table and the capacity leases in it.
     RUNS_GET = "read a run"

@@ -88,8 +88,8 @@ STEPS = (
     ),
     PipelineStep("teardown", "Deletes every per-run resource (idempotent)", _TEARDOWN),
     PipelineStep(
-        "notify_end", "Publishes how the run ended",
-        (Need.RUNS_GET, Need.RUNS_PUT, Need.ALERTS_PUBLISH),
+        "notify_end", "Publishes how the run ended (and logs it to MLflow, where deployed)",
+        (Need.RUNS_GET, Need.RUNS_PUT, Need.ALERTS_PUBLISH, Need.EXPERIMENTS_LOG),
     ),
     PipelineStep(
         "scale_up", "Asks the training cluster for the run's nodes",

@@ -257,6 +257,8 @@ class Authorization:
                 )
             case "dynamodb":
                 return [_arn("dynamodb", f"table/{p['TableName']}")]
+            case "sagemaker-mlflow":  # a request to the tracking server (tests/mlflow_fake.py)
+                return [p["TrackingServerArn"]]
             case "sns":
                 return [p["TopicArn"]]
             case "lambda":

@@ -103,6 +103,7 @@ class Scenarios:
     cli: dict[str, Any] = field(default_factory=dict)  # `mtrl` command -> its CliRunner result
     rbac: list[dict[str, Any]] = field(default_factory=list)  # the custom resource's answers
     chart: list[dict[str, Any]] = field(default_factory=list)  # the chart install's answers
+    mlflow_files: list[str] = field(default_factory=list)  # the tracking server's artifact keys
 
     def use_the_cli(self, tmp: Path) -> None:
         """The operator's commands, after the runs: each reads or changes the deployment."""
@@ -355,4 +356,8 @@ def scenarios(nova_app: Synthesized, tmp_path_factory: pytest.TempPathFactory) -
         played.rbac.append(custom_resource(world, "Custom::KubernetesRbac", "Delete"))
         played.chart.append(custom_resource(world, "Custom::HyperPodHelmChart", "Delete"))
         played.notifications = world.notifications()
+        listed = world.clients["s3"].list_objects_v2(
+            Bucket=world.pipeline.data_bucket, Prefix="mlflow/"
+        )
+        played.mlflow_files = [item["Key"] for item in listed.get("Contents", [])]
     return played

@@ -111,6 +111,13 @@ def test_a_nova_run_is_started_and_stopped_by_aws_launcher_and_leaves_nothing(
     assert {recipe["run"][f"{kind}_sqs_url"] for kind in ("generate_request", "generate_response",
             "rollout_response")} == {resources["queues"][f"{kind}s"] for kind in (
             "generate_request", "generate_response", "rollout_response")}  # fmt: skip
+    # Each evaluation's recipe (AWS's has the MLflow keys) logs to the deployment's server; the
+    # Forge training recipe's stand-in has none, and gets none.
+    for stage in EvaluationStage:
+        (evaluation,) = [r for r in world.launcher.recipes_read if r["run"]["name"] == run_name(PREFIX, run.run_id, stage)]  # fmt: skip
+        assert evaluation["run"]["mlflow_tracking_uri"] == world.mlflow.arn
+        assert evaluation["run"]["mlflow_run_name"] == f"{run.run_id}-{stage}"
+    assert "mlflow_tracking_uri" not in recipe["run"]
     recipes = [c.argv[5] for c in world.launcher.started() if name in c.argv[5]]
     evaluations = [run_name(PREFIX, run.run_id, stage) for stage in EvaluationStage]
     assert recipes == [
@@ -312,3 +319,33 @@ def test_the_deploy_applies_the_pipelines_rbac_and_the_destroy_removes_it(
     assert (
         created["PhysicalResourceId"] == deleted["PhysicalResourceId"] == "nova-mtrl-pipeline-rbac"
     )
+
+
+def test_every_registered_run_that_ended_is_an_mlflow_run_of_the_deployment(
+    scenarios: Scenarios,
+) -> None:
+    """NotifyEnd logs each run to the deployment's tracking server, with its own role (the
+    proof above allows every call): what it became, its config, its steps and its files. A
+    dataset refused before registration has no config to log; a run stopped by hand never
+    reaches NotifyEnd."""
+    mlflow = scenarios.world.mlflow
+    by_name = {run["info"]["run_name"]: run for run in mlflow.runs.values()}
+    runs = scenarios.runs
+    assert set(by_name) == {
+        runs[name].run_id
+        for name in ("succeeds", "nova succeeds", "nova trains on", "job cannot start")
+    }
+    succeeded, failed = by_name[runs["succeeds"].run_id], by_name[runs["job cannot start"].run_id]
+    assert succeeded["info"]["status"] == "FINISHED" and failed["info"]["status"] == "FAILED"
+    assert "failure" in failed["tags"] and succeeded["params"]["name"] == "scaling"
+    steps = {step for key, _, step, _ in succeeded["metrics"] if key == "train/mean_reward"}
+    assert steps == {line["step"] for line in runs["succeeds"].metrics} != set()
+    (experiment,) = mlflow.experiments.values()
+    folder = f"mlflow/{experiment['experiment_id']}/{succeeded['info']['run_id']}/artifacts/"
+    files = {key.removeprefix(folder) for key in scenarios.mlflow_files if key.startswith(folder)}
+    assert files == {"summary.json", "evaluation.json"}
+    # The end notification says where it is.
+    (notice,) = [
+        n for n in scenarios.notifications if f"run {runs['succeeds'].run_id} SUCCEEDED" in n
+    ]
+    assert f"experiment tracking: MLflow run {succeeded['info']['run_id']} ({mlflow.arn})" in notice

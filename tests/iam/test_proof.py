@@ -137,6 +137,14 @@ KEPT = {
     "(Lambda Developer Guide, 'Dead-letter queues'); no request of the code does.",
     ("*", "sqs:ChangeMessageVisibility"): "Workers and trainers extend a long episode's message "
     "(the worker's heartbeat); these episodes end sooner.",
+    ("*RestrictedExecutionRole*", "sagemaker-mlflow:*"): "AWS's Nova trainer logs to the MLflow "
+    "server its recipe names (`run.mlflow_tracking_uri`) with the job's role; the scenarios' "
+    "stand-in trainer does not log. Which calls AWS's makes is unverified: the grant is what an "
+    "MLflow client's run takes (experiment by name or new, run, batches, end).",
+    ("*RestrictedExecutionRole*", "s3:PutObject"): "As sagemaker-mlflow:*: AWS's trainer may put "
+    "files in the server's artifact store (mlflow/).",
+    ("*RestrictedExecutionRole*", "s3:ListBucket"): "As sagemaker-mlflow:*: the tracking grant's "
+    "look at runs/ (the job reads its outputs by name).",
 }
 # Dependent actions (Service Authorization Reference) that the calls made here do not need.
 NOT_NEEDED = {

@@ -66,6 +66,7 @@ from tests.iam.deployment import Deployment
 from tests.iam.recorder import SECRET, Recorder
 from tests.kubernetes.fake_api import FakeKubernetes
 from tests.launcher.fake_cli import PODS, PYTORCH_JOBS, FakeLauncherProcesses
+from tests.mlflow_fake import FakeMlflowServer
 from tests.service_fakes import (
     FakeBedrock,
     FakeEks,
@@ -96,6 +97,7 @@ class World:
     directory: Directory
     inbox: str
     launcher: FakeLauncherProcesses  # the HyperPod CLI and helm the launcher function runs
+    mlflow: FakeMlflowServer  # the deployment's managed MLflow tracking server
     physical_ids: dict[str, str] = field(default_factory=dict)  # custom resources' answers
 
     def function(self, handler: str) -> str:
@@ -323,18 +325,31 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
             stack.enter_context(tempfile.TemporaryDirectory()), kubernetes
         )
         _publish_forge_recipes(clients["s3"])
+        # The tracking server (the app has one): each call it serves recorded as its IAM action.
+        mlflow = stack.enter_context(
+            FakeMlflowServer(
+                f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:mlflow-tracking-server/"
+                f"{app.config.name_prefix}",
+                secret_of=lambda key: SECRET if recorder.principal_of(key) else None,
+                artifact_root="",
+                on_call=lambda key, action, arn: recorder.record(
+                    key, "sagemaker-mlflow", action, {"TrackingServerArn": arn}
+                ),
+            )
+        )
         pipeline = deploy_pipeline(
             app.template("pipeline"),
             clients=clients,
             dispatcher=dispatcher,
-            # The proxy answers at once (a step not yet done is polled for).
-            overrides={"POLL_SECONDS": "0", "WAIT_SECONDS": "0"},
+            # The proxy answers at once (a step not yet done is polled for); MLflow is on loopback.
+            overrides={"POLL_SECONDS": "0", "WAIT_SECONDS": "0", "MLFLOW_ENDPOINT": mlflow.url},
             imports=deployment.exports,
             credentials=recorder.credentials,
             keep_data_key=True,
             composers={"lambdas.launcher.handler": launcher.compose},
         )
         _deploy_compute_functions(deployment, dispatcher, recorder.credentials)
+        mlflow.artifact_root = f"s3://{pipeline.data_bucket}/mlflow"
         sqs = clients["sqs"]
         inbox = sqs.create_queue(QueueName="inbox")["QueueUrl"]
         inbox_arn = sqs.get_queue_attributes(QueueUrl=inbox, AttributeNames=["QueueArn"])[
@@ -358,6 +373,7 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
             directory=_directory(deployment),
             inbox=inbox,
             launcher=launcher.processes,
+            mlflow=mlflow,
         )
 
 

@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from lambdas.kubernetes.client import KubernetesClient
+from tests.json_http import send_json
 
 
 def _self_signed() -> tuple[bytes, bytes]:
@@ -107,12 +108,7 @@ class FakeKubernetes:
 
         class Api(BaseHTTPRequestHandler):
             def _answer(self, status: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, body)
 
             def _status(self, code: int, reason: str, message: str) -> None:
                 self._answer(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",

@@ -1,0 +1,124 @@
+"""The deployment's optional SageMaker managed MLflow tracking server (config
+`mlflow_server_size`; off by default: it bills by the hour while it exists).
+
+With it, NotifyEnd logs every run there (lambdas/pipeline/experiment_tracking.py) and Nova's
+recipes are given its ARN as their `mlflow_tracking_uri` where they have the key, so AWS's
+trainer logs there too. The server keeps its artifacts under `mlflow/` in the data bucket, with
+a role SageMaker assumes for that prefix alone (AWS's guide names AmazonS3FullAccess for it;
+this narrower grant is unverified until a deployment runs it, README "Experiment tracking").
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Stack
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sagemaker as sagemaker
+from constructs import Construct
+
+from domain.bucket import RUNS_PREFIX
+from stacks.components.nag import Wildcard, acknowledge_resource
+from stacks.components.needs import Need
+from stacks.config import PlatformConfig
+
+ARTIFACTS_PREFIX = "mlflow/"
+SERVER_SETTING = "MLFLOW_TRACKING_SERVER_ARN"
+# What logging a run takes (lambdas/pipeline/experiment_tracking.py), as IAM actions of the
+# Service Authorization Reference's "Amazon SageMaker with MLflow".
+LOG_ACTIONS = (
+    "sagemaker-mlflow:GetExperimentByName",
+    "sagemaker-mlflow:CreateExperiment",
+    "sagemaker-mlflow:CreateRun",
+    "sagemaker-mlflow:LogBatch",
+    "sagemaker-mlflow:UpdateRun",
+)
+
+
+class ExperimentTracking(Construct):
+    """Attributes: `server_arn` (None without a server), `environment` (what the functions that
+    log are told)."""
+
+    provides = frozenset({Need.EXPERIMENTS_LOG})
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        config: PlatformConfig,
+        data_bucket: s3.IBucket,
+        data_key: kms.IKey,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self._bucket, self._key = data_bucket, data_key
+        self.server_arn: str | None = None
+        self.environment: dict[str, str] = {}
+        if config.mlflow_server_size is None:
+            return
+        name = config.name_prefix
+        role = iam.Role(
+            self,
+            "ServerRole",
+            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+            description="SageMaker's MLflow tracking server keeps its artifacts in the data bucket",
+        )
+        self._objects(
+            role, "s3:GetObject", "s3:PutObject", "s3:DeleteObject", prefix=ARTIFACTS_PREFIX
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["s3:ListBucket", "s3:GetBucketLocation"],
+                resources=[data_bucket.bucket_arn],
+            )
+        )
+        role.add_to_policy(
+            iam.PolicyStatement(
+                actions=["kms:GenerateDataKey", "kms:Decrypt"], resources=[data_key.key_arn]
+            )
+        )
+        server = sagemaker.CfnMlflowTrackingServer(
+            self,
+            "Server",
+            tracking_server_name=name,
+            artifact_store_uri=f"s3://{data_bucket.bucket_name}/{ARTIFACTS_PREFIX}",
+            role_arn=role.role_arn,
+            tracking_server_size=config.mlflow_server_size,
+            automatic_model_registration=False,  # Collect registers the runs' models itself
+        )
+        server.node.add_dependency(role)
+        self.server_arn = Stack.of(self).format_arn(
+            service="sagemaker", resource="mlflow-tracking-server", resource_name=name
+        )
+        self.environment = {SERVER_SETTING: self.server_arn}
+
+    def grant(self, need: Need, role: iam.IRole) -> None:
+        """Logging runs: the server's calls a tracker makes, the run outputs it reads, its files
+        into the artifact store. Nothing without a server."""
+        if need is not Need.EXPERIMENTS_LOG or self.server_arn is None:
+            return
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=list(LOG_ACTIONS), resources=[self.server_arn])
+        )
+        self._objects(role, "s3:GetObject", prefix=RUNS_PREFIX)
+        role.add_to_principal_policy(  # whether a run's summary and evaluation are there yet
+            iam.PolicyStatement(
+                actions=["s3:ListBucket"],
+                resources=[self._bucket.bucket_arn],
+                conditions={"StringLike": {"s3:prefix": [f"{RUNS_PREFIX}*"]}},
+            )
+        )
+        self._objects(role, "s3:PutObject", prefix=ARTIFACTS_PREFIX)
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["kms:Decrypt", "kms:GenerateDataKey"], resources=[self._key.key_arn]
+            )
+        )
+
+    def _objects(self, role: iam.IRole, *actions: str, prefix: str) -> None:
+        objects = self._bucket.arn_for_objects(f"{prefix}*")
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=list(actions), resources=[objects])
+        )
+        # A run's outputs and the server's artifacts are named at run time, under the prefix.
+        acknowledge_resource(role, objects, Wildcard.NAMED_AT_RUN_TIME)
