@@ -85,6 +85,7 @@ bench: install
 	$(BIN)/python -m bench.synth
 	$(BIN)/python -m bench.envs
 	$(BIN)/python -m bench.router
+	$(BIN)/python -m bench.trajectories
 	$(BIN)/python -m bench.validate
 	$(BIN)/python -m bench.local
 

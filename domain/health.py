@@ -3,7 +3,7 @@ run writes a line of per training step (`runs/<run_id>/metrics.jsonl`: our train
 the router's windows for a Nova job).
 
 A rule holds when its metric was at least its threshold on each of the last `steps` steps. The
-metrics, each a share in [0, 1] but the last:
+metrics, the first five shares in [0, 1]:
 
 | metric | of a step |
 |---|---|
@@ -15,6 +15,9 @@ metrics, each a share in [0, 1] but the last:
 | reward_hacking | the rise of the mean reward over the last `HACKING_WINDOW` steps, when the
   environment's success rate did not rise with it (0 when it did): a reward that climbs
   while the task is no better done |
+| mean_reward | the mean episode reward (a rule `at_most`: a reward that collapsed) |
+| reward_spread | the standard deviation of the episode rewards (`at_most`: no signal left) |
+| mean_turns | turns per episode (`at_least` near max_turns: episodes that never end) |
 
 Rates are shares of the rollouts a step asked for (`rollouts_asked`: our trainer's and the
 router's lines write it). A step whose line does not say (a trainer that does not count it) breaks the run of steps, so
@@ -26,9 +29,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, get_args
 
-from training_configs.schema import HealthMetric, HealthRule
+from training_configs.schema import SHARES, HealthMetric, HealthRule
 
 # What each metric means, for the reason a finding gives.
 MEANING: Mapping[HealthMetric, str] = {
@@ -39,6 +42,17 @@ MEANING: Mapping[HealthMetric, str] = {
     "truncation_rate": "of the rollouts were cut at the token limit (max_new_tokens)",
     "reward_hacking": "mean reward over the last {window} steps while the success rate did not "
     "rise (possible reward hacking)",
+    "mean_reward": "mean reward",
+    "reward_spread": "reward spread (standard deviation)",
+    "mean_turns": "mean turns per episode",
+}
+# Where a metrics line says each figure that is not counted from rollouts (our trainer's name
+# first, then the router's windows').
+FIGURE_KEYS: Mapping[str, tuple[str, ...]] = {
+    "zero_variance_groups": ("zero_variance_groups",),
+    "mean_reward": ("mean_reward",),
+    "reward_spread": ("reward_std",),
+    "mean_turns": ("turns_per_episode",),
 }
 # Steps the reward-hacking heuristic compares: the mean of the first and last three of them.
 HACKING_WINDOW, HACKING_ENDS = 10, 3
@@ -47,9 +61,12 @@ HACKING_WINDOW, HACKING_ENDS = 10, 3
 def share(line: Mapping[str, Any], metric: HealthMetric) -> float | None:
     """`metric` of one step's metrics line, or None when the line does not say (every metric
     but `reward_hacking`, which needs the steps before: `value`)."""
-    if metric == "zero_variance_groups":
-        value = line.get("zero_variance_groups")
-        return float(value) if isinstance(value, int | float) else None
+    if metric in FIGURE_KEYS:
+        found = [line[key] for key in FIGURE_KEYS[metric] if key in line]
+        value = found[0] if found else None
+        return (
+            float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+        )
     asked, failed = line.get("rollouts_asked"), line.get("failed_rollouts")
     if not isinstance(asked, int) or not isinstance(failed, int) or asked == 0:
         return None
@@ -75,6 +92,12 @@ def value(lines: Sequence[Mapping[str, Any]], metric: HealthMetric) -> float | N
         return None
     rise = _ends_apart(rewards)  # type: ignore[arg-type]
     return max(rise, 0.0) if _ends_apart(successes) <= 0 else 0.0  # type: ignore[arg-type]
+
+
+def measured(lines: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Every run-health metric the last of `lines` (one per step, in order) measures."""
+    found = {metric: value(lines, metric) for metric in get_args(HealthMetric)}
+    return {metric: figure for metric, figure in found.items() if figure is not None}
 
 
 def _success(line: Mapping[str, Any]) -> float | None:
@@ -106,14 +129,15 @@ class Finding:
             if self.first_step == self.last_step
             else f"steps {self.first_step}-{self.last_step}"
         )
-        measured = (
-            f"+{self.value:.2f} {MEANING[rule.metric].format(window=HACKING_WINDOW)}"
-            if rule.metric == "reward_hacking"
-            else f"{self.value:.0%} {MEANING[rule.metric]}"
-        )
+        if rule.metric == "reward_hacking":
+            measured = f"+{self.value:.2f} {MEANING[rule.metric].format(window=HACKING_WINDOW)}"
+        elif rule.metric in SHARES:
+            measured = f"{self.value:.0%} {MEANING[rule.metric]}"
+        else:
+            measured = f"{MEANING[rule.metric]} {self.value:.3g}"
         return (
             f"run health: {measured} on {steps} "
-            f"({rule.metric} >= {rule.at_least:g} for {rule.steps} steps in a row: {rule.action})"
+            f"({rule.metric} {rule.bound} for {rule.steps} steps in a row: {rule.action})"
         )
 
 
@@ -131,7 +155,7 @@ def findings(lines: Iterable[Mapping[str, Any]], rules: Sequence[HealthRule]) ->
         streak: list[tuple[int, float]] = []
         for index in range(len(ordered) - 1, -1, -1):
             measured = value(ordered[: index + 1], rule.metric)
-            if measured is None or measured < rule.at_least or len(streak) == rule.steps:
+            if measured is None or not rule.holds(measured) or len(streak) == rule.steps:
                 break
             streak.append((steps[index], measured))
         if len(streak) == rule.steps:

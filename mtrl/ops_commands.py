@@ -54,7 +54,7 @@ from mtrl.ops.submit import SubmitError, choose_config, submit
 from mtrl.ops.teardown import TeardownFailed, release_idle_nodes, teardown_run
 from stacks.config import ConfigError, PlatformConfig, deployment_context
 from training_configs import TrainingConfigError, estimate, load_training_config
-from training_configs.schema import DEFAULT_CONFIG
+from training_configs.schema import DEFAULT_CONFIG, SHARES
 
 STATUS_SERVICES = ("dynamodb", "stepfunctions", "s3", "sqs", "cloudwatch", "ecs", "sagemaker")
 
@@ -243,6 +243,8 @@ def _print_status(status: RunDetails) -> None:
         rows["checkpoints"] = "\n".join(_checkpoint_line(c) for c in status.checkpoints)
     if run.evaluation:
         rows["held-out evaluation"] = run.evaluation
+    if status.health_figures:
+        rows["last step"] = _figures_line(status.health_figures)
     if run.health:
         rows["run health"] = "\n".join(run.health)
     if run.error:
@@ -267,6 +269,16 @@ def _training_line(status: RunDetails) -> str:
     if status.pass_rate is not None:
         line += f", pass rate {status.pass_rate:.0%}"
     return line
+
+
+def _figures_line(figures: dict[str, float]) -> str:
+    """The last step's run-health metrics: shares as percentages, the others as numbers."""
+    return ", ".join(
+        f"{metric.replace('_', ' ')} {value:.0%}"
+        if metric in SHARES
+        else f"{metric.replace('_', ' ')} {value:.3g}"
+        for metric, value in figures.items()
+    )
 
 
 def _queue_line(queue: QueueDepth) -> str:

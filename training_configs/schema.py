@@ -55,23 +55,56 @@ HealthMetric = Literal[
     "timeout_rate",
     "truncation_rate",
     "reward_hacking",
+    "mean_reward",
+    "reward_spread",
+    "mean_turns",
 ]
+# The metrics that are shares of a step's groups or rollouts, in [0, 1].
+SHARES = frozenset(
+    {"zero_variance_groups", "failed_rollout_rate", "env_error_rate", "timeout_rate",
+     "truncation_rate"}
+)  # fmt: skip
 
 
 class HealthRule(BaseModel):
     """A run-health rule (domain/health.py): when `metric` of a training step is at least
-    `at_least` for `steps` steps in a row, `warn` or `stop` the run."""
+    `at_least` (or at most `at_most`) for `steps` steps in a row, `warn` or `stop` the run."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     metric: HealthMetric
-    at_least: float = Field(
-        ge=0.0,
-        le=1.0,
-        description="a share of the step's groups or rollouts (reward_hacking: a rise in reward)",
+    at_least: float | None = Field(
+        default=None,
+        description="a share of the step's groups or rollouts; reward_hacking: a rise in reward; "
+        "mean_reward, reward_spread: rewards; mean_turns: turns",
     )
+    at_most: float | None = Field(default=None, description="as at_least, from below")
     steps: int = Field(ge=1, le=10_000, description="consecutive training steps")
     action: Literal["warn", "stop"]
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> Self:
+        bounds = [b for b in (self.at_least, self.at_most) if b is not None]
+        if len(bounds) != 1:
+            raise ValueError(f"health rule on {self.metric}: give one of at_least or at_most")
+        (bound,) = bounds
+        field = "at_least" if self.at_least is not None else "at_most"
+        if self.metric in SHARES and not 0.0 <= bound <= 1.0:
+            raise ValueError(
+                f"health rule on {self.metric}: {field} {bound:g} is not a share (0 to 1)"
+            )
+        if self.metric == "mean_turns" and bound < 0:
+            raise ValueError(
+                f"health rule on mean_turns: {field} {bound:g}: turns are not negative"
+            )
+        return self
+
+    def holds(self, value: float) -> bool:
+        return value >= self.at_least if self.at_least is not None else value <= self.at_most  # type: ignore[operator]
+
+    @property
+    def bound(self) -> str:
+        return f">= {self.at_least:g}" if self.at_least is not None else f"<= {self.at_most:g}"
 
 
 # What stops the obviously dead run by default: no group with a learning signal for 10 steps,

@@ -40,6 +40,8 @@ class RewardWindow:
     reward_p50: float | None
     reward_p90: float | None
     max_reward: float | None
+    reward_std: float | None  # the population standard deviation of the scores
+    turns_per_episode: float | None  # of the reports whose episode says
     pass_rate: float | None  # of the rollouts that said whether they succeeded
     # Of the window's GRPO groups (its reports by record, two scores or more), those whose
     # scores were all the same: no learning signal (run health, domain/health.py).
@@ -81,6 +83,7 @@ def _window(step: int, reports: Sequence[ReportedRollout], *, partial: bool) -> 
     scores = [report.score for report in reports if report.score is not None]
     flags = [report.success for report in reports if report.success is not None]
     ended = [report.episode.stop_reason for report in reports if report.episode is not None]
+    turns = [report.episode.turns for report in reports if report.episode is not None]
     p10, p50, p90 = deciles(scores)
     return RewardWindow(
         step=step,
@@ -98,6 +101,8 @@ def _window(step: int, reports: Sequence[ReportedRollout], *, partial: bool) -> 
         reward_p50=p50,
         reward_p90=p90,
         max_reward=max(scores, default=None),
+        reward_std=statistics.pstdev(scores) if scores else None,
+        turns_per_episode=statistics.fmean(turns) if turns else None,
         pass_rate=sum(flags) / len(flags) if flags else None,
         zero_variance_groups=_flat_share(reports),
         first_report_at=reports[0].reported_at,

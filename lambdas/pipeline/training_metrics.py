@@ -14,7 +14,7 @@ from typing import Any, Protocol, get_args
 
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 
-from domain.health import value
+from domain.health import measured
 from training_configs.schema import HealthMetric
 
 NAMESPACE = "nova-mtrl/Training"
@@ -36,18 +36,11 @@ class TrainingMetrics(Protocol):
 
 def step_figures(lines: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """The figures of the last of `lines` (one per step, in order) that it measures."""
-    line = lines[-1]
-    found: dict[str, float] = {}
-    for name, source in FIGURES.items():
-        if source == "mean_reward":
-            measured = line.get("mean_reward")
-        elif source == "success_rate":
-            measured = line.get("win_rate", line.get("pass_rate"))
-        else:
-            measured = value(lines, source)  # type: ignore[arg-type]
-        if isinstance(measured, int | float) and not isinstance(measured, bool):
-            found[name] = float(measured)
-    return found
+    health = measured(lines)
+    success = lines[-1].get("win_rate", lines[-1].get("pass_rate"))
+    if isinstance(success, int | float) and not isinstance(success, bool):
+        health["success_rate"] = float(success)
+    return {name: health[source] for name, source in FIGURES.items() if source in health}
 
 
 class EmbeddedMetrics:

@@ -17,8 +17,9 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from domain.backends import METRICS_OBJECT, last_metrics
+from domain.backends import METRICS_OBJECT, recent_metrics
 from domain.bucket import SUMMARY_OBJECT, object_exists, run_output_prefix
+from domain.health import measured
 from domain.run_queues import QueueKind, queue_name
 from domain.runs import FINISHED, RunRecord, RunStore
 from lambdas.pipeline.ecs_fleet import worker_service_name
@@ -63,6 +64,7 @@ class RunDetails:
     step: int | None
     mean_reward: float | None
     pass_rate: float | None  # of the step's rollouts that said whether they succeeded
+    health_figures: dict[str, float]  # the last step's run-health metrics (domain/health.py)
     checkpoints: list[dict[str, Any]]  # each job's manifest and where it points (summary.json)
     queues: list[QueueDepth]
     workers: tuple[int, int] | None  # (running, wanted)
@@ -107,7 +109,8 @@ def run_status(
         )
     execution, state = _execution(clients["stepfunctions"], deployment.execution_arn(run_id))
     prefix = run_output_prefix(run_id)
-    metrics = last_metrics(clients["s3"], bucket=run.bucket, key=f"{prefix}{METRICS_OBJECT}")
+    lines = recent_metrics(clients["s3"], bucket=run.bucket, key=f"{prefix}{METRICS_OBJECT}")
+    metrics = lines[-1] if lines else None
     return RunDetails(
         summary=summarize(run, now=now),
         execution=execution,
@@ -115,6 +118,7 @@ def run_status(
         step=metrics["step"] if metrics else None,
         mean_reward=metrics.get("mean_reward") if metrics else None,
         pass_rate=metrics.get("pass_rate") if metrics else None,
+        health_figures=measured(lines) if lines else {},
         checkpoints=_checkpoints(clients["s3"], run.bucket, f"{prefix}{SUMMARY_OBJECT}"),
         queues=_queues(clients["sqs"], clients["cloudwatch"], deployment.prefix, run_id, now=now),
         workers=_workers(clients["ecs"], deployment, run_id),

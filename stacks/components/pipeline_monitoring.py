@@ -112,7 +112,12 @@ def pipeline_dashboard(
 
 # What Monitor publishes a run's steps under (lambdas/pipeline/training_metrics.py).
 TRAINING_DIMENSIONS = ("deployment", "run_id", "service")
-HEALTH_FIGURES = tuple(name for name in FIGURES if name not in ("MeanReward", "SuccessRate"))
+# Shares of a step's groups or rollouts (and the reward-hacking rise) on one axis; turns and the
+# reward's spread on another.
+OWN_AXIS = ("MeanTurns", "RewardSpread")
+HEALTH_FIGURES = tuple(
+    name for name in FIGURES if name not in ("MeanReward", "SuccessRate", *OWN_AXIS)
+)
 
 
 def per_run(name_prefix: str, figure: str) -> cloudwatch.MathExpression:
@@ -145,6 +150,12 @@ def training_widgets(name_prefix: str) -> list[cloudwatch.GraphWidget]:
             title="Run health per run (shares of a step's groups or rollouts; reward hacking: "
             "a rise in reward)",
             left=[per_run(name_prefix, figure) for figure in HEALTH_FIGURES],
-            width=24,
+            width=12,
+        ),
+        cloudwatch.GraphWidget(
+            title="Turns per episode and reward spread per run",
+            left=[per_run(name_prefix, "MeanTurns")],
+            right=[per_run(name_prefix, "RewardSpread")],
+            width=12,
         ),
     ]

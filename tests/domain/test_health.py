@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from domain.health import findings, share
@@ -117,3 +119,39 @@ def test_a_reward_that_climbs_while_successes_do_not_is_flagged() -> None:
     assert findings(curve(rising, [None] * 12), [HACKED]) == []
     # A reward that does not rise is no hacking, whatever the successes do.
     assert findings(curve([0.5] * 12, flat), [HACKED]) == []
+
+
+def test_a_rule_may_bound_a_figure_from_below_too() -> None:
+    collapsed = HealthRule(metric="reward_spread", at_most=0.01, steps=2, action="warn")
+    long = HealthRule(metric="mean_turns", at_least=9, steps=2, action="stop")
+    low = HealthRule(metric="mean_reward", at_most=0.05, steps=2, action="warn")
+    steps = [
+        {**line(1), "reward_std": 0.2, "turns_per_episode": 9.5, "mean_reward": 0.3},
+        {**line(2), "reward_std": 0.0, "turns_per_episode": 10, "mean_reward": 0.01},
+        {**line(3), "reward_std": 0.005, "turns_per_episode": 9, "mean_reward": 0.02},
+    ]
+    found = {f.rule.metric: f for f in findings(steps, [collapsed, long, low])}
+    assert found["reward_spread"].reason() == (
+        "run health: reward spread (standard deviation) 0.005 on steps 2-3 "
+        "(reward_spread <= 0.01 for 2 steps in a row: warn)"
+    )
+    assert (found["mean_turns"].first_step, found["mean_turns"].stops) == (2, True)
+    assert "mean reward 0.02 on steps 2-3 (mean_reward <= 0.05" in found["mean_reward"].reason()
+    assert findings(steps[:2], [collapsed]) == []  # step 1 spread: 0.2
+
+
+@pytest.mark.parametrize(
+    ("rule", "problem"),
+    [
+        ({"metric": "env_error_rate", "steps": 2, "action": "warn"}, "give one of at_least or at_most"),
+        ({"metric": "env_error_rate", "at_least": 0.1, "at_most": 0.2, "steps": 2, "action": "warn"},
+         "give one of at_least or at_most"),
+        ({"metric": "env_error_rate", "at_least": 2, "steps": 2, "action": "warn"},
+         "at_least 2 is not a share (0 to 1)"),
+        ({"metric": "mean_turns", "at_least": -1, "steps": 2, "action": "warn"},
+         "at_least -1: turns are not negative"),
+    ],
+)  # fmt: skip
+def test_a_rule_that_cannot_hold_is_refused_with_the_fix(rule: dict, problem: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(problem)):
+        HealthRule.model_validate(rule)

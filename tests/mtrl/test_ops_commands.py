@@ -527,7 +527,19 @@ def test_status_shows_the_run_health_warnings_monitor_kept(deployed: dict) -> No
     RunStore(deployed["db"], "nova-mtrl-runs").update(
         "sick-1", now=time.time(), health={"env_error_rate": warning}
     )
+    line = {"step": 3, "rollouts_asked": 8, "failed_rollouts": 1, "env_error_rollouts": 1,
+            "timeout_rollouts": 0, "zero_variance_groups": 0.5, "turns_per_episode": 4.25}  # fmt: skip
+    deployed["s3"].put_object(
+        Bucket=BUCKET, Key="runs/sick-1/metrics.jsonl", Body=json.dumps(line).encode() + b"\n"
+    )
     status = json.loads(_invoke("status", "sick-1", "--json").output)
     assert status["summary"]["health"] == [warning]
+    assert status["health_figures"] == {
+        "zero_variance_groups": 0.5, "failed_rollout_rate": 0.125, "env_error_rate": 0.125,
+        "timeout_rate": 0.0, "mean_turns": 4.25,
+    }  # fmt: skip
     table = _invoke("status", "sick-1").output
     assert "run health" in table and "run health: 12% of the rollouts" in table
+    flat = " ".join(table.replace("│", " ").split())  # the cell's text, however it wrapped
+    assert "last step zero variance groups 50%, failed rollout rate 12%, env error rate 12%" in flat
+    assert "timeout rate 0%, mean turns 4.25" in flat

@@ -163,6 +163,7 @@ def test_a_window_counts_how_its_failed_rollouts_ended_for_run_health() -> None:
     assert (window.rollouts_asked, window.failed_rollouts) == (5, 4)
     assert (window.env_error_rollouts, window.timeout_rollouts) == (2, 1)
     assert window.truncated_rollouts == 2  # as the workers counted cut turns
+    assert (window.reward_std, window.turns_per_episode) == (0.0, 0.0)  # one score; no turns said
     line = asdict(window)
     assert share(line, "env_error_rate") == 0.4 and share(line, "failed_rollout_rate") == 0.8
     assert share(line, "truncation_rate") == 0.4

@@ -54,6 +54,7 @@ class StepMetrics:
     step: int
     mean_reward: float | None
     max_reward: float | None
+    reward_std: float | None  # the spread of the scored rollouts' rewards
     win_rate: float | None
     zero_variance_groups: float | None
     turns_per_episode: float | None
@@ -223,6 +224,7 @@ class Trainer:
             step=step,
             mean_reward=float(np.mean(rewards)) if rewards else None,
             max_reward=float(np.max(rewards)) if rewards else None,
+            reward_std=float(np.std(rewards)) if rewards else None,
             win_rate=float(np.mean(wins)) if wins else None,
             zero_variance_groups=flat_groups / len(groups) if rewards else None,
             turns_per_episode=float(np.mean(turns)) if rewards else None,
