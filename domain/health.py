@@ -100,6 +100,34 @@ def measured(lines: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return {metric: figure for metric, figure in found.items() if figure is not None}
 
 
+# The held-out check: a training reward that rose by this much while pass@1 on records never
+# trained on did not rise.
+HELD_OUT_RISE = 0.1
+
+
+def held_out_caution(
+    lines: Sequence[Mapping[str, Any]], pass_at_1_change: float | None
+) -> str | None:
+    """The reward-hacking heuristic against the held-out evaluation, once the run ends: the
+    mean reward's rise over training (its last three steps' mean less its first three's) when
+    pass@1 on the held-out records did not rise. None when it did, or either is unknown."""
+    rewards = [
+        float(line["mean_reward"])
+        for line in lines
+        if isinstance(line.get("mean_reward"), int | float)
+    ]
+    if len(rewards) < 2 or pass_at_1_change is None:
+        return None
+    ends = min(HACKING_ENDS, len(rewards) // 2)
+    rise = sum(rewards[-ends:]) / ends - sum(rewards[:ends]) / ends
+    if rise < HELD_OUT_RISE or pass_at_1_change > 0:
+        return None
+    return (
+        f"run health: the training reward rose by {rise:+.2f} but held-out pass@1 did not "
+        f"({pass_at_1_change:+.2f}): possible reward hacking or memorised prompts"
+    )
+
+
 def _success(line: Mapping[str, Any]) -> float | None:
     """The share of a step's rollouts the environment called a success (our trainer's
     `win_rate`, the router's `pass_rate`)."""

@@ -72,8 +72,8 @@ class Trajectory:
 
     def __post_init__(self) -> None:
         # Serialised once, where the rollout ends: what the writer's memory bound counts.
-        if not self.messages_json:
-            object.__setattr__(self, "messages_json", json.dumps(self.messages))
+        if not self.messages_json:  # what JSON cannot say (an environment's object) as its text
+            object.__setattr__(self, "messages_json", json.dumps(self.messages, default=str))
 
     @property
     def size(self) -> int:

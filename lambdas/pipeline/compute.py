@@ -22,7 +22,7 @@ from domain.backends import (
 from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, run_output_prefix, run_outputs
 from domain.episodes import EvaluationStage
 from domain.evaluation import EvaluationReport, compare, read_episodes, summarize
-from domain.health import findings
+from domain.health import findings, held_out_caution
 from domain.run_state import EvaluationJob, JobReport, RegisteredRun, RunState
 from domain.runs import RunRecord, RunStore
 from lambdas.pipeline import policies
@@ -256,10 +256,16 @@ class ComputeSteps:
             Body=json.dumps(summary, indent=2).encode(),
             ContentType="application/json",
         )
+        pass_change = evaluation.delta.get("pass_at_1")
+        caution = held_out_caution(
+            recent_metrics(s3, bucket=state.bucket, key=f"{prefix}{METRICS_OBJECT}"),
+            pass_change.delta if pass_change else None,
+        )
         return {
             "results": f"s3://{state.bucket}/{prefix}",
             "objects": len(outputs),
             "evaluation": evaluation.headline(),
+            "caution": caution,  # the held-out check on a reward that rose (domain/health.py)
         }
 
     def release_compute(self, event: dict[str, Any]) -> dict[str, Any]:

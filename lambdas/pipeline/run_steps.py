@@ -16,7 +16,7 @@ from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, object_exists, run_
 from domain.dataset import counted
 from domain.run_state import RegisteredRun, RunResources
 from domain.runs import FINISHED, RunRecord, RunStore, run_id_for
-from domain.tracking import tracked_run
+from domain.tracking import TrackedRun, tracked_run
 from lambdas.pipeline.dependencies import Dependencies
 from lambdas.pipeline.experiment_tracking import MlflowServer, TrackingFailed
 from lambdas.pipeline.notify import notify, summary
@@ -25,6 +25,7 @@ from lambdas.pipeline.resources import provision_run, teardown_run
 from lambdas.pipeline.validate import validate_upload
 
 log = logging.getLogger("mtrl.pipeline")
+HELD_OUT_CAUTION = "held_out"  # the run's health warning of the held-out check
 
 
 class DatasetInvalid(ValueError):
@@ -154,16 +155,19 @@ class RunSteps:
 
     def notify_end(self, event: dict[str, Any]) -> dict[str, Any]:
         """`event`: {"run_id", "succeeded", "failed_state"?, "error"?, "teardown"?,
-        "evaluation"? (its headline)}."""
+        "evaluation"? (its headline), "caution"? (the held-out check's warning)}."""
         # The run is unknown when the pipeline failed before registering it (invalid dataset).
         runs, now = self._runs(), self._clock()
         error = _readable(event.get("error"))
         run = runs.get(event["run_id"])
         if run is not None and run.status not in FINISHED:
             status = "succeeded" if event.get("succeeded") else "failed"
+            # The held-out check joins the run's health warnings (`mtrl status`, the notice).
+            caution = {HELD_OUT_CAUTION: event["caution"]} if event.get("caution") else {}
             run = runs.update(
-                run.run_id, now=now, status=status, error=error, evaluation=event.get("evaluation")
-            )
+                run.run_id, now=now, status=status, error=error, evaluation=event.get("evaluation"),
+                health={**run.health, **caution},
+            )  # fmt: skip
         report = summary(
             run,
             run_id=event["run_id"],
@@ -185,7 +189,22 @@ class RunSteps:
     def _track(self, run: RunRecord, *, succeeded: bool, error: str | None) -> str:
         """The run as an MLflow run of the deployment's tracking server: its config, each step's
         metrics, its evaluation, health and outcome, and its summary files. A tracking failure
-        is said, never raised: the run's outcome stands."""
+        is said, never raised: the run's outcome stands (NotifyEnd failing would fail a run
+        that succeeded)."""
+        try:
+            server = MlflowServer(
+                self.settings.mlflow_tracking_server_arn or "",
+                credentials=self._clients.credentials,
+                s3=self._clients("s3"),
+                endpoint=self.settings.mlflow_endpoint,
+            )
+            return f"MLflow run {server.log(self._tracked(run, succeeded, error))} ({server.arn})"
+        except Exception as failed:  # noqa: BLE001 - see above
+            log.exception("run %s not tracked", run.run_id)
+            reason = failed if isinstance(failed, TrackingFailed) else repr(failed)
+            return f"not tracked: {reason}"
+
+    def _tracked(self, run: RunRecord, succeeded: bool, error: str | None) -> TrackedRun:
         s3, prefix = self._clients("s3"), run_output_prefix(run.run_id)
         files = {
             name: s3.get_object(Bucket=run.bucket, Key=f"{prefix}{name}")["Body"].read()
@@ -193,7 +212,7 @@ class RunSteps:
             if object_exists(s3, bucket=run.bucket, key=f"{prefix}{name}")
         }
         evaluation = json.loads(files[EVALUATION_OBJECT]) if EVALUATION_OBJECT in files else None
-        tracked = tracked_run(
+        return tracked_run(
             run_id=run.run_id,
             succeeded=succeeded,
             config=run.config,  # type: ignore[arg-type] - checked by the caller
@@ -204,17 +223,6 @@ class RunSteps:
             reason=error,
             artifacts=files,
         )
-        server = MlflowServer(
-            self.settings.mlflow_tracking_server_arn or "",
-            credentials=self._clients.credentials,
-            s3=s3,
-            endpoint=self.settings.mlflow_endpoint,
-        )
-        try:
-            return f"MLflow run {server.log(tracked)} ({server.arn})"
-        except TrackingFailed as failed:
-            log.error("run %s not tracked: %s", run.run_id, failed)
-            return f"not tracked: {failed}"
 
 
 def _readable(cause: str | None) -> str | None:

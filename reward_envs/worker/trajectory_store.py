@@ -2,8 +2,9 @@
 
 `add` only appends to a buffer (no I/O on the rollout's thread); a writer thread encodes and
 uploads a file when `flush_rows` rollouts wait, when the oldest has waited `flush_seconds`, and
-on `close` (the worker's stop). Memory is bounded: past `max_buffered_bytes` (an upload that
-keeps failing), new rollouts are counted as dropped rather than held — the trajectories are for
+on `close` (the worker's stop). Memory is bounded: past `max_buffered_bytes` waiting or being
+uploaded (an upload that keeps failing or hangs), new rollouts are counted as dropped rather than
+held — the trajectories are for
 people reading them, training never waits on them. A failed upload is tried again at the next
 flush, the rows kept.
 """
@@ -68,7 +69,10 @@ class TrajectoryStore:
         self._max_bytes = max_buffered_bytes
         self._clock = clock
         self._buffer: list[Trajectory] = []
-        self._buffered_bytes = 0
+        self._buffered_bytes = (
+            0  # waiting, and being uploaded (`_in_flight`): what the bound counts
+        )
+        self._in_flight = 0
         self._oldest: float | None = None
         self._not_before = 0.0  # after a failed upload: not again before then
         self._files = 0
@@ -83,7 +87,7 @@ class TrajectoryStore:
     def add(self, trajectory: Trajectory) -> bool:
         """Buffer a finished rollout; False when it was dropped (the buffer is full)."""
         with self._wake:
-            if self._buffered_bytes + trajectory.size > self._max_bytes:
+            if self._buffered_bytes + self._in_flight + trajectory.size > self._max_bytes:
                 self.stats.dropped += 1
                 if self.stats.dropped == 1 or self.stats.dropped % 100 == 0:
                     log.error(
@@ -126,13 +130,15 @@ class TrajectoryStore:
                     self._wake.wait(timeout=min(1.0, self._flush_seconds))
                 if self._closing and not self._buffer:
                     return
-                batch = self._buffer
+                batch, self._in_flight = self._buffer, self._buffered_bytes
                 self._buffer, self._buffered_bytes, self._oldest = [], 0, None
                 closing = self._closing
             left = self._upload(batch)
-            if not left:
-                continue
-            with self._wake:  # kept for the next flush, ahead of what came meanwhile
+            with self._wake:
+                self._in_flight = 0
+                if not left:
+                    continue
+                # Kept for the next flush, ahead of what came meanwhile.
                 self._buffer = left + self._buffer
                 self._buffered_bytes += sum(t.size for t in left)
                 self._oldest = self._clock()
@@ -151,7 +157,14 @@ class TrajectoryStore:
         for hour, rows in sorted(by_hour.items()):
             key = object_key(self._prefix, hour, self.writer, self._files)
             try:
-                self._put(key, encode(rows))
+                body = encode(rows)
+            except Exception:  # noqa: BLE001 - rows the schema refuses would be refused again
+                log.exception("%d trajectories cannot be written as Parquet: dropped", len(rows))
+                with self._wake:
+                    self.stats.dropped += len(rows)
+                continue
+            try:
+                self._put(key, body)
             except Exception:  # noqa: BLE001 - kept and tried again at the next flush
                 self.stats.failed_uploads += 1
                 log.exception("uploading %d trajectories to %s failed", len(rows), key)

@@ -248,8 +248,7 @@ class RewardWorker:
             self._completer.complete(task.delivery, played.response)
             task.state = TaskState.DONE
             self.stats.count("completed")
-            if self.trajectories is not None:  # kept once its response is sent: one per rollout
-                self.trajectories.add(self._trajectory(request, played, ended))
+            self._keep(request, played, ended)
             return True
         except Exception as error:  # noqa: BLE001 - the message is retried or dead-lettered
             self.stats.count("failures")
@@ -259,6 +258,16 @@ class RewardWorker:
             return False
         finally:
             self._forget(task)
+
+    def _keep(self, request: RolloutRequest, played: Rollout, ended: datetime) -> None:
+        """The rollout into the trajectory store, once its response is sent: one per rollout.
+        A trajectory that cannot be kept is logged; the rollout it records stands."""
+        if self.trajectories is None:
+            return
+        try:
+            self.trajectories.add(self._trajectory(request, played, ended))
+        except Exception:  # noqa: BLE001 - the answer is sent; its record is not worth a retry
+            log.exception("the trajectory of %s could not be kept", request.sample_id)
 
     def _trajectory(self, request: RolloutRequest, played: Rollout, ended: datetime) -> Trajectory:
         response = played.response

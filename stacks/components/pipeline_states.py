@@ -203,6 +203,7 @@ class PipelineDefinition:
                     "succeeded": True,
                     "teardown.$": "$.teardown",
                     "evaluation.$": "$.results.evaluation",
+                    "caution.$": "$.results.caution",
                 },
                 "$.notification",
             ),

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from domain.health import findings, share
+from domain.health import findings, held_out_caution, share
 from training_configs.schema import DEFAULT_HEALTH, HealthRule, load_training_config
 
 DEAD = HealthRule(metric="zero_variance_groups", at_least=1.0, steps=3, action="stop")
@@ -155,3 +155,19 @@ def test_a_rule_may_bound_a_figure_from_below_too() -> None:
 def test_a_rule_that_cannot_hold_is_refused_with_the_fix(rule: dict, problem: str) -> None:
     with pytest.raises(ValueError, match=re.escape(problem)):
         HealthRule.model_validate(rule)
+
+
+def test_a_training_reward_that_rose_without_held_out_gain_is_cautioned() -> None:
+    rising = [{"step": step, "mean_reward": 0.1 * step} for step in range(1, 7)]
+    caution = held_out_caution(rising, pass_at_1_change=0.0)
+    assert caution == (
+        "run health: the training reward rose by +0.30 but held-out pass@1 did not (+0.00): "
+        "possible reward hacking or memorised prompts"
+    )
+    assert held_out_caution(rising, pass_at_1_change=0.05) is None  # it learned
+    assert held_out_caution(rising, pass_at_1_change=None) is None  # not evaluated
+    assert held_out_caution(rising[:1], pass_at_1_change=-0.2) is None  # one step: no trend
+    flat = [{"step": step, "mean_reward": 0.5} for step in range(1, 7)]
+    assert held_out_caution(flat, pass_at_1_change=-0.2) is None  # the reward did not rise
+    # Two steps: each end is one step.
+    assert "+0.40" in held_out_caution([{"mean_reward": 0.1}, {"mean_reward": 0.5}], -0.1)

@@ -21,6 +21,7 @@ from lambdas.pipeline.composition import compose
 from lambdas.pipeline.settings import PipelineSettings
 from mtrl.local.embedded import Dispatcher
 from tests.aws import create_runs_table
+from training_configs.schema import load_training_config
 
 LAMBDAS = Path(__file__).resolve().parents[2] / "lambdas"
 ENVIRONMENT = {
@@ -30,6 +31,20 @@ ENVIRONMENT = {
     "CONSUMER_FUNCTION": "consumer",
     "ROLLOUT_FORWARDER_FUNCTION": "rollout-forwarder",
 }
+
+
+def registered(bucket: str = "b", **fields: object) -> object:
+    """The runs table with run "r" in it (a Wordle upload, config "c"); its client."""
+    db = boto3.client("dynamodb")
+    create_runs_table(db, "runs-at-load")
+    RunStore(db, "runs-at-load").register(
+        RunRecord(
+            run_id="r", bucket=bucket, key="training-data/x.jsonl", config_name="c",
+            created_at=0.0, updated_at=0.0, deadline_at=3600.0, cost_per_hour=1.0,
+            **fields,  # type: ignore[arg-type]
+        )
+    )  # fmt: skip
+    return db
 
 
 def test_every_step_has_an_entry_point_and_every_entry_point_a_step() -> None:
@@ -42,14 +57,7 @@ def test_every_step_has_an_entry_point_and_every_entry_point_a_step() -> None:
 def test_an_entry_point_reads_its_environment_once_when_it_loads(
     aws: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    db = boto3.client("dynamodb")
-    create_runs_table(db, "runs-at-load")
-    RunStore(db, "runs-at-load").register(
-        RunRecord(
-            run_id="r", bucket="b", key="training-data/x.jsonl", config_name="c",
-            created_at=0.0, updated_at=0.0, deadline_at=3600.0, cost_per_hour=1.0,
-        )
-    )  # fmt: skip
+    db = registered()
     for key, value in ENVIRONMENT.items():
         monkeypatch.setenv(key, value)
     entry = importlib.reload(handlers)  # as Lambda loads it, with the function's environment
@@ -119,3 +127,32 @@ def test_the_stacks_write_an_environment_the_settings_read_back() -> None:
     assert (settings.runs_table, settings.poll_seconds) == ("r", 5)
     with pytest.raises(KeyError, match="PipelineSettings has no field runs_tabel"):
         environment_for(PipelineSettings, runs_tabel="r")
+
+
+def test_the_held_out_caution_joins_the_runs_health_warnings(aws: None) -> None:
+    db = registered(health={"env_error_rate": "run health: 12% ..."})
+    notify_end = compose(ENVIRONMENT, Clients(boto3.Session(region_name="us-east-1")))["notify_end"]
+    caution = "run health: the training reward rose by +0.30 but held-out pass@1 did not (+0.00)"
+    told = notify_end({"run_id": "r", "succeeded": True, "caution": caution})
+    assert told["health"] == ["run health: 12% ...", caution]
+    assert RunStore(db, "runs-at-load").get("r").health == {
+        "env_error_rate": "run health: 12% ...", "held_out": caution,
+    }  # fmt: skip
+
+
+def test_a_tracking_server_that_fails_never_fails_the_run(aws: None) -> None:
+    """NotifySuccess ends a run that succeeded: MLflow refusing (or absent) is said in the
+    notification, not raised."""
+    db = registered(bucket="data-b", config=load_training_config("rft_multiturn_lora"))
+    boto3.client("s3").create_bucket(Bucket="data-b")
+    environment = {
+        **ENVIRONMENT,
+        "MLFLOW_TRACKING_SERVER_ARN": "arn:aws:sagemaker:us-east-1:123456789012:mlflow-tracking-server/x",
+        "MLFLOW_ENDPOINT": "http://127.0.0.1:9",  # nothing listens there
+    }
+    session = boto3.Session(
+        region_name="us-east-1", aws_access_key_id="k", aws_secret_access_key="s"
+    )
+    told = compose(environment, Clients(session))["notify_end"]({"run_id": "r", "succeeded": True})
+    assert told["status"] == "SUCCEEDED" and told["tracking"].startswith("not tracked: MLflow ")
+    assert RunStore(db, "runs-at-load").get("r").status == "succeeded"

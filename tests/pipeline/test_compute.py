@@ -251,7 +251,9 @@ def test_collect_writes_the_run_summary(aws: None) -> None:
         },
     )
     summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
-    assert result == {"results": "s3://bucket-1/runs/r/", "objects": 2, "evaluation": None}
+    assert result == {
+        "results": "s3://bucket-1/runs/r/", "objects": 2, "evaluation": None, "caution": None,
+    }  # fmt: skip
     assert summary["outputs"] == ["evaluation.json", "metrics.jsonl"]
     assert summary["job"]["step"] == 9 and summary["checkpoints"] == []
 

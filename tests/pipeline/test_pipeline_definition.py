@@ -103,7 +103,7 @@ STEPS: dict[str, tuple[str, dict | None, str, str, str, bool]] = {
     "NotifySuccess": (
         "notify_end",
         {**RUN_ID, "succeeded": True, "teardown.$": "$.teardown",
-         "evaluation.$": "$.results.evaluation"},
+         "evaluation.$": "$.results.evaluation", "caution.$": "$.results.caution"},
         "$.notification", "RunSucceeded", "$.run.run_id", False,
     ),
 }  # fmt: skip

@@ -128,11 +128,23 @@ def test_memory_is_bounded_rollouts_beyond_it_are_counted_as_dropped() -> None:
     )
     store.add(trajectory(0, words=1000))
     eventually(lambda: bucket.calls == 1, "the first upload to start")
+    # The bound counts the batch being uploaded too: two more fit beside it.
     kept = [store.add(trajectory(n, words=1000)) for n in range(1, 8)]
-    assert kept == [True, True, True, False, False, False, False]
+    assert kept == [True, True, False, False, False, False, False]
     gate.set()
     stats = store.close()
-    assert stats.dropped == 4 and stats.written == 4
+    assert stats.dropped == 5 and stats.written == 3
+
+
+def test_rows_parquet_cannot_hold_are_dropped_and_counted_not_retried() -> None:
+    bucket = Bucket()
+    store = TrajectoryStore(bucket.put, prefix=PREFIX, writer="w1", flush_rows=100)
+    bad = Trajectory(**{**trajectory(1).__dict__, "metrics": {"turns": "many"}})
+    store.add(bad)
+    store.add(trajectory(2, at=NOON + timedelta(hours=1)))  # another hour: its own file
+    stats = store.close()
+    assert (stats.dropped, stats.written, stats.failed_uploads) == (1, 1, 0)
+    assert list(bucket.rows()["sample_id"]) == ["rec2_0"]
 
 
 def test_step_windows_come_from_the_metrics_lines_of_either_plane() -> None:
@@ -195,3 +207,22 @@ def test_the_worker_keeps_one_trajectory_per_rollout_it_answers(
         conversation = json.loads(rows.iloc[0]["messages"])
         assert any(m.get("tool_calls") and m["content"] is None for m in conversation)
         assert any(m["role"] == "tool" and m["tool_call_id"] for m in conversation)
+
+
+def test_a_trajectory_that_cannot_be_kept_never_undoes_its_rollout(queues: Queues) -> None:
+    """An environment whose messages carry what JSON cannot say is kept as text; a store that
+    fails on `add` loses the record, not the answer (sent once, never retried)."""
+
+    class Broken(TrajectoryStore):
+        def add(self, trajectory: Trajectory) -> bool:
+            raise RuntimeError("disk on fire")
+
+    odd = trajectory(1)
+    odd = Trajectory(**{**odd.__dict__, "messages": [{"role": "user", "content": NOON}], "messages_json": ""})  # fmt: skip
+    assert json.loads(odd.messages_json) == [{"role": "user", "content": str(NOON)}]
+    queues.send("rec0_0")
+    worker = worker_for(queues, instant())
+    worker.trajectories = Broken(Bucket().put, prefix=PREFIX)
+    stats = worker.run(exit_when_idle=True)
+    assert (stats.completed, stats.failures) == (1, 0)
+    assert len(queues.responses_received()) == 1 and queues.drain(queues.requests) == []
