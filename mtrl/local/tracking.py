@@ -36,6 +36,9 @@ def track_locally(run: TrackedRun, out_dir: Path) -> str:
         from mlflow.entities import Metric, Param, RunTag
         from mlflow.tracking import MlflowClient
 
+        # Set after MLflow's import configures its loggers: its store set-up notes are not news.
+        for chatty in ("mlflow", "alembic"):
+            logging.getLogger(chatty).setLevel(logging.WARNING)
         client = MlflowClient(tracking_uri=store_uri(out_dir))
         experiment = client.get_experiment_by_name(EXPERIMENT)
     except ImportError as missing:
