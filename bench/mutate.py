@@ -102,6 +102,18 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/pipeline/test_pipeline_steps.py",
     ),
     "reward_envs/worker/worker.py": ("tests/reward_envs/test_worker.py",),
+    # What stops or warns a run (a missed rule costs GPU hours; a false one stops a good run).
+    "domain/health.py": ("tests/domain/test_health.py", "tests/pipeline/test_compute.py"),
+    # Every rollout kept once, in bounded memory; the record each run leaves in MLflow.
+    "domain/trajectories.py": (
+        "tests/reward_envs/test_trajectory_store.py",
+        "tests/mtrl/test_trajectories_command.py",
+    ),
+    "reward_envs/worker/trajectory_store.py": ("tests/reward_envs/test_trajectory_store.py",),
+    "domain/tracking.py": (
+        "tests/local/test_tracking.py",
+        "tests/pipeline/test_experiment_tracking.py",
+    ),
     # What a conversation is on the wire: a dropped null or tool call breaks every agent run.
     "domain/chat.py": ("tests/domain/test_chat.py", "tests/mtrl/test_dataset.py"),
     # How a model's tool calls reach an environment, and what the agent environment pays.

@@ -171,3 +171,10 @@ def test_a_training_reward_that_rose_without_held_out_gain_is_cautioned() -> Non
     assert held_out_caution(flat, pass_at_1_change=-0.2) is None  # the reward did not rise
     # Two steps: each end is one step.
     assert "+0.40" in held_out_caution([{"mean_reward": 0.1}, {"mean_reward": 0.5}], -0.1)
+
+
+def test_the_held_out_check_compares_the_ends_of_training_from_a_rise_of_a_tenth() -> None:
+    seven = [{"mean_reward": reward} for reward in (0.0, 0.0, 0.0, 0.9, 0.0, 0.3, 0.3)]
+    assert "rose by +0.20 " in held_out_caution(seven, pass_at_1_change=0.0)  # last 3 vs first 3
+    assert held_out_caution([{"mean_reward": 0.0}, {"mean_reward": 0.1}], 0.0) is not None
+    assert held_out_caution([{"mean_reward": 0.0}, {"mean_reward": 0.09}], 0.0) is None

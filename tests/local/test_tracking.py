@@ -105,3 +105,41 @@ def test_without_mlflow_a_run_is_reported_untracked_not_failed(
     said = track(outcome, Path("data.jsonl"), tmp_path / outcome.run_id, tmp_path)
     assert said.startswith("not tracked: MLflow is not installed")
     assert not (tmp_path / STORE).exists()
+
+
+def test_the_records_tags_times_and_limits_are_mlflows() -> None:
+    nova = [
+        {"step": 1, "mean_reward": 0.2, "last_report_at": 1.8e9},
+        {"step": 2, "mean_reward": 0.3, "finished_at": 1.8e9 + 5.5},
+    ]
+    run = record(metrics=nova, evaluation={**EVALUATION, "skipped": {"final": "why"}, "note": "x"})
+    assert {key: run.tags[key] for key in ("dataset", "model", "recipe", "environment")} == {
+        "dataset": "examples/wordle/train.jsonl", "model": CONFIG.model,
+        "recipe": str(CONFIG.recipe), "environment": CONFIG.environment,
+    }  # fmt: skip
+    stamps = {m.step: m.timestamp_ms for m in run.metrics if m.key == "train/mean_reward"}
+    assert stamps == {1: 1_800_000_000_000, 2: 1_800_000_005_500}  # when each step ended
+    assert {m.key for m in run.metrics if m.key.startswith("eval/")} == {
+        "eval/baseline/n", "eval/baseline/mean_reward", "eval/baseline/pass_at_1",
+        "eval/final/n", "eval/final/mean_reward", "eval/final/pass_at_1",
+        "eval/delta/pass_at_1.delta", "eval/delta/pass_at_1.low", "eval/delta/pass_at_1.high",
+    }  # fmt: skip
+    # No step written yet: the evaluation's final figures go at step 0.
+    assert {m.step for m in record(metrics=[]).metrics} == {0}
+    # A value longer than MLflow takes is cut to fit; a key to 250 characters; None is empty.
+    long = CONFIG.model_copy(update={"environment_args": {"x" * 300: "y" * 7000, "none": None}})
+    params = record(config=long).params
+    cut = params[("environment_args." + "x" * 300)[:250]]
+    assert len(cut) == 6000 and cut.endswith("…") and cut.startswith("y")
+    assert params["environment_args.none"] == ""
+    assert record().params["name"] == CONFIG.name  # values as JSON gives them
+
+
+def test_many_params_and_tags_go_in_several_requests() -> None:
+    many = CONFIG.model_copy(update={"environment_args": {f"k{i}": i for i in range(150)}})
+    run = record(config=many, health={f"m{i}": "warned" for i in range(120)})
+    batches = list(run.batches())
+    assert len(batches) == 2
+    assert [len(params) for _, params, _ in batches] == [100, len(run.params) - 100]
+    assert [len(tags) for _, _, tags in batches] == [100, len(run.tags) - 100]
+    assert {k for _, _, tags in batches for k in tags} == set(run.tags)

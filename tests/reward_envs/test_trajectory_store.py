@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import json
 import threading
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pandas as pd
 import pyarrow.parquet as pq
@@ -14,7 +14,7 @@ import pytest
 
 from domain.bucket import trajectories_prefix
 from domain.protocol import RolloutRequest, dump
-from domain.trajectories import SCHEMA, Trajectory, decode, step_windows
+from domain.trajectories import SCHEMA, Trajectory, decode, encode, hour_of, step_windows
 from reward_envs.support_desk import load_environment as load_support_desk
 from reward_envs.support_desk.notes import oracle_reply
 from reward_envs.worker.model_client import CallableModel, ModelTurn, model_turn
@@ -226,3 +226,18 @@ def test_a_trajectory_that_cannot_be_kept_never_undoes_its_rollout(queues: Queue
     stats = worker.run(exit_when_idle=True)
     assert (stats.completed, stats.failures) == (1, 0)
     assert len(queues.responses_received()) == 1 and queues.drain(queues.requests) == []
+
+
+def test_the_file_is_zstd_parquet_of_the_schema_and_an_hour_is_utcs() -> None:
+    cut = Trajectory(**{**trajectory(1).__dict__, "finish_reasons": ["stop", "length", "length"]})
+    body = encode([cut])
+    metadata = pq.ParquetFile(io.BytesIO(body)).metadata
+    assert metadata.row_group(0).column(0).compression == "ZSTD"
+    assert decode([body]).to_pylist()[0]["truncated_turns"] == 2
+    assert decode([]).schema.equals(SCHEMA) and decode([]).num_rows == 0
+    paris = datetime(2026, 12, 3, 1, 30, tzinfo=timezone(timedelta(hours=1)))
+    assert hour_of(paris) == "2026-12-03-00"
+    # Nova's windows: a window opens at its first report.
+    assert step_windows([{"step": 1, "first_report_at": 3.0, "last_report_at": 5.0}]) == {
+        1: (3.0, 5.0)
+    }
