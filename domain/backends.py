@@ -18,6 +18,7 @@ from domain.bucket import object_exists
 from domain.checkpoints import BaseCheckpoint
 from domain.episodes import EvaluationStage
 from domain.run_queues import QueueKind
+from domain.step_metrics import metrics_lines
 from training_configs.schema import TrainingConfig
 
 
@@ -183,12 +184,4 @@ def recent_metrics(
     if not object_exists(s3, bucket=bucket, key=key):
         return []
     body = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes=-{tail_bytes}")["Body"].read()
-    recent = []
-    for line in body.decode("utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # the tail may start mid-line
-        if isinstance(record, dict) and isinstance(record.get("step"), int):
-            recent.append(record)
-    return recent
+    return metrics_lines(body.decode("utf-8", errors="replace"))

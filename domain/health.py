@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args
 
+from domain.step_metrics import number
 from training_configs.schema import SHARES, HealthMetric, HealthRule
 
 # What each metric means, for the reason a finding gives.
@@ -63,10 +64,7 @@ def share(line: Mapping[str, Any], metric: HealthMetric) -> float | None:
     but `reward_hacking`, which needs the steps before: `value`)."""
     if metric in FIGURE_KEYS:
         found = [line[key] for key in FIGURE_KEYS[metric] if key in line]
-        value = found[0] if found else None
-        return (
-            float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-        )
+        return number(found[0]) if found else None
     asked, failed = line.get("rollouts_asked"), line.get("failed_rollouts")
     if not isinstance(asked, int) or not isinstance(failed, int) or asked == 0:
         return None
@@ -85,7 +83,7 @@ def value(lines: Sequence[Mapping[str, Any]], metric: HealthMetric) -> float | N
         return share(lines[-1], metric)
     window = lines[-HACKING_WINDOW:]
     rewards = [line.get("mean_reward") for line in window]
-    successes = [_success(line) for line in window]
+    successes = [success_rate(line) for line in window]
     if len(window) < HACKING_WINDOW or any(
         not isinstance(x, int | float) for x in (*rewards, *successes)
     ):
@@ -111,11 +109,7 @@ def held_out_caution(
     """The reward-hacking heuristic against the held-out evaluation, once the run ends: the
     mean reward's rise over training (its last three steps' mean less its first three's) when
     pass@1 on the held-out records did not rise. None when it did, or either is unknown."""
-    rewards = [
-        float(line["mean_reward"])
-        for line in lines
-        if isinstance(line.get("mean_reward"), int | float)
-    ]
+    rewards = [reward for line in lines if (reward := number(line.get("mean_reward"))) is not None]
     if len(rewards) < 2 or pass_at_1_change is None:
         return None
     ends = min(HACKING_ENDS, len(rewards) // 2)
@@ -128,11 +122,10 @@ def held_out_caution(
     )
 
 
-def _success(line: Mapping[str, Any]) -> float | None:
+def success_rate(line: Mapping[str, Any]) -> float | None:
     """The share of a step's rollouts the environment called a success (our trainer's
     `win_rate`, the router's `pass_rate`)."""
-    found = line.get("win_rate", line.get("pass_rate"))
-    return float(found) if isinstance(found, int | float) else None
+    return number(line.get("win_rate", line.get("pass_rate")))
 
 
 def _ends_apart(series: Sequence[float]) -> float:

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from domain.step_metrics import number
 from training_configs.schema import TrainingConfig
 
 EXPERIMENT = "nova-mtrl"  # one experiment per deployment (or per local output folder)
@@ -80,7 +81,7 @@ def tracked_run(
         for line in metrics
         if isinstance(line.get("step"), int)
         for name, value in line.items()
-        if name not in NOT_METRICS and _number(value)
+        if name not in NOT_METRICS and number(value) is not None
     ]
     for stage, figures in (evaluation or {}).items():
         if stage == "skipped" or not isinstance(figures, Mapping):
@@ -128,12 +129,8 @@ def _numbers(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, f
     for key, value in data.items():
         if isinstance(value, Mapping):
             yield from _numbers(value, f"{prefix}{key}.")
-        elif _number(value):
-            yield f"{prefix}{key}", float(value)
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+        elif (figure := number(value)) is not None:
+            yield f"{prefix}{key}", figure
 
 
 def _key(name: str) -> str:
@@ -145,5 +142,5 @@ def _cut(text: str) -> str:
 
 
 def _ms(line: Mapping[str, Any]) -> int:
-    ended = line.get("finished_at", line.get("last_report_at"))
-    return int(ended * 1000) if _number(ended) else 0
+    ended = number(line.get("finished_at", line.get("last_report_at")))
+    return int(ended * 1000) if ended is not None else 0

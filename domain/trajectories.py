@@ -19,6 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from domain.step_metrics import number
+
 HOUR_FORMAT = "%Y-%m-%d-%H"  # Athena's projection reads it as yyyy-MM-dd-HH
 
 SCHEMA = pa.schema(
@@ -122,14 +124,10 @@ def step_windows(metrics: Sequence[dict[str, Any]]) -> dict[int, tuple[float | N
     windows: dict[int, tuple[float | None, float]] = {}
     previous: float | None = None
     for line in metrics:
-        ended = line.get("finished_at", line.get("last_report_at"))
-        if not _number(ended) or not isinstance(line.get("step"), int):
+        ended = number(line.get("finished_at", line.get("last_report_at")))
+        if ended is None or not isinstance(line.get("step"), int):
             continue
-        began = line.get("started_at", line.get("first_report_at"))
-        windows[line["step"]] = (float(began) if _number(began) else previous, float(ended))
-        previous = float(ended)
+        began = number(line.get("started_at", line.get("first_report_at")))
+        windows[line["step"]] = (previous if began is None else began, ended)
+        previous = ended
     return windows
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -14,14 +14,14 @@ from typing import Any, Protocol, get_args
 
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 
-from domain.health import measured
+from domain.health import measured, success_rate
 from training_configs.schema import HealthMetric
 
 NAMESPACE = "nova-mtrl/Training"
 SERVICE = "monitor"
-# Each graphed figure: its CloudWatch name, and how a step's line (with those before) gives it.
+# Each graphed figure: its CloudWatch name, and how a step's line (with those before) gives it:
+# the success rate, and every run-health metric (MeanReward, ZeroVarianceGroups, ...).
 FIGURES: Mapping[str, str] = {
-    "MeanReward": "mean_reward",
     "SuccessRate": "success_rate",
     **{
         "".join(part.title() for part in metric.split("_")): metric
@@ -37,9 +37,9 @@ class TrainingMetrics(Protocol):
 def step_figures(lines: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """The figures of the last of `lines` (one per step, in order) that it measures."""
     health = measured(lines)
-    success = lines[-1].get("win_rate", lines[-1].get("pass_rate"))
-    if isinstance(success, int | float) and not isinstance(success, bool):
-        health["success_rate"] = float(success)
+    success = success_rate(lines[-1])
+    if success is not None:
+        health["success_rate"] = success
     return {name: health[source] for name, source in FIGURES.items() if source in health}
 
 

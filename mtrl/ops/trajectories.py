@@ -3,7 +3,6 @@ and the ones asked for (a step, the worst or best, one sample)."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from typing import Any
 
 from domain.backends import METRICS_OBJECT
 from domain.bucket import TRAJECTORIES_FOLDER, run_output_prefix, run_outputs
+from domain.step_metrics import metrics_lines
 from domain.trajectories import decode, step_windows
 
 
@@ -63,13 +63,7 @@ def _run(run_id: str, where: str, files: Iterable[bytes], metrics: str) -> RunTr
             f"run {run_id} kept no trajectories at {where} (a run keeps them when its config "
             "has `trajectories: true`, the default; a run still starting has none yet)"
         )
-    lines = []
-    for line in metrics.splitlines():
-        try:
-            lines.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return RunTrajectories(run_id, where, rows, lines)
+    return RunTrajectories(run_id, where, rows, metrics_lines(metrics))
 
 
 def select(

@@ -18,8 +18,8 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from domain.bucket import RUNS_PREFIX
-from stacks.components.nag import Wildcard, acknowledge_resource
 from stacks.components.needs import Need
+from stacks.components.storage import DataBucketAccess
 from stacks.config import PlatformConfig
 
 ARTIFACTS_PREFIX = "mlflow/"
@@ -51,7 +51,7 @@ class ExperimentTracking(Construct):
         data_key: kms.IKey,
     ) -> None:
         super().__init__(scope, construct_id)
-        self._bucket, self._key = data_bucket, data_key
+        self._access = DataBucketAccess(data_bucket, data_key)
         self.server_arn: str | None = None
         self.environment: dict[str, str] = {}
         if config.mlflow_server_size is None:
@@ -63,8 +63,8 @@ class ExperimentTracking(Construct):
             assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
             description="SageMaker's MLflow tracking server keeps its artifacts in the data bucket",
         )
-        self._objects(
-            role, "s3:GetObject", "s3:PutObject", "s3:DeleteObject", prefix=ARTIFACTS_PREFIX
+        self._access.grant_objects(
+            role, ARTIFACTS_PREFIX, "s3:GetObject", "s3:PutObject", "s3:DeleteObject"
         )
         role.add_to_policy(
             iam.PolicyStatement(
@@ -72,11 +72,8 @@ class ExperimentTracking(Construct):
                 resources=[data_bucket.bucket_arn],
             )
         )
-        role.add_to_policy(
-            iam.PolicyStatement(
-                actions=["kms:GenerateDataKey", "kms:Decrypt"], resources=[data_key.key_arn]
-            )
-        )
+        for action in ("kms:GenerateDataKey", "kms:Decrypt"):
+            self._access.grant_key(role, action)
         server = sagemaker.CfnMlflowTrackingServer(
             self,
             "Server",
@@ -100,25 +97,9 @@ class ExperimentTracking(Construct):
         role.add_to_principal_policy(
             iam.PolicyStatement(actions=list(LOG_ACTIONS), resources=[self.server_arn])
         )
-        self._objects(role, "s3:GetObject", prefix=RUNS_PREFIX)
-        role.add_to_principal_policy(  # whether a run's summary and evaluation are there yet
-            iam.PolicyStatement(
-                actions=["s3:ListBucket"],
-                resources=[self._bucket.bucket_arn],
-                conditions={"StringLike": {"s3:prefix": [f"{RUNS_PREFIX}*"]}},
-            )
-        )
-        self._objects(role, "s3:PutObject", prefix=ARTIFACTS_PREFIX)
-        role.add_to_principal_policy(
-            iam.PolicyStatement(
-                actions=["kms:Decrypt", "kms:GenerateDataKey"], resources=[self._key.key_arn]
-            )
-        )
-
-    def _objects(self, role: iam.IRole, *actions: str, prefix: str) -> None:
-        objects = self._bucket.arn_for_objects(f"{prefix}*")
-        role.add_to_principal_policy(
-            iam.PolicyStatement(actions=list(actions), resources=[objects])
-        )
-        # A run's outputs and the server's artifacts are named at run time, under the prefix.
-        acknowledge_resource(role, objects, Wildcard.NAMED_AT_RUN_TIME)
+        access = self._access
+        access.grant_objects(role, RUNS_PREFIX, "s3:GetObject")
+        access.grant_list(role, RUNS_PREFIX)  # whether a run's summary and evaluation are there
+        access.grant_objects(role, ARTIFACTS_PREFIX, "s3:PutObject")
+        for action in ("kms:Decrypt", "kms:GenerateDataKey"):
+            access.grant_key(role, action)

@@ -254,48 +254,48 @@ class DataBucketAccess:
         match need:
             case Need.DATASETS_READ:
                 # The pipeline reads a dataset at the version whose upload started the run.
-                self._objects(role, TRAINING_DATA_PREFIX, "s3:GetObjectVersion")
-                self._use_key(role, "kms:Decrypt")
+                self.grant_objects(role, TRAINING_DATA_PREFIX, "s3:GetObjectVersion")
+                self.grant_key(role, "kms:Decrypt")
             case Need.DATASETS_READ_CURRENT:
-                self._objects(role, TRAINING_DATA_PREFIX, "s3:GetObject")
-                self._use_key(role, "kms:Decrypt")
+                self.grant_objects(role, TRAINING_DATA_PREFIX, "s3:GetObject")
+                self.grant_key(role, "kms:Decrypt")
             case Need.EVALUATION_DATA_READ:
-                self._objects(role, EVALUATION_DATA_PREFIX, "s3:GetObject")
-                self._use_key(role, "kms:Decrypt")
+                self.grant_objects(role, EVALUATION_DATA_PREFIX, "s3:GetObject")
+                self.grant_key(role, "kms:Decrypt")
             case Need.CONFIGS_READ:
-                self._list(role, CONFIGS_PREFIX)
-                self._objects(role, CONFIGS_PREFIX, "s3:GetObject")
-                self._use_key(role, "kms:Decrypt")
+                self.grant_list(role, CONFIGS_PREFIX)
+                self.grant_objects(role, CONFIGS_PREFIX, "s3:GetObject")
+                self.grant_key(role, "kms:Decrypt")
             case Need.OUTPUTS_LIST:
-                self._list(role, RUNS_PREFIX)
+                self.grant_list(role, RUNS_PREFIX)
             case Need.OUTPUTS_READ:
-                self._objects(role, RUNS_PREFIX, "s3:GetObject")
-                self._use_key(role, "kms:Decrypt")
+                self.grant_objects(role, RUNS_PREFIX, "s3:GetObject")
+                self.grant_key(role, "kms:Decrypt")
             case Need.OUTPUTS_WRITE:
-                self._objects(role, RUNS_PREFIX, "s3:PutObject")
-                self._use_key(role, "kms:GenerateDataKey")
+                self.grant_objects(role, RUNS_PREFIX, "s3:PutObject")
+                self.grant_key(role, "kms:GenerateDataKey")
             case Need.TRAJECTORIES_WRITE:  # the workers: no other output of a run
-                self._objects(role, f"{RUNS_PREFIX}*/{TRAJECTORIES_FOLDER}", "s3:PutObject")
-                self._use_key(role, "kms:GenerateDataKey")
+                self.grant_objects(role, f"{RUNS_PREFIX}*/{TRAJECTORIES_FOLDER}", "s3:PutObject")
+                self.grant_key(role, "kms:GenerateDataKey")
             case Need.DATASETS_UPLOAD | Need.CONFIGS_UPLOAD:
                 # A dataset's version is read back after its upload (it names the run); a large
                 # file goes up in parts, which needs kms:Decrypt too (S3 User Guide, SSE-KMS).
                 if need is Need.DATASETS_UPLOAD:
-                    self._objects(role, TRAINING_DATA_PREFIX, "s3:PutObject", "s3:GetObject")
+                    self.grant_objects(role, TRAINING_DATA_PREFIX, "s3:PutObject", "s3:GetObject")
                 else:
-                    self._objects(role, CONFIGS_PREFIX, "s3:PutObject")
-                self._use_key(role, "kms:GenerateDataKey")
-                self._use_key(role, "kms:Decrypt")
+                    self.grant_objects(role, CONFIGS_PREFIX, "s3:PutObject")
+                self.grant_key(role, "kms:GenerateDataKey")
+                self.grant_key(role, "kms:Decrypt")
 
-    def _objects(self, role: iam.IRole, prefix: str, *actions: str) -> None:
+    def grant_objects(self, role: iam.IRole, prefix: str, *actions: str) -> None:
         objects = self._bucket.arn_for_objects(f"{prefix}*")
         role.add_to_principal_policy(
             iam.PolicyStatement(actions=list(actions), resources=[objects])
         )
-        # Datasets, configs and run outputs are named at run time: only that prefix.
+        # Datasets, configs, run outputs and MLflow's files are named at run time: the prefix only.
         acknowledge_resource(role, objects, Wildcard.NAMED_AT_RUN_TIME)
 
-    def _list(self, role: iam.IRole, prefix: str) -> None:
+    def grant_list(self, role: iam.IRole, prefix: str) -> None:
         role.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["s3:ListBucket"],
@@ -304,7 +304,7 @@ class DataBucketAccess:
             )
         )
 
-    def _use_key(self, role: iam.IRole, action: str) -> None:
+    def grant_key(self, role: iam.IRole, action: str) -> None:
         role.add_to_principal_policy(
             iam.PolicyStatement(actions=[action], resources=[self._key.key_arn])
         )
