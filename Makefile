@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The open-weights trainer's libraries (PyTorch's CPU build, transformers, PEFT): the tests need
+# them, `make demo` does not.
+LLM_STAMP := $(VENV)/.installed-llm
 # The CDK CLI used by deploy/destroy/diff; synth and test do not need it.
 CDK_CLI_VERSION ?= 2.1148.1
 CDK := npx --yes aws-cdk@$(CDK_CLI_VERSION)
@@ -42,6 +45,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps --ignore-requires-python amzn-nova-forge==$(AMZN_NOVA_FORGE_VERSION)
 	touch $(STAMP)
 
+$(LLM_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install --progress-bar off -e '.[llm]'
+	touch $(LLM_STAMP)
+
 demo: install
 	$(BIN)/mtrl local examples/wordle/train.jsonl --config examples/wordle/config.yaml --out runs
 
@@ -49,7 +56,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-test: lint
+test: lint $(LLM_STAMP)
 	$(BIN)/python -m pytest
 	# The tests synthesize without Lambda bundling; deploy bundles. Do it once for real here, so a
 	# requirement with no wheel for Lambda's platform fails the check, not the first deploy; then

@@ -85,6 +85,12 @@ def step_id_for(sample_id: str, turn: int) -> str:
     return f"{sample_id[: ID_LENGTH - len(suffix) - 17]}~{digest}{suffix}"
 
 
+def turn_of(step_id: str) -> int:
+    """The turn of a step id (`step_id_for`); -1 when it does not end in one."""
+    _, _, tail = step_id.rpartition("_")
+    return int(tail) if tail.isdigit() else -1
+
+
 class ProtocolError(ValueError):
     """A message that is not valid v0; the text names the field and the problem."""
 

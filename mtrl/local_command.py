@@ -52,7 +52,21 @@ def local(
             "(e.g. http://127.0.0.1:8000/v1) and report the reward spread; no training."
         ),
     ] = None,
-    model: Annotated[str, typer.Option(help="Model name sent to --model-endpoint.")] = "default",
+    trainer: Annotated[
+        str,
+        typer.Option(
+            help="policy: the small local policy (no extra libraries); llm: the open-weights "
+            "trainer with a real language model (--model; needs the `llm` extra)."
+        ),
+    ] = "policy",
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="With --trainer llm: the model to train, a directory, a Hugging Face Hub id or "
+            "tiny (the default: a small random model built here). With --model-endpoint: the "
+            "model name sent to it (default: default)."
+        ),
+    ] = None,
     records: Annotated[
         int, typer.Option(min=1, help="With --model-endpoint: how many records to play.")
     ] = 16,
@@ -61,10 +75,13 @@ def local(
     policy), collect, tear down, notify. Exit 0 when the run succeeded, 1 when it failed (with
     the state and the reason), 2 for bad input."""
     try:
-        from mtrl.local.run import LocalRunError, LocalRunOptions, prepare
+        from mtrl.local.run import TRAINERS, LocalRunError, LocalRunOptions, prepare
     except ImportError as missing:
-        err.print(f"error: {EXTRAS_HINT} ({missing.name} is missing)")
+        err.print(f"error: {EXTRAS_HINT} ({missing.name} is missing)", markup=False)
         raise typer.Exit(2) from None
+    if trainer not in TRAINERS:
+        err.print(f"error: --trainer {trainer}: choose one of {', '.join(TRAINERS)}")
+        raise typer.Exit(2)
     options = LocalRunOptions(
         dataset=file,
         config=config,
@@ -72,10 +89,12 @@ def local(
         out_dir=out_dir,
         inject_fault=inject_fault,
         max_steps=steps,
+        trainer=trainer,
+        **({"model": model} if model and not model_endpoint else {}),
     )
     try:
         if model_endpoint:
-            _preflight(prepare(options), model_endpoint, model, records, out_dir)
+            _preflight(prepare(options), model_endpoint, model or "default", records, out_dir)
             return
         outcome, directory = _run_with_progress(options)
     except KeyboardInterrupt:
@@ -88,7 +107,7 @@ def local(
         err.print(f"error: {error}", markup=False)
         raise typer.Exit(2) from None
     except ImportError as missing:
-        err.print(f"error: {EXTRAS_HINT} ({missing.name} is missing)")
+        err.print(f"error: {EXTRAS_HINT} ({missing.name} is missing)", markup=False)
         raise typer.Exit(2) from None
     _print_result(outcome, directory)
     raise typer.Exit(0 if outcome.status == "SUCCEEDED" else 1)

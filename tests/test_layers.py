@@ -16,8 +16,9 @@ MAY_IMPORT = {
     "domain": {"training_configs"},
     "lambdas": {"domain", "training_configs"},
     "reward_envs": {"domain", "training_configs"},
+    "llm_trainer": {"domain", "training_configs"},
     "stacks": {"domain", "training_configs", "lambdas"},
-    "mtrl": {"domain", "training_configs", "lambdas", "reward_envs", "stacks"},
+    "mtrl": {"domain", "training_configs", "lambdas", "reward_envs", "llm_trainer", "stacks"},
 }
 
 

@@ -48,6 +48,41 @@ class LocalPolicySettings(BaseModel):
     checkpoint_every: int = Field(default=10, ge=1, description="steps between checkpoints")
 
 
+# How a group's rewards become advantages (domain/grpo.py): "std" divides by the group's spread
+# (GRPO), "mean" only subtracts its mean (Dr. GRPO).
+AdvantageNormalization = Literal["std", "mean"]
+
+
+class GrpoSettings(BaseModel):
+    """The open-weights trainer's sampling and update (llm_trainer/); Nova's recipes and the
+    local policy have their own."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float = Field(default=1.0, gt=0.0, le=2.0, description="sampling temperature")
+    top_p: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1.0,
+        description="nucleus sampling (below 1 the importance "
+        "ratio is taken against the untruncated distribution)",
+    )
+    advantages: AdvantageNormalization = "std"
+    micro_batch_size: int = Field(
+        default=4,
+        ge=1,
+        le=1024,
+        description="sequences per forward and backward pass; the "
+        "step's gradient is accumulated over them",
+    )
+    epochs: int = Field(default=1, ge=1, le=10, description="updates per batch of rollouts")
+    checkpoint_every: int = Field(default=10, ge=1, description="steps between checkpoints")
+    max_grad_norm: float = Field(default=1.0, gt=0.0, description="gradient clipping")
+    generation_batch_size: int = Field(
+        default=16, ge=1, le=1024, description="generate requests answered together"
+    )
+
+
 HealthMetric = Literal[
     "zero_variance_groups",
     "failed_rollout_rate",
@@ -165,6 +200,7 @@ class TrainingConfig(BaseModel):
     scale_to_zero: bool = True
     lora: LoraSettings | None = None
     local_policy: LocalPolicySettings = LocalPolicySettings()
+    grpo: GrpoSettings = GrpoSettings()
     # Held-out evaluation of the starting and the trained model (domain/evaluation.py).
     eval_fraction: float | None = Field(
         default=None,

@@ -2,8 +2,10 @@
 
 - `LocalRewardFleet`: reward workers as local processes running the real worker
   (`python -m reward_envs.worker`), pointed at the run's queues and the local router.
-- `LocalTrainingCluster`: the training job, and each evaluation, as a local trainer process
-  (`python -m mtrl.local.trainer`); scaling nodes up and down is a no-op, still recorded.
+- `LocalTrainingCluster`: the training job, and each evaluation, as a trainer process — the
+  local policy's (`python -m mtrl.local.trainer`) or the open-weights trainer's with a real
+  language model (`python -m llm_trainer`), as `TrainerProgram` says; scaling nodes up and
+  down is a no-op, still recorded.
 
 Both keep what they did in `events` (for the run report) and stop their processes on request;
 `alive()` says how many of their processes are still running (0 after teardown).
@@ -32,7 +34,7 @@ from domain.backends import (
     worker_environment,
 )
 from domain.episodes import EvaluationStage
-from mtrl.local.trainer.exchange import TrainingJob
+from domain.trainer_job import JOB_VARIABLE, TrainingJob
 from reward_envs.registry import load
 
 STOP_GRACE_SECONDS = 10.0
@@ -140,9 +142,33 @@ def _process_status(process: _Process | None, what: str, *, step: int | None = N
     return JobStatus(Phase.FAILED, f"{what} exited with code {code}: {reason}", step=step)
 
 
+@dataclass(frozen=True)
+class TrainerProgram:
+    """What a local training cluster runs: the trainer's module, and for the open-weights
+    trainer the model it loads (`TrainingJob.model_source`)."""
+
+    module: str = "mtrl.local.trainer"
+    model_source: str | None = None
+
+
+LOCAL_POLICY = TrainerProgram()
+
+
+def language_model_trainer(model_source: str) -> TrainerProgram:
+    return TrainerProgram(module="llm_trainer", model_source=model_source)
+
+
 class LocalTrainingCluster(TrainingCluster):
-    def __init__(self, *, environment: dict[str, str], log_dir: Path, seed: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        environment: dict[str, str],
+        log_dir: Path,
+        seed: int = 0,
+        program: TrainerProgram = LOCAL_POLICY,
+    ) -> None:
         self._environment = environment
+        self._program = program
         self._log_dir = log_dir
         self._seed = seed
         self._nodes: dict[str, int] = {}
@@ -201,13 +227,14 @@ class LocalTrainingCluster(TrainingCluster):
             seed=self._seed,
             evaluation=evaluation,
             base=run.base,
+            model_source=self._program.model_source,
         )
         log = self._log_dir / run.run_id / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as sink:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "mtrl.local.trainer"],
-                env={**os.environ, **self._environment, "MTRL_TRAINING_JOB": job.model_dump_json()},
+                [sys.executable, "-m", self._program.module],
+                env={**os.environ, **self._environment, JOB_VARIABLE: job.model_dump_json()},
                 stdout=subprocess.PIPE,
                 stderr=sink,
                 stdin=subprocess.DEVNULL,

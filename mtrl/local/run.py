@@ -17,6 +17,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,8 @@ from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT
 from domain.checkpoints import referenced_run
 from domain.dataset import DatasetValidator
 from domain.tracking import tracked_run
+from llm_trainer.tiny import TINY
+from mtrl.local.backends import LOCAL_POLICY, TrainerProgram, language_model_trainer
 from mtrl.local.embedded import definition_skeleton, fault_states
 from mtrl.local.report import failure_reason, write_report
 from mtrl.local.session import LocalSession, Observer, Prepared, RunOutcome
@@ -49,6 +52,13 @@ class LocalRunOptions:
     out_dir: Path = Path("runs")
     inject_fault: str | None = None
     max_steps: int | None = None
+    # "policy": the small local policy; "llm": the open-weights trainer with `model` (a model
+    # directory, a Hugging Face Hub id, or "tiny").
+    trainer: str = "policy"
+    model: str = TINY
+
+    def program(self) -> TrainerProgram:
+        return language_model_trainer(self.model) if self.trainer == "llm" else LOCAL_POLICY
 
 
 def prepare(options: LocalRunOptions) -> Prepared:
@@ -78,9 +88,13 @@ def prepare(options: LocalRunOptions) -> Prepared:
     if options.max_steps is not None:
         config = config.model_copy(update={"max_steps": options.max_steps})
     try:
-        policy_for(load(config.environment, **config.environment_args))
+        environment = load(config.environment, **config.environment_args)
+        if options.trainer == "policy":
+            policy_for(environment)
     except (EnvironmentNotFound, NoLocalPolicy) as error:
         raise LocalRunError(f"config {name}: environment: {error}") from None
+    if options.trainer == "llm":
+        _check_language_model(options.model)
     base_run = referenced_run(config.base_checkpoint or "")
     if base_run and not (options.out_dir / base_run / "outputs" / SUMMARY_OBJECT).is_file():
         raise LocalRunError(
@@ -89,6 +103,37 @@ def prepare(options: LocalRunOptions) -> Prepared:
             "first, or pass --out where it is"
         )
     return Prepared(dataset, validator.summary.records, name, config)
+
+
+TRAINERS = ("policy", "llm")
+
+
+def _check_language_model(model: str) -> None:
+    """The open-weights trainer can run here: its libraries are installed, its model exists."""
+    missing = [name for name in ("torch", "transformers", "peft") if find_spec(name) is None]
+    if missing:
+        raise LocalRunError(
+            f"--trainer llm needs {', '.join(missing)}: pip install -e '.[llm]' (PyTorch, "
+            "transformers and PEFT, CPU is enough for --model tiny)"
+        )
+    if model == TINY or model.startswith("s3://"):
+        if model.startswith("s3://"):
+            raise LocalRunError(
+                f"--model {model}: a local run cannot read S3; give a model directory, a "
+                "Hugging Face Hub id or tiny"
+            )
+        return
+    path = Path(model)
+    if path.exists() and not (path / "config.json").is_file():
+        raise LocalRunError(
+            f"--model {model}: not a model directory (no config.json); give one saved with "
+            "save_pretrained, a Hugging Face Hub id, or tiny"
+        )
+    if not path.exists() and (model.startswith((".", "/", "~")) or model.count("/") != 1):
+        raise LocalRunError(
+            f"--model {model}: no such directory (and not a Hub id like org/name); give a "
+            "model directory, a Hugging Face Hub id, or tiny"
+        )
 
 
 def pipeline_template() -> dict[str, Any]:
@@ -124,7 +169,9 @@ def run_local(
         raise LocalRunError(
             f"--inject-fault {options.inject_fault}: no such state; choose one of {', '.join(choices)}"
         )
-    with LocalSession(template, out_dir=options.out_dir, seed=options.seed) as session:
+    with LocalSession(
+        template, out_dir=options.out_dir, seed=options.seed, trainer=options.program()
+    ) as session:
         if options.inject_fault:
             session.inject_fault(options.inject_fault)
         started = time.monotonic()

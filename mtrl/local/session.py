@@ -27,7 +27,12 @@ from lambdas.router.consumer import Consumer
 from lambdas.router.conversations import ConversationStore
 from lambdas.router.proxy import Proxy
 from mtrl.local.aws import LocalAws
-from mtrl.local.backends import LocalRewardFleet, LocalTrainingCluster
+from mtrl.local.backends import (
+    LOCAL_POLICY,
+    LocalRewardFleet,
+    LocalTrainingCluster,
+    TrainerProgram,
+)
 from mtrl.local.embedded import (
     STAND_IN_PLANES,
     LocalPipeline,
@@ -105,8 +110,16 @@ def config_upload(prepared: Prepared) -> tuple[str, bytes | None]:
 
 
 class LocalSession:
-    def __init__(self, template: dict[str, Any], *, out_dir: Path, seed: int = 0) -> None:
+    def __init__(
+        self,
+        template: dict[str, Any],
+        *,
+        out_dir: Path,
+        seed: int = 0,
+        trainer: TrainerProgram = LOCAL_POLICY,
+    ) -> None:
         self._template = template
+        self._trainer = trainer
         self._out_dir = out_dir
         self._seed = seed
         self._stack = contextlib.ExitStack()
@@ -135,7 +148,7 @@ class LocalSession:
         self.fleet = LocalRewardFleet(environment=aws.environment(), log_dir=logs)
         self.training_metrics = KeptMetrics()  # what the dashboard would graph
         self.cluster = LocalTrainingCluster(
-            environment=aws.environment(), log_dir=logs, seed=self._seed
+            environment=aws.environment(), log_dir=logs, seed=self._seed, program=self._trainer
         )
         # Whatever a run leaves running is stopped when the session ends (after it was counted).
         self._stack.callback(self._stop_processes)

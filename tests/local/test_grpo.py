@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from mtrl.local.trainer.grpo import Adam, Episode, group_advantages, objective_and_gradient
+from domain.grpo import group_advantages
+from mtrl.local.trainer.grpo import Adam, Episode, objective_and_gradient
 from mtrl.local.trainer.policy import Decision
 
 # Two candidates with one feature each, parameters 0: π = (½, ½) and ∇ log π(0) = (1 − ½) = ½.

@@ -19,6 +19,7 @@ from domain.episodes import Episode, EvaluationStage
 from domain.evaluation import evaluation_records, held_out
 from domain.protocol import Metric, RolloutRequest, RolloutResponse, dump, parse
 from domain.run_queues import QueueKind
+from domain.trainer_job import TrainingFailed, TrainingJob, evaluation_records_of
 from mtrl.local.trainer.checkpoints import (
     CheckpointMismatch,
     checkpoint_key,
@@ -26,7 +27,6 @@ from mtrl.local.trainer.checkpoints import (
     save_checkpoint,
 )
 from mtrl.local.trainer.evaluation import Evaluator
-from mtrl.local.trainer.exchange import TrainingFailed, TrainingJob
 from mtrl.local.trainer.loop import Trainer
 from mtrl.local.trainer.policy import WordlePolicy
 from training_configs.schema import load_training_config
@@ -190,8 +190,7 @@ def test_a_named_evaluation_file_is_evaluated_whole(s3: Any) -> None:
         ),
     )
     job = _job(EvaluationStage.BASELINE, eval_dataset="evaluation-data/e.jsonl", eval_fraction=None)
-    evaluator = Evaluator(job, sqs=RewardSide(), s3=s3, policy=WordlePolicy())
-    assert [r.id for r in evaluator.records()] == ["probe-0", "probe-1", "probe-2"]
+    assert [r.id for r in evaluation_records_of(s3, job)] == ["probe-0", "probe-1", "probe-2"]
     assert evaluation_records(_records(40), job.config, named_file=False) == []
 
 

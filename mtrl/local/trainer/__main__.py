@@ -1,6 +1,6 @@
 """`python -m mtrl.local.trainer`: the local trainer process (the local training cluster's job).
 
-The job comes as JSON in `MTRL_TRAINING_JOB` (see exchange.TrainingJob): training, or the
+The job comes as JSON in `MTRL_TRAINING_JOB` (domain/trainer_job.py): training, or the
 evaluation of a policy (evaluation.py). Training prints one JSON line per step on stdout. Exit
 codes: 0 when every step or rollout ran (or after SIGTERM), 1 when it cannot go on, 2 for a job
 it cannot read — with one line on stderr saying why.
@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 
 import boto3
-from pydantic import ValidationError
 
+from domain.trainer_job import JobUnreadable, job_from_environment, run_to_the_end
 from mtrl.local.trainer.checkpoints import CheckpointMismatch
 from mtrl.local.trainer.evaluation import Evaluator
-from mtrl.local.trainer.exchange import TrainingFailed, TrainingJob
 from mtrl.local.trainer.loop import Trainer
 from mtrl.local.trainer.policy import NoLocalPolicy, policy_for
 from reward_envs.registry import EnvironmentNotFound, load
@@ -29,14 +27,9 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
     logging.getLogger("mtrl").setLevel(logging.INFO)
     try:
-        job = TrainingJob.model_validate_json(os.environ.get("MTRL_TRAINING_JOB", ""))
+        job = job_from_environment(os.environ)
         policy = policy_for(load(job.config.environment, **job.config.environment_args))
-    except ValidationError as error:
-        problem = error.errors(include_url=False)[0]
-        where = ".".join(str(part) for part in problem["loc"]) or "job"
-        print(f"trainer: MTRL_TRAINING_JOB: {where}: {problem['msg']}", file=sys.stderr)
-        return 2
-    except (NoLocalPolicy, EnvironmentNotFound) as error:
+    except (JobUnreadable, NoLocalPolicy, EnvironmentNotFound) as error:
         print(f"trainer: {error}", file=sys.stderr)
         return 2
     sqs, s3 = boto3.client("sqs"), boto3.client("s3")
@@ -46,14 +39,10 @@ def main() -> int:
             if job.evaluation
             else Trainer(job, sqs=sqs, s3=s3, policy=policy, out=sys.stdout)
         )
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: work.stop())
-        work.run()
-    except (TrainingFailed, CheckpointMismatch) as error:
+    except CheckpointMismatch as error:
         print(f"trainer: {error}", file=sys.stderr)
         return 1
-    print('{"event": "done"}', flush=True)
-    return 0
+    return run_to_the_end(work, failures=(CheckpointMismatch,))
 
 
 if __name__ == "__main__":

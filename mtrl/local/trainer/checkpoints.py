@@ -10,9 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from domain.backends import METRICS_OBJECT
-from domain.bucket import object_exists, run_output_prefix
-from mtrl.local.trainer.exchange import TrainingJob
+from domain.trainer_job import TrainingJob
 from mtrl.local.trainer.policy import Policy
 
 CHECKPOINTS = "checkpoints/"
@@ -46,17 +44,6 @@ def starting_policy(s3: Any, job: TrainingJob, policy: Policy) -> tuple[np.ndarr
         return policy.initial_params(), 0
     bucket, _, key = job.base.uri.removeprefix("s3://").partition("/")
     return load_checkpoint(s3, bucket=bucket, key=key, policy=policy)
-
-
-def earlier_metrics(s3: Any, job: TrainingJob) -> list[str]:
-    """The metrics lines of the run a job continues (none for a fresh start or an S3 URI)."""
-    if job.base is None or job.base.run_id is None:
-        return []
-    key = f"{run_output_prefix(job.base.run_id)}{METRICS_OBJECT}"
-    if not object_exists(s3, bucket=job.bucket, key=key):
-        return []
-    body = s3.get_object(Bucket=job.bucket, Key=key)["Body"].read().decode()
-    return [line for line in body.splitlines() if line.strip()]
 
 
 def load_checkpoint(s3: Any, *, bucket: str, key: str, policy: Policy) -> tuple[np.ndarray, int]:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mtrl.local.trainer.grpo import Adam, Episode, group_advantages, objective_and_gradient
+from domain.grpo import group_advantages
+from mtrl.local.trainer.grpo import Adam, Episode, objective_and_gradient
 from mtrl.local.trainer.policy import Decision, Policy
 from reward_envs.interface import Environment, Record, Reply
 

@@ -1,35 +1,26 @@
 """The local trainer's evaluation job: the policy training starts from (baseline: its base
-checkpoint, or the policy that knows nothing) or the one training saved last (final) plays the run's held-out records through the same queues, router and reward workers
-as training — `eval_samples` rollouts per record, sampled as in training, nothing learned — and
-the episodes go, one JSON line each, to the run's `evaluation/<stage>.jsonl`."""
+checkpoint, or the policy that knows nothing) or the one training saved last (final) answers the
+generate requests while the run's held-out records are played (domain/trainer_job.py
+`play_evaluation`) — sampled as in training, nothing learned."""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from domain.dataset import DatasetRecord
 from domain.episodes import Episode, EvaluationStage
-from domain.evaluation import (
-    evaluation_records,
-    evaluation_sample_id,
-    evaluation_source,
-    write_episodes,
-)
+from domain.trainer_job import TrainingJob, play_evaluation
 from mtrl.local.trainer.checkpoints import (
     FINAL,
     checkpoint_key,
     load_checkpoint,
     starting_policy,
 )
-from mtrl.local.trainer.exchange import PolicyServer, TrainingJob, exchange_rollouts, read_dataset
 from mtrl.local.trainer.policy import Policy
-
-log = logging.getLogger("mtrl.trainer")
+from mtrl.local.trainer.policy_server import PolicyServer
 
 
 class Evaluator:
@@ -60,56 +51,14 @@ class Evaluator:
             policy=self.policy,
         )
 
-    def records(self) -> list[DatasetRecord]:
-        job, config = self.job, self.job.config
-        key, version = evaluation_source(config, job.dataset_key, job.dataset_version)
-        records = read_dataset(self.s3, bucket=job.bucket, key=key, version=version)
-        return evaluation_records(records, config, named_file=config.eval_dataset is not None)
-
     def run(self) -> list[Episode]:
-        """Play every evaluation rollout, a training step's worth at a time; write the episodes."""
-        config = self.job.config
-        records = self.records()
-        planned = [
-            (record, evaluation_sample_id(record.id, self.stage, number, config.eval_samples))
-            for record in records
-            for number in range(config.eval_samples)
-        ]
-        episodes: list[Episode] = []
         self.server.start()
         try:
-            for start in range(0, len(planned), config.global_batch_size):
-                if self.server.stopped:
-                    break
-                episodes += self._batch(planned[start : start + config.global_batch_size])
+            return play_evaluation(
+                self.s3, self.sqs, self.job, clock=self.clock, stopped=lambda: self.server.stopped
+            )
         finally:
             self.server.stop()
-        write_episodes(
-            self.s3, bucket=self.job.bucket, output_prefix=self.job.output_prefix,
-            stage=self.stage, episodes=episodes,
-        )  # fmt: skip
-        log.info(
-            "%s evaluation: %d rollouts of %d records", self.stage, len(episodes), len(records)
-        )
-        return episodes
 
     def stop(self) -> None:
         self.server.stop()
-
-    def _batch(self, planned: list[tuple[DatasetRecord, str]]) -> list[Episode]:
-        started = self.clock()
-        requests = [self.job.rollout_request(record, sample) for record, sample in planned]
-        responses, waited = exchange_rollouts(
-            self.sqs,
-            self.job,
-            requests,
-            started=started,
-            clock=self.clock,
-            stopped=lambda: self.server.stopped,
-        )
-        return [
-            Episode.of(record.id, responses[sample])
-            if sample in responses
-            else Episode.unanswered(record.id, sample, waited)
-            for record, sample in planned
-        ]

@@ -1,4 +1,4 @@
-"""GRPO for a linear softmax policy: group-relative advantages, the clipped policy-gradient
+"""GRPO for a linear softmax policy (advantages: domain/grpo.py): the clipped policy-gradient
 objective with an optional KL penalty to a reference, and Adam. Plain NumPy, exact gradients.
 
 For one reply with candidates' features F, chosen candidate a and parameters θ:
@@ -16,29 +16,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from domain.grpo import UpdateStats
 from mtrl.local.trainer.policy import Decision, log_softmax
-
-
-def group_advantages(rewards: Sequence[float], *, epsilon: float = 1e-6) -> np.ndarray:
-    """(r − mean) / std within one group; all zeros when the group's rewards do not vary."""
-    values = np.asarray(rewards, dtype=np.float64)
-    spread = values.std()
-    if spread < epsilon:
-        return np.zeros_like(values)
-    return (values - values.mean()) / (spread + epsilon)
 
 
 @dataclass(frozen=True)
 class Episode:
     decisions: Sequence[Decision]
     advantage: float
-
-
-@dataclass(frozen=True)
-class UpdateStats:
-    objective: float
-    kl: float
-    clipped_fraction: float
 
 
 def objective_and_gradient(

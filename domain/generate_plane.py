@@ -1,0 +1,92 @@
+"""What both our trainers' generation sides share: a thread that answers the run's generate
+requests until stopped, and what it produced for the samples of the step being played, kept per
+sample and step for the update that follows (a retried step is answered from it, not sampled
+again). The local policy's server and the open-weights generation service say how to answer."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any, Generic, TypeVar
+
+from domain.protocol import turn_of
+from domain.run_queues import QueueKind
+from domain.trainer_job import TrainingJob
+
+log = logging.getLogger("mtrl.trainer")
+Kept = TypeVar("Kept")
+
+
+class GeneratePlane(ABC, Generic[Kept]):
+    def __init__(self, job: TrainingJob, *, sqs: Any, version: int = 0) -> None:
+        self.job, self.sqs = job, sqs
+        self.version = version  # the updates the weights answering now have had
+        self._lock = threading.Lock()
+        self._kept: dict[str, dict[str, Kept]] = defaultdict(dict)  # sample -> step -> kept
+        self._recorded: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._answer_forever, name="generate", daemon=True)
+
+    @abstractmethod
+    def answer(self, messages: list[dict[str, Any]]) -> None:
+        """Answer these generate-request queue messages."""
+
+    def receive(self) -> list[dict[str, Any]]:
+        return self.sqs.receive_message(
+            QueueUrl=self.job.queues[QueueKind.GENERATE_REQUESTS],
+            MaxNumberOfMessages=10,
+            WaitTimeSeconds=1,
+        ).get("Messages", [])
+
+    def record(self, samples: Iterable[str]) -> None:
+        """Keep what is produced for these samples from now on (and only for them)."""
+        with self._lock:
+            self._recorded = set(samples)
+            self._kept.clear()
+
+    def recorded(self) -> dict[str, list[Kept]]:
+        """What was kept since `record`, per sample in turn order; stops keeping."""
+        with self._lock:
+            kept = {
+                sample: [steps[step] for step in sorted(steps, key=turn_of)]
+                for sample, steps in self._kept.items()
+            }
+            self._recorded = set()
+        return kept
+
+    def kept(self, sample_id: str, step_id: str) -> Kept | None:
+        with self._lock:
+            return self._kept.get(sample_id, {}).get(step_id)
+
+    def keep(self, sample_id: str, step_id: str, item: Kept) -> None:
+        """Keep `item` for the step, when its sample is being recorded."""
+        with self._lock:
+            if sample_id in self._recorded:
+                self._kept[sample_id][step_id] = item
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def _answer_forever(self) -> None:
+        while not self._stop.is_set():
+            try:
+                messages = self.receive()
+                if messages:
+                    self.answer(messages)
+            except Exception:  # noqa: BLE001 - a failed batch must not end the generate plane
+                if self._stop.is_set():
+                    return
+                log.exception("answering generate requests failed; retrying")
+                self._stop.wait(0.5)

@@ -1,0 +1,149 @@
+"""What every GRPO trainer of ours does with a step's rollout responses, before its own update:
+group-relative advantages, and the step's metrics line (the same schema from the local policy
+and the open-weights trainer, so status, run health and the reports read both)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from domain.episodes import TRUNCATED_METRIC
+from domain.protocol import RolloutResponse
+from training_configs.schema import AdvantageNormalization as Normalization
+
+
+def group_advantages(
+    rewards: Sequence[float], *, normalization: Normalization = "std", epsilon: float = 1e-6
+) -> np.ndarray:
+    """Each reward against its group's; all zeros when the group's rewards do not vary."""
+    values = np.asarray(rewards, dtype=np.float64)
+    spread = values.std()
+    if spread < epsilon:
+        return np.zeros_like(values)
+    centred = values - values.mean()
+    return centred / (spread + epsilon) if normalization == "std" else centred
+
+
+@dataclass(frozen=True)
+class ScoredRollout:
+    sample_id: str
+    reward: float
+    advantage: float
+
+
+@dataclass(frozen=True)
+class RolloutStats:
+    # None: no rollout of the step scored (all failed): nothing learned, the step still counted,
+    # for run health (domain/health.py) to judge.
+    mean_reward: float | None
+    max_reward: float | None
+    reward_std: float | None  # the spread of the scored rollouts' rewards
+    win_rate: float | None
+    zero_variance_groups: float | None
+    turns_per_episode: float | None
+    rollouts: int  # scored ones
+    rollouts_asked: int  # what run health divides by (domain/health.py)
+    failed_rollouts: int
+    env_error_rollouts: int  # of the failed: the environment raised
+    timeout_rollouts: int  # of the failed: timed out, or no answer within the step's wait
+    truncated_rollouts: int  # answered, with a model turn cut at the token limit
+
+
+def score_groups(
+    groups: Mapping[str, Sequence[str]],
+    responses: Mapping[str, RolloutResponse],
+    *,
+    normalization: Normalization = "std",
+) -> tuple[list[ScoredRollout], RolloutStats]:
+    """The rollouts that learn (those of groups with two or more rewards, with their advantages)
+    and the step's statistics. A rollout that failed or never came back carries no reward: it is
+    left out of its group and counted, never scored as 0."""
+    scored: list[ScoredRollout] = []
+    wins, turns = [], []
+    flat_groups = 0
+    for samples in groups.values():
+        rewarded = [
+            (sample, float(responses[sample].aggregate_score))  # type: ignore[arg-type]
+            for sample in samples
+            if sample in responses and responses[sample].aggregate_score is not None
+        ]
+        if len(rewarded) < 2:
+            continue
+        advantages = group_advantages([r for _, r in rewarded], normalization=normalization)
+        flat_groups += int(not advantages.any())
+        for (sample, reward), advantage in zip(rewarded, advantages, strict=True):
+            scored.append(ScoredRollout(sample, reward, float(advantage)))
+            metrics = {m.name: m.value for m in responses[sample].metrics}
+            turns.append(metrics.get("turns", 0.0))
+            succeeded = responses[sample].succeeded  # the environment's success flag
+            if succeeded is not None:
+                wins.append(float(succeeded))
+    rewards = [rollout.reward for rollout in scored]
+    asked = [sample for samples in groups.values() for sample in samples]
+    ended = [responses[sample].stop_reason for sample in asked if sample in responses]
+    stats = RolloutStats(
+        mean_reward=float(np.mean(rewards)) if rewards else None,
+        max_reward=float(np.max(rewards)) if rewards else None,
+        reward_std=float(np.std(rewards)) if rewards else None,
+        win_rate=float(np.mean(wins)) if wins else None,
+        zero_variance_groups=flat_groups / len(groups) if rewards else None,
+        turns_per_episode=float(np.mean(turns)) if rewards else None,
+        rollouts=len(rewards),
+        rollouts_asked=len(asked),
+        failed_rollouts=len(asked) - len(rewards),
+        env_error_rollouts=ended.count("env_error"),
+        timeout_rollouts=ended.count("timeout") + len(asked) - len(ended),
+        truncated_rollouts=sum(
+            1 for sample in asked if sample in responses and _truncated(responses[sample])
+        ),
+    )
+    return scored, stats
+
+
+def _truncated(response: RolloutResponse) -> bool:
+    return any(m.name == TRUNCATED_METRIC and m.value > 0 for m in response.metrics)
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    objective: float  # the GRPO objective maximised (clipped surrogate less the KL penalty)
+    kl: float
+    clipped_fraction: float  # of the sampled replies or tokens, those whose ratio was clipped
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """One training step, as its line of `metrics.jsonl`: the rollouts' statistics, the update's
+    (None when nothing was learned), times, and what the trainer adds of its own (`extra`)."""
+
+    step: int
+    stats: RolloutStats
+    update: UpdateStats | None
+    seconds: float
+    # Epoch seconds: the step's rollouts finished between the two (`mtrl trajectories --step`).
+    started_at: float
+    finished_at: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mean_reward(self) -> float | None:
+        return self.stats.mean_reward
+
+    def line(self) -> dict[str, Any]:
+        update = (
+            asdict(self.update)
+            if self.update
+            else dict.fromkeys(("objective", "kl", "clipped_fraction"))
+        )
+        return {
+            "step": self.step,
+            **asdict(self.stats),
+            **update,
+            "seconds": self.seconds,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            **self.extra,
+        }

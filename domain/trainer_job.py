@@ -1,0 +1,343 @@
+"""A trainer's side of a run: the job it is handed (the documented run configuration, the same
+for the local policy and the open-weights trainer), and the rollout protocol's exchange it
+drives — send rollout requests, collect their responses under the run's timeout — with the
+run's dataset read as it is.
+
+On AWS the open-weights trainer gets the job as JSON in `MTRL_TRAINING_JOB` from the run's
+Kubernetes job; locally the local training cluster hands it over the same way."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from domain.backends import METRICS_OBJECT
+from domain.bucket import object_exists, run_output_prefix
+from domain.checkpoints import BaseCheckpoint
+from domain.dataset import DatasetRecord, read_dataset_object
+from domain.episodes import Episode, EvaluationStage
+from domain.evaluation import (
+    evaluation_records,
+    evaluation_sample_id,
+    evaluation_source,
+    training_records,
+    write_episodes,
+)
+from domain.protocol import (
+    ProtocolError,
+    RewardSpec,
+    RolloutRequest,
+    RolloutResponse,
+    dump,
+    fifo_id,
+    parse,
+    sample_id_for,
+)
+from domain.run_queues import QueueKind
+from training_configs.schema import TrainingConfig
+
+log = logging.getLogger("mtrl.trainer")
+JOB_VARIABLE = "MTRL_TRAINING_JOB"
+# Rollouts' time to come back, beyond the config's rollout timeout: the workers' queue polls.
+COLLECT_SLACK_SECONDS = 30
+
+
+class TrainingJob(BaseModel):
+    """What the training cluster hands the trainer: training, or with `evaluation` the
+    evaluation of the starting (baseline) or trained (final) policy."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    bucket: str
+    dataset_key: str
+    dataset_version: str | None = None
+    output_prefix: str
+    queues: dict[str, str]
+    config: TrainingConfig
+    reward_range: tuple[float, float] = (0.0, 1.0)
+    seed: int = 0
+    evaluation: EvaluationStage | None = None
+    base: BaseCheckpoint | None = None  # the checkpoint training starts from
+    # Where an open-weights trainer loads the model: a directory, s3://…, a Hugging Face Hub id,
+    # or `tiny` (a small model built on the spot). None: the config's `model`.
+    model_source: str | None = None
+
+    def rollout_request(self, record: DatasetRecord, sample_id: str) -> RolloutRequest:
+        """The rollout request of one sample of `record`, for training or evaluation alike."""
+        return RolloutRequest(
+            sample_id=sample_id,
+            max_length=self.config.max_length,
+            rewards=RewardSpec(range=self.reward_range),
+            data=record.rollout_data(),
+        )
+
+
+class TrainingFailed(RuntimeError):
+    """The trainer cannot go on; the message says why."""
+
+
+def read_dataset(s3: Any, *, bucket: str, key: str, version: str | None) -> list[DatasetRecord]:
+    records = read_dataset_object(s3, bucket=bucket, key=key, version=version)
+    if not records:
+        raise TrainingFailed(f"s3://{bucket}/{key} has no records")
+    return records
+
+
+def send_rollouts(sqs: Any, url: str, requests: list[RolloutRequest]) -> None:
+    for start in range(0, len(requests), 10):
+        sqs.send_message_batch(
+            QueueUrl=url,
+            Entries=[
+                {
+                    "Id": str(i),
+                    "MessageBody": dump(request),
+                    "MessageGroupId": fifo_id(request.sample_id),
+                    "MessageDeduplicationId": fifo_id(request.sample_id),
+                }
+                for i, request in enumerate(requests[start : start + 10])
+            ],
+        )
+
+
+def collect_rollouts(
+    sqs: Any,
+    url: str,
+    samples: set[str],
+    *,
+    deadline: float,
+    clock: Callable[[], float],
+    stopped: Callable[[], bool],
+) -> dict[str, RolloutResponse]:
+    """Rollout responses of `samples`, until all are in, the deadline passes or the job stops.
+    Answers of other samples (late ones of an earlier batch) are dropped."""
+    responses: dict[str, RolloutResponse] = {}
+    while len(responses) < len(samples) and clock() < deadline and not stopped():
+        messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1).get(
+            "Messages", []
+        )
+        for message in messages:
+            try:
+                response = parse(RolloutResponse, message["Body"])
+            except ProtocolError as error:
+                log.warning("dropping a malformed rollout response: %s", error)
+                continue
+            if response.sample_id in samples:
+                responses[response.sample_id] = response
+        if messages:
+            delete_messages(sqs, url, messages)
+    return responses
+
+
+def exchange_rollouts(
+    sqs: Any,
+    job: TrainingJob,
+    requests: list[RolloutRequest],
+    *,
+    started: float,
+    clock: Callable[[], float],
+    stopped: Callable[[], bool],
+) -> tuple[dict[str, RolloutResponse], float]:
+    """Send `requests` to the run's workers and collect their responses for up to the rollout
+    timeout (and the queues' slack) from `started`: the responses, and that wait in seconds."""
+    send_rollouts(sqs, job.queues[QueueKind.ROLLOUT_REQUESTS], requests)
+    waited = job.config.rollout_timeout_seconds + COLLECT_SLACK_SECONDS
+    responses = collect_rollouts(
+        sqs,
+        job.queues[QueueKind.ROLLOUT_RESPONSES],
+        {request.sample_id for request in requests},
+        deadline=started + waited,
+        clock=clock,
+        stopped=stopped,
+    )
+    return responses, waited
+
+
+def delete_messages(sqs: Any, url: str, messages: list[dict[str, Any]]) -> None:
+    sqs.delete_message_batch(
+        QueueUrl=url,
+        Entries=[
+            {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)
+        ],
+    )
+
+
+def training_records_of(s3: Any, job: TrainingJob) -> list[DatasetRecord]:
+    """The dataset's records but the ones held out for evaluation."""
+    records = read_dataset(s3, bucket=job.bucket, key=job.dataset_key, version=job.dataset_version)
+    kept = training_records(records, job.config)
+    if not kept:
+        raise TrainingFailed(
+            f"all {len(records)} records of s3://{job.bucket}/{job.dataset_key} are held out "
+            f"for evaluation (eval_fraction {job.config.held_out_fraction}); add records or "
+            "lower eval_fraction"
+        )
+    log.info("training on %d records, %d held out", len(kept), len(records) - len(kept))
+    return kept
+
+
+def earlier_metrics(s3: Any, job: TrainingJob) -> list[str]:
+    """The metrics lines of the run a job continues (none for a fresh start or an S3 URI)."""
+    if job.base is None or job.base.run_id is None:
+        return []
+    return metrics_lines_of(s3, bucket=job.bucket, output_prefix=run_output_prefix(job.base.run_id))
+
+
+def metrics_lines_of(s3: Any, *, bucket: str, output_prefix: str) -> list[str]:
+    """A run's metrics lines as its trainer wrote them (none when it wrote none)."""
+    key = f"{output_prefix}{METRICS_OBJECT}"
+    if not object_exists(s3, bucket=bucket, key=key):
+        return []
+    body = s3.get_object(Bucket=bucket, Key=key)["Body"].read().decode()
+    return [line for line in body.splitlines() if line.strip()]
+
+
+def evaluation_records_of(s3: Any, job: TrainingJob) -> list[DatasetRecord]:
+    """The records an evaluation job plays: the named evaluation file's, or those held out."""
+    config = job.config
+    key, version = evaluation_source(config, job.dataset_key, job.dataset_version)
+    records = read_dataset(s3, bucket=job.bucket, key=key, version=version)
+    return evaluation_records(records, config, named_file=config.eval_dataset is not None)
+
+
+def play_evaluation(
+    s3: Any,
+    sqs: Any,
+    job: TrainingJob,
+    *,
+    clock: Callable[[], float],
+    stopped: Callable[[], bool],
+) -> list[Episode]:
+    """An evaluation job's rollouts, with the policy being served meanwhile by the caller: every
+    held-out record `eval_samples` times, a training step's worth at a time, through the same
+    queues, router and workers as training. The episodes go, one JSON line each, to the run's
+    `evaluation/<stage>.jsonl`."""
+    stage, config = job.evaluation, job.config
+    if stage is None:
+        raise ValueError(f"run {job.run_id}: the job is not an evaluation")
+    records = evaluation_records_of(s3, job)
+    planned = [
+        (record, evaluation_sample_id(record.id, stage, number, config.eval_samples))
+        for record in records
+        for number in range(config.eval_samples)
+    ]
+    episodes: list[Episode] = []
+    for start in range(0, len(planned), config.global_batch_size):
+        if stopped():
+            break
+        batch = planned[start : start + config.global_batch_size]
+        requests = [job.rollout_request(record, sample) for record, sample in batch]
+        responses, waited = exchange_rollouts(
+            sqs, job, requests, started=clock(), clock=clock, stopped=stopped
+        )
+        episodes += [
+            Episode.of(record.id, responses[sample])
+            if sample in responses
+            else Episode.unanswered(record.id, sample, waited)
+            for record, sample in batch
+        ]
+    write_episodes(
+        s3, bucket=job.bucket, output_prefix=job.output_prefix, stage=stage, episodes=episodes
+    )
+    log.info("%s evaluation: %d rollouts of %d records", stage, len(episodes), len(records))
+    return episodes
+
+
+@dataclass(frozen=True)
+class PlayedStep:
+    """A training step's rollouts: the samples asked per group, the responses that came back,
+    and when the step started (monotonic clock, wall clock)."""
+
+    groups: dict[str, list[str]]
+    responses: dict[str, RolloutResponse]
+    started: float
+    started_at: float
+
+
+def step_requests(
+    job: TrainingJob, records: list[DatasetRecord], step: int, rng: np.random.Generator
+) -> tuple[dict[str, list[str]], list[RolloutRequest]]:
+    """`global_batch_size / group_size` records drawn for `step`, `group_size` rollout requests
+    each, with sample ids unique in the run (`<record id>_<n>`)."""
+    group_size = job.config.group_size
+    wanted = job.config.global_batch_size // group_size
+    chosen = rng.choice(len(records), size=wanted, replace=len(records) < wanted)
+    groups: dict[str, list[str]] = {}
+    requests = []
+    for slot, index in enumerate(chosen):
+        record = records[int(index)]
+        samples = [
+            sample_id_for(record.id, ((step - 1) * wanted + slot) * group_size + k)
+            for k in range(group_size)
+        ]
+        groups[f"{slot}"] = samples
+        requests += [job.rollout_request(record, sample) for sample in samples]
+    return groups, requests
+
+
+def play_step(
+    sqs: Any,
+    job: TrainingJob,
+    records: list[DatasetRecord],
+    step: int,
+    rng: np.random.Generator,
+    *,
+    record: Callable[[Iterable[str]], None],
+    clock: Callable[[], float],
+    wall_clock: Callable[[], float],
+    stopped: Callable[[], bool],
+) -> PlayedStep:
+    """Send a step's rollout requests (after `record` is told their samples) and collect the
+    responses; TrainingFailed when none came back while the job was running."""
+    started, started_at = clock(), wall_clock()
+    groups, requests = step_requests(job, records, step, rng)
+    record(request.sample_id for request in requests)
+    responses, waited = exchange_rollouts(
+        sqs, job, requests, started=started, clock=clock, stopped=stopped
+    )
+    if not responses and not stopped():
+        raise TrainingFailed(
+            f"no rollout responses within {waited} s; "
+            "are the reward workers running and reaching the router?"
+        )
+    return PlayedStep(groups, responses, started, started_at)
+
+
+class JobUnreadable(ValueError):
+    """`MTRL_TRAINING_JOB` is missing or not a training job; the message says where."""
+
+
+def job_from_environment(environ: Mapping[str, str]) -> TrainingJob:
+    try:
+        return TrainingJob.model_validate_json(environ.get(JOB_VARIABLE, ""))
+    except ValidationError as error:
+        problem = error.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in problem["loc"]) or "job"
+        raise JobUnreadable(f"{JOB_VARIABLE}: {where}: {problem['msg']}") from None
+
+
+class Work(Protocol):
+    def run(self) -> object: ...
+
+    def stop(self) -> None: ...
+
+
+def run_to_the_end(work: Work, *, failures: tuple[type[Exception], ...] = ()) -> int:
+    """A trainer process's job, to its end: SIGTERM or SIGINT stop it cleanly (exit 0, as after
+    the last step); a failure it reports is one line on stderr and exit 1."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: work.stop())
+    try:
+        work.run()
+    except (TrainingFailed, *failures) as error:
+        print(f"trainer: {error}", file=sys.stderr)
+        return 1
+    print('{"event": "done"}', flush=True)
+    return 0

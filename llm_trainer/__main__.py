@@ -1,0 +1,54 @@
+"""`python -m llm_trainer`: the open-weights trainer process (a run's Kubernetes job on
+HyperPod; the local training cluster's job with `mtrl local --trainer llm`).
+
+The job comes as JSON in `MTRL_TRAINING_JOB` (domain/trainer_job.py): training, or the
+evaluation of the starting or trained model. Training prints one JSON line per step on stdout.
+Exit codes: 0 when every step or rollout ran (or after SIGTERM), 1 when it cannot go on, 2 for
+a job it cannot read or a model it cannot load — with one line on stderr saying why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import boto3
+
+from domain.trainer_job import JobUnreadable, TrainingFailed, job_from_environment, run_to_the_end
+from llm_trainer.model import ModelNotLoaded
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+    logging.getLogger("mtrl").setLevel(logging.INFO)
+    try:
+        job = job_from_environment(os.environ)
+    except JobUnreadable as error:
+        print(f"trainer: {error}", file=sys.stderr)
+        return 2
+    # Imported once the job is read: torch and transformers take seconds to import.
+    from llm_trainer.trainer import LlmEvaluator, LlmTrainer
+
+    sqs, s3 = boto3.client("sqs"), boto3.client("s3")
+    with tempfile.TemporaryDirectory(prefix="mtrl-trainer-") as scratch:
+        workdir = Path(scratch)
+        try:
+            work: LlmTrainer | LlmEvaluator = (
+                LlmEvaluator(job, sqs=sqs, s3=s3, workdir=workdir)
+                if job.evaluation
+                else LlmTrainer(job, sqs=sqs, s3=s3, workdir=workdir, out=sys.stdout)
+            )
+        except ModelNotLoaded as error:
+            print(f"trainer: {error}", file=sys.stderr)
+            return 2
+        except (TrainingFailed, LookupError) as error:
+            print(f"trainer: {error}", file=sys.stderr)
+            return 1
+        return run_to_the_end(work)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The open-weights trainer's checkpoints: Hugging Face / PEFT folders under the run's outputs,
+`checkpoints/step-<NNNNNN>/` and `checkpoints/final/`, listed with their step and mean reward in
+`checkpoints/manifest.json` (domain/checkpoints.py) as the local trainer's are.
+
+A LoRA run saves its adapter (`adapter_config.json`, `adapter_model.safetensors`), a full
+fine-tuning run the whole model with its tokenizer; both add `trainer_state.pt` (optimizer state
+and step), what a restarted job needs to go on exactly where it was.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from domain.bucket import object_exists
+from domain.checkpoints import MANIFEST_OBJECT, CheckpointManifest, SavedCheckpoint
+
+log = logging.getLogger("mtrl.trainer")
+CHECKPOINTS = "checkpoints/"
+FINAL = "final"
+TRAINER_STATE = "trainer_state.pt"
+
+
+def checkpoint_prefix(output_prefix: str, name: str) -> str:
+    return f"{output_prefix}{CHECKPOINTS}{name}/"
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def upload_folder(s3: Any, folder: Path, *, bucket: str, prefix: str) -> None:
+    """Every file of `folder` under `prefix` (boto3's managed transfer: multipart when large)."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            s3.upload_file(str(path), bucket, f"{prefix}{path.relative_to(folder).as_posix()}")
+
+
+def download_folder(s3: Any, uri: str, folder: Path) -> Path:
+    """The objects under `s3://bucket/prefix/` into `folder`; a LookupError when there are none."""
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    prefix = prefix if prefix.endswith("/") or not prefix else f"{prefix}/"
+    found = 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            relative = item["Key"][len(prefix) :]
+            if not relative or relative.endswith("/"):
+                continue
+            target = folder / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            s3.download_file(bucket, item["Key"], str(target))
+            found += 1
+    if not found:
+        raise LookupError(f"{uri} holds no files")
+    return folder
+
+
+class CheckpointStore:
+    """A run's checkpoints: save a folder under a name, list them in the manifest."""
+
+    def __init__(self, s3: Any, *, bucket: str, output_prefix: str, model: str) -> None:
+        self.s3, self.bucket, self.output_prefix = s3, bucket, output_prefix
+        self.manifest = self._read() or CheckpointManifest(model=model)
+
+    def _read(self) -> CheckpointManifest | None:
+        key = f"{self.output_prefix}{MANIFEST_OBJECT}"
+        if not object_exists(self.s3, bucket=self.bucket, key=key):
+            return None
+        body = self.s3.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        return CheckpointManifest.model_validate_json(body)
+
+    def latest(self) -> SavedCheckpoint | None:
+        """The checkpoint of the highest step this run saved (what a restart resumes from)."""
+        saved = self.manifest.checkpoints
+        return max(saved, key=lambda checkpoint: checkpoint.step) if saved else None
+
+    def uri(self, checkpoint: SavedCheckpoint) -> str:
+        return f"s3://{self.bucket}/{checkpoint.key}"
+
+    def save(self, folder: Path, *, name: str, step: int, mean_reward: float | None) -> None:
+        prefix = checkpoint_prefix(self.output_prefix, name)
+        upload_folder(self.s3, folder, bucket=self.bucket, prefix=prefix)
+        saved = SavedCheckpoint(name=name, key=prefix, step=step, mean_reward=mean_reward)
+        kept = [checkpoint for checkpoint in self.manifest.checkpoints if checkpoint.name != name]
+        self.manifest = self.manifest.model_copy(update={"checkpoints": [*kept, saved]})
+        self.s3.put_object(
+            Bucket=self.bucket,
+            Key=f"{self.output_prefix}{MANIFEST_OBJECT}",
+            Body=self.manifest.model_dump_json(indent=2).encode(),
+            ContentType="application/json",
+        )
+        log.info("checkpoint %s (step %d) saved to s3://%s/%s", name, step, self.bucket, prefix)
+
+
+def scratch_folder() -> tempfile.TemporaryDirectory[str]:
+    return tempfile.TemporaryDirectory(prefix="mtrl-checkpoint-")

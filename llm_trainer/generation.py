@@ -1,0 +1,107 @@
+"""Sampling completions from the policy, behind one small interface: `TransformersGenerator`
+(any Hugging Face causal LM, on a CPU or one GPU: local mode and the tests) here; a vLLM engine
+implements the same interface in the trainer image.
+
+A generator takes prompts as token ids and answers sampled token ids with their log-probability
+under the policy being trained: the temperature-scaled distribution (with `top_p` below 1 the
+sampling distribution is truncated, the log-probability is not — a documented approximation).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class Sampled:
+    token_ids: list[int]  # ends with the end-of-turn token when finish_reason is "stop"
+    logprobs: list[float]
+    finish_reason: FinishReason
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+class Generator(Protocol):
+    # Held while generating; the trainer holds it while it changes the weights generation uses.
+    lock: threading.Lock
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], settings: SamplingSettings, *, seed: int
+    ) -> list[Sampled]:
+        """One completion per prompt, sampled reproducibly from `seed`."""
+        ...
+
+    def sync(self, model: Any) -> float:
+        """Serve `model`'s weights from now on; the seconds it took."""
+        ...
+
+
+class TransformersGenerator:
+    """Samples with the model being trained itself (`model.generate`), so weight sync is
+    immediate: generation and updates take turns through `lock`."""
+
+    def __init__(self, model: Any, *, stop_token_ids: Sequence[int], pad_token_id: int) -> None:
+        self.model = model
+        self.stop_token_ids = frozenset(stop_token_ids)
+        self.pad_token_id = pad_token_id
+        self.lock = threading.Lock()
+
+    def sync(self, model: Any) -> float:
+        self.model = model
+        return 0.0
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], settings: SamplingSettings, *, seed: int
+    ) -> list[Sampled]:
+        import torch
+
+        if not prompts:
+            return []
+        width = max(len(prompt) for prompt in prompts)
+        # Left padding: every prompt ends where generation starts.
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
+            mask[row, width - len(prompt) :] = 1
+        device = next(self.model.parameters()).device
+        with self.lock, torch.no_grad():
+            torch.manual_seed(seed)
+            was_training = self.model.training
+            self.model.eval()
+            output = self.model.generate(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                do_sample=True,
+                temperature=settings.temperature,
+                top_p=settings.top_p,
+                top_k=0,
+                max_new_tokens=settings.max_new_tokens,
+                eos_token_id=sorted(self.stop_token_ids),
+                pad_token_id=self.pad_token_id,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+            self.model.train(was_training)
+        new = output.sequences[:, width:].cpu()
+        logits = torch.stack(output.logits, dim=1).float().cpu() / settings.temperature
+        chosen = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        return [
+            self._completion(new[row].tolist(), chosen[row].tolist()) for row in range(len(prompts))
+        ]
+
+    def _completion(self, tokens: list[int], logprobs: list[float]) -> Sampled:
+        for end, token in enumerate(tokens):
+            if token in self.stop_token_ids:
+                return Sampled(tokens[: end + 1], logprobs[: end + 1], "stop")
+        return Sampled(tokens, logprobs, "length")

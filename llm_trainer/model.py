@@ -1,0 +1,130 @@
+"""The policy being trained: a Hugging Face causal LM and its tokenizer, wrapped in a LoRA
+adapter (PEFT) when the recipe is RFT_MULTITURN_LORA, every weight trained when it is
+RFT_MULTITURN_FULL; its optimizer; saving it to a checkpoint folder and loading it back.
+
+Where the weights come from (`TrainingJob.model_source`, else the config's `model`): `tiny` (a
+small model built here, tiny.py), a local directory, `s3://bucket/prefix/` (downloaded at run
+time), or a Hugging Face Hub id (downloaded at run time; set HF_TOKEN for gated models).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llm_trainer.checkpoints import TRAINER_STATE, download_folder
+from llm_trainer.tiny import TINY, save_tiny
+from training_configs.schema import TrainingConfig
+
+log = logging.getLogger("mtrl.trainer")
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+class ModelNotLoaded(RuntimeError):
+    """The model or a checkpoint cannot be loaded; the message says which and why."""
+
+
+def model_folder(source: str, *, s3: Any, workdir: Path) -> str:
+    """A folder (or Hub id) `from_pretrained` reads for `source`."""
+    if source == TINY:
+        folder = workdir / "tiny"
+        if not (folder / "config.json").exists():
+            save_tiny(folder)
+        return str(folder)
+    if source.startswith("s3://"):
+        try:
+            return str(download_folder(s3, source, workdir / "model"))
+        except LookupError as error:
+            raise ModelNotLoaded(f"model {source}: {error}") from None
+    return source
+
+
+@dataclass
+class Policy:
+    model: Any
+    tokenizer: Any
+    lora: bool
+    device: Any
+
+    @property
+    def trainable(self) -> list[Any]:
+        return [parameter for parameter in self.model.parameters() if parameter.requires_grad]
+
+    def optimizer(self, learning_rate: float) -> Any:
+        import torch
+
+        return torch.optim.AdamW(self.trainable, lr=learning_rate, weight_decay=0.0)
+
+    def save(self, folder: Path, *, optimizer: Any, step: int) -> None:
+        """The adapter (LoRA) or the whole model and tokenizer, and the trainer's state."""
+        import torch
+
+        self.model.save_pretrained(folder)
+        if not self.lora:
+            self.tokenizer.save_pretrained(folder)
+        torch.save({"optimizer": optimizer.state_dict(), "step": step}, folder / TRAINER_STATE)
+
+    def restore_optimizer(self, folder: Path, optimizer: Any) -> int:
+        """The optimizer's state saved beside a checkpoint, and its step."""
+        import torch
+
+        state = torch.load(folder / TRAINER_STATE, weights_only=True, map_location=self.device)
+        optimizer.load_state_dict(state["optimizer"])
+        return int(state["step"])
+
+
+def load_policy(
+    source: str, config: TrainingConfig, *, s3: Any, workdir: Path, checkpoint: Path | None = None
+) -> Policy:
+    """The policy to train or evaluate: from `source`, or from a checkpoint folder of it."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    lora = config.lora is not None
+    base = model_folder(source, s3=s3, workdir=workdir)
+    full_checkpoint = checkpoint is not None and not lora
+    weights = str(checkpoint) if full_checkpoint else base
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(weights)
+        model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype)
+    except (OSError, ValueError) as error:
+        raise ModelNotLoaded(f"model {weights}: {error}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if lora:
+        model = _with_adapter(model, config, checkpoint)
+    model.to(device)
+    model.train()
+    return Policy(model=model, tokenizer=tokenizer, lora=lora, device=device)
+
+
+def _with_adapter(model: Any, config: TrainingConfig, checkpoint: Path | None) -> Any:
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if checkpoint is not None:
+        if not (checkpoint / ADAPTER_CONFIG).exists():
+            raise ModelNotLoaded(
+                f"checkpoint {checkpoint.name} has no LoRA adapter ({ADAPTER_CONFIG}): it is not "
+                "from a LoRA run; start a RFT_MULTITURN_FULL run from it instead"
+            )
+        try:
+            return PeftModel.from_pretrained(model, str(checkpoint), is_trainable=True)
+        except (RuntimeError, ValueError) as error:
+            raise ModelNotLoaded(
+                f"checkpoint {checkpoint.name} does not fit this model ({error}); start from a "
+                "checkpoint of the same base model"
+            ) from None
+    settings = config.lora
+    assert settings is not None
+    adapter = LoraConfig(
+        r=settings.rank,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules="all-linear",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, adapter)

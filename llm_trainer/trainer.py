@@ -1,0 +1,267 @@
+"""The open-weights trainer's jobs: training (GRPO over the rollout protocol) and the evaluation
+of the starting or trained model.
+
+Training, per step: draw records and send `group_size` rollout requests each (domain/trainer_job.py,
+as the local trainer does), answer the generate requests with the current weights meanwhile
+(service.py), collect the rollout responses under the run's timeout, score the groups
+(domain/grpo.py), build token-exact sequences from what generation kept (tokens.py), update
+(grpo.py), hand the new weights to generation and write the step's metrics line. Every
+`checkpoint_every` steps and at the end it saves a checkpoint (checkpoints.py).
+
+A restarted job (HyperPod's auto-resume) finds the run's own checkpoints and goes on from the
+latest: its weights, optimizer state, step count and metrics lines up to it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from domain.backends import METRICS_OBJECT
+from domain.episodes import Episode, EvaluationStage
+from domain.grpo import StepMetrics, score_groups
+from domain.trainer_job import (
+    PlayedStep,
+    TrainingFailed,
+    TrainingJob,
+    earlier_metrics,
+    metrics_lines_of,
+    play_evaluation,
+    play_step,
+    training_records_of,
+)
+from llm_trainer.checkpoints import (
+    FINAL,
+    CheckpointStore,
+    download_folder,
+    scratch_folder,
+    step_name,
+)
+from llm_trainer.generation import TransformersGenerator
+from llm_trainer.grpo import Reference, grpo_update, training_sequences
+from llm_trainer.model import Policy, load_policy
+from llm_trainer.service import GenerationService
+from llm_trainer.tokens import segments
+
+log = logging.getLogger("mtrl.trainer")
+
+
+def _generator(policy: Policy) -> TransformersGenerator:
+    stop = policy.model.generation_config.eos_token_id
+    stop_ids = {policy.tokenizer.eos_token_id, *(stop if isinstance(stop, list) else [stop])}
+    return TransformersGenerator(
+        policy.model,
+        stop_token_ids=[token for token in stop_ids if token is not None],
+        pad_token_id=policy.tokenizer.pad_token_id,
+    )
+
+
+def _step_of(line: str) -> int:
+    return int(json.loads(line).get("step", 0))
+
+
+class LlmTrainer:
+    def __init__(
+        self,
+        job: TrainingJob,
+        *,
+        sqs: Any,
+        s3: Any,
+        workdir: Path,
+        out: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.job, self.config, self.sqs, self.s3 = job, job.config, sqs, s3
+        self.out, self.clock, self.wall_clock = out, clock, wall_clock
+        self.store = CheckpointStore(
+            s3, bucket=job.bucket, output_prefix=job.output_prefix, model=self.config.model
+        )
+        source = job.model_source or self.config.model
+        resumed = self.store.latest()
+        if resumed is not None:
+            folder = download_folder(s3, self.store.uri(resumed), workdir / "resume")
+            self.policy = load_policy(
+                source, self.config, s3=s3, workdir=workdir, checkpoint=folder
+            )
+            self.optimizer = self.policy.optimizer(self.config.learning_rate)
+            self.steps_before = self.policy.restore_optimizer(folder, self.optimizer)
+            lines = metrics_lines_of(s3, bucket=job.bucket, output_prefix=job.output_prefix)
+            self.earlier_metrics = [line for line in lines if _step_of(line) <= self.steps_before]
+            log.info(
+                "resuming run %s from its checkpoint at step %d", job.run_id, self.steps_before
+            )
+        else:
+            checkpoint = None
+            if job.base is not None:
+                checkpoint = download_folder(s3, job.base.uri, workdir / "base")
+            self.policy = load_policy(
+                source, self.config, s3=s3, workdir=workdir, checkpoint=checkpoint
+            )
+            self.optimizer = self.policy.optimizer(self.config.learning_rate)
+            self.steps_before = (job.base.step or 0) if job.base else 0
+            self.earlier_metrics = earlier_metrics(s3, job)
+        self.reference = (
+            Reference(self.policy.model, lora=self.policy.lora)
+            if self.config.kl_coefficient
+            else None
+        )
+        self.generator = _generator(self.policy)
+        self.service = GenerationService(
+            job, sqs=sqs, tokenizer=self.policy.tokenizer, generator=self.generator,
+            version=self.steps_before,
+        )  # fmt: skip
+        self.history: list[StepMetrics] = []
+
+    @property
+    def last_step(self) -> int:
+        return self.steps_before + len(self.history)
+
+    def run(self) -> list[StepMetrics]:
+        records = training_records_of(self.s3, self.job)
+        first, last = self.steps_before + 1, self.last_planned
+        self.service.start()
+        try:
+            for step in range(first, last + 1):
+                if self.service.stopped:
+                    break
+                # Seeded by the step: a resumed run draws what it would have drawn.
+                rng = np.random.default_rng([self.job.seed, step])
+                played = play_step(
+                    self.sqs, self.job, records, step, rng,
+                    record=self.service.record, clock=self.clock, wall_clock=self.wall_clock,
+                    stopped=lambda: self.service.stopped,
+                )  # fmt: skip
+                self._update(step, played)
+        finally:
+            self.service.stop()
+        self._checkpoint(FINAL)
+        log.info("trained %d steps; final checkpoint saved", len(self.history))
+        return self.history
+
+    @property
+    def last_planned(self) -> int:
+        """The step the run ends at: a resumed run keeps the count it started with."""
+        started = (self.job.base.step or 0) if self.job.base else 0
+        return started + self.config.max_steps
+
+    def stop(self) -> None:
+        self.service.stop()
+
+    def _update(self, step: int, played: PlayedStep) -> None:
+        grpo = self.config.grpo
+        scored, stats = score_groups(played.groups, played.responses, normalization=grpo.advantages)
+        turns = self.service.recorded()
+        episodes = [(r.advantage, segments(turns.get(r.sample_id, []))) for r in scored]
+        sequences = training_sequences(episodes)
+        update = None
+        if not sequences:
+            log.warning("step %d: no group had two rewarded rollouts; no update", step)
+        with self.generator.lock:
+            for _ in range(grpo.epochs if sequences else 0):
+                update = grpo_update(
+                    self.policy.model, self.optimizer, sequences,
+                    pad_id=self.policy.tokenizer.pad_token_id,
+                    clip_ratio=self.config.clip_ratio, temperature=grpo.temperature,
+                    micro_batch_size=grpo.micro_batch_size, max_grad_norm=grpo.max_grad_norm,
+                    kl_coefficient=self.config.kl_coefficient, reference=self.reference,
+                )  # fmt: skip
+            synced = self.clock()
+            self.generator.sync(self.policy.model)
+            sync_seconds = self.clock() - synced
+            self.service.version = step
+        metrics = StepMetrics(
+            step=step,
+            stats=stats,
+            update=update,
+            seconds=self.clock() - played.started,
+            started_at=played.started_at,
+            finished_at=self.wall_clock(),
+            extra={
+                "sampled_tokens": sum(s.segment.sampled_count for s in sequences),
+                "sequences": len(sequences),
+                "weight_sync_seconds": sync_seconds,
+            },
+        )
+        self.history.append(metrics)
+        lines = self.earlier_metrics + [json.dumps(m.line()) for m in self.history]
+        self.s3.put_object(
+            Bucket=self.job.bucket,
+            Key=f"{self.job.output_prefix}{METRICS_OBJECT}",
+            Body="".join(line + "\n" for line in lines).encode(),
+            ContentType="application/x-ndjson",
+        )
+        if step % grpo.checkpoint_every == 0:
+            self._checkpoint(step_name(step))
+        log.info(
+            "step %d/%d: mean reward %s, %d rollouts (%d failed), %d sampled tokens, %.1f s",
+            step, self.last_planned,
+            "none" if stats.mean_reward is None else f"{stats.mean_reward:.3f}",
+            stats.rollouts, stats.failed_rollouts, metrics.extra["sampled_tokens"], metrics.seconds,
+        )  # fmt: skip
+        if self.out is not None:
+            line = {"event": "step", **metrics.line(), "of": self.last_planned}
+            print(json.dumps(line), file=self.out, flush=True)
+
+    def _checkpoint(self, name: str) -> None:
+        reward = self.history[-1].mean_reward if self.history else None
+        with scratch_folder() as scratch:
+            folder = Path(scratch)
+            self.policy.save(folder, optimizer=self.optimizer, step=self.last_step)
+            self.store.save(folder, name=name, step=self.last_step, mean_reward=reward)
+
+
+class LlmEvaluator:
+    """The baseline (the model training starts from) or final (training's last checkpoint)
+    model answers the generate requests while the held-out records are played."""
+
+    def __init__(
+        self,
+        job: TrainingJob,
+        *,
+        sqs: Any,
+        s3: Any,
+        workdir: Path,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if job.evaluation is None:
+            raise ValueError(f"run {job.run_id}: the job is not an evaluation")
+        self.job, self.sqs, self.s3, self.clock = job, sqs, s3, clock
+        source = job.model_source or job.config.model
+        checkpoint, self.version = None, 0
+        if job.evaluation is EvaluationStage.FINAL:
+            store = CheckpointStore(
+                s3, bucket=job.bucket, output_prefix=job.output_prefix, model=job.config.model
+            )
+            final = [saved for saved in store.manifest.checkpoints if saved.name == FINAL]
+            if not final:
+                raise TrainingFailed(f"run {job.run_id} saved no final checkpoint to evaluate")
+            checkpoint = download_folder(s3, store.uri(final[-1]), workdir / "final")
+            self.version = final[-1].step
+        elif job.base is not None:
+            checkpoint = download_folder(s3, job.base.uri, workdir / "base")
+            self.version = job.base.step or 0
+        policy = load_policy(source, job.config, s3=s3, workdir=workdir, checkpoint=checkpoint)
+        policy.model.eval()
+        self.service = GenerationService(
+            job, sqs=sqs, tokenizer=policy.tokenizer, generator=_generator(policy),
+            version=self.version,
+        )  # fmt: skip
+
+    def run(self) -> list[Episode]:
+        self.service.start()
+        try:
+            return play_evaluation(
+                self.s3, self.sqs, self.job, clock=self.clock, stopped=lambda: self.service.stopped
+            )
+        finally:
+            self.service.stop()
+
+    def stop(self) -> None:
+        self.service.stop()

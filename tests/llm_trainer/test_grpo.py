@@ -1,0 +1,137 @@
+"""The open-weights GRPO update: group-relative advantages, episodes weighed equally, the loss
+over sampled tokens only, clipping, the KL term — and that one update moves the model towards
+the completion with the higher advantage."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+from domain.grpo import group_advantages
+from llm_trainer.grpo import Reference, grpo_update, next_token_logprobs, training_sequences
+from llm_trainer.tokens import Segment
+
+PROMPT = [264, 84, 82, 257, 198]  # any tokens of the tiny vocabulary
+
+
+def completion_logprob(model: Any, prompt: list[int], completion: list[int]) -> float:
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logprobs = next_token_logprobs(model, ids, torch.ones_like(ids), 1.0)[0]
+    return float(logprobs[len(prompt) - 1 :].sum())
+
+
+def segment(model: Any, prompt: list[int], completion: list[int]) -> Segment:
+    """The sequence as generation would have produced it: behaviour log-probabilities are the
+    model's own now (an on-policy update)."""
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logprobs = next_token_logprobs(model, ids, torch.ones_like(ids), 1.0)[0]
+    built = Segment()
+    built.extend(prompt)
+    built.extend(completion, logprobs=logprobs[len(prompt) - 1 :].tolist())
+    return built
+
+
+def update(model: Any, sequences: Any, **settings: Any) -> Any:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.pop("lr", 1e-2), weight_decay=0)
+    arguments = {"pad_id": 0, "clip_ratio": 0.2, "temperature": 1.0, "micro_batch_size": 2,
+                 "max_grad_norm": 1.0, **settings}  # fmt: skip
+    return grpo_update(model, optimizer, sequences, **arguments)
+
+
+def test_advantages_are_relative_to_the_group_and_normalised_as_configured() -> None:
+    rewards = [0.0, 1.0, 1.0, 0.0]
+    assert group_advantages(rewards).tolist() == pytest.approx([-1, 1, 1, -1], abs=1e-5)
+    assert group_advantages(rewards, normalization="mean").tolist() == [-0.5, 0.5, 0.5, -0.5]
+    assert not group_advantages([0.3, 0.3, 0.3], normalization="mean").any()
+
+
+def test_episodes_weigh_the_same_whatever_their_length() -> None:
+    short, long = Segment(), Segment()
+    short.extend([1]), short.extend([2], logprobs=[-1.0])
+    long.extend([1]), long.extend([2, 3, 4, 5], logprobs=[-1.0] * 4)
+    empty = Segment()
+    empty.extend([1, 2])  # nothing sampled: nothing to learn from
+    sequences = training_sequences([(1.0, [short]), (-1.0, [long]), (0.5, [empty])])
+    assert [s.advantage for s in sequences] == [1.0, -1.0]
+    per_episode = [s.weight * s.segment.sampled_count for s in sequences]
+    assert per_episode == pytest.approx([0.5, 0.5])
+
+
+def test_one_update_raises_the_high_advantage_completion_and_lowers_the_other(model: Any) -> None:
+    good, bad = [101, 102, 103], [110, 111, 112]
+    before = completion_logprob(model, PROMPT, good), completion_logprob(model, PROMPT, bad)
+    advantages = group_advantages([1.0, 0.0])
+    sequences = training_sequences(
+        [
+            (advantages[0], [segment(model, PROMPT, good)]),
+            (advantages[1], [segment(model, PROMPT, bad)]),
+        ]
+    )
+    stats = update(model, sequences)
+    after = completion_logprob(model, PROMPT, good), completion_logprob(model, PROMPT, bad)
+    assert after[0] > before[0] and after[1] < before[1]
+    assert stats.clipped_fraction == 0.0  # on-policy: every ratio starts at 1
+
+
+def test_the_loss_ignores_every_token_the_model_did_not_sample(model: Any) -> None:
+    """The same update whatever the masked tokens' bookkeeping says: two batches that differ
+    only in the behaviour log-probabilities of prompt tokens move the weights identically."""
+    twin = copy.deepcopy(model)
+    built = segment(model, PROMPT, [101, 102])
+    tampered = copy.deepcopy(built)
+    tampered.behaviour_logprobs[: len(PROMPT)] = [-50.0] * len(PROMPT)
+    update(model, training_sequences([(1.0, [built])]))
+    update(twin, training_sequences([(1.0, [tampered])]))
+    for (name, mine), (_, theirs) in zip(
+        model.named_parameters(), twin.named_parameters(), strict=True
+    ):
+        assert torch.equal(mine, theirs), name
+
+
+def test_a_ratio_past_the_clip_in_the_favoured_direction_gets_no_gradient(model: Any) -> None:
+    built = segment(model, PROMPT, [101, 102])
+    # Sampled when the tokens were far less likely: the ratio is far above 1 + ε.
+    built.behaviour_logprobs = [
+        lp - 5.0 if s else lp for lp, s in zip(built.behaviour_logprobs, built.sampled, strict=True)
+    ]
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    stats = update(model, training_sequences([(1.0, [built])]))
+    assert stats.clipped_fraction == 1.0
+    assert all(torch.equal(before[name], p) for name, p in model.named_parameters())
+
+
+def test_the_kl_term_is_zero_at_the_reference_and_is_subtracted_after_a_move(model: Any) -> None:
+    reference = Reference(model, lora=False)
+    built = segment(model, PROMPT, [101, 102])
+    stats = update(
+        model, training_sequences([(1.0, [built])]), kl_coefficient=0.5, reference=reference
+    )
+    assert stats.kl == pytest.approx(0.0, abs=1e-9)
+    # The model has moved away from the reference: the same batch, with and without the term.
+    moved = training_sequences([(1.0, [segment(model, PROMPT, [101, 102])])])
+    with_kl = update(copy.deepcopy(model), moved, kl_coefficient=0.5, reference=reference)
+    without = update(copy.deepcopy(model), moved)
+    assert with_kl.kl > 0
+    assert with_kl.objective == pytest.approx(without.objective - 0.5 * with_kl.kl, rel=1e-5)
+
+
+def test_a_lora_model_is_its_own_reference_without_the_adapter(model: Any) -> None:
+    from peft import LoraConfig, get_peft_model
+
+    base = copy.deepcopy(model)
+    adapted = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    with torch.no_grad():
+        for name, parameter in adapted.named_parameters():
+            if "lora_B" in name:
+                parameter.fill_(0.05)  # the adapter now changes the outputs
+    ids = torch.tensor([PROMPT + [101, 102]])
+    attention = torch.ones_like(ids)
+    expected = next_token_logprobs(base, ids, attention, 1.0)
+    assert not torch.allclose(next_token_logprobs(adapted, ids, attention, 1.0), expected)
+    reference = Reference(adapted, lora=True)
+    assert torch.allclose(reference.logprobs(ids, attention, 1.0), expected, atol=1e-6)

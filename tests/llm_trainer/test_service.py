@@ -1,0 +1,160 @@
+"""The generation service answers the run's generate requests in the protocol's v0 shape, as
+the router and the reward workers read them: tested through moto's SQS (FIFO queues as the run
+has them), with the tiny model generating."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import boto3
+import pytest
+import torch
+
+from domain.protocol import GenerateRequest, GenerateResponse, dump, fifo_id, parse
+from domain.run_queues import QueueKind
+from domain.trainer_job import TrainingJob
+from llm_trainer.generation import TransformersGenerator
+from llm_trainer.service import GenerationService, render_prompt
+from reward_envs.worker.model_client import model_turn
+from tests.llm_trainer.fakes import QUEUES
+from training_configs.schema import load_training_config
+
+
+def job_for(queues: dict[str, str] = QUEUES, **config: Any) -> TrainingJob:
+    settings = load_training_config("rft_multiturn_full").model_copy(
+        update={"max_new_tokens": 12, "max_length": 512, **config}
+    )
+    return TrainingJob(
+        run_id="r", bucket="data", dataset_key="training-data/d.jsonl", output_prefix="runs/r/",
+        queues=queues, config=settings, model_source="tiny",
+    )  # fmt: skip
+
+
+@pytest.fixture
+def queues(aws: None) -> dict[str, str]:
+    sqs = boto3.client("sqs")
+    return {
+        kind.value: sqs.create_queue(
+            QueueName=f"r-{kind.value.replace('_', '-')}.fifo",
+            Attributes={"FifoQueue": "true", "VisibilityTimeout": "0"},
+        )["QueueUrl"]
+        for kind in QueueKind
+    }
+
+
+def service_for(
+    job: TrainingJob, tokenizer: Any, model: Any, version: int = 0
+) -> GenerationService:
+    generator = TransformersGenerator(
+        model, stop_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
+    )
+    return GenerationService(
+        job, sqs=boto3.client("sqs"), tokenizer=tokenizer, generator=generator, version=version
+    )
+
+
+def send(queues: dict[str, str], body: str, step_id: str) -> None:
+    boto3.client("sqs").send_message(
+        QueueUrl=queues[QueueKind.GENERATE_REQUESTS],
+        MessageBody=body,
+        MessageGroupId=fifo_id("s"),
+        MessageDeduplicationId=fifo_id(step_id),
+    )
+
+
+def received(queues: dict[str, str], kind: QueueKind) -> list[dict[str, Any]]:
+    return (
+        boto3.client("sqs")
+        .receive_message(QueueUrl=queues[kind], MaxNumberOfMessages=10)
+        .get("Messages", [])
+    )
+
+
+REQUEST = GenerateRequest(
+    sample_id="s",
+    step_id="s_0",
+    messages=[
+        {"role": "system", "content": "Play Wordle."},
+        {"role": "user", "content": "Your first guess?"},
+    ],
+)
+
+
+def test_a_generate_request_is_answered_in_the_v0_shape(
+    queues: dict[str, str], tokenizer: Any, model: Any
+) -> None:
+    service = service_for(job_for(queues), tokenizer, model, version=3)
+    send(queues, dump(REQUEST), "s_0")
+    service.answer(received(queues, QueueKind.GENERATE_REQUESTS))
+    [message] = received(queues, QueueKind.GENERATE_RESPONSES)
+    response = parse(GenerateResponse, message["Body"])
+    raw = json.loads(message["Body"])
+    assert (raw["version"], raw["sample_id"], raw["step_id"]) == ("v0", "s", "s_0")
+    choice = response.data.choices[0]
+    tokens = choice.logprobs["content"]
+    sampled = [int(token.token.removeprefix("token_id:")) for token in tokens]
+    assert all(token.token.startswith("token_id:") for token in tokens)
+    # The text is the sampled tokens decoded; a random model rarely ends its turn in 12 tokens.
+    assert choice.message.content == tokenizer.decode(sampled, skip_special_tokens=True)
+    assert len(sampled) == 12 and choice.finish_reason == response.finish_reason == "length"
+    # Each log-probability is the model's own for that token after that prompt.
+    prompt = render_prompt(tokenizer, REQUEST)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + sampled])).logits[0, len(prompt) - 1 : -1]
+    expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(sampled)[:, None])[:, 0]
+    assert [token.logprob for token in tokens] == pytest.approx(expected.tolist(), abs=1e-4)
+    # The reward worker reads what it needs for trajectories and truncation from it.
+    turn = model_turn(response.data.model_dump(), "s_0")
+    assert (turn.finish_reason, turn.policy_version) == ("length", 3)
+    # Answered requests leave the queue.
+    assert received(queues, QueueKind.GENERATE_REQUESTS) == []
+    assert service.counters.answered == 1
+
+
+def test_a_malformed_request_is_counted_and_left_for_the_dead_letter_queue(
+    queues: dict[str, str], tokenizer: Any, model: Any
+) -> None:
+    service = service_for(job_for(queues), tokenizer, model)
+    send(queues, '{"version": "v0", "sample_id": "s"}', "bad")
+    service.answer(received(queues, QueueKind.GENERATE_REQUESTS))
+    assert service.counters.malformed == 1 and service.counters.answered == 0
+    assert received(queues, QueueKind.GENERATE_RESPONSES) == []
+    # Not deleted: redelivered until the queue's receive limit sends it to its DLQ.
+    assert len(received(queues, QueueKind.GENERATE_REQUESTS)) == 1
+
+
+def test_a_retried_step_of_a_recorded_sample_gets_the_same_answer(
+    queues: dict[str, str], tokenizer: Any, model: Any
+) -> None:
+    service = service_for(job_for(queues), tokenizer, model)
+    sent: list[str] = []
+    send_batch = service.sqs.send_message_batch
+    service.sqs.send_message_batch = lambda **kwargs: (
+        sent.extend(entry["MessageBody"] for entry in kwargs["Entries"]),
+        send_batch(**kwargs),
+    )[1]
+    generated = []
+    generate = service.generator.generate
+    service.generator.generate = lambda *a, **k: generated.append(a) or generate(*a, **k)
+    service.record(["s"])
+    message = {"Body": dump(REQUEST), "ReceiptHandle": "x"}
+    service.answer([message])
+    service.answer([message])
+    assert len(generated) == 1  # sampled once, answered twice with the same tokens
+    assert len(sent) == 2 and sent[0] == sent[1]
+    assert len(service.recorded()["s"]) == 1
+    # The queue's deduplication id (the step id) keeps the second from being delivered twice.
+    assert len(received(queues, QueueKind.GENERATE_RESPONSES)) == 1
+
+
+def test_a_prompt_with_no_room_left_is_answered_empty_and_cut(
+    queues: dict[str, str], tokenizer: Any, model: Any
+) -> None:
+    prompt_length = len(render_prompt(tokenizer, REQUEST))
+    service = service_for(job_for(queues, max_length=prompt_length), tokenizer, model)
+    service.answer([{"Body": dump(REQUEST), "ReceiptHandle": "x"}])
+    [message] = received(queues, QueueKind.GENERATE_RESPONSES)
+    response = parse(GenerateResponse, message["Body"])
+    assert response.data.choices[0].message.content == ""
+    assert response.finish_reason == "length" and service.counters.over_length == 1

@@ -1,0 +1,144 @@
+"""The open-weights trainer's loop, in-process: the reward side plays one-turn episodes through
+its generation service (a fake SQS, tests/llm_trainer/fakes.py), the dataset, metrics and
+checkpoints live in moto's S3. It learns; it checkpoints in Hugging Face format; a restarted job
+resumes from its latest checkpoint with the same weights, optimizer state, step count and curve."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+import torch
+
+from domain.checkpoints import MANIFEST_OBJECT, CheckpointManifest
+from domain.dataset import DatasetRecord
+from domain.trainer_job import TrainingJob
+from llm_trainer.model import ModelNotLoaded
+from llm_trainer.trainer import LlmTrainer
+from tests.llm_trainer.fakes import QUEUES, EpisodeQueues
+from training_configs.schema import load_training_config
+
+BUCKET, KEY, PREFIX = "data", "training-data/letters.jsonl", "runs/r/"
+
+
+def share_of_e(reply: str) -> float:
+    text = "".join(reply.split())
+    return text.count("e") / len(text) if text else 0.0
+
+
+@pytest.fixture
+def s3(aws: None) -> Any:
+    client = boto3.client("s3")
+    client.create_bucket(Bucket=BUCKET)
+    records = [
+        DatasetRecord.model_validate(
+            {"id": f"letters-{i}", "metadata": {"prompt": "Write e as often as you can."}}
+        )
+        for i in range(20)
+    ]
+    client.put_object(
+        Bucket=BUCKET, Key=KEY, Body="".join(r.model_dump_json() + "\n" for r in records).encode()
+    )
+    return client
+
+
+def job_for(**config: Any) -> TrainingJob:
+    settings = {
+        "group_size": 8, "global_batch_size": 16, "max_steps": 2, "learning_rate": 1e-2,
+        "max_new_tokens": 16, "max_length": 256, "eval_fraction": 0.2,
+        "grpo": {"checkpoint_every": 1, "micro_batch_size": 8}, **config,
+    }  # fmt: skip
+    return TrainingJob(
+        run_id="r", bucket=BUCKET, dataset_key=KEY, output_prefix=PREFIX, queues=QUEUES,
+        config=load_training_config("rft_multiturn_full").model_validate(
+            {**load_training_config("rft_multiturn_full").model_dump(), **settings}
+        ),
+        model_source="tiny",
+    )  # fmt: skip
+
+
+def metrics_lines(s3: Any) -> list[dict[str, Any]]:
+    body = s3.get_object(Bucket=BUCKET, Key=f"{PREFIX}metrics.jsonl")["Body"].read().decode()
+    return [json.loads(line) for line in body.splitlines()]
+
+
+def test_the_reward_rises_on_a_task_the_tiny_model_can_learn(s3: Any, tmp_path: Path) -> None:
+    trainer = LlmTrainer(
+        job_for(max_steps=20), sqs=EpisodeQueues(share_of_e), s3=s3, workdir=tmp_path
+    )
+    history = trainer.run()
+    rewards = [step.mean_reward for step in history]
+    assert len(rewards) == 20 and all(r is not None for r in rewards)
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    assert last > 5 * first, rewards
+    lines = metrics_lines(s3)
+    assert [line["step"] for line in lines] == list(range(1, 21))
+    # The metrics schema local mode writes, and what this trainer adds.
+    assert {"mean_reward", "truncated_rollouts", "zero_variance_groups", "rollouts_asked",
+            "objective", "clipped_fraction", "started_at", "finished_at"} <= set(lines[0])  # fmt: skip
+    assert all(line["sampled_tokens"] > 0 and line["weight_sync_seconds"] >= 0 for line in lines)
+
+
+def test_a_restarted_job_resumes_from_its_latest_checkpoint(s3: Any, tmp_path: Path) -> None:
+    first = LlmTrainer(
+        job_for(max_steps=2), sqs=EpisodeQueues(share_of_e), s3=s3, workdir=tmp_path / "a"
+    )
+    first.run()
+    manifest = CheckpointManifest.model_validate_json(
+        s3.get_object(Bucket=BUCKET, Key=f"{PREFIX}{MANIFEST_OBJECT}")["Body"].read()
+    )
+    assert [(c.name, c.step) for c in manifest.checkpoints] == [
+        ("step-000001", 1),
+        ("step-000002", 2),
+        ("final", 2),
+    ]
+    saved = {item["Key"].removeprefix(f"{PREFIX}checkpoints/step-000002/")
+             for item in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{PREFIX}checkpoints/step-000002/")["Contents"]}  # fmt: skip
+    assert {"config.json", "model.safetensors", "tokenizer.json", "trainer_state.pt"} <= saved
+    # The job died during step 3, after its metrics line, before its checkpoint.
+    lines = metrics_lines(s3)
+    died = [*lines, {**lines[-1], "step": 3}]
+    s3.put_object(
+        Bucket=BUCKET, Key=f"{PREFIX}metrics.jsonl",
+        Body="".join(json.dumps(line) + "\n" for line in died).encode(),
+    )  # fmt: skip
+    queues = EpisodeQueues(share_of_e)
+    second = LlmTrainer(job_for(max_steps=3), sqs=queues, s3=s3, workdir=tmp_path / "b")
+    assert second.steps_before == 2
+    for (name, mine), (_, theirs) in zip(
+        second.policy.model.named_parameters(), first.policy.model.named_parameters(), strict=True
+    ):
+        assert torch.equal(mine, theirs), name
+    resumed, original = second.optimizer.state_dict(), first.optimizer.state_dict()
+    assert resumed["param_groups"] == original["param_groups"]
+    for index, state in original["state"].items():
+        assert int(resumed["state"][index]["step"]) == int(state["step"]) == 2
+        assert torch.equal(resumed["state"][index]["exp_avg"], state["exp_avg"])
+    history = second.run()
+    assert [step.step for step in history] == [3]
+    # Step 3 draws what it would have drawn without the restart: its own sample numbers.
+    numbers = sorted(int(r.sample_id.rsplit("_", 1)[1]) for r in queues.rollout_requests)
+    assert numbers == list(range(32, 48))
+    assert [line["step"] for line in metrics_lines(s3)] == [1, 2, 3]
+    assert metrics_lines(s3)[:2] == lines  # the curve before the restart, as it was
+
+
+def test_a_model_that_cannot_be_loaded_is_said_by_name(s3: Any, tmp_path: Path) -> None:
+    job = job_for().model_copy(update={"model_source": str(tmp_path / "missing")})
+    with pytest.raises(ModelNotLoaded, match=f"model {tmp_path / 'missing'}"):
+        LlmTrainer(job, sqs=EpisodeQueues(share_of_e), s3=s3, workdir=tmp_path)
+
+
+def test_a_lora_checkpoint_cannot_start_a_full_run_or_the_other_way(
+    s3: Any, tmp_path: Path
+) -> None:
+    from llm_trainer.model import load_policy
+
+    full = load_policy("tiny", job_for().config, s3=s3, workdir=tmp_path)
+    full.model.save_pretrained(tmp_path / "full")
+    lora_config = load_training_config("rft_multiturn_lora")
+    with pytest.raises(ModelNotLoaded, match="has no LoRA adapter"):
+        load_policy("tiny", lora_config, s3=s3, workdir=tmp_path, checkpoint=tmp_path / "full")

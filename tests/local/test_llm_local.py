@@ -1,0 +1,97 @@
+"""`mtrl local --trainer llm`: the whole offline pipeline with the open-weights trainer and a
+real (tiny, random) language model in place of the local policy. It succeeds, learns, and writes
+what a deployed run writes: metrics in the same schema, Hugging Face checkpoints with their
+manifest, the held-out evaluation before and after, trajectories with policy versions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from domain.evaluation import SAMPLE_PREFIX
+from mtrl.local.run import LocalRunError, LocalRunOptions, prepare, run_local
+from tests.conftest import Synthesized
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "letters"
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    """The example, shorter, with its environment's path made absolute (workers' cwd)."""
+    settings = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    settings.update(max_steps=12, environment=str(EXAMPLE / "letters.py"))
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    return path
+
+
+def test_a_tiny_language_model_trains_through_the_whole_pipeline(
+    tmp_path: Path, config: Path, default_app: Synthesized
+) -> None:
+    outcome, directory = run_local(
+        LocalRunOptions(
+            EXAMPLE / "train.jsonl",
+            config=str(config),
+            out_dir=tmp_path / "runs",
+            trainer="llm",
+            model="tiny",
+        ),  # fmt: skip
+        template=default_app.template("pipeline"),
+        timeout_seconds=600,
+    )
+    assert outcome.status == "SUCCEEDED", (outcome.error, outcome.cause)
+    assert not any(outcome.leftover.values()), outcome.leftover
+    outputs = directory / "outputs"
+    lines = [json.loads(line) for line in (outputs / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == list(range(1, 13))
+    # The worker read the trainer's finish reasons: cut replies are counted as truncated.
+    assert all(line["truncated_rollouts"] > 0 for line in lines)
+    manifest = json.loads((outputs / "checkpoints" / "manifest.json").read_text())
+    assert [c["step"] for c in manifest["checkpoints"]] == [*range(1, 13), 12]
+    final = outputs / "checkpoints" / "final"
+    assert {"config.json", "model.safetensors", "trainer_state.pt"} <= {
+        p.name for p in final.iterdir()
+    }
+    report = json.loads((directory / "report.json").read_text())
+    evaluation = report["evaluation"]
+    assert evaluation["baseline"]["n"] == evaluation["final"]["n"] == 8
+    assert evaluation["final"]["mean_reward"] > 2 * evaluation["baseline"]["mean_reward"]
+    trajectories = pd.read_parquet(outputs / "trajectories")
+    trained = trajectories[~trajectories["sample_id"].str.startswith(SAMPLE_PREFIX)]
+    assert len(trained) == 12 * 16
+    assert set(trained["policy_version"]) == set(range(12))  # step s played by version s - 1
+
+
+@pytest.mark.parametrize(
+    ("model", "problem"),
+    [
+        ("/no/such/model", "no such directory"),
+        ("s3://bucket/model/", "a local run cannot read S3"),
+        (".", "not a model directory"),
+    ],
+)
+def test_a_model_it_cannot_load_is_refused_before_anything_starts(
+    model: str, problem: str, config: Path
+) -> None:
+    options = LocalRunOptions(
+        EXAMPLE / "train.jsonl", config=str(config), trainer="llm", model=model
+    )
+    with pytest.raises(LocalRunError, match=problem):
+        prepare(options)
+
+
+def test_without_the_llm_extra_it_says_what_to_install(
+    config: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        "mtrl.local.run.find_spec", lambda name: None if name == "peft" else object()
+    )
+    options = LocalRunOptions(EXAMPLE / "train.jsonl", config=str(config), trainer="llm")
+    with pytest.raises(
+        LocalRunError, match=r"--trainer llm needs peft: pip install -e '\.\[llm\]'"
+    ):
+        prepare(options)
