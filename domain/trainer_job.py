@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from domain.backends import METRICS_OBJECT
+from domain.backends import METRICS_OBJECT, RunContext
 from domain.bucket import object_exists, run_output_prefix
 from domain.checkpoints import BaseCheckpoint
 from domain.dataset import DatasetRecord, read_dataset_object
@@ -69,6 +69,32 @@ class TrainingJob(BaseModel):
     # Where an open-weights trainer loads the model: a directory, s3://…, a Hugging Face Hub id,
     # or `tiny` (a small model built on the spot). None: the config's `model`.
     model_source: str | None = None
+
+    @classmethod
+    def for_run(
+        cls,
+        run: RunContext,
+        *,
+        evaluation: EvaluationStage | None = None,
+        model_source: str | None = None,
+        reward_range: tuple[float, float] = (0.0, 1.0),
+        seed: int = 0,
+    ) -> TrainingJob:
+        """The job of a run: its training, or with `evaluation` that evaluation."""
+        return cls(
+            run_id=run.run_id,
+            bucket=run.bucket,
+            dataset_key=run.dataset_key,
+            dataset_version=run.dataset_version,
+            output_prefix=run.output_prefix,
+            queues=run.queues,
+            config=run.training,
+            reward_range=reward_range,
+            seed=seed,
+            evaluation=evaluation,
+            base=run.base,
+            model_source=model_source,
+        )
 
     def rollout_request(self, record: DatasetRecord, sample_id: str) -> RolloutRequest:
         """The rollout request of one sample of `record`, for training or evaluation alike."""

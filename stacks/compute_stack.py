@@ -13,6 +13,7 @@ from stacks.components.lambda_code import pipeline_code
 from stacks.components.network import Network
 from stacks.components.reward_fleet import RewardFleet
 from stacks.components.storage import Storage
+from stacks.components.trainer_image import TrainerImage
 from stacks.config import PlatformConfig
 
 
@@ -50,10 +51,17 @@ class ComputeStack(PlatformStack):
                 log_key=storage.data_key,
             )  # fmt: skip
             ready.append(self.chart.installed)
+        # The open-weights trainer's image, for the presets that name none of their own.
+        self.trainer_image = (
+            TrainerImage(self, "TrainerImage")
+            if any(preset.trainer_image is None for preset in config.model_presets.values())
+            else None
+        )
         self.hyperpod = HyperPodCluster(
             self,
             "HyperPod",
             config=config,
+            trainer_image=self.trainer_image,
             eks_cluster_arn=self.eks.cluster_arn,
             security_group_id=self.eks.security_group_id,
             vpc=network.vpc,

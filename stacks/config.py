@@ -203,7 +203,8 @@ class PlatformConfig(_Strict):
         description="minutes GPU nodes stay up after the last run before scaling to zero",
     )
     model_presets: dict[str, ModelPreset] = Field(
-        default={}, description="images, recipes and model ids per training-config model"
+        default={},
+        description="the weights and trainer image per open-weights training-config model",
     )
     mlflow_server_size: Literal["Small", "Medium", "Large"] | None = Field(
         default=None,

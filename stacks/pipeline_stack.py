@@ -86,6 +86,7 @@ class PipelineStack(PlatformStack):
             ),
             cluster_network=cluster_network,
             data_key=storage.data_key,
+            trainer_image_uri=hyperpod.trainer_image_uri,
         )
         tracking = ExperimentTracking(
             self, "ExperimentTracking", config=config, data_bucket=data_bucket,

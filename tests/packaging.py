@@ -15,6 +15,8 @@ import tomllib
 from importlib.metadata import distribution, packages_distributions
 from pathlib import Path
 
+from packaging.requirements import Requirement
+
 from stacks.components.lambda_code import _IGNORED, PROJECT_ROOT
 
 
@@ -28,7 +30,9 @@ def with_dependencies(requirements: tuple[str, ...]) -> set[str]:
             continue
         seen.add(name)
         for requirement in distribution(name).requires or []:
-            if "extra ==" not in requirement:
+            marker = Requirement(requirement).marker
+            # Requirements of extras, or of other platforms (colorama on Windows), are not installed.
+            if marker is None or marker.evaluate({"extra": ""}):
                 todo.append(requirement)
     return seen
 

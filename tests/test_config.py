@@ -136,9 +136,7 @@ def test_cdk_own_context_keys_are_ignored() -> None:
         ),
         (
             {
-                "model_presets": '{"nova-lite-2":{"model_id":"nova-lite-2/prod","recipes":'
-                '{"RFT_MULTITURN_LORA":"r","RFT_MULTITURN_FULL":"r"},"trainer_image":"i",'
-                '"generation_image":"i"}}'
+                "model_presets": '{"nova-lite-2":{"model_id":"nova-lite-2/prod","trainer_image":"i"}}'
             },
             [
                 "'model_presets'",

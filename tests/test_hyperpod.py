@@ -114,16 +114,17 @@ def test_new_hyperpod_on_an_existing_eks_cluster(existing_app: Synthesized) -> N
 def test_nodes_pull_the_presets_images_from_their_repositories_only(
     default_app: Synthesized,
 ) -> None:
-    """The kubelet pulls with the execution role: the presets' images of this account (the
-    qwen3-8b preset's trainer, cdk.json); images outside ECR need no grant. Nova's run on the
-    restricted group, whose images AWS provides."""
+    """The kubelet pulls with the execution role: the presets' images — the qwen3-8b preset's
+    trainer is the image `cdk deploy` builds (llm_trainer/Dockerfile), in the CDK assets
+    repository; images outside ECR need no grant. Nova's run on the restricted group, whose
+    images AWS provides."""
     _, hyperpod = default_app.one("compute", "AWS::SageMaker::Cluster")
     role_id = hyperpod["Properties"]["InstanceGroups"][0]["ExecutionRole"]["Fn::GetAtt"][0]
     statements = role_statements(default_app.template("compute"), role_id)
     (pull,) = [s for s in statements if s.get("Sid") == "PullImages"]
     resources = sorted(json.dumps(r) for r in as_list(pull["Resource"]))
     (ours,) = resources
-    assert '"AWS::AccountId"' in ours and ":repository/nova-mtrl-grpo-trainer" in ours
+    assert '"AWS::AccountId"' in ours and "container-assets-${AWS::AccountId}" in ours
     assert "*" not in "".join(resources)
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import re
 
-from stacks.components.reward_fleet import PROJECT_ROOT, WORKER_DOCKERFILE
+from stacks.components.project_files import PROJECT_ROOT
+from stacks.components.reward_fleet import WORKER_DOCKERFILE
 from tests.conftest import Synthesized
 
 
@@ -29,10 +30,19 @@ def test_task_definition_sized_from_config(default_app: Synthesized) -> None:
     assert container["LogConfiguration"]["LogDriver"] == "awslogs"
 
 
+def docker_image(app: Synthesized, dockerfile: str) -> dict:
+    """The compute stack's Docker image asset built from `dockerfile`."""
+    manifest = json.loads((app.outdir / "nova-mtrl-compute.assets.json").read_text())
+    (image,) = [
+        image
+        for image in manifest["dockerImages"].values()
+        if image["source"]["dockerFile"] == dockerfile
+    ]
+    return image
+
+
 def test_worker_image_is_a_docker_asset_built_at_deploy_time(default_app: Synthesized) -> None:
-    manifest = json.loads((default_app.outdir / "nova-mtrl-compute.assets.json").read_text())
-    (image,) = manifest["dockerImages"].values()
-    assert image["source"]["dockerFile"] == WORKER_DOCKERFILE
+    image = docker_image(default_app, WORKER_DOCKERFILE)
     assert image["source"]["platform"] == "linux/amd64"
     assert (PROJECT_ROOT / WORKER_DOCKERFILE).is_file()
     _, task = default_app.one("compute", "AWS::ECS::TaskDefinition")
@@ -43,8 +53,7 @@ def test_worker_image_is_a_docker_asset_built_at_deploy_time(default_app: Synthe
 def test_the_image_context_holds_only_what_the_dockerfile_copies(default_app: Synthesized) -> None:
     """build/, runs/ and caches beside the code would bloat the context and change the hash
     (a new image and task definition on every deploy)."""
-    manifest = json.loads((default_app.outdir / "nova-mtrl-compute.assets.json").read_text())
-    (image,) = manifest["dockerImages"].values()
+    image = docker_image(default_app, WORKER_DOCKERFILE)
     context = default_app.outdir / image["source"]["directory"]
     assert sorted(entry.name for entry in context.iterdir()) == ["domain", "reward_envs"]
     assert not list(context.rglob("__pycache__"))

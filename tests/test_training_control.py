@@ -5,6 +5,7 @@ on the cluster's own ARN, and the keep-warm schedule."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import boto3
 
@@ -117,9 +118,25 @@ def test_job_steps_have_every_setting_the_backend_reads(default_app: Synthesized
             if field.is_required() and field.alias != "AWS_REGION":  # Lambda sets AWS_REGION
                 assert field.alias in variables, (step, field.alias)
         assert variables["HYPERPOD_INSTANCE_GROUP"] == "gpu"
-        assert set(json.loads(variables["MODEL_PRESETS"])) == {"qwen3-8b"}
+        presets = json.loads(_joined(variables["MODEL_PRESETS"]))
+        assert set(presets) == {"qwen3-8b"}
+        # The preset names no image: the one `cdk deploy` builds from llm_trainer/Dockerfile.
+        assert presets["qwen3-8b"]["trainer_image"] == "<image>"
+        (image,) = [
+            part for part in variables["MODEL_PRESETS"]["Fn::Join"][1] if isinstance(part, dict)
+        ]
+        assert "container-assets" in image["Fn::Sub"] and image["Fn::Sub"].startswith(
+            "${AWS::AccountId}.dkr.ecr.${AWS::Region}."
+        )
     _, register = _function(template, "PipelineRegisterFunction")
     assert "MODEL_PRESETS" in register["Properties"]["Environment"]["Variables"]
+
+
+def _joined(value: Any) -> str:
+    """A string the template builds with Fn::Join, its references as `<image>`."""
+    if isinstance(value, str):
+        return value
+    return "".join(part if isinstance(part, str) else "<image>" for part in value["Fn::Join"][1])
 
 
 def _tables(template: dict) -> dict[str, dict]:

@@ -3,37 +3,38 @@
 Per run, in a namespace of its own (`<prefix>-run-<run id>`):
 - `ServiceAccount/run-workloads`: the pods' AWS identity (an EKS Pod Identity association to
   the deployment's training-job role, made by the backend: queues, dataset, outputs);
-- `ConfigMap/run-settings`: the run's queues, model, recipe and hyperparameters, the output
-  and dataset S3 locations — read by both workloads as environment;
-- `Deployment/generation` + `Service/generation`: the vLLM server, one replica per
-  `generation_replicas`, each with the preset's `generation_gpus` GPUs;
-- the GRPO trainer on the nodes left over: a `HyperPodPyTorchJob` (HyperPod's training
-  operator, with its job auto-resume) or, when configured, a Kubeflow `PyTorchJob`.
+- `ConfigMap/run-settings`: the run configuration — `MTRL_TRAINING_JOB`, the JSON the trainer
+  reads (domain/trainer_job.py `TrainingJob`: run, dataset, outputs, queues, training config,
+  base checkpoint, and the preset's `model_id` as where the weights come from) — and the region;
+- the open-weights trainer (`python -m llm_trainer` in the preset's image): generation and
+  updates in one process on one node, as a `HyperPodPyTorchJob` (HyperPod's training operator,
+  whose job auto-resume restarts it; it resumes from its last checkpoint) or, when configured, a
+  Kubeflow `PyTorchJob`.
 
-Images, recipe and model ids come from a `ModelPreset` (deployment configuration), chosen by
-the training config's `model`. Every object carries the run's labels: teardown finds them all.
+The image and the model come from a `ModelPreset` (deployment configuration), chosen by the
+training config's `model`. Every object carries the run's labels: teardown finds them all.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from domain.presets import JobKind, ModelPreset
+from domain.trainer_job import JOB_VARIABLE, TrainingJob
 from training_configs.schema import TrainingConfig
 
 JOB_API = {"HyperPodPyTorchJob": "sagemaker.amazonaws.com/v1", "PyTorchJob": "kubeflow.org/v1"}
 JOB_NAME = "trainer"
-GENERATION = "generation"
 SETTINGS = "run-settings"
+TRAINER_COMMAND = ["python", "-m", "llm_trainer"]
 # The workloads' identity: EKS Pod Identity maps it to the deployment's training-job IAM role.
 SERVICE_ACCOUNT = "run-workloads"
-GENERATION_PORT = 8000
 RUN_LABEL = "nova-mtrl/run"
+SCRATCH = "/scratch"
+RESTARTS = 3  # of a failed trainer, each resuming from the last checkpoint
 DEPLOYMENT_LABEL = "nova-mtrl/deployment"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 _NAMESPACE_LIMIT = 63
@@ -58,18 +59,23 @@ class JobRenderError(ValueError):
 
 @dataclass(frozen=True)
 class JobRequest:
-    """Everything the objects of one run depend on."""
+    """Everything the objects of one run depend on: the trainer's job (its config included),
+    the deployment's preset for the config's model, and where the deployment is."""
 
-    run_id: str
+    job: TrainingJob
     prefix: str
-    config: TrainingConfig
     preset: ModelPreset
-    queues: dict[str, str]
-    output_uri: str
-    dataset_uri: str
     account: str
     region: str
     kind: JobKind = "HyperPodPyTorchJob"
+
+    @property
+    def run_id(self) -> str:
+        return self.job.run_id
+
+    @property
+    def config(self) -> TrainingConfig:
+        return self.job.config
 
 
 def run_namespace(prefix: str, run_id: str) -> str:
@@ -95,7 +101,7 @@ def run_labels(prefix: str, run_id: str) -> dict[str, str]:
 
 
 def preset_for(config: TrainingConfig, presets: dict[str, ModelPreset]) -> ModelPreset:
-    """The config's model preset, checked to fit its nodes (JobRenderError says what to change)."""
+    """The config's model preset, checked to fit the trainer (JobRenderError says what to change)."""
     preset = presets.get(config.model)
     if preset is None:
         known = ", ".join(sorted(presets)) or "none"
@@ -103,29 +109,18 @@ def preset_for(config: TrainingConfig, presets: dict[str, ModelPreset]) -> Model
             f"training config model {config.model!r} has no preset in this deployment "
             f"(model_presets: {known}); use one of those or add a preset to cdk.json"
         )
-    node_split(config, preset)
+    check_fits(config)
     return preset
 
 
-def node_split(config: TrainingConfig, preset: ModelPreset) -> tuple[int, int]:
-    """(nodes for generation, nodes for the trainer) out of the config's `instance_count`."""
-    gpus_per_node, _ = accelerators(config.instance_type)
-    if preset.generation_gpus > gpus_per_node:
+def check_fits(config: TrainingConfig) -> None:
+    """The config's nodes are what the open-weights trainer runs on: one GPU node."""
+    accelerators(config.instance_type)
+    if config.instance_count != 1:
         raise JobRenderError(
-            f"a vLLM replica needs {preset.generation_gpus} GPUs but {config.instance_type} has "
-            f"{gpus_per_node}: lower the preset's generation_gpus or pick a larger instance type"
+            f"instance_count {config.instance_count}: the open-weights trainer runs on one node "
+            f"(generation and updates in one process); set instance_count: 1"
         )
-    per_node = gpus_per_node // preset.generation_gpus
-    generation_nodes = math.ceil(config.generation_replicas / per_node)
-    trainer_nodes = config.instance_count - generation_nodes
-    if trainer_nodes < 1:
-        raise JobRenderError(
-            f"instance_count {config.instance_count} leaves no node for the trainer: "
-            f"{config.generation_replicas} vLLM replicas of {preset.generation_gpus} GPUs take "
-            f"{generation_nodes} {config.instance_type} node(s); set instance_count to at least "
-            f"{generation_nodes + 1}"
-        )
-    return generation_nodes, trainer_nodes
 
 
 def accelerators(instance_type: str) -> tuple[int, int]:
@@ -140,7 +135,7 @@ def accelerators(instance_type: str) -> tuple[int, int]:
 
 def render(request: JobRequest) -> list[dict[str, Any]]:
     """The run's objects, in the order they must be applied (namespace first)."""
-    _, trainer_nodes = node_split(request.config, request.preset)
+    check_fits(request.config)
     namespace = run_namespace(request.prefix, request.run_id)
     labels = run_labels(request.prefix, request.run_id)
     return [
@@ -160,35 +155,26 @@ def render(request: JobRequest) -> list[dict[str, Any]]:
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": _metadata(SETTINGS, namespace, labels),
-            "data": run_settings(request, namespace),
+            "data": run_settings(request),
         },
-        _generation_deployment(request, namespace, labels),
-        _generation_service(namespace, labels),
-        _trainer_job(request, namespace, labels, trainer_nodes),
+        _trainer_job(request, namespace, labels),
     ]
 
 
-def run_settings(request: JobRequest, namespace: str) -> dict[str, str]:
-    """The environment both workloads read (no secrets: those never go in a ConfigMap)."""
-    config, preset = request.config, request.preset
-    queues = {f"MTRL_QUEUE_{name.upper()}": url for name, url in sorted(request.queues.items())}
-    hyperparameters = config.model_dump(
-        mode="json",
-        include={
-            "group_size", "global_batch_size", "max_steps", "learning_rate", "kl_coefficient",
-            "clip_ratio", "max_new_tokens", "max_length", "max_turns", "lora",
-        },
-    )  # fmt: skip
+def trainer_job(request: JobRequest) -> TrainingJob:
+    """The run configuration the trainer reads: the run's job, the weights from the preset."""
+    return request.job.model_copy(update={"model_source": request.preset.model_id})
+
+
+def run_settings(request: JobRequest) -> dict[str, str]:
+    """The trainer's environment (no secrets: those never go in a ConfigMap)."""
     return {
-        "MTRL_RUN_ID": request.run_id,
-        "MTRL_MODEL": preset.model_id,
-        "MTRL_RECIPE": preset.recipes[config.recipe],
-        "MTRL_HYPERPARAMETERS": json.dumps(hyperparameters, sort_keys=True),
-        "MTRL_OUTPUT_URI": request.output_uri,
-        "MTRL_DATASET_URI": request.dataset_uri,
-        "MTRL_GENERATION_URL": f"http://{GENERATION}.{namespace}.svc:{GENERATION_PORT}/v1",
+        JOB_VARIABLE: trainer_job(request).model_dump_json(),
         "AWS_REGION": request.region,
-        **queues,
+        # Downloads, checkpoints on their way and compiled kernels go to the scratch volume.
+        "TMPDIR": SCRATCH,
+        "HF_HOME": f"{SCRATCH}/huggingface",
+        "TRITON_CACHE_DIR": f"{SCRATCH}/triton",
     }
 
 
@@ -196,7 +182,12 @@ def _metadata(name: str, namespace: str, labels: dict[str, str]) -> dict[str, An
     return {"name": name, "namespace": namespace, "labels": labels}
 
 
-def _image(template: str, request: JobRequest) -> str:
+def _image(template: str | None, request: JobRequest) -> str:
+    if template is None:
+        raise JobRenderError(
+            f"model preset {request.config.model!r} has no trainer image: the deployment's "
+            "presets name the one `cdk deploy` built; redeploy (cdk deploy) or set trainer_image"
+        )
     return template.format(account=request.account, region=request.region, prefix=request.prefix)
 
 
@@ -206,99 +197,57 @@ def _pod_spec(request: JobRequest, container: dict[str, Any]) -> dict[str, Any]:
         "automountServiceAccountToken": False,
         "nodeSelector": {"node.kubernetes.io/instance-type": request.config.instance_type},
         "containers": [
-            {**container, "envFrom": [{"configMapRef": {"name": SETTINGS}}]},
+            {
+                **container,
+                "envFrom": [{"configMapRef": {"name": SETTINGS}}],
+                "volumeMounts": [
+                    {"name": "scratch", "mountPath": SCRATCH},
+                    {"name": "shared-memory", "mountPath": "/dev/shm"},
+                ],
+            },
+        ],
+        "volumes": [
+            {"name": "scratch", "emptyDir": {}},
+            # PyTorch's data loaders and NCCL need more shared memory than a container's 64 MiB.
+            {"name": "shared-memory", "emptyDir": {"medium": "Memory"}},
         ],
     }
 
 
-def _generation_deployment(
-    request: JobRequest, namespace: str, labels: dict[str, str]
-) -> dict[str, Any]:
-    config, preset = request.config, request.preset
-    pod_labels = {**labels, COMPONENT_LABEL: GENERATION}
-    gpus = str(preset.generation_gpus)
-    container = {
-        "name": "vllm",
-        "image": _image(preset.generation_image, request),
-        "args": [
-            "--model",
-            preset.generation_model or preset.model_id,
-            "--port",
-            str(GENERATION_PORT),
-            "--tensor-parallel-size",
-            gpus,
-            "--max-model-len",
-            str(config.max_length),
-            *(["--enable-lora", "--max-lora-rank", str(config.lora.rank)] if config.lora else []),
-        ],  # fmt: skip
-        "ports": [{"name": "http", "containerPort": GENERATION_PORT}],
-        "readinessProbe": {
-            "httpGet": {"path": "/health", "port": GENERATION_PORT},
-            "periodSeconds": 10,
-        },
-        "resources": {"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}},
-    }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": _metadata(GENERATION, namespace, pod_labels),
-        "spec": {
-            "replicas": config.generation_replicas,
-            "selector": {"matchLabels": {RUN_LABEL: request.run_id, COMPONENT_LABEL: GENERATION}},
-            "template": {
-                "metadata": {"labels": pod_labels},
-                "spec": _pod_spec(request, container),
-            },
-        },
-    }
-
-
-def _generation_service(namespace: str, labels: dict[str, str]) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _metadata(GENERATION, namespace, {**labels, COMPONENT_LABEL: GENERATION}),
-        "spec": {
-            "selector": {RUN_LABEL: labels[RUN_LABEL], COMPONENT_LABEL: GENERATION},
-            "ports": [{"name": "http", "port": GENERATION_PORT, "targetPort": "http"}],
-        },
-    }
-
-
-def _trainer_job(
-    request: JobRequest, namespace: str, labels: dict[str, str], nodes: int
-) -> dict[str, Any]:
-    gpus, efa = accelerators(request.config.instance_type)
+def _trainer_job(request: JobRequest, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
+    gpus, _ = accelerators(request.config.instance_type)
     pod_labels = {**labels, COMPONENT_LABEL: JOB_NAME}
-    resources = {"nvidia.com/gpu": str(gpus), "vpc.amazonaws.com/efa": str(efa)}
+    resources = {"nvidia.com/gpu": str(gpus)}
     container = {
         # Kubeflow's operator finds the training container by this name.
         "name": "pytorch",
         "image": _image(request.preset.trainer_image, request),
+        "command": TRAINER_COMMAND,
         "resources": {"limits": resources, "requests": resources},
     }
     template = {"metadata": {"labels": pod_labels}, "spec": _pod_spec(request, container)}
     deadline = int(request.config.deadline_hours * 3600)
     if request.kind == "HyperPodPyTorchJob":
         spec: dict[str, Any] = {
-            "nprocPerNode": str(gpus),
-            "replicaSpecs": [{"name": JOB_NAME, "replicas": nodes, "template": template}],
+            "nprocPerNode": "1",  # one trainer process; generation shares its GPUs
+            "replicaSpecs": [{"name": JOB_NAME, "replicas": 1, "template": template}],
             "runPolicy": {
                 "activeDeadlineSeconds": deadline,
                 "cleanPodPolicy": "None",  # keep failed pods for their logs until teardown
-                "jobMaxRetryCount": 0,
+                # A restarted trainer resumes from its last checkpoint (llm_trainer/trainer.py).
+                "jobMaxRetryCount": RESTARTS,
                 "ttlSecondsAfterFinished": -1,  # teardown deletes the job, not a timer
             },
         }
     else:
-        replica = {"restartPolicy": "Never", "template": template}
-        workers = {"Worker": {**replica, "replicas": nodes - 1}} if nodes > 1 else {}
         spec = {
-            "nprocPerNode": str(gpus),
-            "pytorchReplicaSpecs": {"Master": {**replica, "replicas": 1}, **workers},
+            "nprocPerNode": "1",
+            "pytorchReplicaSpecs": {
+                "Master": {"restartPolicy": "Never", "template": template, "replicas": 1}
+            },
             "runPolicy": {
                 "activeDeadlineSeconds": deadline,
-                "backoffLimit": 0,
+                "backoffLimit": RESTARTS,
                 "cleanPodPolicy": "None",
             },
         }

@@ -38,6 +38,7 @@ from domain.backends import (
     last_step,
 )
 from domain.episodes import EvaluationStage
+from domain.trainer_job import TrainingJob
 from lambdas.clients import Clients
 from lambdas.environment import EnvironmentSettings
 from lambdas.kubernetes.client import KubernetesClient
@@ -55,7 +56,6 @@ from lambdas.kubernetes.training_job import (
     run_namespace,
 )
 from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
-from training_configs.schema import TrainingConfig
 
 IMAGE_PULL_ERRORS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 CRASH_LOOP_RESTARTS = 3  # a container restarted this often is not coming back by itself
@@ -207,23 +207,19 @@ class HyperPodTrainingCluster(InstanceGroupPlane):
 
     # --- the job ---
 
-    def job_request(self, run: RunContext, config: TrainingConfig) -> JobRequest:
-        preset = preset_for(config, self.settings.presets)
+    def job_request(self, run: RunContext) -> JobRequest:
+        preset = preset_for(run.training, self.settings.presets)
         return JobRequest(
-            run_id=run.run_id,
+            job=TrainingJob.for_run(run),
             prefix=self.settings.prefix,
-            config=config,
             preset=preset,
-            queues=run.queues,
-            output_uri=f"s3://{run.bucket}/{run.output_prefix}",
-            dataset_uri=f"s3://{run.bucket}/{run.dataset_key}",
             account=self.settings.account,
             region=self.settings.region,
             kind=self.settings.job_kind,
         )
 
     def submit(self, run: RunContext) -> str:
-        objects = render(self.job_request(run, run.training))
+        objects = render(self.job_request(run))
         namespace = self.namespace(run)
         # First: pods get their credentials at admission, from the association that exists then.
         if not self._associations(namespace):

@@ -215,19 +215,12 @@ class LocalTrainingCluster(TrainingCluster):
         if (run.run_id, name) in self._jobs:
             return job_id
         environment = load(run.training.environment, **run.training.environment_args)
-        job = TrainingJob(
-            run_id=run.run_id,
-            bucket=run.bucket,
-            dataset_key=run.dataset_key,
-            dataset_version=run.dataset_version,
-            output_prefix=run.output_prefix,
-            queues=run.queues,
-            config=run.training,
+        job = TrainingJob.for_run(
+            run,
+            evaluation=evaluation,
+            model_source=self._program.model_source,
             reward_range=(environment.reward_range.low, environment.reward_range.high),
             seed=self._seed,
-            evaluation=evaluation,
-            base=run.base,
-            model_source=self._program.model_source,
         )
         log = self._log_dir / run.run_id / "logs" / f"{name}.log"
         log.parent.mkdir(parents=True, exist_ok=True)

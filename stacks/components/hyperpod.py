@@ -20,6 +20,7 @@ from stacks.components.nag import (
 )
 from stacks.components.network import interface_scope
 from stacks.components.storage import lifecycle_bucket_name, lifecycle_scripts_uri
+from stacks.components.trainer_image import TrainerImage
 from stacks.config import HyperPodInstanceGroup, PlatformConfig
 
 INSTANCE_POLICY = "AmazonSageMakerClusterInstanceRolePolicy"
@@ -50,8 +51,10 @@ class HyperPodCluster(Construct):
         vpc: ec2.IVpc,
         subnets: ec2.SubnetSelection,
         depends_on: list[IDependable],
+        trainer_image: TrainerImage | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
+        self.trainer_image_uri = trainer_image.image_uri if trainer_image else None
         self.resource: sagemaker.CfnCluster | None = None
         self.restricted_execution_role: iam.Role | None = None
         self.cluster_name = hyperpod_cluster_name(config)
@@ -65,6 +68,8 @@ class HyperPodCluster(Construct):
             self, "LifecycleBucket", lifecycle_bucket_name(config)
         )
         image_repositories = ecr_repositories(Stack.of(self), config)
+        if trainer_image is not None:
+            image_repositories.append(trainer_image.repository_arn)
         role = self._execution_role(
             "ExecutionRole",
             "HyperPod GPU nodes: node agents, VPC CNI, image pulls, lifecycle scripts",
@@ -301,7 +306,7 @@ def ecr_repositories(stack: Stack, config: PlatformConfig) -> list[str]:
     """The ECR repositories of the model presets' images (none for images elsewhere)."""
     found = set()
     for preset in config.model_presets.values():
-        for image in (preset.trainer_image, preset.generation_image):
+        for image in [preset.trainer_image] if preset.trainer_image else []:
             match = _ECR_IMAGE.match(image)
             if match is None:
                 continue

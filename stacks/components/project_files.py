@@ -6,6 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from aws_cdk import aws_ecr_assets as ecr_assets
+from constructs import Construct
+
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -15,3 +18,18 @@ def only_folders(folders: Iterable[str]) -> list[str]:
     bloat the asset nor change its hash."""
     kept = tuple(folders)
     return ["*", *(f"!{folder}" for folder in kept), *(f"!{folder}/**" for folder in kept)]
+
+
+def project_image(
+    scope: Construct, construct_id: str, *, dockerfile: str, folders: Iterable[str]
+) -> ecr_assets.DockerImageAsset:
+    """A linux/amd64 image `cdk deploy` builds from `dockerfile`, its context the repository's
+    `folders` and nothing else (no caches)."""
+    return ecr_assets.DockerImageAsset(
+        scope,
+        construct_id,
+        directory=str(PROJECT_ROOT),
+        file=dockerfile,
+        exclude=[*only_folders(folders), "**/__pycache__"],
+        platform=ecr_assets.Platform.LINUX_AMD64,
+    )

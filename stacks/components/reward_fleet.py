@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -13,13 +12,12 @@ from constructs import Construct
 
 from lambdas.pipeline.ecs_fleet import CONTAINER
 from stacks.components.nag import acknowledge_no_resource_type
-from stacks.components.project_files import PROJECT_ROOT, only_folders
+from stacks.components.project_files import project_image
 from stacks.config import PlatformConfig
 
 WORKER_DOCKERFILE = "reward_envs/Dockerfile"
 # The image's build context: what reward_envs/Dockerfile copies and nothing else.
 BUILD_CONTEXT = ("domain", "reward_envs")
-BUILD_CONTEXT_EXCLUDES = [*only_folders(BUILD_CONTEXT), "**/__pycache__"]
 
 
 def cluster_name(config: PlatformConfig) -> str:
@@ -99,14 +97,7 @@ class RewardFleet(Construct):
                 operating_system_family=ecs.OperatingSystemFamily.LINUX,
             ),
         )
-        image = ecr_assets.DockerImageAsset(
-            self,
-            "Image",
-            directory=str(PROJECT_ROOT),
-            file=WORKER_DOCKERFILE,
-            exclude=BUILD_CONTEXT_EXCLUDES,
-            platform=ecr_assets.Platform.LINUX_AMD64,
-        )
+        image = project_image(self, "Image", dockerfile=WORKER_DOCKERFILE, folders=BUILD_CONTEXT)
         self.task_definition.add_container(
             CONTAINER,
             image=ecs.ContainerImage.from_docker_image_asset(image),

@@ -61,7 +61,9 @@ class TrainingClusterControl(Construct):
         restricted_execution_role_arn: str | None,
         cluster_network: ClusterNetwork,
         data_key: kms.IKey,
+        trainer_image_uri: str | None = None,
     ) -> None:
+        """`trainer_image_uri`: the image `cdk deploy` built for presets that name none."""
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
         self._config, self._data_key = config, data_key
@@ -96,7 +98,10 @@ class TrainingClusterControl(Construct):
             job_kind=config.training_job_kind,
             presets=json.dumps(
                 {
-                    name: preset.model_dump(mode="json")
+                    name: {
+                        **preset.model_dump(mode="json"),
+                        "trainer_image": preset.trainer_image or trainer_image_uri,
+                    }
                     for name, preset in config.model_presets.items()
                 },
                 sort_keys=True,

@@ -296,7 +296,7 @@ def scenarios(nova_app: Synthesized, tmp_path_factory: pytest.TempPathFactory) -
         # Configs of their own (as `mtrl submit` uploads them) for an open-weights model, one
         # whose workers scale on the backlog.
         config = load_training_config("rft_multiturn_lora").model_dump(mode="json")
-        config |= {"name": "qwen", "model": "qwen3-8b"}
+        config |= {"name": "qwen", "model": "qwen3-8b", "instance_count": 1}
         for key, changes in (
             (OPEN_WEIGHTS_CONFIG, {}),
             (SCALING_CONFIG, {"name": "scaling", "reward_workers_max": 8}),

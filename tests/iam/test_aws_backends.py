@@ -26,7 +26,7 @@ def _released(scenarios: Scenarios, run: Scenario) -> None:
     its ECS service, task definitions and token, its queues."""
     world = scenarios.world
     counts = [u["InstanceGroups"][0]["InstanceCount"] for u in world.sagemaker.updates[run.updates]]
-    assert counts == [4, 0]  # up to the config's 4 for the run, back to zero after it
+    assert counts == [1, 0]  # up to the config's one node for the run, back to zero after it
     namespace = run_namespace(PREFIX, run.run_id)
     assert not any(items for path, items in world.kubernetes.objects.items() if namespace in path)
     assert namespace not in world.kubernetes.objects["/api/v1/namespaces"]
@@ -73,7 +73,7 @@ def test_a_run_on_the_aws_backends_submits_scales_finishes_and_leaves_nothing(
     assert [c.operation for c in calls].count("DeregisterScalableTarget") == 1
     assert output["teardown"]["leftover"] == 0
     assert (
-        output["released"]["job_objects_deleted"] == 7
+        output["released"]["job_objects_deleted"] == 5
         and output["released"]["workers_stopped"] >= 1
     )
 
@@ -248,7 +248,7 @@ def test_a_run_stopped_by_hand_is_reaped_and_leaves_nothing(scenarios: Scenarios
     scheduled, on_request, idle, _ = scenarios.reaped
     ((reaped,),) = [scheduled["reaped"]]
     assert reaped["run_id"] == run.run_id and reaped["reason"] == "its execution is ABORTED"
-    assert reaped["workers_stopped"] == 4 and reaped["job_objects_deleted"] == 7
+    assert reaped["workers_stopped"] == 4 and reaped["job_objects_deleted"] == 5
     # Its config let the workers scale on the backlog: a target, a policy, then neither.
     operations = [c.operation for c in scenarios.world.recorder.calls[run.calls]]
     assert operations.count("PutScalingPolicy") == 1

@@ -200,7 +200,7 @@ def test_the_operator_runs_every_mtrl_command_on_the_operator_policy(
     results = {name: (result.exit_code, result.output) for name, result in scenarios.cli.items()}
     assert {name for name, (code, _) in results.items() if code != 0} == {"doctor"}, results
     assert "FAIL │ worker image" in results["doctor"][1].replace("  ", " ")
-    assert "torn down" in results["teardown"][1] and "$394/h" in results["cost"][1]
+    assert "torn down" in results["teardown"][1] and "$99/h" in results["cost"][1]
     kept = scenarios.exchange["trajectories"]
     assert kept == scenarios.exchange["completed"] > 0
     assert f"1 of {kept} trajectories" in results["trajectories"][1]

@@ -28,11 +28,13 @@ import yaml
 from botocore.credentials import Credentials
 from moto import mock_aws
 
+from domain.backends import METRICS_OBJECT
 from domain.bucket import trajectories_prefix
 from domain.episodes import EvaluationStage
 from domain.nova_job import FORGE_EVALUATION_RECIPE, FORGE_RECIPE_SOURCE, FORGE_RECIPES, job_pattern
 from domain.protocol import RolloutRequest, dump
 from domain.run_queues import QueueKind, queue_name
+from domain.trainer_job import job_from_environment
 from lambdas.clients import Clients, Compose, Handler
 from lambdas.kubernetes.token import CLUSTER_HEADER, PREFIX
 from lambdas.launcher.handler import compose as compose_launcher
@@ -663,12 +665,12 @@ def write_metrics_as_the_trainer(world: World, namespace: str) -> None:
     settings = world.kubernetes.objects[f"/api/v1/namespaces/{namespace}/configmaps"][
         "run-settings"
     ]
-    output = urlsplit(settings["data"]["MTRL_OUTPUT_URI"])
+    job = job_from_environment(settings["data"])
     trainer = world.recorder.session(
         role_of(world.deployment, "pipeline", "TrainingClusterControlJobRole")
     )
     trainer.client("s3").put_object(
-        Bucket=output.hostname, Key=f"{output.path.lstrip('/')}metrics.jsonl",
+        Bucket=job.bucket, Key=f"{job.output_prefix}{METRICS_OBJECT}",
         Body=b"".join(
             json.dumps({"step": step, "mean_reward": 0.4, "zero_variance_groups": 0.0,
                         "rollouts": 7, "rollouts_asked": 8, "failed_rollouts": 1,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
 from typing import Any
@@ -15,14 +16,17 @@ import kubernetes_validate
 import pytest
 
 from domain.presets import ModelPreset
+from domain.trainer_job import TrainingJob, job_from_environment
 from lambdas.kubernetes.training_job import (
+    RESTARTS,
     RUN_LABEL,
     JobRenderError,
     JobRequest,
-    node_split,
+    preset_for,
     render,
     run_namespace,
 )
+from stacks.components.project_files import PROJECT_ROOT
 from stacks.config import PlatformConfig, deployment_context
 from training_configs.schema import load_training_config
 
@@ -35,20 +39,24 @@ QUEUES = {
 }  # fmt: skip
 
 
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/cdk-assets:trainer"
+
+
 def request(config: str, *, model: str = "qwen3-8b", **changes: Any) -> JobRequest:
     training = load_training_config(config)
-    training = training.model_copy(update={"model": model, **changes})
-    return JobRequest(
+    training = training.model_copy(update={"model": model, "instance_count": 1, **changes})
+    job = TrainingJob(
         run_id="wordle-0a1b2c3d4e",
-        prefix="nova-mtrl",
-        config=training,
-        preset=PRESETS[model],
+        bucket="nova-mtrl-data-123456789012",
+        dataset_key="training-data/wordle.jsonl",
+        output_prefix="runs/wordle-0a1b2c3d4e/",
         queues=QUEUES,
-        output_uri="s3://nova-mtrl-data-123456789012/runs/wordle-0a1b2c3d4e/",
-        dataset_uri="s3://nova-mtrl-data-123456789012/training-data/wordle.jsonl",
-        account="123456789012",
-        region="us-east-1",
+        config=training,
     )
+    # The pipeline's presets name the image `cdk deploy` built (stacks/components/training_control.py).
+    preset = PRESETS[model].model_copy(update={"trainer_image": IMAGE})
+    return JobRequest(job=job, prefix="nova-mtrl", preset=preset, account="123456789012",
+                      region="us-east-1")  # fmt: skip
 
 
 def of_kind(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
@@ -110,15 +118,14 @@ def test_rendered_job_matches_golden_and_validates(config: str) -> None:
     assert objects == json.loads(golden.read_text())
 
 
-def test_kubeflow_fallback_validates_and_splits_master_and_workers() -> None:
+def test_kubeflow_fallback_validates_with_one_master() -> None:
     from dataclasses import replace
 
     objects = render(replace(request("rft_multiturn_full"), kind="PyTorchJob"))
     job = objects[-1]
     assert (job["apiVersion"], job["kind"]) == ("kubeflow.org/v1", "PyTorchJob")
-    replicas = job["spec"]["pytorchReplicaSpecs"]
-    # The four 1-GPU vLLM replicas share one node: nine of the ten train.
-    assert (replicas["Master"]["replicas"], replicas["Worker"]["replicas"]) == (1, 8)
+    assert set(job["spec"]["pytorchReplicaSpecs"]) == {"Master"}
+    assert job["spec"]["runPolicy"]["backoffLimit"] == RESTARTS
     for obj in objects:
         validate(obj)
 
@@ -128,70 +135,63 @@ def test_schema_validation_catches_a_misspelt_field() -> None:
     job["spec"]["runPolicy"]["jobMaxRetries"] = 0
     with pytest.raises(ValueError, match="jobMaxRetries"):
         validate(job)
-    deployment = of_kind(render(request("rft_multiturn_lora")), "Deployment")
-    deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    settings = of_kind(render(request("rft_multiturn_lora")), "ConfigMap")
+    settings["dataa"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
-        validate(deployment)
+        validate(settings)
 
 
 def test_every_object_is_labelled_with_the_run_and_lives_in_its_namespace() -> None:
     objects = render(request("rft_multiturn_lora"))
     namespace = run_namespace("nova-mtrl", "wordle-0a1b2c3d4e")
     assert [obj["kind"] for obj in objects] == [
-        "Namespace", "ServiceAccount", "ConfigMap", "Deployment", "Service", "HyperPodPyTorchJob",
+        "Namespace", "ServiceAccount", "ConfigMap", "HyperPodPyTorchJob",
     ]  # fmt: skip
     for obj in objects:
         assert obj["metadata"]["labels"][RUN_LABEL] == "wordle-0a1b2c3d4e"
         assert obj["metadata"].get("namespace", obj["metadata"]["name"]) == namespace
 
 
-def test_settings_carry_queues_recipe_and_locations_but_no_secret() -> None:
+def test_the_settings_are_the_run_configuration_the_trainer_reads() -> None:
     settings = of_kind(render(request("rft_multiturn_lora")), "ConfigMap")["data"]
-    assert settings["MTRL_QUEUE_ROLLOUT_REQUESTS"] == QUEUES["rollout_requests"]
-    assert settings["MTRL_RECIPE"] == "grpo-lora"
-    assert json.loads(settings["MTRL_HYPERPARAMETERS"])["lora"]["rank"] == 32
-    assert not any("TOKEN" in key for key in settings)
-
-
-def test_open_weights_preset_fills_image_placeholders_and_packs_replicas() -> None:
-    objects = render(request("rft_multiturn_lora", model="qwen3-8b"))
-    generation, job = of_kind(objects, "Deployment"), objects[-1]
-    (vllm,) = generation["spec"]["template"]["spec"]["containers"]
-    assert vllm["image"] == "vllm/vllm-openai:v0.11.0"
-    assert vllm["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    trainer = job["spec"]["replicaSpecs"][0]
-    assert trainer["template"]["spec"]["containers"][0]["image"] == (
-        "123456789012.dkr.ecr.us-east-1.amazonaws.com/nova-mtrl-grpo-trainer:latest"
+    # What `python -m llm_trainer` reads, as it reads it (domain/trainer_job.py).
+    job = job_from_environment(settings)
+    assert job.queues == QUEUES and job.run_id == "wordle-0a1b2c3d4e"
+    assert (job.bucket, job.dataset_key) == (
+        "nova-mtrl-data-123456789012",
+        "training-data/wordle.jsonl",
     )
-    # Two 1-GPU vLLM replicas share one node: three of the four nodes train.
-    assert trainer["replicas"] == 3
+    assert job.config.lora is not None and job.config.lora.rank == 32
+    assert job.model_source == "Qwen/Qwen3-8B"  # the preset's weights
+    assert settings["AWS_REGION"] == "us-east-1"
+    assert not any("TOKEN" in key or "SECRET" in key for key in settings)
 
 
-def test_lora_flags_only_for_lora() -> None:
-    lora, full = (
-        of_kind(render(request(config)), "Deployment")["spec"]["template"]["spec"]["containers"][0]
-        for config in ("rft_multiturn_lora", "rft_multiturn_full")
-    )
-    assert "--enable-lora" in lora["args"] and "--enable-lora" not in full["args"]
+def test_the_trainer_runs_the_open_weights_trainer_on_one_whole_node() -> None:
+    job = render(request("rft_multiturn_lora"))[-1]
+    (replica,) = job["spec"]["replicaSpecs"]
+    (container,) = replica["template"]["spec"]["containers"]
+    assert replica["replicas"] == 1 and job["spec"]["nprocPerNode"] == "1"
+    assert container["image"] == IMAGE
+    assert container["command"] == ["python", "-m", "llm_trainer"]
+    assert (PROJECT_ROOT / "llm_trainer" / "__main__.py").is_file()
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}  # ml.p5.48xlarge
+    # Restarts resume from the last checkpoint: HyperPod's auto-resume may retry.
+    assert job["spec"]["runPolicy"]["jobMaxRetryCount"] == RESTARTS > 0
+    mounts = {mount["mountPath"] for mount in container["volumeMounts"]}
+    assert {"/dev/shm", "/scratch"} <= mounts
 
 
-def test_too_few_nodes_for_generation_and_trainer_is_a_clear_error() -> None:
+def test_more_than_one_node_or_a_preset_without_image_is_a_clear_error() -> None:
     with pytest.raises(
-        JobRenderError, match="instance_count 1 leaves no node for the trainer.*at least 2"
+        JobRenderError, match="instance_count 4: the open-weights trainer runs on one node"
     ):
-        render(request("rft_multiturn_lora", instance_count=1))
-
-
-def test_unknown_instance_type_and_oversized_replica_are_clear_errors() -> None:
+        render(request("rft_multiturn_lora", instance_count=4))
     with pytest.raises(JobRenderError, match="ml.c5.xlarge is not a GPU type"):
-        node_split(
-            request("rft_multiturn_lora", instance_type="ml.c5.xlarge").config,
-            PRESETS["qwen3-8b"],
-        )
-    small = request("rft_multiturn_lora", instance_type="ml.g5.12xlarge")
-    eight = ModelPreset.model_validate({**PRESETS["qwen3-8b"].model_dump(), "generation_gpus": 8})
-    with pytest.raises(JobRenderError, match="needs 8 GPUs but ml.g5.12xlarge has 4"):
-        node_split(small.config, eight)
+        preset_for(request("rft_multiturn_lora", instance_type="ml.c5.xlarge").config, PRESETS)
+    unbuilt = replace(request("rft_multiturn_lora"), preset=PRESETS["qwen3-8b"])
+    with pytest.raises(JobRenderError, match="no trainer image"):
+        render(unbuilt)
 
 
 def test_namespace_fits_kubernetes_and_stays_distinct() -> None:
@@ -202,5 +202,5 @@ def test_namespace_fits_kubernetes_and_stays_distinct() -> None:
 
 
 def test_preset_rejects_unknown_keys() -> None:
-    with pytest.raises(ValueError, match="tensor_parallel"):
-        ModelPreset.model_validate({**PRESETS["qwen3-8b"].model_dump(), "tensor_parallel": 2})
+    with pytest.raises(ValueError, match="generation_image"):
+        ModelPreset.model_validate({**PRESETS["qwen3-8b"].model_dump(), "generation_image": "v"})

@@ -14,6 +14,7 @@ import boto3
 import pytest
 
 from domain.backends import RunContext
+from domain.trainer_job import job_from_environment
 from lambdas.kubernetes.training_job import JobRenderError, run_namespace
 from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
 from lambdas.pipeline.hyperpod_training import (
@@ -42,10 +43,15 @@ RUN = RunContext(
     dataset_version=None,
     output_prefix="runs/wordle-0a1b2c3d4e/",
     # An open-weights model: Nova trains on the restricted group (nova_training.py).
-    config=load_training_config("rft_multiturn_lora").model_copy(update={"model": "qwen3-8b"}),
+    config=load_training_config("rft_multiturn_lora").model_copy(
+        update={"model": "qwen3-8b", "instance_count": 1}
+    ),
 )
 NAMESPACE = run_namespace("nova-mtrl", RUN.run_id)
 JOBS = f"/apis/sagemaker.amazonaws.com/v1/namespaces/{NAMESPACE}/hyperpodpytorchjobs"
+
+
+TRAINER_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/cdk-assets:trainer"
 
 
 def settings(**overrides: Any) -> HyperPodSettings:
@@ -58,7 +64,10 @@ def settings(**overrides: Any) -> HyperPodSettings:
             "HYPERPOD_CLUSTER": "nova-mtrl",
             "HYPERPOD_INSTANCE_GROUP": "gpu",
             "HYPERPOD_INSTANCE_TYPE": "ml.p5.48xlarge",
-            "MODEL_PRESETS": json.dumps({k: v.model_dump() for k, v in presets.items()}),
+            # As the pipeline stack fills them in: the image `cdk deploy` built.
+            "MODEL_PRESETS": json.dumps(
+                {k: {**v.model_dump(), "trainer_image": TRAINER_IMAGE} for k, v in presets.items()}
+            ),
             "ACCOUNT_ID": "123456789012",
             "AWS_REGION": "us-east-1",
             "DELETE_WAIT_SECONDS": "10",
@@ -141,17 +150,20 @@ def test_submit_applies_every_object_once_and_is_idempotent(
         api.objects[JOBS]["trainer"]["metadata"]["uid"] == first[JOBS]["trainer"]["metadata"]["uid"]
     )
     applied = [(method, path.split("?")[0]) for method, path, _ in api.requests]
-    assert applied[:6] == [
+    assert applied[:4] == [
         ("PATCH", f"/api/v1/namespaces/{NAMESPACE}"),
         ("PATCH", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/run-workloads"),
         ("PATCH", f"/api/v1/namespaces/{NAMESPACE}/configmaps/run-settings"),
-        ("PATCH", f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments/generation"),
-        ("PATCH", f"/api/v1/namespaces/{NAMESPACE}/services/generation"),
         ("PATCH", f"{JOBS}/trainer"),
     ]
     settings = api.objects[f"/api/v1/namespaces/{NAMESPACE}/configmaps"]["run-settings"]["data"]
-    assert settings["MTRL_OUTPUT_URI"] == "s3://nova-mtrl-data/runs/wordle-0a1b2c3d4e/"
-    assert settings["MTRL_DATASET_URI"] == "s3://nova-mtrl-data/training-data/wordle.jsonl"
+    job = job_from_environment(settings)
+    assert (job.bucket, job.output_prefix) == ("nova-mtrl-data", "runs/wordle-0a1b2c3d4e/")
+    assert (job.dataset_key, job.queues) == ("training-data/wordle.jsonl", RUN.queues)
+    (container,) = api.objects[JOBS]["trainer"]["spec"]["replicaSpecs"][0]["template"]["spec"][
+        "containers"
+    ]
+    assert container["image"] == TRAINER_IMAGE
     # One Pod Identity association for the run's service account, made before any pod exists.
     (association,) = eks.associations.values()
     assert {k: association[k] for k in ("clusterName", "namespace", "serviceAccount", "roleArn")} == {
@@ -269,8 +281,8 @@ def test_delete_removes_the_namespace_and_waits_until_it_is_gone(
     cluster.submit(RUN)
     api.terminating_reads[NAMESPACE] = 3
     started = clock.now
-    # namespace, job, deployment, service, service account, config map, Pod Identity association
-    assert cluster.delete(RUN) == 7
+    # namespace, job, service account, config map, Pod Identity association
+    assert cluster.delete(RUN) == 5
     assert eks.associations == {}
     assert clock.now - started == 6  # three polls two seconds apart while it terminated
     assert not any(NAMESPACE in path for path in api.objects if api.objects[path])

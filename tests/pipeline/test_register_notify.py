@@ -149,12 +149,12 @@ def test_a_config_the_cluster_cannot_run_is_refused_before_anything_exists(s3_an
     an open-weights model on the standard group, with its preset."""
     s3, runs = s3_and_runs
     presets = PlatformConfig.from_context(deployment_context()).model_presets
-    qwen = {**_lora(), "model": "qwen3-8b"}
+    qwen = {**_lora(), "model": "qwen3-8b", "instance_count": 1}
     configs = {
         "kl": {**_lora(), "kl_coefficient": 0.01},
         "nova-other": {**_lora(), "instance_type": "ml.g5.48xlarge"},
         "qwen": qwen,
-        "qwen-small": {**qwen, "instance_count": 1},
+        "qwen-wide": {**qwen, "instance_count": 4},
         "qwen-other": {**qwen, "instance_type": "ml.g5.48xlarge"},
     }
     for name, config in configs.items():
@@ -173,7 +173,8 @@ def test_a_config_the_cluster_cannot_run_is_refused_before_anything_exists(s3_an
         ("rft_multiturn_lora", {**both, "nova_instance_type": None},
          "model nova-lite-2 trains on a restricted instance group, and this deployment has "
          "none; add one to hyperpod_instance_groups"),
-        ("configs/qwen-small.yaml", both, "instance_count 1 leaves no node for the trainer"),
+        ("configs/qwen-wide.yaml", both,
+         "instance_count 4: the open-weights trainer runs on one node"),
         ("configs/qwen-other.yaml", both,
          r"instance_type: ml.g5.48xlarge is not what this deployment's training instance group "
          r"runs \(ml.p5.48xlarge\)"),

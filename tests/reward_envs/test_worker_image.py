@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from stacks.components.reward_fleet import PROJECT_ROOT, WORKER_DOCKERFILE
+from stacks.components.project_files import PROJECT_ROOT
+from stacks.components.reward_fleet import WORKER_DOCKERFILE
 from tests.packaging import assert_installed, pyproject_pins, third_party_imports
 
 DOCKERFILE = (PROJECT_ROOT / WORKER_DOCKERFILE).read_text()
