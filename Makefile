@@ -88,13 +88,14 @@ deploy: install
 destroy: install
 	$(CDK) destroy --all
 
-bench: install
+bench: install $(LLM_STAMP)
 	$(BIN)/python -m bench.synth
 	$(BIN)/python -m bench.envs
 	$(BIN)/python -m bench.router
 	$(BIN)/python -m bench.trajectories
 	$(BIN)/python -m bench.validate
 	$(BIN)/python -m bench.local
+	$(BIN)/python -m bench.llm_trainer --model tiny
 
 # Mutation testing of the money- and data-critical modules (bench/mutate.py); not in CI.
 # `make mutate MODULES=domain/runs.py` for one.

@@ -10,7 +10,8 @@ sampling distribution is truncated, the log-probability is not — a documented 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -50,8 +51,15 @@ class TransformersGenerator:
     """Samples with the model being trained itself (`model.generate`), so weight sync is
     immediate: generation and updates take turns through `lock`."""
 
-    def __init__(self, model: Any, *, stop_token_ids: Sequence[int], pad_token_id: int) -> None:
-        self.model = model
+    def __init__(
+        self,
+        model: Any,
+        *,
+        stop_token_ids: Sequence[int],
+        pad_token_id: int,
+        autocast: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    ) -> None:
+        self.model, self.autocast = model, autocast
         self.stop_token_ids = frozenset(stop_token_ids)
         self.pad_token_id = pad_token_id
         self.lock = threading.Lock()
@@ -75,7 +83,7 @@ class TransformersGenerator:
             ids[row, width - len(prompt) :] = torch.tensor(list(prompt), dtype=torch.long)
             mask[row, width - len(prompt) :] = 1
         device = next(self.model.parameters()).device
-        with self.lock, torch.no_grad():
+        with self.lock, torch.no_grad(), self.autocast():
             torch.manual_seed(seed)
             was_training = self.model.training
             self.model.eval()

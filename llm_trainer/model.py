@@ -48,6 +48,16 @@ class Policy:
     lora: bool
     device: Any
 
+    def autocast(self) -> Any:
+        """Where forward passes run in bfloat16: on a GPU; on a CPU, as they are."""
+        import contextlib
+
+        import torch
+
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     @property
     def trainable(self) -> list[Any]:
         return [parameter for parameter in self.model.parameters() if parameter.requires_grad]
@@ -83,7 +93,10 @@ def load_policy(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    # Weights that train stay in float32 (a bfloat16 weight loses updates smaller than its
+    # precision); the frozen base of a LoRA model may be bfloat16 on a GPU, its adapter is
+    # float32 (PEFT's default). The forward passes run in bfloat16 there (`Policy.autocast`).
+    dtype = torch.bfloat16 if device.type == "cuda" and config.lora is not None else torch.float32
     lora = config.lora is not None
     base = model_folder(source, s3=s3, workdir=workdir)
     full_checkpoint = checkpoint is not None and not lora

@@ -59,6 +59,7 @@ def _generator(policy: Policy) -> TransformersGenerator:
         policy.model,
         stop_token_ids=[token for token in stop_ids if token is not None],
         pad_token_id=policy.tokenizer.pad_token_id,
+        autocast=policy.autocast,
     )
 
 
@@ -171,6 +172,7 @@ class LlmTrainer:
                     clip_ratio=self.config.clip_ratio, temperature=grpo.temperature,
                     micro_batch_size=grpo.micro_batch_size, max_grad_norm=grpo.max_grad_norm,
                     kl_coefficient=self.config.kl_coefficient, reference=self.reference,
+                    autocast=self.policy.autocast,
                 )  # fmt: skip
             synced = self.clock()
             self.generator.sync(self.policy.model)

@@ -2,8 +2,7 @@
 
 EKS access policies cover built-in kinds only and cannot create namespaces, so the pipeline's
 roles get an access entry in the group `<prefix>:pipeline`, and this group gets exactly what a
-run needs: its namespace, service account, config map, Service, Deployment and job; pods,
-events and nodes to read.
+run needs: its namespace, service account, config map and job; pods, events and nodes to read.
 RBAC cannot limit a create to names of a pattern, so a ValidatingAdmissionPolicy (GA since
 Kubernetes 1.30) refuses any change by that group outside `<prefix>-run-*` namespaces.
 """
@@ -20,8 +19,7 @@ RBAC_API = "rbac.authorization.k8s.io/v1"
 WRITE = ["get", "list", "create", "patch", "update", "delete"]
 # (API group, resources) the pipeline creates and deletes for a run.
 MANAGED = (
-    ("", ["namespaces", "serviceaccounts", "configmaps", "services"]),
-    ("apps", ["deployments"]),
+    ("", ["namespaces", "serviceaccounts", "configmaps"]),
     ("sagemaker.amazonaws.com", ["hyperpodpytorchjobs"]),
     ("kubeflow.org", ["pytorchjobs"]),
 )

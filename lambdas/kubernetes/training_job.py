@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from domain.episodes import EvaluationStage
 from domain.presets import JobKind, ModelPreset
 from domain.trainer_job import JOB_VARIABLE, TrainingJob
 from training_configs.schema import TrainingConfig
@@ -133,8 +134,19 @@ def accelerators(instance_type: str) -> tuple[int, int]:
         ) from None
 
 
-def render(request: JobRequest) -> list[dict[str, Any]]:
-    """The run's objects, in the order they must be applied (namespace first)."""
+def job_name(stage: EvaluationStage | None = None) -> str:
+    """The run's training job, or the job that evaluates `stage`."""
+    return JOB_NAME if stage is None else f"evaluation-{stage}"
+
+
+def settings_name(stage: EvaluationStage | None = None) -> str:
+    return SETTINGS if stage is None else f"{job_name(stage)}-settings"
+
+
+def render(request: JobRequest, *, stage: EvaluationStage | None = None) -> list[dict[str, Any]]:
+    """The run's objects, in the order they must be applied (namespace first): its training
+    job, or with `stage` the job that evaluates the starting (baseline) or trained (final)
+    model on the held-out records — the same program, told so by its run configuration."""
     check_fits(request.config)
     namespace = run_namespace(request.prefix, request.run_id)
     labels = run_labels(request.prefix, request.run_id)
@@ -154,22 +166,25 @@ def render(request: JobRequest) -> list[dict[str, Any]]:
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": _metadata(SETTINGS, namespace, labels),
-            "data": run_settings(request),
+            "metadata": _metadata(settings_name(stage), namespace, labels),
+            "data": run_settings(request, stage=stage),
         },
-        _trainer_job(request, namespace, labels),
+        _trainer_job(request, namespace, labels, stage),
     ]
 
 
-def trainer_job(request: JobRequest) -> TrainingJob:
-    """The run configuration the trainer reads: the run's job, the weights from the preset."""
-    return request.job.model_copy(update={"model_source": request.preset.model_id})
+def trainer_job(request: JobRequest, *, stage: EvaluationStage | None = None) -> TrainingJob:
+    """The run configuration the trainer reads: the run's job (or its evaluation of `stage`),
+    the weights from the preset."""
+    return request.job.model_copy(
+        update={"model_source": request.preset.model_id, "evaluation": stage}
+    )
 
 
-def run_settings(request: JobRequest) -> dict[str, str]:
+def run_settings(request: JobRequest, *, stage: EvaluationStage | None = None) -> dict[str, str]:
     """The trainer's environment (no secrets: those never go in a ConfigMap)."""
     return {
-        JOB_VARIABLE: trainer_job(request).model_dump_json(),
+        JOB_VARIABLE: trainer_job(request, stage=stage).model_dump_json(),
         "AWS_REGION": request.region,
         # Downloads, checkpoints on their way and compiled kernels go to the scratch volume.
         "TMPDIR": SCRATCH,
@@ -191,7 +206,7 @@ def _image(template: str | None, request: JobRequest) -> str:
     return template.format(account=request.account, region=request.region, prefix=request.prefix)
 
 
-def _pod_spec(request: JobRequest, container: dict[str, Any]) -> dict[str, Any]:
+def _pod_spec(request: JobRequest, container: dict[str, Any], settings: str) -> dict[str, Any]:
     return {
         "serviceAccountName": SERVICE_ACCOUNT,
         "automountServiceAccountToken": False,
@@ -199,7 +214,7 @@ def _pod_spec(request: JobRequest, container: dict[str, Any]) -> dict[str, Any]:
         "containers": [
             {
                 **container,
-                "envFrom": [{"configMapRef": {"name": SETTINGS}}],
+                "envFrom": [{"configMapRef": {"name": settings}}],
                 "volumeMounts": [
                     {"name": "scratch", "mountPath": SCRATCH},
                     {"name": "shared-memory", "mountPath": "/dev/shm"},
@@ -214,9 +229,12 @@ def _pod_spec(request: JobRequest, container: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _trainer_job(request: JobRequest, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
+def _trainer_job(
+    request: JobRequest, namespace: str, labels: dict[str, str], stage: EvaluationStage | None
+) -> dict[str, Any]:
     gpus, _ = accelerators(request.config.instance_type)
-    pod_labels = {**labels, COMPONENT_LABEL: JOB_NAME}
+    name = job_name(stage)
+    pod_labels = {**labels, COMPONENT_LABEL: name}
     resources = {"nvidia.com/gpu": str(gpus)}
     container = {
         # Kubeflow's operator finds the training container by this name.
@@ -225,12 +243,15 @@ def _trainer_job(request: JobRequest, namespace: str, labels: dict[str, str]) ->
         "command": TRAINER_COMMAND,
         "resources": {"limits": resources, "requests": resources},
     }
-    template = {"metadata": {"labels": pod_labels}, "spec": _pod_spec(request, container)}
+    template = {
+        "metadata": {"labels": pod_labels},
+        "spec": _pod_spec(request, container, settings_name(stage)),
+    }
     deadline = int(request.config.deadline_hours * 3600)
     if request.kind == "HyperPodPyTorchJob":
         spec: dict[str, Any] = {
             "nprocPerNode": "1",  # one trainer process; generation shares its GPUs
-            "replicaSpecs": [{"name": JOB_NAME, "replicas": 1, "template": template}],
+            "replicaSpecs": [{"name": name, "replicas": 1, "template": template}],
             "runPolicy": {
                 "activeDeadlineSeconds": deadline,
                 "cleanPodPolicy": "None",  # keep failed pods for their logs until teardown
@@ -254,6 +275,6 @@ def _trainer_job(request: JobRequest, namespace: str, labels: dict[str, str]) ->
     return {
         "apiVersion": JOB_API[request.kind],
         "kind": request.kind,
-        "metadata": _metadata(JOB_NAME, namespace, pod_labels),
+        "metadata": _metadata(name, namespace, pod_labels),
         "spec": spec,
     }

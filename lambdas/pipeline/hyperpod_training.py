@@ -13,6 +13,8 @@ through the EKS cluster's Kubernetes API.
   under the run's outputs: stall detection), and what its pods say when it is stuck — image pull errors,
   crash loops and OOM kills fail the run with that reason; unschedulable pods keep it pending
   until `pending_limit_seconds`, then `pending_too_long`;
+- submit_evaluation / evaluation_status: the same image, told to evaluate the starting or the
+  trained model on the held-out records, as a job of its own (`evaluation-<stage>`);
 - delete: the run's Pod Identity association and namespace (with everything in it), waiting
   until the namespace is gone.
 """
@@ -30,7 +32,6 @@ from pydantic import Field, Json
 
 from domain.backends import (
     METRICS_OBJECT,
-    EvaluationUnsupported,
     JobStatus,
     Phase,
     RunContext,
@@ -44,13 +45,14 @@ from lambdas.environment import EnvironmentSettings
 from lambdas.kubernetes.client import KubernetesClient
 from lambdas.kubernetes.token import EksTokenSource, regional_sts
 from lambdas.kubernetes.training_job import (
+    COMPONENT_LABEL,
     JOB_API,
-    JOB_NAME,
     RUN_LABEL,
     SERVICE_ACCOUNT,
     JobKind,
     JobRequest,
     ModelPreset,
+    job_name,
     preset_for,
     render,
     run_namespace,
@@ -219,7 +221,11 @@ class HyperPodTrainingCluster(InstanceGroupPlane):
         )
 
     def submit(self, run: RunContext) -> str:
-        objects = render(self.job_request(run))
+        return self._apply(run, stage=None)
+
+    def _apply(self, run: RunContext, *, stage: EvaluationStage | None) -> str:
+        """The run's objects for its training job (or the evaluation of `stage`), applied."""
+        objects = render(self.job_request(run), stage=stage)
         namespace = self.namespace(run)
         # First: pods get their credentials at admission, from the association that exists then.
         if not self._associations(namespace):
@@ -232,7 +238,7 @@ class HyperPodTrainingCluster(InstanceGroupPlane):
             )
         for obj in objects:
             self.kubernetes.apply(obj)
-        return f"{namespace}/{JOB_NAME}"
+        return f"{namespace}/{job_name(stage)}"
 
     def _associations(self, namespace: str) -> list[str]:
         pages = self.eks.get_paginator("list_pod_identity_associations").paginate(
@@ -241,27 +247,32 @@ class HyperPodTrainingCluster(InstanceGroupPlane):
         return [item["associationId"] for page in pages for item in page["associations"]]
 
     def status(self, run: RunContext) -> JobStatus:
-        namespace = self.namespace(run)
-        kind = self.settings.job_kind
-        job = self.kubernetes.get(JOB_API[kind], kind, JOB_NAME, namespace)
-        if job is None:
-            return JobStatus(Phase.FAILED, f"training job {namespace}/{JOB_NAME} does not exist")
-        pods = self.kubernetes.list("v1", "Pod", namespace=namespace)
-        status = job_status(
-            job, pods, now=self._clock(), pending_limit_seconds=self.settings.pending_limit_seconds
-        )
+        status = self._job_status(run, stage=None)
         step = last_step(self.s3, bucket=run.bucket, key=f"{run.output_prefix}{METRICS_OBJECT}")
         return replace(status, step=step)
 
-    # The open-weights trainer image is what would evaluate a checkpoint on this plane, and it is
-    # not built yet: its runs train without a held-out evaluation, and their report says so.
-    NO_EVALUATION = "the open-weights plane has no evaluation yet: it comes with its trainer image"
-
     def submit_evaluation(self, run: RunContext, *, stage: EvaluationStage) -> str:
-        raise EvaluationUnsupported(self.NO_EVALUATION)
+        """The trainer image evaluates: the baseline before training, the final checkpoint after
+        it, each a job of its own on the run's node (domain/trainer_job.py `play_evaluation`)."""
+        return self._apply(run, stage=stage)
 
     def evaluation_status(self, run: RunContext, *, stage: EvaluationStage) -> JobStatus:
-        raise EvaluationUnsupported(self.NO_EVALUATION)
+        return self._job_status(run, stage=stage)
+
+    def _job_status(self, run: RunContext, *, stage: EvaluationStage | None) -> JobStatus:
+        namespace = self.namespace(run)
+        kind, name = self.settings.job_kind, job_name(stage)
+        job = self.kubernetes.get(JOB_API[kind], kind, name, namespace)
+        if job is None:
+            return JobStatus(Phase.FAILED, f"job {namespace}/{name} does not exist")
+        pods = [
+            pod
+            for pod in self.kubernetes.list("v1", "Pod", namespace=namespace)
+            if pod["metadata"].get("labels", {}).get(COMPONENT_LABEL, name) == name
+        ]
+        return job_status(
+            job, pods, now=self._clock(), pending_limit_seconds=self.settings.pending_limit_seconds
+        )
 
     def delete(self, run: RunContext) -> int:
         """Delete the run's namespace and wait until it is gone; returns how many of the run's
@@ -282,8 +293,6 @@ class HyperPodTrainingCluster(InstanceGroupPlane):
                 len(self.kubernetes.list(api, name, namespace=namespace))
                 for api, name in (
                     (JOB_API[kind], kind),
-                    ("apps/v1", "Deployment"),
-                    ("v1", "Service"),
                     ("v1", "ServiceAccount"),
                     ("v1", "ConfigMap"),
                 )

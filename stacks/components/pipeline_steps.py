@@ -112,11 +112,13 @@ STEPS = (
         ),
     ),
     # A Nova evaluation: AWS's recipe, the held-out records written for it, the checkpoint found.
+    # An open-weights one: the trainer image's evaluation job, submitted as the training job is.
     PipelineStep(
         "start_evaluation", "Starts the evaluation of the run's starting or trained model",
         (
             Need.NOVA_LAUNCH, Need.FORGE_RECIPES_READ, Need.DATASETS_READ,
             Need.EVALUATION_DATA_READ, Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE,
+            Need.KUBERNETES, Need.POD_IDENTITY_CREATE,
         ),
     ),
     # A Nova evaluation's episodes: its rollout reports, written beside the run's outputs.

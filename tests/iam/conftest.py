@@ -51,6 +51,7 @@ from tests.iam.world import (
     nova_recipe,
     publish_stacks,
     run_cli,
+    write_episodes_as_the_evaluator,
     write_manifest_as_the_nova_job,
     write_metrics_as_the_trainer,
 )
@@ -292,6 +293,9 @@ def scenarios(nova_app: Synthesized, tmp_path_factory: pytest.TempPathFactory) -
     ):
         controller = JobController(world.kubernetes, world.sagemaker)
         controller.on_running = lambda namespace: write_metrics_as_the_trainer(world, namespace)
+        controller.on_evaluating = lambda namespace, stage: write_episodes_as_the_evaluator(
+            world, namespace, stage
+        )
         world.kubernetes.on_request = controller
         # Configs of their own (as `mtrl submit` uploads them) for an open-weights model, one
         # whose workers scale on the backlog.

@@ -50,7 +50,9 @@ def test_a_run_on_the_aws_backends_submits_scales_finishes_and_leaves_nothing(
     # The job: every object applied in the run's namespace, read until complete, then deleted.
     applied = [path.split("?")[0] for method, path, _ in requests if method == "PATCH"]
     assert applied[0] == f"/api/v1/namespaces/{namespace}"
-    assert applied[-1].endswith(f"/namespaces/{namespace}/hyperpodpytorchjobs/trainer")
+    # The trainer image's jobs: the baseline evaluation, training, the final evaluation.
+    jobs = [path.rsplit("/", 1)[1] for path in applied if "/hyperpodpytorchjobs/" in path]
+    assert jobs == ["evaluation-baseline", "trainer", "evaluation-final"]
     assert ("DELETE", f"/api/v1/namespaces/{namespace}") in [
         (m, p.split("?")[0]) for m, p, _ in requests
     ]
@@ -72,10 +74,16 @@ def test_a_run_on_the_aws_backends_submits_scales_finishes_and_leaves_nothing(
     assert [c.operation for c in calls].count("PutScalingPolicy") == 1
     assert [c.operation for c in calls].count("DeregisterScalableTarget") == 1
     assert output["teardown"]["leftover"] == 0
+    # Namespace, association, service account, and per job its settings and itself.
     assert (
-        output["released"]["job_objects_deleted"] == 5
+        output["released"]["job_objects_deleted"] == 3 + 2 * 3
         and output["released"]["workers_stopped"] >= 1
     )
+    # Each evaluation's episodes, written by the trainer image with its pods' role, were read:
+    # the held-out pass rate before and after is the run's.
+    assert run.evaluation is not None
+    figures = [run.evaluation[stage]["mean_reward"] for stage in EvaluationStage]
+    assert figures == [0.2, 0.6] and all(run.evaluation[s]["n"] == 2 for s in EvaluationStage)
 
 
 def test_a_nova_run_trains_on_from_the_checkpoint_of_the_run_its_config_names(
@@ -202,9 +210,13 @@ def test_a_job_that_cannot_start_fails_the_run_with_the_reason_and_leaves_nothin
     scenarios: Scenarios,
 ) -> None:
     run = scenarios.runs["job cannot start"]
-    assert run.described["status"] == "FAILED" and run.described["error"] == "TrainingJobFailed"
-    reason = "image pull failed for trainer:missing (pod trainer-0, container pytorch): not found"
-    assert run.described["cause"] == f"failed: {reason}"
+    # The image's first job is the baseline evaluation: it cannot start, and the run fails.
+    assert run.described["status"] == "FAILED" and run.described["error"] == "EvaluationFailed"
+    reason = (
+        "the baseline evaluation ended failed: image pull failed for trainer:missing "
+        "(pod evaluation-baseline-0, container pytorch): not found"
+    )
+    assert reason in run.described["cause"]
     _released(scenarios, run)
 
 
@@ -248,7 +260,9 @@ def test_a_run_stopped_by_hand_is_reaped_and_leaves_nothing(scenarios: Scenarios
     scheduled, on_request, idle, _ = scenarios.reaped
     ((reaped,),) = [scheduled["reaped"]]
     assert reaped["run_id"] == run.run_id and reaped["reason"] == "its execution is ABORTED"
-    assert reaped["workers_stopped"] == 4 and reaped["job_objects_deleted"] == 5
+    # Namespace, association, service account; the baseline evaluation and the trainer, each
+    # its settings and its job.
+    assert reaped["workers_stopped"] == 4 and reaped["job_objects_deleted"] == 3 + 2 * 2
     # Its config let the workers scale on the backlog: a target, a policy, then neither.
     operations = [c.operation for c in scenarios.world.recorder.calls[run.calls]]
     assert operations.count("PutScalingPolicy") == 1

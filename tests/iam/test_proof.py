@@ -106,6 +106,11 @@ def test_each_rule_may_invoke_its_target_and_dead_letter_its_events(scenarios: S
 
 # Grants no scenario uses, each kept for a reason: (principal pattern, action pattern) -> why.
 KEPT = {
+    ("*SubmitJob*", "eks:CreatePodIdentityAssociation"): "An open-weights run's first job makes "
+    "the namespace's association: the baseline evaluation's (StartEvaluation) in the scenarios, "
+    "the trainer's (SubmitJob) for a config that holds nothing out.",
+    ("*SubmitJob*", "eks:TagResource"): "As eks:CreatePodIdentityAssociation: its tags.",
+    ("*SubmitJob*", "iam:PassRole"): "As eks:CreatePodIdentityAssociation: the job role it passes.",
     ("*SubmitJob*", "s3:GetObject"): "The Forge recipes, each named: a run reads the one of its "
     "config's recipe (the scenarios' Nova run is LoRA).",
     ("*StartEvaluation*", "s3:GetObject"): "The Forge recipes, each named: an evaluation reads "

@@ -30,9 +30,10 @@ from moto import mock_aws
 
 from domain.backends import METRICS_OBJECT
 from domain.bucket import trajectories_prefix
-from domain.episodes import EvaluationStage
+from domain.episodes import Episode, EvaluationStage
+from domain.evaluation import write_episodes
 from domain.nova_job import FORGE_EVALUATION_RECIPE, FORGE_RECIPE_SOURCE, FORGE_RECIPES, job_pattern
-from domain.protocol import RolloutRequest, dump
+from domain.protocol import Metric, RolloutRequest, RolloutResponse, dump
 from domain.run_queues import QueueKind, queue_name
 from domain.trainer_job import job_from_environment
 from lambdas.clients import Clients, Compose, Handler
@@ -432,10 +433,11 @@ EVALUATION_JOB = re.compile(r"-eval-[bf]-[a-z0-9]{5}$")  # domain/nova_job.py ru
 
 class JobController:
     """The training operator and kubelet, scripted: HyperPod's GPU nodes (of the standard and
-    the restricted group) join as SageMaker runs them; a run's job — ours in its namespace, or
-    the PyTorchJob AWS's chart puts in kubeflow — runs once read, then completes — or, as
-    `outcome` says, its trainer pod cannot pull its image ("bad_image"), or it keeps running
-    ("hold": a Nova evaluation still completes)."""
+    the restricted group) join as SageMaker runs them; a run's job — ours in its namespace (the
+    trainer, or an evaluation), or the PyTorchJob AWS's chart puts in kubeflow — runs once read,
+    then completes — or, as
+    `outcome` says, its pod cannot pull its image ("bad_image"), or the training job keeps
+    running ("hold": evaluations still complete)."""
 
     def __init__(
         self,
@@ -446,6 +448,8 @@ class JobController:
         self.api, self.sagemaker, self.groups = api, sagemaker, groups
         self.outcome = "complete"
         self.on_running: Callable[[str], None] = lambda namespace: None  # the trainer at work
+        # The trainer image evaluating a stage (open-weights runs).
+        self.on_evaluating: Callable[[str, EvaluationStage], None] = lambda namespace, stage: None
         self.on_nova_running: Callable[[str], None] = lambda job: None  # the Nova job at work
         self._reads: dict[str, int] = {}
 
@@ -473,22 +477,30 @@ class JobController:
             self._nodes()
         if method == "GET" and path == PYTORCH_JOBS:
             self._nova_jobs()
-        if method != "GET" or not path.endswith("/trainer") or "jobs/" not in path:
+        if method != "GET" or "jobs/" not in path:
             return
-        collection = path.rsplit("/", 1)[0]
+        collection, name = path.rsplit("/", 1)
         items = self.api.objects.get(collection, {})
-        if "trainer" not in items:
+        if name not in items or not (name == "trainer" or name.startswith("evaluation-")):
             return
-        state, first = self._read(collection)
+        state, first = self._read(path)
+        if name != "trainer" and self.outcome == "hold":
+            state = "Succeeded" if self._reads[path] > 1 else state  # only training holds
+        namespace = collection.split("/namespaces/")[1].split("/")[0]
         if first and self.outcome != "bad_image":
-            self.on_running(collection.split("/namespaces/")[1].split("/")[0])
+            if name == "trainer":
+                self.on_running(namespace)
+            else:
+                self.on_evaluating(namespace, EvaluationStage(name.removeprefix("evaluation-")))
         state = "Completed" if state == "Succeeded" else state  # HyperPod's word for it
-        items["trainer"]["status"] = {"conditions": [{"type": state, "status": "True"}]}
+        items[name]["status"] = {"conditions": [{"type": state, "status": "True"}]}
         if self.outcome == "bad_image":
             pods = collection.replace("/apis/sagemaker.amazonaws.com/v1", "/api/v1").replace(
                 "/hyperpodpytorchjobs", "/pods"
             )
-            self.api.objects.setdefault(pods, {})["trainer-0"] = _pulling("trainer-0")
+            pod = _pulling(f"{name}-0")
+            pod["metadata"]["labels"] = {"app.kubernetes.io/component": name}
+            self.api.objects.setdefault(pods, {})[f"{name}-0"] = pod
 
     def _nova_jobs(self) -> None:
         for name, job in list(self.api.objects.get(PYTORCH_JOBS, {}).items()):
@@ -677,6 +689,32 @@ def write_metrics_as_the_trainer(world: World, namespace: str) -> None:
                         "env_error_rollouts": 1, "timeout_rollouts": 0}).encode() + b"\n"
             for step in (1, 2, 3)
         ),
+    )  # fmt: skip
+
+
+def write_episodes_as_the_evaluator(world: World, namespace: str, stage: EvaluationStage) -> None:
+    """The trainer image evaluating `stage`, with its pods' role, records its episodes where its
+    job says (the evaluation's settings in the run's namespace): two held-out rollouts, the
+    final better than the baseline."""
+    settings = world.kubernetes.objects[f"/api/v1/namespaces/{namespace}/configmaps"][
+        f"evaluation-{stage}-settings"
+    ]
+    job = job_from_environment(settings["data"])
+    assert job.evaluation is stage
+    evaluator = world.recorder.session(
+        role_of(world.deployment, "pipeline", "TrainingClusterControlJobRole")
+    )
+    reward = 0.2 if stage is EvaluationStage.BASELINE else 0.6
+    episodes = [
+        Episode.of(f"held-out-{i}", RolloutResponse(
+            sample_id=f"eval-held-out-{i}_0", stop_reason="end_of_conversation",
+            rewards={"aggregate_score": reward}, metrics=[Metric(name="turns", value=3)],
+        ))
+        for i in range(2)
+    ]  # fmt: skip
+    write_episodes(
+        evaluator.client("s3"), bucket=job.bucket, output_prefix=job.output_prefix, stage=stage,
+        episodes=episodes,
     )  # fmt: skip
 
 

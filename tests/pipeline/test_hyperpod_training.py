@@ -14,8 +14,9 @@ import boto3
 import pytest
 
 from domain.backends import RunContext
+from domain.episodes import EvaluationStage
 from domain.trainer_job import job_from_environment
-from lambdas.kubernetes.training_job import JobRenderError, run_namespace
+from lambdas.kubernetes.training_job import JobRenderError, render, run_namespace
 from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
 from lambdas.pipeline.hyperpod_training import (
     HyperPodSettings,
@@ -26,6 +27,7 @@ from lambdas.pipeline.hyperpod_training import (
 from stacks.config import PlatformConfig, deployment_context
 from tests.aws import create_leases_table
 from tests.kubernetes.fake_api import FakeKubernetes, client_of
+from tests.kubernetes.test_training_job import validate
 from tests.service_fakes import FakeEks, FakeSageMaker
 from training_configs.schema import load_training_config
 
@@ -338,3 +340,38 @@ def test_nodes_scale_through_the_lease_with_keep_warm(
     assert sagemaker.groups[1]["TargetCount"] == 4  # kept warm
     assert cluster.capacity.scale_idle(keep_warm_seconds=900, now=clock.now + 900) is True
     assert sagemaker.groups[1]["TargetCount"] == 0
+
+
+def test_an_evaluation_is_the_trainer_image_told_to_evaluate_in_a_job_of_its_own(
+    cluster: HyperPodTrainingCluster, api: FakeKubernetes
+) -> None:
+    assert cluster.submit_evaluation(RUN, stage=EvaluationStage.BASELINE) == (
+        f"{NAMESPACE}/evaluation-baseline"
+    )
+    configs = api.objects[f"/api/v1/namespaces/{NAMESPACE}/configmaps"]
+    job = job_from_environment(configs["evaluation-baseline-settings"]["data"])
+    assert job.evaluation is EvaluationStage.BASELINE and job.model_source == "Qwen/Qwen3-8B"
+    evaluation = api.objects[JOBS]["evaluation-baseline"]
+    (replica,) = evaluation["spec"]["replicaSpecs"]
+    (container,) = replica["template"]["spec"]["containers"]
+    assert container["envFrom"] == [{"configMapRef": {"name": "evaluation-baseline-settings"}}]
+    assert container["image"] == TRAINER_IMAGE
+    for obj in render(cluster.job_request(RUN), stage=EvaluationStage.FINAL):
+        validate(obj)
+    # Its status is its own job's, not the trainer's (which does not exist yet).
+    stage = EvaluationStage.BASELINE
+    assert cluster.evaluation_status(RUN, stage=stage).phase == "pending"
+    evaluation["status"] = {"conditions": [{"type": "Completed", "status": "True"}]}
+    assert cluster.evaluation_status(RUN, stage=stage).phase == "succeeded"
+    assert cluster.status(RUN).phase == "failed"
+    assert cluster.evaluation_status(RUN, stage=EvaluationStage.FINAL).reason == (
+        f"job {NAMESPACE}/evaluation-final does not exist"
+    )
+    # A pod of the evaluation that cannot start fails it; the trainer's pods do not.
+    add_pod(api, "trainer-0", {"containerStatuses": [{"name": "pytorch", "state": {
+        "waiting": {"reason": "CrashLoopBackOff"}}, "restartCount": 4}]})  # fmt: skip
+    api.objects[f"/api/v1/namespaces/{NAMESPACE}/pods"]["trainer-0"]["metadata"]["labels"] = {
+        "app.kubernetes.io/component": "trainer"
+    }
+    evaluation["status"] = {"conditions": [{"type": "Running", "status": "True"}]}
+    assert cluster.evaluation_status(RUN, stage=stage).phase == "running"

@@ -1,0 +1,123 @@
+"""The open-weights trainer's own costs, for a model directory on whatever device is at hand (a
+GPU when there is one; `--model tiny` on a CPU shows the script works): generation throughput,
+the GRPO step and weight sync, each beside a named baseline run the same way.
+
+- generation: sampled tokens per second of `TransformersGenerator` (which also takes every
+  token's log-probability) against plain `model.generate` on the same prompts and seed;
+- update: seconds per GRPO step (`grpo_update`: two passes' worth of bookkeeping, masked loss,
+  clipped ratio) against one plain supervised step (cross-entropy on the same sequences);
+- weight sync: seconds to hand the updated weights to generation (the same model object with
+  transformers: nothing to copy).
+
+Run: `python -m bench.llm_trainer --model DIR|HUB_ID|tiny [--batch 16] [--new-tokens 128]
+[--rounds 3] [--lora]`. Nothing is asserted: it is a measurement. Prints the device, the
+machine's core count and each figure with its ratio to the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from llm_trainer.generation import SamplingSettings, TransformersGenerator
+from llm_trainer.grpo import grpo_update, training_sequences
+from llm_trainer.model import load_policy
+from llm_trainer.tokens import SampledTurn, segments
+from training_configs.schema import load_training_config
+
+PROMPT = [{"role": "user", "content": "Write a short poem about the letter e, then explain it."}]
+
+
+def _timed(work, rounds: int) -> tuple[float, object]:
+    """The median seconds of `rounds` runs of `work`, and its last result."""
+    seconds, result = [], None
+    for _ in range(rounds):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        result = work()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds), result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--lora", action="store_true", help="RFT_MULTITURN_LORA (default: FULL)")
+    options = parser.parse_args()
+    config = load_training_config("rft_multiturn_lora" if options.lora else "rft_multiturn_full")
+    with tempfile.TemporaryDirectory() as scratch:
+        policy = load_policy(options.model, config, s3=None, workdir=Path(scratch))
+    model, tokenizer = policy.model, policy.tokenizer
+    text = tokenizer.apply_chat_template(PROMPT, tokenize=False, add_generation_prompt=True)
+    prompt = tokenizer.encode(text, add_special_tokens=False)
+    prompts = [prompt] * options.batch
+    generator = TransformersGenerator(
+        model,
+        stop_token_ids=[],
+        pad_token_id=tokenizer.pad_token_id,  # never stop early
+    )
+    settings = SamplingSettings(max_new_tokens=options.new_tokens)
+    ours, sampled = _timed(lambda: generator.generate(prompts, settings, seed=0), options.rounds)
+    ids = torch.tensor(prompts, device=policy.device)
+
+    def plain() -> object:
+        torch.manual_seed(0)
+        with torch.no_grad():
+            return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                  do_sample=True, max_new_tokens=options.new_tokens, min_new_tokens=options.new_tokens,
+                                  pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+
+    baseline, _ = _timed(plain, options.rounds)
+    tokens = sum(len(s.token_ids) for s in sampled)
+    turns = [
+        SampledTurn(0, tuple(prompt), tuple(s.token_ids), tuple(s.logprobs), "length", 0)
+        for s in sampled
+    ]
+    episodes = [(1.0 if i % 2 else -1.0, segments([turn])) for i, turn in enumerate(turns)]
+    sequences = training_sequences(episodes)
+    optimizer = policy.optimizer(1e-6)
+    step, _ = _timed(
+        lambda: grpo_update(model, optimizer, sequences, pad_id=tokenizer.pad_token_id,
+                            clip_ratio=0.2, temperature=1.0, micro_batch_size=8, max_grad_norm=1.0),
+        options.rounds,
+    )  # fmt: skip
+    batch = torch.tensor(
+        [turn.prompt_ids + turn.completion_ids for turn in turns], device=policy.device
+    )
+
+    def supervised() -> object:
+        optimizer.zero_grad(set_to_none=True)
+        for start in range(0, len(batch), 8):
+            part = batch[start : start + 8]
+            model(input_ids=part, labels=part).loss.backward()
+        optimizer.step()
+        return None
+
+    sft, _ = _timed(supervised, options.rounds)
+    sync, _ = _timed(lambda: generator.sync(model), options.rounds)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    parameters = sum(p.numel() for p in model.parameters())
+    print(f"model {options.model} ({parameters:,} parameters, {'LoRA' if options.lora else 'full'}) "
+          f"on {device}, {os.cpu_count()} cores; batch {options.batch} x {options.new_tokens} new tokens")  # fmt: skip
+    print(f"generation: {tokens / ours:,.0f} tokens/s (plain model.generate: {tokens / baseline:,.0f}; "
+          f"ratio {baseline / ours:.2f})")  # fmt: skip
+    print(
+        f"GRPO step: {step:.3f} s (one supervised step on the same tokens: {sft:.3f} s; ratio {step / sft:.2f})"
+    )
+    print(f"weight sync: {sync * 1e3:.3f} ms (shared model object)")
+
+
+if __name__ == "__main__":
+    main()
