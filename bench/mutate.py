@@ -125,6 +125,15 @@ MODULES: dict[str, tuple[str, ...]] = {
     "reward_envs/support_desk/env.py": ("tests/reward_envs/test_support_desk.py",),
     "reward_envs/openenv/env.py": ("tests/reward_envs/test_openenv.py",),
     "mtrl/local/trainer/grpo.py": ("tests/local/test_grpo.py", "tests/local/test_trainer.py"),
+    # The open-weights trainer: which tokens it trains on, and the step's statistics both
+    # trainers report (a wrong mask or count trains on the wrong thing silently).
+    "llm_trainer/tokens.py": ("tests/llm_trainer/test_tokens.py",),
+    "domain/grpo.py": (
+        "tests/llm_trainer/test_grpo.py",
+        "tests/local/test_grpo.py",
+        "tests/local/test_trainer.py",
+        "tests/llm_trainer/test_trainer.py",
+    ),
     "stacks/components/pipeline_states.py": ("tests/pipeline/test_pipeline_definition.py",),
 }
 # Modules whose tests start jsii's node process (CDK): a forked child cannot share its parent's,
