@@ -1,7 +1,10 @@
 """`mtrl local --trainer llm`: the whole offline pipeline with the open-weights trainer and a
-real (tiny, random) language model in place of the local policy. It succeeds, learns, and writes
-what a deployed run writes: metrics in the same schema, Hugging Face checkpoints with their
-manifest, the held-out evaluation before and after, trajectories with policy versions."""
+real (tiny, random) language model in place of the local policy. It succeeds and writes what a
+deployed run writes: metrics in the same schema, Hugging Face checkpoints with their manifest,
+the held-out evaluation before and after, trajectories with policy versions. That it learns is
+tested in-process, where sampling is reproducible (tests/llm_trainer/test_trainer.py): through
+the pipeline the batches the generation service sees vary with timing, and how fast a random
+model climbs varies with them."""
 
 from __future__ import annotations
 
@@ -59,9 +62,6 @@ def test_a_tiny_language_model_trains_through_the_whole_pipeline(
     report = json.loads((directory / "report.json").read_text())
     evaluation = report["evaluation"]
     assert evaluation["baseline"]["n"] == evaluation["final"]["n"] == 8
-    # It learned: the reward of the last steps above that of the first (each 48 rollouts).
-    rewards = [line["mean_reward"] for line in lines]
-    assert sum(rewards[-3:]) > sum(rewards[:3]), rewards
     trajectories = pd.read_parquet(outputs / "trajectories")
     evaluated = trajectories["sample_id"].str.startswith(SAMPLE_PREFIX)
     trained = trajectories[~evaluated]
