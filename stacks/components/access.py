@@ -42,9 +42,13 @@ NEEDS: Mapping[str, tuple[Need, ...]] = {
     "reward_worker": (
         Need.RUN_QUEUES_RECEIVE, Need.RUN_QUEUES_SEND, Need.PROXY_INVOKE, Need.TRAJECTORIES_WRITE,
     ),
-    # The trainer reads its dataset, writes checkpoints and metrics, and speaks the protocol.
+    # The open-weights trainer (llm_trainer/) reads its dataset (the version the run started
+    # with; an unversioned object as it is), writes checkpoints and metrics, speaks the protocol; it finds its own checkpoints by listing (a restart resumes), reads
+    # them back (resume, a base checkpoint, the final evaluation) and an eval_dataset file.
     "run_pods": (
-        Need.DATASETS_READ_CURRENT, Need.OUTPUTS_WRITE, Need.RUN_QUEUES_RECEIVE, Need.RUN_QUEUES_SEND,
+        Need.DATASETS_READ, Need.DATASETS_READ_CURRENT, Need.EVALUATION_DATA_READ,
+        Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE, Need.RUN_QUEUES_RECEIVE,
+        Need.RUN_QUEUES_SEND,
     ),
     # A Nova job, whose only identity is the restricted group's execution role (AWS's RIG
     # docs): its dataset and outputs, the run's queues, and the run's rollout Lambda (BYOO).

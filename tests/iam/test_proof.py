@@ -106,6 +106,8 @@ def test_each_rule_may_invoke_its_target_and_dead_letter_its_events(scenarios: S
 
 # Grants no scenario uses, each kept for a reason: (principal pattern, action pattern) -> why.
 KEPT = {
+    ("*JobRole*", "s3:GetObject"): "evaluation-data/: a config's eval_dataset, which the trainer "
+    "image's evaluation reads (the scenarios' runs hold a share of their dataset out instead).",
     ("*SubmitJob*", "eks:CreatePodIdentityAssociation"): "An open-weights run's first job makes "
     "the namespace's association: the baseline evaluation's (StartEvaluation) in the scenarios, "
     "the trainer's (SubmitJob) for a config that holds nothing out.",

@@ -35,11 +35,17 @@ from domain.evaluation import write_episodes
 from domain.nova_job import FORGE_EVALUATION_RECIPE, FORGE_RECIPE_SOURCE, FORGE_RECIPES, job_pattern
 from domain.protocol import Metric, RolloutRequest, RolloutResponse, dump
 from domain.run_queues import QueueKind, queue_name
-from domain.trainer_job import job_from_environment
+from domain.trainer_job import (
+    evaluation_records_of,
+    job_from_environment,
+    metrics_lines_of,
+    training_records_of,
+)
 from lambdas.clients import Clients, Compose, Handler
 from lambdas.kubernetes.token import CLUSTER_HEADER, PREFIX
 from lambdas.launcher.handler import compose as compose_launcher
 from lambdas.router.rollout_aliases import alias_name
+from llm_trainer.checkpoints import FINAL, CheckpointStore, download_folder
 from mtrl.local.embedded import (
     Dispatcher,
     LocalPipeline,
@@ -680,8 +686,16 @@ def write_metrics_as_the_trainer(world: World, namespace: str) -> None:
     job = job_from_environment(settings["data"])
     trainer = world.recorder.session(
         role_of(world.deployment, "pipeline", "TrainingClusterControlJobRole")
+    ).client("s3")
+    # What llm_trainer does before its first step: find its own checkpoints (a restarted job
+    # resumes from them) and the metrics lines up to them, read its training records.
+    store = CheckpointStore(
+        trainer, bucket=job.bucket, output_prefix=job.output_prefix, model=job.config.model
     )
-    trainer.client("s3").put_object(
+    assert store.latest() is None
+    assert metrics_lines_of(trainer, bucket=job.bucket, output_prefix=job.output_prefix) == []
+    assert training_records_of(trainer, job)
+    trainer.put_object(
         Bucket=job.bucket, Key=f"{job.output_prefix}{METRICS_OBJECT}",
         Body=b"".join(
             json.dumps({"step": step, "mean_reward": 0.4, "zero_variance_groups": 0.0,
@@ -690,6 +704,10 @@ def write_metrics_as_the_trainer(world: World, namespace: str) -> None:
             for step in (1, 2, 3)
         ),
     )  # fmt: skip
+    # ... and what it does at the end: its final checkpoint (a folder) and the manifest.
+    with tempfile.TemporaryDirectory() as scratch:
+        (Path(scratch) / "adapter_config.json").write_text("{}")
+        store.save(Path(scratch), name=FINAL, step=3, mean_reward=0.4)
 
 
 def write_episodes_as_the_evaluator(world: World, namespace: str, stage: EvaluationStage) -> None:
@@ -704,6 +722,18 @@ def write_episodes_as_the_evaluator(world: World, namespace: str, stage: Evaluat
     evaluator = world.recorder.session(
         role_of(world.deployment, "pipeline", "TrainingClusterControlJobRole")
     )
+    # What llm_trainer's evaluator reads: the held-out records, and for the final stage the
+    # run's final checkpoint, found in its manifest and downloaded.
+    assert evaluation_records_of(evaluator.client("s3"), job)
+    if stage is EvaluationStage.FINAL:
+        store = CheckpointStore(
+            evaluator.client("s3"), bucket=job.bucket, output_prefix=job.output_prefix,
+            model=job.config.model,
+        )  # fmt: skip
+        (final,) = [saved for saved in store.manifest.checkpoints if saved.name == FINAL]
+        with tempfile.TemporaryDirectory() as scratch:
+            download_folder(evaluator.client("s3"), store.uri(final), Path(scratch))
+            assert (Path(scratch) / "adapter_config.json").is_file()
     reward = 0.2 if stage is EvaluationStage.BASELINE else 0.6
     episodes = [
         Episode.of(f"held-out-{i}", RolloutResponse(
