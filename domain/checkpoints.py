@@ -17,7 +17,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 RUN_REFERENCE = "run:"  # base_checkpoint: run:<run_id>
-MANIFEST_OBJECT = "checkpoints/manifest.json"  # our trainers', under a run's outputs
+CHECKPOINTS = "checkpoints/"  # our trainers' folder of checkpoints, under a run's outputs
+MANIFEST_OBJECT = f"{CHECKPOINTS}manifest.json"  # what they saved there
 NOVA_MANIFEST = "manifest.json"  # a Nova job's, under `<output_s3_path>/<job>/`
 
 
@@ -59,6 +60,11 @@ class BaseCheckpoint(BaseModel):
     uri: str
     run_id: str | None = None
     step: int | None = None
+
+
+def step_checkpoint_name(step: int) -> str:
+    """What our trainers call the checkpoint saved after `step` (`step-000010`)."""
+    return f"step-{step:06d}"
 
 
 def referenced_run(reference: str) -> str | None:

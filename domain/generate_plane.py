@@ -12,12 +12,35 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
-from domain.protocol import turn_of
+from domain.protocol import Choice, GenerateRequest, GenerateResponse, dump, fifo_id, turn_of
 from domain.run_queues import QueueKind
 from domain.trainer_job import TrainingJob
 
 log = logging.getLogger("mtrl.trainer")
 Kept = TypeVar("Kept")
+
+
+def generate_response(
+    request: GenerateRequest,
+    *,
+    message: Any,
+    finish_reason: str,
+    tokens: list[dict[str, Any]],
+    version: int,
+) -> GenerateResponse:
+    """The v0 answer to `request`: the assistant message, its tokens with their
+    log-probabilities, why it ended, and the version of the weights that wrote it."""
+    return GenerateResponse(
+        sample_id=request.sample_id,
+        step_id=request.step_id,
+        data={
+            "choices": [
+                Choice(message=message, finish_reason=finish_reason, logprobs={"content": tokens})
+            ],
+            "policy_version": version,
+        },
+        finish_reason=finish_reason,
+    )
 
 
 class GeneratePlane(ABC, Generic[Kept]):
@@ -40,6 +63,22 @@ class GeneratePlane(ABC, Generic[Kept]):
             MaxNumberOfMessages=10,
             WaitTimeSeconds=1,
         ).get("Messages", [])
+
+    def send(self, responses: list[GenerateResponse]) -> None:
+        """The answers onto the generate-response queue, in order per conversation, each step
+        once (its step id deduplicates a retry)."""
+        entries = [
+            {
+                "Id": str(index),
+                "MessageBody": dump(response),
+                "MessageGroupId": fifo_id(response.sample_id),
+                "MessageDeduplicationId": fifo_id(response.step_id),
+            }
+            for index, response in enumerate(responses)
+        ]
+        url = self.job.queues[QueueKind.GENERATE_RESPONSES]
+        for start in range(0, len(entries), 10):
+            self.sqs.send_message_batch(QueueUrl=url, Entries=entries[start : start + 10])
 
     def record(self, samples: Iterable[str]) -> None:
         """Keep what is produced for these samples from now on (and only for them)."""

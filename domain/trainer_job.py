@@ -8,12 +8,13 @@ Kubernetes job; locally the local training cluster hands it over the same way.""
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TextIO
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -30,6 +31,7 @@ from domain.evaluation import (
     training_records,
     write_episodes,
 )
+from domain.grpo import StepMetrics
 from domain.protocol import (
     ProtocolError,
     RewardSpec,
@@ -41,6 +43,7 @@ from domain.protocol import (
     sample_id_for,
 )
 from domain.run_queues import QueueKind
+from domain.step_metrics import metrics_lines
 from training_configs.schema import TrainingConfig
 
 log = logging.getLogger("mtrl.trainer")
@@ -104,6 +107,11 @@ class TrainingJob(BaseModel):
             rewards=RewardSpec(range=self.reward_range),
             data=record.rollout_data(),
         )
+
+    @property
+    def base_step(self) -> int:
+        """The steps the checkpoint it starts from had been trained (0 for a fresh start)."""
+        return (self.base.step or 0) if self.base else 0
 
 
 class TrainingFailed(RuntimeError):
@@ -209,20 +217,42 @@ def training_records_of(s3: Any, job: TrainingJob) -> list[DatasetRecord]:
     return kept
 
 
-def earlier_metrics(s3: Any, job: TrainingJob) -> list[str]:
+def earlier_metrics(s3: Any, job: TrainingJob) -> list[dict[str, Any]]:
     """The metrics lines of the run a job continues (none for a fresh start or an S3 URI)."""
     if job.base is None or job.base.run_id is None:
         return []
     return metrics_lines_of(s3, bucket=job.bucket, output_prefix=run_output_prefix(job.base.run_id))
 
 
-def metrics_lines_of(s3: Any, *, bucket: str, output_prefix: str) -> list[str]:
+def metrics_lines_of(s3: Any, *, bucket: str, output_prefix: str) -> list[dict[str, Any]]:
     """A run's metrics lines as its trainer wrote them (none when it wrote none)."""
     key = f"{output_prefix}{METRICS_OBJECT}"
     if not object_exists(s3, bucket=bucket, key=key):
         return []
-    body = s3.get_object(Bucket=bucket, Key=key)["Body"].read().decode()
-    return [line for line in body.splitlines() if line.strip()]
+    return metrics_lines(s3.get_object(Bucket=bucket, Key=key)["Body"].read().decode())
+
+
+def publish_step(
+    s3: Any,
+    job: TrainingJob,
+    *,
+    earlier: list[dict[str, Any]],
+    history: list[StepMetrics],
+    last: int,
+    out: TextIO | None,
+) -> None:
+    """A trainer's step made known: the run's metrics object rewritten with every line (those
+    of the run it continues, then its own steps), and the newest step as a JSON line on `out`
+    (a local trainer's progress), with the step the run ends at."""
+    lines = [*earlier, *(metrics.line() for metrics in history)]
+    s3.put_object(
+        Bucket=job.bucket,
+        Key=f"{job.output_prefix}{METRICS_OBJECT}",
+        Body="".join(json.dumps(line) + "\n" for line in lines).encode(),
+        ContentType="application/x-ndjson",
+    )
+    if out is not None:
+        print(json.dumps({"event": "step", **history[-1].line(), "of": last}), file=out, flush=True)
 
 
 def evaluation_records_of(s3: Any, job: TrainingJob) -> list[DatasetRecord]:

@@ -15,20 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from domain.bucket import object_exists
-from domain.checkpoints import MANIFEST_OBJECT, CheckpointManifest, SavedCheckpoint
+from domain.checkpoints import CHECKPOINTS, MANIFEST_OBJECT, CheckpointManifest, SavedCheckpoint
 
 log = logging.getLogger("mtrl.trainer")
-CHECKPOINTS = "checkpoints/"
 FINAL = "final"
 TRAINER_STATE = "trainer_state.pt"
 
 
 def checkpoint_prefix(output_prefix: str, name: str) -> str:
     return f"{output_prefix}{CHECKPOINTS}{name}/"
-
-
-def step_name(step: int) -> str:
-    return f"step-{step:06d}"
 
 
 def upload_folder(s3: Any, folder: Path, *, bucket: str, prefix: str) -> None:

@@ -42,8 +42,8 @@ class Generator(Protocol):
         """One completion per prompt, sampled reproducibly from `seed`."""
         ...
 
-    def sync(self, model: Any) -> float:
-        """Serve `model`'s weights from now on; the seconds it took."""
+    def sync(self, model: Any) -> None:
+        """Serve `model`'s weights from now on (the caller times it)."""
         ...
 
 
@@ -64,9 +64,8 @@ class TransformersGenerator:
         self.pad_token_id = pad_token_id
         self.lock = threading.Lock()
 
-    def sync(self, model: Any) -> float:
+    def sync(self, model: Any) -> None:
         self.model = model
-        return 0.0
 
     def generate(
         self, prompts: Sequence[Sequence[int]], settings: SamplingSettings, *, seed: int

@@ -63,7 +63,6 @@ class Reference:
     """Log-probabilities under the reference model (what the KL term pulls towards)."""
 
     def __init__(self, model: Any, *, lora: bool) -> None:
-        self._lora = lora
         # LoRA: the base model is the reference (the adapter switched off); full: a frozen copy.
         self._frozen = None if lora else copy.deepcopy(model).eval().requires_grad_(False)
         self._model = model

@@ -19,14 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from domain.generate_plane import GeneratePlane
+from domain.generate_plane import GeneratePlane, generate_response
 from domain.protocol import (
-    Choice,
     GenerateRequest,
     GenerateResponse,
     ProtocolError,
-    dump,
-    fifo_id,
     parse,
     turn_of,
 )
@@ -109,17 +106,10 @@ class GenerationService(GeneratePlane[SampledTurn]):
                 )
         turns = self._turns_for([request for _, request in requests])
         replies = [
-            {
-                "Id": str(index),
-                "MessageBody": dump(self._response(request, turn)),
-                "MessageGroupId": fifo_id(request.sample_id),
-                "MessageDeduplicationId": fifo_id(request.step_id),
-            }
-            for index, ((_, request), turn) in enumerate(zip(requests, turns, strict=True))
+            self._response(request, turn)
+            for (_, request), turn in zip(requests, turns, strict=True)
         ]
-        url = self.job.queues[QueueKind.GENERATE_RESPONSES]
-        for start in range(0, len(replies), 10):
-            self.sqs.send_message_batch(QueueUrl=url, Entries=replies[start : start + 10])
+        self.send(replies)
         self.counters.answered += len(replies)
         if requests:
             queue = self.job.queues[QueueKind.GENERATE_REQUESTS]
@@ -163,22 +153,13 @@ class GenerationService(GeneratePlane[SampledTurn]):
 
     def _response(self, request: GenerateRequest, turn: SampledTurn) -> GenerateResponse:
         text = self.tokenizer.decode(list(turn.completion_ids), skip_special_tokens=True)
-        tokens = [
-            {"token": token_name(token), "logprob": logprob}
-            for token, logprob in zip(turn.completion_ids, turn.logprobs, strict=True)
-        ]
-        return GenerateResponse(
-            sample_id=request.sample_id,
-            step_id=request.step_id,
-            data={
-                "choices": [
-                    Choice(
-                        message={"role": "assistant", "content": text},
-                        finish_reason=turn.finish_reason,
-                        logprobs={"content": tokens},
-                    )
-                ],
-                "policy_version": turn.policy_version,
-            },
+        return generate_response(
+            request,
+            message={"role": "assistant", "content": text},
             finish_reason=turn.finish_reason,
+            tokens=[
+                {"token": token_name(token), "logprob": logprob}
+                for token, logprob in zip(turn.completion_ids, turn.logprobs, strict=True)
+            ],
+            version=turn.policy_version,
         )

@@ -14,7 +14,6 @@ latest: its weights, optimizer state, step count and metrics lines up to it.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -23,7 +22,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from domain.backends import METRICS_OBJECT
+from domain.checkpoints import step_checkpoint_name
 from domain.episodes import Episode, EvaluationStage
 from domain.grpo import StepMetrics, score_groups
 from domain.trainer_job import (
@@ -34,6 +33,7 @@ from domain.trainer_job import (
     metrics_lines_of,
     play_evaluation,
     play_step,
+    publish_step,
     training_records_of,
 )
 from llm_trainer.checkpoints import (
@@ -41,7 +41,6 @@ from llm_trainer.checkpoints import (
     CheckpointStore,
     download_folder,
     scratch_folder,
-    step_name,
 )
 from llm_trainer.generation import TransformersGenerator
 from llm_trainer.grpo import Reference, grpo_update, training_sequences
@@ -61,10 +60,6 @@ def _generator(policy: Policy) -> TransformersGenerator:
         pad_token_id=policy.tokenizer.pad_token_id,
         autocast=policy.autocast,
     )
-
-
-def _step_of(line: str) -> int:
-    return int(json.loads(line).get("step", 0))
 
 
 class LlmTrainer:
@@ -94,7 +89,7 @@ class LlmTrainer:
             self.optimizer = self.policy.optimizer(self.config.learning_rate)
             self.steps_before = self.policy.restore_optimizer(folder, self.optimizer)
             lines = metrics_lines_of(s3, bucket=job.bucket, output_prefix=job.output_prefix)
-            self.earlier_metrics = [line for line in lines if _step_of(line) <= self.steps_before]
+            self.earlier_metrics = [line for line in lines if line["step"] <= self.steps_before]
             log.info(
                 "resuming run %s from its checkpoint at step %d", job.run_id, self.steps_before
             )
@@ -106,7 +101,7 @@ class LlmTrainer:
                 source, self.config, s3=s3, workdir=workdir, checkpoint=checkpoint
             )
             self.optimizer = self.policy.optimizer(self.config.learning_rate)
-            self.steps_before = (job.base.step or 0) if job.base else 0
+            self.steps_before = job.base_step
             self.earlier_metrics = earlier_metrics(s3, job)
         self.reference = (
             Reference(self.policy.model, lora=self.policy.lora)
@@ -149,8 +144,7 @@ class LlmTrainer:
     @property
     def last_planned(self) -> int:
         """The step the run ends at: a resumed run keeps the count it started with."""
-        started = (self.job.base.step or 0) if self.job.base else 0
-        return started + self.config.max_steps
+        return self.job.base_step + self.config.max_steps
 
     def stop(self) -> None:
         self.service.stop()
@@ -192,24 +186,18 @@ class LlmTrainer:
             },
         )
         self.history.append(metrics)
-        lines = self.earlier_metrics + [json.dumps(m.line()) for m in self.history]
-        self.s3.put_object(
-            Bucket=self.job.bucket,
-            Key=f"{self.job.output_prefix}{METRICS_OBJECT}",
-            Body="".join(line + "\n" for line in lines).encode(),
-            ContentType="application/x-ndjson",
-        )
+        publish_step(
+            self.s3, self.job, earlier=self.earlier_metrics, history=self.history,
+            last=self.last_planned, out=self.out,
+        )  # fmt: skip
         if step % grpo.checkpoint_every == 0:
-            self._checkpoint(step_name(step))
+            self._checkpoint(step_checkpoint_name(step))
         log.info(
             "step %d/%d: mean reward %s, %d rollouts (%d failed), %d sampled tokens, %.1f s",
             step, self.last_planned,
             "none" if stats.mean_reward is None else f"{stats.mean_reward:.3f}",
             stats.rollouts, stats.failed_rollouts, metrics.extra["sampled_tokens"], metrics.seconds,
         )  # fmt: skip
-        if self.out is not None:
-            line = {"event": "step", **metrics.line(), "of": self.last_planned}
-            print(json.dumps(line), file=self.out, flush=True)
 
     def _checkpoint(self, name: str) -> None:
         reward = self.history[-1].mean_reward if self.history else None
@@ -248,7 +236,7 @@ class LlmEvaluator:
             self.version = final[-1].step
         elif job.base is not None:
             checkpoint = download_folder(s3, job.base.uri, workdir / "base")
-            self.version = job.base.step or 0
+            self.version = job.base_step
         policy = load_policy(source, job.config, s3=s3, workdir=workdir, checkpoint=checkpoint)
         policy.model.eval()
         self.service = GenerationService(

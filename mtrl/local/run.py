@@ -116,12 +116,12 @@ def _check_language_model(model: str) -> None:
             f"--trainer llm needs {', '.join(missing)}: pip install -e '.[llm]' (PyTorch, "
             "transformers and PEFT, CPU is enough for --model tiny)"
         )
-    if model == TINY or model.startswith("s3://"):
-        if model.startswith("s3://"):
-            raise LocalRunError(
-                f"--model {model}: a local run cannot read S3; give a model directory, a "
-                "Hugging Face Hub id or tiny"
-            )
+    if model.startswith("s3://"):
+        raise LocalRunError(
+            f"--model {model}: a local run cannot read S3; give a model directory, a "
+            "Hugging Face Hub id or tiny"
+        )
+    if model == TINY:
         return
     path = Path(model)
     if path.exists() and not (path / "config.json").is_file():

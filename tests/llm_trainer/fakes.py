@@ -46,8 +46,8 @@ class ScriptedGenerator:
             answers.append(Sampled(tokens, [-1.0] * len(tokens), reason))
         return answers
 
-    def sync(self, model: Any) -> float:
-        return 0.0
+    def sync(self, model: Any) -> None:
+        """Scripted answers come from no weights: nothing to hand over."""
 
 
 class EpisodeQueues:

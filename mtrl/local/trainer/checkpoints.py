@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
+from domain.checkpoints import CHECKPOINTS
 from domain.trainer_job import TrainingJob
 from mtrl.local.trainer.policy import Policy
 
-CHECKPOINTS = "checkpoints/"
 FINAL = "final"  # the policy training ended with
 
 

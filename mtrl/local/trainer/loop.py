@@ -12,7 +12,6 @@ run's output prefix and prints one JSON line. Records held out for evaluation ar
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -20,8 +19,12 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from domain.backends import METRICS_OBJECT
-from domain.checkpoints import MANIFEST_OBJECT, CheckpointManifest, SavedCheckpoint
+from domain.checkpoints import (
+    MANIFEST_OBJECT,
+    CheckpointManifest,
+    SavedCheckpoint,
+    step_checkpoint_name,
+)
 from domain.dataset import DatasetRecord
 from domain.grpo import StepMetrics, score_groups
 from domain.trainer_job import (
@@ -29,6 +32,7 @@ from domain.trainer_job import (
     TrainingJob,
     earlier_metrics,
     play_step,
+    publish_step,
     training_records_of,
 )
 from mtrl.local.trainer.checkpoints import (
@@ -142,13 +146,13 @@ class Trainer:
             extra={"params": [round(float(p), 4) for p in params]},
         )
         self.history.append(metrics)
-        lines = self.earlier_metrics + [json.dumps(m.line()) for m in self.history]
-        self._put(
-            METRICS_OBJECT, "".join(line + "\n" for line in lines).encode(), "application/x-ndjson"
-        )
-        if step % settings.checkpoint_every == 0:
-            self._save_checkpoint(f"step-{step:06d}")
         last = self.steps_before + self.config.max_steps
+        publish_step(
+            self.s3, self.job, earlier=self.earlier_metrics, history=self.history, last=last,
+            out=self.out,
+        )  # fmt: skip
+        if step % settings.checkpoint_every == 0:
+            self._save_checkpoint(step_checkpoint_name(step))
         log.info(
             "step %d/%d: mean reward %s, %d rollouts (%d failed), %.1f s",
             step,
@@ -158,9 +162,6 @@ class Trainer:
             stats.failed_rollouts,
             metrics.seconds,
         )
-        if self.out is not None:
-            line = {"event": "step", **metrics.line(), "of": last}
-            print(json.dumps(line), file=self.out, flush=True)
 
     def _save_checkpoint(self, name: str) -> None:
         """The policy now, and the run's checkpoint manifest with it."""

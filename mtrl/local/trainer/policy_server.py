@@ -9,14 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from domain.generate_plane import GeneratePlane
+from domain.generate_plane import GeneratePlane, generate_response
 from domain.protocol import (
-    Choice,
     GenerateRequest,
-    GenerateResponse,
     ProtocolError,
-    dump,
-    fifo_id,
     parse,
 )
 from domain.run_queues import QueueKind
@@ -64,33 +60,14 @@ class PolicyServer(GeneratePlane[Decision]):
                     self.params, [m.model_dump() for m in request.messages], rng
                 )
                 self.keep(request.sample_id, request.step_id, decision)
-            response = GenerateResponse(
-                sample_id=request.sample_id,
-                step_id=request.step_id,
-                data={
-                    "choices": [
-                        Choice(
-                            message=decision.message,
-                            finish_reason="stop",
-                            logprobs={
-                                "content": [{"token": decision.text, "logprob": decision.logprob}]
-                            },
-                        )
-                    ],
-                    "policy_version": self.version,
-                },
-                finish_reason="stop",
-            )
             replies.append(
-                {
-                    "Id": str(len(replies)),
-                    "MessageBody": dump(response),
-                    "MessageGroupId": fifo_id(request.sample_id),
-                    "MessageDeduplicationId": fifo_id(request.step_id),
-                }
+                generate_response(
+                    request,
+                    message=decision.message,
+                    finish_reason="stop",
+                    tokens=[{"token": decision.text, "logprob": decision.logprob}],
+                    version=self.version,
+                )
             )
-        if replies:
-            self.sqs.send_message_batch(
-                QueueUrl=self.job.queues[QueueKind.GENERATE_RESPONSES], Entries=replies
-            )
+        self.send(replies)
         delete_messages(self.sqs, self.job.queues[QueueKind.GENERATE_REQUESTS], messages)
