@@ -44,11 +44,14 @@ class SavedCheckpoint(BaseModel):
 
 
 class CheckpointManifest(BaseModel):
-    """`checkpoints/manifest.json`: the model a trainer trained and what it saved, in order."""
+    """`checkpoints/manifest.json`: the model a trainer trained and what it saved, in order.
+    `base_model`: the weights training started from (a Hugging Face Hub id, a folder or an S3
+    URI) — what a LoRA adapter among the checkpoints applies to when it is served."""
 
     model_config = ConfigDict(frozen=True)
 
     model: str
+    base_model: str | None = None
     checkpoints: list[SavedCheckpoint] = []
 
 

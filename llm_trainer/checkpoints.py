@@ -55,9 +55,11 @@ def download_folder(s3: Any, uri: str, folder: Path) -> Path:
 class CheckpointStore:
     """A run's checkpoints: save a folder under a name, list them in the manifest."""
 
-    def __init__(self, s3: Any, *, bucket: str, output_prefix: str, model: str) -> None:
+    def __init__(
+        self, s3: Any, *, bucket: str, output_prefix: str, model: str, base_model: str | None = None
+    ) -> None:
         self.s3, self.bucket, self.output_prefix = s3, bucket, output_prefix
-        self.manifest = self._read() or CheckpointManifest(model=model)
+        self.manifest = self._read() or CheckpointManifest(model=model, base_model=base_model)
 
     def _read(self) -> CheckpointManifest | None:
         key = f"{self.output_prefix}{MANIFEST_OBJECT}"

@@ -76,10 +76,11 @@ class LlmTrainer:
     ) -> None:
         self.job, self.config, self.sqs, self.s3 = job, job.config, sqs, s3
         self.out, self.clock, self.wall_clock = out, clock, wall_clock
-        self.store = CheckpointStore(
-            s3, bucket=job.bucket, output_prefix=job.output_prefix, model=self.config.model
-        )
         source = job.model_source or self.config.model
+        self.store = CheckpointStore(
+            s3, bucket=job.bucket, output_prefix=job.output_prefix, model=self.config.model,
+            base_model=source,
+        )  # fmt: skip
         resumed = self.store.latest()
         if resumed is not None:
             folder = download_folder(s3, self.store.uri(resumed), workdir / "resume")

@@ -123,6 +123,7 @@ class PipelineStack(PlatformStack):
             "rollout_forwarder": self.router.rollout_forwarder.role,
             "reward_worker": fleet.task_role,
             "run_pods": training.job_role,
+            "model_serving": self.model_release.serving_role,
             "operator": self.operator_policy,
         }  # type: ignore[dict-item]
         if training.launcher is not None:
@@ -155,9 +156,10 @@ class PipelineStack(PlatformStack):
             description="Attach to the role or permission set of whoever runs mtrl",
         )
         cdk.CfnOutput(self, "RouterUrl", value=self.router.proxy_url.url)
-        # `mtrl deploy` registers models in the group and passes Bedrock the import role.
+        # `mtrl deploy` finds the group; passes Bedrock the import role, SageMaker the serving role.
         cdk.CfnOutput(self, "ModelPackageGroupName", value=self.model_release.group_name)
         cdk.CfnOutput(self, "BedrockImportRoleArn", value=self.model_release.import_role.role_arn)
+        cdk.CfnOutput(self, "ServingRoleArn", value=self.model_release.serving_role.role_arn)
         cdk.CfnOutput(self, "ConversationTableName", value=self.router.table.table_name)
         cdk.CfnOutput(self, "StateMachineArn", value=self.pipeline.state_machine.state_machine_arn)
         cdk.CfnOutput(self, "RunsTableName", value=self.pipeline.runs_table.table_name)

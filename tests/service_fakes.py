@@ -127,6 +127,9 @@ class ServiceFake:
             assert error.code in known, f"{model.name} cannot answer {error.code} (known: {known})"
             body = json.dumps({"__type": error.code, "message": error.message}).encode()
             return AWSResponse(url, error.status, headers, _Raw(body))
+        if model.output_shape is None:  # the operation answers nothing but its status
+            assert answer == {}, f"{model.name} answers nothing, not {answer}"
+            return _response(url, answer, None, headers)
         report = ParamValidator().validate(answer, model.output_shape)
         assert not report.has_errors(), (
             f"the {self.service} fake answered {model.name} with what the API cannot: "
@@ -453,4 +456,121 @@ class FakeBedrock(ServiceFake):
     ) -> dict[str, Any]:
         record = self._named(self.deployments, customModelDeploymentIdentifier, "arn")
         self.deployments = {n: r for n, r in self.deployments.items() if r is not record}
+        return {}
+
+
+class FakeSageMakerHosting(ServiceFake):
+    """SageMaker's real-time hosting: models, endpoint configs and endpoints, by name. An endpoint
+    is Creating for `polls` describes after it was made, then InService (made while `fails`:
+    Failed, with `failure` as its reason). A name not there is SageMaker's ValidationException
+    "Could not find …". `on_endpoint(model)`: what SageMaker does with the model of an endpoint
+    it makes (read its model data with its execution role)."""
+
+    service = "sagemaker"
+
+    def __init__(
+        self,
+        *,
+        polls: int = 2,
+        fails: bool = False,
+        failure: str = "The primary container did not pass the ping health check",
+        on_endpoint: Any = None,
+    ) -> None:
+        super().__init__()
+        self.polls, self.fails, self.failure, self.on_endpoint = polls, fails, failure, on_endpoint
+        self.models: dict[str, dict[str, Any]] = {}
+        self.configs: dict[str, dict[str, Any]] = {}
+        self.endpoints: dict[str, dict[str, Any]] = {}
+
+    @staticmethod
+    def _arn(kind: str, name: str) -> str:
+        return f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:{kind}/{name.lower()}"
+
+    @staticmethod
+    def _get(records: dict[str, dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+        if name not in records:
+            raise AwsError("ValidationException", f'Could not find {kind} "{name}".')
+        return records[name]
+
+    def create_model(self, ModelName: str, **params: Any) -> dict[str, Any]:  # noqa: N803
+        if ModelName in self.models:
+            raise AwsError(
+                "ValidationException", f"Cannot create already existing model {ModelName}"
+            )
+        self.models[ModelName] = {**params, "made": _now()}
+        return {"ModelArn": self._arn("model", ModelName)}
+
+    def describe_model(self, ModelName: str) -> dict[str, Any]:  # noqa: N803
+        model = self._get(self.models, "model", ModelName)
+        return {
+            "ModelName": ModelName, "ModelArn": self._arn("model", ModelName),
+            "PrimaryContainer": model["PrimaryContainer"], "CreationTime": model["made"],
+            "ExecutionRoleArn": model["ExecutionRoleArn"],
+        }  # fmt: skip
+
+    def delete_model(self, ModelName: str) -> dict[str, Any]:  # noqa: N803
+        self._get(self.models, "model", ModelName)
+        del self.models[ModelName]
+        return {}
+
+    def create_endpoint_config(self, EndpointConfigName: str, **params: Any) -> dict[str, Any]:  # noqa: N803
+        if EndpointConfigName in self.configs:
+            raise AwsError(
+                "ValidationException",
+                f"Cannot create already existing endpoint configuration {EndpointConfigName}",
+            )
+        for variant in params["ProductionVariants"]:
+            self._get(self.models, "model", variant["ModelName"])
+        self.configs[EndpointConfigName] = {**params, "made": _now()}
+        return {"EndpointConfigArn": self._arn("endpoint-config", EndpointConfigName)}
+
+    def describe_endpoint_config(self, EndpointConfigName: str) -> dict[str, Any]:  # noqa: N803
+        config = self._get(self.configs, "endpoint configuration", EndpointConfigName)
+        return {
+            "EndpointConfigName": EndpointConfigName,
+            "EndpointConfigArn": self._arn("endpoint-config", EndpointConfigName),
+            "ProductionVariants": config["ProductionVariants"], "CreationTime": config["made"],
+        }  # fmt: skip
+
+    def delete_endpoint_config(self, EndpointConfigName: str) -> dict[str, Any]:  # noqa: N803
+        self._get(self.configs, "endpoint configuration", EndpointConfigName)
+        del self.configs[EndpointConfigName]
+        return {}
+
+    def create_endpoint(
+        self,
+        EndpointName: str,
+        EndpointConfigName: str,
+        **_: Any,  # noqa: N803
+    ) -> dict[str, Any]:
+        if EndpointName in self.endpoints:
+            raise AwsError(
+                "ValidationException", f"Cannot create already existing endpoint {EndpointName}"
+            )
+        config = self._get(self.configs, "endpoint configuration", EndpointConfigName)
+        if self.on_endpoint is not None:
+            for variant in config["ProductionVariants"]:
+                self.on_endpoint(self.models[variant["ModelName"]])
+        self.endpoints[EndpointName] = {
+            "config": EndpointConfigName, "describes": 0, "fails": self.fails, "made": _now(),
+        }  # fmt: skip
+        return {"EndpointArn": self._arn("endpoint", EndpointName)}
+
+    def describe_endpoint(self, EndpointName: str) -> dict[str, Any]:  # noqa: N803
+        endpoint = self._get(self.endpoints, "endpoint", EndpointName)
+        endpoint["describes"] += 1
+        status = (
+            "Creating" if endpoint["describes"] <= self.polls
+            else "Failed" if endpoint["fails"] else "InService"
+        )  # fmt: skip
+        answer = {
+            "EndpointName": EndpointName, "EndpointArn": self._arn("endpoint", EndpointName),
+            "EndpointConfigName": endpoint["config"], "EndpointStatus": status,
+            "CreationTime": endpoint["made"], "LastModifiedTime": endpoint["made"],
+        }  # fmt: skip
+        return answer | ({"FailureReason": self.failure} if status == "Failed" else {})
+
+    def delete_endpoint(self, EndpointName: str) -> dict[str, Any]:  # noqa: N803
+        self._get(self.endpoints, "endpoint", EndpointName)
+        del self.endpoints[EndpointName]
         return {}

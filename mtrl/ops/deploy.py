@@ -1,4 +1,5 @@
-"""`mtrl deploy RUN --to bedrock`: a trained Nova model's way out.
+"""`mtrl deploy RUN --to bedrock`: a trained Nova model's way out (an open-weights model's is
+`--to sagemaker`, mtrl/ops/endpoint.py, which shares the run's lookup and the waiting here).
 
 1. Find the run's model: Collect registered its best checkpoint in the deployment's SageMaker
    Model Registry group (lambdas/pipeline/model_registry.py); the summary names both.
@@ -23,10 +24,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
+from pydantic import ValidationError
 
 from domain.bucket import SUMMARY_OBJECT, object_exists, run_output_prefix
 from domain.nova_job import is_nova
 from mtrl.ops.deployment import Deployment
+from training_configs.schema import TrainingConfig
 
 NAME_LIMIT = 63  # Bedrock's model and deployment names: ([0-9a-zA-Z][_-]?){1,63}
 WAIT_SECONDS = 3 * 3600  # a Nova import takes tens of minutes; a deployment, minutes
@@ -58,9 +61,10 @@ class Waiting:
     poll_seconds: float = POLL_SECONDS
 
 
-def bedrock_name(prefix: str, run_id: str) -> str:
-    """The name of a run's custom model and its deployment: `<prefix>-<run_id>`, in Bedrock's
-    alphabet (no run of separators), at most 63 characters."""
+def release_name(prefix: str, run_id: str) -> str:
+    """The name of what a run's release makes (Bedrock's custom model and deployment,
+    SageMaker's model, endpoint config and endpoint): `<prefix>-<run_id>` in the alphabet both
+    share (letters, digits, single hyphens), at most 63 characters."""
     name = re.sub(r"[^0-9A-Za-z]+", "-", f"{prefix}-{run_id}")[:NAME_LIMIT]
     return name.strip("-")
 
@@ -69,11 +73,14 @@ def bedrock_name(prefix: str, run_id: str) -> str:
 class TrainedModel:
     checkpoint: str
     model_package: str
+    config: TrainingConfig
 
 
-def trained_model(s3: Any, deployment: Deployment, run_id: str) -> TrainedModel:
-    """The run's registered best checkpoint: refused when the run has not succeeded, did not
-    train a Nova model, or has no checkpoint worth releasing."""
+def trained_model(
+    s3: Any, deployment: Deployment, run_id: str, *, refuse: Callable[[str], str | None]
+) -> TrainedModel:
+    """The run's registered best checkpoint: refused when the run has not succeeded, when
+    `refuse` has a reason against its model, or when it has no checkpoint worth releasing."""
     bucket, key = deployment.data_bucket, f"{run_output_prefix(run_id)}{SUMMARY_OBJECT}"
     if not object_exists(s3, bucket=bucket, key=key):
         raise DeployRefused(
@@ -81,12 +88,18 @@ def trained_model(s3: Any, deployment: Deployment, run_id: str) -> TrainedModel:
             "be deployed (`mtrl runs`)"
         )
     summary = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
-    model = summary["config"]["model"]
-    if not is_nova(model):
+    try:
+        config = TrainingConfig.model_validate(summary["config"])
+    except (KeyError, ValidationError) as error:
+        first = error.errors(include_url=False)[0] if isinstance(error, ValidationError) else None
+        where = ".".join(str(part) for part in first["loc"]) if first else "config"
+        why = f"{where}: {first['msg']}" if first else "no config"
         raise DeployRefused(
-            f"run {run_id} trained {model}, not a Nova model: Bedrock imports Nova checkpoints; "
-            "an open-weights model is served from its checkpoint once its trainer image exists"
-        )
+            f"run {run_id}: s3://{bucket}/{key} holds no training config this version of mtrl "
+            f"reads ({why}); deploy it with the mtrl it was trained with"
+        ) from None
+    if (why := refuse(config.model)) is not None:
+        raise DeployRefused(f"run {run_id} trained {config.model}, {why}")
     best = summary.get("best_checkpoint") or {}
     if not best.get("uri"):
         why = best.get("why") or "the run recorded no checkpoint with a location"
@@ -96,7 +109,27 @@ def trained_model(s3: Any, deployment: Deployment, run_id: str) -> TrainedModel:
             f"run {run_id}: its model is not in the model registry (s3://{bucket}/{key} names "
             "no model_package); Collect registers every run's model: redeploy the platform"
         )
-    return TrainedModel(best["uri"], summary["model_package"])
+    return TrainedModel(best["uri"], summary["model_package"], config)
+
+
+def target_of(s3: Any, deployment: Deployment, run_id: str) -> str:
+    """Where a run's model goes unless told: "bedrock" for a Nova model, "sagemaker" for an
+    open-weights one — by the run's summary ("bedrock" without one: deploying says why)."""
+    bucket, key = deployment.data_bucket, f"{run_output_prefix(run_id)}{SUMMARY_OBJECT}"
+    if not object_exists(s3, bucket=bucket, key=key):
+        return "bedrock"
+    summary = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    model = (summary.get("config") or {}).get("model", "")
+    return "bedrock" if is_nova(model) else "sagemaker"
+
+
+def _not_nova(model: str) -> str | None:
+    if is_nova(model):
+        return None
+    return (
+        "not a Nova model: Bedrock imports Nova checkpoints; serve an open-weights model with "
+        "`mtrl deploy RUN --to sagemaker`"
+    )
 
 
 def _find(call: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
@@ -108,24 +141,29 @@ def _find(call: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
         raise
 
 
-def _wait(
+def wait_until(
     describe: Callable[[], dict[str, Any]],
     status_of: Callable[[dict[str, Any]], str],
     what: str,
     waiting: Waiting,
     on_progress: Callable[[str], None],
+    *,
+    ready: str = "Active",
+    failure_of: Callable[[dict[str, Any]], str | None] = lambda answer: answer.get(
+        "failureMessage"
+    ),
 ) -> dict[str, Any]:
+    """Describe until the status is `ready` (its answer), "Failed" (DeployFailed with the
+    reason) or the wait's limit passed (DeployFailed saying how to go on), reporting each."""
     started = waiting.clock()
     while True:
         answer = describe()
         status = status_of(answer)
         on_progress(f"{what}: {status} ({waiting.clock() - started:.0f} s)")
-        if status == "Active":
+        if status == ready:
             return answer
         if status == "Failed":
-            raise DeployFailed(
-                f"{what} failed: {answer.get('failureMessage') or 'no reason given'}"
-            )
+            raise DeployFailed(f"{what} failed: {failure_of(answer) or 'no reason given'}")
         if waiting.clock() - started >= waiting.limit_seconds:
             raise DeployFailed(
                 f"{what} still {status} after {waiting.limit_seconds:.0f} s: run `mtrl deploy` "
@@ -144,9 +182,9 @@ def deploy_to_bedrock(
 ) -> Released:
     """`clients`: boto3 clients of s3 and bedrock."""
     bedrock = clients["bedrock"]
-    trained = trained_model(clients["s3"], deployment, run_id)
+    trained = trained_model(clients["s3"], deployment, run_id, refuse=_not_nova)
     on_progress(f"registered as {trained.model_package}")
-    name = bedrock_name(deployment.prefix, run_id)
+    name = release_name(deployment.prefix, run_id)
     tags = [
         {"key": "mtrl-run", "value": run_id},
         {"key": "mtrl-deployment", "value": deployment.prefix},
@@ -161,7 +199,7 @@ def deploy_to_bedrock(
             roleArn=deployment.output("BedrockImportRoleArn"),
             modelTags=tags,
         )
-    model = _wait(
+    model = wait_until(
         lambda: bedrock.get_custom_model(modelIdentifier=name),
         lambda answer: answer.get("modelStatus", "Creating"),
         f"custom model {name}",
@@ -178,7 +216,7 @@ def deploy_to_bedrock(
             description=f"nova-mtrl run {run_id}",
             tags=tags,
         )
-    deployed = _wait(
+    deployed = wait_until(
         lambda: bedrock.get_custom_model_deployment(customModelDeploymentIdentifier=name),
         lambda answer: answer["status"],
         f"deployment {name}",
@@ -191,7 +229,7 @@ def deploy_to_bedrock(
 def delete_from_bedrock(bedrock: Any, deployment: Deployment, run_id: str) -> list[str]:
     """Delete the run's deployment, then its custom model; what was deleted (none: nothing
     was there). The registry keeps the model's record."""
-    name, deleted = bedrock_name(deployment.prefix, run_id), []
+    name, deleted = release_name(deployment.prefix, run_id), []
     found = _find(lambda: bedrock.get_custom_model_deployment(customModelDeploymentIdentifier=name))
     if found is not None:
         bedrock.delete_custom_model_deployment(

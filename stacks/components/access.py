@@ -58,6 +58,8 @@ NEEDS: Mapping[str, tuple[Need, ...]] = {
         Need.DATASETS_READ_CURRENT, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE, Need.RUN_QUEUES_RECEIVE,
         Need.RUN_QUEUES_SEND, Need.ROLLOUT_LAMBDA_INVOKE, Need.EXPERIMENTS_LOG,
     ),
+    # A SageMaker endpoint serving a run's open-weights checkpoint (its model's execution role).
+    "model_serving": (Need.CHECKPOINTS_READ,),
     # The operator's managed policy (stack output OperatorPolicyArn), for the `mtrl` commands.
     "operator": (
         Need.DEPLOYMENT_READ, Need.DATASETS_UPLOAD, Need.CONFIGS_UPLOAD, Need.RUNS_SCAN,

@@ -17,6 +17,7 @@ class Need(StrEnum):
     OUTPUTS_WRITE = "write a run's outputs"
     EXPERIMENTS_LOG = "log a run to the deployment's MLflow tracking server (when it has one)"
     TRAJECTORIES_WRITE = "write a run's trajectories (runs/<run_id>/trajectories/)"
+    CHECKPOINTS_READ = "list and read a run's checkpoints (runs/<run_id>/checkpoints/)"
     # The runs table and the capacity leases in it.
     RUNS_GET = "read a run"
     RUNS_SCAN = "list the runs"
@@ -77,4 +78,4 @@ class Need(StrEnum):
     CLUSTERS_CHECK = "check the EKS and HyperPod clusters and the GPU quota"
     # Where trained models go (stacks/components/model_release.py).
     MODELS_REGISTER = "register a run's trained model in the deployment's model registry"
-    MODELS_RELEASE = "deploy a registered model on Bedrock"
+    MODELS_RELEASE = "deploy a registered model (Bedrock, a SageMaker endpoint)"

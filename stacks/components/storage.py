@@ -18,6 +18,7 @@ from domain.bucket import (
     TRAINING_DATA_PREFIX,
     TRAJECTORIES_FOLDER,
 )
+from domain.checkpoints import CHECKPOINTS
 from stacks.components.functions import (
     CUSTOM_RESOURCE,
     ENVIRONMENT_WITHOUT_SECRETS,
@@ -242,6 +243,7 @@ class DataBucketAccess:
             Need.OUTPUTS_READ,
             Need.OUTPUTS_WRITE,
             Need.TRAJECTORIES_WRITE,
+            Need.CHECKPOINTS_READ,
             Need.DATASETS_UPLOAD,
             Need.CONFIGS_UPLOAD,
         }
@@ -277,6 +279,11 @@ class DataBucketAccess:
             case Need.TRAJECTORIES_WRITE:  # the workers: no other output of a run
                 self.grant_objects(role, f"{RUNS_PREFIX}*/{TRAJECTORIES_FOLDER}", "s3:PutObject")
                 self.grant_key(role, "kms:GenerateDataKey")
+            case Need.CHECKPOINTS_READ:  # a SageMaker endpoint's model data: one checkpoint
+                checkpoints = f"{RUNS_PREFIX}*/{CHECKPOINTS}"
+                self.grant_list(role, checkpoints)
+                self.grant_objects(role, checkpoints, "s3:GetObject")
+                self.grant_key(role, "kms:Decrypt")
             case Need.DATASETS_UPLOAD | Need.CONFIGS_UPLOAD:
                 # A dataset's version is read back after its upload (it names the run); a large
                 # file goes up in parts, which needs kms:Decrypt too (S3 User Guide, SSE-KMS).

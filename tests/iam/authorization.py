@@ -312,6 +312,8 @@ class Authorization:
                 return [group, *([made] if made else [])]
             case "bedrock":
                 return [self._bedrock_arn(p, op)]
+            case "sagemaker" if op in HOSTING:
+                return _hosting_arns(p, op)
             case "sagemaker":
                 name = p["ClusterName"]
                 return [
@@ -391,6 +393,13 @@ class Authorization:
                 # read the checkpoint, which the caller passes (IAM User Guide, "Grant a user
                 # permissions to pass a role to an AWS service").
                 yield self._pass_role(who, p["roleArn"], "bedrock.amazonaws.com", why)
+            case "sagemaker", "CreateModel":
+                # SageMaker API reference, CreateModel `ExecutionRoleArn`: the caller passes the
+                # role SageMaker reads the model data and pulls the image with.
+                yield self._pass_role(who, p["ExecutionRoleArn"], "sagemaker.amazonaws.com", why)
+                yield from _tags_on_create(call)
+            case "sagemaker", "CreateEndpointConfig" | "CreateEndpoint":
+                yield from _tags_on_create(call)
             case "eks", "CreatePodIdentityAssociation":
                 # EKS User Guide, Pod Identity: the caller passes the role to pods.eks.
                 yield self._pass_role(who, p["roleArn"], "pods.eks.amazonaws.com", why)
@@ -579,3 +588,36 @@ _DYNAMODB_DATA = {
     "GetItem", "PutItem", "UpdateItem", "DeleteItem", "Query", "Scan",
     "BatchGetItem", "BatchWriteItem", "ConditionCheckItem",
 }  # fmt: skip
+
+
+# SageMaker's real-time hosting: each operation's resource kind and the parameter naming it.
+HOSTING = {
+    "CreateModel": ("model", "ModelName"), "DescribeModel": ("model", "ModelName"),
+    "DeleteModel": ("model", "ModelName"),
+    "CreateEndpointConfig": ("endpoint-config", "EndpointConfigName"),
+    "DescribeEndpointConfig": ("endpoint-config", "EndpointConfigName"),
+    "DeleteEndpointConfig": ("endpoint-config", "EndpointConfigName"),
+    "CreateEndpoint": ("endpoint", "EndpointName"), "DescribeEndpoint": ("endpoint", "EndpointName"),
+    "DeleteEndpoint": ("endpoint", "EndpointName"),
+}  # fmt: skip
+
+
+def _hosting_arns(p: dict[str, Any], op: str) -> list[str]:
+    """SageMaker's ARNs hold the resource's name in lower case; CreateEndpoint is authorized on
+    the endpoint and on its config (Service Authorization Reference)."""
+    kind, key = HOSTING[op]
+    arns = [_arn("sagemaker", f"{kind}/{p[key].lower()}")]
+    if op == "CreateEndpoint":
+        arns.append(_arn("sagemaker", f"endpoint-config/{p['EndpointConfigName'].lower()}"))
+    return arns
+
+
+def _tags_on_create(call: Call) -> Iterator[Need]:
+    """SageMaker Developer Guide, "Grant permissions to tag SageMaker AI resources on creation":
+    a Create request with Tags needs sagemaker:AddTags on what it makes."""
+    if call.params.get("Tags"):
+        yield Need(
+            call.principal,
+            Request("sagemaker:AddTags", _hosting_arns(call.params, call.operation)[0]),
+            f"{call} (tags)",
+        )

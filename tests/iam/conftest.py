@@ -129,6 +129,8 @@ class Scenarios:
             "teardown": ("teardown", run_id),
             "deploy": ("deploy", nova, "--to", "bedrock"),
             "deploy --delete": ("deploy", nova, "--delete"),
+            "deploy open weights": ("deploy", run_id, "--to", "sagemaker"),
+            "deploy open weights --delete": ("deploy", run_id, "--delete"),
         }
         for name, command in commands.items():
             self.cli[name] = run_cli(world, self.monkeypatch, *command)

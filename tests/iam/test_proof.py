@@ -118,6 +118,10 @@ KEPT = {
     ("*StartEvaluation*", "s3:GetObject"): "The Forge recipes, each named: an evaluation reads "
     "the evaluation recipe; and evaluation-data/, a config's eval_dataset (the scenarios' runs "
     "hold a share of their dataset out instead).",
+    ("*ModelReleaseServing*", "ecr:*"): "SageMaker pulls an endpoint's image (AWS's vLLM "
+    "container) with its model's execution role; no request of ours does.",
+    ("*ModelReleaseServing*", "logs:*"): "SageMaker writes an endpoint's container logs to "
+    "/aws/sagemaker/Endpoints/<endpoint> with its model's execution role.",
     ("*", "logs:CreateLogStream"): "The Lambda runtime (or ECS's awslogs driver) writes the "
     "function's (or task's) logs with the role; no request of the code does.",
     ("*", "logs:PutLogEvents"): "The Lambda runtime (or ECS's awslogs driver) writes the logs.",
@@ -219,10 +223,27 @@ def test_the_operator_runs_every_mtrl_command_on_the_operator_policy(
     assert scenarios.world.bedrock.operations("CreateCustomModel")[0]["modelSourceConfig"] == {
         "s3DataSource": {"s3Uri": checkpoint["uri"]}
     }
+    # The open-weights run's LoRA adapter: served on its Hub base model by a SageMaker endpoint,
+    # which read the run's final checkpoint with the serving role; then deleted.
+    assert "deployed on SageMaker: endpoint " in results["deploy open weights"][1]
+    assert results["deploy open weights --delete"][1].startswith("deleted: endpoint ")
+    (model,) = scenarios.world.hosting.operations("CreateModel")
+    assert model["PrimaryContainer"]["Environment"]["SM_VLLM_MODEL"] == "Qwen/Qwen3-8B"
+    served = scenarios.runs["succeeds"].summary["best_checkpoint"]["uri"]
+    assert model["PrimaryContainer"]["ModelDataSource"]["S3DataSource"]["S3Uri"] == served
+    serving = model["ExecutionRoleArn"]
+    assert {n.request.action for n in report.needs if n.principal == serving} == {
+        "s3:ListBucket",
+        "s3:GetObject",
+        "kms:Decrypt",
+    }
+    assert scenarios.world.hosting.endpoints == {}
     operator_actions = {n.request.action for n in report.needs if n.principal == OPERATOR}
     assert {
         "cloudformation:DescribeStacks", "s3:PutObject", "dynamodb:Scan", "states:GetExecutionHistory",
         "logs:FilterLogEvents", "lambda:InvokeFunction", "sagemaker:DescribeCluster",
         "bedrock:CreateCustomModel", "iam:PassRole",
         "bedrock:CreateCustomModelDeployment", "bedrock:DeleteCustomModel",
+        "sagemaker:CreateModel", "sagemaker:CreateEndpoint", "sagemaker:AddTags",
+        "sagemaker:DeleteEndpoint",
     } <= operator_actions  # fmt: skip

@@ -80,6 +80,7 @@ from tests.service_fakes import (
     FakeBedrock,
     FakeEks,
     FakeSageMaker,
+    FakeSageMakerHosting,
     FakeServiceQuotas,
     every_client,
 )
@@ -103,6 +104,7 @@ class World:
     sagemaker: FakeSageMaker
     eks: FakeEks
     bedrock: FakeBedrock  # custom models and deployments `mtrl deploy` makes
+    hosting: FakeSageMakerHosting  # the SageMaker endpoints `mtrl deploy --to sagemaker` makes
     directory: Directory
     inbox: str
     launcher: FakeLauncherProcesses  # the HyperPod CLI and helm the launcher function runs
@@ -326,6 +328,11 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
             ).installed()
         )
         bedrock = stack.enter_context(FakeBedrock(polls=0).installed())
+        hosting = stack.enter_context(
+            FakeSageMakerHosting(
+                polls=0, on_endpoint=lambda model: _load_model_data(recorder, model)
+            ).installed()
+        )
         harness = boto3.Session(
             aws_access_key_id="test", aws_secret_access_key="test", region_name=REGION
         )
@@ -379,11 +386,23 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
             sagemaker=sagemaker,
             eks=eks,
             bedrock=bedrock,
+            hosting=hosting,
             directory=_directory(deployment),
             inbox=inbox,
             launcher=launcher.processes,
             mlflow=mlflow,
         )
+
+
+def _load_model_data(recorder: Recorder, model: dict[str, Any]) -> None:
+    """What SageMaker does before an endpoint's container starts, with the model's execution
+    role: download every object under its model data's S3 prefix."""
+    s3 = recorder.session(model["ExecutionRoleArn"]).client("s3")
+    uri = model["PrimaryContainer"]["ModelDataSource"]["S3DataSource"]["S3Uri"]
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            s3.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
 
 
 @dataclass(frozen=True)
@@ -690,8 +709,9 @@ def write_metrics_as_the_trainer(world: World, namespace: str) -> None:
     # What llm_trainer does before its first step: find its own checkpoints (a restarted job
     # resumes from them) and the metrics lines up to them, read its training records.
     store = CheckpointStore(
-        trainer, bucket=job.bucket, output_prefix=job.output_prefix, model=job.config.model
-    )
+        trainer, bucket=job.bucket, output_prefix=job.output_prefix, model=job.config.model,
+        base_model=job.model_source,
+    )  # fmt: skip
     assert store.latest() is None
     assert metrics_lines_of(trainer, bucket=job.bucket, output_prefix=job.output_prefix) == []
     assert training_records_of(trainer, job)

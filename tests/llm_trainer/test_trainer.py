@@ -95,6 +95,7 @@ def test_a_restarted_job_resumes_from_its_latest_checkpoint(s3: Any, tmp_path: P
         ("step-000002", 2),
         ("final", 2),
     ]
+    assert manifest.base_model == "tiny"  # what a LoRA adapter would be served on
     saved = {item["Key"].removeprefix(f"{PREFIX}checkpoints/step-000002/")
              for item in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{PREFIX}checkpoints/step-000002/")["Contents"]}  # fmt: skip
     assert {"config.json", "model.safetensors", "tokenizer.json", "trainer_state.pt"} <= saved

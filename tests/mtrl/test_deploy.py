@@ -12,19 +12,18 @@ from typing import Any
 
 import boto3
 import pytest
-from typer.testing import CliRunner
 
-from mtrl.cli import app
 from mtrl.ops.deploy import (
     DeployFailed,
     DeployRefused,
     Waiting,
-    bedrock_name,
     delete_from_bedrock,
     deploy_to_bedrock,
+    release_name,
 )
 from mtrl.ops.deployment import Deployment
 from tests.service_fakes import ACCOUNT, FakeBedrock
+from training_configs import load_training_config
 
 BUCKET, RUN = "nova-mtrl-data", "wordle-0a1b2c3d4e"
 CHECKPOINT = f"s3://customer-escrow-{ACCOUNT}-abc/job-abcde/step_10"
@@ -44,8 +43,9 @@ def _summary(
     model: str = "nova-lite-2", best: dict | None = None, package: str | None = PACKAGE
 ) -> dict[str, Any]:
     best = best if best is not None else {"name": "job-abcde", "uri": CHECKPOINT, "why": "last"}
-    return {"run_id": RUN, "config": {"name": "wordle-lora", "model": model},
-            "best_checkpoint": best, "model_package": package}  # fmt: skip
+    config = {**load_training_config("rft_multiturn_lora").model_dump(mode="json"), "model": model}
+    return {"run_id": RUN, "config": config, "best_checkpoint": best,
+            "model_package": package}  # fmt: skip
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_a_run_is_registered_imported_and_deployed_on_demand(world: dict) -> Non
     lines: list[str] = []
     released = deploy_to_bedrock(world["clients"], DEPLOYMENT, RUN, waiting=waiting,
                                  on_progress=lines.append)  # fmt: skip
-    bedrock, name = world["bedrock"], bedrock_name("nova-mtrl", RUN)
+    bedrock, name = world["bedrock"], release_name("nova-mtrl", RUN)
     assert name == "nova-mtrl-wordle-0a1b2c3d4e"
     (created,) = bedrock.operations("CreateCustomModel")
     assert created == {
@@ -136,7 +136,10 @@ def test_waiting_is_bounded_and_says_how_to_go_on(world: dict) -> None:
         (None, rf"run {RUN} has no results \(no s3://{BUCKET}/runs/{RUN}/summary.json\): only a "
                r"run that succeeded can be deployed \(`mtrl runs`\)"),
         (_summary(model="qwen3-8b"), "trained qwen3-8b, not a Nova model: Bedrock imports Nova "
-         "checkpoints; an open-weights model is served from its checkpoint once its trainer image"),
+         "checkpoints; serve an open-weights model with `mtrl deploy RUN --to sagemaker`"),
+        ({"run_id": RUN, "config": {"model": "nova-lite-2"}}, r"summary.json holds no training "
+         r"config this version of mtrl reads \(name: Field required\); deploy it with the mtrl "
+         r"it was trained with"),
         (_summary(best={"name": "j", "uri": None}),
          "nothing to deploy: the run recorded no checkpoint with a location"),
         (_summary(best={"name": None, "uri": None, "why": "the starting model did better"}),
@@ -168,14 +171,8 @@ def test_delete_removes_the_deployment_then_the_model(world: dict) -> None:
     assert delete_from_bedrock(bedrock, DEPLOYMENT, RUN) == []
 
 
-def test_the_cli_refuses_a_target_it_cannot_serve_yet() -> None:
-    result = CliRunner().invoke(app, ["deploy", RUN, "--to", "sagemaker", "--region", "us-east-1"])
-    assert result.exit_code == 2
-    assert "--to sagemaker: only bedrock (a Nova model) for now" in result.output
-
-
 def test_names_are_in_bedrocks_alphabet_and_never_end_in_a_separator() -> None:
-    assert bedrock_name("Nova", "run--x_y") == "Nova-run-x-y"
-    assert bedrock_name("nova", "runX") == "nova-runX"
-    long = bedrock_name("nova-mtrl", "a" * 52 + "-b")  # the 63rd character is the separator
+    assert release_name("Nova", "run--x_y") == "Nova-run-x-y"
+    assert release_name("nova", "runX") == "nova-runX"
+    long = release_name("nova-mtrl", "a" * 52 + "-b")  # the 63rd character is the separator
     assert len(long) == 62 and long.endswith("a")
