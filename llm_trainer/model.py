@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llm_trainer.checkpoints import TRAINER_STATE, download_folder
+from llm_trainer.checkpoints import download_folder
 from llm_trainer.tiny import TINY, save_tiny
 from training_configs.schema import TrainingConfig
 
@@ -67,20 +67,24 @@ class Policy:
 
         return torch.optim.AdamW(self.trainable, lr=learning_rate, weight_decay=0.0)
 
-    def save(self, folder: Path, *, optimizer: Any, step: int) -> None:
-        """The adapter (LoRA) or the whole model and tokenizer, and the trainer's state."""
-        import torch
-
+    def save(self, folder: Path) -> None:
+        """The adapter (LoRA) or the whole model and its tokenizer."""
         self.model.save_pretrained(folder)
         if not self.lora:
             self.tokenizer.save_pretrained(folder)
-        torch.save({"optimizer": optimizer.state_dict(), "step": step}, folder / TRAINER_STATE)
 
-    def restore_optimizer(self, folder: Path, optimizer: Any) -> int:
-        """The optimizer's state saved beside a checkpoint, and its step."""
+    @staticmethod
+    def save_state(path: Path, *, optimizer: Any, step: int) -> None:
+        """What a restarted job needs besides the weights: the optimizer's state and the step."""
         import torch
 
-        state = torch.load(folder / TRAINER_STATE, weights_only=True, map_location=self.device)
+        torch.save({"optimizer": optimizer.state_dict(), "step": step}, path)
+
+    def restore_optimizer(self, path: Path, optimizer: Any) -> int:
+        """The optimizer's state saved with `save_state`, and its step."""
+        import torch
+
+        state = torch.load(path, weights_only=True, map_location=self.device)
         optimizer.load_state_dict(state["optimizer"])
         return int(state["step"])
 

@@ -83,12 +83,12 @@ class LlmTrainer:
         )  # fmt: skip
         resumed = self.store.latest()
         if resumed is not None:
-            folder = download_folder(s3, self.store.uri(resumed), workdir / "resume")
+            folder, state = self.store.restore(resumed, workdir / "resume")
             self.policy = load_policy(
                 source, self.config, s3=s3, workdir=workdir, checkpoint=folder
             )
             self.optimizer = self.policy.optimizer(self.config.learning_rate)
-            self.steps_before = self.policy.restore_optimizer(folder, self.optimizer)
+            self.steps_before = self.policy.restore_optimizer(state, self.optimizer)
             lines = metrics_lines_of(s3, bucket=job.bucket, output_prefix=job.output_prefix)
             self.earlier_metrics = [line for line in lines if line["step"] <= self.steps_before]
             log.info(
@@ -203,9 +203,13 @@ class LlmTrainer:
     def _checkpoint(self, name: str) -> None:
         reward = self.history[-1].mean_reward if self.history else None
         with scratch_folder() as scratch:
-            folder = Path(scratch)
-            self.policy.save(folder, optimizer=self.optimizer, step=self.last_step)
-            self.store.save(folder, name=name, step=self.last_step, mean_reward=reward)
+            folder, state = Path(scratch) / name, Path(scratch) / "trainer_state.pt"
+            self.policy.save(folder)
+            self.policy.save_state(state, optimizer=self.optimizer, step=self.last_step)
+            self.store.save(
+                folder, name=name, step=self.last_step, mean_reward=reward, state=state,
+                keep=self.config.grpo.keep_checkpoints,
+            )  # fmt: skip
 
 
 class LlmEvaluator:

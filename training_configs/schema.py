@@ -77,6 +77,11 @@ class GrpoSettings(BaseModel):
     )
     epochs: int = Field(default=1, ge=1, le=10, description="updates per batch of rollouts")
     checkpoint_every: int = Field(default=10, ge=1, description="steps between checkpoints")
+    keep_checkpoints: int | None = Field(
+        default=3,
+        ge=1,
+        description="step checkpoints kept, the newest (the final one is always kept); none: all",
+    )
     max_grad_norm: float = Field(default=1.0, gt=0.0, description="gradient clipping")
     generation_batch_size: int = Field(
         default=16, ge=1, le=1024, description="generate requests answered together"

@@ -43,12 +43,14 @@ NEEDS: Mapping[str, tuple[Need, ...]] = {
         Need.RUN_QUEUES_RECEIVE, Need.RUN_QUEUES_SEND, Need.PROXY_INVOKE, Need.TRAJECTORIES_WRITE,
     ),
     # The open-weights trainer (llm_trainer/) reads its dataset (the version the run started
-    # with; an unversioned object as it is), writes checkpoints and metrics, speaks the protocol; it finds its own checkpoints by listing (a restart resumes), reads
-    # them back (resume, a base checkpoint, the final evaluation) and an eval_dataset file.
+    # with; an unversioned object as it is), writes checkpoints and metrics, speaks the
+    # protocol; it finds its own checkpoints by listing (a restart resumes), reads them back
+    # (resume, a base checkpoint, the final evaluation) and an eval_dataset file, and deletes
+    # the step checkpoints it no longer keeps.
     "run_pods": (
         Need.DATASETS_READ, Need.DATASETS_READ_CURRENT, Need.EVALUATION_DATA_READ,
-        Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE, Need.RUN_QUEUES_RECEIVE,
-        Need.RUN_QUEUES_SEND,
+        Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE, Need.CHECKPOINTS_PRUNE,
+        Need.RUN_QUEUES_RECEIVE, Need.RUN_QUEUES_SEND,
     ),
     # A Nova job, whose only identity is the restricted group's execution role (AWS's RIG
     # docs): its dataset and outputs, the run's queues, and the run's rollout Lambda (BYOO).

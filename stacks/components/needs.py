@@ -18,6 +18,7 @@ class Need(StrEnum):
     EXPERIMENTS_LOG = "log a run to the deployment's MLflow tracking server (when it has one)"
     TRAJECTORIES_WRITE = "write a run's trajectories (runs/<run_id>/trajectories/)"
     CHECKPOINTS_READ = "list and read a run's checkpoints (runs/<run_id>/checkpoints/)"
+    CHECKPOINTS_PRUNE = "delete a run's older checkpoints"
     # The runs table and the capacity leases in it.
     RUNS_GET = "read a run"
     RUNS_SCAN = "list the runs"

@@ -244,6 +244,7 @@ class DataBucketAccess:
             Need.OUTPUTS_WRITE,
             Need.TRAJECTORIES_WRITE,
             Need.CHECKPOINTS_READ,
+            Need.CHECKPOINTS_PRUNE,
             Need.DATASETS_UPLOAD,
             Need.CONFIGS_UPLOAD,
         }
@@ -284,6 +285,9 @@ class DataBucketAccess:
                 self.grant_list(role, checkpoints)
                 self.grant_objects(role, checkpoints, "s3:GetObject")
                 self.grant_key(role, "kms:Decrypt")
+            case Need.CHECKPOINTS_PRUNE:  # the trainer keeps its newest (a versioned bucket:
+                # the deleted ones' versions expire as every replaced version does)
+                self.grant_objects(role, f"{RUNS_PREFIX}*/{CHECKPOINTS}", "s3:DeleteObject")
             case Need.DATASETS_UPLOAD | Need.CONFIGS_UPLOAD:
                 # A dataset's version is read back after its upload (it names the run); a large
                 # file goes up in parts, which needs kms:Decrypt too (S3 User Guide, SSE-KMS).

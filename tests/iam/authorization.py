@@ -250,6 +250,8 @@ class Authorization:
                 return [_queue_arn(name)]
             case "s3":
                 bucket = f"arn:aws:s3:::{p['Bucket']}"
+                if op == "DeleteObjects":  # S3 API reference: s3:DeleteObject on each key
+                    return [f"{bucket}/{item['Key']}" for item in p["Delete"]["Objects"]]
                 return (
                     [bucket]
                     if op in BUCKET_OPERATIONS or "Key" not in p

@@ -30,6 +30,7 @@ from moto import mock_aws
 
 from domain.backends import METRICS_OBJECT
 from domain.bucket import trajectories_prefix
+from domain.checkpoints import step_checkpoint_name
 from domain.episodes import Episode, EvaluationStage
 from domain.evaluation import write_episodes
 from domain.nova_job import FORGE_EVALUATION_RECIPE, FORGE_RECIPE_SOURCE, FORGE_RECIPES, job_pattern
@@ -724,10 +725,20 @@ def write_metrics_as_the_trainer(world: World, namespace: str) -> None:
             for step in (1, 2, 3)
         ),
     )  # fmt: skip
-    # ... and what it does at the end: its final checkpoint (a folder) and the manifest.
+    # ... a checkpoint a step (the one before deleted: it keeps one), and at the end its final
+    # checkpoint; each a folder, the trainer's state beside it, listed in the manifest.
     with tempfile.TemporaryDirectory() as scratch:
-        (Path(scratch) / "adapter_config.json").write_text("{}")
-        store.save(Path(scratch), name=FINAL, step=3, mean_reward=0.4)
+        folder, state = Path(scratch) / "adapter", Path(scratch) / "state.pt"
+        folder.mkdir()
+        (folder / "adapter_config.json").write_text("{}")
+        state.write_bytes(b"optimizer")
+        for step in (1, 2, 3):
+            store.save(folder, name=step_checkpoint_name(step), step=step, mean_reward=0.4,
+                       state=state, keep=1)  # fmt: skip
+        store.save(folder, name=FINAL, step=3, mean_reward=0.4, state=state, keep=1)
+    assert [saved.name for saved in store.manifest.checkpoints] == [
+        step_checkpoint_name(3), FINAL,
+    ]  # fmt: skip
 
 
 def write_episodes_as_the_evaluator(world: World, namespace: str, stage: EvaluationStage) -> None:

@@ -58,7 +58,7 @@ def _publish(s3: Any, config: dict[str, Any], base_model: str | None = "Qwen/Qwe
     s3.put_object(
         Bucket=BUCKET, Key=f"runs/{RUN}/checkpoints/manifest.json", Body=manifest.model_dump_json()
     )
-    for name in ("adapter_config.json", "adapter_model.safetensors", "trainer_state.pt"):
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
         s3.put_object(Bucket=BUCKET, Key=f"{FINAL}{name}", Body=b"{}")
 
 
@@ -129,9 +129,7 @@ def test_a_lora_run_is_served_on_its_hub_base_model_with_its_adapter(world: dict
         {"EndpointName": NAME, "EndpointConfigName": NAME, "Tags": tags}
     ]
     # SageMaker read the adapter folder the trainer saved.
-    assert world["read"] == [
-        ["adapter_config.json", "adapter_model.safetensors", "trainer_state.pt"]
-    ]
+    assert world["read"] == [["adapter_config.json", "adapter_model.safetensors"]]
     assert endpoint.endpoint_name == NAME and endpoint.served_model == NAME
     assert endpoint.endpoint_arn == f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:endpoint/{NAME}"
     assert endpoint.model_package_arn == PACKAGE
