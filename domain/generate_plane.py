@@ -1,5 +1,5 @@
 """What both our trainers' generation sides share: a thread that answers the run's generate
-requests until stopped, and what it produced for the samples of the step being played, kept per
+requests until stopped, and what it produced for the samples of the steps in flight, kept per
 sample and step for the update that follows (a retried step is answered from it, not sampled
 again). The local policy's server and the open-weights generation service say how to answer."""
 
@@ -81,19 +81,21 @@ class GeneratePlane(ABC, Generic[Kept]):
             self.sqs.send_message_batch(QueueUrl=url, Entries=entries[start : start + 10])
 
     def record(self, samples: Iterable[str]) -> None:
-        """Keep what is produced for these samples from now on (and only for them)."""
+        """Keep what is produced for these samples from now on, besides those already kept for
+        (the samples of a step in flight while another is played)."""
         with self._lock:
-            self._recorded = set(samples)
-            self._kept.clear()
+            self._recorded |= set(samples)
 
-    def recorded(self) -> dict[str, list[Kept]]:
-        """What was kept since `record`, per sample in turn order; stops keeping."""
+    def recorded(self, samples: Iterable[str]) -> dict[str, list[Kept]]:
+        """What was kept for these samples, per sample in turn order; stops keeping for them."""
+        wanted = set(samples)
         with self._lock:
             kept = {
                 sample: [steps[step] for step in sorted(steps, key=turn_of)]
-                for sample, steps in self._kept.items()
+                for sample in wanted
+                if (steps := self._kept.pop(sample, None))
             }
-            self._recorded = set()
+            self._recorded -= wanted
         return kept
 
     def kept(self, sample_id: str, step_id: str) -> Kept | None:

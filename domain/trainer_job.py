@@ -141,6 +141,47 @@ def send_rollouts(sqs: Any, url: str, requests: list[RolloutRequest]) -> None:
         )
 
 
+class RolloutInbox:
+    """The run's rollout responses for the samples in flight (`expect`): an answer for a sample
+    of a later step is kept until that step is collected; one for no sample in flight (late for a
+    step already scored, or malformed) is dropped."""
+
+    def __init__(self, sqs: Any, url: str) -> None:
+        self.sqs, self.url = sqs, url
+        self._expected: set[str] = set()
+        self._arrived: dict[str, RolloutResponse] = {}
+
+    def expect(self, samples: Iterable[str]) -> None:
+        self._expected |= set(samples)
+
+    def collect(
+        self,
+        samples: set[str],
+        *,
+        deadline: float,
+        clock: Callable[[], float],
+        stopped: Callable[[], bool],
+    ) -> dict[str, RolloutResponse]:
+        """The responses of `samples`, until all are in, the deadline passes or the job stops;
+        after this, answers for them are late and dropped."""
+        while not samples <= self._arrived.keys() and clock() < deadline and not stopped():
+            messages = self.sqs.receive_message(
+                QueueUrl=self.url, MaxNumberOfMessages=10, WaitTimeSeconds=1
+            ).get("Messages", [])
+            for message in messages:
+                try:
+                    response = parse(RolloutResponse, message["Body"])
+                except ProtocolError as error:
+                    log.warning("dropping a malformed rollout response: %s", error)
+                    continue
+                if response.sample_id in self._expected:
+                    self._arrived[response.sample_id] = response
+            if messages:
+                delete_messages(self.sqs, self.url, messages)
+        self._expected -= samples
+        return {sample: self._arrived.pop(sample) for sample in samples if sample in self._arrived}
+
+
 def collect_rollouts(
     sqs: Any,
     url: str,
@@ -152,22 +193,9 @@ def collect_rollouts(
 ) -> dict[str, RolloutResponse]:
     """Rollout responses of `samples`, until all are in, the deadline passes or the job stops.
     Answers of other samples (late ones of an earlier batch) are dropped."""
-    responses: dict[str, RolloutResponse] = {}
-    while len(responses) < len(samples) and clock() < deadline and not stopped():
-        messages = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=1).get(
-            "Messages", []
-        )
-        for message in messages:
-            try:
-                response = parse(RolloutResponse, message["Body"])
-            except ProtocolError as error:
-                log.warning("dropping a malformed rollout response: %s", error)
-                continue
-            if response.sample_id in samples:
-                responses[response.sample_id] = response
-        if messages:
-            delete_messages(sqs, url, messages)
-    return responses
+    inbox = RolloutInbox(sqs, url)
+    inbox.expect(samples)
+    return inbox.collect(samples, deadline=deadline, clock=clock, stopped=stopped)
 
 
 def exchange_rollouts(
@@ -316,6 +344,10 @@ class PlayedStep:
     started: float
     started_at: float
 
+    @property
+    def samples(self) -> set[str]:
+        return {sample for samples in self.groups.values() for sample in samples}
+
 
 def step_requests(
     job: TrainingJob, records: list[DatasetRecord], step: int, rng: np.random.Generator
@@ -338,6 +370,52 @@ def step_requests(
     return groups, requests
 
 
+def send_step(
+    sqs: Any,
+    job: TrainingJob,
+    records: list[DatasetRecord],
+    step: int,
+    rng: np.random.Generator,
+    *,
+    inbox: RolloutInbox,
+    record: Callable[[Iterable[str]], None],
+    clock: Callable[[], float],
+    wall_clock: Callable[[], float],
+) -> PlayedStep:
+    """Send a step's rollout requests, after the generate side (`record`) and the inbox are
+    told their samples: the step in flight, no responses yet."""
+    started, started_at = clock(), wall_clock()
+    groups, requests = step_requests(job, records, step, rng)
+    samples = [request.sample_id for request in requests]
+    record(samples)
+    inbox.expect(samples)
+    send_rollouts(sqs, job.queues[QueueKind.ROLLOUT_REQUESTS], requests)
+    return PlayedStep(groups, {}, started, started_at)
+
+
+def await_step(
+    job: TrainingJob,
+    inbox: RolloutInbox,
+    sent: PlayedStep,
+    *,
+    clock: Callable[[], float],
+    stopped: Callable[[], bool],
+) -> PlayedStep:
+    """The responses of a step in flight, collected for up to the rollout timeout (and the
+    queues' slack) from when it was sent; TrainingFailed when none came back while the job was
+    running."""
+    waited = job.config.rollout_timeout_seconds + COLLECT_SLACK_SECONDS
+    responses = inbox.collect(
+        sent.samples, deadline=sent.started + waited, clock=clock, stopped=stopped
+    )
+    if not responses and not stopped():
+        raise TrainingFailed(
+            f"no rollout responses within {waited} s; "
+            "are the reward workers running and reaching the router?"
+        )
+    return PlayedStep(sent.groups, responses, sent.started, sent.started_at)
+
+
 def play_step(
     sqs: Any,
     job: TrainingJob,
@@ -350,20 +428,13 @@ def play_step(
     wall_clock: Callable[[], float],
     stopped: Callable[[], bool],
 ) -> PlayedStep:
-    """Send a step's rollout requests (after `record` is told their samples) and collect the
-    responses; TrainingFailed when none came back while the job was running."""
-    started, started_at = clock(), wall_clock()
-    groups, requests = step_requests(job, records, step, rng)
-    record(request.sample_id for request in requests)
-    responses, waited = exchange_rollouts(
-        sqs, job, requests, started=started, clock=clock, stopped=stopped
-    )
-    if not responses and not stopped():
-        raise TrainingFailed(
-            f"no rollout responses within {waited} s; "
-            "are the reward workers running and reaching the router?"
-        )
-    return PlayedStep(groups, responses, started, started_at)
+    """A step sent and its responses collected before anything else (a synchronous step)."""
+    inbox = RolloutInbox(sqs, job.queues[QueueKind.ROLLOUT_RESPONSES])
+    sent = send_step(
+        sqs, job, records, step, rng, inbox=inbox, record=record, clock=clock,
+        wall_clock=wall_clock,
+    )  # fmt: skip
+    return await_step(job, inbox, sent, clock=clock, stopped=stopped)
 
 
 class JobUnreadable(ValueError):

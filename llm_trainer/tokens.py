@@ -13,7 +13,7 @@ the loss covers only the sampled ones.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -69,3 +69,15 @@ def segments(turns: Sequence[SampledTurn]) -> list[Segment]:
             built.append(current)
         current.extend(turn.completion_ids, logprobs=turn.logprobs)
     return built
+
+
+def stale_samples(
+    turns: Mapping[str, Sequence[SampledTurn]], *, version: int, bound: int
+) -> set[str]:
+    """The samples with a turn sampled by weights more than `bound` updates older than
+    `version`, the weights about to be updated (`grpo.max_off_policy_steps`)."""
+    return {
+        sample
+        for sample, sampled in turns.items()
+        if any(turn.policy_version < version - bound for turn in sampled)
+    }

@@ -86,6 +86,14 @@ class GrpoSettings(BaseModel):
     generation_batch_size: int = Field(
         default=16, ge=1, le=1024, description="generate requests answered together"
     )
+    max_off_policy_steps: int = Field(
+        default=0,
+        ge=0,
+        le=8,
+        description="steps whose rollouts are played while an earlier step trains (0: each "
+        "step's after the update before it); a rollout with a turn from weights older than "
+        "this many updates is dropped and counted",
+    )
 
 
 HealthMetric = Literal[

@@ -143,7 +143,7 @@ def test_a_retried_step_of_a_recorded_sample_gets_the_same_answer(
     service.answer([message])
     assert len(generated) == 1  # sampled once, answered twice with the same tokens
     assert len(sent) == 2 and sent[0] == sent[1]
-    assert len(service.recorded()["s"]) == 1
+    assert len(service.recorded(["s"])["s"]) == 1
     # The queue's deduplication id (the step id) keeps the second from being delivered twice.
     assert len(received(queues, QueueKind.GENERATE_RESPONSES)) == 1
 

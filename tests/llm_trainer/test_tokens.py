@@ -12,7 +12,7 @@ import pytest
 from domain.protocol import GenerateRequest, GenerateResponse, dump, parse, turn_of
 from llm_trainer.service import GenerationService, render_prompt
 from llm_trainer.tiny import THINK_STRIPPING_TEMPLATE, tiny_tokenizer
-from llm_trainer.tokens import SampledTurn, Segment, segments
+from llm_trainer.tokens import SampledTurn, Segment, segments, stale_samples
 from tests.llm_trainer.fakes import QUEUES, ScriptedGenerator
 from tests.llm_trainer.test_service import job_for
 
@@ -75,7 +75,7 @@ def play(
             response.data.choices[0].message.model_dump(),
             {"role": "user", "content": follow_ups[number]},
         ]
-    return responses, segments(service.recorded()["s_0"]), generator
+    return responses, segments(service.recorded(["s_0"])["s_0"]), generator
 
 
 class Outbox:
@@ -157,3 +157,20 @@ def test_the_service_renders_the_conversation_with_the_chat_template(tokenizer: 
     )
     text = tokenizer.decode(render_prompt(tokenizer, request))
     assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_rollout_with_a_turn_from_weights_too_old_is_stale() -> None:
+    def turn(number: int, version: int) -> SampledTurn:
+        return SampledTurn(number, (1,), (2,), (-0.5,), "stop", version)
+
+    turns = {
+        "fresh": [turn(0, 4), turn(1, 5)],
+        "one behind": [turn(0, 3), turn(1, 4)],
+        "two behind": [turn(0, 2), turn(1, 5)],  # its first turn: before the last two updates
+    }
+    # The weights at version 5 are about to be updated: a bound of N keeps turns of 5-N on.
+    assert stale_samples(turns, version=5, bound=0) == {"fresh", "one behind", "two behind"}
+    assert stale_samples(turns, version=5, bound=1) == {"one behind", "two behind"}
+    assert stale_samples(turns, version=5, bound=2) == {"two behind"}
+    assert stale_samples(turns, version=5, bound=3) == set()
+    assert stale_samples(turns, version=4, bound=0) == {"one behind", "two behind"}

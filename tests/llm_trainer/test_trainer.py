@@ -15,6 +15,7 @@ import torch
 
 from domain.checkpoints import MANIFEST_OBJECT, CheckpointManifest
 from domain.dataset import DatasetRecord
+from domain.run_queues import QueueKind
 from domain.trainer_job import TrainingJob
 from llm_trainer.model import ModelNotLoaded
 from llm_trainer.trainer import LlmTrainer
@@ -147,3 +148,58 @@ def test_a_lora_checkpoint_cannot_start_a_full_run_or_the_other_way(
     lora_config = load_training_config("rft_multiturn_lora")
     with pytest.raises(ModelNotLoaded, match="has no LoRA adapter"):
         load_policy("tiny", lora_config, s3=s3, workdir=tmp_path, checkpoint=tmp_path / "full")
+
+
+class Watched(EpisodeQueues):
+    """Episode queues that note, in the trainer's order, which step's rollouts it sent."""
+
+    def __init__(self, events: list[tuple[str, int]]) -> None:
+        super().__init__(share_of_e)
+        self.events = events
+
+    def send_message_batch(self, *, QueueUrl: str, Entries: list[dict]) -> dict:  # noqa: N803
+        if QueueUrl == QUEUES[QueueKind.ROLLOUT_REQUESTS] and Entries:
+            number = int(json.loads(Entries[0]["MessageBody"])["sample_id"].rsplit("_", 1)[1])
+            step = number // 16 + 1  # 16 rollouts a step
+            if ("send", step) not in self.events:
+                self.events.append(("send", step))
+        return super().send_message_batch(QueueUrl=QueueUrl, Entries=Entries)
+
+
+@pytest.mark.parametrize(
+    ("ahead", "expected"),
+    [
+        (0, ["send 1", "update 1", "send 2", "update 2", "send 3", "update 3"]),
+        (1, ["send 1", "send 2", "update 1", "send 3", "update 2", "update 3"]),
+        (2, ["send 1", "send 2", "send 3", "update 1", "update 2", "update 3"]),
+    ],
+)
+def test_max_off_policy_steps_plays_that_many_steps_ahead_of_training(
+    s3: Any, tmp_path: Path, ahead: int, expected: list[str]
+) -> None:
+    events: list[tuple[str, int]] = []
+    grpo = {"checkpoint_every": 10, "micro_batch_size": 8, "max_off_policy_steps": ahead}
+    trainer = LlmTrainer(
+        job_for(max_steps=3, grpo=grpo), sqs=Watched(events), s3=s3, workdir=tmp_path
+    )
+    update = trainer._update
+
+    def noted(step: int, played: Any) -> None:
+        events.append(("update", step))
+        update(step, played)
+
+    trainer._update = noted  # type: ignore[method-assign]
+    history = trainer.run()
+    assert [f"{what} {step}" for what, step in events] == expected
+    # Every rollout came back and trained: none was older than the bound allows.
+    assert [step.stats.rollouts for step in history] == [16, 16, 16]
+    assert all(line["stale_rollouts"] == 0 for line in metrics_lines(s3))
+    versions = {
+        int(r.sample_id.rsplit("_", 1)[1]) // 16 + 1: set() for r in trainer.sqs.generate_responses
+    }
+    for response in trainer.sqs.generate_responses:
+        step = int(response.sample_id.rsplit("_", 1)[1]) // 16 + 1
+        versions[step].add(response.data.policy_version)
+    # A step's episodes were written by the weights of the moment: at most `ahead` behind.
+    for step, seen in versions.items():
+        assert seen <= set(range(max(0, step - 1 - ahead), step)), (step, seen)

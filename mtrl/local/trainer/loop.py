@@ -110,7 +110,7 @@ class Trainer:
             wall_clock=self.wall_clock,
             stopped=lambda: self.server.stopped,
         )
-        self._update(step, played, self.server.recorded())
+        self._update(step, played, self.server.recorded(played.samples))
 
     def _update(
         self,
