@@ -1,5 +1,6 @@
 """`python -m llm_trainer`: the open-weights trainer process (a run's Kubernetes job on
-HyperPod; the local training cluster's job with `mtrl local --trainer llm`).
+HyperPod; the local training cluster's job with `mtrl local --trainer llm`), or one of several
+on a node under `torchrun` (llm_trainer/distributed.py).
 
 The job comes as JSON in `MTRL_TRAINING_JOB` (domain/trainer_job.py): training, or the
 evaluation of the starting or trained model. Training prints one JSON line per step on stdout.
@@ -30,16 +31,23 @@ def main() -> int:
         print(f"trainer: {error}", file=sys.stderr)
         return 2
     # Imported once the job is read: torch and transformers take seconds to import.
+    from llm_trainer.distributed import from_environment
     from llm_trainer.trainer import LlmEvaluator, LlmTrainer
+
+    collective = from_environment()  # started by torchrun: one process of several
+    if collective.rank:  # the first process speaks for all on stdout
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the process's life
 
     sqs, s3 = boto3.client("sqs"), boto3.client("s3")
     with tempfile.TemporaryDirectory(prefix="mtrl-trainer-") as scratch:
         workdir = Path(scratch)
         try:
             work: LlmTrainer | LlmEvaluator = (
-                LlmEvaluator(job, sqs=sqs, s3=s3, workdir=workdir)
+                LlmEvaluator(job, sqs=sqs, s3=s3, workdir=workdir, collective=collective)
                 if job.evaluation
-                else LlmTrainer(job, sqs=sqs, s3=s3, workdir=workdir, out=sys.stdout)
+                else LlmTrainer(
+                    job, sqs=sqs, s3=s3, workdir=workdir, out=sys.stdout, collective=collective
+                )
             )
         except ModelNotLoaded as error:
             print(f"trainer: {error}", file=sys.stderr)

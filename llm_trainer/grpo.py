@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.grpo import UpdateStats
+from llm_trainer.distributed import ALONE, Collective
 from llm_trainer.tokens import Segment
 
 
@@ -135,14 +136,19 @@ def grpo_update(
     kl_coefficient: float = 0.0,
     reference: Reference | None = None,
     autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    collective: Collective = ALONE,
 ) -> UpdateStats:
-    """One optimizer step over `sequences`; the objective it maximised and what happened."""
+    """One optimizer step over `sequences`; the objective it maximised and what happened. With
+    several processes (`collective`), each takes every world_size-th sequence and the gradients
+    are summed: the sequences' weights are shares of the whole step, so the sum is the step's
+    gradient, and every process takes the same optimizer step."""
     import torch
 
     device = next(model.parameters()).device
     optimizer.zero_grad(set_to_none=True)
     objective, kl_total, clipped, tokens = 0.0, 0.0, 0, 0
-    for batch in _batches(sequences, micro_batch_size):
+    mine = sequences[collective.rank :: collective.world_size]
+    for batch in _batches(mine, micro_batch_size):
         t = _tensors(batch, pad_id, device)
         with autocast():
             logprobs = next_token_logprobs(model, t["ids"], t["attention"], temperature)
@@ -162,9 +168,10 @@ def grpo_update(
         is_clipped = (bounded * t["advantage"] < ratio * t["advantage"]) & mask
         clipped += int(is_clipped.sum())
         tokens += int(mask.sum())
-    torch.nn.utils.clip_grad_norm_(
-        [p for p in model.parameters() if p.requires_grad], max_grad_norm
-    )
+    trained = [p for p in model.parameters() if p.requires_grad]
+    collective.sum_gradients(trained)
+    objective, kl_total, clipped, tokens = collective.sum([objective, kl_total, clipped, tokens])
+    torch.nn.utils.clip_grad_norm_(trained, max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return UpdateStats(

@@ -81,3 +81,15 @@ def stale_samples(
         for sample, sampled in turns.items()
         if any(turn.policy_version < version - bound for turn in sampled)
     }
+
+
+def merged_turns(
+    kept: Sequence[Mapping[str, Sequence[SampledTurn]]],
+) -> dict[str, list[SampledTurn]]:
+    """What several generating processes kept, per sample in turn order (a conversation's turns
+    may have been answered by different processes)."""
+    merged: dict[str, list[SampledTurn]] = {}
+    for each in kept:
+        for sample, turns in each.items():
+            merged.setdefault(sample, []).extend(turns)
+    return {sample: sorted(turns, key=lambda turn: turn.turn) for sample, turns in merged.items()}

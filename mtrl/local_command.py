@@ -70,6 +70,15 @@ def local(
     records: Annotated[
         int, typer.Option(min=1, help="With --model-endpoint: how many records to play.")
     ] = 16,
+    trainer_processes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=8,
+            help="With --trainer llm: trainer processes that generate and train together "
+            "(torchrun on the CPU, as one a GPU on a node).",
+        ),
+    ] = 1,
 ) -> None:
     """Run the deployed pipeline locally: validate, provision, train (real GRPO, small CPU
     policy), collect, tear down, notify. Exit 0 when the run succeeded, 1 when it failed (with
@@ -82,6 +91,9 @@ def local(
     if trainer not in TRAINERS:
         err.print(f"error: --trainer {trainer}: choose one of {', '.join(TRAINERS)}")
         raise typer.Exit(2)
+    if trainer_processes > 1 and trainer != "llm":
+        err.print(f"error: --trainer-processes {trainer_processes}: only with --trainer llm")
+        raise typer.Exit(2)
     options = LocalRunOptions(
         dataset=file,
         config=config,
@@ -90,6 +102,7 @@ def local(
         inject_fault=inject_fault,
         max_steps=steps,
         trainer=trainer,
+        processes=trainer_processes,
         **({"model": model} if model and not model_endpoint else {}),
     )
     try:

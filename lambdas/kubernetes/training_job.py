@@ -6,8 +6,8 @@ Per run, in a namespace of its own (`<prefix>-run-<run id>`):
 - `ConfigMap/run-settings`: the run configuration — `MTRL_TRAINING_JOB`, the JSON the trainer
   reads (domain/trainer_job.py `TrainingJob`: run, dataset, outputs, queues, training config,
   base checkpoint, and the preset's `model_id` as where the weights come from) — and the region;
-- the open-weights trainer (`python -m llm_trainer` in the preset's image): generation and
-  updates in one process on one node, as a `HyperPodPyTorchJob` (HyperPod's training operator,
+- the open-weights trainer (`llm_trainer` in the preset's image, a process per GPU under
+  torchrun): generation and updates on one node, as a `HyperPodPyTorchJob` (HyperPod's training operator,
   whose job auto-resume restarts it; it resumes from its last checkpoint) or, when configured, a
   Kubeflow `PyTorchJob`.
 
@@ -30,7 +30,12 @@ from training_configs.schema import TrainingConfig
 JOB_API = {"HyperPodPyTorchJob": "sagemaker.amazonaws.com/v1", "PyTorchJob": "kubeflow.org/v1"}
 JOB_NAME = "trainer"
 SETTINGS = "run-settings"
-TRAINER_COMMAND = ["python", "-m", "llm_trainer"]
+# One trainer process per GPU of the node (torchrun: "gpu" = as many as it sees); each generates
+# and trains, the first plays the steps (llm_trainer/distributed.py).
+TRAINER_COMMAND = [
+    "python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=gpu",
+    "-m", "llm_trainer",
+]  # fmt: skip
 # The workloads' identity: EKS Pod Identity maps it to the deployment's training-job IAM role.
 SERVICE_ACCOUNT = "run-workloads"
 RUN_LABEL = "nova-mtrl/run"
@@ -250,7 +255,7 @@ def _trainer_job(
     deadline = int(request.config.deadline_hours * 3600)
     if request.kind == "HyperPodPyTorchJob":
         spec: dict[str, Any] = {
-            "nprocPerNode": "1",  # one trainer process; generation shares its GPUs
+            "nprocPerNode": "1",  # one launcher (torchrun), which starts a process per GPU
             "replicaSpecs": [{"name": name, "replicas": 1, "template": template}],
             "runPolicy": {
                 "activeDeadlineSeconds": deadline,

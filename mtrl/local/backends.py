@@ -145,17 +145,27 @@ def _process_status(process: _Process | None, what: str, *, step: int | None = N
 @dataclass(frozen=True)
 class TrainerProgram:
     """What a local training cluster runs: the trainer's module, and for the open-weights
-    trainer the model it loads (`TrainingJob.model_source`)."""
+    trainer the model it loads (`TrainingJob.model_source`) and how many processes train it
+    together (under torchrun, as on a node's GPUs; here on the CPU)."""
 
     module: str = "mtrl.local.trainer"
     model_source: str | None = None
+    processes: int = 1
+
+    def command(self) -> list[str]:
+        if self.processes == 1:
+            return [sys.executable, "-m", self.module]
+        return [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={self.processes}", "-m", self.module,
+        ]  # fmt: skip
 
 
 LOCAL_POLICY = TrainerProgram()
 
 
-def language_model_trainer(model_source: str) -> TrainerProgram:
-    return TrainerProgram(module="llm_trainer", model_source=model_source)
+def language_model_trainer(model_source: str, *, processes: int = 1) -> TrainerProgram:
+    return TrainerProgram(module="llm_trainer", model_source=model_source, processes=processes)
 
 
 class LocalTrainingCluster(TrainingCluster):
@@ -226,7 +236,7 @@ class LocalTrainingCluster(TrainingCluster):
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as sink:
             popen = subprocess.Popen(
-                [sys.executable, "-m", self._program.module],
+                self._program.command(),
                 env={**os.environ, **self._environment, JOB_VARIABLE: job.model_dump_json()},
                 stdout=subprocess.PIPE,
                 stderr=sink,

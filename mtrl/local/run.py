@@ -56,9 +56,12 @@ class LocalRunOptions:
     # directory, a Hugging Face Hub id, or "tiny").
     trainer: str = "policy"
     model: str = TINY
+    processes: int = 1  # of the open-weights trainer (torchrun), as on a node's GPUs
 
     def program(self) -> TrainerProgram:
-        return language_model_trainer(self.model) if self.trainer == "llm" else LOCAL_POLICY
+        if self.trainer != "llm":
+            return LOCAL_POLICY
+        return language_model_trainer(self.model, processes=self.processes)
 
 
 def prepare(options: LocalRunOptions) -> Prepared:

@@ -173,7 +173,16 @@ def test_the_trainer_runs_the_open_weights_trainer_on_one_whole_node() -> None:
     (container,) = replica["template"]["spec"]["containers"]
     assert replica["replicas"] == 1 and job["spec"]["nprocPerNode"] == "1"
     assert container["image"] == IMAGE
-    assert container["command"] == ["python", "-m", "llm_trainer"]
+    # torchrun, alone in the pod, starts a trainer process per GPU it sees.
+    assert container["command"] == [
+        "python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=gpu",
+        "-m", "llm_trainer",
+    ]  # fmt: skip
+    from torch.distributed.run import get_args_parser  # torchrun's own reading of them
+
+    launch = get_args_parser().parse_args(container["command"][3:])
+    assert launch.standalone and launch.nproc_per_node == "gpu"
+    assert launch.module and launch.training_script == "llm_trainer"
     assert (PROJECT_ROOT / "llm_trainer" / "__main__.py").is_file()
     assert container["resources"]["limits"] == {"nvidia.com/gpu": "8"}  # ml.p5.48xlarge
     # Restarts resume from the last checkpoint: HyperPod's auto-resume may retry.

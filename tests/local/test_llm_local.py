@@ -9,7 +9,9 @@ model climbs varies with them."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -32,9 +34,9 @@ def config(tmp_path: Path) -> Path:
     return path
 
 
-def test_a_tiny_language_model_trains_through_the_whole_pipeline(
-    tmp_path: Path, config: Path, default_app: Synthesized
-) -> None:
+def _run(tmp_path: Path, config: Path, app: Synthesized, **options: Any) -> Path:
+    """The example through the whole pipeline with the tiny model: its run's directory, once
+    it succeeded and left nothing behind."""
     outcome, directory = run_local(
         LocalRunOptions(
             EXAMPLE / "train.jsonl",
@@ -42,12 +44,20 @@ def test_a_tiny_language_model_trains_through_the_whole_pipeline(
             out_dir=tmp_path / "runs",
             trainer="llm",
             model="tiny",
+            **options,
         ),  # fmt: skip
-        template=default_app.template("pipeline"),
+        template=app.template("pipeline"),
         timeout_seconds=600,
     )
     assert outcome.status == "SUCCEEDED", (outcome.error, outcome.cause)
     assert not any(outcome.leftover.values()), outcome.leftover
+    return directory
+
+
+def test_a_tiny_language_model_trains_through_the_whole_pipeline(
+    tmp_path: Path, config: Path, default_app: Synthesized
+) -> None:
+    directory = _run(tmp_path, config, default_app)
     outputs = directory / "outputs"
     lines = [json.loads(line) for line in (outputs / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == list(range(1, 13))
@@ -73,6 +83,31 @@ def test_a_tiny_language_model_trains_through_the_whole_pipeline(
     numbers = trajectories[evaluated]["sample_id"].str.rsplit("_", n=1).str[1].astype(int)
     versions = trajectories[evaluated]["policy_version"]
     assert set(versions[numbers < 2]) == {0} and set(versions[numbers >= 2]) == {12}
+
+
+def test_two_trainer_processes_generate_and_train_together_through_the_pipeline(
+    tmp_path: Path, config: Path, default_app: Synthesized
+) -> None:
+    """As on a node's GPUs: torchrun starts two trainer processes (gloo on the CPU); both answer
+    generate requests and train on their share of each step; the first writes the outputs."""
+    directory = _run(tmp_path, config, default_app, max_steps=4, processes=2)
+    log = (directory / "logs" / "trainer.log").read_text()
+    assert "process 1 of 2" in log and "process 2 of 2" in log
+    # The second process answered its share of the model turns (the queue hands each request
+    # to one of them), and what it sampled was trained on with the rest.
+    (answered,) = re.findall(r"process 2 of 2: answered (\d+) generate requests", log)
+    assert int(answered) > 0
+    outputs = directory / "outputs"
+    lines = [json.loads(line) for line in (outputs / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3, 4]
+    assert all(line["sequences"] > 0 for line in lines)
+    manifest = json.loads((outputs / "checkpoints" / "manifest.json").read_text())
+    assert [c["name"] for c in manifest["checkpoints"]][-1] == "final"
+    report = json.loads((directory / "report.json").read_text())
+    assert report["evaluation"]["baseline"]["n"] == report["evaluation"]["final"]["n"] == 8
+    trajectories = pd.read_parquet(outputs / "trajectories")
+    trained = trajectories[~trajectories["sample_id"].str.startswith(SAMPLE_PREFIX)]
+    assert len(trained) == 4 * 16 and set(trained["policy_version"]) == {0, 1, 2, 3}
 
 
 @pytest.mark.parametrize(
