@@ -47,16 +47,33 @@ from llm_trainer.checkpoints import (
     scratch_folder,
 )
 from llm_trainer.distributed import ALONE, Collective
-from llm_trainer.generation import TransformersGenerator
+from llm_trainer.generation import Generator, TransformersGenerator
 from llm_trainer.grpo import Reference, TrainingSequence, grpo_update, training_sequences
-from llm_trainer.model import Policy, load_policy
+from llm_trainer.model import ModelNotLoaded, Policy, load_policy, model_folder
 from llm_trainer.service import GenerationService
 from llm_trainer.tokens import merged_turns, segments, stale_samples
 
 log = logging.getLogger("mtrl.trainer")
 
 
-def _generator(policy: Policy) -> TransformersGenerator:
+def _generator(
+    policy: Policy, job: TrainingJob, *, s3: Any, workdir: Path, processes: int
+) -> Generator:
+    """What samples the policy's turns, as the config's `grpo.generation` says."""
+    if job.config.grpo.generation == "vllm":
+        try:
+            from llm_trainer.vllm_generator import VllmGenerator, start_engine, vllm_api
+
+            base = model_folder(job.model_source or job.config.model, s3=s3, workdir=workdir)
+            engine = start_engine(base, job.config, seed=job.seed, processes=processes)
+            generator = VllmGenerator(engine, vllm_api(), adapters=workdir / "adapters")
+        except ImportError as missing:
+            raise ModelNotLoaded(
+                f"grpo.generation vllm needs {missing.name} (the trainer image has it); "
+                "set generation: transformers to sample with the model being trained"
+            ) from None
+        generator.sync(policy.model)
+        return generator
     stop = policy.model.generation_config.eos_token_id
     stop_ids = {policy.tokenizer.eos_token_id, *(stop if isinstance(stop, list) else [stop])}
     return TransformersGenerator(
@@ -118,7 +135,9 @@ class LlmTrainer:
             if self.config.kl_coefficient
             else None
         )
-        self.generator = _generator(self.policy)
+        self.generator = _generator(
+            self.policy, job, s3=s3, workdir=workdir, processes=collective.world_size
+        )
         self.service = GenerationService(
             job, sqs=sqs, tokenizer=self.policy.tokenizer, generator=self.generator,
             version=self.steps_before,
@@ -163,7 +182,7 @@ class LlmTrainer:
                             record=self._record,
                             clock=self.clock,
                             wall_clock=self.wall_clock,
-                        )  # fmt: skip
+                        )
                     )
                 played = await_step(
                     self.job, inbox, in_flight.popleft(), clock=self.clock,
@@ -320,7 +339,9 @@ class LlmEvaluator:
         policy = load_policy(source, job.config, s3=s3, workdir=workdir, checkpoint=checkpoint)
         policy.model.eval()
         self.service = GenerationService(
-            job, sqs=sqs, tokenizer=policy.tokenizer, generator=_generator(policy),
+            job, sqs=sqs, tokenizer=policy.tokenizer, generator=_generator(
+                policy, job, s3=s3, workdir=workdir, processes=collective.world_size
+            ),
             version=self.version,
         )  # fmt: skip
 

@@ -86,6 +86,16 @@ class GrpoSettings(BaseModel):
     generation_batch_size: int = Field(
         default=16, ge=1, le=1024, description="generate requests answered together"
     )
+    generation: Literal["transformers", "vllm"] = Field(
+        default="transformers",
+        description="what samples the policy's turns: transformers (the model being trained "
+        "itself) or vllm (an engine beside it, LoRA runs: the adapter handed over each step)",
+    )
+    vllm_memory_share: float = Field(
+        default=0.3, gt=0.0, lt=1.0,
+        description="with vllm: the share of the GPU's memory its engine takes (weights and "
+        "cache); training keeps the rest",
+    )  # fmt: skip
     max_off_policy_steps: int = Field(
         default=0,
         ge=0,
@@ -287,6 +297,11 @@ class TrainingConfig(BaseModel):
         if self.recipe == "RFT_MULTITURN_FULL" and self.lora is not None:
             raise ValueError(
                 "recipe RFT_MULTITURN_FULL trains every weight: remove the lora section"
+            )
+        if self.grpo.generation == "vllm" and self.lora is None:
+            raise ValueError(
+                "grpo.generation vllm serves a LoRA run's adapter; full fine-tuning generates "
+                "with transformers (set generation: transformers or use RFT_MULTITURN_LORA)"
             )
         return self
 

@@ -28,6 +28,7 @@ from botocore.exceptions import ClientError
 from domain.bucket import object_exists, run_output_prefix
 from domain.checkpoints import MANIFEST_OBJECT, CheckpointManifest
 from domain.nova_job import is_nova
+from domain.vllm import vllm_lora_rank
 from mtrl.ops.deploy import (
     DeployRefused,
     TrainedModel,
@@ -43,8 +44,6 @@ MODEL_DIR = "/opt/ml/model"  # where SageMaker puts the model data in the contai
 DEFAULT_INSTANCE_TYPE = "ml.g6e.2xlarge"  # one L40S (48 GB): an 8B model in bfloat16 and its cache
 DOWNLOAD_SECONDS = 3600  # the longest ModelDataDownloadTimeoutInSeconds allows: large checkpoints
 STARTUP_SECONDS = 1800  # loading the weights, compiling CUDA graphs
-# vLLM's --max-lora-rank takes one of these (vLLM's LoRA config, MaxLoRARanks).
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
@@ -87,7 +86,7 @@ def serving(trained: TrainedModel, base_model: str | None, name: str, run_id: st
             "a base model it loads from the Hugging Face Hub (an id such as Qwen/Qwen3-8B); "
             "train this model with RFT_MULTITURN_FULL to serve it whole"
         )
-    rank = next(r for r in LORA_RANKS if r >= config.lora.rank)
+    rank = vllm_lora_rank(config.lora.rank)
     return Serving(
         {
             "SM_VLLM_MODEL": base_model,

@@ -31,18 +31,6 @@ def job_for(queues: dict[str, str] = QUEUES, **config: Any) -> TrainingJob:
     )  # fmt: skip
 
 
-@pytest.fixture
-def queues(aws: None) -> dict[str, str]:
-    sqs = boto3.client("sqs")
-    return {
-        kind.value: sqs.create_queue(
-            QueueName=f"r-{kind.value.replace('_', '-')}.fifo",
-            Attributes={"FifoQueue": "true", "VisibilityTimeout": "0"},
-        )["QueueUrl"]
-        for kind in QueueKind
-    }
-
-
 def service_for(
     job: TrainingJob, tokenizer: Any, model: Any, version: int = 0
 ) -> GenerationService:

@@ -84,8 +84,11 @@ def test_the_image_carries_what_the_trainer_imports(tmp_path: Path) -> None:
         "peft.get_peft_model(tiny_model(tiny_tokenizer()), peft.LoraConfig(target_modules='all-linear'))",
     )  # fmt: skip
     assert {"torch", "transformers", "peft", "boto3", "pydantic", "numpy"} <= imported
-    # What the requirements install (vLLM's own dependencies aside: it is not installed here).
+    # What the requirements install: vLLM itself (llm_trainer/vllm_generator.py), and the rest
+    # with their dependencies (vLLM's are not resolvable here: it is not installed).
     installed = with_dependencies(tuple(r for r in _requirements() if not r.startswith("vllm==")))
+    installed |= {r.split("==")[0] for r in _requirements() if r.startswith("vllm==")}
+    assert "vllm" in installed
     distributions = packages_distributions()
     for module in sorted(_direct_imports(packages)):
         owners = {name.lower().replace("_", "-") for name in distributions.get(module, [module])}

@@ -16,8 +16,10 @@ from typing import Any
 import pandas as pd
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from domain.evaluation import SAMPLE_PREFIX
+from mtrl.cli import app
 from mtrl.local.run import LocalRunError, LocalRunOptions, prepare, run_local
 from tests.conftest import Synthesized
 
@@ -139,3 +141,11 @@ def test_without_the_llm_extra_it_says_what_to_install(
         LocalRunError, match=r"--trainer llm needs peft: pip install -e '\.\[llm\]'"
     ):
         prepare(options)
+
+
+def test_several_trainer_processes_are_for_the_language_model_trainer_only() -> None:
+    result = CliRunner().invoke(
+        app, ["local", str(EXAMPLE / "train.jsonl"), "--trainer-processes", "2"]
+    )
+    assert result.exit_code == 2
+    assert "--trainer-processes 2: only with --trainer llm" in result.output

@@ -1,0 +1,114 @@
+"""Generation with vLLM (`grpo.generation: vllm`, LoRA runs; the trainer image carries vLLM): an
+engine in the trainer's process serves the base model, and the adapter being trained is handed
+over after each update as a new LoRA request — its folder written with PEFT, loaded by vLLM at
+the next generate.
+
+What it asks of vLLM's offline API (`LLM.generate` with token-id prompts and one
+`SamplingParams` per prompt; vLLM's docs, "Offline inference" and the sampling parameters):
+`logprobs=0`, which returns the sampled token's log-probability alone, under
+`logprobs_mode="processed_logprobs"` — after temperature and `top_p`, the distribution it sampled
+from (the transformers generator's is before `top_p`: with `top_p` below 1 the two differ, as the
+README says); a seed per prompt (reproducible sampling). Unverified here (no GPU, no vLLM in the
+tests, which drive this class with stand-ins for vLLM's objects): the engine on CUDA beside
+training, and, with several trainer processes, vLLM under torchrun (`external_launcher`, as TRL
+runs it).
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from domain.vllm import vllm_lora_rank
+from llm_trainer.generation import Sampled, SamplingSettings
+from training_configs.schema import TrainingConfig
+
+
+@dataclass(frozen=True)
+class VllmApi:
+    """The vLLM classes the generator builds requests with (stand-ins in the tests)."""
+
+    sampling_params: Any
+    tokens_prompt: Any
+    lora_request: Any
+
+
+def vllm_api() -> VllmApi:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
+
+    return VllmApi(SamplingParams, TokensPrompt, LoRARequest)
+
+
+def start_engine(base: str, config: TrainingConfig, *, seed: int, processes: int) -> Any:
+    """vLLM's offline engine on the base model, ready for the run's adapter."""
+    from vllm import LLM
+
+    assert config.lora is not None  # the config refuses vllm without LoRA
+    return LLM(
+        model=base,
+        enable_lora=True,
+        max_lora_rank=vllm_lora_rank(config.lora.rank),
+        max_loras=2,  # the adapter being served and the one replacing it
+        max_model_len=config.max_length,
+        gpu_memory_utilization=config.grpo.vllm_memory_share,
+        dtype="bfloat16",
+        seed=seed,
+        logprobs_mode="processed_logprobs",
+        **({"distributed_executor_backend": "external_launcher"} if processes > 1 else {}),
+    )
+
+
+class VllmGenerator:
+    """A `Generator` (generation.py) on a vLLM engine serving the base model with the adapter
+    the last `sync` wrote."""
+
+    def __init__(self, engine: Any, api: VllmApi, *, adapters: Path) -> None:
+        self.engine, self.api, self.adapters = engine, api, adapters
+        self.lock = threading.Lock()
+        self.version = 0  # adapters handed over so far
+        self._adapter: Any = None
+
+    def sync(self, model: Any) -> None:
+        """Write the adapter of `model` (a PEFT model) and serve it from the next generate on;
+        the folder before last is removed (the last may still be loading)."""
+        self.version += 1
+        folder = self.adapters / f"v{self.version}"
+        model.save_pretrained(folder)
+        self._adapter = self.api.lora_request(f"policy-v{self.version}", self.version, str(folder))
+        shutil.rmtree(self.adapters / f"v{self.version - 2}", ignore_errors=True)
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], settings: SamplingSettings, *, seed: int
+    ) -> list[Sampled]:
+        if not prompts:
+            return []
+        if self._adapter is None:
+            raise RuntimeError("no adapter to serve yet: sync the policy first")
+        requests = [self.api.tokens_prompt(prompt_token_ids=list(prompt)) for prompt in prompts]
+        params = [
+            self.api.sampling_params(
+                max_tokens=settings.max_new_tokens,
+                temperature=settings.temperature,
+                top_p=settings.top_p,
+                logprobs=0,
+                seed=seed + index,
+            )  # fmt: skip
+            for index in range(len(prompts))
+        ]
+        outputs = self.engine.generate(requests, params, lora_request=self._adapter, use_tqdm=False)
+        return [_sampled(output.outputs[0]) for output in outputs]
+
+
+def _sampled(completion: Any) -> Sampled:
+    """A vLLM completion: its token ids, each one's log-probability (`logprobs` holds, per
+    position, a dict by token id that includes the sampled one), why it ended."""
+    token_ids = list(completion.token_ids)
+    logprobs = [float(step[token].logprob) for step, token in zip(completion.logprobs, token_ids, strict=True)]  # fmt: skip
+    reason = "length" if completion.finish_reason == "length" else "stop"
+    return Sampled(token_ids, logprobs, reason)
