@@ -7,7 +7,9 @@ the GRPO step and weight sync, each beside a named baseline run the same way.
 - update: seconds per GRPO step (`grpo_update`: two passes' worth of bookkeeping, masked loss,
   clipped ratio) against one plain supervised step (cross-entropy on the same sequences);
 - weight sync: seconds to hand the updated weights to generation (the same model object with
-  transformers: nothing to copy).
+  transformers: nothing to copy); with `--lora`, also vLLM's handover (`VllmGenerator.sync`:
+  the adapter written with PEFT for the engine to load, no engine here) against writing the
+  adapter's tensors alone with safetensors.
 
 Run: `python -m bench.llm_trainer --model DIR|HUB_ID|tiny [--batch 16] [--new-tokens 128]
 [--rounds 3] [--lora]`. Nothing is asserted: it is a measurement. Prints the device, the
@@ -117,6 +119,27 @@ def main() -> None:
         f"GRPO step: {step:.3f} s (one supervised step on the same tokens: {sft:.3f} s; ratio {step / sft:.2f})"
     )
     print(f"weight sync: {sync * 1e3:.3f} ms (shared model object)")
+    if options.lora:
+        _adapter_handover(model, options.rounds)
+
+
+def _adapter_handover(model: object, rounds: int) -> None:
+    """vLLM's weight sync for a LoRA run: the adapter as PEFT writes it, against its tensors."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    from llm_trainer.vllm_generator import VllmApi, VllmGenerator
+
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        api = VllmApi(sampling_params=dict, tokens_prompt=dict, lora_request=lambda *a: a)
+        generator = VllmGenerator(engine=None, api=api, adapters=folder / "adapters")
+        handover, _ = _timed(lambda: generator.sync(model), rounds)
+        tensors = {k: v.detach().contiguous().cpu() for k, v in get_peft_model_state_dict(model).items()}  # fmt: skip
+        raw, _ = _timed(lambda: save_file(tensors, str(folder / "raw.safetensors")), rounds)
+        size = (folder / "raw.safetensors").stat().st_size
+    print(f"vLLM adapter handover: {handover * 1e3:.1f} ms for {size / 1e6:.1f} MB (the tensors "
+          f"alone: {raw * 1e3:.1f} ms; ratio {handover / raw:.2f})")  # fmt: skip
 
 
 if __name__ == "__main__":

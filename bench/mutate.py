@@ -128,6 +128,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     # The open-weights trainer: which tokens it trains on, and the step's statistics both
     # trainers report (a wrong mask or count trains on the wrong thing silently).
     "llm_trainer/tokens.py": ("tests/llm_trainer/test_tokens.py",),
+    "llm_trainer/tool_calls.py": ("tests/llm_trainer/test_tool_calls.py",),
     "domain/grpo.py": (
         "tests/llm_trainer/test_grpo.py",
         "tests/local/test_grpo.py",

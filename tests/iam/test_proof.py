@@ -11,7 +11,7 @@ import pytest
 from tests.iam.conftest import Scenarios
 from tests.iam.policy import Request, as_list, matches
 from tests.iam.proof import Proof, Report, explained
-from tests.iam.world import OPERATOR
+from tests.iam.world import OPERATOR, role_of
 
 
 def _proof(scenarios: Scenarios) -> Proof:
@@ -247,3 +247,23 @@ def test_the_operator_runs_every_mtrl_command_on_the_operator_policy(
         "sagemaker:CreateModel", "sagemaker:CreateEndpoint", "sagemaker:AddTags",
         "sagemaker:DeleteEndpoint",
     } <= operator_actions  # fmt: skip
+
+
+def test_the_open_weights_trainers_generation_service_answers_as_the_pods_role(
+    scenarios: Scenarios, report: Report
+) -> None:
+    """The run stopped by hand played its rollouts against llm_trainer's own GenerationService
+    (tests/iam/world.py): its receives, batched answers and deletes are among the requests
+    proven allowed, made with the run pods' role."""
+    pods = role_of(scenarios.world.deployment, "pipeline", "TrainingClusterControlJobRole")
+    made = {(n.why, n.request.action, n.request.resource.split(":")[-1])
+            for n in report.needs if n.principal == pods}  # fmt: skip
+    # The service's own calls: batches of answers and of deletes (a scripted stand-in's are
+    # single messages).
+    for call, action, queue in (
+        ("sqs.ReceiveMessage", "sqs:ReceiveMessage", "-generate-requests.fifo"),
+        ("sqs.SendMessageBatch", "sqs:SendMessage", "-generate-responses.fifo"),
+        ("sqs.DeleteMessageBatch", "sqs:DeleteMessage", "-generate-requests.fifo"),
+    ):
+        assert any(c == call and a == action and r.endswith(queue) for c, a, r in made), call
+    assert scenarios.exchange["turns"] >= 3 * scenarios.exchange["completed"] > 0  # 3 guesses

@@ -44,9 +44,13 @@ from domain.trainer_job import (
 )
 from lambdas.clients import Clients, Compose, Handler
 from lambdas.kubernetes.token import CLUSTER_HEADER, PREFIX
+from lambdas.kubernetes.training_job import SETTINGS, run_namespace
 from lambdas.launcher.handler import compose as compose_launcher
 from lambdas.router.rollout_aliases import alias_name
 from llm_trainer.checkpoints import FINAL, CheckpointStore, download_folder
+from llm_trainer.generation import Sampled
+from llm_trainer.service import GenerationService
+from llm_trainer.tiny import tiny_tokenizer
 from mtrl.local.embedded import (
     Dispatcher,
     LocalPipeline,
@@ -640,14 +644,11 @@ def exchange_rollouts(
         recorder.record(key, "lambda", "InvokeFunctionUrl", {"FunctionName": proxy_arn})
         return world.pipeline.dispatcher.call(proxy, event)
 
-    trainer = ScriptedTrainer(
-        sqs,
-        requests_url=queues[QueueKind.GENERATE_REQUESTS],
-        responses_url=queues[QueueKind.GENERATE_RESPONSES],
-        reply=lambda request: GUESSES[sum(1 for m in request.messages if m.role == "assistant")],
+    start, finish = (
+        _scripted_nova_trainer(sqs, queues) if nova else _open_weights_trainer(world, run_id, sqs)
     )
     with FunctionUrlServer(function_url) as url:
-        trainer.start()
+        start()
         client = RouterClient(
             url.url, run_id=run_id, run_token=token, region=REGION,
             credentials=lambda: Credentials(worker_key, SECRET),
@@ -674,8 +675,7 @@ def exchange_rollouts(
             trajectories=store,
         )
         stats = worker.run(exit_when_idle=True)
-        trainer.stop.set()
-        trainer.join(timeout=10)
+        turns = finish()
     answered = sqs.receive_message(
         QueueUrl=queues[QueueKind.ROLLOUT_RESPONSES], MaxNumberOfMessages=10
     ).get("Messages", [])
@@ -690,9 +690,68 @@ def exchange_rollouts(
         "completed": stats.completed,
         "trajectories": store.stats.written,
         "responses": len(answered),
-        "turns": trainer.answered,
+        "turns": turns,
         "dead-lettered": len(dead.get("Messages", [])),
     }
+
+
+def _scripted_nova_trainer(
+    sqs: Any, queues: dict[QueueKind, str]
+) -> tuple[Callable[[], None], Callable[[], int]]:
+    """AWS's Nova trainer (not ours): each turn answered with the guess of its turn."""
+    trainer = ScriptedTrainer(
+        sqs,
+        requests_url=queues[QueueKind.GENERATE_REQUESTS],
+        responses_url=queues[QueueKind.GENERATE_RESPONSES],
+        reply=lambda request: GUESSES[sum(1 for m in request.messages if m.role == "assistant")],
+    )
+
+    def finish() -> int:
+        trainer.stop.set()
+        trainer.join(timeout=10)
+        return trainer.answered
+
+    return trainer.start, finish
+
+
+class GuessingModel:
+    """A generator (llm_trainer/generation.py) whose model writes the guess of its turn: the
+    tiny tokenizer's tokens of it and the end of turn."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer, self.lock = tokenizer, threading.Lock()
+
+    def generate(self, prompts: Any, settings: Any, *, seed: int) -> list[Sampled]:
+        answers = []
+        for prompt in prompts:
+            turn = self.tokenizer.decode(prompt).count("<|im_start|>assistant") - 1
+            ids = [*self.tokenizer.encode(GUESSES[turn], add_special_tokens=False),
+                   self.tokenizer.eos_token_id]  # fmt: skip
+            answers.append(Sampled(ids, [-1.0] * len(ids), "stop"))
+        return answers
+
+    def sync(self, model: Any) -> None:
+        """No weights."""
+
+
+def _open_weights_trainer(
+    world: World, run_id: str, sqs: Any
+) -> tuple[Callable[[], None], Callable[[], int]]:
+    """The open-weights trainer's own generation service (llm_trainer/service.py) as the run's
+    pods' role, on the job the run's settings say: its requests to SQS are the trainer's."""
+    namespace = run_namespace(world.app.config.name_prefix, run_id)
+    settings = world.kubernetes.objects[f"/api/v1/namespaces/{namespace}/configmaps"][SETTINGS]
+    tokenizer = tiny_tokenizer()
+    service = GenerationService(
+        job_from_environment(settings["data"]), sqs=sqs, tokenizer=tokenizer,
+        generator=GuessingModel(tokenizer),
+    )  # fmt: skip
+
+    def finish() -> int:
+        service.stop()
+        return service.counters.answered
+
+    return service.start, finish
 
 
 def write_metrics_as_the_trainer(world: World, namespace: str) -> None:

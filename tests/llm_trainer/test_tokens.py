@@ -12,7 +12,7 @@ import pytest
 from domain.protocol import GenerateRequest, GenerateResponse, dump, parse, turn_of
 from llm_trainer.service import GenerationService, render_prompt
 from llm_trainer.tiny import THINK_STRIPPING_TEMPLATE, tiny_tokenizer
-from llm_trainer.tokens import SampledTurn, Segment, segments, stale_samples
+from llm_trainer.tokens import SampledTurn, Segment, merged_turns, segments, stale_samples
 from tests.llm_trainer.fakes import QUEUES, ScriptedGenerator
 from tests.llm_trainer.test_service import job_for
 
@@ -174,3 +174,16 @@ def test_a_rollout_with_a_turn_from_weights_too_old_is_stale() -> None:
     assert stale_samples(turns, version=5, bound=2) == {"two behind"}
     assert stale_samples(turns, version=5, bound=3) == set()
     assert stale_samples(turns, version=4, bound=0) == {"one behind", "two behind"}
+
+
+def test_turns_sampled_by_several_processes_are_put_back_in_order() -> None:
+    def turn(number: int) -> SampledTurn:
+        return SampledTurn(number, (1,), (2 + number,), (-0.5,), "stop", 0)
+
+    first = {"a": [turn(0), turn(2)], "b": [turn(1)]}
+    second = {"a": [turn(1)], "c": [turn(0)]}
+    merged = merged_turns([first, second, {}])
+    assert {sample: [t.turn for t in turns] for sample, turns in merged.items()} == {
+        "a": [0, 1, 2], "b": [1], "c": [0],
+    }  # fmt: skip
+    assert merged_turns([{}]) == {}
