@@ -182,20 +182,10 @@ class RolloutInbox:
         return {sample: self._arrived.pop(sample) for sample in samples if sample in self._arrived}
 
 
-def collect_rollouts(
-    sqs: Any,
-    url: str,
-    samples: set[str],
-    *,
-    deadline: float,
-    clock: Callable[[], float],
-    stopped: Callable[[], bool],
-) -> dict[str, RolloutResponse]:
-    """Rollout responses of `samples`, until all are in, the deadline passes or the job stops.
-    Answers of other samples (late ones of an earlier batch) are dropped."""
-    inbox = RolloutInbox(sqs, url)
-    inbox.expect(samples)
-    return inbox.collect(samples, deadline=deadline, clock=clock, stopped=stopped)
+def collect_window(job: TrainingJob) -> float:
+    """How long a batch's rollout responses are waited for from when it was sent: the rollout
+    timeout and the queues' slack."""
+    return job.config.rollout_timeout_seconds + COLLECT_SLACK_SECONDS
 
 
 def exchange_rollouts(
@@ -207,18 +197,15 @@ def exchange_rollouts(
     clock: Callable[[], float],
     stopped: Callable[[], bool],
 ) -> tuple[dict[str, RolloutResponse], float]:
-    """Send `requests` to the run's workers and collect their responses for up to the rollout
-    timeout (and the queues' slack) from `started`: the responses, and that wait in seconds."""
+    """Send `requests` to the run's workers and collect their responses for the collect window
+    from `started` (answers of other samples, late ones of an earlier batch, are dropped): the
+    responses, and that wait in seconds."""
+    inbox = RolloutInbox(sqs, job.queues[QueueKind.ROLLOUT_RESPONSES])
+    samples = {request.sample_id for request in requests}
+    inbox.expect(samples)
     send_rollouts(sqs, job.queues[QueueKind.ROLLOUT_REQUESTS], requests)
-    waited = job.config.rollout_timeout_seconds + COLLECT_SLACK_SECONDS
-    responses = collect_rollouts(
-        sqs,
-        job.queues[QueueKind.ROLLOUT_RESPONSES],
-        {request.sample_id for request in requests},
-        deadline=started + waited,
-        clock=clock,
-        stopped=stopped,
-    )
+    waited = collect_window(job)
+    responses = inbox.collect(samples, deadline=started + waited, clock=clock, stopped=stopped)
     return responses, waited
 
 
@@ -401,10 +388,9 @@ def await_step(
     clock: Callable[[], float],
     stopped: Callable[[], bool],
 ) -> PlayedStep:
-    """The responses of a step in flight, collected for up to the rollout timeout (and the
-    queues' slack) from when it was sent; TrainingFailed when none came back while the job was
-    running."""
-    waited = job.config.rollout_timeout_seconds + COLLECT_SLACK_SECONDS
+    """The responses of a step in flight, collected for the collect window from when it was
+    sent; TrainingFailed when none came back while the job was running."""
+    waited = collect_window(job)
     responses = inbox.collect(
         sent.samples, deadline=sent.started + waited, clock=clock, stopped=stopped
     )

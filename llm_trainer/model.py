@@ -47,6 +47,7 @@ class Policy:
     tokenizer: Any
     lora: bool
     device: Any
+    base: str  # the folder or Hub id the base weights were read from (what vLLM serves)
 
     def autocast(self) -> Any:
         """Where forward passes run in bfloat16: on a GPU; on a CPU, as they are."""
@@ -116,7 +117,7 @@ def load_policy(
         model = _with_adapter(model, config, checkpoint)
     model.to(device)
     model.train()
-    return Policy(model=model, tokenizer=tokenizer, lora=lora, device=device)
+    return Policy(model=model, tokenizer=tokenizer, lora=lora, device=device, base=base)
 
 
 def _with_adapter(model: Any, config: TrainingConfig, checkpoint: Path | None) -> Any:

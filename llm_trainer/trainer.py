@@ -49,23 +49,20 @@ from llm_trainer.checkpoints import (
 from llm_trainer.distributed import ALONE, Collective
 from llm_trainer.generation import Generator, TransformersGenerator
 from llm_trainer.grpo import Reference, TrainingSequence, grpo_update, training_sequences
-from llm_trainer.model import ModelNotLoaded, Policy, load_policy, model_folder
+from llm_trainer.model import ModelNotLoaded, Policy, load_policy
 from llm_trainer.service import GenerationService
 from llm_trainer.tokens import merged_turns, segments, stale_samples
 
 log = logging.getLogger("mtrl.trainer")
 
 
-def _generator(
-    policy: Policy, job: TrainingJob, *, s3: Any, workdir: Path, processes: int
-) -> Generator:
+def _generator(policy: Policy, job: TrainingJob, *, workdir: Path, processes: int) -> Generator:
     """What samples the policy's turns, as the config's `grpo.generation` says."""
     if job.config.grpo.generation == "vllm":
         try:
             from llm_trainer.vllm_generator import VllmGenerator, start_engine, vllm_api
 
-            base = model_folder(job.model_source or job.config.model, s3=s3, workdir=workdir)
-            engine = start_engine(base, job.config, seed=job.seed, processes=processes)
+            engine = start_engine(policy.base, job.config, seed=job.seed, processes=processes)
             generator = VllmGenerator(engine, vllm_api(), adapters=workdir / "adapters")
         except ImportError as missing:
             raise ModelNotLoaded(
@@ -136,7 +133,7 @@ class LlmTrainer:
             else None
         )
         self.generator = _generator(
-            self.policy, job, s3=s3, workdir=workdir, processes=collective.world_size
+            self.policy, job, workdir=workdir, processes=collective.world_size
         )
         self.service = GenerationService(
             job, sqs=sqs, tokenizer=self.policy.tokenizer, generator=self.generator,
@@ -340,7 +337,7 @@ class LlmEvaluator:
         policy.model.eval()
         self.service = GenerationService(
             job, sqs=sqs, tokenizer=policy.tokenizer, generator=_generator(
-                policy, job, s3=s3, workdir=workdir, processes=collective.world_size
+                policy, job, workdir=workdir, processes=collective.world_size
             ),
             version=self.version,
         )  # fmt: skip

@@ -227,6 +227,9 @@ def _cdk_singleton(stack: Stack, id_prefix: str) -> IConstruct:
     return matches[0]
 
 
+RUN_CHECKPOINTS = f"{RUNS_PREFIX}*/{CHECKPOINTS}"  # every run's checkpoints folder
+
+
 class DataBucketAccess:
     """The needs about the data bucket's objects (stacks/components/access.py): each prefix
     with what it is read, listed or written for, and the data key as S3 uses it (SSE-KMS: an
@@ -281,13 +284,12 @@ class DataBucketAccess:
                 self.grant_objects(role, f"{RUNS_PREFIX}*/{TRAJECTORIES_FOLDER}", "s3:PutObject")
                 self.grant_key(role, "kms:GenerateDataKey")
             case Need.CHECKPOINTS_READ:  # a SageMaker endpoint's model data: one checkpoint
-                checkpoints = f"{RUNS_PREFIX}*/{CHECKPOINTS}"
-                self.grant_list(role, checkpoints)
-                self.grant_objects(role, checkpoints, "s3:GetObject")
+                self.grant_list(role, RUN_CHECKPOINTS)
+                self.grant_objects(role, RUN_CHECKPOINTS, "s3:GetObject")
                 self.grant_key(role, "kms:Decrypt")
             case Need.CHECKPOINTS_PRUNE:  # the trainer keeps its newest (a versioned bucket:
                 # the deleted ones' versions expire as every replaced version does)
-                self.grant_objects(role, f"{RUNS_PREFIX}*/{CHECKPOINTS}", "s3:DeleteObject")
+                self.grant_objects(role, RUN_CHECKPOINTS, "s3:DeleteObject")
             case Need.DATASETS_UPLOAD | Need.CONFIGS_UPLOAD:
                 # A dataset's version is read back after its upload (it names the run); a large
                 # file goes up in parts, which needs kms:Decrypt too (S3 User Guide, SSE-KMS).
