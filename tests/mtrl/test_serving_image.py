@@ -7,12 +7,14 @@ an inference image's URI from (`<registry>.dkr.ecr.<region>.amazonaws.com/<repos
 from __future__ import annotations
 
 import json
+import re
 from importlib.metadata import PackageNotFoundError, distribution
 from typing import Any
 
+import botocore.session
 import pytest
 
-from mtrl.ops.serving_image import REGISTRIES, VERSION, serving_image
+from mtrl.ops.serving_image import HOST_AMI, REGISTRIES, VERSION, serving_image
 
 SDK_VERSION = "2.27.0"
 
@@ -42,3 +44,15 @@ def test_every_region_the_sdk_knows_gets_the_image_the_sdk_resolves() -> None:
 def test_a_region_without_the_image_has_none() -> None:
     assert serving_image("us-gov-west-1") is None
     assert serving_image("cn-north-1") is None
+
+
+def test_the_host_ami_is_sagemakers_with_the_driver_cuda_13_needs() -> None:
+    """botocore's SageMaker model: `ProductionVariant.InferenceAmiVersion`'s values, and its
+    documentation of each (NVIDIA driver 580 / CUDA 13.0 for this one; the v2 vLLM images are
+    CUDA 13 builds, which need a 580 driver: the DLC's v2.0.0 changelog)."""
+    model = botocore.session.get_session().get_service_model("sagemaker")
+    assert HOST_AMI in model.shape_for("ProductionVariantInferenceAmiVersion").enum
+    documented = model.shape_for("ProductionVariant").members["InferenceAmiVersion"].documentation
+    text = re.sub(r"<[^>]+>", " ", documented)
+    described = text[text.index(HOST_AMI) :].split("CUDA version:")[1].split()[0]
+    assert "NVIDIA driver version: 580" in text[text.index(HOST_AMI) :] and described == "13.0"
