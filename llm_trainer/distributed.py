@@ -1,8 +1,9 @@
 """Several trainer processes on one node, one per GPU (`torchrun --nproc-per-node=gpu -m
-llm_trainer`): every process answers generate requests from the run's queue with its copy of the
+llm_trainer`): every process answers generate requests from the run's queue with the whole
 weights; the first (rank 0) plays the steps, gathers what every process sampled, and hands each
 its share of the step's sequences; their gradients are summed before one identical optimizer
-step everywhere, so the copies stay equal.
+step everywhere. A LoRA model is copied to every process; a fully fine-tuned one is sharded over
+them (sharding.py), its whole weights gathered for generation after each update.
 
 `Collective` is what the trainer needs of the processes' group; `ALONE` is one process by itself.
 """
@@ -33,6 +34,9 @@ class Collective(Protocol):
     def sum_gradients(self, parameters: Iterable[Any]) -> None:
         """Each parameter's gradient summed over the ranks (a missing one counts as zeros)."""
 
+    def join(self) -> None:
+        """The group joined now (before sharding a model over it), not at the first call."""
+
 
 class Alone:
     rank, world_size = 0, 1
@@ -48,6 +52,9 @@ class Alone:
 
     def sum_gradients(self, parameters: Iterable[Any]) -> None:
         """Nothing to add."""
+
+    def join(self) -> None:
+        """No group to join."""
 
 
 ALONE = Alone()
@@ -70,6 +77,9 @@ class TorchCollective:
         if not dist.is_initialized():
             dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
         return dist
+
+    def join(self) -> None:
+        self._dist.barrier()
 
     def broadcast(self, value: Any) -> Any:
         box = [value]

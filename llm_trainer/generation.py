@@ -96,6 +96,7 @@ class TransformersGenerator:
                 max_new_tokens=settings.max_new_tokens,
                 eos_token_id=sorted(self.stop_token_ids),
                 pad_token_id=self.pad_token_id,
+                synced_gpus=False,  # each process generates on its own requests (sharding.py)
                 output_logits=True,
                 return_dict_in_generate=True,
             )

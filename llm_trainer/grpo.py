@@ -20,6 +20,7 @@ from typing import Any
 
 from domain.grpo import UpdateStats
 from llm_trainer.distributed import ALONE, Collective
+from llm_trainer.sharding import is_sharded
 from llm_trainer.tokens import Segment
 
 
@@ -63,10 +64,12 @@ def next_token_logprobs(model: Any, ids: Any, attention: Any, temperature: float
 class Reference:
     """Log-probabilities under the reference model (what the KL term pulls towards)."""
 
-    def __init__(self, model: Any, *, lora: bool) -> None:
-        # LoRA: the base model is the reference (the adapter switched off); full: a frozen copy.
-        self._frozen = None if lora else copy.deepcopy(model).eval().requires_grad_(False)
-        self._model = model
+    def __init__(self, model: Any, *, lora: bool, frozen: Any = None) -> None:
+        """LoRA: the base model is the reference (the adapter switched off); full: `frozen`, a
+        copy of the model as training started (made here when not given)."""
+        if not lora and frozen is None:
+            frozen = copy.deepcopy(model).eval().requires_grad_(False)
+        self._frozen, self._model = (None if lora else frozen), model
 
     def logprobs(self, ids: Any, attention: Any, temperature: float) -> Any:
         import torch
@@ -84,21 +87,27 @@ class Reference:
 
 
 def _batches(
-    sequences: Sequence[TrainingSequence], size: int
+    sequences: Sequence[TrainingSequence], size: int, collective: Collective
 ) -> Iterator[Sequence[TrainingSequence]]:
-    for start in range(0, len(sequences), size):
-        yield sequences[start : start + size]
+    """This process's micro-batches: every world_size-th sequence, `size` at a time, and as many
+    batches on every process — the first has the most; the others end with empty ones — since a
+    sharded model's forward and backward passes are collectives every process takes part in."""
+    mine = sequences[collective.rank :: collective.world_size]
+    most = len(sequences[:: collective.world_size])
+    for start in range(0, most, size):
+        yield mine[start : start + size]
 
 
 def _tensors(batch: Sequence[TrainingSequence], pad_id: int, device: Any) -> dict[str, Any]:
     """Right-padded ids, attention, and per next-token: sampled mask, behaviour log-probability,
-    advantage and weight."""
+    advantage and weight. An empty batch is one pad token twice with nothing sampled: a pass
+    that changes no gradient."""
     import torch
 
-    width = max(len(item.segment.token_ids) for item in batch)
-    shape = (len(batch), width)
+    width = max((len(item.segment.token_ids) for item in batch), default=2)
+    shape = (max(len(batch), 1), width)
     ids = torch.full(shape, pad_id, dtype=torch.long)
-    attention = torch.zeros(shape, dtype=torch.long)
+    attention = torch.full(shape, 0 if batch else 1, dtype=torch.long)
     sampled = torch.zeros(shape, dtype=torch.bool)
     behaviour = torch.zeros(shape, dtype=torch.float32)
     advantage = torch.zeros(shape, dtype=torch.float32)
@@ -147,8 +156,7 @@ def grpo_update(
     device = next(model.parameters()).device
     optimizer.zero_grad(set_to_none=True)
     objective, kl_total, clipped, tokens = 0.0, 0.0, 0, 0
-    mine = sequences[collective.rank :: collective.world_size]
-    for batch in _batches(mine, micro_batch_size):
+    for batch in _batches(sequences, micro_batch_size, collective):
         t = _tensors(batch, pad_id, device)
         with autocast():
             logprobs = next_token_logprobs(model, t["ids"], t["attention"], temperature)
@@ -169,7 +177,8 @@ def grpo_update(
         clipped += int(is_clipped.sum())
         tokens += int(mask.sum())
     trained = [p for p in model.parameters() if p.requires_grad]
-    collective.sum_gradients(trained)
+    if not is_sharded(model):  # a sharded model's backward passes summed them already
+        collective.sum_gradients(trained)
     objective, kl_total, clipped, tokens = collective.sum([objective, kl_total, clipped, tokens])
     torch.nn.utils.clip_grad_norm_(trained, max_grad_norm)
     optimizer.step()

@@ -1,6 +1,8 @@
 """The policy being trained: a Hugging Face causal LM and its tokenizer, wrapped in a LoRA
 adapter (PEFT) when the recipe is RFT_MULTITURN_LORA, every weight trained when it is
-RFT_MULTITURN_FULL; its optimizer; saving it to a checkpoint folder and loading it back.
+RFT_MULTITURN_FULL; its optimizer; saving it to a checkpoint folder and loading it back. With
+several processes, a fully fine-tuned model is sharded over them (sharding.py); a LoRA model's
+frozen base is small enough in bfloat16 to be copied to each.
 
 Where the weights come from (`TrainingJob.model_source`, else the config's `model`): `tiny` (a
 small model built here, tiny.py), a local directory, `s3://bucket/prefix/` (downloaded at run
@@ -10,11 +12,14 @@ time), or a Hugging Face Hub id (downloaded at run time; set HF_TOKEN for gated 
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llm_trainer import sharding
 from llm_trainer.checkpoints import download_folder
+from llm_trainer.distributed import ALONE, Collective
 from llm_trainer.tiny import TINY, save_tiny
 from training_configs.schema import TrainingConfig
 
@@ -48,6 +53,9 @@ class Policy:
     lora: bool
     device: Any
     base: str  # the folder or Hub id the base weights were read from (what vLLM serves)
+    collective: Collective = ALONE
+    sharded: bool = False
+    frozen: Any = None  # full fine-tuning with a KL term: the reference model (sharded alike)
 
     def autocast(self) -> Any:
         """Where forward passes run in bfloat16: on a GPU; on a CPU, as they are."""
@@ -66,34 +74,66 @@ class Policy:
     def optimizer(self, learning_rate: float) -> Any:
         import torch
 
-        return torch.optim.AdamW(self.trainable, lr=learning_rate, weight_decay=0.0)
+        with self._shards():
+            return torch.optim.AdamW(self.trainable, lr=learning_rate, weight_decay=0.0)
 
-    def save(self, folder: Path) -> None:
-        """The adapter (LoRA) or the whole model and its tokenizer."""
-        self.model.save_pretrained(folder)
+    def _shards(self) -> AbstractContextManager[Any]:
+        return sharding.shards(self.model) if self.sharded else nullcontext()
+
+    def ready_to_generate(self) -> None:
+        """Every process, after loading and after each update: sharded weights gathered, so
+        that each process generates on its own."""
+        if self.sharded:
+            sharding.gather_for_generation(self.model)
+
+    def save(self, folder: Path, *, state: Path, optimizer: Any, step: int) -> None:
+        """The adapter (LoRA) or the whole model and its tokenizer into `folder`; into `state`
+        what a restarted job needs besides: the optimizer's state and the step. Sharded, every
+        process calls it (they gather the shards together); the first one writes."""
+        import torch
+
+        writes, weights, moments = self.collective.rank == 0, None, None
+        if self.sharded:
+            with self._shards():
+                weights = sharding.gathered_weights(self.model, keep=writes)
+            moments = sharding.gathered_optimizer_state(optimizer, keep=writes)
+        if not writes:
+            return
+        self.model.save_pretrained(folder, state_dict=weights)
         if not self.lora:
             self.tokenizer.save_pretrained(folder)
-
-    @staticmethod
-    def save_state(path: Path, *, optimizer: Any, step: int) -> None:
-        """What a restarted job needs besides the weights: the optimizer's state and the step."""
-        import torch
-
-        torch.save({"optimizer": optimizer.state_dict(), "step": step}, path)
+        if moments is None:
+            moments = optimizer.state_dict()
+        torch.save({"optimizer": moments, "step": step}, state)
 
     def restore_optimizer(self, path: Path, optimizer: Any) -> int:
-        """The optimizer's state saved with `save_state`, and its step."""
+        """The optimizer's state saved with `save`, and its step."""
         import torch
 
-        state = torch.load(path, weights_only=True, map_location=self.device)
-        optimizer.load_state_dict(state["optimizer"])
+        # Sharded, the whole state stays on the CPU: each process moves only its shards.
+        where = "cpu" if self.sharded else self.device
+        state = torch.load(path, weights_only=True, map_location=where)
+        moments = state["optimizer"]
+        if self.sharded:
+            moments = sharding.sharded_optimizer_state(moments, optimizer)
+        optimizer.load_state_dict(moments)
         return int(state["step"])
 
 
 def load_policy(
-    source: str, config: TrainingConfig, *, s3: Any, workdir: Path, checkpoint: Path | None = None
+    source: str,
+    config: TrainingConfig,
+    *,
+    s3: Any,
+    workdir: Path,
+    checkpoint: Path | None = None,
+    collective: Collective = ALONE,
+    reference: bool = False,
 ) -> Policy:
-    """The policy to train or evaluate: from `source`, or from a checkpoint folder of it."""
+    """The policy to train or evaluate: from `source`, or from a checkpoint folder of it.
+    `reference`: keep a frozen copy to pull towards (full fine-tuning; LoRA's is its base)."""
+    import copy
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -115,9 +155,27 @@ def load_policy(
         tokenizer.pad_token = tokenizer.eos_token
     if lora:
         model = _with_adapter(model, config, checkpoint)
-    model.to(device)
+    frozen = copy.deepcopy(model).requires_grad_(False) if reference and not lora else None
+    sharded = not lora and collective.world_size > 1
+    if sharded:  # shards go to this process's GPU: the whole model never does
+        collective.join()
+        bfloat16 = device.type == "cuda"
+        model = sharding.shard(model, bfloat16=bfloat16)
+        if frozen is not None:
+            frozen = sharding.shard(frozen, bfloat16=bfloat16, keep_gathered=False)
+    else:
+        model.to(device)
+        if frozen is not None:
+            frozen.to(device)
     model.train()
-    return Policy(model=model, tokenizer=tokenizer, lora=lora, device=device, base=base)
+    if frozen is not None:
+        frozen.eval()
+    policy = Policy(
+        model=model, tokenizer=tokenizer, lora=lora, device=device, base=base,
+        collective=collective, sharded=sharded, frozen=frozen,
+    )  # fmt: skip
+    policy.ready_to_generate()
+    return policy
 
 
 def _with_adapter(model: Any, config: TrainingConfig, checkpoint: Path | None) -> Any:

@@ -14,6 +14,7 @@ latest: its weights, optimizer state, step count and metrics lines up to it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -108,8 +109,9 @@ class LlmTrainer:
         if resumed is not None:
             folder, state = self.store.restore(resumed, workdir / "resume")
             self.policy = load_policy(
-                source, self.config, s3=s3, workdir=workdir, checkpoint=folder
-            )
+                source, self.config, s3=s3, workdir=workdir, checkpoint=folder,
+                collective=collective, reference=bool(self.config.kl_coefficient),
+            )  # fmt: skip
             self.optimizer = self.policy.optimizer(self.config.learning_rate)
             self.steps_before = self.policy.restore_optimizer(state, self.optimizer)
             lines = metrics_lines_of(s3, bucket=job.bucket, output_prefix=job.output_prefix)
@@ -122,13 +124,14 @@ class LlmTrainer:
             if job.base is not None:
                 checkpoint = download_folder(s3, job.base.uri, workdir / "base")
             self.policy = load_policy(
-                source, self.config, s3=s3, workdir=workdir, checkpoint=checkpoint
-            )
+                source, self.config, s3=s3, workdir=workdir, checkpoint=checkpoint,
+                collective=collective, reference=bool(self.config.kl_coefficient),
+            )  # fmt: skip
             self.optimizer = self.policy.optimizer(self.config.learning_rate)
             self.steps_before = job.base_step
             self.earlier_metrics = earlier_metrics(s3, job)
         self.reference = (
-            Reference(self.policy.model, lora=self.policy.lora)
+            Reference(self.policy.model, lora=self.policy.lora, frozen=self.policy.frozen)
             if self.config.kl_coefficient
             else None
         )
@@ -141,8 +144,9 @@ class LlmTrainer:
         )  # fmt: skip
         self.history: list[StepMetrics] = []
         if collective.world_size > 1:
-            log.info("process %d of %d: generating and training", collective.rank + 1,
-                     collective.world_size)  # fmt: skip
+            log.info("process %d of %d: generating and training%s", collective.rank + 1,
+                     collective.world_size, ", weights sharded" if self.policy.sharded else "",
+            )  # fmt: skip
 
     @property
     def last_step(self) -> int:
@@ -188,8 +192,8 @@ class LlmTrainer:
                 self._update(step, played)
         finally:
             self.service.stop()
-        self.collective.broadcast(None)  # the other processes' last order: the end
         self._checkpoint(FINAL)
+        self.collective.broadcast(None)  # the other processes' last order: the end
         log.info("trained %d steps; final checkpoint saved", len(self.history))
         return self.history
 
@@ -202,7 +206,8 @@ class LlmTrainer:
 
     def _follow(self) -> list[StepMetrics]:
         """Another process than the first: generate until told the end; for each step, hand
-        over what it sampled and train on its share of the sequences."""
+        over what it sampled and train on its share of the sequences; help gather sharded
+        weights for a checkpoint."""
         self.service.start()
         try:
             while (order := self.collective.broadcast(None)) is not None:
@@ -213,6 +218,8 @@ class LlmTrainer:
                     case ("update", step, samples):
                         self.collective.gather(self.service.recorded(samples))
                         self._train(step, self.collective.broadcast(None))
+                    case ("checkpoint", name):
+                        self._checkpoint(name)
         finally:
             self.service.stop()
         log.info("process %d of %d: answered %d generate requests", self.collective.rank + 1,
@@ -284,17 +291,26 @@ class LlmTrainer:
                     autocast=self.policy.autocast, collective=self.collective,
                 )  # fmt: skip
             synced = self.clock()
+            self.policy.ready_to_generate()
             self.generator.sync(self.policy.model)
             sync_seconds = self.clock() - synced
             self.service.version = step
         return update, sync_seconds
 
     def _checkpoint(self, name: str) -> None:
+        """The first process saves the checkpoint; every process takes part in gathering
+        sharded weights (the first tells the others)."""
+        first = self.collective.rank == 0
+        if first:
+            self.collective.broadcast(("checkpoint", name))
         reward = self.history[-1].mean_reward if self.history else None
         with scratch_folder() as scratch:
             folder, state = Path(scratch) / name, Path(scratch) / "trainer_state.pt"
-            self.policy.save(folder)
-            self.policy.save_state(state, optimizer=self.optimizer, step=self.last_step)
+            # Gathering a sharded model's weights frees those generation reads: it waits.
+            with self.generator.lock if self.policy.sharded else contextlib.nullcontext():
+                self.policy.save(folder, state=state, optimizer=self.optimizer, step=self.last_step)
+            if not first:
+                return
             self.store.save(
                 folder, name=name, step=self.last_step, mean_reward=reward, state=state,
                 keep=self.config.grpo.keep_checkpoints,
@@ -333,7 +349,10 @@ class LlmEvaluator:
         elif job.base is not None:
             checkpoint = download_folder(s3, job.base.uri, workdir / "base")
             self.version = job.base_step
-        policy = load_policy(source, job.config, s3=s3, workdir=workdir, checkpoint=checkpoint)
+        policy = load_policy(
+            source, job.config, s3=s3, workdir=workdir, checkpoint=checkpoint,
+            collective=collective,
+        )  # fmt: skip
         policy.model.eval()
         self.service = GenerationService(
             job, sqs=sqs, tokenizer=policy.tokenizer, generator=_generator(

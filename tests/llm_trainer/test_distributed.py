@@ -1,10 +1,12 @@
 """Several trainer processes: two processes (gloo on the CPU, meeting through a file) that each
 update on their share of a step's sequences end with the same weights, and the same weights as
-one process updating on all of them."""
+one process updating on all of them — each holding a whole copy (LoRA), or half of the weights
+and the optimizer's state (full fine-tuning, sharded)."""
 
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -13,9 +15,12 @@ import pytest
 import torch
 
 from llm_trainer.distributed import ALONE, TorchCollective
-from llm_trainer.grpo import grpo_update, training_sequences
-from llm_trainer.tiny import tiny_model, tiny_tokenizer
+from llm_trainer.grpo import Reference, grpo_update, training_sequences
+from llm_trainer.model import load_policy
+from llm_trainer.sharding import gathered_optimizer_state, shards
+from llm_trainer.tiny import save_tiny, tiny_model, tiny_tokenizer
 from tests.llm_trainer.test_grpo import PROMPT, segment
+from training_configs.schema import load_training_config
 
 
 def _sequences(model: Any, episodes: int) -> list[Any]:
@@ -69,3 +74,145 @@ def test_two_processes_take_the_step_one_process_takes_on_the_whole_batch(
     for key in ("objective", "kl", "clipped_fraction"):
         assert ranks[0]["stats"][key] == ranks[1]["stats"][key]
         assert ranks[0]["stats"][key] == pytest.approx(alone["stats"][key], abs=1e-6)
+
+
+# Full fine-tuning over several processes: the weights, gradients and optimizer state sharded.
+
+PROBE = torch.tensor([PROMPT + [101, 102, 103]])
+
+
+def _full_config(kl: float) -> Any:
+    shipped = load_training_config("rft_multiturn_full")
+    return shipped.model_validate({**shipped.model_dump(), "kl_coefficient": kl})
+
+
+def _sharded_rank(
+    rank: int, world_size: int, folder: Path, episodes: int, kl: float, optimizer: str
+) -> None:
+    """This process's part: load the tiny model sharded, update (_updates), gather the weights
+    for generation and answer a probe, save a checkpoint (the first process writes it), then
+    restore the optimizer's state from it into a fresh sharded policy and gather it again."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world_size
+    )
+    collective = TorchCollective(rank=rank, world_size=world_size)
+    try:
+        config, workdir = _full_config(kl), folder / f"rank-{rank}"
+        policy = load_policy(
+            str(folder / "tiny"), config, s3=None, workdir=workdir, collective=collective,
+            reference=bool(kl),
+        )  # fmt: skip
+        assert policy.sharded
+        with shards(policy.model):  # the optimizer trains the shards
+            optimize = _optimizer(policy.model, optimizer)
+        reference = Reference(policy.model, lora=False, frozen=policy.frozen) if kl else None
+        stats = _updates(policy.model, optimize, episodes, kl, reference, collective)
+        policy.ready_to_generate()
+        probe = None
+        if rank == 1:  # generation alone: no collective (the other process would never join)
+            with torch.no_grad():
+                probe = policy.model(input_ids=PROBE).logits
+        policy.save(folder / "saved", state=folder / "state.pt", optimizer=optimize, step=2)
+        collective.gather(None)  # the checkpoint is written before anyone reads it
+        fresh = load_policy(
+            str(folder / "tiny"), config, s3=None, workdir=workdir, collective=collective
+        )
+        with shards(fresh.model):
+            restored = _optimizer(fresh.model, optimizer)
+        step = fresh.restore_optimizer(folder / "state.pt", restored)
+        regathered = gathered_optimizer_state(restored, keep=rank == 0)
+        torch.save(
+            {"stats": stats, "probe": probe, "step": step, "regathered": regathered},
+            folder / f"rank-{rank}.pt",
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(part: Any, args: tuple[Any, ...], *, bound_seconds: float = 300) -> None:
+    """Two processes running `part`, failing the test (not hanging it) if they do not finish:
+    a collective only one process enters waits forever."""
+    processes = torch.multiprocessing.spawn(part, args=args, nprocs=2, join=False)
+    deadline = time.monotonic() + bound_seconds
+    while not processes.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in processes.processes:
+                process.kill()
+            pytest.fail(f"the two processes did not finish within {bound_seconds} s")
+
+
+def _optimizer(model: Any, kind: str) -> Any:
+    if kind == "sgd":  # the step is the gradient (see _updated)
+        return torch.optim.SGD(model.parameters(), lr=0.5)
+    return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+
+
+def _updates(
+    model: Any, optimizer: Any, episodes: int, kl: float, reference: Any, collective: Any
+) -> list[dict[str, float]]:
+    """Two SGD updates (the second pulled by the KL term, if any: the model has moved), one
+    AdamW update: its first step turns rounding-sized gradients into whole learning rates (see
+    _updated), so that its moments compare and the weights it moves next would not."""
+    sequences = _sequences(tiny_model(tiny_tokenizer(), seed=0), episodes)
+    stats = []
+    for _ in range(2 if isinstance(optimizer, torch.optim.SGD) else 1):
+        update = grpo_update(
+            model, optimizer, sequences, pad_id=0, clip_ratio=0.2, temperature=1.0,
+            micro_batch_size=2, max_grad_norm=1.0, kl_coefficient=kl, reference=reference,
+            collective=collective,
+        )  # fmt: skip
+        stats.append(asdict(update))
+    return stats
+
+
+@pytest.mark.parametrize(
+    ("episodes", "kl", "optimizer"),
+    [
+        (5, 0.0, "sgd"),  # the second process has one micro-batch fewer: it runs an empty one
+        (1, 0.5, "sgd"),  # the second process has nothing to learn from; the KL term pulls
+        (3, 0.0, "adamw"),  # the optimizer's moments, gathered and cut again
+    ],
+)
+def test_two_processes_sharing_the_weights_take_the_step_one_process_takes(
+    tmp_path: Path, episodes: int, kl: float, optimizer: str
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    save_tiny(tmp_path / "tiny")  # before the group exists: transformers writes on rank 0 only
+    _spawn(_sharded_rank, (2, tmp_path, episodes, kl, optimizer))
+    ranks = [torch.load(tmp_path / f"rank-{rank}.pt", weights_only=False) for rank in (0, 1)]
+    alone = tiny_model(tiny_tokenizer(), seed=0)
+    optimize = _optimizer(alone, optimizer)
+    stats = _updates(alone, optimize, episodes, kl, Reference(alone, lora=False), ALONE)
+    # The checkpoint: a whole model a single process (or a server) loads as it is.
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    assert type(saved).__name__ == "LlamaForCausalLM"
+    untrained = tiny_model(tiny_tokenizer(), seed=0).state_dict()
+    assert any(not torch.equal(untrained[name], w) for name, w in saved.state_dict().items())
+    if optimizer == "sgd":  # Adam's moments are compared instead (below)
+        weights = saved.state_dict()
+        for name, weight in alone.state_dict().items():
+            assert torch.allclose(weights[name], weight, atol=1e-6), name
+        # A process generates with the updated weights, gathered, on its own.
+        with torch.no_grad():
+            expected = alone(input_ids=PROBE).logits
+        assert torch.allclose(ranks[1]["probe"], expected, atol=1e-5)
+    for rank in ranks:
+        for mine, theirs in zip(rank["stats"], stats, strict=True):
+            for key in ("objective", "kl", "clipped_fraction"):
+                assert mine[key] == pytest.approx(theirs[key], abs=1e-6), key
+    if kl:
+        assert stats[1]["kl"] > 0  # the second update was pulled back towards the reference
+    # The optimizer's state: what one process has, in one process's format; restored into
+    # shards, it gathers back to the same.
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
+    assert state["step"] == ranks[1]["step"] == 2
+    single = optimize.state_dict()["state"]
+    assert state["optimizer"]["state"].keys() == single.keys()
+    for index, moments in single.items():
+        for name, value in moments.items():
+            assert torch.allclose(state["optimizer"]["state"][index][name], value, atol=1e-6)
+            regathered = ranks[0]["regathered"]["state"][index][name]
+            assert torch.equal(regathered, state["optimizer"]["state"][index][name])

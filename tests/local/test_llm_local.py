@@ -94,7 +94,8 @@ def test_two_trainer_processes_generate_and_train_together_through_the_pipeline(
     generate requests and train on their share of each step; the first writes the outputs."""
     directory = _run(tmp_path, config, default_app, max_steps=4, processes=2)
     log = (directory / "logs" / "trainer.log").read_text()
-    assert "process 1 of 2" in log and "process 2 of 2" in log
+    assert "process 1 of 2: generating and training, weights sharded" in log
+    assert "process 2 of 2: generating and training, weights sharded" in log
     # The second process answered its share of the model turns (the queue hands each request
     # to one of them), and what it sampled was trained on with the rest.
     (answered,) = re.findall(r"process 2 of 2: answered (\d+) generate requests", log)
