@@ -129,6 +129,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     # trainers report (a wrong mask or count trains on the wrong thing silently).
     "llm_trainer/tokens.py": ("tests/llm_trainer/test_tokens.py",),
     "llm_trainer/tool_calls.py": ("tests/llm_trainer/test_tool_calls.py",),
+    # A gated model's token: a wrong read starts a GPU job that cannot load its model.
+    "llm_trainer/hub_token.py": ("tests/llm_trainer/test_hub_token.py",),
     "domain/grpo.py": (
         "tests/llm_trainer/test_grpo.py",
         "tests/local/test_grpo.py",

@@ -8,6 +8,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 JobKind = Literal["HyperPodPyTorchJob", "PyTorchJob"]
+# A secret's name: ASCII letters, digits and /_+=.@- (botocore's Secrets Manager model,
+# CreateSecret `Name`).
+SECRET_NAME = r"^[A-Za-z0-9/_+=.@-]+$"
 
 
 class ModelPreset(BaseModel):
@@ -21,6 +24,13 @@ class ModelPreset(BaseModel):
         min_length=1,
         description="where the weights come from: a Hugging Face Hub id, s3://bucket/prefix/ or "
         "a path in the image",
+    )
+    hub_token_secret: str | None = Field(
+        default=None,
+        max_length=512,
+        pattern=SECRET_NAME,
+        description="for a gated Hugging Face model: the name of the Secrets Manager secret (in "
+        "the deployment's account and region) whose value is a Hugging Face access token",
     )
     trainer_image: str | None = Field(
         default=None,

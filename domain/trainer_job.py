@@ -72,6 +72,9 @@ class TrainingJob(BaseModel):
     # Where an open-weights trainer loads the model: a directory, s3://…, a Hugging Face Hub id,
     # or `tiny` (a small model built on the spot). None: the config's `model`.
     model_source: str | None = None
+    # The Secrets Manager secret holding a Hugging Face token (a gated model_source): its name,
+    # never the token.
+    hub_token_secret: str | None = None
 
     @classmethod
     def for_run(

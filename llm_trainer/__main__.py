@@ -19,6 +19,8 @@ from pathlib import Path
 import boto3
 
 from domain.trainer_job import JobUnreadable, TrainingFailed, job_from_environment, run_to_the_end
+from llm_trainer.hub_token import KEY as HUB_TOKEN
+from llm_trainer.hub_token import hub_token
 from llm_trainer.model import ModelNotLoaded
 
 
@@ -30,6 +32,12 @@ def main() -> int:
     except JobUnreadable as error:
         print(f"trainer: {error}", file=sys.stderr)
         return 2
+    if job.hub_token_secret:  # a gated model: its Hub token, before anything downloads it
+        try:
+            os.environ[HUB_TOKEN] = hub_token(job.hub_token_secret, boto3.client("secretsmanager"))
+        except ModelNotLoaded as error:
+            print(f"trainer: {error}", file=sys.stderr)
+            return 2
     # Imported once the job is read: torch and transformers take seconds to import.
     from llm_trainer.distributed import from_environment
     from llm_trainer.trainer import LlmEvaluator, LlmTrainer

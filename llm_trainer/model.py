@@ -6,7 +6,8 @@ frozen base is small enough in bfloat16 to be copied to each.
 
 Where the weights come from (`TrainingJob.model_source`, else the config's `model`): `tiny` (a
 small model built here, tiny.py), a local directory, `s3://bucket/prefix/` (downloaded at run
-time), or a Hugging Face Hub id (downloaded at run time; set HF_TOKEN for gated models).
+time), or a Hugging Face Hub id (downloaded at run time; a gated one with the token its
+preset's `hub_token_secret` holds, hub_token.py).
 """
 
 from __future__ import annotations

@@ -37,6 +37,8 @@ NO_BUNDLING = {"aws:cdk:bundling-stacks": []}
 settings.register_profile("deterministic", derandomize=True, database=None)
 settings.load_profile("deterministic")
 
+# The deployed world's open-weights preset reads its Hub token from this secret (nova_app).
+HUB_TOKEN_SECRET = "nova-mtrl/hugging-face-token"
 # An account-pinned deployment with a Nova restricted instance group beside the GPU group.
 NOVA_GROUP = {
     "name": "nova", "instance_type": "ml.p5.48xlarge", "count": 0, "restricted": True,
@@ -128,12 +130,18 @@ def default_app(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
 
 @pytest.fixture(scope="session")
 def nova_app(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
-    """cdk.json's deployment with a Nova restricted group beside its GPU group and a managed
-    MLflow tracking server (environment-agnostic): the deployed world's (tests/iam/)."""
-    groups = json.loads(CDK_JSON.read_text())["context"]["hyperpod_instance_groups"]
+    """cdk.json's deployment with a Nova restricted group beside its GPU group, a managed
+    MLflow tracking server, and its open-weights preset's Hub token in a secret (as a gated
+    model's is; environment-agnostic): the deployed world's (tests/iam/)."""
+    shipped = json.loads(CDK_JSON.read_text())["context"]
+    presets = {
+        name: {**preset, "hub_token_secret": HUB_TOKEN_SECRET}
+        for name, preset in shipped["model_presets"].items()
+    }
     context = {
-        "hyperpod_instance_groups": json.dumps([*groups, NOVA_GROUP]),
+        "hyperpod_instance_groups": json.dumps([*shipped["hyperpod_instance_groups"], NOVA_GROUP]),
         "mlflow_server_size": "Small",
+        "model_presets": json.dumps(presets),
     }
     return synthesize(context, tmp_path_factory.mktemp("nova"))
 

@@ -176,6 +176,13 @@ def test_cdk_own_context_keys_are_ignored() -> None:
             },
             ["'existing_vpc'", "one subnet per availability zone"],
         ),
+        (
+            {
+                "model_presets": '{"llama":{"model_id":"meta-llama/Llama-3.1-8B","hub_token_secret":'
+                '"hf token"}}'
+            },
+            ["'model_presets.llama.hub_token_secret'", "hf token", "[A-Za-z0-9/_+=.@-]"],
+        ),  # fmt: skip
         ({"vpc_cdir": "10.1.0.0/16"}, ["'vpc_cdir'", "did you mean 'vpc_cidr'"]),
         (
             {"system_node_group": '{"instance_type": "m6i.large", "min": 1}'},

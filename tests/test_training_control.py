@@ -8,13 +8,20 @@ import json
 from typing import Any
 
 import boto3
+import botocore.session
 
 from domain.nova_job import FORGE_EVALUATION_RECIPE, FORGE_RECIPE_SOURCE, FORGE_RECIPES
 from lambdas.kubernetes.rbac import nova_launcher_rbac, pipeline_rbac
 from lambdas.pipeline.hyperpod_capacity import LEASE_KEY
 from lambdas.pipeline.hyperpod_training import HyperPodSettings
 from tests.aws import create_leases_table, create_runs_table
-from tests.conftest import Synthesized, as_list, role_statements
+from tests.conftest import (
+    HUB_TOKEN_SECRET,
+    Synthesized,
+    as_list,
+    policy_statements,
+    role_statements,
+)
 
 KUBERNETES_STEPS = ("SubmitJob", "Monitor", "ReleaseCompute")
 CAPACITY_STEPS = ("ScaleUp", "NodesReady", "ReleaseCompute")
@@ -344,3 +351,31 @@ def test_without_a_restricted_group_there_is_no_nova_plane(default_app: Synthesi
     assert "NOVA_INSTANCE_GROUP" not in submit["Properties"]["Environment"]["Variables"]
     statements = role_statements(template, _role_id(submit))
     assert not [s for s in statements if "lambda:InvokeFunction" in as_list(s["Action"])]
+
+
+def test_run_pods_read_only_the_hub_token_secrets_the_presets_name(
+    nova_app: Synthesized, default_app: Synthesized
+) -> None:
+    """Secrets Manager ends a secret's ARN in a hyphen and six random characters (botocore's
+    model says so of CreateSecret's Name and ARN): the grant names the secret and leaves those
+    open. Without a preset naming one, nothing of Secrets Manager is granted."""
+    model = botocore.session.get_session().get_service_model("secretsmanager")
+    create = model.operation_model("CreateSecret")
+    assert (
+        "adds a hyphen and six random characters"
+        in create.input_shape.members["Name"].documentation
+    )
+    template = nova_app.template("pipeline")
+    (role_id,) = [
+        i for i, r in template["Resources"].items()
+        if r["Type"] == "AWS::IAM::Role" and i.startswith("TrainingClusterControlJobRole")
+    ]  # fmt: skip
+    (read,) = [
+        s for s in role_statements(template, role_id)
+        if any(a.startswith("secretsmanager:") for a in as_list(s["Action"]))
+    ]  # fmt: skip
+    assert as_list(read["Action"]) == ["secretsmanager:GetSecretValue"]
+    assert _joined(read["Resource"]).endswith(f":secret:{HUB_TOKEN_SECRET}-??????")
+    for app, expected in ((nova_app, [read]), (default_app, [])):
+        granted = [s for _, s in policy_statements(app.template("pipeline"))]
+        assert [s for s in granted if "secretsmanager" in json.dumps(s)] == expected

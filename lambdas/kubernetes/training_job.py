@@ -180,9 +180,14 @@ def render(request: JobRequest, *, stage: EvaluationStage | None = None) -> list
 
 def trainer_job(request: JobRequest, *, stage: EvaluationStage | None = None) -> TrainingJob:
     """The run configuration the trainer reads: the run's job (or its evaluation of `stage`),
-    the weights from the preset."""
+    the weights (and the secret of a gated model's Hub token) from the preset."""
+    preset = request.preset
     return request.job.model_copy(
-        update={"model_source": request.preset.model_id, "evaluation": stage}
+        update={
+            "model_source": preset.model_id,
+            "hub_token_secret": preset.hub_token_secret,
+            "evaluation": stage,
+        }
     )
 
 
@@ -191,6 +196,8 @@ def run_settings(request: JobRequest, *, stage: EvaluationStage | None = None) -
     return {
         JOB_VARIABLE: trainer_job(request, stage=stage).model_dump_json(),
         "AWS_REGION": request.region,
+        # What botocore reads the region from (it does not read AWS_REGION): the trainer's boto3.
+        "AWS_DEFAULT_REGION": request.region,
         # Downloads, checkpoints on their way and compiled kernels go to the scratch volume.
         "TMPDIR": SCRATCH,
         "HF_HOME": f"{SCRATCH}/huggingface",

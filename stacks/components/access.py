@@ -46,11 +46,11 @@ NEEDS: Mapping[str, tuple[Need, ...]] = {
     # with; an unversioned object as it is), writes checkpoints and metrics, speaks the
     # protocol; it finds its own checkpoints by listing (a restart resumes), reads them back
     # (resume, a base checkpoint, the final evaluation) and an eval_dataset file, and deletes
-    # the step checkpoints it no longer keeps.
+    # the step checkpoints it no longer keeps; a gated model's Hub token from its secret.
     "run_pods": (
         Need.DATASETS_READ, Need.DATASETS_READ_CURRENT, Need.EVALUATION_DATA_READ,
         Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE, Need.CHECKPOINTS_PRUNE,
-        Need.RUN_QUEUES_RECEIVE, Need.RUN_QUEUES_SEND,
+        Need.RUN_QUEUES_RECEIVE, Need.RUN_QUEUES_SEND, Need.HUB_TOKENS_READ,
     ),
     # A Nova job, whose only identity is the restricted group's execution role (AWS's RIG
     # docs): its dataset and outputs, the run's queues, and the run's rollout Lambda (BYOO).

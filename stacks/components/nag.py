@@ -52,7 +52,8 @@ class Wildcard(StrEnum):
         "Ends in an id, version or name the service assigns when it makes the resource (stacks, "
         "access entries, Pod Identity associations, scalable targets, event source mappings, "
         "network interfaces, function versions, model packages, Bedrock models and deployments, "
-        "escrow buckets, a service-linked role); the rest of the ARN is named."
+        "escrow buckets, a service-linked role, a secret's six-character suffix); the rest of "
+        "the ARN is named."
     )
 
 

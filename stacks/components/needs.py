@@ -58,6 +58,7 @@ class Need(StrEnum):
     KUBERNETES = "use the EKS cluster's Kubernetes API"
     POD_IDENTITY_CREATE = "give a run's pods the job role"
     POD_IDENTITY_DELETE = "take the job role from a run's pods"
+    HUB_TOKENS_READ = "read the Hugging Face tokens the model presets name (gated models)"
     # The Nova plane (a restricted instance group, AWS's launcher).
     NOVA_LAUNCH = "start and stop a run's Nova job through the launcher function"
     FORGE_RECIPES_READ = "read the Nova Forge BYOO recipes"

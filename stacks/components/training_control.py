@@ -7,7 +7,8 @@
   its execution role to SageMaker only), NODES_COUNT (ListClusterNodes), KUBERNETES
   (DescribeCluster on the EKS cluster and an access entry in the pipeline's Kubernetes group,
   whose rights the deploy-time RBAC below spells out and fences into run namespaces,
-  lambdas/kubernetes/rbac.py), POD_IDENTITY_CREATE / _DELETE (stacks/components/access.py);
+  lambdas/kubernetes/rbac.py), POD_IDENTITY_CREATE / _DELETE (stacks/components/access.py),
+  HUB_TOKENS_READ (GetSecretValue on the secrets the model presets name for gated models);
 - `job_role`: a run's pods' role, given to them per run by an EKS Pod Identity association
   (its needs are declared with the others).
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-from aws_cdk import CustomResource, Duration, Stack
+from aws_cdk import ArnFormat, CustomResource, Duration, Stack
 from aws_cdk import aws_eks as eks
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -122,6 +123,7 @@ class TrainingClusterControl(Construct):
             Need.POD_IDENTITY_DELETE,
             Need.TRAINER_LOGS_READ,
             Need.CLUSTERS_CHECK,
+            Need.HUB_TOKENS_READ,
             Need.NOVA_LAUNCH,
             Need.FORGE_RECIPES_READ,
             Need.NOVA_CHART,
@@ -188,6 +190,23 @@ class TrainingClusterControl(Construct):
                 # The association is tagged with its run on creation.
                 self._allow(role, ["eks:TagResource"], self._associations)
                 self._pass(role, self.job_role.role_arn, "pods.eks.amazonaws.com")
+            case Need.HUB_TOKENS_READ:
+                # Secrets Manager ends a secret's ARN in "-" and six random characters (botocore's
+                # model, CreateSecret `Name`): each named secret, whatever they are.
+                secrets = sorted(
+                    {p.hub_token_secret for p in self._config.model_presets.values()} - {None}
+                )
+                for name in secrets:
+                    secret = Stack.of(self).format_arn(
+                        service="secretsmanager", resource="secret",
+                        resource_name=f"{name}-??????", arn_format=ArnFormat.COLON_RESOURCE_NAME,
+                    )  # fmt: skip
+                    role.add_to_principal_policy(
+                        iam.PolicyStatement(
+                            actions=["secretsmanager:GetSecretValue"], resources=[secret]
+                        )
+                    )
+                    acknowledge_resource(role, secret, Wildcard.ASSIGNED_BY_AWS)
             case Need.TRAINER_LOGS_READ:
                 # Container Insights writes every pod's lines to the cluster's application group.
                 group = f"/aws/containerinsights/{self._eks_name}/application"

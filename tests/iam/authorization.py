@@ -326,6 +326,8 @@ class Authorization:
                 return [stack or _arn("cloudformation", f"stack/{p['StackName']}/*")]
             case "ecr":
                 return [_arn("ecr", f"repository/{p['repositoryName']}")]
+            case "secretsmanager":  # by name: the secret's ARN (with its suffix) is the answer's
+                return [(call.response or {}).get("ARN") or _arn("secretsmanager", "secret:*")]
         raise AssertionError(f"{call}: no resource mapping for {call.service}; add one to _arns")
 
     def _bedrock_arn(self, p: dict[str, Any], op: str) -> str:

@@ -49,6 +49,7 @@ from lambdas.launcher.handler import compose as compose_launcher
 from lambdas.router.rollout_aliases import alias_name
 from llm_trainer.checkpoints import FINAL, CheckpointStore, download_folder
 from llm_trainer.generation import Sampled
+from llm_trainer.hub_token import hub_token
 from llm_trainer.service import GenerationService
 from llm_trainer.tiny import tiny_tokenizer
 from mtrl.local.embedded import (
@@ -91,6 +92,7 @@ from tests.service_fakes import (
 )
 
 HARNESS_KEYS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+HUB_TOKEN = "hf_the-deployments-token"
 CLIENTS = (
     "iam", "dynamodb", "sns", "lambda", "stepfunctions", "s3", "sqs", "cloudwatch", "ecs",
     "sagemaker",
@@ -346,6 +348,7 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
             stack.enter_context(tempfile.TemporaryDirectory()), kubernetes
         )
         _publish_forge_recipes(clients["s3"])
+        _store_hub_tokens(harness.client("secretsmanager"), app)
         # The tracking server (the app has one): each call it serves recorded as its IAM action.
         mlflow = stack.enter_context(
             FakeMlflowServer(
@@ -434,6 +437,14 @@ def _launcher_processes(workdir: str, kubernetes: FakeKubernetes) -> Launcher:
         return compose_launcher({**environment, **image}, clients, run=processes)
 
     return Launcher(processes, compose)
+
+
+def _store_hub_tokens(secrets: Any, app: Synthesized) -> None:
+    """The operator's part before a gated model trains: its Hugging Face token in the secret
+    the deployment's preset names."""
+    names = {preset.hub_token_secret for preset in app.config.model_presets.values()}
+    for name in sorted(names - {None}):
+        secrets.create_secret(Name=name, SecretString=HUB_TOKEN)
 
 
 def _publish_forge_recipes(s3: Any) -> None:
@@ -763,9 +774,13 @@ def write_metrics_as_the_trainer(world: World, namespace: str) -> None:
         "run-settings"
     ]
     job = job_from_environment(settings["data"])
-    trainer = world.recorder.session(
+    pods = world.recorder.session(
         role_of(world.deployment, "pipeline", "TrainingClusterControlJobRole")
-    ).client("s3")
+    )
+    # First, for a gated model, its Hub token from the secret its preset names (__main__.py).
+    if job.hub_token_secret is not None:
+        assert hub_token(job.hub_token_secret, pods.client("secretsmanager")) == HUB_TOKEN
+    trainer = pods.client("s3")
     # What llm_trainer does before its first step: find its own checkpoints (a restarted job
     # resumes from them) and the metrics lines up to them, read its training records.
     store = CheckpointStore(

@@ -14,6 +14,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from botocore.configprovider import BOTOCORE_DEFAUT_SESSION_VARIABLES
 
 from domain.presets import ModelPreset
 from domain.trainer_job import TrainingJob, job_from_environment
@@ -163,8 +164,21 @@ def test_the_settings_are_the_run_configuration_the_trainer_reads() -> None:
     )
     assert job.config.lora is not None and job.config.lora.rank == 32
     assert job.model_source == "Qwen/Qwen3-8B"  # the preset's weights
-    assert settings["AWS_REGION"] == "us-east-1"
+    # The trainer's boto3 finds the region where botocore looks (its session variables).
+    region = BOTOCORE_DEFAUT_SESSION_VARIABLES["region"][1]
+    assert settings[region] == settings["AWS_REGION"] == "us-east-1"
     assert not any("TOKEN" in key or "SECRET" in key for key in settings)
+
+
+def test_a_gated_models_preset_hands_the_trainer_its_token_secret_by_name_only() -> None:
+    gated = request("rft_multiturn_lora")
+    gated = replace(
+        gated, preset=gated.preset.model_copy(update={"hub_token_secret": "teams/ml/hf-token"})
+    )
+    settings = of_kind(render(gated), "ConfigMap")["data"]
+    assert job_from_environment(settings).hub_token_secret == "teams/ml/hf-token"
+    plain = of_kind(render(request("rft_multiturn_lora")), "ConfigMap")["data"]
+    assert job_from_environment(plain).hub_token_secret is None
 
 
 def test_the_trainer_runs_the_open_weights_trainer_on_one_whole_node() -> None:
