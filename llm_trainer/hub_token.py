@@ -32,17 +32,18 @@ def hub_token(secret: str, secrets: Any) -> str:
     why not and what to do."""
     try:
         answer = secrets.get_secret_value(SecretId=secret)
-    except (ClientError, BotoCoreError) as error:
-        code = (
-            error.response.get("Error", {}).get("Code", "error")
-            if isinstance(error, ClientError)
-            else type(error).__name__  # the endpoint, credentials, …
-        )
-        fix = _FIXES.get(code, "check the secret in the deployment's region").format(secret=secret)
-        raise ModelNotLoaded(
-            f"the Hugging Face token's secret {secret!r} cannot be read ({code}): {fix}"
-        ) from None
+    except ClientError as error:
+        raise _unreadable(secret, error.response["Error"]["Code"]) from None
+    except BotoCoreError as error:  # no answer at all: the endpoint, the credentials, …
+        raise _unreadable(secret, type(error).__name__) from None
     return _token(secret, answer.get("SecretString") or "")
+
+
+def _unreadable(secret: str, code: str) -> ModelNotLoaded:
+    fix = _FIXES.get(code, "check the secret in the deployment's region").format(secret=secret)
+    return ModelNotLoaded(
+        f"the Hugging Face token's secret {secret!r} cannot be read ({code}): {fix}"
+    )
 
 
 def _token(secret: str, value: str) -> str:

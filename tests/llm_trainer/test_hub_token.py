@@ -14,6 +14,7 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.config import Config
 from botocore.stub import Stubber
 
 from llm_trainer.hub_token import hub_token
@@ -78,6 +79,27 @@ def test_a_secret_the_pods_cannot_read_says_why(code: str, fix: str) -> None:
         stub.add_client_error("get_secret_value", service_error_code=code)
         with pytest.raises(ModelNotLoaded, match=rf"\({code}\): .*{re.escape(fix)}"):
             hub_token("hf-token", client)
+
+
+def test_a_secret_stored_as_binary_holds_no_token(secrets: Any) -> None:
+    secrets.create_secret(Name="hf-token", SecretBinary=TOKEN.encode())
+    with pytest.raises(ModelNotLoaded, match="secret 'hf-token' holds no token"):
+        hub_token("hf-token", secrets)
+
+
+def test_no_answer_at_all_is_said_by_its_cause() -> None:
+    """Nothing listens where the client sends the request: botocore's own connection error."""
+    client = boto3.client(
+        "secretsmanager", region_name="us-east-1", endpoint_url="http://127.0.0.1:9",
+        aws_access_key_id="none", aws_secret_access_key="none",
+        config=Config(retries={"total_max_attempts": 1}),
+    )  # fmt: skip
+    with pytest.raises(ModelNotLoaded) as raised:
+        hub_token("hf-token", client)
+    assert str(raised.value) == (
+        "the Hugging Face token's secret 'hf-token' cannot be read (EndpointConnectionError): "
+        "check the secret in the deployment's region"
+    )
 
 
 def test_the_trainer_stops_before_loading_when_the_token_cannot_be_read(tmp_path: Path) -> None:
