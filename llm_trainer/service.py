@@ -2,8 +2,8 @@
 
 It takes up to `generation_batch_size` requests at a time off the generate-request queue, renders
 each conversation with the model's chat template, samples the completions together and answers
-each in the protocol's v0 shape: the assistant message (with the tool calls the model wrote,
-when the request offered tools: tool_calls.py), per-token log-probabilities with tokens
+each in the protocol's v0 shape: the assistant message (with the tool calls the model wrote, in
+its chat template's format, when the request offered tools: tool_calls.py), per-token log-probabilities with tokens
 named `token_id:<id>` (as vLLM's `return_tokens_as_token_ids`), the finish reason ("length" when
 cut at the token limit) and the policy version that produced it. For the samples being recorded
 it keeps every turn as tokens (tokens.py), which is what the update trains on. A malformed
@@ -32,7 +32,7 @@ from domain.run_queues import QueueKind
 from domain.trainer_job import TrainingJob, delete_messages
 from llm_trainer.generation import Generator, Sampled, SamplingSettings
 from llm_trainer.tokens import SampledTurn
-from llm_trainer.tool_calls import assistant_message, reply_text
+from llm_trainer.tool_calls import assistant_message, reply_text, tool_format_of
 
 log = logging.getLogger("mtrl.trainer")
 
@@ -69,6 +69,7 @@ class GenerationService(GeneratePlane[SampledTurn]):
     ) -> None:
         super().__init__(job, sqs=sqs, version=version)
         self.tokenizer, self.generator = tokenizer, generator
+        self.tool_format = tool_format_of(getattr(tokenizer, "chat_template", None) or "")
         grpo = job.config.grpo
         self.settings = SamplingSettings(
             max_new_tokens=job.config.max_new_tokens,
@@ -155,12 +156,18 @@ class GenerationService(GeneratePlane[SampledTurn]):
 
     def _response(self, request: GenerateRequest, turn: SampledTurn) -> GenerateResponse:
         tools_offered = bool(request.tools) and request.tool_choice != "none"
-        text = reply_text(self.tokenizer, list(turn.completion_ids), tools_offered=tools_offered)
+        text = reply_text(
+            self.tokenizer, list(turn.completion_ids), tools_offered=tools_offered,
+            tool_format=self.tool_format,
+        )  # fmt: skip
         return generate_response(
             request,
             message=assistant_message(
-                text, tools_offered=tools_offered, call_id=f"call_{request.step_id}"
-            ),
+                text,
+                tools_offered=tools_offered,
+                call_id=f"call_{request.step_id}",
+                tool_format=self.tool_format,
+            ),  # fmt: skip
             finish_reason=turn.finish_reason,
             tokens=[
                 {"token": token_name(token), "logprob": logprob}
