@@ -61,6 +61,11 @@ def next_token_logprobs(model: Any, ids: Any, attention: Any, temperature: float
     return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
 
 
+def frozen_copy(model: Any) -> Any:
+    """A copy of `model` as it is now that does not train: full fine-tuning's reference."""
+    return copy.deepcopy(model).eval().requires_grad_(False)
+
+
 class Reference:
     """Log-probabilities under the reference model (what the KL term pulls towards)."""
 
@@ -68,7 +73,7 @@ class Reference:
         """LoRA: the base model is the reference (the adapter switched off); full: `frozen`, a
         copy of the model as training started (made here when not given)."""
         if not lora and frozen is None:
-            frozen = copy.deepcopy(model).eval().requires_grad_(False)
+            frozen = frozen_copy(model)
         self._frozen, self._model = (None if lora else frozen), model
 
     def logprobs(self, ids: Any, attention: Any, temperature: float) -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 from llm_trainer import sharding
 from llm_trainer.checkpoints import download_folder
 from llm_trainer.distributed import ALONE, Collective
+from llm_trainer.grpo import frozen_copy
 from llm_trainer.tiny import TINY, save_tiny
 from training_configs.schema import TrainingConfig
 
@@ -55,8 +56,12 @@ class Policy:
     device: Any
     base: str  # the folder or Hub id the base weights were read from (what vLLM serves)
     collective: Collective = ALONE
-    sharded: bool = False
     frozen: Any = None  # full fine-tuning with a KL term: the reference model (sharded alike)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the model is sharded over the processes (full fine-tuning on several)."""
+        return sharding.is_sharded(self.model)
 
     def autocast(self) -> Any:
         """Where forward passes run in bfloat16: on a GPU; on a CPU, as they are."""
@@ -133,8 +138,6 @@ def load_policy(
 ) -> Policy:
     """The policy to train or evaluate: from `source`, or from a checkpoint folder of it.
     `reference`: keep a frozen copy to pull towards (full fine-tuning; LoRA's is its base)."""
-    import copy
-
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -156,9 +159,10 @@ def load_policy(
         tokenizer.pad_token = tokenizer.eos_token
     if lora:
         model = _with_adapter(model, config, checkpoint)
-    frozen = copy.deepcopy(model).requires_grad_(False) if reference and not lora else None
-    sharded = not lora and collective.world_size > 1
-    if sharded:  # shards go to this process's GPU: the whole model never does
+    frozen = frozen_copy(model) if reference and not lora else None
+    # Several processes share a fully fine-tuned model: its shards go to this process's GPU,
+    # the whole model never does.
+    if not lora and collective.world_size > 1:
         collective.join()
         bfloat16 = device.type == "cuda"
         model = sharding.shard(model, bfloat16=bfloat16)
@@ -169,11 +173,9 @@ def load_policy(
         if frozen is not None:
             frozen.to(device)
     model.train()
-    if frozen is not None:
-        frozen.eval()
     policy = Policy(
         model=model, tokenizer=tokenizer, lora=lora, device=device, base=base,
-        collective=collective, sharded=sharded, frozen=frozen,
+        collective=collective, frozen=frozen,
     )  # fmt: skip
     policy.ready_to_generate()
     return policy

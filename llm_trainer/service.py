@@ -3,12 +3,12 @@
 It takes up to `generation_batch_size` requests at a time off the generate-request queue, renders
 each conversation with the model's chat template, samples the completions together and answers
 each in the protocol's v0 shape: the assistant message (with the tool calls the model wrote, in
-its chat template's format, when the request offered tools: tool_calls.py), per-token log-probabilities with tokens
-named `token_id:<id>` (as vLLM's `return_tokens_as_token_ids`), the finish reason ("length" when
-cut at the token limit) and the policy version that produced it. For the samples being recorded
-it keeps every turn as tokens (tokens.py), which is what the update trains on. A malformed
-request is counted and left on the queue: after the queue's receive limit it goes to the
-dead-letter queue, as the router's do.
+its chat template's format, when the request offered tools: tool_calls.py), per-token
+log-probabilities with tokens named `token_id:<id>` (as vLLM's `return_tokens_as_token_ids`),
+the finish reason ("length" when cut at the token limit) and the policy version that produced
+it. For the samples being recorded it keeps every turn as tokens (tokens.py), which is what the
+update trains on. A malformed request is counted and left on the queue: after the queue's
+receive limit it goes to the dead-letter queue, as the router's do.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ class GenerationService(GeneratePlane[SampledTurn]):
                 tools_offered=tools_offered,
                 call_id=f"call_{request.step_id}",
                 tool_format=self.tool_format,
-            ),  # fmt: skip
+            ),
             finish_reason=turn.finish_reason,
             tokens=[
                 {"token": token_name(token), "logprob": logprob}

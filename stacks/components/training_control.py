@@ -88,6 +88,19 @@ class TrainingClusterControl(Construct):
         if config.existing_hyperpod_cluster:
             # An existing cluster's ARN ends in the id SageMaker gave it, not its name.
             wildcards[hyperpod_cluster_arn] = Wildcard.ASSIGNED_BY_AWS
+        # Secrets Manager ends a secret's ARN in "-" and six random characters (botocore's
+        # model, CreateSecret `Name`): each secret a preset names, whatever they are.
+        names = sorted({p.hub_token_secret for p in config.model_presets.values()} - {None})
+        self._hub_token_secrets = [
+            stack.format_arn(
+                service="secretsmanager",
+                resource="secret",
+                resource_name=f"{name}-??????",
+                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            )
+            for name in names
+        ]
+        wildcards |= dict.fromkeys(self._hub_token_secrets, Wildcard.ASSIGNED_BY_AWS)
         self._allow = Allow(wildcards)
         self.environment = environment_for(
             HyperPodSettings,
@@ -191,22 +204,8 @@ class TrainingClusterControl(Construct):
                 self._allow(role, ["eks:TagResource"], self._associations)
                 self._pass(role, self.job_role.role_arn, "pods.eks.amazonaws.com")
             case Need.HUB_TOKENS_READ:
-                # Secrets Manager ends a secret's ARN in "-" and six random characters (botocore's
-                # model, CreateSecret `Name`): each named secret, whatever they are.
-                secrets = sorted(
-                    {p.hub_token_secret for p in self._config.model_presets.values()} - {None}
-                )
-                for name in secrets:
-                    secret = Stack.of(self).format_arn(
-                        service="secretsmanager", resource="secret",
-                        resource_name=f"{name}-??????", arn_format=ArnFormat.COLON_RESOURCE_NAME,
-                    )  # fmt: skip
-                    role.add_to_principal_policy(
-                        iam.PolicyStatement(
-                            actions=["secretsmanager:GetSecretValue"], resources=[secret]
-                        )
-                    )
-                    acknowledge_resource(role, secret, Wildcard.ASSIGNED_BY_AWS)
+                for secret in self._hub_token_secrets:
+                    self._allow(role, ["secretsmanager:GetSecretValue"], secret)
             case Need.TRAINER_LOGS_READ:
                 # Container Insights writes every pod's lines to the cluster's application group.
                 group = f"/aws/containerinsights/{self._eks_name}/application"
