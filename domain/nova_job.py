@@ -5,10 +5,11 @@ Sources (each pinned by tests/domain/test_nova_job.py):
 - recipes and overrides: the Nova Forge SDK (amzn-nova-forge 1.4.10),
   `rft_multiturn/rft_multiturn.py` (`get_recipe_path`, `get_recipe_overrides`) and
   `recipe/recipe_builder.py` (`_build_final_recipe`: an override names a *leaf key* and sets
-  every leaf of that name, wherever it sits in the recipe); the leaf names a config sets are
-  those AWS's own pipeline sets (aws-samples/sample-nova-multi-turn-rl-infra,
-  lambdas/submit_training/codebuild_submit.py) or that the Nova user guide's BYOO recipe shows
-  (nova-hp-rft-forge, "BYOO recipe configuration");
+  every leaf of that name, wherever it sits in the recipe; a name no leaf has is skipped, never
+  added — run against the SDK's own function by tests/domain/test_recipe_overrides.py); the
+  leaf names a config sets are those of the Nova 2 user guide's BYOO recipe (nova-hp-rft-forge,
+  "BYOO recipe configuration"), plus the SDK's own `rollout_request_queue_url` and LoRA's
+  `alpha` (AWS's public RFT LoRA recipe);
 - the invocation: the SDK's `SMHPRuntimeManager.execute` (`hyperpod start-job --namespace
   kubeflow --recipe <recipe> --override-parameters {"instance_type", "container"}`);
 - images: aws/sagemaker-hyperpod-recipes (commit 2631995),
@@ -25,6 +26,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from domain.run_queues import QueueKind
@@ -94,6 +96,16 @@ BYOO_KEYS = (
 )
 
 
+# The endpoints the user guide's BYOO recipe takes: without all four a job cannot play its
+# rollouts through the run's reward workers (`rollout_request_queue_url` is the SDK's alone).
+DOCUMENTED_BYOO_KEYS = tuple(key for key in BYOO_KEYS if key != "rollout_request_queue_url")
+# What makes a training job delegate its rollouts (the BYOO recipe's `rollout.delegate: true`).
+DELEGATE = "delegate"
+# Subtrees the SDK never walks: an override of their name sets their `enabled` leaf (the SDK's
+# "Edge case in Eval BYOD", recipe_builder.py `_build_final_recipe`).
+SWITCHED_SECTIONS = ("preprocessing", "postprocessing")
+
+
 # The run's queue each BYOO endpoint but the rollout Lambda (the run's alias) is.
 BYOO_QUEUES = {
     "rollout_response_sqs_url": QueueKind.ROLLOUT_RESPONSES,
@@ -107,6 +119,10 @@ NO_NOVA_GROUP = (
     "hyperpod_instance_groups (restricted: true, with its fsx) and deploy again (README, "
     "'Nova on AWS')"
 )
+
+# Where a run keeps what each of its Nova jobs was started with (the recipe after overrides,
+# the overrides it did not take), under its outputs.
+SUBMITTED_RECIPES = "nova-recipes/"
 
 # AWS's launcher names the job `<recipe run.name, cut to 34 characters>-<5 random [a-z0-9]>`
 # (aws/sagemaker-hyperpod-recipes main.py `valid_run_name`; 47 before the June 2026 release), so
@@ -215,13 +231,14 @@ def recipe_overrides(
         "generation_replicas": config.generation_replicas,
         "max_steps": config.max_steps,
         "global_batch_size": config.global_batch_size,
-        "max_length": config.max_length,
+        "max_seq_length": config.max_length,
         "max_new_tokens": config.max_new_tokens,
         "number_generation": config.group_size,
         "timeout": config.rollout_timeout_seconds,
         "lr": config.learning_rate,
         "clip_ratio_high": config.clip_ratio,
-        "delegate": True,
+        DELEGATE: True,
+        **config.nova.chosen(),
     }
     if config.lora is not None:
         overrides["alpha"] = config.lora.alpha
@@ -285,24 +302,55 @@ def without_single_turn_reward(recipe: dict[str, Any]) -> dict[str, Any]:
     return kept
 
 
-def apply_overrides(recipe: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """The recipe with every leaf named in `overrides` set, as the Forge SDK builds it (but an
-    optimizer's `name`); a key the recipe has no leaf of is refused, not added."""
+@dataclass(frozen=True)
+class BuiltRecipe:
+    """A recipe after overrides, and the override keys it had no leaf for (skipped, as the SDK
+    skips them: a warning for the reader, never a refusal)."""
+
+    recipe: dict[str, Any]
+    skipped: tuple[str, ...]
+
+    def missing(self, keys: tuple[str, ...]) -> list[str]:
+        """Which of `keys` the recipe did not take."""
+        return [key for key in keys if key in self.skipped]
+
+
+def apply_overrides(recipe: dict[str, Any], overrides: dict[str, Any]) -> BuiltRecipe:
+    """The recipe with every leaf named in `overrides` set, exactly as the Forge SDK's
+    `_build_final_recipe` sets them: every leaf of that name, wherever it is; an optimizer named
+    distributed_fused_adam keeps its name; an integer temperature becomes a float; a
+    preprocessing/postprocessing section is not walked, its override sets its `enabled`. The
+    recipe given is left as it was."""
     built = copy.deepcopy(recipe)
-    found: set[str] = set()
+    taken: set[str] = set()
 
     def walk(node: dict[str, Any]) -> None:
         for key, value in node.items():
             if isinstance(value, dict):
-                walk(value)
+                if key not in SWITCHED_SECTIONS:
+                    walk(value)
+                elif key in overrides:
+                    value["enabled"] = overrides[key]
+                    taken.add(key)
             elif key in overrides and not (key == "name" and value in KEPT_NAMES):
-                node[key] = overrides[key]
-                found.add(key)
+                new = overrides[key]
+                node[key] = float(new) if key == "temperature" and isinstance(new, int) else new
+                taken.add(key)
 
     walk(built)
-    unknown = sorted(set(overrides) - found)
-    if unknown:
-        raise NovaRefused(f"the recipe has no key {', '.join(unknown)}")
+    return BuiltRecipe(built, tuple(key for key in overrides if key not in taken))
+
+
+def delegating(built: BuiltRecipe, source: str) -> BuiltRecipe:
+    """`built` if its job plays its rollouts through the run's endpoints; NovaRefused naming
+    what the recipe at `source` lacks otherwise (it is not a BYOO recipe)."""
+    lacking = built.missing((DELEGATE, *DOCUMENTED_BYOO_KEYS))
+    if lacking:
+        raise NovaRefused(
+            f"recipe {source} has no {', '.join(lacking)}: it is not a BYOO recipe, and its job "
+            "would not play rollouts through this run's reward workers; use the Forge BYOO "
+            "recipe (the Nova user guide, 'BYOO recipe configuration')"
+        )
     return built
 
 
@@ -330,6 +378,11 @@ def run_name(prefix: str, run_id: str, stage: str | None = None) -> str:
         digest = hashlib.sha256(name.encode()).hexdigest()[:10]
         name = f"{name[: limit - 11].rstrip('-')}-{digest}"
     return name + mark
+
+
+def submitted_recipe_key(output_prefix: str, job_name: str) -> str:
+    """Where the recipe job `job_name` of a run was started with is kept."""
+    return f"{output_prefix}{SUBMITTED_RECIPES}{job_name}.json"
 
 
 def job_pattern(name: str) -> str:

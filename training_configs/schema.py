@@ -106,6 +106,54 @@ class GrpoSettings(BaseModel):
     )
 
 
+class NovaRecipeSettings(BaseModel):
+    """Knobs of Nova's BYOO recipe that a run may set, each named as the recipe leaf it sets
+    (the Nova 2 user guide's "BYOO recipe configuration", nova-hp-rft-forge; ranges where AWS's
+    recipes or launcher state them). Unset: the recipe keeps its own value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    reasoning_effort: Literal["low", "high"] | None = Field(
+        default=None, description="training_config.reasoning_effort: low or high"
+    )
+    age_tolerance: int | None = Field(
+        default=None, ge=0,
+        description="rollout.rollout_strategy.age_tolerance: how many policy updates old a "
+        "rollout may be (off_policy_async)",
+    )  # fmt: skip
+    temperature: float | None = Field(
+        default=None, ge=0.0, le=2.0, description="rollout.generator.temperature"
+    )
+    top_k: int | None = Field(
+        default=None, ge=-1, description="rollout.generator.top_k (0 or -1: no top-k cut)"
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=2, le=262_144,  # Nova 2 Lite's context: amazon.nova-2-lite-v1:0:256k
+        description="rollout.generator.max_model_len (the recipe's default: max_seq_length)",
+    )  # fmt: skip
+    save_steps: int | None = Field(
+        default=None, ge=1, description="train.save_steps: steps between checkpoints"
+    )
+    save_top_k: int | None = Field(
+        default=None, ge=1, description="train.save_top_k: checkpoints kept"
+    )
+    ent_coeff: float | None = Field(
+        default=None, ge=0.0, description="train.ent_coeff: the entropy bonus"
+    )
+    weight_decay: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="train.optim.weight_decay (0.0 to 1.0)"
+    )
+    warmup_steps: int | None = Field(default=None, ge=0, description="train.optim.warmup_steps")
+    min_lr: float | None = Field(default=None, gt=0.0, le=1e-2, description="train.optim.min_lr")
+    rollout_worker_replicas: int | None = Field(
+        default=None, ge=1, description="run.rollout_worker_replicas"
+    )
+
+    def chosen(self) -> dict[str, JsonValue]:
+        """The knobs set, by recipe leaf."""
+        return self.model_dump(exclude_none=True)
+
+
 HealthMetric = Literal[
     "zero_variance_groups",
     "failed_rollout_rate",
@@ -224,6 +272,10 @@ class TrainingConfig(BaseModel):
     lora: LoraSettings | None = None
     local_policy: LocalPolicySettings = LocalPolicySettings()
     grpo: GrpoSettings = GrpoSettings()
+    nova: NovaRecipeSettings = Field(
+        default=NovaRecipeSettings(),
+        description="Nova's recipe knobs (Nova runs only); unset ones keep the recipe's value",
+    )
     # Held-out evaluation of the starting and the trained model (domain/evaluation.py).
     eval_fraction: float | None = Field(
         default=None,
@@ -284,6 +336,18 @@ class TrainingConfig(BaseModel):
         if self.max_length <= self.max_new_tokens:
             raise ValueError(
                 "max_length must be larger than max_new_tokens (it includes the prompt)"
+            )
+        nova = self.nova
+        for key in ("save_steps", "warmup_steps"):
+            steps = getattr(nova, key)
+            if steps is not None and steps > self.max_steps:
+                raise ValueError(
+                    f"nova.{key} ({steps}) is more than max_steps ({self.max_steps}); lower it"
+                )
+        if nova.max_model_len is not None and nova.max_model_len <= self.max_new_tokens:
+            raise ValueError(
+                f"nova.max_model_len ({nova.max_model_len}) must be larger than max_new_tokens "
+                f"({self.max_new_tokens}): a reply has to fit the generator's context"
             )
         if self.reward_workers_max is not None and self.reward_workers_max < self.reward_workers:
             raise ValueError(

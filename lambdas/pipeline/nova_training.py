@@ -53,15 +53,17 @@ from domain.evaluation import (
     write_episodes,
 )
 from domain.nova_job import (
-    BYOO_KEYS,
+    DOCUMENTED_BYOO_KEYS,
     FORGE_EVALUATION_RECIPE,
     FORGE_RECIPE_SOURCE,
     FORGE_RECIPES,
     NAMESPACE,
     NOVA_MODELS,
+    BuiltRecipe,
     NovaRefused,
     apply_overrides,
     byoo_endpoints,
+    delegating,
     evaluation_image,
     evaluation_overrides,
     evaluation_run_recipe,
@@ -71,6 +73,7 @@ from domain.nova_job import (
     recipe_overrides,
     run_name,
     run_recipe,
+    submitted_recipe_key,
     tracking_overrides,
     without_single_turn_reward,
 )
@@ -158,12 +161,13 @@ class NovaTrainingCluster(InstanceGroupPlane):
             raise NovaRefused(f"recipe {source}: expected a YAML mapping")
         return source, recipe
 
-    def recipe(self, run: RunContext) -> dict[str, Any]:
-        """The Forge recipe of the run's config with the run's overrides."""
+    def recipe(self, run: RunContext) -> BuiltRecipe:
+        """The Forge recipe of the run's config with the run's overrides, and the overrides it
+        did not take (NovaRefused: it is not a BYOO recipe)."""
         config = run.training
         if run.rollout_request_arn is None:
             raise ValueError(f"run {run.run_id}: no rollout Lambda alias (Provision makes it)")
-        _, base = self.forge_recipe(FORGE_RECIPES[config.recipe])
+        source, base = self.forge_recipe(FORGE_RECIPES[config.recipe])
         overrides = recipe_overrides(
             config,
             name=self.name(run),
@@ -172,7 +176,9 @@ class NovaTrainingCluster(InstanceGroupPlane):
             byoo=byoo_endpoints(run.rollout_request_arn, lambda kind: run.queues[kind]),
             base_checkpoint=run.base.uri if run.base else None,
         )
-        return apply_overrides(base, overrides | self._tracking(base, run.run_id))
+        return delegating(
+            apply_overrides(base, overrides | self._tracking(base, run.run_id)), source
+        )
 
     def _tracking(self, recipe: dict[str, Any], run_name: str) -> dict[str, Any]:
         return tracking_overrides(
@@ -205,17 +211,30 @@ class NovaTrainingCluster(InstanceGroupPlane):
     def submit(self, run: RunContext) -> str:
         config = run.training
         name = self.name(run)
+        built = self.recipe(run)
+        self._record(run, name, built)
         answer = self._launch(
             {
                 "action": "start",
                 "name": name,
                 "recipe": run_recipe(config.recipe, name),
-                "body": self.recipe(run),
+                "body": built.recipe,
                 "instance_type": config.instance_type,
                 "container": images(self.settings.region)["training"],
             }
         )
         return f"{NAMESPACE}/{answer['job']}"
+
+    def _record(self, run: RunContext, name: str, built: BuiltRecipe) -> None:
+        """What a job was started with, beside the run's outputs: the recipe after overrides
+        and the overrides it did not take (`submitted_recipe_key`)."""
+        record = {"job": name, "skipped": list(built.skipped), "recipe": built.recipe}
+        self.s3.put_object(
+            Bucket=run.bucket,
+            Key=submitted_recipe_key(run.output_prefix, name),
+            Body=json.dumps(record, indent=2).encode(),
+            ContentType="application/json",
+        )
 
     def status(self, run: RunContext) -> JobStatus:
         status = self._job_status(self.name(run), "the run's Nova job")
@@ -248,13 +267,14 @@ class NovaTrainingCluster(InstanceGroupPlane):
     def evaluation_name(self, run: RunContext, stage: EvaluationStage) -> str:
         return run_name(self.settings.prefix, run.run_id, stage)
 
-    def evaluation_recipe(self, run: RunContext, stage: EvaluationStage) -> dict[str, Any]:
+    def evaluation_recipe(self, run: RunContext, stage: EvaluationStage) -> BuiltRecipe:
         """AWS's evaluation recipe for the stage's model on the run's held-out records, through
-        the stage's endpoints (EvaluationUnsupported: the recipe takes no BYOO endpoints)."""
+        the stage's endpoints, and the overrides it did not take (EvaluationUnsupported: it
+        takes not all of the BYOO endpoints, or nothing is held out)."""
         if run.rollout_request_arn is None:
             raise ValueError(f"run {run.run_id}: no rollout Lambda alias (Provision makes it)")
         source, base = self.forge_recipe(FORGE_EVALUATION_RECIPE)
-        missing = [key for key in BYOO_KEYS if key not in recipe_leaves(base)]
+        missing = [key for key in DOCUMENTED_BYOO_KEYS if key not in recipe_leaves(base)]
         if missing:
             raise EvaluationUnsupported(
                 f"AWS's evaluation recipe {source} has no {', '.join(missing)}: it cannot play "
@@ -311,12 +331,14 @@ class NovaTrainingCluster(InstanceGroupPlane):
                 "the model with the Nova Forge SDK (RFT_MULTITURN_EVAL) in a region that has one"
             )
         name = self.evaluation_name(run, stage)
+        built = self.evaluation_recipe(run, stage)
+        self._record(run, name, built)
         answer = self._launch(
             {
                 "action": "start",
                 "name": name,
                 "recipe": evaluation_run_recipe(name),
-                "body": self.evaluation_recipe(run, stage),
+                "body": built.recipe,
                 "instance_type": run.training.instance_type,
                 "container": image,
             }

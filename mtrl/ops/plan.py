@@ -20,12 +20,14 @@ from rich.table import Table
 from domain.checkpoints import referenced_run
 from domain.evaluation import TRAINING_RECORDS_OBJECT
 from domain.nova_job import (
+    DOCUMENTED_BYOO_KEYS,
     FORGE_RECIPE_SOURCE,
     FORGE_RECIPES,
     NAMESPACE,
     NovaRefused,
     apply_overrides,
     byoo_endpoints,
+    delegating,
     images,
     is_nova,
     launcher_command,
@@ -41,8 +43,8 @@ from training_configs.schema import TrainingConfig
 RUN = "<run id>"
 # What no offline check can settle; the README's "Nova on AWS" section says the same.
 UNVERIFIED = (
-    "the Forge BYOO recipe's leaf keys (subscription only): the overrides follow AWS's own "
-    "pipeline and the user guide's BYOO recipe",
+    "the Forge BYOO recipes themselves (subscription only): the overrides are the user guide's "
+    "BYOO recipe's leaves, and a key a recipe lacks is skipped (--recipe FILE lists them)",
     "how AWS's chart places generation replicas on the group's nodes",
     "whether the Nova job needs rights beyond its dataset, outputs, queues and rollout Lambda",
     "the launcher image (HyperPod CLI and recipes, built at deploy time) has never run in Lambda",
@@ -115,7 +117,7 @@ def plan(
     )
     service_images = images(region)
     recipe_path = FORGE_RECIPES[config.recipe]
-    rendered = None
+    rendered, skipped = None, None
     if recipe_file is not None:
         try:
             base = yaml.safe_load(recipe_file.read_text(encoding="utf-8"))
@@ -125,7 +127,8 @@ def plan(
             raise NovaRefused(f"recipe {recipe_file}: not valid YAML{where}") from None
         if not isinstance(base, dict):
             raise NovaRefused(f"recipe {recipe_file}: expected a YAML mapping")
-        rendered = apply_overrides(base, overrides)
+        built = delegating(apply_overrides(base, overrides), str(recipe_file))
+        rendered, skipped = built.recipe, list(built.skipped)
     # A Nova job runs on the deployment's restricted group (the first, if it has several).
     group = platform.nova_group or platform.training_group
     warnings = (
@@ -156,6 +159,8 @@ def plan(
             "source": FORGE_RECIPE_SOURCE.format(recipe=recipe_path),
             "overrides": overrides,
             "rendered": rendered,
+            # The overrides the recipe had no leaf for (None: no recipe file given).
+            "skipped": skipped,
         },
         launcher={
             "command": launcher_command(
@@ -166,7 +171,7 @@ def plan(
         },
         images=service_images,
         namespace=NAMESPACE,
-        byoo={key: value for key, value in byoo.items() if key != "rollout_request_queue_url"},
+        byoo={key: byoo[key] for key in DOCUMENTED_BYOO_KEYS},
         gpu_split={
             "training_replicas": training_replicas(config),
             "generation_replicas": config.generation_replicas,
@@ -214,6 +219,13 @@ def print_plan(made: Plan) -> None:
     if made.recipe["rendered"] is not None:
         show("recipe after overrides:")
         show(yaml.safe_dump(made.recipe["rendered"], sort_keys=False))
+        skipped = made.recipe["skipped"]
+        show(
+            f"warning: the recipe has no leaf for {', '.join(skipped)}: skipped, as the Forge "
+            "SDK skips them (the job runs with the recipe's own values there)"
+            if skipped
+            else "the recipe took every override"
+        )
     for warning in made.warnings:
         show(f"warning: {warning}")
     show("unverified until a first run on AWS:")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from domain.nova_job import (
     BYOO_KEYS,
@@ -28,6 +29,7 @@ from domain.nova_job import (
     SINGLE_TURN_REWARD,
     NovaRefused,
     apply_overrides,
+    delegating,
     evaluation_image,
     evaluation_overrides,
     images,
@@ -38,7 +40,15 @@ from domain.nova_job import (
     run_name,
     without_single_turn_reward,
 )
-from training_configs.schema import SHIPPED, TrainingConfig, load_training_config
+from tests.forge_recipe import documented_byoo_recipe, forge_recipe
+from training_configs.schema import (
+    SHIPPED,
+    NovaRecipeSettings,
+    TrainingConfig,
+    TrainingConfigError,
+    load_training_config,
+    parse_training_config,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "wordle" / "config.yaml"
 BYOO = {key: f"<{key}>" for key in BYOO_KEYS}
@@ -167,12 +177,82 @@ def test_every_config_key_for_the_job_lands_on_its_recipe_leaf() -> None:
         "name": "n", "model_name_or_path": "nova-lite-2/prod", "data_s3_path": "s3://b/d.jsonl",
         "output_s3_path": "s3://b/runs/r/", "replicas": 2,
         "generation_replicas": config.generation_replicas, "max_steps": config.max_steps,
-        "global_batch_size": config.global_batch_size, "max_length": config.max_length,
+        "global_batch_size": config.global_batch_size, "max_seq_length": config.max_length,
         "max_new_tokens": config.max_new_tokens, "number_generation": config.group_size,
         "timeout": config.rollout_timeout_seconds, "lr": config.learning_rate,
         "clip_ratio_high": config.clip_ratio, "delegate": True, "alpha": config.lora.alpha,
         **BYOO,
     }  # fmt: skip
+
+
+# Where each knob of the config's `nova` section sits in the user guide's BYOO recipe.
+KNOB_PATHS = {
+    "reasoning_effort": ("training_config", "reasoning_effort"),
+    "age_tolerance": ("training_config", "rollout", "rollout_strategy", "age_tolerance"),
+    "temperature": ("training_config", "rollout", "generator", "temperature"),
+    "top_k": ("training_config", "rollout", "generator", "top_k"),
+    "max_model_len": ("training_config", "rollout", "generator", "max_model_len"),
+    "save_steps": ("training_config", "train", "save_steps"),
+    "save_top_k": ("training_config", "train", "save_top_k"),
+    "ent_coeff": ("training_config", "train", "ent_coeff"),
+    "weight_decay": ("training_config", "train", "optim", "weight_decay"),
+    "warmup_steps": ("training_config", "train", "optim", "warmup_steps"),
+    "min_lr": ("training_config", "train", "optim", "min_lr"),
+    "rollout_worker_replicas": ("run", "rollout_worker_replicas"),
+}
+
+
+def _at(recipe: dict[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        recipe = recipe[key]
+    return recipe
+
+
+def test_each_nova_knob_sets_its_leaf_of_the_documented_recipe_and_unset_ones_leave_it() -> None:
+    knobs = {
+        "reasoning_effort": "low", "age_tolerance": 1, "temperature": 0.7, "top_k": 50,
+        "max_model_len": 8192, "save_steps": 5, "save_top_k": 2, "ent_coeff": 0.002,
+        "weight_decay": 0.1, "warmup_steps": 3, "min_lr": 1e-8, "rollout_worker_replicas": 2,
+    }  # fmt: skip
+    assert set(knobs) == set(KNOB_PATHS) == set(NovaRecipeSettings.model_fields)
+    config = _config(nova=NovaRecipeSettings(**knobs))
+    overrides = recipe_overrides(config, name="n", data_s3_path="d", output_s3_path="o", byoo=BYOO)
+    built = apply_overrides(documented_byoo_recipe(), overrides)
+    assert {knob: _at(built.recipe, path) for knob, path in KNOB_PATHS.items()} == knobs
+    unset = recipe_overrides(_config(), name="n", data_s3_path="d", output_s3_path="o", byoo=BYOO)
+    kept = apply_overrides(documented_byoo_recipe(), unset).recipe
+    assert {knob: _at(kept, path) for knob, path in KNOB_PATHS.items()} == {
+        knob: _at(documented_byoo_recipe(), path) for knob, path in KNOB_PATHS.items()
+    }
+
+
+@pytest.mark.parametrize(
+    ("knobs", "said"),
+    [
+        ({"save_steps": 11}, "config: nova.save_steps (11) is more than max_steps (10); lower it"),
+        (
+            {"warmup_steps": 11},
+            "config: nova.warmup_steps (11) is more than max_steps (10); lower it",
+        ),
+        (
+            {"max_model_len": 256},
+            "config: nova.max_model_len (256) must be larger than max_new_tokens "
+            "(256): a reply has to fit the generator's context",
+        ),
+        ({"reasoning_effort": "medium"}, "nova.reasoning_effort: Input should be 'low' or 'high'"),
+        ({"weight_decay": 1.5}, "nova.weight_decay: Input should be less than or equal to 1"),
+        (
+            {"rollout_worker_replicas": 0},
+            "nova.rollout_worker_replicas: Input should be greater than or equal to 1",
+        ),
+        ({"lr": 1e-5}, "nova.lr: unknown key; check its spelling"),
+    ],
+)
+def test_a_knob_out_of_range_is_refused_naming_the_key(knobs: dict[str, Any], said: str) -> None:
+    raw = yaml.safe_load(EXAMPLE.read_text()) | {"nova": knobs}
+    with pytest.raises(TrainingConfigError) as refused:
+        parse_training_config(yaml.safe_dump(raw), "cfg.yaml")
+    assert str(refused.value) == f"config cfg.yaml: {said}"
 
 
 @pytest.mark.parametrize("name", [*SHIPPED, str(EXAMPLE)])
@@ -192,7 +272,7 @@ def test_what_a_nova_job_cannot_take_is_refused_all_at_once_with_fixes() -> None
     raw = raw.replace("instance_type: ml.p5.48xlarge", "instance_type: ml.p4d.24xlarge")
     raw = raw.replace("kl_coefficient: 0.0", "kl_coefficient: 0.01")
     raw = raw.replace("model: nova-lite-2", "model: nova-pro")
-    config = TrainingConfig.model_validate(__import__("yaml").safe_load(raw))
+    config = TrainingConfig.model_validate(yaml.safe_load(raw))
     with pytest.raises(NovaRefused) as refused:
         recipe_overrides(config, name="n", data_s3_path="d", output_s3_path="o", byoo=BYOO)
     assert str(refused.value).splitlines() == [
@@ -211,9 +291,11 @@ def test_what_a_nova_job_cannot_take_is_refused_all_at_once_with_fixes() -> None
     ]
 
 
-def test_overrides_set_every_leaf_of_their_name_as_the_sdk_does() -> None:
+def test_overrides_set_every_leaf_of_their_name_and_skip_the_names_no_leaf_has() -> None:
     """RecipeBuilder._build_final_recipe: a leaf of the override's name is replaced wherever it
-    is (interpolations included); an optimizer named distributed_fused_adam keeps its name."""
+    is (interpolations included); an optimizer named distributed_fused_adam keeps its name; a
+    name the recipe lacks is skipped and reported, never added (tests/domain/
+    test_recipe_overrides.py runs the SDK's own function against this)."""
     recipe = {
         "run": {"name": "my-run", "replicas": 2, "rollout_request_arn": ""},
         "training_config": {
@@ -224,47 +306,58 @@ def test_overrides_set_every_leaf_of_their_name_as_the_sdk_does() -> None:
         },
     }
     built = apply_overrides(
-        recipe, {"name": "run-7", "max_steps": 5, "timeout": 300, "lr": 1e-5, "replicas": 4}
-    )
-    assert built["run"] == {"name": "run-7", "replicas": 4, "rollout_request_arn": ""}
-    assert built["training_config"]["train"] == {"max_steps": 5, "optim": {"lr": 1e-5}}
-    assert built["training_config"]["rollout"] == {"timeout": 300, "generator": {"timeout": 300}}
-    assert built["training_config"]["optimizer"] == {"name": "distributed_fused_adam"}
+        recipe,
+        {"name": "run-7", "max_steps": 5, "delegate": True, "timeout": 300, "lr": 1e-5,
+         "replicas": 4, "alpha": 64},
+    )  # fmt: skip
+    assert built.recipe["run"] == {"name": "run-7", "replicas": 4, "rollout_request_arn": ""}
+    assert built.recipe["training_config"]["train"] == {"max_steps": 5, "optim": {"lr": 1e-5}}
+    assert built.recipe["training_config"]["rollout"] == {
+        "timeout": 300,
+        "generator": {"timeout": 300},
+    }
+    assert built.recipe["training_config"]["optimizer"] == {"name": "distributed_fused_adam"}
+    assert built.skipped == ("delegate", "alpha")  # in the order given
+    assert built.missing(("alpha", "lr", "delegate")) == ["alpha", "delegate"]
     assert recipe["run"]["name"] == "my-run"  # the recipe given is left as it was
-    with pytest.raises(NovaRefused, match="^the recipe has no key delegate, number_generation$"):
-        apply_overrides(recipe, {"delegate": True, "number_generation": 8, "lr": 1e-5})
 
 
-# The leaf names of AWS's public RFT recipes for Nova 2 Lite (aws/sagemaker-hyperpod-recipes
-# @2631995, recipes_collection/recipes/fine-tuning/nova/nova_2_0/nova_lite/RFT/
-# nova_lite_2_0_p5_gpu_rft.yaml; its LoRA twin nova_lite_2_0_p5_gpu_lora_rft.yaml adds
-# LORA_LEAVES): the single-turn family the Forge BYOO recipes belong to.
-PUBLIC_RFT_LEAVES = frozenset({
-    "adam_beta1", "adam_beta2", "age_tolerance", "clip_ratio_high", "data_s3_path", "ent_coeff",
-    "generation_replicas", "global_batch_size", "lambda_arn", "lambda_concurrency_limit",
-    "loss_scale", "lr", "max_length", "max_new_tokens", "max_steps", "mlflow_experiment_name",
-    "mlflow_run_name", "mlflow_tracking_uri", "model_name_or_path", "model_type", "name",
-    "number_generation", "output_s3_path", "reasoning_effort", "refit_freq", "replicas",
-    "reward_lambda_arn", "rollout_worker_replicas", "save_steps", "save_top_k",
-    "set_random_seed", "shuffle", "temperature", "top_k", "type", "weight_decay",
-})  # fmt: skip
-LORA_LEAVES = frozenset({"alpha", "loraplus_lr_ratio", "peft_scheme"})
-# Only in the BYOO recipe (Nova user guide, nova-hp-rft-forge, "BYOO recipe configuration"):
-# delegation to the customer's rollout, its timeout, and the four endpoints (+ the SDK's queue).
-BYOO_ONLY = frozenset({"delegate", "timeout", *BYOO_KEYS})
+def test_a_recipe_that_does_not_delegate_its_rollouts_is_refused_naming_what_it_lacks() -> None:
+    overrides = recipe_overrides(
+        _config(), name="n", data_s3_path="d", output_s3_path="o", byoo=BYOO
+    )
+    byoo = documented_byoo_recipe()
+    assert delegating(apply_overrides(byoo, overrides), "byoo.yaml").skipped == (
+        "alpha", "rollout_request_queue_url"
+    )  # fmt: skip
+    del byoo["training_config"]["rollout"]["delegate"], byoo["run"]["generate_request_sqs_url"]
+    with pytest.raises(NovaRefused) as refused:
+        delegating(apply_overrides(byoo, overrides), "single.yaml")
+    assert str(refused.value) == (
+        "recipe single.yaml has no delegate, generate_request_sqs_url: it is not a BYOO recipe, "
+        "and its job would not play rollouts through this run's reward workers; use the Forge "
+        "BYOO recipe (the Nova user guide, 'BYOO recipe configuration')"
+    )
 
 
 @pytest.mark.parametrize("name", SHIPPED)
-def test_every_override_but_the_byoo_ones_is_a_key_of_awss_public_rft_recipe(name: str) -> None:
+def test_the_documented_byoo_recipe_takes_every_override_but_the_sdks_queue_and_loras_alpha(
+    name: str,
+) -> None:
+    """The user guide's BYOO recipe: every key a shipped config sets is one of its leaves, but
+    the SDK's `rollout_request_queue_url` (which it lacks) and LoRA's `alpha` (it is a full
+    fine-tuning recipe; the LoRA stand-in adds AWS's public LoRA section, which takes it)."""
     config = load_training_config(name)
     overrides = recipe_overrides(
         config, name="n", data_s3_path="s3://b/d.jsonl", output_s3_path="s3://b/r/", byoo=BYOO
     )
-    public = PUBLIC_RFT_LEAVES | (LORA_LEAVES if config.lora is not None else frozenset())
-    assert set(overrides) - BYOO_ONLY <= public
-    assert set(overrides) >= BYOO_ONLY  # delegation is always on, with this run's endpoints
-    assert not (BYOO_ONLY & public)  # the public single-turn recipe delegates nothing
-    assert ("alpha" in overrides) is (config.lora is not None)
+    lora = config.lora is not None
+    documented = apply_overrides(documented_byoo_recipe(), overrides)
+    assert documented.skipped == (*(("alpha",) if lora else ()), "rollout_request_queue_url")
+    assert apply_overrides(forge_recipe(config.recipe), overrides).skipped == (
+        "rollout_request_queue_url",
+    )
+    assert documented.recipe["training_config"]["max_seq_length"] == config.max_length
 
 
 @pytest.mark.parametrize(

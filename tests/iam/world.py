@@ -450,7 +450,7 @@ def _store_hub_tokens(secrets: Any, app: Synthesized) -> None:
 def _publish_forge_recipes(s3: Any) -> None:
     """The Forge BYOO recipes, training and evaluation, where a Forge subscription reads them
     (stand-ins' leaves)."""
-    published = {path: forge_recipe() for path in FORGE_RECIPES.values()}
+    published = {path: forge_recipe(recipe) for recipe, path in FORGE_RECIPES.items()}
     published[FORGE_EVALUATION_RECIPE] = forge_evaluation_recipe()
     for path, recipe in published.items():
         bucket, _, key = (

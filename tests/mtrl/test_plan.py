@@ -14,9 +14,9 @@ from mtrl.cli import app
 from mtrl.ops.plan import plan as make_plan
 from stacks.config import PlatformConfig, deployment_context
 from tests.conftest import PINNED
-from tests.forge_recipe import forge_recipe
+from tests.forge_recipe import DOCUMENTED_BYOO_RECIPE, forge_recipe
 from training_configs.costs import estimate
-from training_configs.schema import load_training_config
+from training_configs.schema import SHIPPED, load_training_config
 
 runner = CliRunner()
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "wordle" / "config.yaml"
@@ -66,31 +66,55 @@ def test_the_json_plan_has_what_a_reader_checks_before_paying() -> None:
     assert (overrides["max_steps"], overrides["number_generation"]) == (10, 8)
 
 
-def test_given_the_forge_recipe_it_shows_the_recipe_after_overrides(tmp_path: Path) -> None:
-    recipe = tmp_path / "byoo.yaml"
-    leaves = forge_recipe()
-    recipe.write_text(yaml.safe_dump(leaves))
-    code, output = plan("--config", str(EXAMPLE), "--region", "us-east-1", "--recipe",
-                        str(recipe), "--json")  # fmt: skip
+@pytest.mark.parametrize("name", SHIPPED)
+def test_on_the_documented_byoo_recipe_it_shows_the_recipe_the_endpoints_and_what_was_skipped(
+    name: str,
+) -> None:
+    """The recipe exactly as the Nova user guide prints it, for each shipped config."""
+    args = ("--config", name, "--region", "us-east-1", "--recipe", str(DOCUMENTED_BYOO_RECIPE))
+    code, output = plan(*args, "--json")
     assert code == 0, output
-    rendered = json.loads(output)["recipe"]["rendered"]
-    assert rendered["training_config"]["rollout"]["advantage_strategy"] == {"number_generation": 8}
-    assert rendered["training_config"]["rollout"]["generator"] == {
-        "max_new_tokens": 256,
-        "timeout": 120,
+    made = json.loads(output)
+    config = load_training_config(name)
+    rendered = made["recipe"]["rendered"]
+    assert rendered["training_config"]["max_seq_length"] == config.max_length
+    assert rendered["training_config"]["rollout"]["delegate"] is True
+    assert rendered["training_config"]["rollout"]["advantage_strategy"] == {
+        "number_generation": config.group_size
     }
-    assert rendered["run"]["replicas"] == 2
-    assert rendered["training_config"]["trainer"]["peft"]["lora_tuning"]["alpha"] == 32
-    text = plan("--config", str(EXAMPLE), "--region", "us-east-1", "--recipe", str(recipe))[1]
-    assert "recipe after overrides:" in text and "number_generation: 8" in text
+    assert rendered["training_config"]["train"]["max_steps"] == config.max_steps
+    assert {key: rendered["run"][key] for key in made["byoo"]} == made["byoo"]
+    lora = config.lora is not None
+    assert made["recipe"]["skipped"] == [*(["alpha"] if lora else []), "rollout_request_queue_url"]
+    text = plan(*args)[1]
+    for part in (
+        "recipe after overrides:", "    delegate: true", "  generate_request_sqs_url: https://sqs.",
+        f"warning: the recipe has no leaf for {', '.join(made['recipe']['skipped'])}: skipped, "
+        "as the Forge SDK skips them",
+    ):  # fmt: skip
+        assert part in text, part
 
 
-def test_a_recipe_without_a_key_the_config_sets_is_refused(tmp_path: Path) -> None:
+def test_a_recipe_that_takes_every_override_says_so(tmp_path: Path) -> None:
+    recipe = tmp_path / "lora.yaml"
+    taken = forge_recipe("RFT_MULTITURN_LORA")
+    taken["run"]["rollout_request_queue_url"] = ""
+    recipe.write_text(yaml.safe_dump(taken))
+    code, output = plan("--config", str(EXAMPLE), "--region", "us-east-1", "--recipe", str(recipe))
+    assert code == 0 and "the recipe took every override" in output, output
+
+
+def test_a_recipe_that_does_not_delegate_its_rollouts_is_refused(tmp_path: Path) -> None:
     recipe = tmp_path / "single-turn.yaml"
     recipe.write_text(yaml.safe_dump({"run": {"name": "x", "replicas": 2}}))
     code, output = plan("--config", str(EXAMPLE), "--region", "us-east-1", "--recipe", str(recipe))
-    assert code == 1
-    assert output.startswith("error: the recipe has no key alpha, clip_ratio_high, data_s3_path")
+    assert (code, output.strip()) == (
+        1,
+        f"error: recipe {recipe} has no delegate, rollout_request_arn, rollout_response_sqs_url, "
+        "generate_request_sqs_url, generate_response_sqs_url: it is not a BYOO recipe, and its "
+        "job would not play rollouts through this run's reward workers; use the Forge BYOO "
+        "recipe (the Nova user guide, 'BYOO recipe configuration')",
+    )
 
 
 def test_a_recipe_file_that_is_not_a_yaml_mapping_is_refused_in_one_line(tmp_path: Path) -> None:

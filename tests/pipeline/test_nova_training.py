@@ -27,6 +27,7 @@ from domain.nova_job import (
     evaluation_image,
     images,
     run_name,
+    submitted_recipe_key,
 )
 from lambdas.clients import Clients
 from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
@@ -150,16 +151,24 @@ def test_submit_hands_aws_launcher_the_forge_recipe_with_this_runs_overrides(
         "output_s3_path": "s3://nova-mtrl-data/runs/wordle-0a1b2c3d4e/",
         "rollout_request_arn": ALIAS,
         "rollout_response_sqs_url": QUEUES["rollout_responses"],
-        "rollout_request_queue_url": QUEUES["rollout_requests"],
         "generate_request_sqs_url": QUEUES["generate_requests"],
         "generate_response_sqs_url": QUEUES["generate_responses"],
         "model_type": "amazon.nova-2-lite-v1:0:256k",
         "replicas": RUN.training.instance_count - RUN.training.generation_replicas,
-        "generation_replicas": RUN.training.generation_replicas,
+        "generation_replicas": RUN.training.generation_replicas, "rollout_worker_replicas": 1,
     }  # fmt: skip
     rollout = recipe["training_config"]["rollout"]
     assert rollout["advantage_strategy"]["number_generation"] == RUN.training.group_size
     assert rollout["delegate"] is True
+    assert recipe["training_config"]["max_seq_length"] == RUN.training.max_length
+    assert recipe["training_config"]["train"]["peft"]["lora_tuning"]["alpha"] == 64
+    # What the job was started with, kept with the run: the SDK's own queue key found no leaf.
+    kept = boto3.client("s3").get_object(
+        Bucket=RUN.bucket, Key=submitted_recipe_key(RUN.output_prefix, NAME)
+    )
+    assert json.loads(kept["Body"].read()) == {
+        "job": NAME, "skipped": ["rollout_request_queue_url"], "recipe": recipe
+    }  # fmt: skip
     (started,) = plane.processes.started()
     assert started.argv == [
         "hyperpod", "start-job", "--namespace", "kubeflow", "--recipe",
@@ -243,14 +252,29 @@ def test_a_failed_launch_fails_the_submit_with_what_the_launcher_said(plane: Pla
         plane.cluster.submit(RUN)
 
 
-def test_a_recipe_without_a_key_the_config_sets_is_refused_before_anything_starts(
+def test_a_key_the_recipe_lacks_is_skipped_and_kept_with_the_run_as_the_sdk_skips_it(
     plane: Plane,
 ) -> None:
     recipe = forge_recipe()
-    del recipe["training_config"]["trainer"]["peft"]
+    del recipe["training_config"]["train"]["peft"]
     key = "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova_lite_2_0_p5_gpu_lora_rft_byoo.yaml"
     boto3.client("s3").put_object(Bucket="forge-recipes", Key=key, Body=yaml.safe_dump(recipe))
-    with pytest.raises(NovaRefused, match="^the recipe has no key alpha$"):
+    plane.cluster.submit(RUN)
+    (started,) = plane.processes.recipes_read
+    assert "peft" not in started["training_config"]["train"]  # never added
+    kept = boto3.client("s3").get_object(
+        Bucket=RUN.bucket, Key=submitted_recipe_key(RUN.output_prefix, NAME)
+    )
+    assert json.loads(kept["Body"].read())["skipped"] == ["alpha", "rollout_request_queue_url"]
+
+
+def test_a_recipe_that_does_not_delegate_is_refused_before_anything_starts(plane: Plane) -> None:
+    recipe = forge_recipe()
+    del recipe["training_config"]["rollout"]["delegate"]
+    key = "fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova_lite_2_0_p5_gpu_lora_rft_byoo.yaml"
+    boto3.client("s3").put_object(Bucket="forge-recipes", Key=key, Body=yaml.safe_dump(recipe))
+    with pytest.raises(NovaRefused, match=f"^recipe {SOURCE.format(recipe=key[:-5])} has no "
+                       "delegate: it is not a BYOO recipe"):  # fmt: skip
         plane.cluster.submit(RUN)
     assert plane.launcher.payloads == []
     plane.cluster.settings = settings(NOVA_RECIPE_SOURCE="https://example.com/{recipe}.yaml")
@@ -536,6 +560,30 @@ def test_where_aws_cannot_evaluate_the_run_goes_on_and_says_why(plane: Plane) ->
         "(eval_fraction 0.1); raise eval_fraction or name an eval_dataset"
     )
     assert plane.launcher.payloads == []
+
+
+def test_an_evaluation_recipe_without_the_sdks_other_leaves_runs_and_keeps_what_it_skipped(
+    plane: Plane,
+) -> None:
+    """A recipe mismatch never fails a run: the task, strategy, metric and the SDK's own queue
+    key are skipped where the evaluation recipe lacks them (as the SDK skips them), and kept
+    with the run; only the four BYOO endpoints are needed (above)."""
+    recipe = forge_evaluation_recipe()
+    del recipe["evaluation"], recipe["rl_env"]["rollout_request_queue_url"]
+    boto3.client("s3").put_object(
+        Bucket="forge-recipes", Key=f"{FORGE_EVALUATION_RECIPE}.yaml", Body=yaml.safe_dump(recipe)
+    )
+    job = plane.cluster.submit_evaluation(RUN, stage=EvaluationStage.BASELINE)
+    name = run_name("nova-mtrl", RUN.run_id, "baseline")
+    assert job.startswith(f"kubeflow/{name}-")
+    started = evaluation_recipe(plane, EvaluationStage.BASELINE)
+    assert "evaluation" not in started and "rollout_request_queue_url" not in started["rl_env"]
+    kept = boto3.client("s3").get_object(
+        Bucket=RUN.bucket, Key=submitted_recipe_key(RUN.output_prefix, name)
+    )
+    assert json.loads(kept["Body"].read())["skipped"] == [
+        "task", "strategy", "metric", "rollout_request_queue_url"
+    ]  # fmt: skip
 
 
 def test_an_evaluation_that_succeeded_leaves_the_episodes_its_alias_was_asked_for(
