@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from domain.nova_capacity import JobNodes, service_nodes
 from domain.run_queues import QueueKind
 from training_configs.schema import Recipe, TrainingConfig
 
@@ -158,10 +159,24 @@ def evaluation_image(region: str) -> str | None:
     return f"{account}.dkr.ecr.{region}.amazonaws.com/nova-evaluation-repo:{EVALUATION_IMAGE_TAG}"
 
 
+def chart_service_nodes(config: TrainingConfig) -> int:
+    """The nodes AWS's chart needs for the job's CPU services (domain/nova_capacity.py)."""
+    return service_nodes(rollout_workers=config.nova.rollout_worker_replicas)
+
+
 def training_replicas(config: TrainingConfig) -> int:
-    """The recipe's `replicas`: the run's nodes but one per generation replica (a Nova vLLM
-    replica takes a whole ml.p5.48xlarge, as the deployment's Nova preset says)."""
-    return config.instance_count - config.generation_replicas
+    """The recipe's `replicas`: the run's nodes but one per generation replica (a whole
+    ml.p5.48xlarge each) and those of the chart's CPU services."""
+    return config.instance_count - config.generation_replicas - chart_service_nodes(config)
+
+
+def job_layout(config: TrainingConfig) -> JobNodes:
+    """The nodes of the config's job, by what runs on them."""
+    return JobNodes(
+        training=training_replicas(config),
+        generation=config.generation_replicas,
+        services=chart_service_nodes(config),
+    )
 
 
 def nova_problems(config: TrainingConfig) -> list[str]:
@@ -176,12 +191,15 @@ def nova_problems(config: TrainingConfig) -> list[str]:
             f"instance_type {config.instance_type}: Nova's BYOO recipes run on {NOVA_INSTANCE_TYPE}"
         )
     if training_replicas(config) not in REPLICAS:
-        fits = ", ".join(str(config.generation_replicas + n) for n in REPLICAS)
+        others = config.generation_replicas + chart_service_nodes(config)
+        fits = [others + n for n in REPLICAS]
         problems.append(
-            f"instance_count {config.instance_count} leaves {training_replicas(config)} training "
-            f"replicas beside the {config.generation_replicas} generation replicas (a node "
-            f"each); Nova's recipe takes {', '.join(map(str, REPLICAS))}: set instance_count "
-            f"to one of {fits}"
+            f"instance_count {config.instance_count} leaves {max(training_replicas(config), 0)} "
+            f"training replicas beside the {config.generation_replicas} generation replicas (a "
+            f"node each) and the {chart_service_nodes(config)} nodes AWS's chart needs for its "
+            f"CPU services (hub, prompter, RBS, NATS, Redis); Nova's recipe takes "
+            f"{', '.join(map(str, REPLICAS))} training replicas: set instance_count to one of "
+            f"{', '.join(map(str, fits))} (at least {fits[0]})"
         )
     if config.kl_coefficient:
         problems.append(

@@ -113,12 +113,15 @@ def plan(
     ] = None,
     recipe: Annotated[
         Path | None,
-        typer.Option(help="The Forge recipe file (Forge subscribers): show it after overrides."),
+        typer.Option(
+            help="A Forge recipe file, or the user guide's BYOO recipe: show it after the "
+            "overrides, with the keys it skipped."
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """What a run of a config would submit as a Nova job, offline: instance group, recipe and
-    overrides, launcher command, images, BYOO endpoints, GPU split, cost per hour."""
+    overrides, launcher command, images, BYOO endpoints, the job's nodes, cost per hour."""
     try:
         training = load_training_config(config or DEFAULT_CONFIG)
         platform = PlatformConfig.from_context(deployment_context({}))

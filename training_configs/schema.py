@@ -145,9 +145,11 @@ class NovaRecipeSettings(BaseModel):
     )
     warmup_steps: int | None = Field(default=None, ge=0, description="train.optim.warmup_steps")
     min_lr: float | None = Field(default=None, gt=0.0, le=1e-2, description="train.optim.min_lr")
-    rollout_worker_replicas: int | None = Field(
-        default=None, ge=1, description="run.rollout_worker_replicas"
-    )
+    rollout_worker_replicas: int = Field(
+        default=1, ge=1,
+        description="run.rollout_worker_replicas: the chart's hub pods (1 in the documented "
+        "recipe); always set, as the job's nodes are counted with it",
+    )  # fmt: skip
 
     def chosen(self) -> dict[str, JsonValue]:
         """The knobs set, by recipe leaf."""

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from domain.checkpoints import referenced_run
 from domain.evaluation import TRAINING_RECORDS_OBJECT
+from domain.nova_capacity import DOCUMENTED_MINIMUM_NODES
 from domain.nova_job import (
     DOCUMENTED_BYOO_KEYS,
     FORGE_RECIPE_SOURCE,
@@ -30,10 +31,10 @@ from domain.nova_job import (
     delegating,
     images,
     is_nova,
+    job_layout,
     launcher_command,
     recipe_overrides,
     run_recipe,
-    training_replicas,
 )
 from mtrl.console import out
 from stacks.config import PlatformConfig
@@ -45,7 +46,8 @@ RUN = "<run id>"
 UNVERIFIED = (
     "the Forge BYOO recipes themselves (subscription only): the overrides are the user guide's "
     "BYOO recipe's leaves, and a key a recipe lacks is skipped (--recipe FILE lists them)",
-    "how AWS's chart places generation replicas on the group's nodes",
+    "the job's nodes are counted from AWS's chart (its requests and placement rules); what "
+    "the kubelet and daemon sets keep of a node is not subtracted",
     "whether the Nova job needs rights beyond its dataset, outputs, queues and rollout Lambda",
     "the launcher image (HyperPod CLI and recipes, built at deploy time) has never run in Lambda",
 )
@@ -61,7 +63,8 @@ class Plan:
     images: dict[str, str]
     namespace: str
     byoo: dict[str, str]
-    gpu_split: dict[str, int]
+    # The job's nodes by what runs on them (domain/nova_capacity.py: AWS's chart).
+    nodes: dict[str, int]
     cost_per_hour_usd: float
     warnings: tuple[str, ...] = ()
     unverified: tuple[str, ...] = UNVERIFIED
@@ -131,15 +134,20 @@ def plan(
         rendered, skipped = built.recipe, list(built.skipped)
     # A Nova job runs on the deployment's restricted group (the first, if it has several).
     group = platform.nova_group or platform.training_group
-    warnings = (
-        ()
-        if platform.nova_group
-        else (
+    warnings = []
+    if not platform.nova_group:
+        warnings.append(
             "this deployment has no restricted instance group: Register refuses a Nova run "
             "until hyperpod_instance_groups has one (restricted: true, with its fsx); planned "
-            f"here on {group.name!r} for its instance type",
+            f"here on {group.name!r} for its instance type"
         )
-    )
+    layout = job_layout(config)
+    if layout.total < DOCUMENTED_MINIMUM_NODES:
+        warnings.append(
+            f"the job takes {layout.total} nodes, fewer than the {DOCUMENTED_MINIMUM_NODES} the "
+            "Nova user guide gives as the minimum for RFT on HyperPod: a layout AWS does not "
+            "document"
+        )
     if group.instance_type != config.instance_type:
         raise NovaRefused(
             f"config {config.name!r} asks for {config.instance_type}; this deployment's training "
@@ -172,12 +180,9 @@ def plan(
         images=service_images,
         namespace=NAMESPACE,
         byoo={key: byoo[key] for key in DOCUMENTED_BYOO_KEYS},
-        gpu_split={
-            "training_replicas": training_replicas(config),
-            "generation_replicas": config.generation_replicas,
-        },
+        nodes={**asdict(layout), "total": layout.total},
         cost_per_hour_usd=round(estimate(config).per_hour, 2),
-        warnings=warnings,
+        warnings=tuple(warnings),
     )
 
 
@@ -194,9 +199,11 @@ def print_plan(made: Plan) -> None:
         f"  instance group  {group['name']} ({group['instance_type']}), "
         f"restricted: {'yes' if group['restricted'] else 'no'}, FSx for Lustre: {storage}"
     )
+    nodes = made.nodes
     show(
-        f"  GPU split       {made.gpu_split['training_replicas']} training replicas, "
-        f"{made.gpu_split['generation_replicas']} generation replicas"
+        f"  nodes           {nodes['total']}: {nodes['training']} training replicas, "
+        f"{nodes['generation']} generation replicas, {nodes['services']} for the chart's CPU "
+        "services (hub, prompter, RBS, NATS, Redis)"
     )
     show(f"  cost            ${made.cost_per_hour_usd:,.2f}/hour")
     show(f"  recipe          {made.recipe['path']}")

@@ -175,7 +175,7 @@ def test_every_config_key_for_the_job_lands_on_its_recipe_leaf() -> None:
     )
     assert overrides == {
         "name": "n", "model_name_or_path": "nova-lite-2/prod", "data_s3_path": "s3://b/d.jsonl",
-        "output_s3_path": "s3://b/runs/r/", "replicas": 2,
+        "output_s3_path": "s3://b/runs/r/", "replicas": 4, "rollout_worker_replicas": 1,
         "generation_replicas": config.generation_replicas, "max_steps": config.max_steps,
         "global_batch_size": config.global_batch_size, "max_seq_length": config.max_length,
         "max_new_tokens": config.max_new_tokens, "number_generation": config.group_size,
@@ -268,7 +268,7 @@ def test_a_config_written_out_whole_is_still_one_a_nova_job_takes() -> None:
 
 def test_what_a_nova_job_cannot_take_is_refused_all_at_once_with_fixes() -> None:
     raw = EXAMPLE.read_text().replace("  alpha: 32", "  rank: 8\n  alpha: 48\n  dropout: 0.1")
-    raw = raw.replace("instance_count: 4", "instance_count: 5")
+    raw = raw.replace("instance_count: 8", "instance_count: 5")
     raw = raw.replace("instance_type: ml.p5.48xlarge", "instance_type: ml.p4d.24xlarge")
     raw = raw.replace("kl_coefficient: 0.0", "kl_coefficient: 0.01")
     raw = raw.replace("model: nova-lite-2", "model: nova-pro")
@@ -279,8 +279,10 @@ def test_what_a_nova_job_cannot_take_is_refused_all_at_once_with_fixes() -> None
         "config 'wordle-example' cannot run as a Nova job:",
         "  - model 'nova-pro': Nova multi-turn RFT trains nova-lite-2 only",
         "  - instance_type ml.p4d.24xlarge: Nova's BYOO recipes run on ml.p5.48xlarge",
-        "  - instance_count 5 leaves 3 training replicas beside the 2 generation replicas (a "
-        "node each); Nova's recipe takes 2, 4, 6, 8: set instance_count to one of 4, 6, 8, 10",
+        "  - instance_count 5 leaves 1 training replicas beside the 2 generation replicas (a "
+        "node each) and the 2 nodes AWS's chart needs for its CPU services (hub, prompter, RBS, "
+        "NATS, Redis); Nova's recipe takes 2, 4, 6, 8 training replicas: set instance_count to "
+        "one of 6, 8, 10, 12 (at least 6)",
         "  - kl_coefficient: Nova's recipe has no KL term to set; set 0 (it bounds updates with "
         "clip_ratio and an entropy bonus)",
         "  - lora.rank: Nova's LoRA recipe does not take it (it sets alpha); remove it or leave "

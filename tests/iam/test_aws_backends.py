@@ -137,7 +137,7 @@ def test_a_nova_run_is_started_and_stopped_by_aws_launcher_and_leaves_nothing(
     requests = world.kubernetes.requests[run.kubernetes]
     assert ("GET", PYTORCH_JOBS) in [(m, p.split("?")[0]) for m, p, _ in requests]
     updates = world.sagemaker.updates[run.updates]
-    assert [u["RestrictedInstanceGroups"][0]["InstanceCount"] for u in updates] == [4, 0]
+    assert [u["RestrictedInstanceGroups"][0]["InstanceCount"] for u in updates] == [8, 0]
     assert not [u for u in updates if "InstanceGroups" in u]  # the standard group untouched
     assert output["released"]["job_objects_deleted"] == 3  # training's and both evaluations'
     assert output["teardown"]["leftover"] == 0
@@ -202,7 +202,7 @@ def test_a_nova_jobs_planes_work_with_its_own_identity_and_leave_nothing(
     name = run_name(PREFIX, run.run_id)
     assert not [r for r in scenarios.world.launcher.releases if r.startswith(name)]
     updates = scenarios.world.sagemaker.updates[run.updates]
-    assert [u["RestrictedInstanceGroups"][0]["InstanceCount"] for u in updates] == [4, 0]
+    assert [u["RestrictedInstanceGroups"][0]["InstanceCount"] for u in updates] == [8, 0]
     assert run.left == {"active services": 0, "task definitions": 0, "parameters": 0, "queues": []}
 
 

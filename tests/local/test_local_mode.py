@@ -103,7 +103,7 @@ def test_the_wordle_example_trains_and_leaves_nothing(
     assert evaluation["delta"]["pass_at_1"]["delta"] == pytest.approx(
         final["pass_at_1"] - baseline["pass_at_1"]
     )
-    assert report["compute_events"][0]["instances"] == 4
+    assert report["compute_events"][0]["instances"] == 8
     assert report["compute_events"][1]["workers"] == 1
     assert (directory / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (

@@ -71,7 +71,7 @@ class FakeCluster(TrainingCluster):
 
     def nodes_ready(self, run: RunContext) -> int:
         self.polls += 1
-        return 0 if self.polls == 1 else 4
+        return 0 if self.polls == 1 else 8  # the example config's nodes
 
     def submit(self, run: RunContext) -> str:
         self.calls.append("submit")
@@ -216,7 +216,7 @@ def test_a_valid_upload_runs_to_success_and_leaves_nothing(local, compute) -> No
         "start_evaluation", "collect", "release_compute", "teardown", "notify_end",
     ]  # fmt: skip
     assert cluster.calls == [
-        "scale_up:4", "evaluate:baseline", "submit", "evaluate:final", "delete", "scale_down",
+        "scale_up:8", "evaluate:baseline", "submit", "evaluate:final", "delete", "scale_down",
     ]  # fmt: skip
     assert fleet.calls == ["start", "stop"]
     assert _run_queues(clients) == []

@@ -55,7 +55,7 @@ def healthy(sagemaker: FakeSageMaker) -> dict[str, Any]:
                                  "RewardWorkerTaskFamily": "nova-mtrl-reward-worker"})  # fmt: skip
     return {
         "sagemaker": sagemaker.client(),
-        "service-quotas": quotas(**{"ml.p5.48xlarge for cluster usage": 4, TOTAL_INSTANCES: 8}),
+        "service-quotas": quotas(**{"ml.p5.48xlarge for cluster usage": 8, TOTAL_INSTANCES: 16}),
     }
 
 
@@ -83,16 +83,16 @@ def test_a_ready_deployment_passes_every_check(healthy: dict) -> None:
     )
     assert all(check.ok for check in checks.values()), checks
     assert checks["quota"].detail == (
-        "ml.p5.48xlarge for cluster usage: 4; "
-        "Total number of instances allowed across SageMaker HyperPod clusters: 8 "
-        "(the config needs 4)"
+        "ml.p5.48xlarge for cluster usage: 8; "
+        "Total number of instances allowed across SageMaker HyperPod clusters: 16 "
+        "(the config needs 8)"
     )
     assert checks["worker image"].detail == IMAGE
 
 
 def test_what_is_missing_says_how_to_fix_it(healthy: dict, sagemaker: FakeSageMaker) -> None:
     healthy["service-quotas"] = quotas(
-        **{"ml.p5.48xlarge for cluster usage": 2, TOTAL_INSTANCES: 8}
+        **{"ml.p5.48xlarge for cluster usage": 6, TOTAL_INSTANCES: 16}
     )
     boto3.client("ecr").batch_delete_image(
         repositoryName=REPOSITORY, imageIds=[{"imageTag": "abc123"}]
@@ -115,7 +115,7 @@ def test_a_quota_never_raised_counts_at_its_aws_default(healthy: dict) -> None:
     # quota names are those of SageMaker docs, "SageMaker HyperPod prerequisites".
     healthy["service-quotas"] = quotas(
         {TOTAL_INSTANCES: 30, "ml.p5.48xlarge for cluster usage": 0},
-        **{"ml.p5.48xlarge for cluster usage": 4},
+        **{"ml.p5.48xlarge for cluster usage": 8},
     )
     check = _diagnose(healthy)["quota"]
     assert check.ok, check
@@ -125,7 +125,7 @@ def test_a_quota_never_raised_counts_at_its_aws_default(healthy: dict) -> None:
     assert check.ok is False
     assert check.detail == (
         "ml.p5.48xlarge for cluster usage: 0 (AWS default); "
-        f"{TOTAL_INSTANCES}: 0 (AWS default) (the config needs 4)"
+        f"{TOTAL_INSTANCES}: 0 (AWS default) (the config needs 8)"
     )
     assert check.fix == (
         "request an increase: Service Quotas → Amazon SageMaker → "

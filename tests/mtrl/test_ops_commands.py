@@ -129,7 +129,7 @@ def test_submit_refuses_bad_input_before_any_upload(deployed: dict, tmp_path: Pa
     assert result.exit_code == 2 and f"config {config}:" in result.output
     over = tmp_path / "over.yaml"
     over.write_text(
-        (EXAMPLE / "config.yaml").read_text().replace("budget_usd: 500", "budget_usd: 5")
+        (EXAMPLE / "config.yaml").read_text().replace("budget_usd: 1000", "budget_usd: 5")
     )
     result = _invoke("submit", str(EXAMPLE / "train.jsonl"), "--config", str(over))
     assert result.exit_code == 2 and "OVER the $5 budget" in result.output

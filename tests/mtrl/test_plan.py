@@ -60,7 +60,7 @@ def test_the_json_plan_has_what_a_reader_checks_before_paying() -> None:
     )
     config = load_training_config(EXAMPLE)
     assert made["cost_per_hour_usd"] == round(estimate(config).per_hour, 2)
-    assert made["gpu_split"] == {"training_replicas": 2, "generation_replicas": 2}
+    assert made["nodes"] == {"training": 4, "generation": 2, "services": 2, "total": 8}
     overrides = made["recipe"]["overrides"]
     assert overrides["rollout_request_arn"] == made["byoo"]["rollout_request_arn"]
     assert (overrides["max_steps"], overrides["number_generation"]) == (10, 8)
@@ -155,13 +155,32 @@ def test_the_readable_plan_shows_each_part() -> None:
     code, output = plan("--config", "rft_multiturn_full", "--region", "us-east-1")
     assert code == 0, output
     for part in ("instance group  gpu (ml.p5.48xlarge), restricted: no, FSx for Lustre: none",
-                 "GPU split       6 training replicas, 4 generation replicas",
+                 "nodes           12: 6 training replicas, 4 generation replicas, 2 for the "
+                 "chart's CPU services (hub, prompter, RBS, NATS, Redis)",
                  "launcher        hyperpod start-job --namespace kubeflow --recipe "
                  "'fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova-mtrl-<run id>'",
                  "warning: this deployment has no restricted instance group: Register refuses a "
                  "Nova run until hyperpod_instance_groups has one",
                  "unverified until a first run on AWS:"):  # fmt: skip
         assert part in output, part
+
+
+def test_a_job_below_the_documented_minimum_is_planned_with_a_warning(tmp_path: Path) -> None:
+    """Two training replicas (the SDK's least) take 6 nodes with the chart's services: a layout
+    AWS's recipe code allows and its compute table (8 for RFT on HyperPod) does not document."""
+    small = tmp_path / "small.yaml"
+    small.write_text(EXAMPLE.read_text().replace("instance_count: 8", "instance_count: 6"))
+    code, output = plan("--config", str(small), "--region", "us-east-1", "--json")
+    assert code == 0, output
+    made = json.loads(output)
+    assert made["nodes"] == {"training": 2, "generation": 2, "services": 2, "total": 6}
+    assert made["warnings"][-1] == (
+        "the job takes 6 nodes, fewer than the 8 the Nova user guide gives as the minimum for "
+        "RFT on HyperPod: a layout AWS does not document"
+    )
+    small.write_text(EXAMPLE.read_text().replace("instance_count: 8", "instance_count: 4"))
+    code, output = plan("--config", str(small), "--region", "us-east-1")
+    assert code == 1 and "set instance_count to one of 6, 8, 10, 12 (at least 6)" in output
 
 
 def test_a_config_for_another_instance_type_than_the_groups_is_refused() -> None:

@@ -154,7 +154,7 @@ def test_submit_hands_aws_launcher_the_forge_recipe_with_this_runs_overrides(
         "generate_request_sqs_url": QUEUES["generate_requests"],
         "generate_response_sqs_url": QUEUES["generate_responses"],
         "model_type": "amazon.nova-2-lite-v1:0:256k",
-        "replicas": RUN.training.instance_count - RUN.training.generation_replicas,
+        "replicas": 4,  # the shipped LoRA config: 8 nodes, less 2 for vLLM and 2 for services
         "generation_replicas": RUN.training.generation_replicas, "rollout_worker_replicas": 1,
     }  # fmt: skip
     rollout = recipe["training_config"]["rollout"]
