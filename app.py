@@ -12,10 +12,12 @@ from stacks.config import ConfigError  # noqa: E402
 
 def main() -> int:
     try:
-        app, _ = build_app()
+        app, config = build_app()
     except ConfigError as error:
         print(f"nova-mtrl: {error}", file=sys.stderr)
         return 1
+    if config.nova_notice:
+        print(f"nova-mtrl: {config.nova_notice}", file=sys.stderr)
     app.synth()
     return 0
 

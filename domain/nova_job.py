@@ -12,8 +12,9 @@ Sources (each pinned by tests/domain/test_nova_job.py):
   `alpha` (AWS's public RFT LoRA recipe);
 - the invocation: the SDK's `SMHPRuntimeManager.execute` (`hyperpod start-job --namespace
   kubeflow --recipe <recipe> --override-parameters {"instance_type", "container"}`);
-- images: aws/sagemaker-hyperpod-recipes (commit 2631995),
-  launcher/nova/constants/rft_container_constants.py.
+- images and the regions that have them: the recipes the launcher function installs
+  (`LAUNCHER_RECIPES`: aws/sagemaker-hyperpod-recipes at the HyperPod CLI's pin),
+  launcher/nova/constants/rft_container_constants.py — its launcher refuses any other region.
 
 The Forge recipes themselves are for Forge subscribers (the SDK downloads them from Forge's
 bucket): offline, a plan shows the overrides; given the recipe file, the recipe after them.
@@ -57,12 +58,13 @@ LORA_ALPHAS = (32, 64, 96, 128, 160, 192)
 # Leaves named `name` that are not the run's name (the SDK leaves these as they are).
 KEPT_NAMES = ("distributed_fused_adam",)
 
-IMAGE_ACCOUNTS = {
-    "us-east-1": "708977205387",
-    "ap-northeast-1": "878185805882",
-    "eu-central-1": "874160969292",
-    "eu-west-2": "470633809225",
-}
+# The recipes and launcher the launcher function's image installs: the submodule of the HyperPod
+# CLI commit stacks/assets/launcher/Dockerfile pins (tests/launcher/test_image.py holds both).
+LAUNCHER_RECIPES = "0700d22"
+# Where that launcher publishes Nova's RFT images (and its init container): its
+# RFT_REGION_ACCOUNT_MAP. AWS's release of 2026-06-22 (2631995) adds ap-northeast-1,
+# eu-central-1 and eu-west-2; they come with a newer pin.
+IMAGE_ACCOUNTS = {"us-east-1": "708977205387"}
 IMAGE_TAGS = {
     "training": "SM-HP-RFT-TRAIN-V2-latest",
     "generation": "SM-HP-RFT-GENERATION-V2-latest",
@@ -145,7 +147,8 @@ def images(region: str) -> dict[str, str]:
     account = IMAGE_ACCOUNTS.get(region)
     if account is None:
         raise NovaRefused(
-            f"region {region} has no Nova RFT images; use one of {', '.join(IMAGE_ACCOUNTS)}"
+            f"region {region} has no Nova RFT images in AWS's launcher as deployed (recipes "
+            f"{LAUNCHER_RECIPES}); use one of {', '.join(IMAGE_ACCOUNTS)}"
         )
     registry = f"{account}.dkr.ecr.{region}.amazonaws.com/nova-fine-tune-repo"
     return {service: f"{registry}:{tag}" for service, tag in IMAGE_TAGS.items()}

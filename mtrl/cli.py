@@ -30,6 +30,7 @@ from mtrl.ops_commands import (
 from mtrl.trajectories_command import trajectories_command
 from stacks.config import ConfigError, PlatformConfig, deployment_context
 from training_configs import TrainingConfigError, load_training_config
+from training_configs.costs import HOURS_PER_MONTH, InstancePrices
 from training_configs.schema import DEFAULT_CONFIG
 
 app = typer.Typer(
@@ -178,6 +179,27 @@ def config(
     for key, value in data.items():
         table.add_row(key, json.dumps(value))
     out.print(table)
+    if resolved.nova_notice:
+        out.print(f"note: {resolved.nova_notice}", highlight=False, soft_wrap=True)
+    for line in idle_costs(resolved, InstancePrices.load()):
+        out.print(line, highlight=False, soft_wrap=True)
+
+
+def idle_costs(platform: PlatformConfig, prices: InstancePrices) -> list[str]:
+    """What the deployment costs between runs, by what bills while it exists (approximate)."""
+    lines = [f"idle: platform ~${prices.platform_idle_per_hour:,.2f}/hour"]
+    for group in platform.hyperpod_instance_groups:
+        if group.fsx is not None:
+            hourly = prices.fsx_lustre_per_hour(
+                size_gib=group.fsx.size_gib, throughput=group.fsx.per_unit_storage_throughput
+            )
+            lines.append(
+                f"idle: FSx for Lustre of restricted group {group.name!r} "
+                f"({group.fsx.size_gib:,} GiB at {group.fsx.per_unit_storage_throughput} "
+                f"MB/s/TiB) ~${hourly:,.2f}/hour (~${hourly * HOURS_PER_MONTH:,.0f}/month), "
+                "at any node count; nova_restricted_group: false removes the default one"
+            )
+    return lines
 
 
 if __name__ == "__main__":

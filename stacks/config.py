@@ -16,9 +16,17 @@ from difflib import get_close_matches
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from domain.nova_job import IMAGE_ACCOUNTS, is_nova
+from domain.nova_job import IMAGE_ACCOUNTS, LAUNCHER_RECIPES, NOVA_INSTANCE_TYPE, is_nova
 from domain.presets import JobKind, ModelPreset
 
 CDK_JSON = Path(__file__).resolve().parent.parent / "cdk.json"
@@ -64,10 +72,12 @@ class _Strict(BaseModel):
 
 class FsxLustre(_Strict):
     """A restricted instance group's service-managed FSx for Lustre (CloudFormation's
-    AWS::SageMaker::Cluster FSxLustreConfig; botocore's CreateCluster gives the same bounds)."""
+    AWS::SageMaker::Cluster FSxLustreConfig; botocore's CreateCluster gives the same bounds: size
+    1200-100800 GiB, throughput 125-1000 MB/s/TiB — the range of FSx's PERSISTENT_2 SSD, whose
+    valid values botocore's FSx model lists: 125, 250, 500, 1000)."""
 
     size_gib: int = Field(ge=1200, le=100800)
-    per_unit_storage_throughput: int = Field(ge=125, le=1000, description="MB/s per TiB")
+    per_unit_storage_throughput: Literal[125, 250, 500, 1000] = Field(description="MB/s per TiB")
 
 
 class HyperPodInstanceGroup(_Strict):
@@ -88,7 +98,8 @@ class HyperPodInstanceGroup(_Strict):
         if self.restricted and self.fsx is None:
             raise ValueError(
                 f"restricted group {self.name!r} needs fsx: {{size_gib (1200-100800), "
-                "per_unit_storage_throughput (125-1000)}, its service-managed FSx for Lustre"
+                "per_unit_storage_throughput (125, 250, 500 or 1000)}, its service-managed FSx "
+                "for Lustre"
             )
         if not self.restricted and self.fsx is not None:
             raise ValueError(
@@ -96,6 +107,19 @@ class HyperPodInstanceGroup(_Strict):
                 "gets a service-managed FSx for Lustre (set restricted: true, or remove fsx)"
             )
         return self
+
+
+# The restricted group a Nova-ready deployment gets when it names none: at 0 nodes until a run
+# scales it, with the FSx for Lustre AWS's own Nova multi-turn sample gives its restricted group
+# (aws-samples/sample-nova-multi-turn-rl-infra, stacks/nova_rl_stack.py: 9,600 GiB at
+# 250 MB/s/TiB).
+DEFAULT_NOVA_GROUP = HyperPodInstanceGroup(
+    name="nova",
+    instance_type=NOVA_INSTANCE_TYPE,
+    count=0,
+    restricted=True,
+    fsx=FsxLustre(size_gib=9600, per_unit_storage_throughput=250),
+)
 
 
 class SystemNodeGroup(_Strict):
@@ -191,6 +215,14 @@ class PlatformConfig(_Strict):
         "(off only for an EKS cluster that has it already; an existing HyperPod cluster's "
         "owner installed it)",
     )
+    nova_restricted_group: bool = Field(
+        default=True,
+        description="Nova-ready: add a restricted instance group 'nova' (0 nodes, ml.p5.48xlarge, "
+        "FSx for Lustre 9,600 GiB at 250 MB/s/TiB, billed while it exists) where "
+        "hyperpod_instance_groups has none and the region has Nova's images (not on an "
+        "existing HyperPod cluster, whose groups its owner lists); false for open-weights-only "
+        "deployments",
+    )
     training_instance_group: str | None = Field(
         default=None,
         description="the HyperPod instance group runs scale up and down (default: the first)",
@@ -225,6 +257,26 @@ class PlatformConfig(_Strict):
     existing_vpc: ExistingVpc | None = None
     existing_eks_cluster: ExistingEksCluster | None = None
     existing_hyperpod_cluster: ExistingHyperPodCluster | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nova_ready(cls, data: Any) -> Any:
+        """The default restricted group, added where `nova_restricted_group` asks for it."""
+        if not isinstance(data, dict):
+            return data
+        try:  # as the field reads it (`-c nova_restricted_group=false` arrives as text)
+            wanted = TypeAdapter(bool).validate_python(data.get("nova_restricted_group", True))
+        except ValidationError:
+            return data  # the field's own validation names the value
+        if not wanted or data.get("existing_hyperpod_cluster"):
+            return data  # an existing cluster's groups are its owner's to list
+        groups = data.get("hyperpod_instance_groups", cls.model_fields[
+            "hyperpod_instance_groups"].default)  # fmt: skip
+        if not isinstance(groups, list) or not groups or any(map(_restricted, groups)):
+            return data  # the groups' own validation, or a restricted group of the user's
+        if data.get("region") and data["region"] not in IMAGE_ACCOUNTS:
+            return data  # `nova_notice` says why
+        return {**data, "hyperpod_instance_groups": [*groups, DEFAULT_NOVA_GROUP]}
 
     @field_validator("vpc_cidr")
     @classmethod
@@ -327,8 +379,9 @@ class PlatformConfig(_Strict):
             raise _key_problem(
                 "hyperpod_instance_groups",
                 self.nova_group.name,
-                f"is a restricted (Nova) group, and region {self.region} has no Nova RFT images; "
-                f"deploy to one of {', '.join(IMAGE_ACCOUNTS)}",
+                f"is a restricted (Nova) group, and region {self.region} has no Nova RFT images "
+                f"in AWS's launcher as deployed (recipes {LAUNCHER_RECIPES}); deploy to one of "
+                f"{', '.join(IMAGE_ACCOUNTS)}",
             )
         if self.existing_eks_cluster and not self.existing_vpc:
             raise _key_problem(
@@ -361,6 +414,23 @@ class PlatformConfig(_Strict):
         return next(group for group in self.hyperpod_instance_groups if group.name == name)
 
     @property
+    def nova_notice(self) -> str | None:
+        """Why a Nova-ready deployment has no restricted group (None: it has one, or was not
+        asked for one)."""
+        if (
+            not self.nova_restricted_group
+            or self.nova_group is not None
+            or self.existing_hyperpod_cluster
+        ):
+            return None
+        return (
+            f"no restricted instance group for Nova: AWS's launcher as deployed (recipes "
+            f"{LAUNCHER_RECIPES}) publishes Nova's RFT images in {', '.join(IMAGE_ACCOUNTS)} "
+            f"only, not {self.region}; this deployment trains open-weights models (set "
+            "nova_restricted_group: false to say so)"
+        )
+
+    @property
     def nova_group(self) -> HyperPodInstanceGroup | None:
         """The restricted instance group Nova runs use (the first, if there are several)."""
         return next((group for group in self.hyperpod_instance_groups if group.restricted), None)
@@ -383,6 +453,13 @@ class PlatformConfig(_Strict):
             return cls.model_validate(values)
         except ValidationError as err:
             raise ConfigError(_describe(err, values)) from None
+
+
+def _restricted(group: Any) -> bool:
+    """Whether a group, as given or validated, is restricted."""
+    if isinstance(group, HyperPodInstanceGroup):
+        return group.restricted
+    return isinstance(group, dict) and group.get("restricted") in (True, "true", "True")
 
 
 def _key_problem(key: str, value: Any, allowed: str) -> ValueError:

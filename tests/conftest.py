@@ -45,7 +45,7 @@ NOVA_GROUP = {
     "fsx": {"size_gib": 2400, "per_unit_storage_throughput": 250},
 }  # fmt: skip
 PINNED = {
-    "region": "eu-west-2",
+    "region": "us-east-1",
     "account": "111122223333",
     "az_count": 3,
     "hyperpod_instance_groups": json.dumps(
@@ -101,6 +101,12 @@ class Synthesized:
         return next(iter(found.items()))
 
 
+def handler_of(function: dict[str, Any]) -> str:
+    """A function's handler: its Handler, or an image function's command (the Nova launcher)."""
+    properties = function["Properties"]
+    return properties.get("Handler") or properties["ImageConfig"]["Command"][0]
+
+
 def synthesize(context: dict[str, Any], outdir: Path) -> Synthesized:
     app, config = build_app({**NO_BUNDLING, **context}, outdir=str(outdir))
     assembly = app.synth()
@@ -126,6 +132,13 @@ def acknowledgments(app: cdk.App) -> list[tuple[str, str, str]]:
 def default_app(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
     """The app exactly as cdk.json configures it (environment-agnostic)."""
     return synthesize({}, tmp_path_factory.mktemp("default"))
+
+
+@pytest.fixture(scope="session")
+def open_weights_app(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """cdk.json's deployment without the Nova-ready restricted group (nova_restricted_group
+    false): open-weights models only."""
+    return synthesize({"nova_restricted_group": False}, tmp_path_factory.mktemp("open-weights"))
 
 
 @pytest.fixture(scope="session")

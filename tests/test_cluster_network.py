@@ -10,8 +10,9 @@ import pytest
 
 from stacks.components.access import NEEDS
 from stacks.components.needs import Need
+from stacks.components.nova_launcher import HANDLER as LAUNCHER_HANDLER
 from stacks.config import ConfigError, PlatformConfig, deployment_context
-from tests.conftest import Synthesized, as_list, role_statements, synthesize
+from tests.conftest import Synthesized, as_list, handler_of, role_statements, synthesize
 
 KUBERNETES_STEPS = {step for step, needs in NEEDS.items() if Need.KUBERNETES in needs}
 DEPLOY_TIME = {"lambdas.kubernetes.bootstrap.on_event", "lambdas.kubernetes.chart_install.on_event"}
@@ -22,12 +23,17 @@ def _functions(app: Synthesized) -> dict[str, tuple[str, dict]]:
     found = {}
     for part in ("pipeline", "compute"):
         for function in app.resources(part, "AWS::Lambda::Function").values():
-            found[function["Properties"]["Handler"]] = (part, function)
+            found[handler_of(function)] = (part, function)
     return found
 
 
 def _calls_kubernetes(handler: str) -> bool:
-    return handler in DEPLOY_TIME or handler.rsplit(".", 1)[-1] in KUBERNETES_STEPS
+    """A deploy-time function, a pipeline step that needs the API, or the Nova launcher (helm)."""
+    return (
+        handler in DEPLOY_TIME
+        or handler == LAUNCHER_HANDLER
+        or handler.rsplit(".", 1)[-1] in KUBERNETES_STEPS
+    )
 
 
 @pytest.mark.parametrize("variant", ["default", "existing"])

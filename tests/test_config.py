@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from stacks.config import CDK_JSON, ConfigError, PlatformConfig, deployment_context
+from stacks.config import (
+    CDK_JSON,
+    DEFAULT_NOVA_GROUP,
+    ConfigError,
+    FsxLustre,
+    PlatformConfig,
+    deployment_context,
+)
+from tests.conftest import EXISTING_HYPERPOD, PINNED
 
 
 def test_cdk_json_defaults_are_valid_and_all_keys_known() -> None:
@@ -15,7 +23,43 @@ def test_cdk_json_defaults_are_valid_and_all_keys_known() -> None:
     ours = {key for key in context if ":" not in key}
     assert ours <= set(PlatformConfig.model_fields)
     assert config.name_prefix == context["name_prefix"]
-    assert [group.count for group in config.hyperpod_instance_groups] == [0]
+    assert [group.count for group in config.hyperpod_instance_groups] == [0, 0]
+    # Nova-ready: the restricted group the config adds (cdk.json names the GPU group only).
+    assert config.nova_group == DEFAULT_NOVA_GROUP and config.nova_notice is None
+
+
+def test_a_nova_ready_deployment_gets_awss_sized_restricted_group_where_nova_is_published() -> None:
+    """AWS's own Nova multi-turn sample (aws-samples/sample-nova-multi-turn-rl-infra,
+    stacks/nova_rl_stack.py) gives its restricted group FSx for Lustre of 9,600 GiB at
+    250 MB/s/TiB; the launcher as deployed publishes Nova's images in us-east-1 only."""
+    fsx = DEFAULT_NOVA_GROUP.fsx
+    assert fsx is not None and (fsx.size_gib, fsx.per_unit_storage_throughput) == (9600, 250)
+    assert (DEFAULT_NOVA_GROUP.count, DEFAULT_NOVA_GROUP.restricted) == (0, True)
+    east = PlatformConfig.from_context(deployment_context({"region": "us-east-1"}))
+    assert [g.name for g in east.hyperpod_instance_groups] == ["gpu", "nova"]
+    west = PlatformConfig.from_context(deployment_context({"region": "eu-west-1"}))
+    assert [g.name for g in west.hyperpod_instance_groups] == ["gpu"]
+    assert west.nova_notice == (
+        "no restricted instance group for Nova: AWS's launcher as deployed (recipes 0700d22) "
+        "publishes Nova's RFT images in us-east-1 only, not eu-west-1; this deployment trains "
+        "open-weights models (set nova_restricted_group: false to say so)"
+    )
+    off = PlatformConfig.from_context(deployment_context({"nova_restricted_group": "false"}))
+    assert [g.name for g in off.hyperpod_instance_groups] == ["gpu"] and off.nova_notice is None
+    quiet = deployment_context({"region": "eu-west-1", "nova_restricted_group": False})
+    assert PlatformConfig.from_context(quiet).nova_notice is None
+    # A restricted group of the user's own is kept as it is, and nothing is added beside it.
+    own = PlatformConfig.from_context(deployment_context(PINNED))
+    assert [(g.name, g.fsx) for g in own.hyperpod_instance_groups if g.restricted] == [
+        ("nova", FsxLustre(size_gib=2400, per_unit_storage_throughput=250))
+    ]
+    # An existing HyperPod cluster is its owner's: nothing is added to the groups it lists.
+    existing = PlatformConfig.from_context(
+        deployment_context({**EXISTING_HYPERPOD, "region": "us-east-1"})
+    )
+    assert not existing.nova_group and existing.nova_notice is None
+    # Read back from its own dump (mtrl config --json), it is the same deployment.
+    assert PlatformConfig.model_validate(east.model_dump()) == east
 
 
 def test_cli_strings_are_parsed_like_cdk_json_values() -> None:
@@ -89,7 +133,8 @@ def test_cdk_own_context_keys_are_ignored() -> None:
             [
                 "'hyperpod_instance_groups[0]'",
                 "restricted group 'nova' needs fsx: {size_gib "
-                "(1200-100800), per_unit_storage_throughput (125-1000)}, its service-managed FSx",
+                "(1200-100800), per_unit_storage_throughput (125, 250, 500 or 1000)}, its "
+                "service-managed FSx",
             ],
         ),
         (
@@ -130,8 +175,8 @@ def test_cdk_own_context_keys_are_ignored() -> None:
             },
             [
                 "'hyperpod_instance_groups'",
-                "is a restricted (Nova) group, and region eu-west-1 has no Nova RFT images; "
-                "deploy to one of us-east-1, ap-northeast-1, eu-central-1, eu-west-2",
+                "is a restricted (Nova) group, and region eu-west-1 has no Nova RFT images in "
+                "AWS's launcher as deployed (recipes 0700d22); deploy to one of us-east-1",
             ],
         ),
         (

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from mtrl.cli import app as mtrl
 from stacks.config import CDK_JSON
+from training_configs.costs import InstancePrices
 
 ROOT = CDK_JSON.parent
 
@@ -88,6 +89,25 @@ def test_mtrl_config_shows_the_effective_configuration() -> None:
     shown = json.loads(result.output)
     assert shown["reward_worker_cpu"] == 2048
     assert shown["name_prefix"] == _cdk_json_context()["name_prefix"]
+
+
+def test_mtrl_config_shows_what_the_deployment_costs_idle_its_fsx_included() -> None:
+    """The default restricted group's FSx bills at any node count: 9,600 GiB at the prices
+    file's 250 MB/s/TiB rate, a month of 730 hours; without the group, the platform alone."""
+    prices = InstancePrices.load()
+    fsx = 9600 * prices.fsx_lustre_per_gb_month[250] / 730
+    shown = CliRunner().invoke(mtrl, ["config"])
+    assert shown.exit_code == 0, shown.output
+    assert f"idle: platform ~${prices.platform_idle_per_hour:,.2f}/hour" in shown.output
+    assert (
+        f"idle: FSx for Lustre of restricted group 'nova' (9,600 GiB at 250 MB/s/TiB) "
+        f"~${fsx:,.2f}/hour (~${fsx * 730:,.0f}/month), at any node count"
+    ) in shown.output
+    off = CliRunner().invoke(mtrl, ["config", "-c", "nova_restricted_group=false"])
+    assert off.exit_code == 0 and "FSx for Lustre" not in off.output
+    west = CliRunner().invoke(mtrl, ["config", "-c", "region=eu-west-1"])
+    assert "note: no restricted instance group for Nova" in west.output
+    assert "FSx for Lustre" not in west.output
 
 
 def test_mtrl_config_rejects_a_bad_value_with_exit_1() -> None:

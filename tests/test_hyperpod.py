@@ -7,7 +7,10 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.conftest import Synthesized, as_list, role_statements, synthesize
+from aws_cdk import cx_api as cxapi
+
+from stacks.app_builder import build_app
+from tests.conftest import NO_BUNDLING, Synthesized, as_list, role_statements, synthesize
 
 
 def test_cluster_orchestrated_by_our_eks_cluster(default_app: Synthesized) -> None:
@@ -174,9 +177,46 @@ def test_a_restricted_group_gets_its_fsx_and_a_role_of_its_own(pinned_app: Synth
     assert "eks-auth:AssumeRoleForPodIdentity" in actions
 
 
-def test_without_restricted_groups_the_cluster_has_none(default_app: Synthesized) -> None:
-    _, hyperpod = default_app.one("compute", "AWS::SageMaker::Cluster")
+def test_without_restricted_groups_the_cluster_has_none(open_weights_app: Synthesized) -> None:
+    _, hyperpod = open_weights_app.one("compute", "AWS::SageMaker::Cluster")
     assert "RestrictedInstanceGroups" not in hyperpod["Properties"]
     assert not [
-        key for key in default_app.resources("compute", "AWS::IAM::Role") if "Restricted" in key
+        key
+        for key in open_weights_app.resources("compute", "AWS::IAM::Role")
+        if "Restricted" in key
     ]
+
+
+def test_the_default_deployment_is_nova_ready(default_app: Synthesized) -> None:
+    """cdk.json names the GPU group only: the restricted group beside it is the config's
+    default, at 0 nodes, with the FSx for Lustre AWS's own Nova sample gives it."""
+    _, hyperpod = default_app.one("compute", "AWS::SageMaker::Cluster")
+    (restricted,) = hyperpod["Properties"]["RestrictedInstanceGroups"]
+    assert restricted["InstanceGroupName"] == "nova" and restricted["InstanceCount"] == 0
+    assert restricted["InstanceType"] == "ml.p5.48xlarge"
+    assert restricted["EnvironmentConfig"]["FSxLustreConfig"] == {
+        "SizeInGiB": 9600,
+        "PerUnitStorageThroughput": 250,
+    }
+
+
+def test_where_nova_is_not_published_synth_says_why_and_deploys_without_it(
+    tmp_path: Path,
+) -> None:
+    app, config = build_app(
+        {**NO_BUNDLING, "region": "eu-west-1", "account": "111122223333"}, outdir=str(tmp_path)
+    )
+    assembly = app.synth()
+    assert config.nova_group is None
+    (compute,) = [s for s in assembly.stacks if s.stack_name.endswith("-compute")]
+    warnings = [
+        message.entry.data
+        for message in compute.messages
+        if message.level == cxapi.SynthesisMessageLevel.WARNING
+    ]
+    assert any(
+        str(data).startswith("no restricted instance group for Nova: AWS's launcher as deployed")
+        and "[ack: nova-mtrl:no-nova-group]" in str(data)
+        for data in warnings
+    ), warnings
+    assert "RestrictedInstanceGroups" not in json.dumps(compute.template)

@@ -52,7 +52,7 @@ def test_the_rendering_is_made_at_publish_time_by_our_renderer(pinned_app: Synth
     assert (python, flag, module) == (sys.executable, "-m", RENDERER)
     request = ChartRequest.decode(argument)
     assert request == chart_request(pinned_app.config)
-    assert request.region == "eu-west-2" and request.kube_version == pinned_app.config.eks_version
+    assert request.region == "us-east-1" and request.kube_version == pinned_app.config.eks_version
     (destination,) = asset["destinations"].values()
     # An environment-specific stack names the bootstrap's bucket outright.
     assert chart["Properties"]["Manifest"]["Bucket"] == destination["bucketName"]

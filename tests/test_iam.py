@@ -53,6 +53,7 @@ def test_one_role_per_plane(default_app: Synthesized) -> None:
         "pods.eks.amazonaws.com",  # container logs to CloudWatch (observability add-on)
         "pods.eks.amazonaws.com",  # HyperPod training operator
         "sagemaker.amazonaws.com",  # HyperPod nodes
+        "sagemaker.amazonaws.com",  # HyperPod restricted (Nova) nodes: the default is Nova-ready
     ]
 
 

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from lambdas.pipeline.training_metrics import FIGURES, EmbeddedMetrics
 from stacks.components.experiment_tracking import LOG_ACTIONS
 from stacks.components.pipeline_states import AFTER_DEADLINE_HOURS
-from tests.conftest import Synthesized, as_list, role_statements
+from tests.conftest import Synthesized, as_list, handler_of, role_statements
 from tests.pipeline.test_pipeline_definition import STEP_FUNCTIONS, function_arn, render_definition
 from training_configs import load_training_config
 from training_configs.schema import SHIPPED, TrainingConfig
@@ -28,9 +28,9 @@ def _definition(app: Synthesized) -> dict:
 
 def _functions(app: Synthesized) -> dict[str, tuple[str, dict]]:
     return {
-        fn["Properties"]["Handler"].rsplit(".", 1)[-1]: (logical_id, fn)
+        handler_of(fn).rsplit(".", 1)[-1]: (logical_id, fn)
         for logical_id, fn in app.resources("pipeline", "AWS::Lambda::Function").items()
-        if fn["Properties"]["Handler"].startswith("lambdas.pipeline.")
+        if handler_of(fn).startswith("lambdas.pipeline.")
     }
 
 
@@ -56,7 +56,7 @@ def test_every_step_handler_exists(default_app: Synthesized) -> None:
         "release_compute",
     }
     for name, (_, function) in _functions(default_app).items():
-        module, attribute = function["Properties"]["Handler"].rsplit(".", 1)
+        module, attribute = handler_of(function).rsplit(".", 1)
         assert attribute == name and callable(getattr(importlib.import_module(module), attribute))
 
 

@@ -12,15 +12,15 @@ import pytest
 from stacks.components.lambda_code import PACKAGES, REQUIREMENTS
 from stacks.components.router import CONSUMER_HANDLER, FORWARDER_HANDLER, PROXY_HANDLER
 from stacks.config import ConfigError, PlatformConfig
-from tests.conftest import Synthesized, as_list, role_statements, synthesize
+from tests.conftest import Synthesized, as_list, handler_of, role_statements, synthesize
 from tests.test_scan import skips
 
 
 def _functions(app: Synthesized) -> dict[str, tuple[str, dict]]:
     return {
-        fn["Properties"]["Handler"]: (logical_id, fn)
+        handler_of(fn): (logical_id, fn)
         for logical_id, fn in app.resources("pipeline", "AWS::Lambda::Function").items()
-        if fn["Properties"]["Handler"].startswith("lambdas.router.")
+        if handler_of(fn).startswith("lambdas.router.")
     }
 
 
@@ -99,7 +99,7 @@ def test_only_the_pipeline_manages_the_forwarders_aliases_on_that_function_alone
             aliases = {a for a in as_list(statement["Action"]) if "Alias" in a}
             if aliases:
                 assert statement["Resource"] == {"Fn::GetAtt": [forwarder_id, "Arn"]}
-                holders.setdefault(function["Properties"]["Handler"], set()).update(aliases)
+                holders.setdefault(handler_of(function), set()).update(aliases)
     assert holders == {
         "lambdas.pipeline.handlers.provision": {"lambda:CreateAlias", "lambda:GetAlias"},
         "lambdas.pipeline.handlers.teardown": {"lambda:DeleteAlias", "lambda:GetAlias"},
@@ -161,7 +161,7 @@ def test_the_router_may_reserve_its_concurrency(tmp_path) -> None:
     app = synthesize({"router_reserved_concurrency": 40}, tmp_path)
     functions = app.resources("pipeline", "AWS::Lambda::Function")
     reserved = {
-        fn["Properties"]["Handler"]: fn["Properties"]["ReservedConcurrentExecutions"]
+        handler_of(fn): fn["Properties"]["ReservedConcurrentExecutions"]
         for fn in functions.values()
         if "ReservedConcurrentExecutions" in fn["Properties"]
     }

@@ -19,6 +19,7 @@ from tests.conftest import (
     HUB_TOKEN_SECRET,
     Synthesized,
     as_list,
+    handler_of,
     policy_statements,
     role_statements,
 )
@@ -81,7 +82,10 @@ def test_only_the_deploy_time_rbac_function_is_cluster_admin(default_app: Synthe
         (i, r) for i, r in template["Resources"].items() if r["Type"] == "Custom::KubernetesRbac"
     ]
     assert rbac["Properties"]["ServiceToken"] == {"Fn::GetAtt": [bootstrap_id, "Arn"]}
-    assert json.loads(rbac["Properties"]["Objects"]) == pipeline_rbac("nova-mtrl")
+    # The default deployment is Nova-ready: the launcher's Role in kubeflow beside the pipeline's.
+    assert json.loads(rbac["Properties"]["Objects"]) == pipeline_rbac(
+        "nova-mtrl"
+    ) + nova_launcher_rbac("nova-mtrl")
     # Applied only once the function may talk to the cluster.
     entry_ids = [
         i for i, r in template["Resources"].items() if r["Type"] == "AWS::EKS::AccessEntry"
@@ -177,7 +181,7 @@ def test_capacity_leases_have_a_table_of_their_own_that_only_capacity_steps_writ
         for statement in role_statements(template, _role_id(function)):
             resources, actions = as_list(statement["Resource"]), as_list(statement["Action"])
             if {"Fn::GetAtt": [leases_id, "Arn"]} in resources and "dynamodb:UpdateItem" in actions:
-                writers.add(function["Properties"]["Handler"].rsplit(".", 1)[-1])
+                writers.add(handler_of(function).rsplit(".", 1)[-1])
             if {"Fn::GetAtt": [runs_id, "Arn"]} in resources:
                 assert "dynamodb:UpdateItem" not in actions, logical_id
         variables = function["Properties"].get("Environment", {}).get("Variables", {})
@@ -194,7 +198,7 @@ def test_no_idle_release_without_keep_warm(default_app: Synthesized) -> None:
 def test_keep_warm_adds_a_scheduled_idle_release(pinned_app: Synthesized) -> None:
     template = pinned_app.template("pipeline")
     function_id, function = _function(template, "PipelineReleaseIdleFunction")
-    assert function["Properties"]["Handler"] == "lambdas.pipeline.handlers.release_idle"
+    assert handler_of(function) == "lambdas.pipeline.handlers.release_idle"
     assert function["Properties"]["Environment"]["Variables"]["KEEP_WARM_SECONDS"] == "1800"
     (rule,) = [
         r for r in template["Resources"].values()
@@ -344,8 +348,8 @@ def test_a_restricted_group_brings_the_nova_plane_and_its_rights(pinned_app: Syn
         assert "RestrictedExecutionRole" in json.dumps(principals)
 
 
-def test_without_a_restricted_group_there_is_no_nova_plane(default_app: Synthesized) -> None:
-    template = default_app.template("pipeline")
+def test_without_a_restricted_group_there_is_no_nova_plane(open_weights_app: Synthesized) -> None:
+    template = open_weights_app.template("pipeline")
     assert not [k for k in template["Resources"] if "NovaLauncher" in k]
     _, submit = _function(template, "PipelineSubmitJobFunction")
     assert "NOVA_INSTANCE_GROUP" not in submit["Properties"]["Environment"]["Variables"]

@@ -15,6 +15,8 @@ from typing import Any
 
 from training_configs.schema import TrainingConfig
 
+HOURS_PER_MONTH = 730
+
 
 @dataclass(frozen=True)
 class InstancePrices:
@@ -22,6 +24,8 @@ class InstancePrices:
     fargate_vcpu_per_hour: float
     fargate_gb_per_hour: float
     platform_idle_per_hour: float
+    # By per-unit storage throughput (MB/s per TiB).
+    fsx_lustre_per_gb_month: dict[int, float]
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> InstancePrices:
@@ -37,7 +41,24 @@ class InstancePrices:
             fargate_vcpu_per_hour=float(data["fargate_vcpu_per_hour"]),
             fargate_gb_per_hour=float(data["fargate_gb_per_hour"]),
             platform_idle_per_hour=float(data["platform_idle_per_hour"]),
+            fsx_lustre_per_gb_month={
+                int(k): float(v)
+                for k, v in data["fsx_lustre_per_gb_month"].items()
+                if not k.startswith("_")
+            },
         )
+
+    def fsx_lustre_per_hour(self, *, size_gib: int, throughput: int) -> float:
+        """An FSx for Lustre file system's cost an hour (a month of 730 hours, as AWS bills)."""
+        try:
+            per_gb_month = self.fsx_lustre_per_gb_month[throughput]
+        except KeyError:
+            known = ", ".join(map(str, sorted(self.fsx_lustre_per_gb_month)))
+            raise KeyError(
+                f"no FSx for Lustre price at {throughput} MB/s/TiB; known: {known}; add it to "
+                "your prices file"
+            ) from None
+        return size_gib * per_gb_month / HOURS_PER_MONTH
 
     def instance(self, instance_type: str) -> float:
         try:

@@ -3,8 +3,9 @@
 Each check says what it found and, when it fails, the fix: credentials, region, the stacks and
 their outputs, the EKS cluster (active, private endpoint — the nodes reach it inside the VPC),
 the HyperPod cluster (in service, a GPU group of the config's instance type), the account's
-HyperPod quota for that type against the config's instance count, and the reward-worker image
-in ECR. A check that cannot tell (an API the account does not allow) says so rather than
+HyperPod quota for that type against the config's instance count (for Nova, the job's nodes as
+AWS's chart counts them), for a Nova config what its run needs (region, restricted group, the
+Forge recipes readable), and the reward-worker image in ECR. A check that cannot tell (an API the account does not allow) says so rather than
 failing, and one whose prerequisite failed (no region, no stacks) is still a row saying what it
 waits for.
 """
@@ -18,6 +19,14 @@ from typing import Any
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
+from domain.nova_job import (
+    FORGE_EVALUATION_RECIPE,
+    FORGE_RECIPE_SOURCE,
+    FORGE_RECIPES,
+    IMAGE_ACCOUNTS,
+    LAUNCHER_RECIPES,
+    is_nova,
+)
 from mtrl.ops.deployment import Deployment, DeploymentError, aws_session, find_deployment
 from training_configs import TrainingConfig
 
@@ -172,6 +181,39 @@ def _quota_values(quotas: Any, names: list[str]) -> dict[str, tuple[int, str]]:
     return found
 
 
+def _nova(client: Callable[[str], Any], deployment: Deployment, config: TrainingConfig) -> Check:
+    """What a Nova run needs of the account before any GPU is paid for: a region where AWS's
+    launcher (as deployed) has Nova's images, a restricted group of the config's instance type,
+    and the config's Forge recipe readable (a Nova Forge subscription's bucket). The GPU quota
+    for the job's nodes (AWS's chart counted, domain/nova_capacity.py) is the quota check's."""
+    if not is_nova(config.model):
+        return Check("nova", True, f"model {config.model} is not Nova: nothing to check")
+    if deployment.region not in IMAGE_ACCOUNTS:
+        return Check("nova", False, f"{deployment.region} has no Nova RFT images in AWS's launcher "
+                     f"as deployed (recipes {LAUNCHER_RECIPES})",
+                     f"deploy to one of {', '.join(IMAGE_ACCOUNTS)}")  # fmt: skip
+    name = deployment.output("HyperPodClusterName")
+    cluster = client("sagemaker").describe_cluster(ClusterName=name)
+    restricted = {g["InstanceType"] for g in cluster.get("RestrictedInstanceGroups", [])}
+    if config.instance_type not in restricted:
+        return Check("nova", False, f"{name} has no restricted {config.instance_type} group",
+                     "deploy with nova_restricted_group (the default) or a restricted group in "
+                     "hyperpod_instance_groups (README, 'Nova on AWS')")  # fmt: skip
+    recipes = [*FORGE_RECIPES.values(), FORGE_EVALUATION_RECIPE]  # what the deployment's runs read
+    for recipe in recipes:
+        source = FORGE_RECIPE_SOURCE.format(recipe=recipe)
+        bucket, _, key = source.removeprefix("s3://").partition("/")
+        try:
+            client("s3").head_object(Bucket=bucket, Key=key)
+        except ClientError as error:
+            code = error.response["Error"]["Code"]
+            return Check("nova", False, f"the Forge recipe {source} cannot be read ({code})",
+                         "Nova Forge's recipes are for subscribers: subscribe in the SageMaker AI "
+                         "console (Nova Forge), from a role tagged forge-subscription: true")  # fmt: skip
+    return Check("nova", True, f"{deployment.region}, restricted {config.instance_type} group, "
+                 f"the {len(recipes)} Forge recipes readable")  # fmt: skip
+
+
 def _worker_image(
     client: Callable[[str], Any], deployment: Deployment, config: TrainingConfig
 ) -> Check:
@@ -202,6 +244,7 @@ DEPLOYMENT_CHECKS = (
     ("eks", _eks),
     ("hyperpod", _hyperpod),
     ("quota", _quota),
+    ("nova", _nova),
     ("worker image", _worker_image),
 )
 CHECKS = ("credentials", "region", "stacks", *(name for name, _ in DEPLOYMENT_CHECKS))

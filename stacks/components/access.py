@@ -69,6 +69,7 @@ NEEDS: Mapping[str, tuple[Need, ...]] = {
         Need.QUEUES_WATCH, Need.FLEET_WATCH, Need.NODES_COUNT, Need.REAPER_INVOKE,
         Need.PIPELINE_LOGS_READ, Need.WORKER_LOGS_READ, Need.TRAINER_LOGS_READ,
         Need.WORKER_IMAGE_CHECK, Need.CLUSTERS_CHECK, Need.MODELS_RELEASE,
+        Need.FORGE_RECIPES_READ,  # `mtrl doctor`: the subscription's recipes readable
     ),
 }  # fmt: skip
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from aws_cdk import ArnFormat, Stack
+from aws_cdk import Annotations, ArnFormat, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
@@ -98,6 +98,8 @@ class HyperPodCluster(Construct):
                 _restricted_group(group, self.restricted_execution_role.role_arn)
                 for group in restricted
             ]
+        elif config.nova_notice:
+            Annotations.of(self).add_warning_v2("nova-mtrl:no-nova-group", config.nova_notice)
         self.resource = sagemaker.CfnCluster(
             self,
             "Cluster",

@@ -135,13 +135,10 @@ def test_the_launcher_invocation_is_the_sdks() -> None:
     assert set(json.loads(ours[-1])) == {ast.literal_eval(k) for k in overrides.keys}
 
 
-# aws/sagemaker-hyperpod-recipes@2631995, launcher/nova/constants/rft_container_constants.py
-LAUNCHER_ACCOUNTS = {
-    "us-east-1": "708977205387",
-    "ap-northeast-1": "878185805882",
-    "eu-central-1": "874160969292",
-    "eu-west-2": "470633809225",
-}
+# aws/sagemaker-hyperpod-recipes@0700d22 (the launcher's pin, LAUNCHER_RECIPES),
+# launcher/nova/constants/rft_container_constants.py RFT_REGION_ACCOUNT_MAP: its launcher raises
+# "Nova RFT recipes are not supported for region" elsewhere (launcher/nova/utils.py).
+LAUNCHER_ACCOUNTS = {"us-east-1": "708977205387"}
 LAUNCHER_TAGS = {
     "SM-HP-RFT-TRAIN-V2-latest", "SM-HP-RFT-GENERATION-V2-latest", "SM-HP-RFT-STORM-V2-latest",
     "SM-HP-RFT-NATS-server-V2-latest", "SM-HP-RFT-NATS-reloader-V2-latest",
@@ -159,9 +156,9 @@ def test_images_per_region_are_the_launchers(region: str) -> None:
 
 
 def test_a_region_without_nova_images_is_refused_with_the_ones_that_have_them() -> None:
-    with pytest.raises(NovaRefused, match=r"^region us-west-2 has no Nova RFT images; use one of "
-                       r"us-east-1, ap-northeast-1, eu-central-1, eu-west-2$"):  # fmt: skip
-        images("us-west-2")
+    with pytest.raises(NovaRefused, match=r"^region eu-west-2 has no Nova RFT images in AWS's "
+                       r"launcher as deployed \(recipes 0700d22\); use one of us-east-1$"):  # fmt: skip
+        images("eu-west-2")
 
 
 def _config(**changes: Any) -> TrainingConfig:

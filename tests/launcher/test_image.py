@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from domain.nova_job import FORGE_RECIPES, evaluation_run_recipe, run_recipe
+from domain.nova_job import FORGE_RECIPES, LAUNCHER_RECIPES, evaluation_run_recipe, run_recipe
 from lambdas.launcher import handler
 from lambdas.launcher.handler import LauncherSettings
 from stacks.components.lambda_code import PACKAGES
@@ -57,5 +57,12 @@ def test_aws_tools_are_pinned() -> None:
     submodule is aws/sagemaker-hyperpod-recipes 0700d22 ("Release 2.0.0"), whose launcher keeps
     47 characters of a run's name (domain/nova_job.py keeps names within 34, as newer ones do)."""
     assert ARGS["HYPERPOD_CLI_COMMIT"] == "abcdc77b3e4ca160874021c6615baf0dbb96c69b"
+    # `git ls-tree abcdc77 src/hyperpod_cli/` in aws/sagemaker-hyperpod-cli: the recipes
+    # submodule at 0700d223f2718fad2d4b0cf0d761b0c5a321aa58 — whose images and regions
+    # domain/nova_job.py takes (a new CLI pin fails here until LAUNCHER_RECIPES moves with it).
+    submodules = {
+        "abcdc77b3e4ca160874021c6615baf0dbb96c69b": "0700d223f2718fad2d4b0cf0d761b0c5a321aa58"
+    }
+    assert submodules[ARGS["HYPERPOD_CLI_COMMIT"]].startswith(LAUNCHER_RECIPES)
     assert re.fullmatch(r"v3\.\d+\.\d+", ARGS["HELM_VERSION"])  # helm 4 lists differently
     assert "sha256sum -c" in TEXT

@@ -11,6 +11,7 @@ import boto3
 import pytest
 from typer.testing import CliRunner
 
+from domain.nova_job import FORGE_EVALUATION_RECIPE, FORGE_RECIPE_SOURCE, FORGE_RECIPES
 from mtrl import ops_commands
 from mtrl.cli import app
 from mtrl.ops.doctor import CHECKS, TOTAL_INSTANCES, diagnose
@@ -20,7 +21,8 @@ from training_configs import load_training_config
 
 REPOSITORY = "cdk-hnb659fds-container-assets-123456789012-us-east-1"
 IMAGE = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/{REPOSITORY}:abc123"
-LORA = load_training_config("rft_multiturn_lora")  # 4 x ml.p5.48xlarge
+LORA = load_training_config("rft_multiturn_lora")  # 8 x ml.p5.48xlarge
+FORGE_RECIPE = FORGE_RECIPE_SOURCE.format(recipe=FORGE_RECIPES["RFT_MULTITURN_LORA"])
 
 
 def quotas(defaults: dict[str, float] | None = None, **applied: float) -> Any:
@@ -53,6 +55,11 @@ def healthy(sagemaker: FakeSageMaker) -> dict[str, Any]:
     _stack("nova-mtrl-pipeline", {"StateMachineArn": "arn", "RunsTableName": "runs"})
     _stack("nova-mtrl-compute", {"EksClusterName": "nova-mtrl-eks", "HyperPodClusterName": "nova-mtrl",
                                  "RewardWorkerTaskFamily": "nova-mtrl-reward-worker"})  # fmt: skip
+    # The Forge recipes the deployment's runs read, where a subscriber's account reads them.
+    for recipe in (*FORGE_RECIPES.values(), FORGE_EVALUATION_RECIPE):
+        bucket, _, key = FORGE_RECIPE_SOURCE.format(recipe=recipe)[5:].partition("/")
+        boto3.client("s3").create_bucket(Bucket=bucket)
+        boto3.client("s3").put_object(Bucket=bucket, Key=key, Body=b"run: {}\n")
     return {
         "sagemaker": sagemaker.client(),
         "service-quotas": quotas(**{"ml.p5.48xlarge for cluster usage": 8, TOTAL_INSTANCES: 16}),
@@ -78,6 +85,7 @@ def test_a_ready_deployment_passes_every_check(healthy: dict) -> None:
             "eks",
             "hyperpod",
             "quota",
+            "nova",
             "worker image",
         )
     )
@@ -107,6 +115,31 @@ def test_what_is_missing_says_how_to_fix_it(healthy: dict, sagemaker: FakeSageMa
     )
     sagemaker.groups[1]["InstanceType"] = "ml.g5.48xlarge"
     assert "has no ml.p5.48xlarge group" in _diagnose(healthy)["hyperpod"].detail
+
+
+def test_a_nova_run_needs_its_region_its_restricted_group_and_the_forge_recipe(
+    healthy: dict, sagemaker: FakeSageMaker
+) -> None:
+    check = _diagnose(healthy)["nova"]
+    assert (check.ok, check.detail) == (
+        True,
+        "us-east-1, restricted ml.p5.48xlarge group, the 3 Forge recipes readable",
+    )
+    bucket, _, key = FORGE_RECIPE.removeprefix("s3://").partition("/")
+    boto3.client("s3").delete_object(Bucket=bucket, Key=key)
+    check = _diagnose(healthy)["nova"]
+    assert (check.ok, check.detail) == (
+        False,
+        f"the Forge recipe {FORGE_RECIPE} cannot be read (404)",
+    )
+    assert check.fix.startswith("Nova Forge's recipes are for subscribers: subscribe")
+    sagemaker.restricted.clear()
+    check = _diagnose(healthy)["nova"]
+    assert (check.ok, check.detail) == (False, "nova-mtrl has no restricted ml.p5.48xlarge group")
+    open_weights = LORA.model_copy(update={"model": "qwen3-8b"})
+    checks = diagnose(profile=None, region="us-east-1", prefix="nova-mtrl", config=open_weights,
+                      clients=healthy)  # fmt: skip
+    assert [c.ok for c in checks if c.name == "nova"] == [True]
 
 
 def test_a_quota_never_raised_counts_at_its_aws_default(healthy: dict) -> None:
@@ -139,7 +172,7 @@ def test_the_cli_exits_1_on_a_failed_check_and_0_when_ready(
     monkeypatch.setattr(ops_commands, "diagnose", functools.partial(diagnose, clients=healthy))
     ready = CliRunner().invoke(app, ["doctor", "--region", "us-east-1", "--json"])
     assert ready.exit_code == 0, ready.output
-    assert [c["ok"] for c in json.loads(ready.output)] == [True] * 7
+    assert [c["ok"] for c in json.loads(ready.output)] == [True] * 8
     healthy["service-quotas"] = quotas()
     missing = CliRunner().invoke(app, ["doctor", "--region", "us-east-1"])
     assert missing.exit_code == 1 and "FAIL" in missing.output
@@ -149,7 +182,7 @@ def test_no_stacks_leaves_the_rest_unchecked_and_says_why(aws: None) -> None:
     checks = _diagnose({})
     assert tuple(checks) == CHECKS
     assert checks["stacks"].ok is False and "not found in us-east-1" in checks["stacks"].detail
-    for name in ("eks", "hyperpod", "quota", "worker image"):
+    for name in ("eks", "hyperpod", "quota", "nova", "worker image"):
         assert (checks[name].ok, checks[name].detail) == (None, "not checked: needs the stacks")
 
 
@@ -167,7 +200,7 @@ def test_no_region_and_no_credentials_are_rows_with_their_fixes(no_aws_setup: No
         False, "none found", "aws configure (or aws sso login), or --profile")  # fmt: skip
     assert (checks["region"].ok, checks["region"].detail, checks["region"].fix) == (
         False, "none set", "--region, AWS_REGION, or a region in the profile")  # fmt: skip
-    for name in ("stacks", "eks", "hyperpod", "quota", "worker image"):
+    for name in ("stacks", "eks", "hyperpod", "quota", "nova", "worker image"):
         assert (checks[name].ok, checks[name].detail) == (
             None, "not checked: needs credentials and a region")  # fmt: skip
 
@@ -197,7 +230,7 @@ def test_doctor_without_a_region_prints_its_whole_table(no_aws_setup: None) -> N
     assert result.exit_code == 1, result.output
     rows = json.loads(result.output)
     assert [row["name"] for row in rows] == list(CHECKS)
-    assert [row["ok"] for row in rows] == [False, False, None, None, None, None, None]
+    assert [row["ok"] for row in rows] == [False, False, None, None, None, None, None, None]
     table = CliRunner().invoke(app, ["doctor"], env={"COLUMNS": "200"})
     assert table.exit_code == 1
     assert "error" not in table.output and "Traceback" not in table.output

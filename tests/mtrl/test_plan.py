@@ -28,16 +28,17 @@ def plan(*args: str) -> tuple[int, str]:
 
 
 def test_the_json_plan_has_what_a_reader_checks_before_paying() -> None:
-    code, output = plan("--config", str(EXAMPLE), "--region", "eu-west-2", "--json")
+    code, output = plan("--config", str(EXAMPLE), "--region", "us-east-1", "--json")
     assert code == 0, output
     made = json.loads(output)
     assert {"instance_group", "recipe", "launcher", "images", "namespace", "byoo",
             "cost_per_hour_usd"} <= set(made)  # fmt: skip
+    # The default deployment is Nova-ready: its restricted group, FSx as AWS's sample sizes it.
     assert made["instance_group"] == {
-        "name": "gpu", "instance_type": "ml.p5.48xlarge", "restricted": False, "fsx": None
+        "name": "nova", "instance_type": "ml.p5.48xlarge", "restricted": True,
+        "fsx": {"size_gib": 9600, "per_unit_storage_throughput": 250},
     }  # fmt: skip
-    # cdk.json declares no restricted group: the plan says what Register would do.
-    assert made["warnings"][0].startswith("this deployment has no restricted instance group")
+    assert made["warnings"] == []
     assert made["recipe"]["path"] == FORGE_RECIPES["RFT_MULTITURN_LORA"]
     assert made["recipe"]["rendered"] is None  # no Forge recipe file given
     command = made["launcher"]["command"]
@@ -47,16 +48,16 @@ def test_the_json_plan_has_what_a_reader_checks_before_paying() -> None:
     assert recipe == made["recipe"]["path"].rpartition("/")[0] + "/nova-mtrl-<run id>"
     assert json.loads(command[-1]) == {
         "instance_type": "ml.p5.48xlarge",
-        "container": images("eu-west-2")["training"],
+        "container": images("us-east-1")["training"],
     }
-    assert made["images"] == images("eu-west-2") and made["namespace"] == "kubeflow"
+    assert made["images"] == images("us-east-1") and made["namespace"] == "kubeflow"
     assert set(made["byoo"]) == {
         "rollout_request_arn", "rollout_response_sqs_url", "generate_request_sqs_url",
         "generate_response_sqs_url",
     }  # fmt: skip
     assert made["byoo"]["rollout_request_arn"].endswith(":function:<rollout forwarder>:<run id>")
     assert made["byoo"]["generate_request_sqs_url"] == (
-        "https://sqs.eu-west-2.amazonaws.com/<account>/nova-mtrl-<run id>-generate-requests.fifo"
+        "https://sqs.us-east-1.amazonaws.com/<account>/nova-mtrl-<run id>-generate-requests.fifo"
     )
     config = load_training_config(EXAMPLE)
     assert made["cost_per_hour_usd"] == round(estimate(config).per_hour, 2)
@@ -131,11 +132,11 @@ def test_a_recipe_file_that_is_not_a_yaml_mapping_is_refused_in_one_line(tmp_pat
 
 
 def test_refusals_exit_1_and_bad_input_exits_2_without_a_traceback(tmp_path: Path) -> None:
-    code, output = plan("--config", str(EXAMPLE), "--region", "us-west-2")
+    code, output = plan("--config", str(EXAMPLE), "--region", "eu-west-2")
     assert (code, output.strip()) == (
         1,
-        "error: region us-west-2 has no Nova RFT images; use one of us-east-1, ap-northeast-1, "
-        "eu-central-1, eu-west-2",
+        "error: region eu-west-2 has no Nova RFT images in AWS's launcher as deployed (recipes "
+        "0700d22); use one of us-east-1",
     )
     qwen = tmp_path / "qwen.yaml"
     qwen.write_text(EXAMPLE.read_text().replace("model: nova-lite-2", "model: qwen3-8b"))
@@ -154,15 +155,24 @@ def test_refusals_exit_1_and_bad_input_exits_2_without_a_traceback(tmp_path: Pat
 def test_the_readable_plan_shows_each_part() -> None:
     code, output = plan("--config", "rft_multiturn_full", "--region", "us-east-1")
     assert code == 0, output
-    for part in ("instance group  gpu (ml.p5.48xlarge), restricted: no, FSx for Lustre: none",
+    for part in ("instance group  nova (ml.p5.48xlarge), restricted: yes, FSx for Lustre: 9600 "
+                 "GiB at 250 MB/s/TiB",
                  "nodes           12: 6 training replicas, 4 generation replicas, 2 for the "
                  "chart's CPU services (hub, prompter, RBS, NATS, Redis)",
                  "launcher        hyperpod start-job --namespace kubeflow --recipe "
                  "'fine-tuning/nova/forge/nova_2_0/nova_lite/RFT/nova-mtrl-<run id>'",
-                 "warning: this deployment has no restricted instance group: Register refuses a "
-                 "Nova run until hyperpod_instance_groups has one",
                  "unverified until a first run on AWS:"):  # fmt: skip
         assert part in output, part
+
+
+def test_an_open_weights_only_deployment_plans_on_its_gpu_group_and_says_register_refuses() -> None:
+    platform = PlatformConfig.from_context(deployment_context({"nova_restricted_group": "false"}))
+    made = make_plan(load_training_config(EXAMPLE), platform, region="us-east-1")
+    assert made.instance_group["name"] == "gpu"
+    assert made.warnings[0].startswith(
+        "this deployment has no restricted instance group: Register refuses a Nova run until "
+        "hyperpod_instance_groups has one"
+    )
 
 
 def test_a_job_below_the_documented_minimum_is_planned_with_a_warning(tmp_path: Path) -> None:
@@ -197,7 +207,7 @@ def test_a_config_for_another_instance_type_than_the_groups_is_refused() -> None
         make_plan(load_training_config(EXAMPLE), p4d, region="us-east-1")
     assert str(refused.value) == (
         "config 'wordle-example' asks for ml.p5.48xlarge; this deployment's training instance "
-        "group 'gpu' runs ml.p4d.24xlarge"
+        "group 'nova' runs ml.p4d.24xlarge"
     )
 
 
@@ -205,7 +215,7 @@ def test_a_deployment_with_a_restricted_group_plans_the_job_there() -> None:
     platform = PlatformConfig.from_context(
         deployment_context({k: v for k, v in PINNED.items() if k.startswith(("hyperpod", "train"))})
     )
-    made = make_plan(load_training_config(EXAMPLE), platform, region="eu-west-2")
+    made = make_plan(load_training_config(EXAMPLE), platform, region="us-east-1")
     assert made.instance_group == {
         "name": "nova",
         "instance_type": "ml.p5.48xlarge",

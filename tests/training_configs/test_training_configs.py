@@ -111,6 +111,7 @@ def test_cost_model_adds_gpus_workers_and_platform() -> None:
         fargate_vcpu_per_hour=0.04,
         fargate_gb_per_hour=0.005,
         platform_idle_per_hour=0.5,
+        fsx_lustre_per_gb_month={250: 0.21},
     )
     config = parse_training_config(
         yaml.safe_dump(
@@ -137,3 +138,14 @@ def test_unknown_instance_price_says_how_to_fix() -> None:
         KeyError, match="no price for ml.trn2.48xlarge; known: .*add it to your prices file"
     ):
         estimate(config)
+
+
+def test_an_fsx_costs_by_its_size_and_throughput_tier_and_an_unknown_tier_is_named() -> None:
+    prices = InstancePrices.load()
+    per_gb_month = prices.fsx_lustre_per_gb_month[125]
+    assert prices.fsx_lustre_per_hour(size_gib=1200, throughput=125) == pytest.approx(
+        1200 * per_gb_month / 730
+    )
+    assert sorted(prices.fsx_lustre_per_gb_month) == [125, 250, 500, 1000]  # CreateCluster's tiers
+    with pytest.raises(KeyError, match="no FSx for Lustre price at 300 MB/s/TiB; known: 125, 250"):
+        prices.fsx_lustre_per_hour(size_gib=1200, throughput=300)
