@@ -81,8 +81,3 @@ def service_nodes(*, rollout_workers: int, delegate: bool = True) -> int:
         node[0] -= cpus
         node[1] -= memory
     return len(free)
-
-
-def job_nodes(*, training: int, generation: int, rollout_workers: int) -> JobNodes:
-    """The nodes of a BYOO job with these replicas (one node per GPU pod)."""
-    return JobNodes(training, generation, service_nodes(rollout_workers=rollout_workers))

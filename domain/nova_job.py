@@ -47,6 +47,8 @@ FORGE_RECIPE_SOURCE = (
     "s3://nova-forge-c7363-206080352451-us-east-1/v1/src/hyperpod_cli/"
     "sagemaker_hyperpod_recipes/recipes_collection/recipes/{recipe}.yaml"
 )
+# Every Forge recipe a deployment's runs read (training, evaluation).
+FORGE_RECIPE_PATHS = (*FORGE_RECIPES.values(), FORGE_EVALUATION_RECIPE)
 # Nova multi-turn RFT trains Nova 2 Lite only (the SDK's RFTMultiturnDatasetValidator).
 NOVA_MODELS = {"nova-lite-2": "nova-lite-2/prod"}
 NOVA_INSTANCE_TYPE = "ml.p5.48xlarge"  # the recipes' "p5" (FORGE_RECIPES)
@@ -65,6 +67,8 @@ LAUNCHER_RECIPES = "0700d22"
 # RFT_REGION_ACCOUNT_MAP. AWS's release of 2026-06-22 (2631995) adds ap-northeast-1,
 # eu-central-1 and eu-west-2; they come with a newer pin.
 IMAGE_ACCOUNTS = {"us-east-1": "708977205387"}
+# Said of a region outside IMAGE_ACCOUNTS (plans, the deployment's config, mtrl doctor).
+NO_IMAGES = f"has no Nova RFT images in AWS's launcher as deployed (recipes {LAUNCHER_RECIPES})"
 IMAGE_TAGS = {
     "training": "SM-HP-RFT-TRAIN-V2-latest",
     "generation": "SM-HP-RFT-GENERATION-V2-latest",
@@ -146,10 +150,7 @@ def images(region: str) -> dict[str, str]:
     """The job's images by service, in `region`'s Nova account."""
     account = IMAGE_ACCOUNTS.get(region)
     if account is None:
-        raise NovaRefused(
-            f"region {region} has no Nova RFT images in AWS's launcher as deployed (recipes "
-            f"{LAUNCHER_RECIPES}); use one of {', '.join(IMAGE_ACCOUNTS)}"
-        )
+        raise NovaRefused(f"region {region} {NO_IMAGES}; use one of {', '.join(IMAGE_ACCOUNTS)}")
     registry = f"{account}.dkr.ecr.{region}.amazonaws.com/nova-fine-tune-repo"
     return {service: f"{registry}:{tag}" for service, tag in IMAGE_TAGS.items()}
 
@@ -162,24 +163,21 @@ def evaluation_image(region: str) -> str | None:
     return f"{account}.dkr.ecr.{region}.amazonaws.com/nova-evaluation-repo:{EVALUATION_IMAGE_TAG}"
 
 
-def chart_service_nodes(config: TrainingConfig) -> int:
-    """The nodes AWS's chart needs for the job's CPU services (domain/nova_capacity.py)."""
-    return service_nodes(rollout_workers=config.nova.rollout_worker_replicas)
+def job_layout(config: TrainingConfig) -> JobNodes:
+    """The nodes of the config's job, by what runs on them: a node per generation replica (a
+    whole ml.p5.48xlarge each), those AWS's chart needs for its CPU services
+    (domain/nova_capacity.py), and the rest for the recipe's training `replicas`."""
+    services = service_nodes(rollout_workers=config.nova.rollout_worker_replicas)
+    return JobNodes(
+        training=config.instance_count - config.generation_replicas - services,
+        generation=config.generation_replicas,
+        services=services,
+    )
 
 
 def training_replicas(config: TrainingConfig) -> int:
-    """The recipe's `replicas`: the run's nodes but one per generation replica (a whole
-    ml.p5.48xlarge each) and those of the chart's CPU services."""
-    return config.instance_count - config.generation_replicas - chart_service_nodes(config)
-
-
-def job_layout(config: TrainingConfig) -> JobNodes:
-    """The nodes of the config's job, by what runs on them."""
-    return JobNodes(
-        training=training_replicas(config),
-        generation=config.generation_replicas,
-        services=chart_service_nodes(config),
-    )
+    """The recipe's `replicas`."""
+    return job_layout(config).training
 
 
 def nova_problems(config: TrainingConfig) -> list[str]:
@@ -193,13 +191,13 @@ def nova_problems(config: TrainingConfig) -> list[str]:
         problems.append(
             f"instance_type {config.instance_type}: Nova's BYOO recipes run on {NOVA_INSTANCE_TYPE}"
         )
-    if training_replicas(config) not in REPLICAS:
-        others = config.generation_replicas + chart_service_nodes(config)
-        fits = [others + n for n in REPLICAS]
+    layout = job_layout(config)
+    if layout.training not in REPLICAS:
+        fits = [layout.generation + layout.services + n for n in REPLICAS]
         problems.append(
-            f"instance_count {config.instance_count} leaves {max(training_replicas(config), 0)} "
-            f"training replicas beside the {config.generation_replicas} generation replicas (a "
-            f"node each) and the {chart_service_nodes(config)} nodes AWS's chart needs for its "
+            f"instance_count {config.instance_count} leaves {max(layout.training, 0)} "
+            f"training replicas beside the {layout.generation} generation replicas (a "
+            f"node each) and the {layout.services} nodes AWS's chart needs for its "
             f"CPU services (hub, prompter, RBS, NATS, Redis); Nova's recipe takes "
             f"{', '.join(map(str, REPLICAS))} training replicas: set instance_count to one of "
             f"{', '.join(map(str, fits))} (at least {fits[0]})"

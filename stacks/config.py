@@ -26,7 +26,13 @@ from pydantic import (
     model_validator,
 )
 
-from domain.nova_job import IMAGE_ACCOUNTS, LAUNCHER_RECIPES, NOVA_INSTANCE_TYPE, is_nova
+from domain.nova_job import (
+    IMAGE_ACCOUNTS,
+    LAUNCHER_RECIPES,
+    NO_IMAGES,
+    NOVA_INSTANCE_TYPE,
+    is_nova,
+)
 from domain.presets import JobKind, ModelPreset
 
 CDK_JSON = Path(__file__).resolve().parent.parent / "cdk.json"
@@ -379,9 +385,8 @@ class PlatformConfig(_Strict):
             raise _key_problem(
                 "hyperpod_instance_groups",
                 self.nova_group.name,
-                f"is a restricted (Nova) group, and region {self.region} has no Nova RFT images "
-                f"in AWS's launcher as deployed (recipes {LAUNCHER_RECIPES}); deploy to one of "
-                f"{', '.join(IMAGE_ACCOUNTS)}",
+                f"is a restricted (Nova) group, and region {self.region} {NO_IMAGES}; deploy to "
+                f"one of {', '.join(IMAGE_ACCOUNTS)}",
             )
         if self.existing_eks_cluster and not self.existing_vpc:
             raise _key_problem(

@@ -20,11 +20,10 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from domain.nova_job import (
-    FORGE_EVALUATION_RECIPE,
+    FORGE_RECIPE_PATHS,
     FORGE_RECIPE_SOURCE,
-    FORGE_RECIPES,
     IMAGE_ACCOUNTS,
-    LAUNCHER_RECIPES,
+    NO_IMAGES,
     is_nova,
 )
 from mtrl.ops.deployment import Deployment, DeploymentError, aws_session, find_deployment
@@ -189,8 +188,7 @@ def _nova(client: Callable[[str], Any], deployment: Deployment, config: Training
     if not is_nova(config.model):
         return Check("nova", True, f"model {config.model} is not Nova: nothing to check")
     if deployment.region not in IMAGE_ACCOUNTS:
-        return Check("nova", False, f"{deployment.region} has no Nova RFT images in AWS's launcher "
-                     f"as deployed (recipes {LAUNCHER_RECIPES})",
+        return Check("nova", False, f"{deployment.region} {NO_IMAGES}",
                      f"deploy to one of {', '.join(IMAGE_ACCOUNTS)}")  # fmt: skip
     name = deployment.output("HyperPodClusterName")
     cluster = client("sagemaker").describe_cluster(ClusterName=name)
@@ -199,8 +197,7 @@ def _nova(client: Callable[[str], Any], deployment: Deployment, config: Training
         return Check("nova", False, f"{name} has no restricted {config.instance_type} group",
                      "deploy with nova_restricted_group (the default) or a restricted group in "
                      "hyperpod_instance_groups (README, 'Nova on AWS')")  # fmt: skip
-    recipes = [*FORGE_RECIPES.values(), FORGE_EVALUATION_RECIPE]  # what the deployment's runs read
-    for recipe in recipes:
+    for recipe in FORGE_RECIPE_PATHS:
         source = FORGE_RECIPE_SOURCE.format(recipe=recipe)
         bucket, _, key = source.removeprefix("s3://").partition("/")
         try:
@@ -211,7 +208,7 @@ def _nova(client: Callable[[str], Any], deployment: Deployment, config: Training
                          "Nova Forge's recipes are for subscribers: subscribe in the SageMaker AI "
                          "console (Nova Forge), from a role tagged forge-subscription: true")  # fmt: skip
     return Check("nova", True, f"{deployment.region}, restricted {config.instance_type} group, "
-                 f"the {len(recipes)} Forge recipes readable")  # fmt: skip
+                 f"the {len(FORGE_RECIPE_PATHS)} Forge recipes readable")  # fmt: skip
 
 
 def _worker_image(

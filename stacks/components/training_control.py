@@ -24,7 +24,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
-from domain.nova_job import FORGE_EVALUATION_RECIPE, FORGE_RECIPE_SOURCE, FORGE_RECIPES
+from domain.nova_job import FORGE_RECIPE_PATHS, FORGE_RECIPE_SOURCE
 from lambdas.environment import environment_for
 from lambdas.kubernetes.rbac import (
     launcher_group,
@@ -238,7 +238,7 @@ class TrainingClusterControl(Construct):
                 recipes = [
                     f"arn:{partition}:s3:::"
                     + FORGE_RECIPE_SOURCE.format(recipe=path).removeprefix("s3://")
-                    for path in sorted([*FORGE_RECIPES.values(), FORGE_EVALUATION_RECIPE])
+                    for path in sorted(FORGE_RECIPE_PATHS)
                 ]
                 self._allow(role, ["s3:GetObject"], *recipes)
             case Need.NOVA_CHART:

@@ -19,7 +19,7 @@ from domain.nova_capacity import (
     NODE_CPUS,
     NODE_MEMORY_GIB,
     REDIS,
-    job_nodes,
+    JobNodes,
     service_nodes,
 )
 from domain.nova_job import NovaRefused, job_layout, nova_problems, recipe_overrides
@@ -53,10 +53,10 @@ def test_the_documented_byoo_layout_takes_the_compute_tables_minimum() -> None:
     its GPU pods take 6 nodes; the CPU services (270.5 vCPUs, 2,228 GiB) do not fit one
     ml.p5.48xlarge, so 2 more — 8, the compute table's minimum for RFT on HyperPod."""
     run = documented_byoo_recipe()["run"]
-    nodes = job_nodes(
+    nodes = JobNodes(
         training=run["replicas"],
         generation=run["generation_replicas"],
-        rollout_workers=run["rollout_worker_replicas"],
+        services=service_nodes(rollout_workers=run["rollout_worker_replicas"]),
     )
     assert (nodes.training, nodes.generation, nodes.services) == (4, 2, 2)
     assert nodes.total == DOCUMENTED_MINIMUM_NODES == 8

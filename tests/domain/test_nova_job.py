@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import json
 import re
-from importlib.metadata import distribution
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ from domain.nova_job import (
     without_single_turn_reward,
 )
 from tests.forge_recipe import documented_byoo_recipe, forge_recipe
+from tests.forge_sdk import sdk_function, sdk_source
 from training_configs.schema import (
     SHIPPED,
     NovaRecipeSettings,
@@ -52,18 +52,6 @@ from training_configs.schema import (
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "wordle" / "config.yaml"
 BYOO = {key: f"<{key}>" for key in BYOO_KEYS}
-
-
-def sdk_function(path: str, name: str, owner: str | None = None) -> ast.FunctionDef:
-    """The SDK's function `name` in `path` (a method of class `owner` if given)."""
-    source = Path(str(distribution("amzn-nova-forge").locate_file(f"amzn_nova_forge/{path}")))
-    tree: ast.AST = ast.parse(source.read_text(encoding="utf-8"))
-    if owner is not None:
-        (tree,) = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == owner]
-    (found,) = [
-        node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == name
-    ]
-    return found
 
 
 def test_the_byoo_overrides_are_the_sdks() -> None:
@@ -373,11 +361,6 @@ def test_a_runs_jobs_have_names_apart_within_the_launchers_cut(run_id: str) -> N
         assert [re.match(job_pattern(other), job) is not None for other in names] == [
             other == name for other in names
         ]
-
-
-def sdk_source(path: str) -> str:
-    located = distribution("amzn-nova-forge").locate_file(f"amzn_nova_forge/{path}")
-    return Path(str(located)).read_text(encoding="utf-8")
 
 
 def test_the_evaluation_image_is_the_sdks_for_nova_2_on_hyperpod() -> None:

@@ -20,7 +20,6 @@ import functools
 import importlib.util
 from collections.abc import Callable
 from importlib.metadata import distribution
-from pathlib import Path
 from typing import Any, Dict  # noqa: UP035 (the SDK's source names them)
 
 import yaml
@@ -29,18 +28,15 @@ from hypothesis import strategies as st
 
 from domain.nova_job import BYOO_KEYS, apply_overrides, recipe_overrides
 from tests.forge_recipe import DOCUMENTED_BYOO_RECIPE, forge_recipe
+from tests.forge_sdk import sdk_function, sdk_path, sdk_source
 from training_configs.schema import SHIPPED, load_training_config
 
 BYOO = {key: f"<{key}>" for key in BYOO_KEYS}
 
 
-def _sdk_path(path: str) -> Path:
-    return Path(str(distribution("amzn-nova-forge").locate_file(f"amzn_nova_forge/{path}")))
-
-
 @functools.cache
 def _sdk_enums() -> Any:
-    spec = importlib.util.spec_from_file_location("forge_sdk_enums", _sdk_path("core/enums.py"))
+    spec = importlib.util.spec_from_file_location("forge_sdk_enums", sdk_path("core/enums.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -50,17 +46,14 @@ def _sdk_enums() -> Any:
 @functools.cache
 def _sdk_function(path: str, name: str) -> Callable[..., Any]:
     """The SDK's function (or method) `name` of `path`, compiled from its source as it is."""
-    source = _sdk_path(path)
-    tree = ast.parse(source.read_text(encoding="utf-8"))
-    (found,) = [
-        node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == name
-    ]
+    found = sdk_function(path, name)
     namespace: dict[str, Any] = {
         "Any": Any,
         "Dict": Dict,  # noqa: UP006
         "TrainingMethod": _sdk_enums().TrainingMethod,
     }
-    exec(compile(ast.Module(body=[found], type_ignores=[]), str(source), "exec"), namespace)
+    module = ast.Module(body=[found], type_ignores=[])
+    exec(compile(module, str(sdk_path(path)), "exec"), namespace)
     return namespace[name]
 
 
@@ -81,11 +74,11 @@ def sdk_multiturn_recipe(recipe_text: str, method: str, overrides: dict[str, Any
 
 def test_the_oracle_is_the_sdks_code() -> None:
     """The functions run are the wheel's: their source names the SDK's own edge cases."""
-    source = _sdk_path("recipe/recipe_builder.py").read_text(encoding="utf-8")
+    source = sdk_source("recipe/recipe_builder.py")
     assert 'if key == "name" and value == "distributed_fused_adam":' in source
     assert _sdk_function(
         "recipe/recipe_builder.py", "_build_final_recipe"
-    ).__code__.co_filename == (str(_sdk_path("recipe/recipe_builder.py")))
+    ).__code__.co_filename == (str(sdk_path("recipe/recipe_builder.py")))
     assert distribution("amzn-nova-forge").version == "1.4.10"
 
 

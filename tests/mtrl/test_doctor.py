@@ -11,7 +11,7 @@ import boto3
 import pytest
 from typer.testing import CliRunner
 
-from domain.nova_job import FORGE_EVALUATION_RECIPE, FORGE_RECIPE_SOURCE, FORGE_RECIPES
+from domain.nova_job import FORGE_RECIPE_PATHS, FORGE_RECIPE_SOURCE, FORGE_RECIPES
 from mtrl import ops_commands
 from mtrl.cli import app
 from mtrl.ops.doctor import CHECKS, TOTAL_INSTANCES, diagnose
@@ -56,7 +56,7 @@ def healthy(sagemaker: FakeSageMaker) -> dict[str, Any]:
     _stack("nova-mtrl-compute", {"EksClusterName": "nova-mtrl-eks", "HyperPodClusterName": "nova-mtrl",
                                  "RewardWorkerTaskFamily": "nova-mtrl-reward-worker"})  # fmt: skip
     # The Forge recipes the deployment's runs read, where a subscriber's account reads them.
-    for recipe in (*FORGE_RECIPES.values(), FORGE_EVALUATION_RECIPE):
+    for recipe in FORGE_RECIPE_PATHS:
         bucket, _, key = FORGE_RECIPE_SOURCE.format(recipe=recipe)[5:].partition("/")
         boto3.client("s3").create_bucket(Bucket=bucket)
         boto3.client("s3").put_object(Bucket=bucket, Key=key, Body=b"run: {}\n")
