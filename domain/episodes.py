@@ -21,6 +21,16 @@ class EvaluationStage(StrEnum):
     FINAL = "final"  # the model training ended with
 
 
+# A run's phases: the baseline evaluation, training, the final evaluation. One is open at a
+# time; what a phase that ended still sends is refused (lambdas/router/).
+TRAINING = "training"
+
+
+def phase_of(stage: EvaluationStage | None) -> str:
+    """The phase an evaluation stage is (None: training)."""
+    return stage.value if stage else TRAINING
+
+
 class Episode(BaseModel):
     """How one evaluation rollout ended."""
 

@@ -39,6 +39,10 @@ _LONGEST_SUFFIX = max(len(kind.suffix) for kind in QueueKind) + len("-") + len("
 MAX_RECEIVE_COUNT = 5
 RETENTION_SECONDS = 4 * 24 * 3600
 VISIBILITY_TIMEOUT_SECONDS = 120
+# "The message deletion process takes up to 60 seconds. We recommend waiting for 60 seconds
+# regardless of your queue's size." (SQS API Reference, PurgeQueue; botocore's SQS model.)
+PURGE_SECONDS = 60
+_PURGING = ("PurgeQueueInProgress", "AWS.SimpleQueueService.PurgeQueueInProgress")
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,21 @@ def delete_run_queues(sqs: Any, *, prefix: str, run_id: str) -> int:
             if not _is_missing(error):
                 raise
     return deleted
+
+
+def purge_run_queues(sqs: Any, queues: dict[str, str]) -> int:
+    """Delete every message on the run's message-carrying queues (the dead-letter queue keeps
+    what it holds, for inspection); returns how many queues were purged. A queue purged in the
+    last minute is left to that purge (SQS refuses a second with PurgeQueueInProgress)."""
+    purged = 0
+    for kind in KINDS:
+        try:
+            sqs.purge_queue(QueueUrl=queues[kind])
+            purged += 1
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") not in _PURGING:
+                raise
+    return purged
 
 
 def run_queue_url(sqs: Any, *, prefix: str, run_id: str, kind: QueueKind) -> str | None:

@@ -4,6 +4,8 @@ the state once; each step that adds to it returns one of these, serialized."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict
 
 from domain.backends import Phase
@@ -66,6 +68,18 @@ class EvaluationJob(BaseModel):
     n: int | None = None
     mean_reward: float | None = None
     pass_at_1: float | None = None
+
+
+class OpenedPhase(BaseModel):
+    """OpenPhase's result, at `$.opened`: the phase of the run now open, how many of its queues
+    were emptied of the phase before, and how long to wait before the phase's job starts (SQS
+    may take that long to delete what a purge removes)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    phase: Literal["baseline", "training", "final"]
+    purged: int = 0
+    wait_seconds: int = 0
 
 
 class RunState(BaseModel):

@@ -48,6 +48,7 @@ def test_every_step_handler_exists(default_app: Synthesized) -> None:
         "nodes_ready",
         "start_workers",
         "workers_healthy",
+        "open_phase",
         "submit_job",
         "monitor",
         "start_evaluation",
@@ -184,7 +185,7 @@ def test_alarms_reach_the_alert_topic(default_app: Synthesized) -> None:
         "Errors",
     } <= names
     assert all(alarm["Properties"]["AlarmActions"] == [{"Ref": topic_id}] for alarm in alarms)
-    assert sum(1 for alarm in alarms if alarm["Properties"]["MetricName"] == "Errors") == 17
+    assert sum(1 for alarm in alarms if alarm["Properties"]["MetricName"] == "Errors") == 18
 
 
 def test_dashboard_shows_runs_step_errors_and_queue_ages(default_app: Synthesized) -> None:

@@ -67,6 +67,7 @@ def compose(
         "nodes_ready": work.nodes_ready,
         "start_workers": work.start_workers,
         "workers_healthy": work.workers_healthy,
+        "open_phase": work.open_phase,
         "submit_job": work.submit_job,
         "start_evaluation": work.start_evaluation,
         "evaluation_status": work.evaluation_status,

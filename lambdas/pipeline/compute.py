@@ -23,7 +23,8 @@ from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, run_output_prefix, 
 from domain.episodes import EvaluationStage
 from domain.evaluation import EvaluationReport, compare, read_episodes, summarize
 from domain.health import findings, held_out_caution
-from domain.run_state import EvaluationJob, JobReport, RegisteredRun, RunState
+from domain.run_queues import purge_run_queues
+from domain.run_state import EvaluationJob, JobReport, OpenedPhase, RegisteredRun, RunState
 from domain.runs import RunRecord, RunStore
 from lambdas.pipeline import policies
 from lambdas.pipeline.checkpoints import best_checkpoint, recorded_checkpoints
@@ -100,6 +101,22 @@ class ComputeSteps:
         self._check_deadline(state.registered)
         healthy = self.compute.fleet.healthy(self._context(state))
         return {"ready": healthy >= state.registered.config.reward_workers, "healthy": healthy}
+
+    def open_phase(self, event: dict[str, Any]) -> dict[str, Any]:
+        """`event`: {"phase", "state"}. Open the run's next phase before its job starts: the
+        router refuses what the phase before still sends from now (lambdas/router/), and the
+        run's queues are emptied of what it sent, as AWS's Forge SDK has them emptied between
+        training and evaluation. The first phase finds its queues new."""
+        opened, state = OpenedPhase(phase=event["phase"]), RunState.model_validate(event["state"])
+        run_id = state.registered.run_id
+        store = ConversationStore(self.clients("dynamodb"), self.settings.conversations_table)
+        previous = store.phase(run_id)
+        store.open_phase(run_id, opened.phase, now=self.clock())
+        if previous is None or state.resources is None:
+            return opened.model_dump(mode="json")
+        purged = purge_run_queues(self.clients("sqs"), state.resources.queues)
+        update = {"purged": purged, "wait_seconds": self.settings.purge_seconds}
+        return opened.model_copy(update=update).model_dump(mode="json")
 
     def submit_job(self, event: dict[str, Any]) -> dict[str, Any]:
         state = RunState.model_validate(event)

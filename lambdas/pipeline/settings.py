@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, Json
 
 from domain.presets import ModelPreset
+from domain.run_queues import PURGE_SECONDS
 from domain.runs import execution_arn
 from lambdas.clients import Clients
 from lambdas.environment import EnvironmentSettings
@@ -26,6 +27,8 @@ class PipelineSettings(EnvironmentSettings):
     alert_topic_arn: str | None = Field(default=None, alias="ALERT_TOPIC_ARN")
     router_url: str | None = Field(default=None, alias="ROUTER_URL")
     poll_seconds: int = Field(default=60, ge=0, alias="POLL_SECONDS")
+    # How long a phase's job waits after its queues were purged (local mode: moto purges at once).
+    purge_seconds: int = Field(default=PURGE_SECONDS, ge=0, alias="PURGE_SECONDS")
     # The model registry group Collect registers each trained model in (unset: none).
     model_package_group: str | None = Field(default=None, alias="MODEL_PACKAGE_GROUP")
     # What the training cluster offers (its presets and GPU type), to refuse a config it cannot

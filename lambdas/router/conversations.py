@@ -1,7 +1,9 @@
 """Conversation state in DynamoDB: runs, rollouts and model steps, written conditionally.
 
 One table, key (`run_id`, `item`), TTL on `expires_at`:
-- `run`: the run's token hash and queue URLs (what the proxy needs to serve a caller);
+- `run`: the run's token hash and queue URLs (what the proxy needs to serve a caller), and the
+  phase of the run that is open (`open_phase`: what its queues carry now; unset until the
+  pipeline opens the first);
 - `queue#<name>`: which run a queue belongs to (under `run_id` = `queue#<name>`), for the
   consumer, which only knows the queue a message came from;
 - `step#<step_id>`: one model turn: `pending -> processing -> completed | failed`;
@@ -27,7 +29,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from domain.episodes import Episode, EvaluationStage
+from domain.episodes import Episode, EvaluationStage, phase_of
 
 DEFAULT_TTL_SECONDS = 14 * 24 * 3600
 PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE = "run_id", "item", "expires_at"
@@ -142,6 +144,21 @@ class ConversationStore:
             model=item["model"]["S"],
         )
 
+    def open_phase(self, run_id: str, phase: str, *, now: float) -> None:
+        """`phase` of the run is open from now; the one before it has ended."""
+        self._db.update_item(
+            TableName=self._table,
+            Key={"run_id": {"S": run_id}, "item": {"S": "run"}},
+            UpdateExpression="SET #phase = :phase, updated_at = :now",
+            ExpressionAttributeNames={"#phase": "phase"},
+            ExpressionAttributeValues={":phase": {"S": phase}, ":now": {"N": repr(now)}},
+        )
+
+    def phase(self, run_id: str) -> str | None:
+        """The run's open phase (None: none opened yet)."""
+        item = self._get(run_id, "run")
+        return item["phase"]["S"] if item and "phase" in item else None
+
     def run_of_queue(self, queue_arn_or_url: str) -> str | None:
         item = self._get(_queue_key(queue_arn_or_url), "run")
         return item["owner"]["S"] if item else None
@@ -241,6 +258,14 @@ class ConversationStore:
         for straight on the run's queue)."""
         item = self._get(run_id, f"sample#{sample_id}")
         return EvaluationStage(item["stage"]["S"]) if item and "stage" in item else None
+
+    def sample_phase(self, run_id: str, sample_id: str) -> str | None:
+        """The phase sample `sample_id` was last asked for in through the rollout Lambda
+        (None: never, e.g. asked for straight on the run's queue)."""
+        item = self._get(run_id, f"sample#{sample_id}")
+        if item is None:
+            return None
+        return phase_of(EvaluationStage(item["stage"]["S"]) if "stage" in item else None)
 
     def record_report(
         self,

@@ -18,6 +18,13 @@ far, so a retried call maps to the same step: it is answered from the step's rec
 the step is still pending, its generate request is sent again under the same deduplication id
 (SQS drops the repeat within its 5-minute window; an answer that still comes twice is recorded
 once). A step is written once when it starts and once when its answer comes.
+
+A sample asked for through the rollout Lambda belongs to a phase of its run (the baseline
+evaluation, training, the final evaluation; lambdas/router/rollout_forwarder.py). Once the
+pipeline opened the next phase, the turns and report of a sample of an ended phase are refused
+with 410 `phase_closed` before anything is queued: what a phase left running never reaches the
+next phase's job (the pipeline empties the run's queues as it opens a phase, and nothing of the
+old phase is sent after). The open phase is read on every such call, never cached.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from domain.episodes import Episode
+from domain.episodes import Episode, EvaluationStage
 from domain.protocol import (
     ID_LENGTH,
     MAX_BODY_BYTES,
@@ -213,6 +220,7 @@ class Proxy:
             raise HttpError(
                 400, f"name the sample in the body's sample_id (1-{ID_LENGTH} characters)"
             )
+        self._fence(run, sample_id)
         turn = 1 + sum(1 for message in request.messages if message.role == "assistant")
         step_id = step_id_for(sample_id, turn)
         now = self.clock()
@@ -228,6 +236,23 @@ class Proxy:
                 self._enqueue(run, sample_id, step_id, request)  # the first try may have died
                 known = None
         return self._wait_for(run, step_id, known)
+
+    def _fence(self, run: RouterRegistration, sample_id: str) -> str | None:
+        """The phase the sample was asked for in (None: not through the rollout Lambda); refused
+        when the run has opened another since."""
+        asked_in = self.store.sample_phase(run.run_id, sample_id)
+        if asked_in is None:
+            return None
+        open_phase = self.store.phase(run.run_id)
+        if open_phase is not None and open_phase != asked_in:
+            raise HttpError(
+                410,
+                f"sample {sample_id!r} was asked for in the {asked_in} phase of run "
+                f"{run.run_id!r}, which has ended (the {open_phase} phase is open): its turns and "
+                "report are no longer taken; drop the rollout",
+                "phase_closed",
+            )
+        return asked_in
 
     def _enqueue(
         self, run: RouterRegistration, sample_id: str, step_id: str, request: ChatCompletionRequest
@@ -293,6 +318,7 @@ class Proxy:
                 400, error.errors(include_url=False)[0]["msg"].removeprefix("Value error, ")
             ) from None
         request_id = report.request_id or report.id
+        asked_in = self._fence(run, report.id)
         # Send first, then record: a retried report is deduplicated by SQS on the request id.
         self.sqs.send_message(
             QueueUrl=run.queues[QueueKind.ROLLOUT_RESPONSES],
@@ -313,7 +339,7 @@ class Proxy:
             run.run_id,
             request_id,
             episode=Episode.of(record_id_of(report.id), response),
-            stage=self.store.stage_of(run.run_id, report.id),
+            stage=EvaluationStage(asked_in) if asked_in in set(EvaluationStage) else None,
             now=self.clock(),
         )
         self.counters.reports += 1

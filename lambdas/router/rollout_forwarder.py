@@ -12,7 +12,9 @@ runs never mix and a run that is torn down cannot be reached; an invocation of t
 is refused. The alias also says the phase — training, or a held-out evaluation — which is
 recorded for the sample before its request is queued, so its report is kept in that phase
 (lambdas/router/conversations.py) and an evaluation's rollouts never enter the reward curve.
-A request that is not valid v0 is refused with what is wrong — the trainer sees the failed
+Once the pipeline opened another phase of the run, an invocation through an ended phase's alias is
+refused too (what a phase left running never reaches the next one). A request that is not
+valid v0 is refused with what is wrong — the trainer sees the failed
 invocation at once instead of waiting for a rollout that never comes. A retried
 invocation carries the same request: its deduplication id is the request's digest, so SQS keeps
 one (a sample asked for again in a later step comes with a new timestamp, so it is a new one).
@@ -30,6 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from domain.episodes import phase_of
 from domain.protocol import RolloutRequest, dump, fifo_id, parse
 from domain.run_queues import QueueKind, queue_name, run_queue_url
 from lambdas.clients import Clients, composed_once
@@ -95,6 +98,13 @@ class RolloutForwarder:
             self.counters.malformed += 1
             raise
         queue = self._queue_of(run_id)
+        asked_in, open_phase = phase_of(invoked.stage), self.store.phase(run_id)
+        if open_phase is not None and open_phase != asked_in:
+            self.counters.refused += 1
+            raise RolloutRefused(
+                f"invoked through the {asked_in} phase's alias of run {run_id!r}, which has "
+                f"ended (the {open_phase} phase is open)"
+            )
         self.store.mark_sample(run_id, request.sample_id, stage=invoked.stage, now=self.clock())
         self.sqs.send_message(
             QueueUrl=queue,

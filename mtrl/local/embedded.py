@@ -243,6 +243,10 @@ def function_environment(
     return {key: str(resolve(value)) for key, value in variables.items()}
 
 
+# moto's PurgeQueue deletes at once: a phase need not wait SQS's minute after it.
+MOTO_SETTINGS = {"PURGE_SECONDS": "0"}
+
+
 def deploy_pipeline(
     template: dict[str, Any],
     *,
@@ -290,7 +294,7 @@ def deploy_pipeline(
             variables.pop("DATA_KEY_ARN", None)  # local queues use SQS-managed encryption
         if credentials is not None:
             variables |= credentials(str(resolve(properties["Role"])))
-        variables |= dict(overrides or {})
+        variables |= {**MOTO_SETTINGS, **(overrides or {})}
         name = names[logical_id]["Ref"]
         # A container image's function names its handler in the image's command.
         handler = properties.get("Handler") or properties["ImageConfig"]["Command"][0]

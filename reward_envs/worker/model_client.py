@@ -27,6 +27,10 @@ class ModelTimeout(ModelError):
     """The model did not answer within the time left for the rollout."""
 
 
+class PhaseClosed(ModelError):
+    """The run's phase this rollout was asked for in has ended: its result is not wanted."""
+
+
 @dataclass(frozen=True)
 class ModelTurn:
     """The model's answer to one turn: the assistant message (what the conversation keeps), and

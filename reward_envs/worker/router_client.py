@@ -4,16 +4,20 @@
 is not ready within the proxy's short wait, polls the step with backoff until the rollout's
 deadline, then raises `ModelTimeout` (the worker reports `stop_reason: timeout`).
 `RouterRolloutQueues` makes the worker report finished rollouts through the proxy, so the
-router's conversation state sees every rollout end.
+router's conversation state sees every rollout end. A rollout of a run's phase that has ended
+(the proxy's 410 `phase_closed`) is dropped: its report is refused, so its request is deleted
+without one.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from http import HTTPStatus
 from typing import Any
 
 from botocore.auth import SigV4Auth
@@ -27,9 +31,12 @@ from reward_envs.worker.model_client import (
     ModelError,
     ModelTimeout,
     ModelTurn,
+    PhaseClosed,
     model_turn,
 )
 from reward_envs.worker.queues import Delivery, SqsRolloutQueues
+
+log = logging.getLogger(__name__)
 
 
 class RouterClient(ModelClient):
@@ -117,6 +124,8 @@ class RouterClient(ModelClient):
                 return answer.status, json.loads(answer.read() or b"{}")
         except urllib.error.HTTPError as error:
             detail = _message(error.read())
+            if error.code == HTTPStatus.GONE:
+                raise PhaseClosed(f"{method} {path}: {detail}") from error
             raise ModelError(f"{method} {path}: HTTP {error.code}: {detail}") from error
         except urllib.error.URLError as error:
             if isinstance(error.reason, TimeoutError):
@@ -143,6 +152,9 @@ class RouterRolloutQueues(SqsRolloutQueues):
             try:
                 self._router.report(response, request_id=delivery.message_id)
                 outcome.append(None)
+            except PhaseClosed as closed:
+                log.info("rollout %s dropped: %s", response.sample_id, closed)
+                outcome.append(None)  # nothing to retry: its request is deleted
             except ModelError as error:
                 outcome.append(error)
         return outcome

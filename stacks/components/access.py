@@ -34,7 +34,10 @@ NEEDS: Mapping[str, tuple[Need, ...]] = {
         Need.RUN_QUEUES_SEND,
     ),
     "consumer": (Need.CONVERSATIONS_GET, Need.CONVERSATIONS_UPDATE, Need.RUN_QUEUES_POLL),
-    "rollout_forwarder": (Need.ROLLOUT_REQUESTS_FORWARD, Need.CONVERSATIONS_PUT),
+    # CONVERSATIONS_GET: the run's open phase.
+    "rollout_forwarder": (
+        Need.ROLLOUT_REQUESTS_FORWARD, Need.CONVERSATIONS_GET, Need.CONVERSATIONS_PUT,
+    ),
     # AWS's launcher (a deployment with a restricted group): helm in the kubeflow namespace.
     "nova_launcher": (Need.NOVA_CHART,),
     # Workers report through the proxy; a message they cannot read goes to the dead-letter queue;

@@ -36,6 +36,7 @@ class Need(StrEnum):
     CONVERSATIONS_UPDATE = "change a conversation record"
     RUN_QUEUES_CREATE = "create a run's queues"
     RUN_QUEUES_DELETE = "delete a run's queues"
+    RUN_QUEUES_PURGE = "empty a run's queues between its phases"
     RUN_QUEUES_SEND = "send to run queues"
     RUN_QUEUES_RECEIVE = "receive from run queues"
     RUN_QUEUES_POLL = "let Lambda poll run queues for the consumer"

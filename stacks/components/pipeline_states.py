@@ -3,15 +3,20 @@ failure path) and the machine itself.
 
     Validate -> Register -> Provision -> ScaleUp -> (WaitForNodes -> NodesReady)* ->
     StartWorkers -> (WaitForWorkers -> WorkersHealthy)* ->
-    EvaluateBaseline -> (WaitForBaselineEvaluation -> BaselineEvaluation)* -> SubmitJob ->
-    (WaitForJob -> Monitor -> JobDone?)* ->
-    EvaluateFinal -> (WaitForFinalEvaluation -> FinalEvaluation)* ->
+    OpenBaselinePhase -> PurgedBeforeBaseline -> EvaluateBaseline ->
+    (WaitForBaselineEvaluation -> BaselineEvaluation)* ->
+    OpenTrainingPhase -> PurgedBeforeTraining -> SubmitJob -> (WaitForJob -> Monitor -> JobDone?)* ->
+    OpenFinalPhase -> PurgedBeforeFinal -> EvaluateFinal ->
+    (WaitForFinalEvaluation -> FinalEvaluation)* ->
     Collect -> ReleaseCompute -> Teardown -> NotifySuccess -> RunSucceeded
     any step fails -> FailedIn<State> -> ReleaseComputeAfterFailure -> TeardownAfterFailure ->
     NotifyFailure -> RunFailed
 
-An evaluation the run cannot have (nothing held out, a plane that cannot evaluate) is skipped at
-once, its reason kept. Every task retries Lambda's transient errors; every failure (a failed
+Each phase (the baseline evaluation, training, the final evaluation) is opened before its job
+starts: the router refuses what the phase before still sends, and the run's queues are emptied
+of it, then the phase waits as long as SQS may take to finish the purge. An evaluation the run
+cannot have (nothing held out, a plane that cannot evaluate) is skipped at once, its reason
+kept. Every task retries Lambda's transient errors; every failure (a failed
 evaluation too) releases the run's compute, tears its resources down, then notifies, then fails
 with the original error and cause.
 """
@@ -30,7 +35,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from domain.backends import WAITING, Phase
-from domain.episodes import EvaluationStage
+from domain.episodes import TRAINING, EvaluationStage
 from stacks.components.nag import Wildcard, acknowledge_no_resource_type, acknowledge_resource
 from training_configs.schema import MAX_DEADLINE_HOURS
 
@@ -132,6 +137,20 @@ class PipelineDefinition:
         )
         return wait
 
+    def opening(self, phase: str, failure: sfn.IChainable, then: sfn.IChainable) -> sfn.IChainable:
+        """Open the run's `phase`, wait as long as emptying its queues asks, then `then`."""
+        name = phase.title()
+        payload = {"phase": phase, "state.$": "$"}
+        opened = self.caught(
+            self.task(f"Open{name}Phase", "open_phase", payload, "$.opened"), RUN_PATH, failure
+        )
+        purged = sfn.Wait(
+            self._scope,
+            f"PurgedBefore{name}",
+            time=sfn.WaitTime.seconds_path("$.opened.wait_seconds"),
+        )
+        return opened.next(purged).next(then)
+
     def evaluation(
         self, stage: EvaluationStage, failure: sfn.IChainable, then: sfn.IChainable
     ) -> sfn.IChainable:
@@ -145,10 +164,14 @@ class PipelineDefinition:
         poll = self.caught(
             self.task(f"{name}Evaluation", "evaluation_status", payload, result), RUN_PATH, failure
         )
-        return start.next(
-            sfn.Choice(self._scope, f"{name}EvaluationSkipped?")
-            .when(sfn.Condition.boolean_equals(f"{result}.ready", True), then)
-            .otherwise(self.poll_until(f"{name}Evaluation", poll, result, then))
+        return self.opening(
+            stage.value,
+            failure,
+            start.next(
+                sfn.Choice(self._scope, f"{name}EvaluationSkipped?")
+                .when(sfn.Condition.boolean_equals(f"{result}.ready", True), then)
+                .otherwise(self.poll_until(f"{name}Evaluation", poll, result, then))
+            ),
         )
 
     def job_failed(self, failure: sfn.IChainable) -> sfn.IChainable:
@@ -246,7 +269,9 @@ class PipelineDefinition:
             )
             .otherwise(job_failed)
         )
-        submit = compute("SubmitJob", "submit_job", "$.submitted").next(job_wait)
+        submit = self.opening(
+            TRAINING, failure, compute("SubmitJob", "submit_job", "$.submitted").next(job_wait)
+        )
         workers = compute("StartWorkers", "start_workers", "$.workers").next(
             self.poll_until(
                 "Workers",

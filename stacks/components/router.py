@@ -146,6 +146,7 @@ class Router(Construct):
             Need.CONVERSATIONS_UPDATE,
             Need.RUN_QUEUES_CREATE,
             Need.RUN_QUEUES_DELETE,
+            Need.RUN_QUEUES_PURGE,
             Need.RUN_QUEUES_SEND,
             Need.RUN_QUEUES_RECEIVE,
             Need.RUN_QUEUES_POLL,
@@ -184,6 +185,8 @@ class Router(Construct):
                 self._allow(role, ["sqs:GetQueueUrl", "sqs:DeleteQueue"], queues)
                 # ListQueues has no resource type (Service Authorization Reference).
                 self._allow(role, ["sqs:ListQueues"], "*")
+            case Need.RUN_QUEUES_PURGE:
+                self._allow(role, ["sqs:PurgeQueue"], queues)
             case Need.RUN_QUEUES_SEND:
                 # Producers to an SSE-KMS queue (SQS Developer Guide, "Key management").
                 self._allow(role, ["sqs:SendMessage"], queues)

@@ -212,8 +212,9 @@ def test_a_valid_upload_runs_to_success_and_leaves_nothing(local, compute) -> No
     assert described["status"] == "SUCCEEDED", described
     assert pipeline.dispatcher.invocations == [
         "start_run", "validate", "register", "provision", "scale_up", "nodes_ready", "nodes_ready", "start_workers",
-        "workers_healthy", "start_evaluation", "submit_job", "monitor", "monitor", "monitor",
-        "start_evaluation", "collect", "release_compute", "teardown", "notify_end",
+        "workers_healthy", "open_phase", "start_evaluation", "open_phase", "submit_job", "monitor",
+        "monitor", "monitor", "open_phase", "start_evaluation", "collect", "release_compute",
+        "teardown", "notify_end",
     ]  # fmt: skip
     assert cluster.calls == [
         "scale_up:8", "evaluate:baseline", "submit", "evaluate:final", "delete", "scale_down",
@@ -224,6 +225,9 @@ def test_a_valid_upload_runs_to_success_and_leaves_nothing(local, compute) -> No
     assert notice.startswith(f"nova-mtrl run {started['run_id']} SUCCEEDED")
     output = json.loads(described["output"])
     assert output["teardown"]["leftover"] == 0
+    # The last phase opened, with no wait on moto; training opened within the minute, so its
+    # purge is the one that counts (moto refuses a second, as SQS does).
+    assert output["opened"] == {"phase": "final", "purged": 0, "wait_seconds": 0}
     # A plane that cannot evaluate: both evaluations skipped with its reason, and reported so.
     assert output["evaluations"]["baseline"]["skipped"] == "this plane cannot evaluate"
     report = json.loads(

@@ -6,10 +6,12 @@ import json
 
 import boto3
 import pytest
+from pydantic import ValidationError
 
 from domain.backends import EvaluationUnsupported, JobStatus, RunContext, TrainingCluster
 from domain.checkpoints import CheckpointManifest, SavedCheckpoint
 from domain.episodes import Episode, EvaluationStage
+from domain.run_queues import KINDS, PURGE_SECONDS, QueueKind, create_run_queues
 from domain.run_state import RegisteredRun
 from domain.runs import RunRecord, RunStore
 from lambdas.clients import Clients
@@ -17,6 +19,7 @@ from lambdas.pipeline.compute import ComputeSteps, EvaluationFailed, RunPastDead
 from lambdas.pipeline.dependencies import Compute, Dependencies
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.pipeline.training_metrics import NAMESPACE, EmbeddedMetrics, KeptMetrics
+from lambdas.router.conversations import ConversationStore, create_table
 from tests.aws import create_runs_table
 from training_configs.schema import load_training_config
 
@@ -462,3 +465,66 @@ def test_collect_registers_the_best_checkpoint_with_its_evaluation_and_lineage(
     metadata = package["CustomerMetadataProperties"]
     assert metadata["mtrl:checkpoint"] == "s3://customer-escrow-1/job-abcde"
     assert metadata["mtrl:run_id"] == "r" and metadata["mtrl:evaluation"].startswith("pass@1 0.25")
+
+
+@pytest.fixture
+def provisioned(state: dict) -> dict:
+    """The state once the run's queues exist, its workers registered with the router, and a
+    message of the phase before left on each queue the next phase's job reads or writes."""
+    db, sqs = boto3.client("dynamodb"), boto3.client("sqs")
+    create_table(db, "conversations")
+    queues = create_run_queues(sqs, prefix="nova-mtrl", run_id="r")
+    ConversationStore(db, "conversations").put_run(
+        "r", token="t", queues=queues.urls(), model="m", now=0.0
+    )
+    resources = {"run_id": "r", "queues": queues.urls(), "alarms": [], "rollout_request_arn": "a"}
+    return {**state, "resources": resources}
+
+
+def left_on_the_queues(state: dict) -> dict[str, int]:
+    sqs = boto3.client("sqs")
+    counts = {}
+    for kind, url in state["resources"]["queues"].items():
+        attributes = sqs.get_queue_attributes(
+            QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"]
+        )["Attributes"]
+        counts[kind] = int(attributes["ApproximateNumberOfMessages"])
+    return counts
+
+
+def send_everywhere(state: dict) -> None:
+    sqs = boto3.client("sqs")
+    for kind, url in state["resources"]["queues"].items():
+        sqs.send_message(
+            QueueUrl=url, MessageBody="{}", MessageGroupId="g", MessageDeduplicationId=kind
+        )
+
+
+def test_opening_a_phase_empties_what_the_one_before_left_and_waits_sqs_purge(
+    provisioned: dict,
+) -> None:
+    """The first phase finds new queues (no purge, no wait); each later one purges the four
+    message queues (the dead letters stay) and asks the state machine to wait SQS's minute."""
+    store = ConversationStore(boto3.client("dynamodb"), "conversations")
+    send_everywhere(provisioned)
+    first = steps().open_phase({"phase": "baseline", "state": provisioned})
+    assert first == {"phase": "baseline", "purged": 0, "wait_seconds": 0}
+    assert store.phase("r") == "baseline" and set(left_on_the_queues(provisioned).values()) == {1}
+
+    second = steps().open_phase({"phase": "training", "state": provisioned})
+    assert second == {"phase": "training", "purged": 4, "wait_seconds": PURGE_SECONDS}
+    assert store.phase("r") == "training"
+    assert left_on_the_queues(provisioned) == {**{kind: 0 for kind in KINDS}, QueueKind.DLQ: 1}
+
+
+def test_a_phase_waits_as_long_as_the_deployment_says(provisioned: dict) -> None:
+    local = SETTINGS.model_copy(update={"purge_seconds": 0})
+    steps(settings=local).open_phase({"phase": "training", "state": provisioned})
+    opened = steps(settings=local).open_phase({"phase": "final", "state": provisioned})
+    assert opened["wait_seconds"] == 0 and opened["purged"] == 4
+
+
+def test_a_phase_the_pipeline_does_not_have_is_refused(provisioned: dict) -> None:
+    with pytest.raises(ValidationError, match="phase"):
+        steps().open_phase({"phase": "midway", "state": provisioned})
+    assert ConversationStore(boto3.client("dynamodb"), "conversations").phase("r") is None

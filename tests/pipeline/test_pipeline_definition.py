@@ -17,7 +17,8 @@ from stacks.components.pipeline_states import PipelineDefinition
 
 STEP_FUNCTIONS = (
     "validate", "register", "provision", "scale_up", "nodes_ready", "start_workers",
-    "workers_healthy", "start_evaluation", "evaluation_status", "submit_job", "monitor",
+    "workers_healthy", "open_phase", "start_evaluation", "evaluation_status", "submit_job",
+    "monitor",
     "collect", "release_compute", "teardown", "notify_end",
 )  # fmt: skip
 
@@ -84,6 +85,11 @@ STEPS: dict[str, tuple[str, dict | None, str, str, str, bool]] = {
     "StartWorkers": ("start_workers", None, "$.workers", "WaitForWorkers", "$.run.run_id", False),
     "WorkersHealthy": ("workers_healthy", None, "$.fleet", "WorkersReady?", "$.run.run_id",
                        False),
+    **{
+        f"Open{phase.title()}Phase": ("open_phase", {"phase": phase, "state.$": "$"}, "$.opened",
+                                      f"PurgedBefore{phase.title()}", "$.run.run_id", False)
+        for phase in ("baseline", "training", "final")
+    },
     "EvaluateBaseline": ("start_evaluation", {"stage": "baseline", "state.$": "$"},
                          "$.evaluations.baseline", "BaselineEvaluationSkipped?", "$.run.run_id",
                          False),
@@ -141,8 +147,8 @@ def test_each_step_runs_its_function_and_any_failure_marks_where_then_cleans_up(
 def test_the_polls_wait_by_the_runs_interval_until_ready(states: dict) -> None:
     for name, check, field, then in (
         ("Nodes", "NodesReady", "nodes", "StartWorkers"),
-        ("Workers", "WorkersHealthy", "fleet", "EvaluateBaseline"),
-        ("BaselineEvaluation", "BaselineEvaluation", "evaluations.baseline", "SubmitJob"),
+        ("Workers", "WorkersHealthy", "fleet", "OpenBaselinePhase"),
+        ("BaselineEvaluation", "BaselineEvaluation", "evaluations.baseline", "OpenTrainingPhase"),
         ("FinalEvaluation", "FinalEvaluation", "evaluations.final", "Collect"),
     ):
         assert states[f"WaitFor{name}"] == {
@@ -155,6 +161,17 @@ def test_the_polls_wait_by_the_runs_interval_until_ready(states: dict) -> None:
         }
 
 
+def test_each_phase_starts_its_job_only_after_its_queues_were_emptied(states: dict) -> None:
+    """Baseline evaluation, training, final evaluation: each is opened (the router refuses the
+    phase before, its queues are purged), then waits what the purge asked, then starts."""
+    for phase, starts in (
+        ("Baseline", "EvaluateBaseline"), ("Training", "SubmitJob"), ("Final", "EvaluateFinal"),
+    ):  # fmt: skip
+        assert states[f"PurgedBefore{phase}"] == {
+            "Type": "Wait", "SecondsPath": "$.opened.wait_seconds", "Next": starts,
+        }  # fmt: skip
+
+
 def test_the_job_is_polled_while_pending_or_running_and_anything_else_but_success_fails(
     states: dict,
 ) -> None:
@@ -165,7 +182,7 @@ def test_the_job_is_polled_while_pending_or_running_and_anything_else_but_succes
     assert states["JobDone?"] == {
         "Type": "Choice",
         "Choices": [
-            {"Variable": phase, "StringEquals": "succeeded", "Next": "EvaluateFinal"},
+            {"Variable": phase, "StringEquals": "succeeded", "Next": "OpenFinalPhase"},
             {
                 "Or": [
                     {"Variable": phase, "StringEquals": "pending"},
@@ -195,7 +212,7 @@ def test_the_job_is_polled_while_pending_or_running_and_anything_else_but_succes
 
 def test_a_skipped_evaluation_goes_straight_on_and_a_started_one_is_polled(states: dict) -> None:
     """An evaluation the run cannot have is ready at once: no wait, the run goes on."""
-    for stage, then in (("Baseline", "SubmitJob"), ("Final", "Collect")):
+    for stage, then in (("Baseline", "OpenTrainingPhase"), ("Final", "Collect")):
         assert states[f"{stage}EvaluationSkipped?"] == {
             "Type": "Choice",
             "Choices": [
@@ -252,6 +269,7 @@ def test_there_is_no_state_but_these(states: dict) -> None:
         *STEPS,
         *(f"FailedIn{name}" for name in (*STEPS, "TrainingJob")),
         "WaitForNodes", "NodesReady?", "WaitForWorkers", "WorkersReady?", "WaitForJob",
+        "PurgedBeforeBaseline", "PurgedBeforeTraining", "PurgedBeforeFinal",
         "BaselineEvaluationSkipped?", "WaitForBaselineEvaluation", "BaselineEvaluationReady?",
         "FinalEvaluationSkipped?", "WaitForFinalEvaluation", "FinalEvaluationReady?",
         "JobDone?", "JobDidNotSucceed", "ReleaseComputeAfterFailure", "TeardownAfterFailure",

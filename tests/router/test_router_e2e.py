@@ -17,6 +17,8 @@ from reward_envs.worker.router_client import RouterClient, RouterRolloutQueues
 from reward_envs.worker.settings import WorkerSettings
 from reward_envs.worker.worker import RewardWorker, WorkerStats
 from tests.router.conftest import RUN, TOKEN, Router
+from tests.router.test_nova_contract import DOCUMENTED_ROLLOUT_REQUEST
+from tests.router.test_rollout_forwarder import forwarder, invoke
 
 ROLLOUTS = int(__import__("os").environ.get("E2E_ROLLOUTS", "100"))
 
@@ -126,3 +128,28 @@ def test_tool_calls_travel_the_router_unchanged_both_ways(router: Router) -> Non
             assert following["messages"][held] == reply  # exactly what the trainer sent
             assert following["messages"][held + 1]["role"] == "tool"
             assert following["messages"][held + 1]["tool_call_id"] == reply["tool_calls"][0]["id"]
+
+
+def test_rollouts_of_an_ended_phase_are_dropped_by_the_workers_not_retried(
+    router: Router,
+) -> None:
+    """Held-out samples asked for in the baseline evaluation, still on the queue when training
+    opens: the real worker takes each, the proxy refuses its turn and its report (410), and the
+    worker deletes the request: nothing reaches training's job, nothing is dead-lettered."""
+    router.store.open_phase(RUN, "baseline", now=router.clock())
+    sent = forwarder(router)
+    for index in range(3):
+        request = {**DOCUMENTED_ROLLOUT_REQUEST, "sample_id": f"held{index}_0"}
+        invoke(sent, request, alias=f"{RUN}_baseline")
+    router.store.open_phase(RUN, "training", now=router.clock())
+    with router.serving(wait_seconds=0.2) as (url_server, trainer):
+        work(router, url_server.url, load_environment())
+        assert trainer.answered == 0
+    assert not router.messages(router.queues.rollout_responses)
+    left = router.sqs.get_queue_attributes(
+        QueueUrl=router.queues.rollout_requests,
+        AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+    )["Attributes"]
+    assert set(left.values()) == {"0"}  # deleted: neither waiting nor given back for later
+    assert not router.messages(router.queues.dlq)
+    assert router.store.reports(RUN) == []
