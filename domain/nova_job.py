@@ -102,6 +102,17 @@ BYOO_KEYS = (
     "generate_response_sqs_url",
 )
 
+# The name of the Lambda a Nova job on HyperPod invokes holds "SageMaker": the Forge SDK refuses
+# any other for SMHP (validation/validator.py `validate_rft_lambda_name`), and its multi-turn
+# stack names its functions `*-SageMaker-*` (rft_multiturn/base_infra.py, the policy's Lambda
+# resources). The mark stays in the function's name whatever a run appends to its ARN.
+ROLLOUT_FUNCTION_MARK = "SageMaker"
+
+
+def rollout_function_name(prefix: str) -> str:
+    """The name of a deployment's rollout Lambda (the BYOO `rollout_request_arn`'s function)."""
+    return f"{prefix}-{ROLLOUT_FUNCTION_MARK}-rollout"
+
 
 # The endpoints the user guide's BYOO recipe takes: without all four a job cannot play its
 # rollouts through the run's reward workers (`rollout_request_queue_url` is the SDK's alone).

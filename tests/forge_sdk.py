@@ -5,8 +5,13 @@ functions they run as oracles."""
 from __future__ import annotations
 
 import ast
+import functools
+import importlib.util
+from collections.abc import Callable
 from importlib.metadata import distribution
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 
 def sdk_path(path: str) -> Path:
@@ -27,3 +32,22 @@ def sdk_function(path: str, name: str, owner: str | None = None) -> ast.Function
         node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == name
     ]
     return found
+
+
+@functools.cache
+def sdk_enums() -> ModuleType:
+    """The SDK's own enums (core/enums.py, which imports nothing of the SDK)."""
+    spec = importlib.util.spec_from_file_location("forge_sdk_enums", sdk_path("core/enums.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sdk_compiled(path: str, name: str, names: dict[str, Any]) -> Callable[..., Any]:
+    """The SDK's function `name` of `path`, compiled from its source as it is, with `names` as
+    the globals it uses."""
+    module = ast.Module(body=[sdk_function(path, name)], type_ignores=[])
+    namespace = dict(names)
+    exec(compile(module, str(sdk_path(path)), "exec"), namespace)
+    return namespace[name]

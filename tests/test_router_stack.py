@@ -7,12 +7,15 @@ import json
 import subprocess
 import sys
 
+import botocore.loaders
 import pytest
 
+from domain.nova_job import rollout_function_name
 from stacks.components.lambda_code import PACKAGES, REQUIREMENTS
 from stacks.components.router import CONSUMER_HANDLER, FORWARDER_HANDLER, PROXY_HANDLER
 from stacks.config import ConfigError, PlatformConfig
 from tests.conftest import Synthesized, as_list, handler_of, role_statements, synthesize
+from tests.forge_sdk import sdk_compiled, sdk_enums
 from tests.test_scan import skips
 
 
@@ -170,3 +173,36 @@ def test_the_router_may_reserve_its_concurrency(tmp_path) -> None:
         assert "CKV_AWS_115" not in skips(_functions(app)[handler][1])
     with pytest.raises(ConfigError, match="router_reserved_concurrency"):
         PlatformConfig.from_context({"router_reserved_concurrency": 0})
+
+
+def _sdk_accepts_for_hyperpod(lambda_name: str) -> bool:
+    """The Forge SDK's own check of the Lambda a Nova job on HyperPod invokes
+    (validation/validator.py `validate_rft_lambda_name`, compiled from amzn-nova-forge 1.4.10)."""
+    platform = sdk_enums().Platform
+    validate = sdk_compiled(
+        "validation/validator.py", "validate_rft_lambda_name", {"Platform": platform}
+    )
+    try:
+        validate(lambda_name, platform.SMHP)
+    except ValueError:
+        return False
+    return True
+
+
+def test_the_rollout_lambda_is_named_as_aws_tools_want_a_nova_jobs_lambda(
+    default_app: Synthesized,
+) -> None:
+    """The SDK refuses a HyperPod job's Lambda without "SageMaker" in its name; ours has it,
+    named after the deployment, where CloudFormation's generated name would not."""
+    _, forwarder = _functions(default_app)[FORWARDER_HANDLER]
+    name = forwarder["Properties"]["FunctionName"]
+    assert name == "nova-mtrl-SageMaker-rollout" == rollout_function_name("nova-mtrl")
+    assert _sdk_accepts_for_hyperpod(name)
+    assert not _sdk_accepts_for_hyperpod("nova-mtrl-pipeline-RouterRolloutForwarderA1B2C3")
+    # botocore's Lambda model, CreateFunction's FunctionName: "limited to 64 characters".
+    model = botocore.loaders.Loader().load_service_model("lambda", "service-2")
+    shape = model["shapes"][model["operations"]["CreateFunction"]["input"]["shape"]]
+    assert "limited to 64 characters" in shape["members"]["FunctionName"]["documentation"]
+    metadata = PlatformConfig.model_fields["name_prefix"].metadata
+    (longest_prefix,) = [m.max_length for m in metadata if hasattr(m, "max_length")]
+    assert len(rollout_function_name("x" * longest_prefix)) <= 64

@@ -74,12 +74,14 @@ def pipeline_function(
     network: ClusterNetwork | None = None,
     runtime: lambda_.Runtime = RUNTIME,
     reserved_concurrency: int | None = None,
+    function_name: str | None = None,
 ) -> lambda_.Function:
     """A function with a role of its own (no managed policies) that may only write its own logs
     (and, in `network`, manage its network interfaces there). `invocation`: who invokes it and
     sees its errors, the reason it needs no dead-letter queue — or None, and its
     `dead_letter_queue`. `reserved_concurrency`: its share of the account's concurrency, both
-    guaranteed and its limit (None: the unreserved pool, justified for the scanners)."""
+    guaranteed and its limit (None: the unreserved pool, justified for the scanners).
+    `function_name`: a name others must see (None: CloudFormation's)."""
     if (invocation is None) == (dead_letter_queue is None):
         raise ValueError(f"{name}: give a dead-letter queue, or who invokes it and sees its errors")
     log_group = logs.LogGroup(
@@ -99,6 +101,7 @@ def pipeline_function(
     function = lambda_.Function(
         scope,
         name,
+        function_name=function_name,
         runtime=runtime,
         architecture=ARCHITECTURE,
         handler=handler,

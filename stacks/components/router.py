@@ -14,6 +14,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
+from domain.nova_job import rollout_function_name
 from domain.run_queues import deployment_prefix
 from lambdas.environment import environment_for
 from lambdas.router.conversations import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
@@ -94,10 +95,12 @@ class Router(Construct):
             "event source mapping: a message it fails stays on that queue, redelivered",
             reserved_concurrency=config.router_reserved_concurrency,
         )
-        # A Nova trainer's rollout_request_arn: each run invokes its own alias of it.
+        # A Nova trainer's rollout_request_arn: each run invokes its own alias of it. Named as
+        # AWS's tools want a Nova job's Lambda named (domain/nova_job.py).
         self.rollout_forwarder = pipeline_function(
             self,
             "RolloutForwarder",
+            function_name=rollout_function_name(config.name_prefix),
             handler=FORWARDER_HANDLER,
             description="Rollout router: puts a Nova trainer's rollout requests on the run's queue",
             code=code,

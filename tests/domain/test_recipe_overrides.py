@@ -14,10 +14,8 @@ with the SDK's own enums (core/enums.py, which imports nothing of the SDK).
 
 from __future__ import annotations
 
-import ast
 import copy
 import functools
-import importlib.util
 from collections.abc import Callable
 from importlib.metadata import distribution
 from typing import Any, Dict  # noqa: UP035 (the SDK's source names them)
@@ -28,33 +26,17 @@ from hypothesis import strategies as st
 
 from domain.nova_job import BYOO_KEYS, apply_overrides, recipe_overrides
 from tests.forge_recipe import DOCUMENTED_BYOO_RECIPE, forge_recipe
-from tests.forge_sdk import sdk_function, sdk_path, sdk_source
+from tests.forge_sdk import sdk_compiled, sdk_enums, sdk_path, sdk_source
 from training_configs.schema import SHIPPED, load_training_config
 
 BYOO = {key: f"<{key}>" for key in BYOO_KEYS}
 
 
 @functools.cache
-def _sdk_enums() -> Any:
-    spec = importlib.util.spec_from_file_location("forge_sdk_enums", sdk_path("core/enums.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@functools.cache
 def _sdk_function(path: str, name: str) -> Callable[..., Any]:
     """The SDK's function (or method) `name` of `path`, compiled from its source as it is."""
-    found = sdk_function(path, name)
-    namespace: dict[str, Any] = {
-        "Any": Any,
-        "Dict": Dict,  # noqa: UP006
-        "TrainingMethod": _sdk_enums().TrainingMethod,
-    }
-    module = ast.Module(body=[found], type_ignores=[])
-    exec(compile(module, str(sdk_path(path)), "exec"), namespace)
-    return namespace[name]
+    names = {"Any": Any, "Dict": Dict, "TrainingMethod": sdk_enums().TrainingMethod}  # noqa: UP006
+    return sdk_compiled(path, name, names)
 
 
 def sdk_build_final_recipe(recipe: dict[str, Any], template: dict[str, Any]) -> dict[str, Any]:
@@ -66,7 +48,7 @@ def sdk_multiturn_recipe(recipe_text: str, method: str, overrides: dict[str, Any
     """The recipe the SDK builds for an RFT multi-turn run with these leaf overrides: its
     template of the recipe, the overrides as its defaults, then `_build_final_recipe`."""
     make_template = _sdk_function("util/recipe.py", "_build_rft_overrides_from_recipe")
-    template = make_template(recipe_text, _sdk_enums().TrainingMethod[method])
+    template = make_template(recipe_text, sdk_enums().TrainingMethod[method])
     for key, value in overrides.items():
         template.setdefault(key, {})["default"] = value
     return sdk_build_final_recipe(yaml.safe_load(recipe_text), template)
