@@ -86,6 +86,7 @@ diff: install
 	$(CDK) diff --all
 
 deploy: install
+	$(BIN)/mtrl forge-cli
 	$(CDK) deploy --all
 
 destroy: install

@@ -21,6 +21,7 @@ from mtrl.ops_commands import (
     cost_command,
     deploy_command,
     doctor_command,
+    forge_cli_command,
     logs_command,
     runs_command,
     status_command,
@@ -49,6 +50,7 @@ app.command("trajectories")(trajectories_command)
 app.command("teardown")(teardown_command)
 app.command("deploy")(deploy_command)
 app.command("doctor")(doctor_command)
+app.command("forge-cli")(forge_cli_command)
 
 
 @app.callback()

@@ -43,6 +43,7 @@ from mtrl.ops.deployment import (
 )
 from mtrl.ops.doctor import diagnose
 from mtrl.ops.endpoint import DEFAULT_INSTANCE_TYPE, delete_from_sagemaker, deploy_to_sagemaker
+from mtrl.ops.forge_cli import ForgeCliError, fetch_forge_cli
 from mtrl.ops.logs import Plane, follow, read, sources
 from mtrl.ops.runs_view import (
     QueueDepth,
@@ -55,6 +56,7 @@ from mtrl.ops.runs_view import (
 )
 from mtrl.ops.submit import SubmitError, choose_config, submit
 from mtrl.ops.teardown import TeardownFailed, release_idle_nodes, teardown_run
+from stacks.components.project_files import PROJECT_ROOT
 from stacks.config import ConfigError, PlatformConfig, deployment_context
 from training_configs import TrainingConfigError, estimate, load_training_config
 from training_configs.schema import DEFAULT_CONFIG, SHARES
@@ -531,3 +533,35 @@ def doctor_command(
             table.add_row(mark, check.name, check.detail, check.fix)
         out.print(table)
     raise typer.Exit(1 if any(check.ok is False for check in checks) else 0)
+
+
+def forge_cli_command(profile: Profile = None) -> None:
+    """Fetch the Forge HyperPod CLI bundle the deployment pins (cdk.json's forge_cli_bundle) into
+    the launcher image's build context, with your credentials; `make deploy` runs it first.
+    Nothing to do without forge_cli_bundle (the launcher uses the public release_v2)."""
+    try:
+        bundle = PlatformConfig.from_context(deployment_context()).forge_cli_bundle
+    except ConfigError as error:
+        raise fail(str(error)) from None
+    if bundle is None:
+        out.print("no forge_cli_bundle configured: the launcher builds the public release_v2")
+        return
+    try:
+        session = aws_session(profile=profile, region=None)
+    except DeploymentError as error:
+        raise fail(str(error)) from None
+    try:
+        fetched = fetch_forge_cli(session.client("s3"), bundle)
+    except ForgeCliError as error:
+        raise fail(str(error), code=1) from None
+    except BotoCoreError as error:
+        raise _aws_failure(error) from None
+    where = fetched.folder.relative_to(PROJECT_ROOT)
+    out.print(f"fetched {fetched.files} files of {bundle.uri} into {where}", highlight=False)
+    if not fetched.pinned:
+        raise fail(
+            f"its digest is {fetched.digest}: review {where}, then set forge_cli_bundle.sha256 "
+            "to it in cdk.json (synth builds only a pinned bundle)",
+            code=1,
+        )
+    out.print(f"digest {fetched.digest}: the pinned one", highlight=False)

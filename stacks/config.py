@@ -128,6 +128,32 @@ DEFAULT_NOVA_GROUP = HyperPodInstanceGroup(
 )
 
 
+class ForgeCliBundle(_Strict):
+    """AWS's HyperPod CLI with Forge support, which Forge customers are told to use (aws/nova-forge-
+    sdk's README, "For Forge Customers": `aws s3 cp s3://nova-forge-…/v1/ ./ --recursive`): the
+    launcher image is built with it instead of the public `release_v2`. `mtrl forge-cli fetch`
+    (run by `make deploy`) downloads it with the deployer's credentials; a bundle whose files do
+    not hash to `sha256` is never built."""
+
+    uri: str = Field(
+        pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/([^\s]+/)?$",
+        description="the bundle's S3 folder, s3://<bucket>/<prefix>/ (the Forge subscription's)",
+    )
+    sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="the digest of its files that `mtrl forge-cli fetch` prints, once reviewed",
+    )
+
+    @property
+    def bucket(self) -> str:
+        return self.uri.removeprefix("s3://").partition("/")[0]
+
+    @property
+    def prefix(self) -> str:
+        return self.uri.removeprefix("s3://").partition("/")[2]
+
+
 class SystemNodeGroup(_Strict):
     """The small EC2 node group that runs cluster services (CoreDNS, operators)."""
 
@@ -228,6 +254,11 @@ class PlatformConfig(_Strict):
         "hyperpod_instance_groups has none and the region has Nova's images (not on an "
         "existing HyperPod cluster, whose groups its owner lists); false for open-weights-only "
         "deployments",
+    )
+    forge_cli_bundle: ForgeCliBundle | None = Field(
+        default=None,
+        description="{uri, sha256}: build the Nova launcher with the Forge HyperPod CLI bundle "
+        "from the subscription's bucket (unset: the public release_v2 and its recipes)",
     )
     training_instance_group: str | None = Field(
         default=None,

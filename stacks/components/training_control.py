@@ -152,7 +152,7 @@ class TrainingClusterControl(Construct):
         launcher = NovaLauncher(
             self, "NovaLauncher", eks_cluster=self._eks_name,
             hyperpod_cluster=hyperpod_cluster_name(self._config), network=network,
-            log_key=self._data_key,
+            log_key=self._data_key, forge_cli=self._config.forge_cli_bundle,
         )  # fmt: skip
         self.environment |= environment_for(
             NovaSettings,

@@ -3,15 +3,20 @@ cannot be built here (no Docker engine), so its facts are pinned one by one."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+
+import pytest
 
 from domain.nova_job import FORGE_RECIPES, LAUNCHER_RECIPES, evaluation_run_recipe, run_recipe
 from lambdas.launcher import handler
 from lambdas.launcher.handler import LauncherSettings
 from stacks.components.lambda_code import PACKAGES
-from stacks.components.nova_launcher import DOCKERFILE, HANDLER
+from stacks.components.nova_launcher import DOCKERFILE, FORGE_CLI_BUNDLE, HANDLER
 from stacks.components.project_files import PROJECT_ROOT
+from stacks.config import ConfigError
+from tests.conftest import Synthesized, synthesize
 
 TEXT = (PROJECT_ROOT / DOCKERFILE).read_text()
 ENV = dict(re.findall(r"^ENV (\w+)=(\S+)$", TEXT, re.MULTILINE))
@@ -66,3 +71,33 @@ def test_aws_tools_are_pinned() -> None:
     assert submodules[ARGS["HYPERPOD_CLI_COMMIT"]].startswith(LAUNCHER_RECIPES)
     assert re.fullmatch(r"v3\.\d+\.\d+", ARGS["HELM_VERSION"])  # helm 4 lists differently
     assert "sha256sum -c" in TEXT
+
+
+def test_the_forge_bundle_is_built_from_where_the_fetch_puts_it() -> None:
+    """Build argument HYPERPOD_CLI picks the CLI (public by default); the forge one is the
+    bundle `mtrl forge-cli` fetched, copied from the build context, with NVIDIA's NeMo launcher
+    at the commit aws/sagemaker-hyperpod-recipes 0700d22 pins (`git ls-tree 0700d22
+    launcher/nemo/`: nemo_framework_launcher at 3d41c31c91d5a47a84ad15cbf783c56700c30521)."""
+    assert ARGS["HYPERPOD_CLI"] == "public"
+    assert ARGS["NEMO_LAUNCHER_COMMIT"] == "3d41c31c91d5a47a84ad15cbf783c56700c30521"
+    (copied,) = re.findall(r"^COPY (\S+) /opt/forge-cli$", TEXT, re.MULTILINE)
+    assert f"{copied}/bundle" == FORGE_CLI_BUNDLE
+    assert "mv /opt/forge-cli/bundle /opt/hyperpod-cli" in TEXT
+    nemo = ENV["NEMO_LAUNCHER_SCRIPTS"].removesuffix("/nemo_framework_launcher/launcher_scripts")
+    assert f"nemo={nemo}" in TEXT  # where the Forge SDK's README clones it
+
+
+def _launcher_build_args(app: Synthesized) -> dict[str, str]:
+    (manifest,) = app.outdir.glob("*pipeline.assets.json")
+    images = json.loads(manifest.read_text())["dockerImages"].values()
+    (launcher,) = [i for i in images if i["source"].get("dockerFile") == DOCKERFILE]
+    return launcher["source"]["dockerBuildArgs"]
+
+
+def test_a_deployment_builds_the_public_cli_unless_it_pins_a_bundle(
+    default_app: Synthesized, tmp_path: Path
+) -> None:
+    assert _launcher_build_args(default_app)["HYPERPOD_CLI"] == "public"
+    pinned = {"uri": "s3://nova-forge-example/v1/", "sha256": "0" * 64}
+    with pytest.raises(ConfigError, match="forge_cli_bundle: .*run `mtrl forge-cli"):
+        synthesize({"forge_cli_bundle": pinned}, tmp_path)
