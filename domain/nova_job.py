@@ -415,6 +415,24 @@ def submitted_recipe_key(output_prefix: str, job_name: str) -> str:
     return f"{output_prefix}{SUBMITTED_RECIPES}{job_name}.json"
 
 
+def recipe_skips(s3: Any, *, bucket: str, output_prefix: str) -> list[str]:
+    """For each Nova job of a run whose recipe did not take every override, one line naming the
+    keys it skipped (the records `submitted_recipe_key` keeps), in job order."""
+    pages = s3.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=f"{output_prefix}{SUBMITTED_RECIPES}"
+    )
+    keys = sorted(found["Key"] for page in pages for found in page.get("Contents", []))
+    lines = []
+    for key in keys:
+        record = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+        if record.get("skipped"):
+            lines.append(
+                f"the recipe of job {record['job']} has no {', '.join(record['skipped'])}: "
+                "skipped, as the Forge SDK skips an override its recipe lacks"
+            )
+    return lines
+
+
 def job_pattern(name: str) -> str:
     """A regular expression matching exactly the job names the launcher makes of run `name`."""
     return f"^{re.escape(name)}{JOB_SUFFIX}$"

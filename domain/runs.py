@@ -55,6 +55,9 @@ class RunRecord(BaseModel):
     evaluation: str | None = None  # its held-out evaluation's headline, once it succeeded
     # Run-health warnings that hold (domain/health.py), by metric: Monitor keeps them here.
     health: dict[str, str] = {}
+    # What the run did without, said when it ended: a recipe's skipped overrides, a skipped
+    # evaluation and why.
+    notes: list[str] = []
     config: TrainingConfig | None = None  # what it was registered with (experiment tracking)
 
     def hours(self, now: float) -> float:

@@ -252,6 +252,8 @@ def _print_status(status: RunDetails) -> None:
         rows["last step"] = _figures_line(status.health_figures)
     if run.health:
         rows["run health"] = "\n".join(run.health)
+    if status.notes:
+        rows["notes"] = "\n".join(status.notes)
     if run.error:
         rows["error"] = run.error
     for key, value in rows.items():

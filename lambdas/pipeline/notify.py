@@ -42,6 +42,7 @@ def summary(
         "teardown": teardown,
         "evaluation": evaluation,
         "health": sorted(run.health.values()),
+        "notes": run.notes,
     }
 
 
@@ -70,6 +71,7 @@ def notify(sns: Any, topic_arn: str, report: dict[str, Any]) -> str:
     if report.get("evaluation"):
         lines.append(f"held-out evaluation: {report['evaluation']}")
     lines += [f"warning: {reason}" for reason in report.get("health") or []]
+    lines += [f"note: {note}" for note in report.get("notes") or []]
     if report.get("tracking"):
         lines.append(f"experiment tracking: {report['tracking']}")
     if report.get("teardown") is not None:

@@ -9,11 +9,13 @@ import json
 import logging
 from typing import Any
 
+from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict
 
 from domain.backends import METRICS_OBJECT, recent_metrics
 from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, object_exists, run_output_prefix
 from domain.dataset import counted
+from domain.nova_job import recipe_skips
 from domain.run_state import RegisteredRun, RunResources
 from domain.runs import FINISHED, RunRecord, RunStore, run_id_for
 from domain.tracking import TrackedRun, tracked_run
@@ -166,7 +168,7 @@ class RunSteps:
             caution = {HELD_OUT_CAUTION: event["caution"]} if event.get("caution") else {}
             run = runs.update(
                 run.run_id, now=now, status=status, error=error, evaluation=event.get("evaluation"),
-                health={**run.health, **caution},
+                health={**run.health, **caution}, notes=self._notes(run),
             )  # fmt: skip
         report = summary(
             run,
@@ -185,6 +187,21 @@ class RunSteps:
         topic = self.settings.alert_topic_arn
         message_id = notify(self._clients("sns"), topic, report) if topic else None
         return {**report, "message_id": message_id}
+
+    def _notes(self, run: RunRecord) -> list[str]:
+        """What the run did without: each recipe's skipped overrides, each skipped evaluation
+        and why (its outputs say; a note that cannot be read is said, never raised)."""
+        s3, prefix = self._clients("s3"), run_output_prefix(run.run_id)
+        try:
+            notes = recipe_skips(s3, bucket=run.bucket, output_prefix=prefix)
+            key = f"{prefix}{EVALUATION_OBJECT}"
+            if object_exists(s3, bucket=run.bucket, key=key):
+                report = json.loads(s3.get_object(Bucket=run.bucket, Key=key)["Body"].read())
+                skipped = report.get("skipped", {})
+                notes += [f"{stage} evaluation skipped: {why}" for stage, why in skipped.items()]
+        except ClientError as error:
+            return [f"notes not read: {error.response.get('Error', {}).get('Code', error)}"]
+        return notes
 
     def _track(self, run: RunRecord, *, succeeded: bool, error: str | None) -> str:
         """The run as an MLflow run of the deployment's tracking server: its config, each step's

@@ -20,6 +20,7 @@ from botocore.exceptions import ClientError
 from domain.backends import METRICS_OBJECT, recent_metrics
 from domain.bucket import SUMMARY_OBJECT, object_exists, run_output_prefix
 from domain.health import measured
+from domain.nova_job import recipe_skips
 from domain.run_queues import QueueKind, queue_name
 from domain.runs import FINISHED, RunRecord, RunStore
 from lambdas.pipeline.ecs_fleet import worker_service_name
@@ -69,6 +70,7 @@ class RunDetails:
     queues: list[QueueDepth]
     workers: tuple[int, int] | None  # (running, wanted)
     gpu_nodes: int | None
+    notes: list[str]  # what it did without (the record's once it ended; its recipes' till then)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,6 +125,11 @@ def run_status(
         queues=_queues(clients["sqs"], clients["cloudwatch"], deployment.prefix, run_id, now=now),
         workers=_workers(clients["ecs"], deployment, run_id),
         gpu_nodes=_gpu_nodes(clients["sagemaker"], deployment),
+        notes=(
+            run.notes
+            if run.status in FINISHED
+            else recipe_skips(clients["s3"], bucket=run.bucket, output_prefix=prefix)
+        ),
     )
 
 

@@ -89,7 +89,11 @@ STEPS = (
     PipelineStep("teardown", "Deletes every per-run resource (idempotent)", _TEARDOWN),
     PipelineStep(
         "notify_end", "Publishes how the run ended (and logs it to MLflow, where deployed)",
-        (Need.RUNS_GET, Need.RUNS_PUT, Need.ALERTS_PUBLISH, Need.EXPERIMENTS_LOG),
+        # OUTPUTS_*: what the run did without (its recipes' skipped keys, skipped evaluations).
+        (
+            Need.RUNS_GET, Need.RUNS_PUT, Need.ALERTS_PUBLISH, Need.EXPERIMENTS_LOG,
+            Need.OUTPUTS_LIST, Need.OUTPUTS_READ,
+        ),
     ),
     PipelineStep(
         "scale_up", "Asks the training cluster for the run's nodes",

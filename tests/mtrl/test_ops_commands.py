@@ -17,6 +17,7 @@ import pytest
 from moto.core.config import default_user_config
 from typer.testing import CliRunner
 
+from domain.nova_job import submitted_recipe_key
 from domain.run_queues import QueueKind, create_run_queues, queue_name
 from domain.runs import RunRecord, RunStore, run_id_for
 from lambdas.clients import Clients
@@ -543,3 +544,26 @@ def test_status_shows_the_run_health_warnings_monitor_kept(deployed: dict) -> No
     flat = " ".join(table.replace("│", " ").split())  # the cell's text, however it wrapped
     assert "last step zero variance groups 50%, failed rollout rate 12%, env error rate 12%" in flat
     assert "timeout rate 0%, mean turns 4.25" in flat
+
+
+def test_status_says_what_a_run_does_without_live_then_as_recorded(deployed: dict) -> None:
+    """While a Nova run goes on, its recipes' skipped overrides (the records its plane keeps);
+    once it ended, the notes NotifyEnd recorded."""
+    _register(deployed["db"], "nova-def", created=time.time() - 600)
+    record = {"job": "nova-def-t", "skipped": ["rollout_request_queue_url"], "recipe": {}}
+    deployed["s3"].put_object(
+        Bucket=BUCKET, Key=submitted_recipe_key("runs/nova-def/", "nova-def-t"),
+        Body=json.dumps(record),
+    )  # fmt: skip
+    live = (
+        "the recipe of job nova-def-t has no rollout_request_queue_url: skipped, as the Forge SDK "
+        "skips an override its recipe lacks"
+    )
+    assert json.loads(_invoke("status", "nova-def", "--json").output)["notes"] == [live]
+    flat = " ".join(_invoke("status", "nova-def").output.replace("│", " ").split())
+    assert f"notes {live}" in flat
+    recorded = [live, "final evaluation skipped: the training job recorded no checkpoint"]
+    RunStore(deployed["db"], "nova-mtrl-runs").update(
+        "nova-def", now=time.time(), status="succeeded", notes=recorded
+    )
+    assert json.loads(_invoke("status", "nova-def", "--json").output)["notes"] == recorded

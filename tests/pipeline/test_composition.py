@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import threading
 from pathlib import Path
 
 import boto3
 import pytest
 
+from domain.nova_job import submitted_recipe_key
 from domain.runs import RunRecord, RunStore
 from lambdas.clients import Clients
 from lambdas.environment import environment_for
@@ -156,3 +158,44 @@ def test_a_tracking_server_that_fails_never_fails_the_run(aws: None) -> None:
     told = compose(environment, Clients(session))["notify_end"]({"run_id": "r", "succeeded": True})
     assert told["status"] == "SUCCEEDED" and told["tracking"].startswith("not tracked: MLflow ")
     assert RunStore(db, "runs-at-load").get("r").status == "succeeded"
+
+
+def test_what_a_run_did_without_is_in_its_record_and_its_notice(aws: None) -> None:
+    """A Nova run's recipes that skipped overrides (the records its plane keeps) and an
+    evaluation it had to skip: each one line, on the run's record and in the notification; a job
+    whose recipe took every override says nothing."""
+    db = registered(bucket="data-b")
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="data-b")
+    for job, skipped in (("r-train", ["rollout_request_queue_url", "alpha"]), ("r-eval", [])):
+        record = {"job": job, "skipped": skipped, "recipe": {}}
+        s3.put_object(
+            Bucket="data-b", Key=submitted_recipe_key("runs/r/", job), Body=json.dumps(record)
+        )
+    evaluation = {"skipped": {"baseline": "no record fell in the held-out share"}}
+    s3.put_object(Bucket="data-b", Key="runs/r/evaluation.json", Body=json.dumps(evaluation))
+    sns = boto3.client("sns")
+    topic = sns.create_topic(Name="alerts")["TopicArn"]
+    sqs = boto3.client("sqs")
+    inbox = sqs.create_queue(QueueName="inbox")["QueueUrl"]
+    inbox_arn = sqs.get_queue_attributes(QueueUrl=inbox, AttributeNames=["QueueArn"])
+    sns.subscribe(
+        TopicArn=topic, Protocol="sqs", Endpoint=inbox_arn["Attributes"]["QueueArn"],
+        Attributes={"RawMessageDelivery": "true"},
+    )  # fmt: skip
+    environment = {**ENVIRONMENT, "ALERT_TOPIC_ARN": topic}
+    told = compose(environment, Clients(boto3.Session(region_name="us-east-1")))["notify_end"](
+        {"run_id": "r", "succeeded": True}
+    )
+    notes = [
+        "the recipe of job r-train has no rollout_request_queue_url, alpha: skipped, as the "
+        "Forge SDK skips an override its recipe lacks",
+        "baseline evaluation skipped: no record fell in the held-out share",
+    ]
+    assert told["notes"] == notes
+    assert RunStore(db, "runs-at-load").get("r").notes == notes
+    (message,) = sqs.receive_message(QueueUrl=inbox)["Messages"]
+    head = message["Body"].split("\n\n", 1)[0]
+    assert [line for line in head.splitlines() if line.startswith("note: ")] == [
+        f"note: {note}" for note in notes
+    ]
