@@ -3,6 +3,7 @@ prefixes the stacks grant on, the pipeline writes to and the CLI uploads to)."""
 
 from __future__ import annotations
 
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 TRAINING_DATA_PREFIX = "training-data/"  # a .jsonl uploaded here starts a run
@@ -40,3 +41,41 @@ def object_exists(s3: Any, *, bucket: str, key: str) -> bool:
     GetObject), and ListBucket can be granted for one prefix where GetObject's 404 cannot."""
     listed = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1).get("Contents", [])
     return bool(listed) and listed[0]["Key"] == key
+
+
+class KeyOutsideFolder(ValueError):
+    """A key under a downloaded folder whose path is not a plain one below it."""
+
+
+def download_folder(s3: Any, uri: str, folder: Path) -> Path:
+    """The objects under `s3://bucket/prefix/` into `folder`; a LookupError when there are none.
+
+    S3 keys are literal: `prefix/a/../b` is a key of its own, which a file system resolves to
+    `b` (replacing the real one, listed before it) and more `../` to outside `folder`. Every key
+    is checked before anything is written; one with a `.`, `..` or empty part, or that still
+    resolves outside `folder`, raises KeyOutsideFolder and nothing is downloaded. Folder markers
+    (keys ending in `/`) are not files."""
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    prefix = prefix if prefix.endswith("/") or not prefix else f"{prefix}/"
+    root = folder.resolve()
+    found: list[tuple[str, Path]] = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            relative = item["Key"][len(prefix) :]
+            if not relative or relative.endswith("/"):
+                continue
+            target = (root / relative).resolve()
+            parts = relative.split("/")
+            if {".", "..", ""} & set(parts) or not target.is_relative_to(root):
+                raise KeyOutsideFolder(
+                    f"s3://{bucket}/{item['Key']} is not a plain path under s3://{bucket}/"
+                    f"{prefix}: nothing was downloaded (a key with '.', '..' or empty parts "
+                    "may land elsewhere)"
+                )
+            found.append((item["Key"], root.joinpath(*PurePosixPath(relative).parts)))
+    if not found:
+        raise LookupError(f"{uri} holds no files")
+    for key, target in found:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        s3.download_file(bucket, key, str(target))
+    return folder

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from domain.bucket import object_exists
+from domain.bucket import download_folder, object_exists
 from domain.checkpoints import CHECKPOINTS, MANIFEST_OBJECT, CheckpointManifest, SavedCheckpoint
 
 log = logging.getLogger("mtrl.trainer")
@@ -39,25 +39,6 @@ def upload_folder(s3: Any, folder: Path, *, bucket: str, prefix: str) -> None:
     for path in sorted(folder.rglob("*")):
         if path.is_file():
             s3.upload_file(str(path), bucket, f"{prefix}{path.relative_to(folder).as_posix()}")
-
-
-def download_folder(s3: Any, uri: str, folder: Path) -> Path:
-    """The objects under `s3://bucket/prefix/` into `folder`; a LookupError when there are none."""
-    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
-    prefix = prefix if prefix.endswith("/") or not prefix else f"{prefix}/"
-    found = 0
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        for item in page.get("Contents", []):
-            relative = item["Key"][len(prefix) :]
-            if not relative or relative.endswith("/"):
-                continue
-            target = folder / relative
-            target.parent.mkdir(parents=True, exist_ok=True)
-            s3.download_file(bucket, item["Key"], str(target))
-            found += 1
-    if not found:
-        raise LookupError(f"{uri} holds no files")
-    return folder
 
 
 class CheckpointStore:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from domain.bucket import download_folder
 from llm_trainer import sharding
-from llm_trainer.checkpoints import download_folder
 from llm_trainer.distributed import ALONE, Collective
 from llm_trainer.grpo import frozen_copy
 from llm_trainer.tiny import TINY, save_tiny

@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from domain.bucket import download_folder
 from domain.checkpoints import step_checkpoint_name
 from domain.episodes import Episode, EvaluationStage
 from domain.grpo import StepMetrics, UpdateStats, score_groups
@@ -41,12 +42,7 @@ from domain.trainer_job import (
     send_step,
     training_records_of,
 )
-from llm_trainer.checkpoints import (
-    FINAL,
-    CheckpointStore,
-    download_folder,
-    scratch_folder,
-)
+from llm_trainer.checkpoints import FINAL, CheckpointStore, scratch_folder
 from llm_trainer.distributed import ALONE, Collective
 from llm_trainer.generation import Generator, TransformersGenerator
 from llm_trainer.grpo import Reference, TrainingSequence, grpo_update, training_sequences

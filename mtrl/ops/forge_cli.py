@@ -18,6 +18,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from domain.bucket import KeyOutsideFolder, download_folder
 from stacks.components.nova_launcher import FORGE_CLI_BUNDLE, bundle_digest
 from stacks.components.project_files import PROJECT_ROOT
 from stacks.config import ForgeCliBundle
@@ -62,33 +63,18 @@ def fetch_forge_cli(s3: Any, bundle: ForgeCliBundle, *, root: Path = PROJECT_ROO
 
 
 def _download(s3: Any, bundle: ForgeCliBundle, into: Path) -> int:
-    files = 0
     try:
-        pages = s3.get_paginator("list_objects_v2").paginate(
-            Bucket=bundle.bucket, Prefix=bundle.prefix
-        )
-        for page in pages:
-            for found in page.get("Contents", []):
-                relative = found["Key"][len(bundle.prefix) :]
-                if not relative or relative.endswith("/"):
-                    continue  # the console's folder markers
-                path = (into / relative).resolve()
-                if not path.is_relative_to(into.resolve()):
-                    raise ForgeCliError(
-                        f"{bundle.uri}: key {found['Key']!r} leads outside the bundle's folder; "
-                        "nothing was fetched"
-                    )
-                path.parent.mkdir(parents=True, exist_ok=True)
-                s3.download_file(bundle.bucket, found["Key"], str(path))
-                files += 1
+        download_folder(s3, bundle.uri, into)
     except ClientError as error:
         raise _refused(bundle, error) from None
-    if not files:
+    except KeyOutsideFolder as outside:
+        raise ForgeCliError(str(outside)) from None
+    except LookupError:
         raise ForgeCliError(
             f"{bundle.uri} holds no files: check forge_cli_bundle.uri against the bundle's folder "
             "in aws/nova-forge-sdk's README"
-        )
-    return files
+        ) from None
+    return sum(1 for path in into.rglob("*") if path.is_file())
 
 
 def _refused(bundle: ForgeCliBundle, error: ClientError) -> ForgeCliError:

@@ -29,7 +29,7 @@ from botocore.credentials import Credentials
 from moto import mock_aws
 
 from domain.backends import METRICS_OBJECT
-from domain.bucket import trajectories_prefix
+from domain.bucket import download_folder, trajectories_prefix
 from domain.checkpoints import step_checkpoint_name
 from domain.episodes import Episode, EvaluationStage
 from domain.evaluation import write_episodes
@@ -47,7 +47,7 @@ from lambdas.kubernetes.token import CLUSTER_HEADER, PREFIX
 from lambdas.kubernetes.training_job import SETTINGS, run_namespace
 from lambdas.launcher.handler import compose as compose_launcher
 from lambdas.router.rollout_aliases import alias_name
-from llm_trainer.checkpoints import FINAL, CheckpointStore, download_folder
+from llm_trainer.checkpoints import FINAL, CheckpointStore
 from llm_trainer.generation import Sampled
 from llm_trainer.hub_token import hub_token
 from llm_trainer.service import GenerationService
