@@ -92,6 +92,7 @@ class ComputeSteps:
             queues=context.queues,
             model=context.training.model,
             now=self.clock(),
+            deadline_at=state.registered.deadline_at,
         )
         workers = self.compute.fleet.start(context, workers=context.training.reward_workers)
         return {"workers": len(workers)}

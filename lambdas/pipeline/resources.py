@@ -20,6 +20,7 @@ from domain.run_queues import (
     queue_name,
 )
 from lambdas.router.alarms import alarm_names, create_queue_alarms, delete_queue_alarms
+from lambdas.router.conversations import ConversationStore
 from lambdas.router.event_sources import (
     connect_consumer,
     consumer_mappings,
@@ -35,7 +36,7 @@ from lambdas.router.rollout_aliases import (
 @dataclass(frozen=True)
 class RouterWiring:
     """Where the router lives: the SQS and CloudWatch clients, the consumer and the rollout
-    forwarder functions."""
+    forwarder functions, the conversation store (runs' registrations)."""
 
     sqs: Any
     cloudwatch: Any
@@ -43,6 +44,7 @@ class RouterWiring:
     consumer_function: str
     rollout_forwarder: str
     prefix: str
+    conversations: ConversationStore
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,10 @@ def provision_run(
 
 
 def teardown_run(wiring: RouterWiring, *, run_id: str) -> dict[str, int]:
-    """Delete the run's aliases, mapping, queues and alarms; safe to repeat. Returns what was
-    deleted and what is left (0 when teardown is complete)."""
+    """Delete the run's registration with the router (its token is refused from now), aliases,
+    mapping, queues and alarms; safe to repeat. Returns what was deleted and what is left (0 when
+    teardown is complete)."""
+    wiring.conversations.remove_run(run_id)
     delete_rollout_aliases(wiring.lambda_client, function=wiring.rollout_forwarder, run_id=run_id)
     disconnect_consumer(
         wiring.lambda_client,
@@ -93,7 +97,8 @@ def teardown_run(wiring: RouterWiring, *, run_id: str) -> dict[str, int]:
 
 
 def leftover_resources(wiring: RouterWiring, *, run_id: str) -> int:
-    """How many of the run's queues, alarms, event source mappings and aliases still exist."""
+    """How many of the run's queues, alarms, event source mappings, aliases and registrations
+    still exist."""
     names = {queue_name(wiring.prefix, run_id, kind) for kind in QueueKind}
     listed = wiring.sqs.list_queues(QueueNamePrefix=queue_base(wiring.prefix, run_id)).get(
         "QueueUrls", []
@@ -110,4 +115,5 @@ def leftover_resources(wiring: RouterWiring, *, run_id: str) -> int:
     aliases = rollout_aliases_left(
         wiring.lambda_client, function=wiring.rollout_forwarder, run_id=run_id
     )
-    return queues + len(alarms) + mappings + aliases
+    registered = wiring.conversations.get_run(run_id) is not None
+    return queues + len(alarms) + mappings + aliases + registered

@@ -10,6 +10,7 @@ from domain.runs import execution_arn
 from lambdas.clients import Clients
 from lambdas.environment import EnvironmentSettings
 from lambdas.pipeline.resources import RouterWiring
+from lambdas.router.conversations import ConversationStore
 from training_configs.schema import DEFAULT_CONFIG
 
 
@@ -53,6 +54,7 @@ class PipelineSettings(EnvironmentSettings):
             consumer_function=self.consumer_function,
             rollout_forwarder=self.rollout_forwarder,
             prefix=self.name_prefix,
+            conversations=ConversationStore(clients("dynamodb"), self.conversations_table),
         )
 
     def execution_arn(self, run_id: str) -> str:

@@ -32,6 +32,9 @@ from botocore.exceptions import ClientError
 from domain.episodes import Episode, EvaluationStage, phase_of
 
 DEFAULT_TTL_SECONDS = 14 * 24 * 3600
+# A run's registration (its token) lasts until its deadline and this much after: its job and
+# evaluations end by the deadline, its last reports come soon after; teardown deletes it sooner.
+REGISTRATION_GRACE_SECONDS = 3600
 PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE = "run_id", "item", "expires_at"
 
 
@@ -64,9 +67,12 @@ class RouterRegistration:
     token_sha256: str
     queues: dict[str, str]
     model: str
+    expires_at: float = float("inf")
 
-    def accepts(self, token: str | None) -> bool:
-        if not token:
+    def accepts(self, token: str | None, *, now: float) -> bool:
+        """The run's own token, before its registration expired (DynamoDB's TTL deletes an
+        expired item only some time after)."""
+        if not token or now >= self.expires_at:
             return False
         return hmac.compare_digest(self.token_sha256, token_digest(token))
 
@@ -110,8 +116,21 @@ class ConversationStore:
     # --- runs ------------------------------------------------------------------------------
 
     def put_run(
-        self, run_id: str, *, token: str, queues: dict[str, str], model: str, now: float
+        self,
+        run_id: str,
+        *,
+        token: str,
+        queues: dict[str, str],
+        model: str,
+        now: float,
+        deadline_at: float | None = None,
     ) -> None:
+        """Register the run: its token (hashed), its queues, each queue's owner. The registration
+        expires `REGISTRATION_GRACE_SECONDS` after the run's deadline (without one, with the
+        table's items)."""
+        expires = (
+            deadline_at + REGISTRATION_GRACE_SECONDS if deadline_at is not None else now + self._ttl
+        )
         item = {
             "run_id": {"S": run_id},
             "item": {"S": "run"},
@@ -119,7 +138,7 @@ class ConversationStore:
             "queues": {"S": json.dumps(queues, sort_keys=True)},
             "model": {"S": model},
             "created_at": {"N": repr(now)},
-            "expires_at": {"N": str(int(now + self._ttl))},
+            "expires_at": {"N": str(int(expires))},
         }
         self._db.put_item(TableName=self._table, Item=item)
         for url in queues.values():
@@ -129,9 +148,21 @@ class ConversationStore:
                     "run_id": {"S": _queue_key(url)},
                     "item": {"S": "run"},
                     "owner": {"S": run_id},
-                    "expires_at": {"N": str(int(now + self._ttl))},
+                    "expires_at": {"N": str(int(expires))},
                 },
             )
+
+    def remove_run(self, run_id: str) -> bool:
+        """Delete the run's registration (its token) and its queues' owner records, so nothing
+        speaks for the run once it is torn down; False when there was none. Its turns and reports
+        stay until the table's TTL (the run's record of what happened)."""
+        item = self._get(run_id, "run")
+        if item is None:
+            return False
+        for url in json.loads(item.get("queues", {}).get("S", "{}")).values():
+            self._delete(_queue_key(url), "run")
+        self._delete(run_id, "run")
+        return True
 
     def get_run(self, run_id: str) -> RouterRegistration | None:
         item = self._get(run_id, "run")
@@ -142,6 +173,7 @@ class ConversationStore:
             token_sha256=item["token_sha256"]["S"],
             queues=json.loads(item["queues"]["S"]),
             model=item["model"]["S"],
+            expires_at=float(item["expires_at"]["N"]) if "expires_at" in item else float("inf"),
         )
 
     def open_phase(self, run_id: str, phase: str, *, now: float) -> None:
@@ -356,6 +388,11 @@ class ConversationStore:
             ConsistentRead=True,
         )
         return answer.get("Item")
+
+    def _delete(self, run_id: str, item: str) -> None:
+        self._db.delete_item(
+            TableName=self._table, Key={"run_id": {"S": run_id}, "item": {"S": item}}
+        )
 
     def _fresh(self, run_id: str, item: str, fields: dict[str, Any], now: float) -> dict[str, Any]:
         return {

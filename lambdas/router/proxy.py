@@ -179,7 +179,7 @@ class Proxy:
 
     def _run(self, run_id: str, token: str) -> RouterRegistration:
         run = self._registration(run_id)
-        if run is None or not run.accepts(token):
+        if run is None or not run.accepts(token, now=self.clock()):
             raise HttpError(
                 403,
                 f"not allowed for run {run_id!r}: check the run id and token in the base URL",

@@ -34,6 +34,7 @@ class Need(StrEnum):
     CONVERSATIONS_QUERY = "read a run's rollout reports"
     CONVERSATIONS_PUT = "store a new conversation record"
     CONVERSATIONS_UPDATE = "change a conversation record"
+    CONVERSATIONS_DELETE = "delete a run's registration with the router"
     RUN_QUEUES_CREATE = "create a run's queues"
     RUN_QUEUES_DELETE = "delete a run's queues"
     RUN_QUEUES_PURGE = "empty a run's queues between its phases"

@@ -147,6 +147,7 @@ class Router(Construct):
             Need.CONVERSATIONS_QUERY,
             Need.CONVERSATIONS_PUT,
             Need.CONVERSATIONS_UPDATE,
+            Need.CONVERSATIONS_DELETE,
             Need.RUN_QUEUES_CREATE,
             Need.RUN_QUEUES_DELETE,
             Need.RUN_QUEUES_PURGE,
@@ -174,8 +175,12 @@ class Router(Construct):
                 grant_table_action(
                     role, f"dynamodb:{action}", self.table, self._data_key, writes=False
                 )
-            case Need.CONVERSATIONS_PUT | Need.CONVERSATIONS_UPDATE:
-                action = "PutItem" if need is Need.CONVERSATIONS_PUT else "UpdateItem"
+            case Need.CONVERSATIONS_PUT | Need.CONVERSATIONS_UPDATE | Need.CONVERSATIONS_DELETE:
+                action = {
+                    Need.CONVERSATIONS_PUT: "PutItem",
+                    Need.CONVERSATIONS_UPDATE: "UpdateItem",
+                    Need.CONVERSATIONS_DELETE: "DeleteItem",
+                }[need]
                 grant_table_action(
                     role, f"dynamodb:{action}", self.table, self._data_key, writes=True
                 )

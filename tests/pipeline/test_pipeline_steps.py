@@ -17,6 +17,7 @@ from lambdas.pipeline.resources import (
     teardown_run,
 )
 from lambdas.pipeline.validate import validate_upload
+from lambdas.router.conversations import ConversationStore, create_table
 from tests.aws import create_router_functions
 
 BUCKET = "data-bucket"
@@ -71,10 +72,12 @@ def test_a_dataset_version_that_is_gone_is_an_error(bucket) -> None:
 
 def _wiring() -> RouterWiring:
     consumer, forwarder = create_router_functions(boto3.client("lambda"), boto3.client("iam"))
+    create_table(boto3.client("dynamodb"), "conversations")
     return RouterWiring(
         sqs=boto3.client("sqs"), cloudwatch=boto3.client("cloudwatch"),
         lambda_client=boto3.client("lambda"), consumer_function=consumer,
         rollout_forwarder=forwarder, prefix="nova-mtrl",
+        conversations=ConversationStore(boto3.client("dynamodb"), "conversations"),
     )  # fmt: skip
 
 
@@ -124,3 +127,21 @@ class IgnoresDeletes:
 
     def __getattr__(self, name: str) -> object:
         return getattr(self._client, name)
+
+
+def test_after_teardown_nothing_speaks_for_the_run(bucket) -> None:
+    """Teardown deletes the run's registration: its token is refused at once (a warm proxy's
+    cache at most RUN_CACHE_SECONDS later), the consumer no longer finds the run of its queues;
+    the turns and reports stay, the run's record of what happened."""
+    wiring = _wiring()
+    provisioned = provision_run(wiring, run_id="r-9", kms_key_id=None, alert_topic_arn=None)
+    store = wiring.conversations
+    store.put_run("r-9", token="t", queues=provisioned.queues, model="m", now=0.0)
+    store.start_step("r-9", "s_0_1", sample_id="s_0", now=0.0)
+    queue = provisioned.queues["generate_responses"]
+    assert store.run_of_queue(queue) == "r-9"
+    assert leftover_resources(wiring, run_id="r-9") == 14  # the registration among them
+    assert teardown_run(wiring, run_id="r-9") == {"queues_deleted": 5, "leftover": 0}
+    assert store.get_run("r-9") is None and store.run_of_queue(queue) is None
+    assert store.get_step("r-9", "s_0_1") is not None
+    assert teardown_run(wiring, run_id="r-9") == {"queues_deleted": 0, "leftover": 0}

@@ -32,7 +32,9 @@ def test_steps_belong_to_their_run(router: Router) -> None:
 
 def test_run_token_is_checked_by_hash(router: Router) -> None:
     run = router.store.get_run(RUN)
-    assert run.accepts(TOKEN) and not run.accepts("secret-token-2") and not run.accepts(None)
+    now = 0.0
+    assert run.accepts(TOKEN, now=now) and not run.accepts("secret-token-2", now=now)
+    assert not run.accepts(None, now=now)
     assert TOKEN not in str(
         router.db.get_item(
             TableName="conversations", Key={"run_id": {"S": RUN}, "item": {"S": "run"}}

@@ -20,6 +20,7 @@ from domain.protocol import (
     step_id_for,
 )
 from lambdas.clients import Clients
+from lambdas.router.conversations import REGISTRATION_GRACE_SECONDS
 from lambdas.router.proxy import RUN_CACHE_SECONDS, RUN_CACHE_SIZE, Proxy, proxy_for
 from tests.router.conftest import MODEL, OTHER_TOKEN, RUN, TABLE, TOKEN, Router, answer, event
 
@@ -618,7 +619,7 @@ def test_a_cached_registration_still_refuses_a_wrong_token_and_a_removed_run_exp
 ) -> None:
     assert chat(router)[0] == 202
     assert chat(router, sample="s2_0", token=OTHER_TOKEN)[0] == 403
-    router.db.delete_item(TableName=TABLE, Key={"run_id": {"S": RUN}, "item": {"S": "run"}})
+    assert router.store.remove_run(RUN)  # what teardown does
     assert chat(router, sample="s3_0")[0] == 202  # a warm proxy's bound: RUN_CACHE_SECONDS
     router.clock.now += RUN_CACHE_SECONDS
     assert chat(router, sample="s4_0")[0] == 403
@@ -626,11 +627,36 @@ def test_a_cached_registration_still_refuses_a_wrong_token_and_a_removed_run_exp
     assert chat(router, sample="s5_0")[0] == 403  # an unknown run is not remembered
 
 
+def test_a_registration_past_its_runs_deadline_is_refused_before_dynamodb_deletes_it(
+    router: Router,
+) -> None:
+    """The token lasts until the run's deadline and an hour (REGISTRATION_GRACE_SECONDS); the
+    table's TTL deletes the item only some time after, so the proxy checks it, cached or not."""
+    deadline = router.clock() + 600
+    router.store.put_run(
+        RUN, token=TOKEN, queues=router.queues.urls(), model=MODEL, now=router.clock(),
+        deadline_at=deadline,
+    )  # fmt: skip
+    item = router.db.get_item(TableName=TABLE, Key={"run_id": {"S": RUN}, "item": {"S": "run"}})
+    assert int(item["Item"]["expires_at"]["N"]) == int(deadline + REGISTRATION_GRACE_SECONDS)
+    assert chat(router)[0] == 202
+    router.clock.now = deadline + REGISTRATION_GRACE_SECONDS - 1
+    assert chat(router, sample="s2_0")[0] == 202
+    router.clock.now += 1  # still in the warm proxy's cache, still in the table: refused
+    status, body = chat(router, sample="s3_0")
+    assert status == 403 and body["error"]["type"] == "auth_error"
+    assert router.store.get_run(RUN) is not None
+
+
 def test_an_unknown_run_is_read_every_time_so_a_new_run_is_served_at_once(router: Router) -> None:
     runs = reads(router, "get_run")
     assert chat(router, run="run-3", token="secret-token-3")[0] == 403
     router.store.put_run(
-        "run-3", token="secret-token-3", queues=router.queues.urls(), model=MODEL, now=0
+        "run-3",
+        token="secret-token-3",
+        queues=router.queues.urls(),
+        model=MODEL,
+        now=router.clock(),
     )
     assert chat(router, run="run-3", token="secret-token-3")[0] == 202
     assert runs == ["run-3", "run-3"]
@@ -642,7 +668,7 @@ def test_the_proxy_remembers_a_bounded_number_of_runs_dropping_the_oldest(router
         chat(router, run=f"gone-{number}", token="t")
     for number in range(3, RUN_CACHE_SIZE + 3):
         router.store.put_run(
-            f"r{number}", token="t", queues=router.queues.urls(), model=MODEL, now=0
+            f"r{number}", token="t", queues=router.queues.urls(), model=MODEL, now=router.clock()
         )
         chat(router, run=f"r{number}", token="t", sample="s")
     del runs[:]
@@ -658,12 +684,14 @@ def test_a_registration_read_again_counts_as_the_newest_read(router: Router) -> 
     runs = reads(router, "get_run")
     for number in range(RUN_CACHE_SIZE):
         router.store.put_run(
-            f"r{number}", token="t", queues=router.queues.urls(), model=MODEL, now=0
+            f"r{number}", token="t", queues=router.queues.urls(), model=MODEL, now=router.clock()
         )
         chat(router, run=f"r{number}", token="t", sample="s")
     router.clock.now += RUN_CACHE_SECONDS
     chat(router, run="r1", token="t", sample="s")  # expired: read again, now the newest
-    router.store.put_run("r64", token="t", queues=router.queues.urls(), model=MODEL, now=0)
+    router.store.put_run(
+        "r64", token="t", queues=router.queues.urls(), model=MODEL, now=router.clock()
+    )
     for run, token in ((RUN, TOKEN), ("r64", "t")):  # two more runs: r0 and r2 make room
         chat(router, run=run, token=token, sample="s")
     del runs[:]
