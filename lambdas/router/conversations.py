@@ -1,9 +1,9 @@
 """Conversation state in DynamoDB: runs, rollouts and model steps, written conditionally.
 
 One table, key (`run_id`, `item`), TTL on `expires_at`:
-- `run`: the run's token hash and queue URLs (what the proxy needs to serve a caller), and the
-  phase of the run that is open (`open_phase`: what its queues carry now; unset until the
-  pipeline opens the first);
+- `run`: the run's token hash, queue URLs and expiry (what the proxy needs to serve a caller),
+  and the run's open phase (`phase`, set by `open_phase`: what its queues carry now; unset
+  until the pipeline opens the first); deleted at teardown (`remove_run`);
 - `queue#<name>`: which run a queue belongs to (under `run_id` = `queue#<name>`), for the
   consumer, which only knows the queue a message came from;
 - `step#<step_id>`: one model turn: `pending -> processing -> completed | failed`;
@@ -284,12 +284,6 @@ class ConversationStore:
         self._db.put_item(
             TableName=self._table, Item=self._fresh(run_id, f"sample#{sample_id}", fields, now)
         )
-
-    def stage_of(self, run_id: str, sample_id: str) -> EvaluationStage | None:
-        """The evaluation sample `sample_id` was last asked for in (None: training, or asked
-        for straight on the run's queue)."""
-        item = self._get(run_id, f"sample#{sample_id}")
-        return EvaluationStage(item["stage"]["S"]) if item and "stage" in item else None
 
     def sample_phase(self, run_id: str, sample_id: str) -> str | None:
         """The phase sample `sample_id` was last asked for in through the rollout Lambda

@@ -123,7 +123,7 @@ def test_a_function_with_its_environment_forwards_to_that_deployments_queues(
     made = forwarder_for({"NAME_PREFIX": "test", "TABLE_NAME": TABLE}, clients.__getitem__)
     invoke(made, DOCUMENTED_ROLLOUT_REQUEST, alias=f"{RUN}_final")
     assert len(router.messages(router.queues.rollout_requests)) == 1
-    assert router.store.stage_of(RUN, "sample-000_0") is EvaluationStage.FINAL
+    assert router.store.sample_phase(RUN, "sample-000_0") == "final"
 
 
 def test_each_sample_is_kept_in_the_phase_its_alias_is_for(router: Router) -> None:
@@ -132,12 +132,12 @@ def test_each_sample_is_kept_in_the_phase_its_alias_is_for(router: Router) -> No
     sent = forwarder(router)
     asked = {**DOCUMENTED_ROLLOUT_REQUEST, "sample_id": "a_0"}
     assert invoke(sent, asked, alias=f"{RUN}_baseline")["stage"] == "baseline"
-    assert router.store.stage_of(RUN, "a_0") is EvaluationStage.BASELINE
+    assert router.store.sample_phase(RUN, "a_0") == "baseline"
     invoke(sent, {**asked, "timestamp": 2.0})
-    assert router.store.stage_of(RUN, "a_0") is None
+    assert router.store.sample_phase(RUN, "a_0") == "training"
     invoke(sent, {**asked, "timestamp": 3.0}, alias=f"{RUN}_final")
-    assert router.store.stage_of(RUN, "a_0") is EvaluationStage.FINAL
-    assert router.store.stage_of(OTHER_RUN, "a_0") is None
+    assert router.store.sample_phase(RUN, "a_0") == "final"
+    assert router.store.sample_phase(OTHER_RUN, "a_0") is None
     assert len(router.messages(router.queues.rollout_requests)) == 3
 
 
@@ -145,7 +145,7 @@ def test_an_alias_of_no_phase_is_refused_and_nothing_is_recorded(router: Router)
     sent = forwarder(router)
     with pytest.raises(RolloutRefused, match="invoke the run's alias"):
         invoke(sent, DOCUMENTED_ROLLOUT_REQUEST, alias=f"{RUN}_midway")
-    assert router.store.stage_of(RUN, "sample-000_0") is None
+    assert router.store.sample_phase(RUN, "sample-000_0") is None
     assert not router.messages(router.queues.rollout_requests)
     assert sent.counters.refused == 1
 
