@@ -3,6 +3,7 @@ prefixes the stacks grant on, the pipeline writes to and the CLI uploads to)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -16,6 +17,28 @@ EVALUATION_OBJECT = "evaluation.json"  # under a run's outputs: baseline, final 
 # Under a run's outputs: every finished rollout, Parquet by hour (domain/trajectories.py).
 TRAJECTORIES_FOLDER = "trajectories/"
 QUERY_RESULTS_PREFIX = "athena-results/"  # the Athena workgroup's results (SQL over them)
+
+
+# S3's safe characters for key names (Amazon S3 User Guide, "Naming Amazon S3 objects", object
+# key naming guidelines: 0-9 a-z A-Z ! - _ . * ' ( ), and / between folders). A dataset's key
+# goes as it is into places that read it as more than a name: a Nova recipe's `data_s3_path`,
+# which the launcher reads with Hydra/OmegaConf, where `${...}` is an interpolation.
+_SAFE_KEY_CHARACTER = re.compile(r"[0-9a-zA-Z!\-_.*'()/]")
+
+
+class UnsafeKey(ValueError):
+    """A dataset key with characters outside S3's safe set; the text names them and the fix."""
+
+
+def check_dataset_key(key: str) -> None:
+    """Refuse a dataset key with a character outside S3's safe set."""
+    unsafe = sorted({c for c in key if not _SAFE_KEY_CHARACTER.fullmatch(c)})
+    if unsafe:
+        shown = " ".join(repr(c) for c in unsafe)
+        raise UnsafeKey(
+            f"dataset key {key!r} has characters outside S3's safe set ({shown}): rename the file "
+            "with letters, digits and ! - _ . * ' ( ) only"
+        )
 
 
 def run_output_prefix(run_id: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from domain.bucket import CONFIGS_PREFIX, object_exists
+from domain.bucket import CONFIGS_PREFIX, check_dataset_key, object_exists
 from domain.checkpoints import BaseCheckpoint
 from domain.nova_job import NO_NOVA_GROUP, is_nova, nova_problems
 from domain.presets import ModelPreset
@@ -84,6 +84,7 @@ def register_run(
     """`presets` and `instance_type`: what the standard group offers an open-weights model;
     `nova_instance_type`: the restricted group's, for a Nova model (None: no such group). The
     config must fit the plane of its model (unchecked when `presets` is None: no planes told)."""
+    check_dataset_key(key)
     run_id = run_id_for(bucket, key, version_id)
     name, config = resolve_config(
         s3, bucket=bucket, key=key, version_id=version_id, default=default_config

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from domain.bucket import CONFIGS_PREFIX, TRAINING_DATA_PREFIX
+from domain.bucket import CONFIGS_PREFIX, TRAINING_DATA_PREFIX, UnsafeKey, check_dataset_key
 from domain.nova_job import is_nova, nova_problems
 from domain.runs import run_id_for
 from lambdas.pipeline.register import CONFIG_METADATA_KEY
@@ -70,13 +70,17 @@ def submit(
 ) -> Submitted:
     """Upload the config (if a file) and then the dataset; the upload starts the run."""
     bucket = deployment.data_bucket
+    key = f"{TRAINING_DATA_PREFIX}{name or dataset.name}"
+    if not key.endswith(".jsonl"):
+        raise SubmitError(f"{key}: the pipeline starts only for .jsonl objects; name it *.jsonl")
+    try:
+        check_dataset_key(key)
+    except UnsafeKey as unsafe:
+        raise SubmitError(f"{unsafe} (or give --name)") from None
     if chosen.path is not None:
         s3.upload_file(
             str(chosen.path), bucket, chosen.name, ExtraArgs={"ContentType": "application/yaml"}
         )
-    key = f"{TRAINING_DATA_PREFIX}{name or dataset.name}"
-    if not key.endswith(".jsonl"):
-        raise SubmitError(f"{key}: the pipeline starts only for .jsonl objects; name it *.jsonl")
     s3.upload_file(
         str(dataset),
         bucket,

@@ -149,6 +149,19 @@ def test_submit_refuses_bad_input_before_any_upload(deployed: dict, tmp_path: Pa
     )
     assert "Contents" not in deployed["s3"].list_objects_v2(Bucket=BUCKET)
     assert "Traceback" not in result.output
+    # A key S3 calls unsafe (here an OmegaConf interpolation a Nova recipe would resolve), with
+    # a config file: refused before the config is uploaded too.
+    result = _invoke(
+        "submit", str(EXAMPLE / "train.jsonl"), "--config", str(EXAMPLE / "config.yaml"),
+        "--name", "${oc.env:HOME}.jsonl",
+    )  # fmt: skip
+    assert result.exit_code == 2, result.output
+    flat = " ".join(result.output.split())
+    assert (
+        "dataset key 'training-data/${oc.env:HOME}.jsonl' has characters outside S3's safe" in flat
+    )
+    assert "('$' ':' '{' '}'): rename the file" in flat and "(or give --name)" in flat
+    assert "Contents" not in deployed["s3"].list_objects_v2(Bucket=BUCKET)
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import boto3
 import pytest
 import yaml
 
+from domain.bucket import UnsafeKey, check_dataset_key
 from domain.runs import RunStore, run_id_for
 from lambdas.kubernetes.training_job import JobRenderError
 from lambdas.pipeline.checkpoints import CheckpointRefused
@@ -322,3 +323,31 @@ def test_the_end_notification_lists_the_run_health_warnings(s3_and_runs) -> None
     )()
     notify(spy, topic, report)
     assert f"warning: {warning}" in published[0]["Message"].split("\n\n", 1)[0]
+
+
+def test_a_dataset_key_outside_s3s_safe_characters_is_refused_before_the_run_exists(
+    s3_and_runs,
+) -> None:
+    """The key reaches a Nova recipe's data_s3_path as it is, which Hydra/OmegaConf resolves
+    (`${oc.env:...}` would read the launcher's environment)."""
+    s3, runs = s3_and_runs
+    key = "training-data/${oc.env:AWS_SECRET_ACCESS_KEY}.jsonl"
+    with pytest.raises(UnsafeKey) as refused:
+        register_run(
+            s3, runs, bucket=BUCKET, key=key, version_id=_upload(s3, key),
+            default_config="rft_multiturn_lora", now=0.0,
+        )  # fmt: skip
+    assert str(refused.value) == (
+        f"dataset key {key!r} has characters outside S3's safe set ('$' ':' '{{' '}}'): rename "
+        "the file with letters, digits and ! - _ . * ' ( ) only"
+    )
+    assert runs.all() == []
+    for safe in ("training-data/team-a/wordle_v2.(final)!.jsonl", "training-data/a*b'c.jsonl"):
+        check_dataset_key(safe)
+    for unsafe in (
+        "training-data/my data.jsonl",
+        "training-data/x#1.jsonl",
+        "training-data/é.jsonl",
+    ):
+        with pytest.raises(UnsafeKey):
+            check_dataset_key(unsafe)
