@@ -115,6 +115,11 @@ class RecordMetadata(BaseModel):
                     f"must be an object or a string of JSON text ({error.msg} at character "
                     f"{error.pos + 1})"
                 ) from None
+            except RecursionError:  # Python's parser stops a deep nesting this way
+                raise ValueError(
+                    "must be an object or a string of JSON text (nested too deeply to parse: "
+                    "flatten it)"
+                ) from None
         return info
 
 

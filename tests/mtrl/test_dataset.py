@@ -121,6 +121,12 @@ def test_problem_counts_read_as_english() -> None:
             "at character 1)",
         ),
         (
+            # JSON text nested past what Python's parser takes (it raises RecursionError).
+            _line({"id": "a", "metadata": {"prompt": "p", "info": "[" * 100_000 + "]" * 100_000}}),
+            "line 1: metadata.info: must be an object or a string of JSON text (nested too deeply "
+            "to parse: flatten it)",
+        ),
+        (
             _line({"id": "a", "metadata": {"prompt": "p"}, "answer": "x"}),
             "line 1: answer: not allowed here (a record has id, metadata, and optionally "
             "messages and tools)",
