@@ -131,7 +131,7 @@ DEFAULT_NOVA_GROUP = HyperPodInstanceGroup(
 class ForgeCliBundle(_Strict):
     """AWS's HyperPod CLI with Forge support, which Forge customers are told to use (aws/nova-forge-
     sdk's README, "For Forge Customers": `aws s3 cp s3://nova-forge-…/v1/ ./ --recursive`): the
-    launcher image is built with it instead of the public `release_v2`. `mtrl forge-cli fetch`
+    launcher image is built with it instead of the public `release_v2`. `mtrl forge-cli`
     (run by `make deploy`) downloads it with the deployer's credentials; a bundle whose files do
     not hash to `sha256` is never built."""
 
@@ -142,7 +142,7 @@ class ForgeCliBundle(_Strict):
     sha256: str | None = Field(
         default=None,
         pattern=r"^[0-9a-f]{64}$",
-        description="the digest of its files that `mtrl forge-cli fetch` prints, once reviewed",
+        description="the digest of its files that `mtrl forge-cli` prints, once reviewed",
     )
 
     @property

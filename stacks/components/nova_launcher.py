@@ -3,7 +3,7 @@ helm in a container image built by `cdk deploy` (stacks/assets/launcher/Dockerfi
 cluster's network, invoked by the pipeline to start and stop a run's Nova job.
 
 The CLI is the public `release_v2` at a pinned commit, or the Forge bundle a deployment names
-(`forge_cli_bundle`): fetched beforehand into `FORGE_CLI_BUNDLE` by `mtrl forge-cli fetch`, and
+(`forge_cli_bundle`): fetched beforehand into `FORGE_CLI_BUNDLE` by `mtrl forge-cli`, and
 built only when its files hash to the digest the deployment pins."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def checked_bundle(bundle: ForgeCliBundle | None, root: Path = PROJECT_ROOT) -> 
     the one the deployment pins; a problem raises ConfigError with the fix."""
     if bundle is None:
         return "public"
-    fetch = "run `mtrl forge-cli fetch` (make deploy runs it before cdk deploy)"
+    fetch = "run `mtrl forge-cli` (make deploy runs it before cdk deploy)"
     if bundle.sha256 is None:
         raise ConfigError(
             f"forge_cli_bundle has no sha256: {fetch}, review what it downloaded, and set "

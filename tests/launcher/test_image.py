@@ -99,5 +99,7 @@ def test_a_deployment_builds_the_public_cli_unless_it_pins_a_bundle(
 ) -> None:
     assert _launcher_build_args(default_app)["HYPERPOD_CLI"] == "public"
     pinned = {"uri": "s3://nova-forge-example/v1/", "sha256": "0" * 64}
-    with pytest.raises(ConfigError, match="forge_cli_bundle: .*run `mtrl forge-cli"):
+    with pytest.raises(
+        ConfigError, match=r"forge_cli_bundle: .*run `mtrl forge-cli` \(make deploy runs it"
+    ):
         synthesize({"forge_cli_bundle": pinned}, tmp_path)

@@ -121,10 +121,15 @@ def test_a_denied_listing_says_the_bundle_is_for_forge_subscribers(tmp_path: Pat
 def test_synth_builds_the_forge_bundle_only_once_fetched_and_pinned(tmp_path: Path) -> None:
     assert checked_bundle(None, root=tmp_path) == "public"
     unpinned = ForgeCliBundle(uri=URI)
-    with pytest.raises(ConfigError, match="forge_cli_bundle has no sha256: run `mtrl forge-cli"):
+    with pytest.raises(
+        ConfigError,
+        match=r"forge_cli_bundle has no sha256: run `mtrl forge-cli` \(make deploy runs it",
+    ):
         checked_bundle(unpinned, root=tmp_path)
     pinned = ForgeCliBundle(uri=URI, sha256=hashlib.sha256(b"x").hexdigest())
-    with pytest.raises(ConfigError, match=f"no bundle in {FORGE_CLI_BUNDLE}: run `mtrl forge-cli"):
+    with pytest.raises(
+        ConfigError, match=f"no bundle in {FORGE_CLI_BUNDLE}: run `mtrl forge-cli` \\(make deploy"
+    ):
         checked_bundle(pinned, root=tmp_path)
     (tmp_path / FORGE_CLI_BUNDLE).mkdir(parents=True)
     (tmp_path / FORGE_CLI_BUNDLE / "setup.py").write_bytes(b"y")
