@@ -4,7 +4,7 @@ prefixes the stacks grant on, the pipeline writes to and the CLI uploads to)."""
 from __future__ import annotations
 
 import re
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 TRAINING_DATA_PREFIX = "training-data/"  # a .jsonl uploaded here starts a run
@@ -95,7 +95,7 @@ def download_folder(s3: Any, uri: str, folder: Path) -> Path:
                     f"{prefix}: nothing was downloaded (a key with '.', '..' or empty parts "
                     "may land elsewhere)"
                 )
-            found.append((item["Key"], root.joinpath(*PurePosixPath(relative).parts)))
+            found.append((item["Key"], root / relative))
     if not found:
         raise LookupError(f"{uri} holds no files")
     for key, target in found:

@@ -145,14 +145,6 @@ class ForgeCliBundle(_Strict):
         description="the digest of its files that `mtrl forge-cli` prints, once reviewed",
     )
 
-    @property
-    def bucket(self) -> str:
-        return self.uri.removeprefix("s3://").partition("/")[0]
-
-    @property
-    def prefix(self) -> str:
-        return self.uri.removeprefix("s3://").partition("/")[2]
-
 
 class SystemNodeGroup(_Strict):
     """The small EC2 node group that runs cluster services (CoreDNS, operators)."""

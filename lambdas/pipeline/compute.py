@@ -111,8 +111,7 @@ class ComputeSteps:
         opened, state = OpenedPhase(phase=event["phase"]), RunState.model_validate(event["state"])
         run_id = state.registered.run_id
         store = ConversationStore(self.clients("dynamodb"), self.settings.conversations_table)
-        previous = store.phase(run_id)
-        store.open_phase(run_id, opened.phase, now=self.clock())
+        previous = store.open_phase(run_id, opened.phase, now=self.clock())
         if previous is None or state.resources is None:
             return opened.model_dump(mode="json")
         purged = purge_run_queues(self.clients("sqs"), state.resources.queues)

@@ -176,15 +176,18 @@ class ConversationStore:
             expires_at=float(item["expires_at"]["N"]) if "expires_at" in item else float("inf"),
         )
 
-    def open_phase(self, run_id: str, phase: str, *, now: float) -> None:
-        """`phase` of the run is open from now; the one before it has ended."""
-        self._db.update_item(
+    def open_phase(self, run_id: str, phase: str, *, now: float) -> str | None:
+        """`phase` of the run is open from now; the one before it has ended. Returns the phase
+        that was open (None: this is the first)."""
+        answer = self._db.update_item(
             TableName=self._table,
             Key={"run_id": {"S": run_id}, "item": {"S": "run"}},
             UpdateExpression="SET #phase = :phase, updated_at = :now",
             ExpressionAttributeNames={"#phase": "phase"},
             ExpressionAttributeValues={":phase": {"S": phase}, ":now": {"N": repr(now)}},
+            ReturnValues="UPDATED_OLD",
         )
+        return answer.get("Attributes", {}).get("phase", {}).get("S")
 
     def phase(self, run_id: str) -> str | None:
         """The run's open phase (None: none opened yet)."""

@@ -111,7 +111,7 @@ STEPS = (
     PipelineStep("workers_healthy", "Counts the run's healthy reward workers", (Need.FLEET_WATCH,)),
     PipelineStep(
         "open_phase", "Opens a phase of the run (an evaluation, training): empties its queues",
-        (Need.CONVERSATIONS_GET, Need.CONVERSATIONS_UPDATE, Need.RUN_QUEUES_PURGE),
+        (Need.CONVERSATIONS_UPDATE, Need.RUN_QUEUES_PURGE),
     ),
     # DATASETS_READ, OUTPUTS_WRITE: a Nova job trains on the dataset without its held-out records.
     PipelineStep(

@@ -139,8 +139,7 @@ def test_synth_builds_the_forge_bundle_only_once_fetched_and_pinned(tmp_path: Pa
 
 def test_the_setting_takes_an_s3_folder_and_a_sha256() -> None:
     config = PlatformConfig.from_context({"forge_cli_bundle": json.dumps({"uri": URI})})
-    assert config.forge_cli_bundle is not None
-    assert (config.forge_cli_bundle.bucket, config.forge_cli_bundle.prefix) == (BUCKET, "v1/")
+    assert config.forge_cli_bundle == ForgeCliBundle(uri=URI)
     for bad in ({"uri": "https://example.com/v1/"}, {"uri": URI, "sha256": "abc"}):
         with pytest.raises(ConfigError, match="forge_cli_bundle"):
             PlatformConfig.from_context({"forge_cli_bundle": bad})

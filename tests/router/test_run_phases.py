@@ -34,8 +34,8 @@ def report(router: Router, sample: str) -> tuple[int, dict]:
 
 def test_the_open_phase_is_the_last_one_opened(router: Router) -> None:
     assert router.store.phase(RUN) is None
-    router.store.open_phase(RUN, "baseline", now=router.clock())
-    router.store.open_phase(RUN, "training", now=router.clock())
+    assert router.store.open_phase(RUN, "baseline", now=router.clock()) is None  # the first
+    assert router.store.open_phase(RUN, "training", now=router.clock()) == "baseline"
     assert router.store.phase(RUN) == "training"
     assert router.store.get_run(RUN) is not None  # the registration is kept beside it
 
