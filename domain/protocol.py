@@ -188,6 +188,37 @@ class RolloutResponse(_Message):
         flags = [metric.value for metric in self.metrics if metric.name == SUCCESS_METRIC]
         return flags[-1] >= 0.5 if flags else None
 
+    def for_nova(self) -> NovaRolloutResponse | None:
+        """This response as Nova's trainer is documented to take it (`NovaRolloutResponse`);
+        None for a rollout without a score, which has no documented form."""
+        score = self.aggregate_score
+        if score is None:
+            return None
+        return NovaRolloutResponse(
+            sample_id=self.sample_id, rewards=NovaRewards(aggregate_score=score)
+        )
+
+
+class NovaRewards(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    aggregate_score: float = Field(allow_inf_nan=False)
+
+
+class NovaRolloutResponse(_Message):
+    """A rollout response exactly as the Nova user guide documents it ("Reinforcement Learning",
+    nova-hp-rft-forge, "BYOO request and response formats"): `version`, `sample_id`,
+    `stop_reason` "end_of_conversation" and `rewards.aggregate_score`, a number, and nothing
+    else. What Nova's trainer gets for a sample its rollout Lambda forwarded: a rollout that
+    reached its turn limit ended its conversation too; our metrics, errors and failure reasons
+    stay with the run's records and trajectories."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sample_id: str = Field(min_length=1, max_length=ID_LENGTH)
+    stop_reason: Literal["end_of_conversation"] = "end_of_conversation"
+    rewards: NovaRewards
+
 
 class GenerateRequest(_Message):
     """Proxy → trainer (queue `generate-requests`): the next model turn of a conversation, and

@@ -4,7 +4,11 @@
   run's queue, waits a short bounded time for the completion: 200 with the completion, or
   202 `{"step_id", "status"}` to poll.
 - `GET /v1/chat/completions/{step_id}`: `{"step_id", "status", "result"}`.
-- `POST /v1/rollouts/report`: a finished rollout, forwarded once as a v0 rollout response.
+- `POST /v1/rollouts/report`: a finished rollout, forwarded once as a v0 rollout response. For
+  a sample Nova's trainer asked for through the rollout Lambda, the response is the documented
+  one and nothing more (`domain.protocol.NovaRolloutResponse`); a failed rollout of such a sample
+  has no documented form and is not sent (the recipe's `rollout.timeout` bounds the trainer's
+  wait). Every report is recorded whole, failed or not, for the run's records and health.
 
 Every call is made under its run's base URL, `<router URL>/runs/<run id>/<run token>`
 (`domain.protocol.run_base_url`), and the token is checked against the run's token hash: a caller
@@ -105,6 +109,7 @@ class ProxyCounters(Counts):
     retried_steps: int = 0
     reports: int = 0
     duplicate_reports: int = 0
+    unsent_reports: int = 0  # failed rollouts of Nova's samples: no documented form to send
 
 
 class Proxy:
@@ -319,13 +324,17 @@ class Proxy:
             ) from None
         request_id = report.request_id or report.id
         asked_in = self._fence(run, report.id)
+        sent = response if asked_in is None else response.for_nova()
         # Send first, then record: a retried report is deduplicated by SQS on the request id.
-        self.sqs.send_message(
-            QueueUrl=run.queues[QueueKind.ROLLOUT_RESPONSES],
-            MessageBody=dump(response),
-            MessageGroupId=fifo_id(report.id),
-            MessageDeduplicationId=fifo_id(request_id),
-        )
+        if sent is not None:
+            self.sqs.send_message(
+                QueueUrl=run.queues[QueueKind.ROLLOUT_RESPONSES],
+                MessageBody=dump(sent),
+                MessageGroupId=fifo_id(report.id),
+                MessageDeduplicationId=fifo_id(request_id),
+            )
+        else:
+            self.counters.unsent_reports += 1
         first = self.store.finish_rollout(
             run.run_id,
             report.id,
@@ -345,7 +354,7 @@ class Proxy:
         self.counters.reports += 1
         if not first:
             self.counters.duplicate_reports += 1
-        return 200, {"id": report.id, "recorded": first}
+        return 200, {"id": report.id, "recorded": first, "sent": sent is not None}
 
 
 def _error(problem: HttpError) -> tuple[int, dict[str, Any]]:

@@ -278,7 +278,7 @@ def test_a_starter_kit_client_given_only_the_runs_base_url_plays_and_reports(
                 ],
             }
         )
-        assert recorded == {"id": sample_id, "recorded": True}
+        assert recorded == {"id": sample_id, "recorded": True, "sent": True}
         return [m["content"] for m in messages if m["role"] == "assistant"]
 
     async def everything(router_url: str) -> tuple[list[list[str]], str]:

@@ -241,9 +241,9 @@ def test_report_forwards_one_rollout_response(router: Router) -> None:
     }
     first = answer(router.proxy.handle(event("POST", "/v1/rollouts/report", report)))
     again = answer(router.proxy.handle(event("POST", "/v1/rollouts/report", report)))
-    assert first == (200, {"id": "s1_0", "recorded": True}) and again == (
+    assert first == (200, {"id": "s1_0", "recorded": True, "sent": True}) and again == (
         200,
-        {"id": "s1_0", "recorded": False},
+        {"id": "s1_0", "recorded": False, "sent": True},  # SQS keeps one: the same request id
     )
     (message,) = router.messages(router.queues.rollout_responses)
     assert message["Attributes"]["MessageDeduplicationId"] == "req-msg-1"

@@ -63,7 +63,7 @@ def test_the_open_phases_samples_are_served_and_recorded_in_it(router: Router) -
     router.store.open_phase(RUN, "final", now=router.clock())
     asked(router, "held_0", alias=f"{RUN}_final")
     assert chat(router, "held_0")[0] == 202
-    assert report(router, "held_0") == (200, {"id": "held_0", "recorded": True})
+    assert report(router, "held_0") == (200, {"id": "held_0", "recorded": True, "sent": True})
     assert len(router.messages(router.queues.rollout_responses)) == 1
     (kept,) = router.store.reports(RUN, "final")
     assert kept.score == 1.0
