@@ -5,13 +5,14 @@ on the cluster's own ARN, and the keep-warm schedule."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import boto3
 import botocore.session
 
 from domain.nova_job import FORGE_EVALUATION_RECIPE, FORGE_RECIPE_SOURCE, FORGE_RECIPES
-from lambdas.kubernetes.rbac import nova_launcher_rbac, pipeline_rbac
+from lambdas.kubernetes.rbac import nova_launcher_rbac, pipeline_rbac, rbac_of, rbac_properties
 from lambdas.pipeline.hyperpod_capacity import LEASE_KEY
 from lambdas.pipeline.hyperpod_training import HyperPodSettings
 from tests.aws import create_leases_table, create_runs_table
@@ -83,14 +84,56 @@ def test_only_the_deploy_time_rbac_function_is_cluster_admin(default_app: Synthe
     ]
     assert rbac["Properties"]["ServiceToken"] == {"Fn::GetAtt": [bootstrap_id, "Arn"]}
     # The default deployment is Nova-ready: the launcher's Role in kubeflow beside the pipeline's.
-    assert json.loads(rbac["Properties"]["Objects"]) == pipeline_rbac(
+    # The function builds the objects; the template names the set and its digest, never objects.
+    properties = {k: v for k, v in rbac["Properties"].items() if k != "ServiceToken"}
+    assert properties == rbac_properties("nova-mtrl", nova_launcher=True)
+    assert rbac_of("nova-mtrl", properties) == pipeline_rbac("nova-mtrl") + nova_launcher_rbac(
         "nova-mtrl"
-    ) + nova_launcher_rbac("nova-mtrl")
+    )
     # Applied only once the function may talk to the cluster.
     entry_ids = [
         i for i, r in template["Resources"].items() if r["Type"] == "AWS::EKS::AccessEntry"
     ]
     assert set(as_list(rbac["DependsOn"])) & set(entry_ids)
+
+
+def _invoke_grants(template: dict) -> list[tuple[str, Any]]:
+    """(logical id, what it lets be invoked) of every invoke grant in a template: statements of
+    roles' and managed policies that allow a Lambda invoke, and functions' resource policies."""
+    grants: list[tuple[str, Any]] = []
+    for logical_id, resource in template["Resources"].items():
+        properties = resource.get("Properties", {})
+        if resource["Type"] == "AWS::Lambda::Permission":
+            grants.append((logical_id, properties["FunctionName"]))
+        documents = [properties["PolicyDocument"]] if "PolicyDocument" in properties else []
+        documents += [policy["PolicyDocument"] for policy in properties.get("Policies", [])]
+        for statement in (s for document in documents for s in document["Statement"]):
+            actions = as_list(statement.get("Action", []))
+            if any(a in ("*", "lambda:*") or a.startswith("lambda:Invoke") for a in actions):
+                grants.append((logical_id, statement.get("Resource")))
+    return grants
+
+
+def test_nothing_in_the_app_may_invoke_the_cluster_admin_custom_resources(
+    default_app: Synthesized,
+) -> None:
+    """The RBAC bootstrap and the chart installer are cluster admin: only CloudFormation calls
+    them, as the deploying principal. No role, managed policy or resource policy of the app lets
+    anyone else invoke them, and no invoke grant is a pattern that could match them."""
+    admins = {
+        logical_id
+        for template in default_app.templates.values()
+        for logical_id, r in template["Resources"].items()
+        if r["Type"] == "AWS::Lambda::Function"
+        and r["Properties"].get("Handler", "").startswith("lambdas.kubernetes.")
+        and r["Properties"]["Handler"].endswith(".on_event")
+    }
+    assert len(admins) == 2  # the RBAC bootstrap and the HyperPod chart's installer
+    grants = [g for t in default_app.templates.values() for g in _invoke_grants(t)]
+    assert len(grants) > 5  # the pipeline's own invokes are found
+    for logical_id, target in grants:
+        assert not admins & set(re.findall(r'"([A-Za-z0-9]+)"', json.dumps(target))), logical_id
+        assert all(isinstance(t, dict) for t in as_list(target)), (logical_id, target)
 
 
 def test_capacity_steps_act_on_the_hyperpod_cluster_and_pass_its_role_to_sagemaker(
@@ -303,7 +346,7 @@ def test_a_restricted_group_brings_the_nova_plane_and_its_rights(pinned_app: Syn
         entry["KubernetesGroups"] == ["nova-mtrl:nova-launcher"] and "AccessPolicies" not in entry
     )
     (rbac,) = [r for r in template["Resources"].values() if r["Type"] == "Custom::KubernetesRbac"]
-    objects = json.loads(rbac["Properties"]["Objects"])
+    objects = rbac_of("nova-mtrl", rbac["Properties"])
     assert objects == pipeline_rbac("nova-mtrl") + nova_launcher_rbac("nova-mtrl")
     role = next(o for o in objects if o["kind"] == "Role")
     assert role["metadata"]["namespace"] == "kubeflow"

@@ -118,11 +118,14 @@ def install_chart(
 
     custom_resource(
         event, physical_id=release, objects_of=objects_of, kubernetes=client, respond=respond,
-        prepare=prepare,
+        region=region, prepare=prepare,
     )  # fmt: skip
 
 
-def compose(environment: Mapping[str, str], clients: Clients) -> dict[str, Handler]:
+def compose(
+    environment: Mapping[str, str], clients: Clients, *, respond: Respond | None = None
+) -> dict[str, Handler]:
+    """`respond`: how answers reach CloudFormation's bucket (`put_answer`)."""
     settings = ChartSettings.from_environment(environment)
     install = functools.partial(
         install_chart,
@@ -130,7 +133,7 @@ def compose(environment: Mapping[str, str], clients: Clients) -> dict[str, Handl
         region=settings.region,
         release=f"{settings.eks_cluster}/{settings.release}",
         kubernetes=eks_kubernetes(settings, clients),
-        respond=put_answer,
+        respond=respond or put_answer,
     )
     return {"on_event": install}
 

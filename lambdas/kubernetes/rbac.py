@@ -9,6 +9,9 @@ Kubernetes 1.30) refuses any change by that group outside `<prefix>-run-*` names
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Mapping
 from typing import Any
 
 from domain.nova_job import NAMESPACE
@@ -141,3 +144,22 @@ def nova_launcher_rbac(prefix: str) -> list[dict[str, Any]]:
                           "name": launcher_group(prefix)}],
         },
     ]  # fmt: skip
+
+
+def deployment_rbac(prefix: str, *, nova_launcher: bool) -> list[dict[str, Any]]:
+    """Every RBAC object a deployment applies: the pipeline's, and the Nova launcher's where the
+    deployment has the launcher."""
+    return pipeline_rbac(prefix) + (nova_launcher_rbac(prefix) if nova_launcher else [])
+
+
+def rbac_properties(prefix: str, *, nova_launcher: bool) -> dict[str, str]:
+    """The RBAC custom resource's properties: which set to apply, and the set's digest (so a new
+    set of objects is a new revision, re-applied on the next deploy). Never the objects."""
+    objects = deployment_rbac(prefix, nova_launcher=nova_launcher)
+    digest = hashlib.sha256(json.dumps(objects, sort_keys=True).encode()).hexdigest()
+    return {"NovaLauncher": "true" if nova_launcher else "false", "Revision": digest}
+
+
+def rbac_of(prefix: str, properties: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The objects a revision's properties (`rbac_properties`) stand for, built here."""
+    return deployment_rbac(prefix, nova_launcher=properties.get("NovaLauncher") == "true")

@@ -26,12 +26,7 @@ from constructs import Construct
 
 from domain.nova_job import FORGE_RECIPE_PATHS, FORGE_RECIPE_SOURCE
 from lambdas.environment import environment_for
-from lambdas.kubernetes.rbac import (
-    launcher_group,
-    nova_launcher_rbac,
-    pipeline_group,
-    pipeline_rbac,
-)
+from lambdas.kubernetes.rbac import launcher_group, pipeline_group, rbac_properties
 from lambdas.kubernetes.settings import RbacSettings
 from lambdas.pipeline.hyperpod_training import HyperPodSettings
 from lambdas.pipeline.nova_training import NovaSettings
@@ -315,11 +310,6 @@ class TrainingClusterControl(Construct):
         )
         return entry
 
-    def _rbac_objects(self) -> list[dict[str, object]]:
-        prefix = self._config.name_prefix
-        nova = nova_launcher_rbac(prefix) if self.launcher is not None else []
-        return pipeline_rbac(prefix) + nova
-
     def _bootstrap_rbac(self, code: lambda_.Code, network: ClusterNetwork) -> CustomResource:
         """Applies the pipeline's RBAC at deploy time. Its role is the one cluster admin here:
         creating RBAC needs the rights it grants; only CloudFormation invokes it."""
@@ -346,8 +336,11 @@ class TrainingClusterControl(Construct):
             "PipelineRbac",
             service_token=function.function_arn,
             resource_type="Custom::KubernetesRbac",
-            # A new revision of the objects re-applies them on the next deploy.
-            properties={"Objects": json.dumps(self._rbac_objects(), sort_keys=True)},
+            # The function builds the objects itself; a new revision of them (a new digest)
+            # re-applies them on the next deploy.
+            properties=rbac_properties(
+                self._config.name_prefix, nova_launcher=self.launcher is not None
+            ),
         )
         resource.node.add_dependency(entry)
         return resource

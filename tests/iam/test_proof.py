@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from lambdas.kubernetes.rbac import rbac_of
 from tests.iam.conftest import Scenarios
 from tests.iam.policy import Request, as_list, matches
 from tests.iam.proof import Proof, Report, explained
@@ -26,9 +27,8 @@ def report(scenarios: Scenarios) -> Report:
     proof = _proof(scenarios)
     checked = proof.check(world.recorder.calls)
     (rbac,) = [r for _, _, r in world.deployment.resources("Custom::KubernetesRbac")]
-    proof.check_kubernetes(
-        checked, world.kubernetes.callers, json.loads(rbac["Properties"]["Objects"])
-    )
+    prefix = world.app.config.name_prefix
+    proof.check_kubernetes(checked, world.kubernetes.callers, rbac_of(prefix, rbac["Properties"]))
     return checked
 
 

@@ -18,10 +18,9 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import boto3
 import yaml
@@ -43,6 +42,8 @@ from domain.trainer_job import (
     training_records_of,
 )
 from lambdas.clients import Clients, Compose, Handler
+from lambdas.kubernetes import bootstrap, chart_install
+from lambdas.kubernetes.bootstrap import RESPONSE_BUCKET
 from lambdas.kubernetes.token import CLUSTER_HEADER, PREFIX
 from lambdas.kubernetes.training_job import SETTINGS, run_namespace
 from lambdas.launcher.handler import compose as compose_launcher
@@ -116,6 +117,9 @@ class World:
     inbox: str
     launcher: FakeLauncherProcesses  # the HyperPod CLI and helm the launcher function runs
     mlflow: FakeMlflowServer  # the deployment's managed MLflow tracking server
+    # CloudFormation's response bucket (an AWS service): what the custom resources answered, by
+    # the pre-signed URL their event gave.
+    cloudformation: dict[str, dict[str, Any]] = field(default_factory=dict)
     physical_ids: dict[str, str] = field(default_factory=dict)  # custom resources' answers
 
     def function(self, handler: str) -> str:
@@ -226,7 +230,10 @@ def _deploy_compute(deployment: Deployment) -> dict[str, Any]:
 
 
 def _deploy_compute_functions(
-    deployment: Deployment, dispatcher: Dispatcher, credentials: Callable[[str], dict[str, str]]
+    deployment: Deployment,
+    dispatcher: Dispatcher,
+    credentials: Callable[[str], dict[str, str]],
+    composers: Mapping[str, Compose],
 ) -> None:
     """The compute stack's functions (the chart's installer), as deployed: their environment,
     each signing as its role."""
@@ -238,7 +245,7 @@ def _deploy_compute_functions(
         variables = function_environment(properties, resolve)
         variables |= credentials(str(resolve(properties["Role"])))
         name, handler = deployment.names[stack][logical_id]["Ref"], properties["Handler"]
-        dispatcher.add(name, handler, composed_handler(handler, variables))
+        dispatcher.add(name, handler, composed_handler(handler, variables, composers=composers))
 
 
 def _directory(deployment: Deployment) -> Directory:
@@ -347,6 +354,16 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
         launcher = _launcher_processes(
             stack.enter_context(tempfile.TemporaryDirectory()), kubernetes
         )
+        answers: dict[str, dict[str, Any]] = {}
+        answering = {
+            module: functools.partial(
+                compose, respond=lambda url, answer: answers.update({url: answer})
+            )
+            for module, compose in (
+                ("lambdas.kubernetes.bootstrap", bootstrap.compose),
+                ("lambdas.kubernetes.chart_install", chart_install.compose),
+            )
+        }
         _publish_forge_recipes(clients["s3"])
         _store_hub_tokens(harness.client("secretsmanager"), app)
         # The tracking server (the app has one): each call it serves recorded as its IAM action.
@@ -370,9 +387,9 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
             imports=deployment.exports,
             credentials=recorder.credentials,
             keep_data_key=True,
-            composers={"lambdas.launcher.handler": launcher.compose},
+            composers={"lambdas.launcher.handler": launcher.compose, **answering},
         )
-        _deploy_compute_functions(deployment, dispatcher, recorder.credentials)
+        _deploy_compute_functions(deployment, dispatcher, recorder.credentials, answering)
         mlflow.artifact_root = f"s3://{pipeline.data_bucket}/mlflow"
         sqs = clients["sqs"]
         inbox = sqs.create_queue(QueueName="inbox")["QueueUrl"]
@@ -399,6 +416,7 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
             inbox=inbox,
             launcher=launcher.processes,
             mlflow=mlflow,
+            cloudformation=answers,
         )
 
 
@@ -913,30 +931,23 @@ def run_cli(world: World, monkeypatch: Any, *args: str) -> Any:
 
 def custom_resource(world: World, resource_type: str, request_type: str) -> dict[str, Any]:
     """CloudFormation's call of the function behind the app's one custom resource of
-    `resource_type`, with the properties synthesized for it, and the answer the function PUT to
-    the pre-signed response URL (served here on loopback)."""
-    answers: list[dict[str, Any]] = []
-
-    class ResponseUrl(BaseHTTPRequestHandler):
-        def do_PUT(self) -> None:  # noqa: N802 - the HTTP verb
-            answers.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), ResponseUrl)
-    thread = threading.Thread(target=server.handle_request, daemon=True)
-    thread.start()
+    `resource_type`, with the properties synthesized for it, and the answer the function gave at
+    the pre-signed response URL (CloudFormation's bucket, in the form its events carry)."""
     ((stack, logical_id, resource),) = world.deployment.resources(resource_type)
     properties = world.deployment.resolve(stack, resource["Properties"])
     function = properties.pop("ServiceToken")
+    stack_id = f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/{stack}/1"
+    request_id = f"{request_type.lower()}-{len(world.cloudformation)}"
+    response_url = (
+        f"https://{RESPONSE_BUCKET.format(region=REGION.replace('-', ''))}.s3.amazonaws.com/"
+        f"{quote(f'{stack_id}|{logical_id}|{request_id}', safe='')}"
+        "?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Expires=7200&X-Amz-Signature=0"
+    )
     event = {
         "RequestType": request_type,
-        "ResponseURL": f"http://127.0.0.1:{server.server_address[1]}/response",
-        "StackId": f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/{stack}/1",
-        "RequestId": f"{request_type.lower()}-1",
+        "ResponseURL": response_url,
+        "StackId": stack_id,
+        "RequestId": request_id,
         "LogicalResourceId": logical_id,
         "ResourceType": resource_type,
         "ResourceProperties": properties,
@@ -947,8 +958,6 @@ def custom_resource(world: World, resource_type: str, request_type: str) -> dict
         ),
     }
     world.pipeline.dispatcher.call(function, event)
-    thread.join(timeout=10)
-    server.server_close()
-    (answer,) = answers
+    answer = world.cloudformation[response_url]
     world.physical_ids[logical_id] = answer["PhysicalResourceId"]
     return answer

@@ -18,13 +18,14 @@ from lambdas.kubernetes import chart_install
 from tests.chart_rendering import rendering
 from tests.kubernetes import eks_addons
 from tests.kubernetes.fake_api import FakeKubernetes, client_of
+from tests.kubernetes.test_rbac import RESPONSE_URL
 
 BUCKET = "cdk-hnb659fds-assets-123456789012-us-east-1"
 EVENT = {
     "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/nova-mtrl-compute/1",
     "RequestId": "req-1",
     "LogicalResourceId": "HyperPodChart",
-    "ResponseURL": "https://cloudformation-response.s3.amazonaws.com/signed",
+    "ResponseURL": RESPONSE_URL,
 }
 DAEMONSETS = "/apis/apps/v1/namespaces/kube-system/daemonsets"
 

@@ -12,17 +12,23 @@ import pytest
 
 from lambdas.kubernetes import bootstrap
 from lambdas.kubernetes.client import KINDS
-from lambdas.kubernetes.rbac import pipeline_rbac
+from lambdas.kubernetes.rbac import nova_launcher_rbac, pipeline_rbac, rbac_properties
 from lambdas.kubernetes.training_job import render
 from tests.kubernetes.fake_api import FakeKubernetes, client_of
 from tests.kubernetes.test_training_job import request
 
+# As CloudFormation sends it: a pre-signed URL in its response bucket of the stack's region.
+RESPONSE_URL = (
+    "https://cloudformation-custom-resource-response-useast1.s3.amazonaws.com/"
+    "arn%3Aaws%3Acloudformation%3Aus-east-1%3A123456789012%3Astack/nova-mtrl-pipeline/1"
+    "%7CPipelineRbac%7Creq-1?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Signature=0"
+)
 EVENT = {
     "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/nova-mtrl-pipeline/1",
     "RequestId": "req-1",
     "LogicalResourceId": "PipelineRbac",
-    "ResponseURL": "https://cloudformation-response.s3.amazonaws.com/signed",
-    "ResourceProperties": {"Objects": json.dumps(pipeline_rbac("nova-mtrl"))},
+    "ResponseURL": RESPONSE_URL,
+    "ResourceProperties": rbac_properties("nova-mtrl", nova_launcher=False),
 }
 
 
@@ -61,8 +67,9 @@ def test_custom_resource_applies_then_removes_and_always_answers(
     answers: list[tuple[str, dict]] = []
     respond = lambda url, answer: answers.append((url, answer))  # noqa: E731
     on_event = functools.partial(
-        bootstrap.apply_inline, prefix="nova-mtrl", kubernetes=lambda: client, respond=respond
-    )
+        bootstrap.apply_rbac, prefix="nova-mtrl", region="us-east-1", kubernetes=lambda: client,
+        respond=respond,
+    )  # fmt: skip
 
     on_event({**EVENT, "RequestType": "Create"})
     assert answers[-1][0] == EVENT["ResponseURL"]
@@ -88,3 +95,94 @@ def test_custom_resource_applies_then_removes_and_always_answers(
     on_event(updated)
     assert answers[-1][1]["Status"] == "FAILED"
     assert answers[-1][1]["Reason"].startswith("KubernetesError: Kubernetes API 401")
+
+
+def test_the_objects_come_from_the_code_never_from_the_event(api: FakeKubernetes) -> None:
+    """Whoever may invoke the bootstrap (it is cluster admin) cannot make it apply objects of
+    their own: properties other than the set's name and digest are not read."""
+    client = client_of(api)
+    answers: list[dict] = []
+    on_event = functools.partial(
+        bootstrap.apply_rbac, prefix="nova-mtrl", region="us-east-1", kubernetes=lambda: client,
+        respond=lambda url, answer: answers.append(answer),
+    )  # fmt: skip
+    admin = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "intruder-is-admin"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "cluster-admin"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                      "name": "intruders"}],
+    }  # fmt: skip
+    properties = {**EVENT["ResourceProperties"], "Objects": json.dumps([admin])}
+    on_event({**EVENT, "RequestType": "Create", "ResourceProperties": properties})
+    assert answers[-1]["Status"] == "SUCCESS"
+    bindings = api.objects["/apis/rbac.authorization.k8s.io/v1/clusterrolebindings"]
+    assert list(bindings) == ["nova-mtrl-pipeline"]
+
+    # The one choice the event has: with or without the launcher's objects, both ours.
+    client.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kubeflow"}})
+    launcher = {**properties, **rbac_properties("nova-mtrl", nova_launcher=True)}
+    on_event({**EVENT, "RequestType": "Update", "ResourceProperties": launcher,
+              "OldResourceProperties": properties})  # fmt: skip
+    roles = api.objects["/apis/rbac.authorization.k8s.io/v1/namespaces/kubeflow/roles"]
+    assert list(roles) == [nova_launcher_rbac("nova-mtrl")[0]["metadata"]["name"]]
+    assert answers[-1]["Data"] == {"Objects": 6}
+    on_event({**EVENT, "RequestType": "Update", "ResourceProperties": properties,
+              "OldResourceProperties": launcher})  # fmt: skip
+    assert not api.objects["/apis/rbac.authorization.k8s.io/v1/namespaces/kubeflow/roles"]
+
+
+def test_a_new_set_of_objects_is_a_new_revision() -> None:
+    ours = rbac_properties("nova-mtrl", nova_launcher=False)
+    assert ours != rbac_properties("nova-mtrl", nova_launcher=True)
+    assert ours["Revision"] != rbac_properties("other", nova_launcher=False)["Revision"]
+    assert ours == rbac_properties("nova-mtrl", nova_launcher=False)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        RESPONSE_URL,
+        "https://cloudformation-custom-resource-response-useast1.s3.us-east-1.amazonaws.com/a?b=c",
+        "https://cloudformation-custom-resource-response-useast1.s3-us-east-1.amazonaws.com/a",
+    ],
+)
+def test_cloudformations_response_urls_are_answered(api: FakeKubernetes, url: str) -> None:
+    answers: list[str] = []
+    client = client_of(api)
+    bootstrap.apply_rbac(
+        {**EVENT, "RequestType": "Create", "ResponseURL": url}, prefix="nova-mtrl",
+        region="us-east-1", kubernetes=lambda: client,
+        respond=lambda to, answer: answers.append(to),
+    )  # fmt: skip
+    assert answers == [url]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://169.254.169.254/latest/meta-data/iam/security-credentials/",  # the VPC's inside
+        "http://cloudformation-custom-resource-response-useast1.s3.amazonaws.com/a",  # no TLS
+        "https://cloudformation-custom-resource-response-uswest2.s3.amazonaws.com/a",  # region
+        "https://cloudformation-custom-resource-response-useast1.s3.amazonaws.com.evil.io/a",
+        "https://cloudformation-custom-resource-response-useast1-x.s3.amazonaws.com/a",
+        "https://cloudformation-custom-resource-response-useast1.s3.amazonaws.com:8443/a",
+        "https://user@cloudformation-custom-resource-response-useast1.s3.amazonaws.com/a",
+        "https://example.com/?cloudformation-custom-resource-response-useast1.s3.amazonaws.com",
+        "https://[::1/a",
+    ],
+)
+def test_any_other_response_url_is_refused_before_anything_is_done(
+    api: FakeKubernetes, url: str
+) -> None:
+    answers: list[str] = []
+    client = client_of(api)
+    with pytest.raises(bootstrap.NotCloudFormation, match="is not CloudFormation's pre-signed"):
+        bootstrap.apply_rbac(
+            {**EVENT, "RequestType": "Create", "ResponseURL": url}, prefix="nova-mtrl",
+            region="us-east-1", kubernetes=lambda: client,
+            respond=lambda to, answer: answers.append(to),
+        )  # fmt: skip
+    assert answers == []
+    assert [path for path, items in api.objects.items() if items] == ["/api/v1/namespaces"]
