@@ -227,10 +227,10 @@ class PlatformConfig(_Strict):
         default=[], description="IAM roles that get cluster-admin access entries"
     )
     eks_public_access_cidrs: list[str] = Field(
-        default=["0.0.0.0/0"],
-        min_length=1,
-        description="IPv4 CIDR blocks the EKS API's public endpoint admits (operators' kubectl); "
-        "nodes and the platform's functions use the private endpoint",
+        default=[],
+        description="IPv4 CIDR blocks the EKS API's public endpoint admits (operators' kubectl "
+        "from outside the VPC); none: no public endpoint. Nodes and the platform's functions use "
+        "the private endpoint",
     )
     install_training_operator: bool = True
     install_hyperpod_chart: bool = Field(

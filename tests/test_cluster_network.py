@@ -80,11 +80,17 @@ def test_their_roles_may_manage_network_interfaces_only_there(default_app: Synth
     assert not any("ec2:" in json.dumps(s["Action"]) for s in outside)
 
 
-def test_the_public_endpoint_admits_the_configured_addresses(
+def test_the_api_is_private_unless_operators_name_addresses_for_it(
     tmp_path_factory: pytest.TempPathFactory, default_app: Synthesized
 ) -> None:
     _, cluster = default_app.one("compute", "AWS::EKS::Cluster")
-    assert cluster["Properties"]["ResourcesVpcConfig"]["PublicAccessCidrs"] == ["0.0.0.0/0"]
+    vpc_config = cluster["Properties"]["ResourcesVpcConfig"]
+    assert (vpc_config["EndpointPublicAccess"], vpc_config["EndpointPrivateAccess"]) == (
+        False,
+        True,
+    )
+    assert "PublicAccessCidrs" not in vpc_config
+    assert not _warnings(default_app, "nova-mtrl:eks-endpoint-open")
     office = synthesize(
         {"eks_public_access_cidrs": ["203.0.113.0/24", "198.51.100.7/32"]},
         tmp_path_factory.mktemp("office"),
@@ -92,7 +98,28 @@ def test_the_public_endpoint_admits_the_configured_addresses(
     _, cluster = office.one("compute", "AWS::EKS::Cluster")
     vpc_config = cluster["Properties"]["ResourcesVpcConfig"]
     assert vpc_config["PublicAccessCidrs"] == ["203.0.113.0/24", "198.51.100.7/32"]
-    assert vpc_config["EndpointPrivateAccess"] is True
+    assert (vpc_config["EndpointPublicAccess"], vpc_config["EndpointPrivateAccess"]) == (True, True)
+    assert not _warnings(office, "nova-mtrl:eks-endpoint-open")
+
+
+def test_a_public_endpoint_open_to_the_internet_is_warned_about(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    anywhere = synthesize(
+        {"eks_public_access_cidrs": ["0.0.0.0/0"]}, tmp_path_factory.mktemp("anywhere")
+    )
+    (warning,) = _warnings(anywhere, "nova-mtrl:eks-endpoint-open")
+    assert "admits the whole internet" in warning
+
+
+def _warnings(app: Synthesized, warning_id: str) -> list[str]:
+    return [
+        str(entry["data"])
+        for metadata in app.outdir.glob("*.metadata.json")
+        for entries in json.loads(metadata.read_text()).values()
+        for entry in entries
+        if entry["type"] == "aws:cdk:warning" and warning_id in str(entry["data"])
+    ]
 
 
 def test_a_bad_cidr_names_the_key_the_value_and_the_form() -> None:

@@ -21,13 +21,14 @@ def test_cluster_endpoint_auth_logging_and_encryption(default_app: Synthesized) 
     properties = cluster["Properties"]
     assert properties["Name"] == "nova-mtrl-eks"
     assert properties["Version"] == default_app.config.eks_version
-    # Nodes join through the private endpoint, as AWS's HyperPod EKS Terraform modules keep it
-    # (aws-samples/awsome-distributed-training, 7.sagemaker-hyperpod-eks/terraform-modules:
-    # endpoint_private_access "required for nodes to join"); functions and operators use the
-    # public one.
+    # Nodes join through the private endpoint (the EKS User Guide's private cluster
+    # requirements: "required for nodes to register"; public access "is optional"); functions
+    # use it too. By default there is no public endpoint (tests/test_cluster_network.py).
     assert properties["ResourcesVpcConfig"]["EndpointPrivateAccess"] is True
-    assert properties["ResourcesVpcConfig"]["EndpointPublicAccess"] is True
-    assert properties["AccessConfig"]["AuthenticationMode"] == "API_AND_CONFIG_MAP"
+    assert properties["ResourcesVpcConfig"]["EndpointPublicAccess"] is False
+    # Access entries only: HyperPod's EKS prerequisites take API (as well as
+    # API_AND_CONFIG_MAP), and nothing here reads the aws-auth ConfigMap.
+    assert properties["AccessConfig"]["AuthenticationMode"] == "API"
     assert properties["ComputeConfig"] == {"Enabled": False}
     assert properties["BootstrapSelfManagedAddons"] is False
     enabled = properties["Logging"]["ClusterLogging"]["EnabledTypes"]

@@ -1,7 +1,9 @@
-"""The EKS cluster that orchestrates HyperPod: private and public endpoint, access entries,
-add-ons."""
+"""The EKS cluster that orchestrates HyperPod: a private endpoint (a public one only from the
+addresses an operator names), access entries only, add-ons."""
 
 from __future__ import annotations
+
+import ipaddress
 
 from aws_cdk import Annotations
 from aws_cdk import aws_ec2 as ec2
@@ -33,6 +35,13 @@ _LOG_TYPES = [
     eks.ClusterLoggingTypes.CONTROLLER_MANAGER,
     eks.ClusterLoggingTypes.SCHEDULER,
 ]
+
+
+def _endpoint_access(public_cidrs: list[str]) -> eks.EndpointAccess:
+    """Private only, or private and public from `public_cidrs` alone."""
+    if not public_cidrs:
+        return eks.EndpointAccess.PRIVATE
+    return eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*public_cidrs)
 
 
 class HyperPodEks(Construct):
@@ -75,13 +84,11 @@ class HyperPodEks(Construct):
                 vpc=vpc,
                 vpc_subnets=[subnets],
                 # Private access lets nodes in the private subnets join from inside the VPC
-                # (AWS's HyperPod EKS Terraform modules keep it on: "required for nodes to
-                # join"); the platform's functions use it too (ClusterNetwork). The public
-                # endpoint serves operators, from the configured addresses only —
-                # IAM-authenticated either way.
-                endpoint_access=eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(
-                    *config.eks_public_access_cidrs
-                ),
+                # (the EKS User Guide's private cluster requirements: "required for nodes to
+                # register"; public access "is optional"); the platform's functions use it too
+                # (ClusterNetwork). A public endpoint only where operators name addresses for
+                # it — IAM-authenticated either way.
+                endpoint_access=_endpoint_access(config.eks_public_access_cidrs),
                 # Auto Mode off: HyperPod brings its own nodes.
                 default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
                 default_capacity=0,
@@ -89,19 +96,24 @@ class HyperPodEks(Construct):
                 cluster_logging=_LOG_TYPES,
                 secrets_encryption_key=secrets_key,
             )
-            # The L2 construct only offers API; HyperPod documents API and API_AND_CONFIG_MAP,
-            # and the latter keeps aws-auth usable for tools that still rely on it.
-            cluster.node.default_child.add_property_override(  # type: ignore[union-attr]
-                "AccessConfig.AuthenticationMode", "API_AND_CONFIG_MAP"
-            )
-            acknowledge(
-                cluster,
-                "AwsSolutions-EKS1",
-                "The API endpoint is private and public: nodes and the platform's functions use "
-                "the private one; the public one serves operators (kubectl), from the CIDR blocks "
-                "in eks_public_access_cidrs only. Every request is IAM-authenticated (access "
-                "entries only).",
-            )
+            # Access entries only (the L2's mode, API): HyperPod takes API as well as
+            # API_AND_CONFIG_MAP (its EKS prerequisites), and nothing here uses the aws-auth
+            # ConfigMap, so no one can be let in by editing it.
+            if config.eks_public_access_cidrs:
+                acknowledge(
+                    cluster,
+                    "AwsSolutions-EKS1",
+                    "The operator configured a public endpoint (eks_public_access_cidrs) for "
+                    "kubectl from those CIDR blocks only; nodes and the platform's functions use "
+                    "the private one. Every request is IAM-authenticated (access entries only).",
+                )
+            if any(ipaddress.IPv4Network(c).prefixlen == 0 for c in config.eks_public_access_cidrs):
+                Annotations.of(cluster).add_warning_v2(
+                    "nova-mtrl:eks-endpoint-open",
+                    "eks_public_access_cidrs admits the whole internet to the EKS API's public "
+                    "endpoint (IAM-authenticated still): name your operators' addresses instead, "
+                    "or none for a private endpoint only",
+                )
             acknowledge_managed_policy(
                 cluster.role, "AmazonEKSClusterPolicy",
                 "The EKS service role must carry the AWS-maintained AmazonEKSClusterPolicy; EKS "
