@@ -18,7 +18,15 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from domain.nova_job import NAMESPACE
+from domain.nova_job import (
+    FORGE_RECIPES,
+    NAMESPACE,
+    RUN_NAME_LIMIT,
+    evaluation_image,
+    evaluation_run_recipe,
+    images,
+    run_recipe,
+)
 from lambdas.clients import Clients, Handler, lambda_entries
 from lambdas.environment import EnvironmentSettings
 from lambdas.kubernetes.token import EksTokenSource, regional_sts
@@ -41,17 +49,42 @@ class LauncherSettings(EnvironmentSettings):
     workdir: Path = Field(default=Path("/tmp/nova-mtrl-launcher"), alias="LAUNCHER_WORKDIR")
 
 
+# A run's name as `domain.nova_job.run_name` makes it: a DNS label the launcher keeps whole.
+RunName = Annotated[str, Field(pattern=rf"^[a-z][a-z0-9-]{{0,{RUN_NAME_LIMIT - 1}}}$")]
+
+
+class LaunchRefused(ValueError):
+    """A start the launcher does not run: what is wrong and what it takes."""
+
+
 class StartJob(BaseModel):
     """Start run `name`'s job from recipe `body`, written as `recipe` in the recipes collection."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     action: Literal["start"]
-    name: str
+    name: RunName
     recipe: str
     body: dict[str, Any]
-    instance_type: str
+    instance_type: Annotated[str, Field(pattern=r"^ml\.[a-z0-9]+\.[a-z0-9]+$")]
     container: str
+
+    def check(self, region: str) -> None:
+        """Only a run's own recipe, beside AWS's Forge recipes, and only a Nova image of
+        `region` (the function is in the launcher group, which may create workloads in Nova's
+        namespace: what it starts is never an invoker's choice of file or image)."""
+        recipes = {*(run_recipe(r, self.name) for r in FORGE_RECIPES),
+                   evaluation_run_recipe(self.name)}  # fmt: skip
+        if self.recipe not in recipes:
+            raise LaunchRefused(
+                f"recipe {self.recipe!r} is not run {self.name}'s: one of {sorted(recipes)}"
+            )
+        containers = {*images(region).values(), evaluation_image(region)} - {None}
+        if self.container not in containers:
+            raise LaunchRefused(
+                f"container {self.container!r} is not a Nova image of {region}: one of "
+                f"{sorted(c for c in containers if c)}"
+            )
 
 
 class StopJob(BaseModel):
@@ -60,7 +93,7 @@ class StopJob(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     action: Literal["stop"]
-    name: str
+    name: RunName
 
 
 LauncherRequest = Annotated[StartJob | StopJob, Field(discriminator="action")]
@@ -117,6 +150,7 @@ def compose(
     def launcher(event: dict[str, Any]) -> dict[str, Any]:
         request = REQUEST.validate_python(event)
         if isinstance(request, StartJob):
+            request.check(settings.region)
             store_cluster_context(clients("sagemaker"), settings)
         cluster = clients("eks").describe_cluster(name=settings.eks_cluster)["cluster"]
         token = EksTokenSource(settings.eks_cluster, sts=regional_sts(clients, settings.region))

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from domain.nova_job import run_name
-from lambdas.launcher.handler import REQUEST, StopJob
+from domain.nova_job import evaluation_image, evaluation_run_recipe, images, run_name
+from lambdas.launcher.handler import REQUEST, LaunchRefused, StopJob, compose
 from lambdas.launcher.hyperpod_cli import COMMAND_SECONDS, HyperPodCli, LaunchFailed, run_process
 from tests.launcher.fake_cli import FakeLauncherProcesses
 
@@ -222,3 +222,44 @@ def test_without_the_cluster_context_the_cli_fails_after_installing_and_a_retry_
         start(cli)
     (installed,) = processes.releases
     assert start(cli) == installed and len(processes.started()) == 1
+
+
+def test_a_start_names_a_runs_own_recipe_and_a_nova_image_or_nothing_is_done(
+    tmp_path: Path,
+) -> None:
+    """The launcher may create workloads in Nova's namespace: an invoker cannot choose another
+    file to write, another image to run or a name that is not a run's."""
+    environment = {"EKS_CLUSTER": "nova-mtrl-eks", "HYPERPOD_CLUSTER": "nova-mtrl",
+                   "AWS_REGION": "us-east-1", "HYPERPOD_RECIPES": str(tmp_path / "recipes"),
+                   "NEMO_LAUNCHER_SCRIPTS": str(tmp_path / "nemo")}  # fmt: skip
+    called: list[str] = []
+
+    def clients(service: str) -> None:
+        called.append(service)
+        raise AssertionError(f"a refused start reached {service}")
+
+    launch = compose(environment, clients)["launch_job"]  # type: ignore[arg-type]
+    name = BODY["run"]["name"]
+    good = {"action": "start", "name": name, "recipe": RECIPE, "body": BODY,
+            "instance_type": "ml.p5.48xlarge", "container": IMAGE}  # fmt: skip
+    assert images("us-east-1")["training"] == IMAGE
+    evaluation = {**good, "recipe": evaluation_run_recipe(name),
+                  "container": evaluation_image("us-east-1")}  # fmt: skip
+    for fine in (good, evaluation):
+        with pytest.raises(AssertionError, match="reached sagemaker"):
+            launch(fine)  # checked, then on to the cluster
+    refused = {
+        "recipe": [f"{RECIPE.rpartition('/')[0]}/other-run", "../../../tmp/x",
+                   "fine-tuning/llama/llama3/run"],
+        "container": ["attacker.example/miner:latest",
+                      IMAGE.replace("us-east-1", "us-west-2"), IMAGE + "x"],
+    }  # fmt: skip
+    for field, values in refused.items():
+        for value in values:
+            with pytest.raises(LaunchRefused, match=f"^{field} "):
+                launch({**good, field: value})
+    for wrong in ({**good, "name": "../n"}, {**good, "instance_type": "ml.p5 && rm -rf"},
+                  {"action": "stop", "name": "a; b"}):  # fmt: skip
+        with pytest.raises(ValidationError):
+            launch(wrong)
+    assert called == ["sagemaker", "sagemaker"]
