@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
 
 from botocore.exceptions import ClientError
+
+from domain.naming import run_resource_name
 
 
 class QueueKind(StrEnum):
@@ -58,18 +59,14 @@ class RunQueues:
 
 
 def queue_base(prefix: str, run_id: str) -> str:
-    """`<prefix>-<run id>`, shortened with a hash when needed so every queue name fits SQS."""
-    base = re.sub(r"[^A-Za-z0-9_-]", "-", f"{prefix}-{run_id}")
+    """`<prefix>-run-<run id>` (domain/naming.py), shortened with a hash when needed so every
+    queue name fits SQS."""
+    base = run_resource_name(prefix, run_id)
     limit = _SQS_NAME_LIMIT - _LONGEST_SUFFIX
     if len(base) <= limit:
         return base
     digest = hashlib.sha256(base.encode()).hexdigest()[:10]
     return f"{base[: limit - 11]}-{digest}"
-
-
-def deployment_prefix(prefix: str) -> str:
-    """What every run's queue (and queue alarm) name of this deployment starts with."""
-    return queue_base(prefix, "")
 
 
 def queue_name(prefix: str, run_id: str, kind: QueueKind) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import aws_cdk as cdk
 from constructs import Construct
 
+from domain.naming import stack_name
 from stacks.config import PlatformConfig
 
 
@@ -17,7 +18,7 @@ class PlatformStack(cdk.Stack):
         env = cdk.Environment(account=config.account, region=config.region)
         super().__init__(
             scope,
-            f"{config.name_prefix}-{part}",
+            stack_name(config.name_prefix, part),
             env=env if config.region or config.account else None,
             description=f"nova-mtrl {part}: {description}",
         )

@@ -26,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from domain.naming import prefix_problem
 from domain.nova_job import (
     IMAGE_ACCOUNTS,
     LAUNCHER_RECIPES,
@@ -317,6 +318,14 @@ class PlatformConfig(_Strict):
         if not 16 <= network.prefixlen <= 20:
             raise ValueError("must have a prefix length between /16 and /20")
         return str(network)
+
+    @field_validator("name_prefix")
+    @classmethod
+    def _name_prefix(cls, value: str) -> str:
+        problem = prefix_problem(value)
+        if problem:
+            raise ValueError(f"{value!r} {problem}")
+        return value
 
     @field_validator("eks_public_access_cidrs")
     @classmethod

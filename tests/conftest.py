@@ -252,6 +252,16 @@ def role_statements(template: dict[str, Any], role_id: str) -> list[dict[str, An
     return statements
 
 
+def arn_text(resource: object) -> str:
+    """An ARN as the template builds it, references shown as {Name} (`Fn::Join`s joined)."""
+    if isinstance(resource, dict) and "Fn::Join" in resource:
+        separator, parts = resource["Fn::Join"]
+        return separator.join(arn_text(part) for part in parts)
+    if isinstance(resource, dict) and "Ref" in resource:
+        return "{" + resource["Ref"].removeprefix("AWS::") + "}"
+    return str(resource)
+
+
 def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 

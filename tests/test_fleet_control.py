@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from lambdas.pipeline.ecs_fleet import EcsFleetSettings
-from tests.conftest import Synthesized, as_list, policy_statements
+from tests.conftest import Synthesized, arn_text, as_list, policy_statements
 
 FLEET_STEPS = ("StartWorkers", "WorkersHealthy", "ReleaseCompute")
 
@@ -42,32 +45,40 @@ def test_roles_are_passed_only_to_the_services_that_run_them(default_app: Synthe
     }  # fmt: skip
 
 
-def _arn_text(resource: object) -> str:
-    """An ARN as the template builds it, references shown as {Name}."""
-    if isinstance(resource, dict) and "Fn::Join" in resource:
-        separator, parts = resource["Fn::Join"]
-        return separator.join(_arn_text(part) for part in parts)
-    if isinstance(resource, dict) and "Ref" in resource:
-        return "{" + resource["Ref"].removeprefix("AWS::") + "}"
-    return str(resource)
-
-
 def test_workers_read_run_queues_and_their_token_only(default_app: Synthesized) -> None:
-    """Every queue action but ListQueues (no resource type) names this deployment's run queues
-    (`<prefix>-*`) — or, for StartRun's dead letters, the upload trigger's queue itself —, never
-    every queue of the account."""
-    statements = [s for _, s in policy_statements(default_app.template("pipeline"))]
+    """For the principals the README names: the workers' task role uses this deployment's run
+    queues (`<prefix>-run-*`) and reads no parameter; their execution role (what ECS starts a
+    task with) reads the runs' token parameters only. No other queue action of the pipeline
+    names more than the run queues — or, for StartRun's dead letters, the upload trigger's queue."""
+    template = default_app.template("pipeline")
+    run_queues = "arn:{Partition}:sqs:{Region}:{AccountId}:nova-mtrl-run-*"
+
+    def statements_of(role_export: str) -> list[dict[str, Any]]:
+        return [
+            statement
+            for logical_id, statement in policy_statements(template)
+            if role_export in json.dumps(template["Resources"][logical_id]["Properties"]["Roles"])
+        ]
+
+    task = statements_of("RewardFleetTaskRole")
+    (queues,) = [s for s in task if any(a.startswith("sqs:") for a in as_list(s["Action"]))]
+    assert set(as_list(queues["Action"])) == {
+        "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:SendMessage",
+    }  # fmt: skip
+    assert [arn_text(r) for r in as_list(queues["Resource"])] == [run_queues]
+    assert not any("ssm:" in json.dumps(s["Action"]) for s in task)
+    execution = statements_of("RewardFleetTaskDefinitionExecutionRole")
+    (token,) = [s for s in execution if as_list(s["Action"]) == ["ssm:GetParameters"]]
+    assert arn_text(token["Resource"]).endswith(":parameter/nova-mtrl/runs/*")
+    assert not any("sqs:" in json.dumps(s["Action"]) for s in execution)
     sqs = [
-        s for s in statements
+        s for _, s in policy_statements(template)
         if any(a.startswith("sqs:") and a != "sqs:ListQueues" for a in as_list(s["Action"]))
     ]  # fmt: skip
-    assert any("sqs:ReceiveMessage" in as_list(s["Action"]) for s in sqs)
     for statement in sqs:
         for resource in as_list(statement["Resource"]):
             if "Fn::GetAtt" in resource:  # the upload trigger's dead letters, StartRun's too
                 assert resource["Fn::GetAtt"][0].startswith("PipelineTriggerDeadLetters")
                 assert "sqs:ReceiveMessage" not in as_list(statement["Action"])
                 continue
-            assert _arn_text(resource) == "arn:{Partition}:sqs:{Region}:{AccountId}:nova-mtrl-*"
-    (token,) = [s for s in statements if as_list(s["Action"]) == ["ssm:GetParameters"]]
-    assert ":parameter/nova-mtrl/runs/*" in str(token["Resource"])
+            assert arn_text(resource) == run_queues

@@ -3,7 +3,8 @@ where the action has no resource-level permissions."""
 
 from __future__ import annotations
 
-from tests.conftest import Synthesized, as_list, policy_statements
+from domain.naming import run_prefix
+from tests.conftest import Synthesized, arn_text, as_list, policy_statements
 from tests.iam.authorization import resource_formats
 from tests.readme import check_section
 
@@ -94,3 +95,29 @@ def test_the_readme_lists_every_wildcard_resource_with_the_action_that_needs_it(
         )
         rows.append(f"| `{action}` | {why} | {holders} |")
     check_section("wildcard-resources", "\n".join(rows))
+
+
+def test_run_resource_grants_reach_only_this_deployments_runs(
+    every_app: dict[str, Synthesized],
+) -> None:
+    """Every wildcard resource naming the deployment's prefix either is a run pattern
+    (`<prefix>-run-*`, domain/naming.py) or closes the prefix's name with a `/` or `:` before
+    the wildcard (a stack, a bucket, a cluster, a path): none is `<prefix>-*`, which would also
+    reach the platform's own resources and another deployment's whose prefix starts with ours."""
+    checked = 0
+    for synthesized in every_app.values():
+        prefix = synthesized.config.name_prefix
+        for template in synthesized.templates.values():
+            for resource in template["Resources"].values():
+                properties = resource.get("Properties", {})
+                documents = [properties["PolicyDocument"]] if "PolicyDocument" in properties else []
+                documents += [policy["PolicyDocument"] for policy in properties.get("Policies", [])]
+                for statement in (s for d in documents for s in d["Statement"]):
+                    for text in map(arn_text, as_list(statement.get("Resource", []))):
+                        at = text.find(prefix)
+                        if at < 0 or "*" not in text[at:]:
+                            continue
+                        named = text[at : text.index("*", at)]
+                        assert named == run_prefix(prefix) or "/" in named or ":" in named, text
+                        checked += 1
+    assert checked > 50

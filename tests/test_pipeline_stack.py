@@ -140,11 +140,11 @@ def test_step_permissions_are_scoped(default_app: Synthesized) -> None:
         and "s3:PutObject" not in grants["register"]
     )
     assert (
-        ":nova-mtrl-*" in grants["provision"]["sqs:CreateQueue"]
+        ":nova-mtrl-run-*" in grants["provision"]["sqs:CreateQueue"]
         and "sqs:DeleteQueue" not in grants["provision"]
     )
     assert (
-        ":nova-mtrl-*" in grants["teardown"]["sqs:DeleteQueue"]
+        ":nova-mtrl-run-*" in grants["teardown"]["sqs:DeleteQueue"]
         and "sqs:CreateQueue" not in grants["teardown"]
     )
     assert "sns:Publish" in grants["notify_end"] and "states:StartExecution" in grants["start_run"]

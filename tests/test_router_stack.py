@@ -77,7 +77,7 @@ def test_queue_permissions_are_limited_to_the_deployments_run_queues(
         ]
         assert sqs_statements, handler
         for statement in sqs_statements:
-            assert json.dumps(statement["Resource"]).endswith(':nova-mtrl-*"]]}')
+            assert json.dumps(statement["Resource"]).endswith(':nova-mtrl-run-*"]]}')
         actions = {a for s in sqs_statements for a in as_list(s["Action"])}
         if handler.endswith("proxy.handler"):
             assert actions == {"sqs:SendMessage"}

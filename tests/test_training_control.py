@@ -276,7 +276,7 @@ def test_run_pods_get_the_job_role_through_pod_identity_only(default_app: Synthe
     assert sorted(as_list(trust["Action"])) == ["sts:AssumeRole", "sts:TagSession"]
     statements = role_statements(template, role_id)
     (queues,) = [s for s in statements if "sqs:ReceiveMessage" in as_list(s["Action"])]
-    assert "nova-mtrl-*" in json.dumps(queues["Resource"])
+    assert "nova-mtrl-run-*" in json.dumps(queues["Resource"])
     (writes,) = [s for s in statements if "s3:PutObject" in as_list(s["Action"])]
     assert json.dumps(writes["Resource"]).endswith('/runs/*"]]}')
     for step in ("SubmitJob", "ReleaseCompute"):

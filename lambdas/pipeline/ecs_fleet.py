@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from domain.backends import RewardFleet, RunContext, worker_environment
+from domain.naming import run_resource_name
 from domain.run_queues import QueueKind, queue_name
 from lambdas.clients import Clients
 from lambdas.environment import EnvironmentSettings
@@ -56,8 +57,8 @@ def _name(*parts: str) -> str:
 
 
 def worker_service_name(prefix: str, run_id: str) -> str:
-    """The ECS service of a run's reward workers."""
-    return _name(prefix, run_id, "workers")
+    """The ECS service of a run's reward workers, and its task definition's family."""
+    return run_resource_name(prefix, run_id, "workers")[:255]
 
 
 class EcsRewardFleet(RewardFleet):
@@ -89,7 +90,7 @@ class EcsRewardFleet(RewardFleet):
         return worker_service_name(self.settings.prefix, run.run_id)
 
     def family(self, run: RunContext) -> str:
-        return _name(self.settings.task_definition, run.run_id)
+        return worker_service_name(self.settings.prefix, run.run_id)
 
     def log_group(self, run: RunContext) -> str:
         return f"{self.settings.log_group_prefix}/{run.run_id}"

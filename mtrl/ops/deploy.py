@@ -27,6 +27,7 @@ from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
 from domain.bucket import SUMMARY_OBJECT, object_exists, run_output_prefix
+from domain.naming import run_prefix
 from domain.nova_job import is_nova
 from mtrl.ops.deployment import Deployment
 from training_configs.schema import TrainingConfig
@@ -63,9 +64,9 @@ class Waiting:
 
 def release_name(prefix: str, run_id: str) -> str:
     """The name of what a run's release makes (Bedrock's custom model and deployment,
-    SageMaker's model, endpoint config and endpoint): `<prefix>-<run_id>` in the alphabet both
-    share (letters, digits, single hyphens), at most 63 characters."""
-    name = re.sub(r"[^0-9A-Za-z]+", "-", f"{prefix}-{run_id}")[:NAME_LIMIT]
+    SageMaker's model, endpoint config and endpoint): `<prefix>-run-<run_id>` (domain/naming.py)
+    in the alphabet both share (letters, digits, single hyphens), at most 63 characters."""
+    name = re.sub(r"[^0-9A-Za-z]+", "-", f"{run_prefix(prefix)}{run_id}")[:NAME_LIMIT]
     return name.strip("-")
 
 

@@ -21,9 +21,9 @@ from botocore.exceptions import (
     ProfileNotFound,
 )
 
+from domain.naming import OUTPUT_STACKS, stack_name
 from domain.runs import execution_arn
 
-PARTS = ("storage", "pipeline", "compute")
 # Stack states in which the outputs are those of a finished deployment.
 USABLE = {"CREATE_COMPLETE", "UPDATE_COMPLETE", "UPDATE_ROLLBACK_COMPLETE", "IMPORT_COMPLETE"}
 
@@ -100,8 +100,8 @@ def find_deployment(session: boto3.Session, prefix: str) -> Deployment:
     region = session.region_name
     outputs: dict[str, str] = {}
     account = ""
-    for part in PARTS:
-        name = f"{prefix}-{part}"
+    for part in OUTPUT_STACKS:
+        name = stack_name(prefix, part)
         stack = _describe(cloudformation, name, region)
         if stack["StackStatus"] not in USABLE:
             raise DeploymentError(

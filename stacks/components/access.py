@@ -16,6 +16,7 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 
+from domain.naming import OUTPUT_STACKS, stack_name
 from stacks.components.nag import (
     Wildcard,
     acknowledge_key_grant,
@@ -102,16 +103,22 @@ class StacksAccess:
     provides = frozenset({Need.DEPLOYMENT_READ})
 
     def __init__(self, stack: Stack, prefix: str) -> None:
-        self._stacks = stack.format_arn(
-            service="cloudformation", resource="stack", resource_name=f"{prefix}-*/*"
-        )
+        self._stacks = [
+            stack.format_arn(
+                service="cloudformation", resource="stack",
+                resource_name=f"{stack_name(prefix, part)}/*",
+            )
+            for part in OUTPUT_STACKS
+        ]  # fmt: skip
 
     def grant(self, need: Need, role: iam.IRole) -> None:
         role.add_to_principal_policy(
-            iam.PolicyStatement(actions=["cloudformation:DescribeStacks"], resources=[self._stacks])
+            iam.PolicyStatement(actions=["cloudformation:DescribeStacks"], resources=self._stacks)
         )
-        # A stack's ARN ends in an id CloudFormation assigns; only this deployment's stacks.
-        acknowledge_resource(role, self._stacks, Wildcard.ASSIGNED_BY_AWS)
+        # A stack's ARN ends in an id CloudFormation assigns; only this deployment's stacks,
+        # each by its whole name.
+        for stack in self._stacks:
+            acknowledge_resource(role, stack, Wildcard.ASSIGNED_BY_AWS)
 
 
 class Allow:

@@ -17,7 +17,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
-from domain.run_queues import deployment_prefix
+from domain.naming import run_prefix
 from lambdas.environment import environment_for
 from lambdas.pipeline.ecs_fleet import EcsFleetSettings
 from stacks.components.access import Allow, grant_log_reading, log_group_arn
@@ -63,12 +63,12 @@ class RewardFleetControl(Construct):
         self._services = stack.format_arn(
             service="ecs",
             resource="service",
-            resource_name=f"{cluster}/{deployment_prefix(prefix)}*",
+            resource_name=f"{cluster}/{run_prefix(prefix)}*",
         )
         self._task_definitions = stack.format_arn(
             service="ecs",
             resource="task-definition",
-            resource_name=f"{family}-*",
+            resource_name=f"{run_prefix(prefix)}*",
             arn_format=ArnFormat.SLASH_RESOURCE_NAME,
         )
         self._parameters = stack.format_arn(
@@ -97,7 +97,7 @@ class RewardFleetControl(Construct):
         self._scaling_alarms = stack.format_arn(
             service="cloudwatch",
             resource="alarm",
-            resource_name=f"TargetTracking-service/{cluster}/{deployment_prefix(prefix)}*",
+            resource_name=f"TargetTracking-service/{cluster}/{run_prefix(prefix)}*",
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
         self._autoscaling_role = stack.format_arn(

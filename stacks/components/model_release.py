@@ -21,6 +21,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
+from domain.naming import run_prefix
 from stacks.components.access import Allow
 from stacks.components.nag import Wildcard
 from stacks.components.needs import Need
@@ -66,7 +67,7 @@ class ModelRelease(Construct):
         # The endpoints' log groups, in the form IAM names a log group's streams with.
         endpoint_logs = stack.format_arn(
             service="logs", resource="log-group",
-            resource_name=f"/aws/sagemaker/Endpoints/{config.name_prefix}-*:*",
+            resource_name=f"/aws/sagemaker/Endpoints/{run_prefix(config.name_prefix)}*:*",
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )  # fmt: skip
         serving = Allow({dlc: Wildcard.ASSIGNED_BY_AWS, endpoint_logs: Wildcard.NAMED_AT_RUN_TIME})
@@ -85,7 +86,9 @@ class ModelRelease(Construct):
         # SageMaker lowercases its resources' names in their ARNs; the prefix is lowercase.
         hosting = {
             kind: stack.format_arn(
-                service="sagemaker", resource=kind, resource_name=f"{config.name_prefix}-*"
+                service="sagemaker",
+                resource=kind,
+                resource_name=f"{run_prefix(config.name_prefix)}*",
             )
             for kind in ("model", "endpoint-config", "endpoint")
         }

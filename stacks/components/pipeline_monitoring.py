@@ -13,7 +13,7 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
-from domain.run_queues import deployment_prefix
+from domain.naming import run_prefix
 from lambdas.pipeline.training_metrics import FIGURES, NAMESPACE, SERVICE
 
 PERIOD = Duration.minutes(5)
@@ -73,7 +73,7 @@ def pipeline_dashboard(
     queue_ages = cloudwatch.MathExpression(
         expression=(
             'SEARCH(\'{AWS/SQS,QueueName} MetricName="ApproximateAgeOfOldestMessage" '
-            f"QueueName=\"{deployment_prefix(name_prefix)}\"', 'Maximum', 300)"
+            f"QueueName=\"{run_prefix(name_prefix)}\"', 'Maximum', 300)"
         ),
         label="oldest message age (s)",
         period=PERIOD,

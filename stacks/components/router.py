@@ -14,8 +14,8 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
+from domain.naming import run_prefix
 from domain.nova_job import rollout_function_name
-from domain.run_queues import deployment_prefix
 from lambdas.environment import environment_for
 from lambdas.router.conversations import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from lambdas.router.settings import ForwarderSettings, RouterSettings
@@ -57,9 +57,9 @@ class Router(Construct):
             # Conversation state lives days (TTL); nothing to keep once the stack is gone.
             removal_policy=RemovalPolicy.DESTROY,
         )
-        # Per-run queues are named `<prefix>-<run id>-<kind>.fifo` (run_queues.queue_name).
+        # Per-run queues are named `<prefix>-run-<run id>-<kind>.fifo` (run_queues.queue_name).
         self.run_queue_arns = stack.format_arn(
-            service="sqs", resource=f"{deployment_prefix(config.name_prefix)}*"
+            service="sqs", resource=f"{run_prefix(config.name_prefix)}*"
         )
         self.proxy = pipeline_function(
             self,
@@ -117,7 +117,7 @@ class Router(Construct):
         self._alarms = stack.format_arn(
             service="cloudwatch",
             resource="alarm",
-            resource_name=f"{deployment_prefix(config.name_prefix)}*",
+            resource_name=f"{run_prefix(config.name_prefix)}*",
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
         # Event source mappings have run-time ids: any mapping, but only of the consumer.

@@ -71,7 +71,7 @@ def test_a_run_is_registered_imported_and_deployed_on_demand(world: dict) -> Non
     released = deploy_to_bedrock(world["clients"], DEPLOYMENT, RUN, waiting=waiting,
                                  on_progress=lines.append)  # fmt: skip
     bedrock, name = world["bedrock"], release_name("nova-mtrl", RUN)
-    assert name == "nova-mtrl-wordle-0a1b2c3d4e"
+    assert name == "nova-mtrl-run-wordle-0a1b2c3d4e"
     (created,) = bedrock.operations("CreateCustomModel")
     assert created == {
         "modelName": name,
@@ -172,7 +172,7 @@ def test_delete_removes_the_deployment_then_the_model(world: dict) -> None:
 
 
 def test_names_are_in_bedrocks_alphabet_and_never_end_in_a_separator() -> None:
-    assert release_name("Nova", "run--x_y") == "Nova-run-x-y"
-    assert release_name("nova", "runX") == "nova-runX"
-    long = release_name("nova-mtrl", "a" * 52 + "-b")  # the 63rd character is the separator
+    assert release_name("Nova", "x--y_z") == "Nova-run-x-y-z"
+    assert release_name("nova", "runX") == "nova-run-runX"
+    long = release_name("nova-mtrl", "a" * 48 + "-b")  # the 63rd character is the separator
     assert len(long) == 62 and long.endswith("a")

@@ -25,7 +25,7 @@ from training_configs import load_training_config
 from training_configs.schema import TrainingConfig
 
 BUCKET, RUN = "nova-mtrl-data", "letters-0a1b2c3d4e"
-NAME = f"nova-mtrl-{RUN}"
+NAME = f"nova-mtrl-run-{RUN}"
 FINAL = f"runs/{RUN}/checkpoints/final/"
 ROLE = f"arn:aws:iam::{ACCOUNT}:role/nova-mtrl-serving"
 PACKAGE = f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:model-package/nova-mtrl-models/4"

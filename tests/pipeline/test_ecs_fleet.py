@@ -118,7 +118,7 @@ def test_start_creates_a_private_service_with_the_runs_settings(fleet: EcsReward
     definition = boto3.client("ecs").describe_task_definition(
         taskDefinition=service["taskDefinition"]
     )["taskDefinition"]
-    assert definition["family"] == "nova-mtrl-reward-worker-wordle-abc123"
+    assert definition["family"] == "nova-mtrl-run-wordle-abc123-workers"
     (container,) = definition["containerDefinitions"]
     environment = {item["name"]: item["value"] for item in container["environment"]}
     assert environment["MTRL_ROLLOUT_REQUEST_QUEUE_URL"] == RUN.queues["rollout_requests"]
@@ -180,7 +180,7 @@ def test_the_fleet_scales_on_backlog_per_task_when_allowed(fleet: EcsRewardFleet
     waiting = metrics["waiting"]["MetricStat"]["Metric"]
     assert waiting["MetricName"] == "ApproximateNumberOfMessagesVisible"
     assert waiting["Dimensions"] == [
-        {"Name": "QueueName", "Value": "nova-mtrl-wordle-abc123-rollout-requests.fifo"}
+        {"Name": "QueueName", "Value": "nova-mtrl-run-wordle-abc123-rollout-requests.fifo"}
     ]
     assert metrics["backlog_per_task"]["ReturnData"] is True
     fleet.stop(run)

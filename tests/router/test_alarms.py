@@ -20,7 +20,7 @@ def test_alarms_watch_the_oldest_message_of_each_run_queue(aws) -> None:
     )
     alarms = {
         a["AlarmName"]: a
-        for a in cloudwatch.describe_alarms(AlarmNamePrefix="nova-mtrl-run-5")["MetricAlarms"]
+        for a in cloudwatch.describe_alarms(AlarmNamePrefix="nova-mtrl-run-run-5")["MetricAlarms"]
     }
     assert sorted(alarms) == sorted(names) and len(names) == 4
     watched = {alarm["Dimensions"][0]["Value"] for alarm in alarms.values()}
@@ -39,4 +39,4 @@ def test_teardown_deletes_only_the_runs_alarms(aws) -> None:
     remaining = {
         a["AlarmName"] for a in cloudwatch.describe_alarms(AlarmNamePrefix="p-")["MetricAlarms"]
     }
-    assert len(remaining) == 4 and all(name.startswith("p-kept-") for name in remaining)
+    assert len(remaining) == 4 and all(name.startswith("p-run-kept-") for name in remaining)

@@ -86,7 +86,7 @@ def test_runs_never_mix_each_gets_what_its_own_alias_was_sent(router: Router) ->
         (None, f"invoked as {FUNCTION}: invoke the run's alias"),
         ("$LATEST", f"invoked as {FUNCTION}:$LATEST: invoke the run's alias"),
         ("7", f"invoked as {FUNCTION}:7: invoke the run's alias"),  # a version, not an alias
-        ("gone-run", "run 'gone-run' has no rollout-request queue (test-gone-run-rollout-"),
+        ("gone-run", "run 'gone-run' has no rollout-request queue (test-run-gone-run-rollout-"),
     ],
 )
 def test_an_invocation_outside_a_live_runs_alias_is_refused(
@@ -111,7 +111,7 @@ def test_refusals_say_what_to_invoke_and_why_a_run_cannot_be_reached(router: Rou
     with pytest.raises(RolloutRefused) as gone:
         invoke(forwarder(router), DOCUMENTED_ROLLOUT_REQUEST, alias="gone-run")
     assert str(gone.value) == (
-        "run 'gone-run' has no rollout-request queue (test-gone-run-rollout-requests.fifo): it "
+        "run 'gone-run' has no rollout-request queue (test-run-gone-run-rollout-requests.fifo): it "
         "was never provisioned or is torn down"
     )
 

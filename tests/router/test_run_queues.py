@@ -34,7 +34,7 @@ def test_create_is_idempotent_and_configures_fifo_dlq_and_encryption(aws) -> Non
         sqs, prefix="nova-mtrl", run_id="run-9", kms_key_id="alias/nova-mtrl-data"
     )
     assert first == again
-    assert len(sqs.list_queues(QueueNamePrefix="nova-mtrl-run-9")["QueueUrls"]) == 5
+    assert len(sqs.list_queues(QueueNamePrefix="nova-mtrl-run-run-9")["QueueUrls"]) == 5
     dlq_arn = sqs.get_queue_attributes(QueueUrl=first.dlq, AttributeNames=["QueueArn"])[
         "Attributes"
     ]["QueueArn"]

@@ -1,0 +1,47 @@
+"""How a deployment names what it makes, so that IAM patterns select exactly one deployment's
+run resources.
+
+A deployment's stacks are `<prefix>-<part>`; everything made for a run at run time (its
+queues and their alarms, its reward-worker service and task family, what `mtrl deploy` makes
+of it on SageMaker) is named `<prefix>-run-<run id>…`, so grants over `<prefix>-run-*` reach
+no resource of the platform itself (the stacks' own queues, alarms and functions are named
+`<prefix>-<part>-…`). A `name_prefix` with `-run` at the end or `-run-` inside is refused:
+with those out, `<prefix>-run-*` never matches a name another deployment makes under another
+prefix (one that starts with ours, or one ours starts with).
+"""
+
+from __future__ import annotations
+
+import re
+
+RUN_MARK = "run"
+# The stacks whose outputs `mtrl` reads (the network stack has none it needs).
+OUTPUT_STACKS = ("storage", "pipeline", "compute")
+
+
+def stack_name(prefix: str, part: str) -> str:
+    return f"{prefix}-{part}"
+
+
+def run_prefix(prefix: str) -> str:
+    """What the name of everything made for a run of this deployment starts with."""
+    return f"{prefix}-{RUN_MARK}-"
+
+
+def run_resource_name(prefix: str, run_id: str, *parts: str) -> str:
+    """`<prefix>-run-<run id>[-<part>…]` with every character outside letters, digits, `_` and
+    `-` replaced by `-` (a name SQS, ECS and CloudWatch all take)."""
+    name = "-".join((f"{run_prefix(prefix)}{run_id}", *parts))
+    return re.sub(r"[^A-Za-z0-9_-]", "-", name)
+
+
+def prefix_problem(prefix: str) -> str | None:
+    """Why `prefix` cannot name a deployment under these rules (None: it can)."""
+    mark = f"-{RUN_MARK}"
+    if prefix.endswith(mark) or f"{mark}-" in prefix:
+        return (
+            f"must not end in '{mark}' or contain '{mark}-': run resources are named "
+            f"'<name_prefix>{mark}-<run id>', and grants on that pattern must not reach another "
+            "deployment's"
+        )
+    return None
