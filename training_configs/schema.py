@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from importlib import resources
 from pathlib import Path
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
@@ -391,9 +391,61 @@ def load_training_config(name_or_path: str | Path) -> TrainingConfig:
     return parse_training_config(text, source)
 
 
+# How many values a config may hold once its YAML aliases are expanded: each alias repeats its
+# anchor's whole value, so a few nested ones make billions ("billion laughs") for the validator
+# to walk. A config holds a few hundred.
+MAX_VALUES = 100_000
+
+
+class TooManyValues(yaml.YAMLError):
+    def __init__(self, line: int) -> None:
+        super().__init__(
+            f"line {line}: its YAML aliases (*name) expand to more than {MAX_VALUES} values"
+        )
+        self.line = line
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a document whose aliases expand it past MAX_VALUES values
+    (counted on the composed node graph, each shared node once, before anything is built)."""
+
+    def get_single_node(self) -> Any:
+        node = super().get_single_node()
+        sizes: dict[int, int] = {}
+        past: list[int] = []  # the line of the first node past the bound, its children within
+
+        def size(of: yaml.Node) -> int:
+            if id(of) in sizes:
+                return sizes[id(of)]
+            sizes[id(of)] = MAX_VALUES + 1  # a node inside itself never ends
+            children = (
+                [part for pair in of.value for part in pair]
+                if isinstance(of, yaml.MappingNode)
+                else of.value
+                if isinstance(of, yaml.SequenceNode)
+                else []
+            )
+            each = [size(child) for child in children]
+            sizes[id(of)] = min(1 + sum(each), MAX_VALUES + 1)
+            if sizes[id(of)] > MAX_VALUES and not past:
+                past.append(of.start_mark.line + 1)
+            return sizes[id(of)]
+
+        if node is not None and size(node) > MAX_VALUES:
+            raise TooManyValues(past[0])
+        return node
+
+
+def load_yaml(text: str) -> Any:
+    """`text` as plain data (YAML's safe subset), at most MAX_VALUES values once expanded."""
+    return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def parse_training_config(text: str, source: str = "<config>") -> TrainingConfig:
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
+    except TooManyValues as error:
+        raise TrainingConfigError(f"config {source}: {error}: reuse fewer values") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

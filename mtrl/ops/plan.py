@@ -39,7 +39,7 @@ from domain.nova_job import (
 from mtrl.console import out
 from stacks.config import PlatformConfig
 from training_configs.costs import estimate
-from training_configs.schema import TrainingConfig
+from training_configs.schema import TooManyValues, TrainingConfig, load_yaml
 
 RUN = "<run id>"
 # What no offline check can settle; the README's "Nova on AWS" section says the same.
@@ -123,7 +123,9 @@ def plan(
     rendered, skipped = None, None
     if recipe_file is not None:
         try:
-            base = yaml.safe_load(recipe_file.read_text(encoding="utf-8"))
+            base = load_yaml(recipe_file.read_text(encoding="utf-8"))
+        except TooManyValues as error:
+            raise NovaRefused(f"recipe {recipe_file}: {error}") from None
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark else ""

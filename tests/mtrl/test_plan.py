@@ -15,6 +15,7 @@ from mtrl.ops.plan import plan as make_plan
 from stacks.config import PlatformConfig, deployment_context
 from tests.conftest import PINNED
 from tests.forge_recipe import DOCUMENTED_BYOO_RECIPE, forge_recipe
+from tests.training_configs.test_training_configs import LAUGHS
 from training_configs.costs import estimate
 from training_configs.schema import SHIPPED, load_training_config
 
@@ -122,9 +123,16 @@ def test_a_recipe_file_that_is_not_a_yaml_mapping_is_refused_in_one_line(tmp_pat
     broken, listed = tmp_path / "broken.yaml", tmp_path / "listed.yaml"
     broken.write_text("run:\n  name: [x\n")
     listed.write_text("- a\n- b\n")
+    laughs = tmp_path / "laughs.yaml"
+    laughs.write_text(LAUGHS.replace("environment_args", "run"))
     for recipe, said in (
         (broken, f"error: recipe {broken}: not valid YAML at line 3"),
         (listed, f"error: recipe {listed}: expected a YAML mapping"),
+        (
+            laughs,
+            f"error: recipe {laughs}: line 5: its YAML aliases (*name) expand to more "
+            "than 100000 values",
+        ),
     ):
         code, output = plan("--config", str(EXAMPLE), "--region", "us-east-1", "--recipe",
                             str(recipe))  # fmt: skip

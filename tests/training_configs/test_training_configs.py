@@ -87,6 +87,41 @@ def test_an_evaluation_file_replaces_the_held_out_share() -> None:
     assert named.model_validate(named.model_dump(mode="json")) == named
 
 
+LAUGHS = "\n".join(
+    ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    + [f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]" for i in range(8)]
+    + ["environment_args: {laughs: *i}"]
+)
+
+
+def test_a_config_that_expands_aliases_without_bound_is_refused_at_its_line(
+    tmp_path: Path,
+) -> None:
+    """Nested aliases of ten make 10^9 values for the validator to walk (a "billion laughs"):
+    refused at the line whose value passes the bound, before anything is built; so is an
+    anchor inside itself."""
+    laughs = tmp_path / "laughs.yaml"
+    laughs.write_text(yaml.safe_dump(_lora()) + LAUGHS + "\n")
+    line = len(yaml.safe_dump(_lora()).splitlines()) + 5  # `e: &e [*d, …]`: 111111 values
+    with pytest.raises(
+        TrainingConfigError,
+        match=rf"laughs.yaml: line {line}: its YAML aliases \(\*name\) expand to more than "
+        r"100000 values: reuse fewer values$",
+    ):
+        load_training_config(laughs)
+    looped = tmp_path / "looped.yaml"
+    looped.write_text(yaml.safe_dump(_lora()) + "environment_args: &loop {again: *loop}\n")
+    with pytest.raises(TrainingConfigError, match="expand to more than 100000 values"):
+        load_training_config(looped)
+    reused = tmp_path / "reused.yaml"
+    lora = {k: v for k, v in _lora().items() if k != "environment_args"}
+    reused.write_text(
+        yaml.safe_dump(lora) + "environment_args: &args {max_turns: 6}\nmetadata_note: *args\n"
+    )
+    with pytest.raises(TrainingConfigError, match="metadata_note: unknown key"):
+        load_training_config(reused)  # a few aliases are read as YAML reads them
+
+
 def test_files_and_yaml_errors(tmp_path: Path) -> None:
     with pytest.raises(
         TrainingConfigError, match="no such file; use a path or one of rft_multiturn_lora"
