@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from stacks.components.eks import CONTAINER_LOGS_ACCOUNT, TRAINING_OPERATOR_ACCOUNT
 from tests.conftest import ADMIN_ROLE, Synthesized, synthesize
 
 
@@ -155,3 +156,28 @@ def _warnings(app: Synthesized) -> list[str]:
         for entry in entries
         if entry["type"] == "aws:cdk:warning"
     ]
+
+
+def test_the_add_ons_roles_admit_only_their_service_account_on_this_cluster(
+    default_app: Synthesized,
+) -> None:
+    template = default_app.template("compute")
+    cluster_id = next(
+        i for i, r in template["Resources"].items() if r["Type"] == "AWS::EKS::Cluster"
+    )
+    trusted = {}
+    for addon in template["Resources"].values():
+        if addon["Type"] != "AWS::EKS::Addon":
+            continue
+        for association in addon["Properties"].get("PodIdentityAssociations", []):
+            role = template["Resources"][association["RoleArn"]["Fn::GetAtt"][0]]
+            (trust,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+            trusted[association["ServiceAccount"]] = trust["Condition"]
+    assert set(trusted) == {CONTAINER_LOGS_ACCOUNT, TRAINING_OPERATOR_ACCOUNT}
+    for account, condition in trusted.items():
+        assert condition == {
+            "StringEquals": {
+                "aws:RequestTag/eks-cluster-name": {"Ref": cluster_id},
+                "aws:RequestTag/kubernetes-service-account": account,
+            }
+        }

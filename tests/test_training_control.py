@@ -13,6 +13,7 @@ import botocore.session
 
 from domain.nova_job import FORGE_EVALUATION_RECIPE, FORGE_RECIPE_SOURCE, FORGE_RECIPES
 from lambdas.kubernetes.rbac import nova_launcher_rbac, pipeline_rbac, rbac_of, rbac_properties
+from lambdas.kubernetes.training_job import SERVICE_ACCOUNT, run_namespace
 from lambdas.pipeline.hyperpod_capacity import LEASE_KEY
 from lambdas.pipeline.hyperpod_training import HyperPodSettings
 from tests.aws import create_leases_table, create_runs_table
@@ -274,6 +275,17 @@ def test_run_pods_get_the_job_role_through_pod_identity_only(default_app: Synthe
     (trust,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
     assert trust["Principal"] == {"Service": "pods.eks.amazonaws.com"}
     assert sorted(as_list(trust["Action"])) == ["sts:AssumeRole", "sts:TagSession"]
+    # Only a run's service account, in a run namespace of this deployment's cluster: the session
+    # tags Pod Identity sets (EKS User Guide, "Create IAM role with trust policy required by EKS
+    # Pod Identity"). Another association of the account cannot assume it.
+    assert trust["Condition"] == {
+        "StringEquals": {
+            "aws:RequestTag/eks-cluster-name": "nova-mtrl-eks",
+            "aws:RequestTag/kubernetes-service-account": SERVICE_ACCOUNT,
+        },
+        "StringLike": {"aws:RequestTag/kubernetes-namespace": "nova-mtrl-run-*"},
+    }
+    assert run_namespace("nova-mtrl", "wordle-0a1b2c3d4e").startswith("nova-mtrl-run-")
     statements = role_statements(template, role_id)
     (queues,) = [s for s in statements if "sqs:ReceiveMessage" in as_list(s["Action"])]
     assert "nova-mtrl-run-*" in json.dumps(queues["Resource"])

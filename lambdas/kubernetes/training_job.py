@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.episodes import EvaluationStage
+from domain.naming import run_prefix
 from domain.presets import JobKind, ModelPreset
 from domain.trainer_job import JOB_VARIABLE, TrainingJob
 from training_configs.schema import TrainingConfig
@@ -94,8 +95,9 @@ def run_namespace(prefix: str, run_id: str) -> str:
 
 
 def namespace_prefix(prefix: str) -> str:
-    """What every run namespace of the deployment starts with (access is scoped to it)."""
-    return f"{prefix}-run-"
+    """What every run namespace of the deployment starts with (access is scoped to it): a run
+    resource's name (domain/naming.py)."""
+    return run_prefix(prefix)
 
 
 def run_labels(prefix: str, run_id: str) -> dict[str, str]:

@@ -4,6 +4,7 @@ addresses an operator names), access entries only, add-ons."""
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 from aws_cdk import Annotations
 from aws_cdk import aws_ec2 as ec2
@@ -27,6 +28,9 @@ NODE_POLICIES = (
     "AmazonEKS_CNI_Policy",
 )
 CLUSTER_ADMIN = "AmazonEKSClusterAdminPolicy"
+# The service accounts the add-ons' pods run as (their Pod Identity associations).
+CONTAINER_LOGS_ACCOUNT = "cloudwatch-agent"
+TRAINING_OPERATOR_ACCOUNT = "hp-training-operator-controller-manager"
 
 _LOG_TYPES = [
     eks.ClusterLoggingTypes.API,
@@ -215,6 +219,8 @@ class HyperPodEks(Construct):
             self,
             "ContainerLogsRole",
             description="CloudWatch agent and Fluent Bit of the EKS cluster (EKS Pod Identity)",
+            cluster_name=self.cluster_name,
+            service_account=CONTAINER_LOGS_ACCOUNT,
             managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name(LOGS_POLICY)],
         )
         acknowledge_managed_policy(
@@ -226,7 +232,7 @@ class HyperPodEks(Construct):
         addon = self._pod_identity_addon(
             "Addon-cloudwatch-observability",
             "amazon-cloudwatch-observability",
-            service_account="cloudwatch-agent",
+            service_account=CONTAINER_LOGS_ACCOUNT,
             role=role,
         )
         for dependency in self.ready:
@@ -242,6 +248,8 @@ class HyperPodEks(Construct):
             self,
             "TrainingOperatorRole",
             description="HyperPod training operator (EKS Pod Identity)",
+            cluster_name=self.cluster_name,
+            service_account=TRAINING_OPERATOR_ACCOUNT,
         )
         role.add_to_policy(
             iam.PolicyStatement(
@@ -252,7 +260,7 @@ class HyperPodEks(Construct):
         operator = self._pod_identity_addon(
             "Addon-training-operator",
             "amazon-sagemaker-hyperpod-training-operator",
-            service_account="hp-training-operator-controller-manager",
+            service_account=TRAINING_OPERATOR_ACCOUNT,
             role=role,
         )
         operator.node.add_dependency(cert_manager)
@@ -280,13 +288,26 @@ def pod_identity_role(
     construct_id: str,
     *,
     description: str,
+    cluster_name: str,
+    service_account: str,
+    namespace: str | None = None,
     managed_policies: list[iam.IManagedPolicy] | None = None,
 ) -> iam.Role:
-    """A role pods assume through EKS Pod Identity, which tags the session (cluster, namespace)."""
+    """A role pods assume through EKS Pod Identity, for this cluster's `service_account` only
+    (in `namespace`, a pattern, where given). Pod Identity tags the session it assumes the role
+    with the cluster, namespace and service account (EKS User Guide, "Create IAM role with trust
+    policy required by EKS Pod Identity", and its session tags), so the trust policy admits no
+    association of another cluster, namespace or service account of the account."""
+    tags = {"aws:RequestTag/eks-cluster-name": cluster_name,
+            "aws:RequestTag/kubernetes-service-account": service_account}  # fmt: skip
+    conditions: dict[str, Any] = {"StringEquals": tags}
+    if namespace is not None:
+        conditions["StringLike"] = {"aws:RequestTag/kubernetes-namespace": namespace}
+    principal = iam.ServicePrincipal("pods.eks.amazonaws.com").with_conditions(conditions)
     return iam.Role(
         scope,
         construct_id,
-        assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com").with_session_tags(),
+        assumed_by=principal.with_session_tags(),
         description=description,
         managed_policies=managed_policies,
     )
