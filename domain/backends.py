@@ -87,7 +87,7 @@ def worker_environment(run: RunContext) -> dict[str, str]:
         "MTRL_CONCURRENCY": str(config.rollout_concurrency),
         "MTRL_ROLLOUT_TIMEOUT_SECONDS": str(config.rollout_timeout_seconds),
         "MTRL_MAX_TURNS": str(config.max_turns),
-        # The trajectory store: every finished rollout under runs/<run_id>/trajectories/.
+        # The trajectory store: every finished rollout under trajectories/<run_id>/.
         "MTRL_TRAJECTORY_BUCKET": run.bucket if config.trajectories else "",
         "MTRL_CONFIG_HASH": config.fingerprint,
     }

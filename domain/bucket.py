@@ -14,8 +14,11 @@ CONFIGS_PREFIX = "configs/"  # training configs named by a dataset's metadata
 RUNS_PREFIX = "runs/"  # runs/<run id>/: checkpoints, metrics, summary
 SUMMARY_OBJECT = "summary.json"  # under a run's outputs, written by Collect when the run ends
 EVALUATION_OBJECT = "evaluation.json"  # under a run's outputs: baseline, final and the delta
-# Under a run's outputs: every finished rollout, Parquet by hour (domain/trajectories.py).
-TRAJECTORIES_FOLDER = "trajectories/"
+# Every finished rollout of a run, Parquet by hour (domain/trajectories.py): under a prefix of
+# their own, `trajectories/<run id>/`, where no other output lives (the reward workers write
+# here, and nothing a trainer or an evaluation reads back is under it). A local run's outputs
+# folder keeps them in a `trajectories/` folder beside its other outputs.
+TRAJECTORIES_PREFIX = "trajectories/"
 QUERY_RESULTS_PREFIX = "athena-results/"  # the Athena workgroup's results (SQL over them)
 
 
@@ -46,7 +49,7 @@ def run_output_prefix(run_id: str) -> str:
 
 
 def trajectories_prefix(run_id: str) -> str:
-    return f"{run_output_prefix(run_id)}{TRAJECTORIES_FOLDER}"
+    return f"{TRAJECTORIES_PREFIX}{run_id}/"
 
 
 def run_outputs(s3: Any, *, bucket: str, prefix: str) -> list[str]:

@@ -1,5 +1,5 @@
 """The trajectory store's one schema: every finished rollout as a row of Parquet under
-`runs/<run_id>/trajectories/hour=<YYYY-MM-DD-HH>/<writer>-<n>.parquet` in the data bucket.
+`trajectories/<run_id>/hour=<YYYY-MM-DD-HH>/<writer>-<n>.parquet` in the data bucket.
 
 Hive-style hour folders, so Athena (the Glue table's partition projection), DuckDB, pyarrow and
 pandas read the folder as one table. The reward workers write it (reward_envs/worker/
@@ -96,7 +96,8 @@ def hour_of(moment: datetime) -> str:
 
 
 def object_key(prefix: str, hour: str, writer: str, number: int) -> str:
-    """Where a writer's `number`th file of an hour goes; `prefix` ends with `trajectories/`."""
+    """Where a writer's `number`th file of an hour goes under a run's `prefix`
+    (domain.bucket.trajectories_prefix)."""
     return f"{prefix}hour={hour}/{writer}-{number:06d}.parquet"
 
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import json
 
+from domain.bucket import (
+    CONFIGS_PREFIX,
+    RUNS_PREFIX,
+    TRAINING_DATA_PREFIX,
+    TRAJECTORIES_PREFIX,
+    trajectories_prefix,
+)
 from tests.conftest import Synthesized, as_list
+from training_configs.schema import EVALUATION_DATA_PREFIX
 
 
 def _data_bucket(app: Synthesized) -> tuple[str, dict]:
@@ -81,9 +89,10 @@ def test_data_bucket_access_is_logged(default_app: Synthesized) -> None:
 def test_old_run_artifacts_expire_after_the_configured_days(default_app: Synthesized) -> None:
     _, bucket = _data_bucket(default_app)
     rules = {rule["Id"]: rule for rule in bucket["Properties"]["LifecycleConfiguration"]["Rules"]}
-    runs = rules["expire-old-run-artifacts"]
-    assert runs["Prefix"] == "runs/"
-    assert runs["ExpirationInDays"] == default_app.config.run_artifact_retention_days
+    days = default_app.config.run_artifact_retention_days
+    for rule, prefix in (("expire-old-run-artifacts", "runs/"),
+                         ("expire-old-trajectories", "trajectories/")):  # fmt: skip
+        assert (rules[rule]["Prefix"], rules[rule]["ExpirationInDays"]) == (prefix, days)
     assert rules["abort-incomplete-uploads"]["AbortIncompleteMultipartUpload"] == {
         "DaysAfterInitiation": 7
     }
@@ -111,3 +120,30 @@ def test_data_bucket_permissions_are_not_public(default_app: Synthesized) -> Non
     for statement in _policy_of(default_app, data_id)["Statement"]:
         if statement["Effect"] == "Allow":
             assert "*" not in as_list(statement["Principal"].get("AWS", []))
+
+
+def test_workers_write_only_under_the_trajectories_prefix(default_app: Synthesized) -> None:
+    """The reward workers (where users' environments run) may write only `trajectories/`, a
+    prefix no other output lives under: nothing a trainer, an evaluation or a deployment reads
+    back. The only principal of the app that reads it is the operator (`mtrl trajectories`)."""
+    others = (RUNS_PREFIX, TRAINING_DATA_PREFIX, CONFIGS_PREFIX, EVALUATION_DATA_PREFIX)
+    assert not any(p.startswith(TRAJECTORIES_PREFIX) or TRAJECTORIES_PREFIX.startswith(p)
+                   for p in others)  # fmt: skip
+    assert trajectories_prefix("wordle-0a1b2c3d4e") == "trajectories/wordle-0a1b2c3d4e/"
+    pipeline = default_app.template("pipeline")
+    s3_actions: dict[str, set[str]] = {}
+    readers = set()
+    for logical_id, resource in pipeline["Resources"].items():
+        document = resource.get("Properties", {}).get("PolicyDocument")
+        for statement in document["Statement"] if document else []:
+            actions = {a for a in as_list(statement["Action"]) if a.startswith("s3:")}
+            text = json.dumps(statement["Resource"])
+            if actions and "TaskRolePolicy" in logical_id:
+                s3_actions.setdefault(text, set()).update(actions)
+            if actions & {"s3:GetObject", "s3:ListBucket"} and "trajectories/" in json.dumps(
+                statement
+            ):
+                readers.add(resource["Type"])
+    ((resource, actions),) = s3_actions.items()
+    assert actions == {"s3:PutObject"} and resource.endswith('/trajectories/*"]]}')
+    assert readers == {"AWS::IAM::ManagedPolicy"}  # the operator's

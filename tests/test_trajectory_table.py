@@ -66,7 +66,9 @@ def test_projection_finds_the_files_the_workers_write(default_app: Synthesized) 
     moment = datetime(2026, 12, 3, 7, 15, tzinfo=UTC)
     folder = prefix.replace("${run}", "wordle-0a1b2c3d4e").replace("${hour}", hour_of(moment))
     key = object_key(trajectories_prefix("wordle-0a1b2c3d4e"), hour_of(moment), "w1", 0)
-    assert f"/{key}".startswith(folder) and folder.endswith("/trajectories/hour=2026-12-03-07/")
+    assert f"/{key}".startswith(folder) and folder.endswith(
+        "/trajectories/wordle-0a1b2c3d4e/hour=2026-12-03-07/"
+    )
 
 
 def test_query_results_are_kept_encrypted_in_the_data_bucket(default_app: Synthesized) -> None:

@@ -16,7 +16,13 @@ from typing import Any
 
 import yaml
 
-from domain.bucket import CONFIGS_PREFIX, run_output_prefix, run_outputs
+from domain.bucket import (
+    CONFIGS_PREFIX,
+    TRAJECTORIES_PREFIX,
+    run_output_prefix,
+    run_outputs,
+    trajectories_prefix,
+)
 from domain.runs import RunStore
 from lambdas.pipeline.dependencies import Compute
 from lambdas.pipeline.register import CONFIG_METADATA_KEY
@@ -322,23 +328,34 @@ class LocalSession:
         return None
 
     def download_outputs(self, run_id: str, directory: Path) -> list[Path]:
-        """Copy what the run wrote under `runs/<run_id>/` (the embedded S3 ends with the session)."""
-        s3, prefix = self.clients["s3"], run_output_prefix(run_id)
+        """Copy what the run wrote under `runs/<run_id>/`, and its trajectories (from
+        `trajectories/<run_id>/`) into a `trajectories/` folder beside them (the embedded S3
+        ends with the session)."""
+        s3, bucket = self.clients["s3"], self.pipeline.data_bucket
         saved = []
-        for key in run_outputs(s3, bucket=self.pipeline.data_bucket, prefix=prefix):
-            target = directory / key
-            target.parent.mkdir(parents=True, exist_ok=True)
-            body = s3.get_object(Bucket=self.pipeline.data_bucket, Key=f"{prefix}{key}")["Body"]
-            target.write_bytes(body.read())
-            saved.append(target)
+        for prefix, folder in (
+            (run_output_prefix(run_id), directory),
+            (trajectories_prefix(run_id), directory / TRAJECTORIES_PREFIX),
+        ):
+            for key in run_outputs(s3, bucket=bucket, prefix=prefix):
+                target = folder / key
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(
+                    s3.get_object(Bucket=bucket, Key=f"{prefix}{key}")["Body"].read()
+                )
+                saved.append(target)
         return saved
 
     def restore_outputs(self, run_id: str, directory: Path) -> int:
         """Put a previous local run's outputs (as `download_outputs` saved them) back under
         `runs/<run_id>/`, where a deployment keeps them: a run can then start from its checkpoint.
-        Returns how many objects."""
+        Its trajectories stay in the folder: nothing a run reads is among them. Returns how many
+        objects."""
         s3, prefix = self.clients["s3"], run_output_prefix(run_id)
-        files = sorted(path for path in directory.rglob("*") if path.is_file())
+        kept = directory / TRAJECTORIES_PREFIX
+        files = sorted(
+            path for path in directory.rglob("*") if path.is_file() and kept not in path.parents
+        )
         for path in files:
             key = f"{prefix}{path.relative_to(directory).as_posix()}"
             s3.put_object(Bucket=self.pipeline.data_bucket, Key=key, Body=path.read_bytes())

@@ -10,7 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from domain.backends import METRICS_OBJECT
-from domain.bucket import TRAJECTORIES_FOLDER, run_output_prefix, run_outputs
+from domain.bucket import (
+    TRAJECTORIES_PREFIX,
+    object_exists,
+    run_output_prefix,
+    run_outputs,
+    trajectories_prefix,
+)
 from domain.step_metrics import metrics_lines
 from domain.trajectories import decode, step_windows
 
@@ -29,7 +35,7 @@ class RunTrajectories:
 
 def from_folder(run_id: str, outputs: Path) -> RunTrajectories:
     """A local run's (`mtrl local` saves its outputs under DIR/<run_id>/outputs/)."""
-    folder = outputs / TRAJECTORIES_FOLDER
+    folder = outputs / TRAJECTORIES_PREFIX
     files = sorted(folder.rglob("*.parquet"))
     metrics = outputs / METRICS_OBJECT
     return _run(
@@ -41,19 +47,22 @@ def from_folder(run_id: str, outputs: Path) -> RunTrajectories:
 
 
 def from_bucket(s3: Any, *, bucket: str, run_id: str) -> RunTrajectories:
-    """A deployed run's, under runs/<run_id>/ in the data bucket."""
-    prefix = run_output_prefix(run_id)
-    keys = run_outputs(s3, bucket=bucket, prefix=prefix)
+    """A deployed run's, under trajectories/<run_id>/ in the data bucket (its metrics under
+    runs/<run_id>/)."""
+    prefix = trajectories_prefix(run_id)
     files = [
-        key for key in keys if key.startswith(TRAJECTORIES_FOLDER) and key.endswith(".parquet")
+        key for key in run_outputs(s3, bucket=bucket, prefix=prefix) if key.endswith(".parquet")
     ]
 
     def body(key: str) -> bytes:
-        return s3.get_object(Bucket=bucket, Key=f"{prefix}{key}")["Body"].read()
+        return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
 
-    metrics = body(METRICS_OBJECT).decode() if METRICS_OBJECT in keys else ""
-    where = f"s3://{bucket}/{prefix}{TRAJECTORIES_FOLDER}"
-    return _run(run_id, where, (body(key) for key in files), metrics)
+    metrics_key = f"{run_output_prefix(run_id)}{METRICS_OBJECT}"
+    has_metrics = object_exists(s3, bucket=bucket, key=metrics_key)
+    metrics = body(metrics_key).decode() if has_metrics else ""
+    return _run(
+        run_id, f"s3://{bucket}/{prefix}", (body(f"{prefix}{key}") for key in files), metrics
+    )
 
 
 def _run(run_id: str, where: str, files: Iterable[bytes], metrics: str) -> RunTrajectories:

@@ -74,6 +74,7 @@ NEEDS: Mapping[str, tuple[Need, ...]] = {
         Need.PIPELINE_LOGS_READ, Need.WORKER_LOGS_READ, Need.TRAINER_LOGS_READ,
         Need.WORKER_IMAGE_CHECK, Need.CLUSTERS_CHECK, Need.MODELS_RELEASE,
         Need.FORGE_RECIPES_READ,  # `mtrl doctor`: the subscription's recipes readable
+        Need.TRAJECTORIES_READ,  # `mtrl trajectories`
     ),
 }  # fmt: skip
 

@@ -16,7 +16,8 @@ class Need(StrEnum):
     OUTPUTS_READ = "read a run's outputs"
     OUTPUTS_WRITE = "write a run's outputs"
     EXPERIMENTS_LOG = "log a run to the deployment's MLflow tracking server (when it has one)"
-    TRAJECTORIES_WRITE = "write a run's trajectories (runs/<run_id>/trajectories/)"
+    TRAJECTORIES_WRITE = "write a run's trajectories (trajectories/<run_id>/)"
+    TRAJECTORIES_READ = "list and read runs' trajectories (trajectories/<run_id>/)"
     CHECKPOINTS_READ = "list and read a run's checkpoints (runs/<run_id>/checkpoints/)"
     CHECKPOINTS_PRUNE = "delete a run's older checkpoints"
     # The runs table and the capacity leases in it.

@@ -16,7 +16,7 @@ from domain.bucket import (
     QUERY_RESULTS_PREFIX,
     RUNS_PREFIX,
     TRAINING_DATA_PREFIX,
-    TRAJECTORIES_FOLDER,
+    TRAJECTORIES_PREFIX,
 )
 from domain.checkpoints import CHECKPOINTS
 from stacks.components.functions import (
@@ -119,6 +119,11 @@ class Storage(Construct):
                 s3.LifecycleRule(
                     id="expire-old-run-artifacts",
                     prefix=RUNS_PREFIX,
+                    expiration=Duration.days(config.run_artifact_retention_days),
+                ),
+                s3.LifecycleRule(
+                    id="expire-old-trajectories",
+                    prefix=TRAJECTORIES_PREFIX,
                     expiration=Duration.days(config.run_artifact_retention_days),
                 ),
                 s3.LifecycleRule(
@@ -246,6 +251,7 @@ class DataBucketAccess:
             Need.OUTPUTS_READ,
             Need.OUTPUTS_WRITE,
             Need.TRAJECTORIES_WRITE,
+            Need.TRAJECTORIES_READ,
             Need.CHECKPOINTS_READ,
             Need.CHECKPOINTS_PRUNE,
             Need.DATASETS_UPLOAD,
@@ -280,9 +286,13 @@ class DataBucketAccess:
             case Need.OUTPUTS_WRITE:
                 self.grant_objects(role, RUNS_PREFIX, "s3:PutObject")
                 self.grant_key(role, "kms:GenerateDataKey")
-            case Need.TRAJECTORIES_WRITE:  # the workers: no other output of a run
-                self.grant_objects(role, f"{RUNS_PREFIX}*/{TRAJECTORIES_FOLDER}", "s3:PutObject")
+            case Need.TRAJECTORIES_WRITE:  # the workers: under a prefix no other output is in
+                self.grant_objects(role, TRAJECTORIES_PREFIX, "s3:PutObject")
                 self.grant_key(role, "kms:GenerateDataKey")
+            case Need.TRAJECTORIES_READ:
+                self.grant_list(role, TRAJECTORIES_PREFIX)
+                self.grant_objects(role, TRAJECTORIES_PREFIX, "s3:GetObject")
+                self.grant_key(role, "kms:Decrypt")
             case Need.CHECKPOINTS_READ:  # a SageMaker endpoint's model data: one checkpoint
                 self.grant_list(role, RUN_CHECKPOINTS)
                 self.grant_objects(role, RUN_CHECKPOINTS, "s3:GetObject")

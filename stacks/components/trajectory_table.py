@@ -1,5 +1,5 @@
 """SQL over every run's trajectories with no setup: a Glue table on the data bucket's
-`runs/<run>/trajectories/hour=<hour>/` Parquet files, and an Athena workgroup that keeps its
+`trajectories/<run>/hour=<hour>/` Parquet files, and an Athena workgroup that keeps its
 query results (encrypted with the data key) in the bucket.
 
 The table's columns are the trajectory store's one schema (domain/trajectories.py) in Hive's
@@ -19,7 +19,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from domain.bucket import QUERY_RESULTS_PREFIX, RUNS_PREFIX, TRAJECTORIES_FOLDER
+from domain.bucket import QUERY_RESULTS_PREFIX, TRAJECTORIES_PREFIX
 from domain.trajectories import SCHEMA
 from stacks.config import PlatformConfig
 
@@ -80,7 +80,7 @@ class TrajectoryTable(Construct):
                 description=f"{config.name_prefix}: what runs kept (trajectories)",
             ),
         )
-        root = f"s3://{data_bucket.bucket_name}/{RUNS_PREFIX}"
+        root = f"s3://{data_bucket.bucket_name}/{TRAJECTORIES_PREFIX}"
         table = glue.CfnTable(
             self,
             "Table",
@@ -103,9 +103,7 @@ class TrajectoryTable(Construct):
                     "projection.hour.range": f"{FIRST_HOUR},NOW",
                     "projection.hour.interval": "1",
                     "projection.hour.interval.unit": "HOURS",
-                    "storage.location.template": (
-                        f"{root}${{run}}/{TRAJECTORIES_FOLDER}hour=${{hour}}/"
-                    ),
+                    "storage.location.template": (f"{root}${{run}}/hour=${{hour}}/"),
                 },
                 storage_descriptor=glue.CfnTable.StorageDescriptorProperty(
                     location=root,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from domain.bucket import TRAJECTORIES_FOLDER
+from domain.bucket import TRAJECTORIES_PREFIX
 from domain.trajectories import Trajectory
 from mtrl.cli import app
 from reward_envs.worker.trajectory_store import TrajectoryStore
@@ -53,7 +53,7 @@ def kept(number: int, *, reward: float | None, at: float) -> Trajectory:
 def runs(tmp_path: Path) -> Path:
     """A local run's outputs: 4 rollouts in each of 2 steps, one of them failed."""
     outputs = tmp_path / RUN / "outputs"
-    folder = outputs / TRAJECTORIES_FOLDER
+    folder = outputs / TRAJECTORIES_PREFIX
 
     def put(key: str, body: bytes) -> None:
         path = folder / key
