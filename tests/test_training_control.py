@@ -20,6 +20,7 @@ from tests.aws import create_leases_table, create_runs_table
 from tests.conftest import (
     HUB_TOKEN_SECRET,
     Synthesized,
+    arn_text,
     as_list,
     handler_of,
     policy_statements,
@@ -401,6 +402,14 @@ def test_a_restricted_group_brings_the_nova_plane_and_its_rights(pinned_app: Syn
         principals = statement["Condition"]["StringEquals"]["eks:principalArn"]
         assert len(principals) == 2
         assert "RestrictedExecutionRole" in json.dumps(principals)
+    # Associating an access policy: never an admin one (the node roles made cluster admin).
+    (associate,) = [s for s in entries if "eks:AssociateAccessPolicy" in as_list(s["Action"])]
+    assert as_list(associate["Action"]) == ["eks:AssociateAccessPolicy"]
+    refused = [arn_text(a) for a in associate["Condition"]["ArnNotLike"]["eks:policyArn"]]
+    assert refused == [
+        "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy",
+        "arn:aws:eks::aws:cluster-access-policy/AmazonEKSAdminPolicy",
+    ]
 
 
 def test_without_a_restricted_group_there_is_no_nova_plane(open_weights_app: Synthesized) -> None:

@@ -28,6 +28,9 @@ NODE_POLICIES = (
     "AmazonEKS_CNI_Policy",
 )
 CLUSTER_ADMIN = "AmazonEKSClusterAdminPolicy"
+# EKS access policies that make a principal an admin of the cluster or of namespaces (EKS User
+# Guide, "Review access policy permissions").
+ADMIN_ACCESS_POLICIES = (CLUSTER_ADMIN, "AmazonEKSAdminPolicy")
 # The service accounts the add-ons' pods run as (their Pod Identity associations).
 CONTAINER_LOGS_ACCOUNT = "cloudwatch-agent"
 TRAINING_OPERATOR_ACCOUNT = "hp-training-operator-controller-manager"

@@ -33,7 +33,12 @@ from lambdas.pipeline.hyperpod_training import HyperPodSettings
 from lambdas.pipeline.nova_training import NovaSettings
 from stacks.components.access import Allow, grant_log_reading, log_group_arn
 from stacks.components.capacity_leases import CapacityLeaseTable
-from stacks.components.eks import CLUSTER_ADMIN, eks_cluster_name, pod_identity_role
+from stacks.components.eks import (
+    ADMIN_ACCESS_POLICIES,
+    CLUSTER_ADMIN,
+    eks_cluster_name,
+    pod_identity_role,
+)
 from stacks.components.functions import CUSTOM_RESOURCE, ClusterNetwork, pipeline_function
 from stacks.components.hyperpod import hyperpod_cluster_name
 from stacks.components.nag import Wildcard, acknowledge_resource
@@ -261,13 +266,22 @@ class TrainingClusterControl(Construct):
         )
         role.add_to_principal_policy(
             iam.PolicyStatement(
-                actions=[
-                    "eks:DescribeAccessEntry",
-                    "eks:AssociateAccessPolicy",
-                    "eks:DeleteAccessEntry",
-                ],
+                actions=["eks:DescribeAccessEntry", "eks:DeleteAccessEntry"],
                 resources=[entries],
                 conditions=only_it,
+            )
+        )
+        # Never an admin access policy: whatever HyperPod associates to its execution roles (not
+        # published), it is not a node role made cluster or namespace admin.
+        admin_policies = [
+            f"arn:{stack.partition}:eks::aws:cluster-access-policy/{policy}"
+            for policy in ADMIN_ACCESS_POLICIES
+        ]
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["eks:AssociateAccessPolicy"],
+                resources=[entries],
+                conditions={**only_it, "ArnNotLike": {"eks:policyArn": admin_policies}},
             )
         )
         # An access entry's ARN ends in an id EKS assigns; the eks:principalArn condition keeps
