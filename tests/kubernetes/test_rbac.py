@@ -60,6 +60,23 @@ def test_the_role_and_the_fence_cover_every_kind_a_run_creates(kind: str) -> Non
     assert "'nova-mtrl-run-'" in policy["spec"]["validations"][0]["expression"]
 
 
+def test_the_pipeline_role_grants_exactly_what_a_run_needs() -> None:
+    """What the README's threat model says the pipeline group may do, and nothing more."""
+    role = pipeline_rbac("nova-mtrl")[0]
+    granted = {
+        (group or "core", resource): tuple(sorted(rule["verbs"]))
+        for rule in role["rules"] for group in rule["apiGroups"] for resource in rule["resources"]
+    }  # fmt: skip
+    write = tuple(sorted(["get", "list", "create", "patch", "update", "delete"]))
+    assert granted == {
+        ("core", "namespaces"): write, ("core", "serviceaccounts"): write,
+        ("core", "configmaps"): write, ("sagemaker.amazonaws.com", "hyperpodpytorchjobs"): write,
+        ("kubeflow.org", "pytorchjobs"): write,
+        ("core", "pods"): ("get", "list"), ("core", "events"): ("get", "list"),
+        ("core", "nodes"): ("get", "list"),
+    }  # fmt: skip
+
+
 def test_custom_resource_applies_then_removes_and_always_answers(
     api: FakeKubernetes,
 ) -> None:
