@@ -15,6 +15,10 @@ from __future__ import annotations
 import re
 
 RUN_MARK = "run"
+# The tags a run's releases carry (what `mtrl deploy` makes on Bedrock and SageMaker); the
+# operator may delete only what carries its deployment's.
+DEPLOYMENT_TAG = "mtrl-deployment"
+RUN_TAG = "mtrl-run"
 # The stacks whose outputs `mtrl` reads (the network stack has none it needs).
 OUTPUT_STACKS = ("storage", "pipeline", "compute")
 

@@ -27,7 +27,7 @@ from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
 from domain.bucket import SUMMARY_OBJECT, object_exists, run_output_prefix
-from domain.naming import run_prefix
+from domain.naming import DEPLOYMENT_TAG, RUN_TAG, run_prefix
 from domain.nova_job import is_nova
 from mtrl.ops.deployment import Deployment
 from training_configs.schema import TrainingConfig
@@ -187,8 +187,8 @@ def deploy_to_bedrock(
     on_progress(f"registered as {trained.model_package}")
     name = release_name(deployment.prefix, run_id)
     tags = [
-        {"key": "mtrl-run", "value": run_id},
-        {"key": "mtrl-deployment", "value": deployment.prefix},
+        {"key": RUN_TAG, "value": run_id},
+        {"key": DEPLOYMENT_TAG, "value": deployment.prefix},
     ]
     model = _find(lambda: bedrock.get_custom_model(modelIdentifier=name))
     if model is None or model.get("modelStatus") == "Failed":

@@ -27,6 +27,7 @@ from botocore.exceptions import ClientError
 
 from domain.bucket import object_exists, run_output_prefix
 from domain.checkpoints import MANIFEST_OBJECT, CheckpointManifest
+from domain.naming import DEPLOYMENT_TAG, RUN_TAG
 from domain.nova_job import is_nova
 from domain.vllm import vllm_lora_rank
 from mtrl.ops.deploy import (
@@ -142,7 +143,7 @@ def deploy_to_sagemaker(
     name = release_name(deployment.prefix, run_id).lower()
     how = serving(trained, _base_model(s3, deployment, run_id), name, run_id)
     on_progress(f"registered as {trained.model_package}")
-    tags = [{"Key": "mtrl-run", "Value": run_id}, {"Key": "mtrl-deployment", "Value": deployment.prefix}]  # fmt: skip
+    tags = [{"Key": RUN_TAG, "Value": run_id}, {"Key": DEPLOYMENT_TAG, "Value": deployment.prefix}]  # fmt: skip
     if _described(lambda: sagemaker.describe_model(ModelName=name)) is None:
         sagemaker.create_model(
             ModelName=name,

@@ -21,7 +21,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
-from domain.naming import run_prefix
+from domain.naming import DEPLOYMENT_TAG, run_prefix
 from stacks.components.access import Allow
 from stacks.components.nag import Wildcard
 from stacks.components.needs import Need
@@ -39,6 +39,11 @@ class ModelRelease(Construct):
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
         self.group_name = f"{config.name_prefix}-models"
+        # What the operator may delete on Bedrock: what `mtrl deploy` tagged as this deployment's.
+        self._ours = {"StringEquals": {f"aws:ResourceTag/{DEPLOYMENT_TAG}": config.name_prefix}}
+        self._tagged_ours = {
+            "StringEquals": {f"aws:RequestTag/{DEPLOYMENT_TAG}": config.name_prefix}
+        }
         self.group = sagemaker.CfnModelPackageGroup(
             self,
             "Models",
@@ -137,22 +142,21 @@ class ModelRelease(Construct):
             role, ["iam:PassRole"], self.import_role.role_arn,
             conditions={"StringEquals": {"iam:PassedToService": BEDROCK}},
         )  # fmt: skip
-        # CreateCustomModel has no resource type (Service Authorization Reference).
-        allow(role, ["bedrock:CreateCustomModel"], "*")
-        # CreateCustomModelDeployment is authorized on the model.
+        # CreateCustomModel has no resource type (Service Authorization Reference): only a
+        # model tagged as this deployment's. Models and deployments are read by name (a name
+        # not there is an answer too); only this deployment's tagged ones are deployed or
+        # deleted (aws:ResourceTag, a condition key of each, Service Authorization Reference).
+        allow(role, ["bedrock:CreateCustomModel"], "*", conditions=self._tagged_ours)
+        allow(role, ["bedrock:GetCustomModel"], self._models)
         allow(
             role,
-            [
-                "bedrock:GetCustomModel",
-                "bedrock:DeleteCustomModel",
-                "bedrock:CreateCustomModelDeployment",
-            ],
+            ["bedrock:DeleteCustomModel", "bedrock:CreateCustomModelDeployment"],
             self._models,
+            conditions=self._ours,
         )
+        allow(role, ["bedrock:GetCustomModelDeployment"], self._deployments)
         allow(
-            role,
-            ["bedrock:GetCustomModelDeployment", "bedrock:DeleteCustomModelDeployment"],
-            self._deployments,
+            role, ["bedrock:DeleteCustomModelDeployment"], self._deployments, conditions=self._ours
         )
         # An open-weights model on a SageMaker endpoint: the model (passing the serving role),
         # its endpoint config and endpoint, each tagged as it is made; CreateEndpoint is

@@ -109,6 +109,7 @@ class Directory:
     mappings: dict[str, str] = field(default_factory=dict)  # mapping UUID -> function ARN
     function_roles: dict[str, str] = field(default_factory=dict)  # function ARN -> role ARN
     task_definitions: dict[str, dict[str, Any]] = field(default_factory=dict)  # ARN -> request
+    tags: dict[str, dict[str, str]] = field(default_factory=dict)  # resource ARN -> its tags
 
     def learn(self, call: Call) -> None:
         params, answer = call.params, call.response or {}
@@ -129,11 +130,15 @@ class Directory:
                 self.task_definitions[answer["taskDefinition"]["taskDefinitionArn"]] = params
             case ("bedrock", "CreateCustomModel") if "modelArn" in answer:
                 self.arns[("custom-model", params["modelName"])] = answer["modelArn"]
+                self.tags[answer["modelArn"]] = _bedrock_tags(params.get("modelTags", []))
             case ("bedrock", "GetCustomModel") if "modelArn" in answer:
                 self.arns[("custom-model", answer["modelName"])] = answer["modelArn"]
             case ("bedrock", "CreateCustomModelDeployment") if "customModelDeploymentArn" in answer:
                 name = params["modelDeploymentName"]
                 self.arns[("custom-model-deployment", name)] = answer["customModelDeploymentArn"]
+                self.tags[answer["customModelDeploymentArn"]] = _bedrock_tags(
+                    params.get("tags", [])
+                )
             case ("ecs", "DescribeTaskDefinition") if "taskDefinition" in answer:
                 self.arns[("task-definition", params["taskDefinition"])] = answer["taskDefinition"][
                     "taskDefinitionArn"
@@ -142,6 +147,10 @@ class Directory:
 
 def _arn(service: str, resource: str, *, region: str = REGION, account: str = ACCOUNT) -> str:
     return f"arn:aws:{service}:{region}:{account}:{resource}"
+
+
+def _bedrock_tags(tags: list[dict[str, str]]) -> dict[str, str]:
+    return {tag["key"]: tag["value"] for tag in tags}
 
 
 def _queue_arn(name: str) -> str:
@@ -206,14 +215,22 @@ class Authorization:
     def _resources(self, call: Call, action: str) -> Iterator[tuple[str, dict[str, Any]]]:
         formats = resource_formats(action)
         if formats == ["*"]:
-            yield "*", self._context(call)
+            yield "*", self._context(call, "*")
             return
         for resource in self._arns(call, action):
-            yield resource, self._context(call)
+            yield resource, self._context(call, resource)
 
-    def _context(self, call: Call) -> dict[str, Any]:
+    def _context(self, call: Call, resource: str) -> dict[str, Any]:
         p = call.params
         match call.service, call.operation:
+            case "bedrock", "CreateCustomModel":
+                tags = _bedrock_tags(p.get("modelTags", []))
+                return {f"aws:RequestTag/{k}": v for k, v in tags.items()} | {
+                    "aws:TagKeys": list(tags)
+                }
+            case "bedrock", _:
+                tags = self.directory.tags.get(resource, {})
+                return {f"aws:ResourceTag/{k}": v for k, v in tags.items()}
             case "lambda", "InvokeFunctionUrl":
                 return {"lambda:FunctionUrlAuthType": "AWS_IAM"}
             case "s3", ("ListObjectsV2" | "ListObjects" | "ListObjectVersions"):

@@ -8,11 +8,12 @@ import json
 
 import pytest
 
+from domain.naming import DEPLOYMENT_TAG
 from lambdas.kubernetes.rbac import rbac_of
 from tests.iam.conftest import Scenarios
 from tests.iam.policy import Request, as_list, matches
 from tests.iam.proof import Proof, Report, explained
-from tests.iam.world import OPERATOR, role_of
+from tests.iam.world import ACCOUNT, OPERATOR, REGION, role_of
 
 
 def _proof(scenarios: Scenarios) -> Proof:
@@ -267,3 +268,32 @@ def test_the_open_weights_trainers_generation_service_answers_as_the_pods_role(
     ):
         assert any(c == call and a == action and r.endswith(queue) for c, a, r in made), call
     assert scenarios.exchange["turns"] >= 3 * scenarios.exchange["completed"] > 0  # 3 guesses
+
+
+def test_the_operator_releases_and_deletes_only_this_deployments_bedrock_models(
+    scenarios: Scenarios,
+) -> None:
+    """The operator's Bedrock grants, on what `mtrl deploy` tags (DEPLOYMENT_TAG): creating a
+    model that does not carry the deployment's tag, and deploying or deleting another's model
+    or deployment, are denied; reading by name is not (a name not there is an answer)."""
+    operator = _proof(scenarios).policies(OPERATOR)
+    assert operator is not None
+    prefix = scenarios.world.app.config.name_prefix
+    model = f"arn:aws:bedrock:{REGION}:{ACCOUNT}:custom-model/imported/abc123"
+    deployment = f"arn:aws:bedrock:{REGION}:{ACCOUNT}:custom-model-deployment/def456"
+    ours, theirs = (
+        {f"aws:ResourceTag/{DEPLOYMENT_TAG}": prefix},
+        {f"aws:ResourceTag/{DEPLOYMENT_TAG}": "another-team"},
+    )
+
+    def allowed(action: str, resource: str, context: dict) -> bool:
+        return operator.evaluate(Request(f"bedrock:{action}", resource, context)).allowed
+
+    for action in ("DeleteCustomModel", "CreateCustomModelDeployment"):
+        assert allowed(action, model, ours) and not allowed(action, model, theirs)
+        assert not allowed(action, model, {})
+    assert allowed("DeleteCustomModelDeployment", deployment, ours)
+    assert not allowed("DeleteCustomModelDeployment", deployment, theirs)
+    assert allowed("GetCustomModel", model, {})
+    tagged = {f"aws:RequestTag/{DEPLOYMENT_TAG}": prefix}
+    assert allowed("CreateCustomModel", "*", tagged) and not allowed("CreateCustomModel", "*", {})
