@@ -119,6 +119,25 @@ NOVA_CHART = (
 )
 
 
+# Service accounts in Nova's namespace that hold cluster-wide rights: the Kubeflow training
+# operator's (AWS's HyperPod chart at stacks/hyperpod_chart.COMMIT,
+# charts/training-operators/templates/ServiceAccount/training-operator-kubeflow-ServiceAccount.yaml,
+# bound to its ClusterRole: pods, pods/exec, secrets). RBAC cannot stop a workload the launcher
+# group creates from running as one of them; an admission policy does.
+PRIVILEGED_ACCOUNTS = ("training-operator",)
+# The launcher group's kinds that carry pod templates, and where: AWS's Nova chart's Deployments,
+# StatefulSets, Jobs (spec.template) and PyTorchJobs (spec.pytorchReplicaSpecs[*].template).
+POD_TEMPLATES = (
+    ("apps", ["deployments", "statefulsets"]),
+    ("batch", ["jobs"]),
+    ("kubeflow.org", ["pytorchjobs"]),
+)
+POD_SPECS = (
+    "object.kind == 'PyTorchJob' ? object.spec.pytorchReplicaSpecs.map(k, "
+    "object.spec.pytorchReplicaSpecs[k].template.spec) : [object.spec.template.spec]"
+)
+
+
 def launcher_group(prefix: str) -> str:
     return f"{prefix}:nova-launcher"
 
@@ -135,6 +154,8 @@ def nova_launcher_rbac(prefix: str) -> list[dict[str, Any]]:
         for api, resources in NOVA_CHART
     ]
     metadata = {"name": name, "namespace": NAMESPACE, "labels": labels}
+    fence = f"{name}-no-privileged-accounts"
+    denied = ", ".join(f"'{account}'" for account in PRIVILEGED_ACCOUNTS)
     return [
         {"apiVersion": RBAC_API, "kind": "Role", "metadata": metadata, "rules": rules},
         {
@@ -142,6 +163,46 @@ def nova_launcher_rbac(prefix: str) -> list[dict[str, Any]]:
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
                           "name": launcher_group(prefix)}],
+        },
+        {
+            "apiVersion": ADMISSION_API, "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": fence, "labels": labels},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "namespaceSelector": {
+                        "matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}
+                    },
+                    "resourceRules": [
+                        {"apiGroups": [api], "apiVersions": ["*"],
+                         "operations": ["CREATE", "UPDATE"], "resources": resources}
+                        for api, resources in POD_TEMPLATES
+                    ],
+                },
+                "matchConditions": [{
+                    "name": "launcher-group",
+                    "expression": (
+                        f"request.userInfo.groups.exists(g, g == '{launcher_group(prefix)}')"
+                    ),
+                }],
+                "variables": [{"name": "podSpecs", "expression": POD_SPECS}],
+                "validations": [{
+                    "expression": (
+                        "variables.podSpecs.all(s, "
+                        f"!(has(s.serviceAccountName) && s.serviceAccountName in [{denied}]) && "
+                        f"!(has(s.serviceAccount) && s.serviceAccount in [{denied}]))"
+                    ),
+                    "message": (
+                        f"the Nova launcher may not run pods as {denied} in {NAMESPACE}: "
+                        "they hold cluster-wide rights"
+                    ),
+                }],
+            },
+        },
+        {
+            "apiVersion": ADMISSION_API, "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": fence, "labels": labels},
+            "spec": {"policyName": fence, "validationActions": ["Deny"]},
         },
     ]  # fmt: skip
 

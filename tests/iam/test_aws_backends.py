@@ -327,9 +327,10 @@ def test_the_deploy_applies_the_pipelines_rbac_and_the_destroy_removes_it(
 ) -> None:
     created, deleted = scenarios.rbac
     # The pipeline's four, and the launcher's Role and RoleBinding (in the kubeflow namespace
-    # the chart's training operator made: it stays for the chart to remove).
-    assert (created["Status"], created["Data"]["Objects"]) == ("SUCCESS", 6)
-    assert (deleted["Status"], deleted["Data"]["Objects"]) == ("SUCCESS", 6)
+    # the chart's training operator made: it stays for the chart to remove) and its admission
+    # policy and binding.
+    assert (created["Status"], created["Data"]["Objects"]) == ("SUCCESS", 8)
+    assert (deleted["Status"], deleted["Data"]["Objects"]) == ("SUCCESS", 8)
     assert (
         created["PhysicalResourceId"] == deleted["PhysicalResourceId"] == "nova-mtrl-pipeline-rbac"
     )

@@ -12,8 +12,15 @@ import pytest
 
 from lambdas.kubernetes import bootstrap
 from lambdas.kubernetes.client import KINDS
-from lambdas.kubernetes.rbac import nova_launcher_rbac, pipeline_rbac, rbac_properties
+from lambdas.kubernetes.rbac import (
+    PRIVILEGED_ACCOUNTS,
+    launcher_group,
+    nova_launcher_rbac,
+    pipeline_rbac,
+    rbac_properties,
+)
 from lambdas.kubernetes.training_job import render
+from tests.kubernetes.admission import verdict
 from tests.kubernetes.fake_api import FakeKubernetes, client_of
 from tests.kubernetes.test_training_job import request
 
@@ -144,7 +151,7 @@ def test_the_objects_come_from_the_code_never_from_the_event(api: FakeKubernetes
               "OldResourceProperties": properties})  # fmt: skip
     roles = api.objects["/apis/rbac.authorization.k8s.io/v1/namespaces/kubeflow/roles"]
     assert list(roles) == [nova_launcher_rbac("nova-mtrl")[0]["metadata"]["name"]]
-    assert answers[-1]["Data"] == {"Objects": 6}
+    assert answers[-1]["Data"] == {"Objects": 8}
     on_event({**EVENT, "RequestType": "Update", "ResourceProperties": properties,
               "OldResourceProperties": launcher})  # fmt: skip
     assert not api.objects["/apis/rbac.authorization.k8s.io/v1/namespaces/kubeflow/roles"]
@@ -203,3 +210,51 @@ def test_any_other_response_url_is_refused_before_anything_is_done(
         )  # fmt: skip
     assert answers == []
     assert [path for path, items in api.objects.items() if items] == ["/api/v1/namespaces"]
+
+
+def _workload(kind: str, account: str | None, *, field: str = "serviceAccountName") -> dict:
+    """A workload as AWS's Nova chart makes them (launcher/nova/k8s_templates/RFT/templates)."""
+    spec = {"containers": [{"name": "main", "image": "nova:latest"}]}
+    if account is not None:
+        spec[field] = account
+    template = {"metadata": {"labels": {"app": "nova"}}, "spec": spec}
+    if kind == "PyTorchJob":
+        other = {"metadata": {}, "spec": {"containers": [{"name": "m", "image": "nova:latest"}]}}
+        replicas = {"Master": {"replicas": 1, "template": other},
+                    "Worker": {"replicas": 1, "template": template}}  # fmt: skip
+        return {"kind": kind, "apiVersion": "kubeflow.org/v1",
+                "spec": {"pytorchReplicaSpecs": replicas}}  # fmt: skip
+    return {"kind": kind, "apiVersion": "apps/v1", "spec": {"template": template}}
+
+
+def test_the_launcher_group_cannot_run_pods_as_the_training_operator() -> None:
+    """RBAC does not limit which service account a workload's pods use; the admission policy
+    does, for the launcher group in Nova's namespace (its expression run by a CEL evaluator)."""
+    (policy,) = [
+        o for o in nova_launcher_rbac("nova-mtrl") if o["kind"] == "ValidatingAdmissionPolicy"
+    ]
+    assert policy["spec"]["matchConstraints"]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "kubeflow"}
+    }
+    launcher = [launcher_group("nova-mtrl"), "system:authenticated"]
+    for kind in ("Deployment", "StatefulSet", "Job", "PyTorchJob"):
+        for admitted in (None, "nova-rft", "default"):
+            assert verdict(policy, groups=launcher, obj=_workload(kind, admitted)) is None
+        for account in PRIVILEGED_ACCOUNTS:
+            for field in ("serviceAccountName", "serviceAccount"):
+                said = verdict(policy, groups=launcher, obj=_workload(kind, account, field=field))
+                assert said == (
+                    "the Nova launcher may not run pods as 'training-operator' in kubeflow: "
+                    "they hold cluster-wide rights"
+                ), (kind, field)
+        # Not the launcher group: this policy is not the one that judges it.
+        operator = _workload(kind, "training-operator")
+        assert verdict(policy, groups=["system:masters"], obj=operator) is None
+    bindings = [
+        o
+        for o in nova_launcher_rbac("nova-mtrl")
+        if o["kind"] == "ValidatingAdmissionPolicyBinding"
+    ]
+    assert [b["spec"] for b in bindings] == [
+        {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    ]
