@@ -83,7 +83,7 @@ class StartJob(BaseModel):
         if self.container not in containers:
             raise LaunchRefused(
                 f"container {self.container!r} is not a Nova image of {region}: one of "
-                f"{sorted(c for c in containers if c)}"
+                f"{sorted(containers)}"
             )
 
 

@@ -44,6 +44,11 @@ _LOG_TYPES = [
 ]
 
 
+def access_policy_arn(partition: str, policy: str) -> str:
+    """An EKS access policy's ARN (AWS's, in no region or account)."""
+    return f"arn:{partition}:eks::aws:cluster-access-policy/{policy}"
+
+
 def _endpoint_access(public_cidrs: list[str]) -> eks.EndpointAccess:
     """Private only, or private and public from `public_cidrs` alone."""
     if not public_cidrs:

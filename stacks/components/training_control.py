@@ -36,6 +36,7 @@ from stacks.components.capacity_leases import CapacityLeaseTable
 from stacks.components.eks import (
     ADMIN_ACCESS_POLICIES,
     CLUSTER_ADMIN,
+    access_policy_arn,
     eks_cluster_name,
     pod_identity_role,
 )
@@ -273,10 +274,7 @@ class TrainingClusterControl(Construct):
         )
         # Never an admin access policy: whatever HyperPod associates to its execution roles (not
         # published), it is not a node role made cluster or namespace admin.
-        admin_policies = [
-            f"arn:{stack.partition}:eks::aws:cluster-access-policy/{policy}"
-            for policy in ADMIN_ACCESS_POLICIES
-        ]
+        admin_policies = [access_policy_arn(stack.partition, p) for p in ADMIN_ACCESS_POLICIES]
         role.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["eks:AssociateAccessPolicy"],
@@ -319,7 +317,7 @@ class TrainingClusterControl(Construct):
             kubernetes_groups=groups,
             access_policies=[
                 eks.CfnAccessEntry.AccessPolicyProperty(
-                    policy_arn=f"arn:{Stack.of(self).partition}:eks::aws:cluster-access-policy/{CLUSTER_ADMIN}",
+                    policy_arn=access_policy_arn(Stack.of(self).partition, CLUSTER_ADMIN),
                     access_scope=eks.CfnAccessEntry.AccessScopeProperty(type="cluster"),
                 )
             ]

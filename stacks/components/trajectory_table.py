@@ -103,7 +103,7 @@ class TrajectoryTable(Construct):
                     "projection.hour.range": f"{FIRST_HOUR},NOW",
                     "projection.hour.interval": "1",
                     "projection.hour.interval.unit": "HOURS",
-                    "storage.location.template": (f"{root}${{run}}/hour=${{hour}}/"),
+                    "storage.location.template": f"{root}${{run}}/hour=${{hour}}/",
                 },
                 storage_descriptor=glue.CfnTable.StorageDescriptorProperty(
                     location=root,
