@@ -87,6 +87,10 @@ EVALUATION_IMAGE_ACCOUNTS = {
     "eu-west-2": "470633809225",
 }
 EVALUATION_IMAGE_TAG = "SM-HP-Eval-V2-latest"
+# The init container AWS's launcher gives the chart's prompter (its INIT_CONTAINER_REGION_ACCOUNT_MAP
+# and INIT_CONTAINER_IMAGE_URI, launcher/nova/constants/init_container_constants.py).
+INIT_CONTAINER_ACCOUNTS = {"us-east-1": "708977205387"}
+INIT_CONTAINER_IMAGE = "init-container-repo:latest"
 # What the SDK sets on an RFT_MULTITURN_EVAL recipe (recipe/recipe_builder.py: the task's
 # `get_recipe_value`, EVAL_TASK_STRATEGY_MAP and EVAL_TASK_METRIC_MAP of core/constants.py).
 EVALUATION_TASK = {"task": "rft_eval", "strategy": "rft_eval", "metric": "all"}
@@ -172,6 +176,25 @@ def evaluation_image(region: str) -> str | None:
     if account is None:
         return None
     return f"{account}.dkr.ecr.{region}.amazonaws.com/nova-evaluation-repo:{EVALUATION_IMAGE_TAG}"
+
+
+def init_container_image(region: str) -> str | None:
+    """The chart's init container in `region` (None: AWS's launcher publishes none there)."""
+    account = INIT_CONTAINER_ACCOUNTS.get(region)
+    if account is None:
+        return None
+    return f"{account}.dkr.ecr.{region}.amazonaws.com/{INIT_CONTAINER_IMAGE}"
+
+
+def image_repositories() -> tuple[str, ...]:
+    """Every ECR repository a Nova job's pods take their images from, in every region AWS
+    publishes them in (`registry/repository`, no tag): only AWS pushes to them."""
+    references = [
+        *(image for region in IMAGE_ACCOUNTS for image in images(region).values()),
+        *(evaluation_image(region) for region in EVALUATION_IMAGE_ACCOUNTS),
+        *(init_container_image(region) for region in INIT_CONTAINER_ACCOUNTS),
+    ]
+    return tuple(sorted({ref.rpartition(":")[0] for ref in references if ref}))
 
 
 def job_layout(config: TrainingConfig) -> JobNodes:

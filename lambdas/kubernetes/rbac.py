@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from domain.nova_job import NAMESPACE
+from domain.nova_job import NAMESPACE, image_repositories
 from lambdas.kubernetes.training_job import namespace_prefix
 
 ADMISSION_API = "admissionregistration.k8s.io/v1"
@@ -136,6 +136,36 @@ POD_SPECS = (
     "object.kind == 'PyTorchJob' ? object.spec.pytorchReplicaSpecs.map(k, "
     "object.spec.pytorchReplicaSpecs[k].template.spec) : [object.spec.template.spec]"
 )
+# A pod spec's lists of containers, each checked.
+CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+
+
+def _every_pod_spec(conditions: list[str]) -> str:
+    """CEL: every pod spec of the object meets every condition (on `s`)."""
+    return f"variables.podSpecs.all(s, {' && '.join(conditions)})"
+
+
+def _only_accounts_other_than(accounts: tuple[str, ...]) -> str:
+    """CEL: no pod spec runs as one of `accounts` (either field names a pod's account)."""
+    denied = ", ".join(f"'{account}'" for account in accounts)
+    return _every_pod_spec([
+        f"!(has(s.{field}) && s.{field} in [{denied}])"
+        for field in ("serviceAccountName", "serviceAccount")
+    ])  # fmt: skip
+
+
+def _only_images_from(repositories: tuple[str, ...]) -> str:
+    """CEL: every container of every pod spec has an image of one of `repositories`, by tag or
+    digest (the registry is everything before an image's first `/`, so a look-alike host or
+    account does not pass)."""
+    allowed = ", ".join(f"'{repository}'" for repository in repositories)
+    image_ok = (
+        f"has(c.image) && [{allowed}].exists(r, "
+        "c.image.startsWith(r + ':') || c.image.startsWith(r + '@'))"
+    )
+    return _every_pod_spec([
+        f"(!has(s.{field}) || s.{field}.all(c, {image_ok}))" for field in CONTAINER_LISTS
+    ])  # fmt: skip
 
 
 def launcher_group(prefix: str) -> str:
@@ -154,7 +184,7 @@ def nova_launcher_rbac(prefix: str) -> list[dict[str, Any]]:
         for api, resources in NOVA_CHART
     ]
     metadata = {"name": name, "namespace": NAMESPACE, "labels": labels}
-    fence = f"{name}-no-privileged-accounts"
+    fence = f"{name}-fence"
     denied = ", ".join(f"'{account}'" for account in PRIVILEGED_ACCOUNTS)
     return [
         {"apiVersion": RBAC_API, "kind": "Role", "metadata": metadata, "rules": rules},
@@ -186,17 +216,22 @@ def nova_launcher_rbac(prefix: str) -> list[dict[str, Any]]:
                     ),
                 }],
                 "variables": [{"name": "podSpecs", "expression": POD_SPECS}],
-                "validations": [{
-                    "expression": (
-                        "variables.podSpecs.all(s, "
-                        f"!(has(s.serviceAccountName) && s.serviceAccountName in [{denied}]) && "
-                        f"!(has(s.serviceAccount) && s.serviceAccount in [{denied}]))"
-                    ),
-                    "message": (
-                        f"the Nova launcher may not run pods as {denied} in {NAMESPACE}: "
-                        "they hold cluster-wide rights"
-                    ),
-                }],
+                "validations": [
+                    {
+                        "expression": _only_accounts_other_than(PRIVILEGED_ACCOUNTS),
+                        "message": (
+                            f"the Nova launcher may not run pods as {denied} in {NAMESPACE}: "
+                            "they hold cluster-wide rights"
+                        ),
+                    },
+                    {
+                        "expression": _only_images_from(image_repositories()),
+                        "message": (
+                            f"the Nova launcher may run only Nova's images in {NAMESPACE}, from "
+                            f"AWS's repositories {', '.join(image_repositories())}"
+                        ),
+                    },
+                ],
             },
         },
         {

@@ -31,7 +31,9 @@ from domain.nova_job import (
     delegating,
     evaluation_image,
     evaluation_overrides,
+    image_repositories,
     images,
+    init_container_image,
     job_pattern,
     launcher_command,
     nova_problems,
@@ -141,6 +143,31 @@ def test_images_per_region_are_the_launchers(region: str) -> None:
     assert all(image.startswith(registry) for image in found.values())
     assert {image.removeprefix(registry) for image in found.values()} == LAUNCHER_TAGS
     assert found["training"].endswith(":SM-HP-RFT-TRAIN-V2-latest")
+
+
+# The same commit's launcher/nova/constants/init_container_constants.py.
+LAUNCHER_INIT_CONTAINER = "{account_id}.dkr.ecr.{region}.amazonaws.com/init-container-repo:latest"
+
+
+def test_the_init_container_is_the_launchers() -> None:
+    assert init_container_image("us-east-1") == LAUNCHER_INIT_CONTAINER.format(
+        account_id=LAUNCHER_ACCOUNTS["us-east-1"], region="us-east-1"
+    )
+    assert init_container_image("eu-west-2") is None
+
+
+def test_a_nova_jobs_pods_take_images_from_awss_repositories_only() -> None:
+    """What the launcher group's admission fence admits: the repositories of every image above,
+    and no tag (a fence on a tag would refuse the same image by digest)."""
+    expected = {
+        *(image.rpartition(":")[0] for image in images("us-east-1").values()),
+        *(evaluation_image(region).rpartition(":")[0] for region in EVALUATION_IMAGE_ACCOUNTS),
+        LAUNCHER_INIT_CONTAINER.format(account_id="708977205387", region="us-east-1").rpartition(
+            ":"
+        )[0],
+    }
+    assert set(image_repositories()) == expected
+    assert all(repository.count("/") == 1 for repository in image_repositories())
 
 
 def test_a_region_without_nova_images_is_refused_with_the_ones_that_have_them() -> None:

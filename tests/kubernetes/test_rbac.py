@@ -10,6 +10,7 @@ from dataclasses import replace
 import kubernetes_validate
 import pytest
 
+from domain.nova_job import evaluation_image, image_repositories, images, init_container_image
 from lambdas.kubernetes import bootstrap
 from lambdas.kubernetes.client import KINDS
 from lambdas.kubernetes.rbac import (
@@ -212,15 +213,39 @@ def test_any_other_response_url_is_refused_before_anything_is_done(
     assert [path for path, items in api.objects.items() if items] == ["/api/v1/namespaces"]
 
 
-def _workload(kind: str, account: str | None, *, field: str = "serviceAccountName") -> dict:
-    """A workload as AWS's Nova chart makes them (launcher/nova/k8s_templates/RFT/templates)."""
-    spec = {"containers": [{"name": "main", "image": "nova:latest"}]}
+def _fence() -> dict:
+    (policy,) = [
+        o for o in nova_launcher_rbac("nova-mtrl") if o["kind"] == "ValidatingAdmissionPolicy"
+    ]
+    return policy
+
+
+NOVA_IMAGES = images("us-east-1")
+INIT_IMAGE = init_container_image("us-east-1")
+
+
+def _workload(
+    kind: str,
+    account: str | None = None,
+    *,
+    field: str = "serviceAccountName",
+    image: str = NOVA_IMAGES["storm"],
+    init_image: str | None = INIT_IMAGE,
+    lists: dict[str, list[dict]] | None = None,
+) -> dict:
+    """A workload as AWS's Nova chart makes them (launcher/nova/k8s_templates/RFT/templates:
+    the prompter's pod has the init container, others a main container only), with the images
+    AWS's launcher sets (`image`, `init_image`), `account` in `field`, and `lists` more."""
+    spec: dict = {"containers": [{"name": "main", "image": image}]}
+    if init_image is not None:
+        spec["initContainers"] = [{"name": "init-container", "image": init_image}]
     if account is not None:
         spec[field] = account
+    spec |= lists or {}
     template = {"metadata": {"labels": {"app": "nova"}}, "spec": spec}
     if kind == "PyTorchJob":
-        other = {"metadata": {}, "spec": {"containers": [{"name": "m", "image": "nova:latest"}]}}
-        replicas = {"Master": {"replicas": 1, "template": other},
+        master = {"containers": [{"name": "pytorch", "image": NOVA_IMAGES["training"]}]}
+        replicas = {"Master": {"replicas": 1, "template": {"metadata": {}, "spec": master}},
                     "Worker": {"replicas": 1, "template": template}}  # fmt: skip
         return {"kind": kind, "apiVersion": "kubeflow.org/v1",
                 "spec": {"pytorchReplicaSpecs": replicas}}  # fmt: skip
@@ -230,9 +255,7 @@ def _workload(kind: str, account: str | None, *, field: str = "serviceAccountNam
 def test_the_launcher_group_cannot_run_pods_as_the_training_operator() -> None:
     """RBAC does not limit which service account a workload's pods use; the admission policy
     does, for the launcher group in Nova's namespace (its expression run by a CEL evaluator)."""
-    (policy,) = [
-        o for o in nova_launcher_rbac("nova-mtrl") if o["kind"] == "ValidatingAdmissionPolicy"
-    ]
+    policy = _fence()
     assert policy["spec"]["matchConstraints"]["namespaceSelector"] == {
         "matchLabels": {"kubernetes.io/metadata.name": "kubeflow"}
     }
@@ -258,3 +281,40 @@ def test_the_launcher_group_cannot_run_pods_as_the_training_operator() -> None:
     assert [b["spec"] for b in bindings] == [
         {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
     ]
+
+
+def test_the_launcher_group_runs_only_novas_images() -> None:
+    """The launcher group's workloads in kubeflow take their images, every container's, from
+    the repositories AWS's launcher and the SDK name (domain/nova_job.image_repositories): the
+    chart's images as the launcher sets them and the evaluation image pass, by tag or digest;
+    anything else, in any container list and in any replica of a PyTorchJob, is refused."""
+    policy, launcher = _fence(), [launcher_group("nova-mtrl")]
+    said = (
+        "the Nova launcher may run only Nova's images in kubeflow, from AWS's repositories "
+        + ", ".join(image_repositories())
+    )
+    digest = "@sha256:" + "a" * 64
+    admitted = [*NOVA_IMAGES.values(), evaluation_image("us-west-2"),
+                NOVA_IMAGES["training"].rpartition(":")[0] + digest]  # fmt: skip
+    refused = [
+        "nova:latest",
+        "docker.io/library/busybox:latest",
+        # Another account, a look-alike host, a repository that only starts like Nova's.
+        NOVA_IMAGES["training"].replace("708977205387", "123456789012"),
+        NOVA_IMAGES["training"].replace(".amazonaws.com/", ".amazonaws.com.example.org/"),
+        NOVA_IMAGES["training"].replace("nova-fine-tune-repo:", "nova-fine-tune-repo-x:"),
+        NOVA_IMAGES["training"].rpartition(":")[0],  # no tag: `latest` of whatever is pushed
+    ]
+    for kind in ("Deployment", "StatefulSet", "Job", "PyTorchJob"):
+        for image in admitted:
+            assert verdict(policy, groups=launcher, obj=_workload(kind, image=image)) is None
+        for image in refused:
+            assert verdict(policy, groups=launcher, obj=_workload(kind, image=image)) == said
+            assert verdict(policy, groups=launcher, obj=_workload(kind, init_image=image)) == said
+            sidecar = {"ephemeralContainers": [{"name": "debug", "image": image}]}
+            assert verdict(policy, groups=launcher, obj=_workload(kind, lists=sidecar)) == said
+        no_image = {"containers": [{"name": "main"}]}
+        assert verdict(policy, groups=launcher, obj=_workload(kind, lists=no_image)) == said
+        # Other groups are not this policy's to judge.
+        other = _workload(kind, image="docker.io/library/busybox:latest")
+        assert verdict(policy, groups=["system:masters"], obj=other) is None
