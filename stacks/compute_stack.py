@@ -40,6 +40,7 @@ class ComputeStack(PlatformStack):
             vpc=network.vpc,
             subnets=network.private_subnets,
             secrets_key=storage.data_key,
+            log_key=storage.data_key,
         )
         ready = list(self.eks.ready)
         self.chart: HyperPodDependencies | None = None

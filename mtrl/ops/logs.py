@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from domain.service_logs import pod_log_group
 from lambdas.kubernetes.training_job import run_namespace
 from mtrl.ops.deployment import Deployment
 
@@ -45,7 +46,7 @@ def sources(deployment: Deployment, run_id: str, plane: Plane) -> list[LogSource
     namespace = run_namespace(deployment.prefix, run_id)
     return [
         LogSource(
-            f"/aws/containerinsights/{cluster}/application",
+            pod_log_group(cluster),
             f'{{ $.kubernetes.namespace_name = "{namespace}" }}',
         )
     ]

@@ -11,9 +11,16 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
 from constructs import Construct, IDependable
 
+from domain.service_logs import (
+    EKS_CONTAINER_INSIGHTS,
+    eks_container_insights_group,
+    eks_control_plane_group,
+)
 from stacks.components.functions import ClusterNetwork
+from stacks.components.log_groups import service_log_group
 from stacks.components.nag import acknowledge, acknowledge_managed_policy
 from stacks.config import UNVERIFIED_EKS_VERSIONS, PlatformConfig
 
@@ -73,9 +80,11 @@ class HyperPodEks(Construct):
         vpc: ec2.IVpc,
         subnets: ec2.SubnetSelection,
         secrets_key: kms.IKey,
+        log_key: kms.IKey,
     ) -> None:
         super().__init__(scope, construct_id)
         self._config = config
+        self._log_key = log_key
         self.ready: list[IDependable] = []
         existing = config.existing_eks_cluster
         if existing:
@@ -108,6 +117,11 @@ class HyperPodEks(Construct):
                 cluster_logging=_LOG_TYPES,
                 secrets_encryption_key=secrets_key,
             )
+            # The control plane's audit trail: kept a year, as the VPC's flow logs are.
+            service_log_group(
+                self, "ControlPlaneLogs", name=eks_control_plane_group(eks_cluster_name(config)),
+                key=log_key, retention=logs.RetentionDays.ONE_YEAR, before=cluster,
+            )  # fmt: skip
             # Access entries only (the L2's mode, API): HyperPod takes API as well as
             # API_AND_CONFIG_MAP (its EKS prerequisites), and nothing here uses the aws-auth
             # ConfigMap, so no one can be let in by editing it.
@@ -221,8 +235,8 @@ class HyperPodEks(Construct):
         return eks.Addon(self, f"Addon-{name}", cluster=cluster, addon_name=name)
 
     def add_container_logs(self) -> None:
-        """Pod logs to CloudWatch (`/aws/containerinsights/<cluster>/application`): where
-        `mtrl logs --plane trainer` reads a run's vLLM and trainer lines."""
+        """Pod logs to CloudWatch (domain/service_logs.pod_log_group): where `mtrl logs --plane
+        trainer` reads a run's vLLM and trainer lines; the add-on's groups are made first."""
         role = pod_identity_role(
             self,
             "ContainerLogsRole",
@@ -245,6 +259,13 @@ class HyperPodEks(Construct):
         )
         for dependency in self.ready:
             addon.node.add_dependency(dependency)
+        for kind in EKS_CONTAINER_INSIGHTS:
+            service_log_group(
+                self, f"ContainerInsights-{kind}",
+                name=eks_container_insights_group(eks_cluster_name(self._config), kind),
+                key=self._log_key,
+                before=addon,
+            )  # fmt: skip
 
     def add_training_operator(self, *, hyperpod_cluster_arn: str, after: IDependable) -> None:
         """The HyperPod training operator add-on (needs cert-manager and an existing HyperPod cluster)."""

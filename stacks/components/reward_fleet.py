@@ -10,7 +10,9 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from domain.service_logs import ecs_container_insights_group
 from lambdas.pipeline.ecs_fleet import CONTAINER
+from stacks.components.log_groups import service_log_group
 from stacks.components.nag import acknowledge_no_resource_type
 from stacks.components.project_files import project_image
 from stacks.config import PlatformConfig
@@ -61,6 +63,10 @@ class RewardFleet(Construct):
             vpc=vpc,
             container_insights_v2=ecs.ContainerInsights.ENABLED,
         )
+        service_log_group(
+            self, "ContainerInsights", name=ecs_container_insights_group(cluster_name(config)),
+            key=log_key, before=self.cluster,
+        )  # fmt: skip
         self.security_group = ec2.SecurityGroup(
             self,
             "WorkerSecurityGroup",

@@ -25,6 +25,7 @@ from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from domain.nova_job import FORGE_RECIPE_PATHS, FORGE_RECIPE_SOURCE
+from domain.service_logs import pod_log_group
 from lambdas.environment import environment_for
 from lambdas.kubernetes.rbac import launcher_group, pipeline_group, rbac_properties
 from lambdas.kubernetes.settings import RbacSettings
@@ -209,9 +210,9 @@ class TrainingClusterControl(Construct):
                 for secret in self._hub_token_secrets:
                     self._allow(role, ["secretsmanager:GetSecretValue"], secret)
             case Need.TRAINER_LOGS_READ:
-                # Container Insights writes every pod's lines to the cluster's application group.
-                group = f"/aws/containerinsights/{self._eks_name}/application"
-                grant_log_reading(role, log_group_arn(Stack.of(self), group))
+                grant_log_reading(
+                    role, log_group_arn(Stack.of(self), pod_log_group(self._eks_name))
+                )
             case Need.CLUSTERS_CHECK:
                 self._allow(role, ["eks:DescribeCluster"], self._eks_arn)
                 self._allow(role, ["sagemaker:DescribeCluster"], self._hyperpod_arn)
