@@ -395,19 +395,47 @@ def load_training_config(name_or_path: str | Path) -> TrainingConfig:
 # anchor's whole value, so a few nested ones make billions ("billion laughs") for the validator
 # to walk. A config holds a few hundred.
 MAX_VALUES = 100_000
+# How deeply a config's values may nest (a config nests four or five levels).
+MAX_DEPTH = 100
 
 
-class TooManyValues(yaml.YAMLError):
-    def __init__(self, line: int) -> None:
-        super().__init__(
-            f"line {line}: its YAML aliases (*name) expand to more than {MAX_VALUES} values"
-        )
+class YamlTooLarge(yaml.YAMLError):
+    """A document past one of load_yaml's bounds; the text says where, which and the fix."""
+
+    def __init__(self, line: int, problem: str) -> None:
+        super().__init__(f"line {line}: {problem}")
         self.line = line
 
 
+class TooManyValues(YamlTooLarge):
+    def __init__(self, line: int) -> None:
+        super().__init__(
+            line,
+            f"its YAML aliases (*name) expand to more than {MAX_VALUES} values: reuse fewer values",
+        )
+
+
+class TooDeep(YamlTooLarge):
+    def __init__(self, line: int) -> None:
+        super().__init__(line, f"nested more than {MAX_DEPTH} levels deep: nest less deeply")
+
+
 class _BoundedLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a document whose aliases expand it past MAX_VALUES values
-    (counted on the composed node graph, each shared node once, before anything is built)."""
+    """PyYAML's safe loader, refusing a document nested past MAX_DEPTH (its composer recurses
+    once per level, and Python's stack ends near a thousand) or whose aliases expand it past
+    MAX_VALUES values (counted on the composed node graph, each shared node once, before
+    anything is built)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise TooDeep(self.peek_event().start_mark.line + 1)
+            return super().compose_node(parent, index)  # type: ignore[misc]
+        finally:
+            self._depth -= 1
 
     def get_single_node(self) -> Any:
         node = super().get_single_node()
@@ -437,15 +465,16 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 def load_yaml(text: str) -> Any:
-    """`text` as plain data (YAML's safe subset), at most MAX_VALUES values once expanded."""
+    """`text` as plain data (YAML's safe subset): at most MAX_DEPTH levels deep, at most
+    MAX_VALUES values once expanded (YamlTooLarge)."""
     return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def parse_training_config(text: str, source: str = "<config>") -> TrainingConfig:
     try:
         data = load_yaml(text)
-    except TooManyValues as error:
-        raise TrainingConfigError(f"config {source}: {error}: reuse fewer values") from None
+    except YamlTooLarge as error:
+        raise TrainingConfigError(f"config {source}: {error}") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

@@ -39,7 +39,7 @@ from domain.nova_job import (
 from mtrl.console import out
 from stacks.config import PlatformConfig
 from training_configs.costs import estimate
-from training_configs.schema import TooManyValues, TrainingConfig, load_yaml
+from training_configs.schema import TrainingConfig, YamlTooLarge, load_yaml
 
 RUN = "<run id>"
 # What no offline check can settle; the README's "Nova on AWS" section says the same.
@@ -124,7 +124,7 @@ def plan(
     if recipe_file is not None:
         try:
             base = load_yaml(recipe_file.read_text(encoding="utf-8"))
-        except TooManyValues as error:
+        except YamlTooLarge as error:
             raise NovaRefused(f"recipe {recipe_file}: {error}") from None
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)

@@ -123,15 +123,20 @@ def test_a_recipe_file_that_is_not_a_yaml_mapping_is_refused_in_one_line(tmp_pat
     broken, listed = tmp_path / "broken.yaml", tmp_path / "listed.yaml"
     broken.write_text("run:\n  name: [x\n")
     listed.write_text("- a\n- b\n")
-    laughs = tmp_path / "laughs.yaml"
+    laughs, deep = tmp_path / "laughs.yaml", tmp_path / "deep.yaml"
     laughs.write_text(LAUGHS.replace("environment_args", "run"))
+    deep.write_text("run:\n  name: x\n  tags: " + "[" * 5000 + "]" * 5000 + "\n")
     for recipe, said in (
         (broken, f"error: recipe {broken}: not valid YAML at line 3"),
         (listed, f"error: recipe {listed}: expected a YAML mapping"),
         (
             laughs,
             f"error: recipe {laughs}: line 5: its YAML aliases (*name) expand to more "
-            "than 100000 values",
+            "than 100000 values: reuse fewer values",
+        ),
+        (
+            deep,
+            f"error: recipe {deep}: line 3: nested more than 100 levels deep: nest less deeply",
         ),
     ):
         code, output = plan("--config", str(EXAMPLE), "--region", "us-east-1", "--recipe",

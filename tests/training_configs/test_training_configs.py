@@ -113,6 +113,33 @@ def test_a_config_that_expands_aliases_without_bound_is_refused_at_its_line(
     looped.write_text(yaml.safe_dump(_lora()) + "environment_args: &loop {again: *loop}\n")
     with pytest.raises(TrainingConfigError, match="expand to more than 100000 values"):
         load_training_config(looped)
+
+
+def test_a_config_nested_past_the_bound_is_refused_at_its_line(tmp_path: Path) -> None:
+    """PyYAML's composer recurses once per level: 5,000 levels ended in a RecursionError and a
+    traceback; now the line where nesting passes 100 levels is named, in flow or block style."""
+    head = yaml.safe_dump(_lora())
+    lines = len(head.splitlines())
+    flow = tmp_path / "flow.yaml"
+    flow.write_text(head + "environment_args: {a: " + "[" * 5000 + "]" * 5000 + "}\n")
+    block = tmp_path / "block.yaml"
+    block.write_text(
+        head + "environment_args:\n" + "".join(f"{'  ' * i}k{i}:\n" for i in range(1, 120))
+    )
+    for config, line in ((flow, lines + 1), (block, lines + 100)):
+        with pytest.raises(
+            TrainingConfigError,
+            match=rf"^config {config}: line {line}: nested more than 100 levels deep: nest less "
+            r"deeply$",
+        ):
+            load_training_config(config)
+    # Within the bound: the document's own two levels and 97 of lists.
+    fine = tmp_path / "fine.yaml"
+    fine.write_text(head + "environment_args: {a: " + "[" * 97 + "]" * 97 + "}\n")
+    value = load_training_config(fine).environment_args["a"]
+    for _ in range(96):
+        (value,) = value
+    assert value == []
     reused = tmp_path / "reused.yaml"
     lora = {k: v for k, v in _lora().items() if k != "environment_args"}
     reused.write_text(
