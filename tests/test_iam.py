@@ -4,7 +4,7 @@ where the action has no resource-level permissions."""
 from __future__ import annotations
 
 from domain.naming import run_prefix
-from tests.conftest import Synthesized, arn_text, as_list, policy_statements
+from tests.conftest import Synthesized, arn_text, as_list, dumps, policy_statements
 from tests.iam.authorization import resource_formats
 from tests.readme import check_section
 
@@ -121,3 +121,98 @@ def test_run_resource_grants_reach_only_this_deployments_runs(
                         assert named == run_prefix(prefix) or "/" in named or ":" in named, text
                         checked += 1
     assert checked > 50
+
+
+def _reach(app: Synthesized, role_mark: str) -> set[tuple[str, str]]:
+    """(action, resource) of every statement of the policies attached to the role whose
+    reference holds `role_mark`, in the pipeline stack (where run grants are made)."""
+    template = app.template("pipeline")
+    return {
+        (action, arn_text(resource))
+        for logical_id, statement in policy_statements(template)
+        if role_mark in dumps(template["Resources"][logical_id]["Properties"].get("Roles", []))
+        for action in as_list(statement["Action"])
+        for resource in as_list(statement["Resource"])
+    }
+
+
+def test_the_run_planes_roles_reach_every_run_of_the_deployment(default_app: Synthesized) -> None:
+    """The README's "one role serves every run, per plane", for the two roles it names beside
+    the workers': the job role of every run's pods and the restricted group's execution role
+    (every Nova job's identity) read every dataset, read and write every run's outputs and use
+    every run queue; the pods' role also deletes any run's checkpoints, the Nova role invokes
+    every alias of the rollout Lambda. IAM does not keep them to one run."""
+    bucket = "arn:{Partition}:s3:::nova-mtrl-data-{AccountId}-{Region}"
+    run_queues = "arn:{Partition}:sqs:{Region}:{AccountId}:nova-mtrl-run-*"
+    queue_use = {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility",
+                 "sqs:SendMessage"}  # fmt: skip
+    data_key = {("kms:Decrypt", "key"), ("kms:GenerateDataKey", "key")}
+
+    def shown(reach: set[tuple[str, str]]) -> set[tuple[str, str]]:
+        return {
+            (action, "key" if "StorageDataKey" in resource else resource)
+            for action, resource in reach
+        }
+
+    job = shown(_reach(default_app, "TrainingClusterControlJobRole"))
+    assert job == {
+        ("s3:GetObject", f"{bucket}/training-data/*"),
+        ("s3:GetObjectVersion", f"{bucket}/training-data/*"),
+        ("s3:GetObject", f"{bucket}/evaluation-data/*"),
+        ("s3:GetObject", f"{bucket}/runs/*"),
+        ("s3:ListBucket", bucket),
+        ("s3:PutObject", f"{bucket}/runs/*"),
+        ("s3:DeleteObject", f"{bucket}/runs/*/checkpoints/*"),
+        *data_key,
+        *((action, run_queues) for action in queue_use),
+    }
+    nova = shown(_reach(default_app, "HyperPodRestricted"))
+    (invoke,) = [resource for action, resource in nova if action == "lambda:InvokeFunction"]
+    assert invoke.endswith(":*") and "RouterRolloutForwarder" in invoke
+    assert nova - {("lambda:InvokeFunction", invoke)} == {
+        ("s3:GetObject", f"{bucket}/training-data/*"),
+        ("s3:GetObject", f"{bucket}/runs/*"),
+        ("s3:PutObject", f"{bucket}/runs/*"),
+        *data_key,
+        *((action, run_queues) for action in queue_use),
+    }
+
+
+def _table_readers(app: Synthesized, table_mark: str) -> dict[str, set[str]]:
+    """Who may act on the table whose logical id starts with `table_mark`: the role (or the
+    managed policy) of every statement naming it, with its DynamoDB actions."""
+    readers: dict[str, set[str]] = {}
+    for template in app.templates.values():
+        for logical_id, resource in template["Resources"].items():
+            properties = resource.get("Properties", {})
+            if resource["Type"] == "AWS::IAM::ManagedPolicy":
+                holders = [logical_id]
+            elif resource["Type"] == "AWS::IAM::Policy":
+                holders = [dumps(role) for role in properties.get("Roles", [])]
+            else:
+                continue
+            for statement in properties["PolicyDocument"]["Statement"]:
+                actions = {a for a in as_list(statement["Action"]) if a.startswith("dynamodb:")}
+                if actions and table_mark in dumps(statement["Resource"]):
+                    for holder in holders:
+                        readers.setdefault(holder, set()).update(actions)
+    return readers
+
+
+def test_only_the_router_and_the_pipeline_touch_the_run_tables(default_app: Synthesized) -> None:
+    """The README's tables claim: the conversation table (every run's items, each under its run
+    id) is used by the router's functions and the pipeline's, and the runs table by the
+    pipeline's and read by the operator; no role of a run's planes (the workers' task role, the
+    pods' job role, the Nova execution role) may touch either: a run reaches its conversation
+    only through the proxy, with its token."""
+    conversations = _table_readers(default_app, "RouterConversations")
+    runs = _table_readers(default_app, "PipelineRuns")
+    for holder in conversations:
+        assert '"Router' in holder or '"Pipeline' in holder, holder
+    assert any('"Router' in holder for holder in conversations)
+    operator = {holder: actions for holder, actions in runs.items() if "Operator" in holder}
+    assert list(operator.values()) == [{"dynamodb:GetItem", "dynamodb:Scan"}]
+    for holder in set(runs) - set(operator):
+        assert '"Pipeline' in holder, holder
+    for plane in ("RewardFleetTaskRole", "JobRole", "HyperPodRestricted"):
+        assert not [holder for holder in (*conversations, *runs) if plane in holder], plane

@@ -14,7 +14,14 @@ from domain.nova_job import rollout_function_name
 from stacks.components.lambda_code import PACKAGES, REQUIREMENTS
 from stacks.components.router import CONSUMER_HANDLER, FORWARDER_HANDLER, PROXY_HANDLER
 from stacks.config import ConfigError, PlatformConfig
-from tests.conftest import Synthesized, as_list, handler_of, role_statements, synthesize
+from tests.conftest import (
+    Synthesized,
+    as_list,
+    handler_of,
+    policy_statements,
+    role_statements,
+    synthesize,
+)
 from tests.forge_sdk import sdk_compiled, sdk_enums
 from tests.test_scan import skips
 
@@ -123,9 +130,31 @@ def test_reward_workers_may_call_the_proxy_url(default_app: Synthesized) -> None
         )
     ]
     (policy,) = granted
-    assert "ImportValue" in json.dumps(
-        policy["Properties"]["Roles"]
-    )  # the compute stack's task role
+    (role,) = policy["Properties"]["Roles"]
+    assert "RewardFleetTaskRole" in json.dumps(role)  # the compute stack's, by its export
+    # No other statement in any stack lets a principal call a function URL or the proxy, and
+    # no resource policy opens it to another account or to everyone.
+    proxy = {"Fn::GetAtt": [proxy_id, "Arn"]}
+    others = [
+        (name, statement)
+        for name, template in default_app.templates.items()
+        for _, statement in policy_statements(template)
+        if statement not in policy["Properties"]["PolicyDocument"]["Statement"]
+        and (
+            any(a in ("lambda:InvokeFunctionUrl", "lambda:*") for a in as_list(statement["Action"]))
+            or (
+                "lambda:InvokeFunction" in as_list(statement["Action"])
+                and proxy in as_list(statement["Resource"])
+            )
+        )
+    ]
+    assert others == []
+    assert not [
+        permission
+        for permission in default_app.resources("pipeline", "AWS::Lambda::Permission").values()
+        if permission["Properties"]["FunctionName"] == proxy
+        or "FunctionUrlAuthType" in permission["Properties"]
+    ]
 
 
 def test_lambda_code_needs_only_what_the_asset_ships() -> None:

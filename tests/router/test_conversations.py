@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+
+import pytest
+
+from lambdas.router import conversations
 from tests.router.conftest import OTHER_RUN, RUN, TOKEN, Router
 
 
@@ -30,16 +36,26 @@ def test_steps_belong_to_their_run(router: Router) -> None:
     assert router.store.get_step(OTHER_RUN, "s_1") is None
 
 
-def test_run_token_is_checked_by_hash(router: Router) -> None:
+def test_run_token_is_checked_by_hash(router: Router, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's claim: kept only as a SHA-256, compared in constant time."""
     run = router.store.get_run(RUN)
     now = 0.0
+    compared, constant_time = [], hmac.compare_digest
+
+    def compare_digest(a: str, b: str) -> bool:
+        compared.append((a, b))
+        return constant_time(a, b)
+
+    monkeypatch.setattr(conversations.hmac, "compare_digest", compare_digest)
     assert run.accepts(TOKEN, now=now) and not run.accepts("secret-token-2", now=now)
+    digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+    assert compared == [(digest, digest), (digest, hashlib.sha256(b"secret-token-2").hexdigest())]
     assert not run.accepts(None, now=now)
-    assert TOKEN not in str(
-        router.db.get_item(
-            TableName="conversations", Key={"run_id": {"S": RUN}, "item": {"S": "run"}}
-        )
-    )
+    item = router.db.get_item(
+        TableName="conversations", Key={"run_id": {"S": RUN}, "item": {"S": "run"}}
+    )["Item"]
+    assert item["token_sha256"] == {"S": digest}
+    assert TOKEN not in str(item)
     assert router.store.get_run("no-such-run") is None
 
 
