@@ -63,10 +63,11 @@ OPEN_WEIGHTS_CONFIG = "configs/qwen.yaml"
 ITERATIVE_CONFIG = "configs/again.yaml"  # trains on from the "nova succeeds" run's checkpoint
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.parent.name == "iam":
-            item.add_marker(pytest.mark.xdist_group("deployed"))
+# The proof's modules share its session fixtures (the deployed world, its scenarios): each marks
+# itself `pytestmark = ON_ONE_WORKER`, so `--dist loadgroup` runs them on one worker and the
+# world is built once. (Marks added by a collection hook here came after pytest-xdist's own
+# hook had read them: the world was built on both workers.)
+ON_ONE_WORKER = pytest.mark.xdist_group("deployed")
 
 
 @dataclass

@@ -15,8 +15,10 @@ from domain.evaluation import EvaluationReport
 from domain.nova_job import evaluation_run_recipe, run_name, run_recipe
 from lambdas.kubernetes.training_job import run_namespace
 from tests.chart_rendering import rendering
-from tests.iam.conftest import Scenario, Scenarios
+from tests.iam.conftest import ON_ONE_WORKER, Scenario, Scenarios
 from tests.launcher.fake_cli import PYTORCH_JOBS
+
+pytestmark = ON_ONE_WORKER
 
 PREFIX = "nova-mtrl"
 

@@ -10,10 +10,12 @@ import pytest
 
 from domain.naming import DEPLOYMENT_TAG
 from lambdas.kubernetes.rbac import rbac_of
-from tests.iam.conftest import Scenarios
+from tests.iam.conftest import ON_ONE_WORKER, Scenarios
 from tests.iam.policy import Request, as_list, matches
 from tests.iam.proof import Proof, Report, explained
 from tests.iam.world import ACCOUNT, OPERATOR, REGION, role_of
+
+pytestmark = ON_ONE_WORKER
 
 
 def _proof(scenarios: Scenarios) -> Proof:
