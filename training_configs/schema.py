@@ -470,15 +470,19 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
 
 
+def yaml_problem(error: yaml.YAMLError) -> str:
+    """What load_yaml refused, and where: a bound passed, or the line YAML stopped at."""
+    if isinstance(error, YamlTooLarge):
+        return str(error)
+    mark = getattr(error, "problem_mark", None)
+    return "not valid YAML" + (f" at line {mark.line + 1}" if mark else "")
+
+
 def parse_training_config(text: str, source: str = "<config>") -> TrainingConfig:
     try:
         data = load_yaml(text)
-    except YamlTooLarge as error:
-        raise TrainingConfigError(f"config {source}: {error}") from None
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise TrainingConfigError(f"config {source}: not valid YAML{where}") from None
+        raise TrainingConfigError(f"config {source}: {yaml_problem(error)}") from None
     if not isinstance(data, dict):
         raise TrainingConfigError(f"config {source}: expected a mapping of keys to values")
     try:

@@ -39,7 +39,7 @@ from domain.nova_job import (
 from mtrl.console import out
 from stacks.config import PlatformConfig
 from training_configs.costs import estimate
-from training_configs.schema import TrainingConfig, YamlTooLarge, load_yaml
+from training_configs.schema import TrainingConfig, load_yaml, yaml_problem
 
 RUN = "<run id>"
 # What no offline check can settle; the README's "Nova on AWS" section says the same.
@@ -124,12 +124,8 @@ def plan(
     if recipe_file is not None:
         try:
             base = load_yaml(recipe_file.read_text(encoding="utf-8"))
-        except YamlTooLarge as error:
-            raise NovaRefused(f"recipe {recipe_file}: {error}") from None
         except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark else ""
-            raise NovaRefused(f"recipe {recipe_file}: not valid YAML{where}") from None
+            raise NovaRefused(f"recipe {recipe_file}: {yaml_problem(error)}") from None
         if not isinstance(base, dict):
             raise NovaRefused(f"recipe {recipe_file}: expected a YAML mapping")
         built = delegating(apply_overrides(base, overrides), str(recipe_file))
