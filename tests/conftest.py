@@ -252,6 +252,16 @@ def role_statements(template: dict[str, Any], role_id: str) -> list[dict[str, An
     return statements
 
 
+def statements_of_role(template: dict[str, Any], mark: str) -> list[dict[str, Any]]:
+    """The statements of the policies attached to the role whose reference in the template holds
+    `mark` (a logical id, or the export a role of another stack comes through)."""
+    return [
+        statement
+        for logical_id, statement in policy_statements(template)
+        if mark in dumps(template["Resources"][logical_id]["Properties"].get("Roles", []))
+    ]
+
+
 def arn_text(resource: object) -> str:
     """An ARN as the template builds it, references shown as {Name} (`Fn::Join`s joined)."""
     if isinstance(resource, dict) and "Fn::Join" in resource:

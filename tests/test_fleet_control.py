@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from lambdas.pipeline.ecs_fleet import EcsFleetSettings
-from tests.conftest import Synthesized, arn_text, as_list, policy_statements
+from tests.conftest import Synthesized, arn_text, as_list, policy_statements, statements_of_role
 
 FLEET_STEPS = ("StartWorkers", "WorkersHealthy", "ReleaseCompute")
 
@@ -53,21 +52,14 @@ def test_workers_read_run_queues_and_their_token_only(default_app: Synthesized) 
     template = default_app.template("pipeline")
     run_queues = "arn:{Partition}:sqs:{Region}:{AccountId}:nova-mtrl-run-*"
 
-    def statements_of(role_export: str) -> list[dict[str, Any]]:
-        return [
-            statement
-            for logical_id, statement in policy_statements(template)
-            if role_export in json.dumps(template["Resources"][logical_id]["Properties"]["Roles"])
-        ]
-
-    task = statements_of("RewardFleetTaskRole")
+    task = statements_of_role(template, "RewardFleetTaskRole")
     (queues,) = [s for s in task if any(a.startswith("sqs:") for a in as_list(s["Action"]))]
     assert set(as_list(queues["Action"])) == {
         "sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility", "sqs:SendMessage",
     }  # fmt: skip
     assert [arn_text(r) for r in as_list(queues["Resource"])] == [run_queues]
     assert not any("ssm:" in json.dumps(s["Action"]) for s in task)
-    execution = statements_of("RewardFleetTaskDefinitionExecutionRole")
+    execution = statements_of_role(template, "RewardFleetTaskDefinitionExecutionRole")
     (token,) = [s for s in execution if as_list(s["Action"]) == ["ssm:GetParameters"]]
     assert arn_text(token["Resource"]).endswith(":parameter/nova-mtrl/runs/*")
     assert not any("sqs:" in json.dumps(s["Action"]) for s in execution)

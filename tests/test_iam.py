@@ -4,7 +4,14 @@ where the action has no resource-level permissions."""
 from __future__ import annotations
 
 from domain.naming import run_prefix
-from tests.conftest import Synthesized, arn_text, as_list, dumps, policy_statements
+from tests.conftest import (
+    Synthesized,
+    arn_text,
+    as_list,
+    dumps,
+    policy_statements,
+    statements_of_role,
+)
 from tests.iam.authorization import resource_formats
 from tests.readme import check_section
 
@@ -124,13 +131,11 @@ def test_run_resource_grants_reach_only_this_deployments_runs(
 
 
 def _reach(app: Synthesized, role_mark: str) -> set[tuple[str, str]]:
-    """(action, resource) of every statement of the policies attached to the role whose
-    reference holds `role_mark`, in the pipeline stack (where run grants are made)."""
-    template = app.template("pipeline")
+    """(action, resource) of every statement of the role whose reference holds `role_mark`, in
+    the pipeline stack (where run grants are made)."""
     return {
         (action, arn_text(resource))
-        for logical_id, statement in policy_statements(template)
-        if role_mark in dumps(template["Resources"][logical_id]["Properties"].get("Roles", []))
+        for statement in statements_of_role(app.template("pipeline"), role_mark)
         for action in as_list(statement["Action"])
         for resource in as_list(statement["Resource"])
     }

@@ -404,7 +404,6 @@ class YamlTooLarge(yaml.YAMLError):
 
     def __init__(self, line: int, problem: str) -> None:
         super().__init__(f"line {line}: {problem}")
-        self.line = line
 
 
 class TooManyValues(YamlTooLarge):

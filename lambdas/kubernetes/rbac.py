@@ -140,6 +140,11 @@ POD_SPECS = (
 CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 
 
+def _cel_strings(values: tuple[str, ...]) -> str:
+    """CEL string literals, comma-separated (the inside of a list)."""
+    return ", ".join(f"'{value}'" for value in values)
+
+
 def _every_pod_spec(conditions: list[str]) -> str:
     """CEL: every pod spec of the object meets every condition (on `s`)."""
     return f"variables.podSpecs.all(s, {' && '.join(conditions)})"
@@ -147,7 +152,7 @@ def _every_pod_spec(conditions: list[str]) -> str:
 
 def _only_accounts_other_than(accounts: tuple[str, ...]) -> str:
     """CEL: no pod spec runs as one of `accounts` (either field names a pod's account)."""
-    denied = ", ".join(f"'{account}'" for account in accounts)
+    denied = _cel_strings(accounts)
     return _every_pod_spec([
         f"!(has(s.{field}) && s.{field} in [{denied}])"
         for field in ("serviceAccountName", "serviceAccount")
@@ -158,7 +163,7 @@ def _only_images_from(repositories: tuple[str, ...]) -> str:
     """CEL: every container of every pod spec has an image of one of `repositories`, by tag or
     digest (the registry is everything before an image's first `/`, so a look-alike host or
     account does not pass)."""
-    allowed = ", ".join(f"'{repository}'" for repository in repositories)
+    allowed = _cel_strings(repositories)
     image_ok = (
         f"has(c.image) && [{allowed}].exists(r, "
         "c.image.startsWith(r + ':') || c.image.startsWith(r + '@'))"
@@ -185,7 +190,7 @@ def nova_launcher_rbac(prefix: str) -> list[dict[str, Any]]:
     ]
     metadata = {"name": name, "namespace": NAMESPACE, "labels": labels}
     fence = f"{name}-fence"
-    denied = ", ".join(f"'{account}'" for account in PRIVILEGED_ACCOUNTS)
+    denied, repositories = _cel_strings(PRIVILEGED_ACCOUNTS), image_repositories()
     return [
         {"apiVersion": RBAC_API, "kind": "Role", "metadata": metadata, "rules": rules},
         {
@@ -225,10 +230,10 @@ def nova_launcher_rbac(prefix: str) -> list[dict[str, Any]]:
                         ),
                     },
                     {
-                        "expression": _only_images_from(image_repositories()),
+                        "expression": _only_images_from(repositories),
                         "message": (
                             f"the Nova launcher may run only Nova's images in {NAMESPACE}, from "
-                            f"AWS's repositories {', '.join(image_repositories())}"
+                            f"AWS's repositories {', '.join(repositories)}"
                         ),
                     },
                 ],

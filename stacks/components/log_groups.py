@@ -7,7 +7,7 @@ from __future__ import annotations
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
-from constructs import Construct, IDependable
+from constructs import Construct
 
 
 def service_log_group(
@@ -16,8 +16,8 @@ def service_log_group(
     *,
     name: str,
     key: kms.IKey,
+    before: Construct,
     retention: logs.RetentionDays = logs.RetentionDays.THREE_MONTHS,
-    before: IDependable | None = None,
 ) -> logs.LogGroup:
     """The group `name`, encrypted with `key`; `before`, the resource that makes the service
     write to it, waits for it (a service that finds no group creates its own, and the stack's
@@ -30,6 +30,5 @@ def service_log_group(
         encryption_key=key,
         removal_policy=RemovalPolicy.DESTROY,
     )
-    if before is not None:
-        before.node.add_dependency(group)  # type: ignore[attr-defined]
+    before.node.add_dependency(group)
     return group
