@@ -95,12 +95,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     # What is imported into Bedrock and deployed (a paid endpoint).
     "mtrl/ops/deploy.py": ("tests/mtrl/test_deploy.py",),
     "lambdas/router/proxy.py": ("tests/router/test_proxy.py", "tests/router/test_nova_contract.py"),
-    # Run isolation of a Nova trainer's rollout requests, and the alias teardown removes.
+    # Run isolation of a Nova trainer's rollout requests: the one run that holds the Lambda.
     "lambdas/router/rollout_forwarder.py": ("tests/router/test_rollout_forwarder.py",),
-    "lambdas/router/rollout_aliases.py": (
-        "tests/router/test_rollout_forwarder.py",
-        "tests/pipeline/test_pipeline_steps.py",
-    ),
     "reward_envs/worker/worker.py": ("tests/reward_envs/test_worker.py",),
     # What stops or warns a run (a missed rule costs GPU hours; a false one stops a good run).
     "domain/health.py": ("tests/domain/test_health.py", "tests/pipeline/test_compute.py"),

@@ -31,6 +31,11 @@ def phase_of(stage: EvaluationStage | None) -> str:
     return stage.value if stage else TRAINING
 
 
+def stage_of(phase: str) -> EvaluationStage | None:
+    """The evaluation stage a phase is (None: training); `phase_of` the other way."""
+    return None if phase == TRAINING else EvaluationStage(phase)
+
+
 class Episode(BaseModel):
     """How one evaluation rollout ended."""
 

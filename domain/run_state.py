@@ -30,14 +30,14 @@ class RegisteredRun(BaseModel):
 
 class RunResources(BaseModel):
     """Provision's result, at `$.resources`: the run's queues by kind, its alarms, and the
-    rollout Lambda a Nova trainer invokes for it (its `rollout_request_arn`)."""
+    rollout Lambda its Nova jobs invoke (their `rollout_request_arn`; None for another trainer)."""
 
     model_config = ConfigDict(frozen=True)
 
     run_id: str
     queues: dict[str, str]
     alarms: list[str]
-    rollout_request_arn: str
+    rollout_request_arn: str | None = None
 
 
 class JobReport(BaseModel):

@@ -29,24 +29,24 @@ def _create(dynamodb: Any, table_name: str, key: str) -> None:
 
 
 def create_router_functions(lambda_client: Any, iam: Any) -> tuple[str, str]:
-    """The router's consumer and rollout forwarder as moto functions (names: "consumer",
-    "rollout-forwarder"): the run resources wire to them (an event source mapping, an alias)."""
+    """The router's consumer and rollout forwarder as moto functions: the consumer's name (a
+    run's event source mapping wires to it) and the forwarder's ARN (a Nova run's
+    `rollout_request_arn`)."""
     role = iam.create_role(RoleName="router", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
-    names = []
-    for name, handler in (
-        ("consumer", "lambdas.router.consumer.handler"),
-        ("rollout-forwarder", "lambdas.router.rollout_forwarder.handler"),
-    ):
-        names.append(
-            lambda_client.create_function(
-                FunctionName=name,
-                Runtime="python3.12",
-                Role=role,
-                Handler=handler,
-                Code={"ZipFile": b"code"},
-            )["FunctionName"]
+    made = [
+        lambda_client.create_function(
+            FunctionName=name,
+            Runtime="python3.12",
+            Role=role,
+            Handler=handler,
+            Code={"ZipFile": b"code"},
         )
-    return names[0], names[1]
+        for name, handler in (
+            ("consumer", "lambdas.router.consumer.handler"),
+            ("rollout-forwarder", "lambdas.router.rollout_forwarder.handler"),
+        )
+    ]
+    return made[0]["FunctionName"], made[1]["FunctionArn"]
 
 
 class Serialized:

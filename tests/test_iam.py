@@ -146,7 +146,7 @@ def test_the_run_planes_roles_reach_every_run_of_the_deployment(default_app: Syn
     the workers': the job role of every run's pods and the restricted group's execution role
     (every Nova job's identity) read every dataset, read and write every run's outputs and use
     every run queue; the pods' role also deletes any run's checkpoints, the Nova role invokes
-    every alias of the rollout Lambda. IAM does not keep them to one run."""
+    the rollout Lambda, which serves one run at a time. IAM does not keep them to one run."""
     bucket = "arn:{Partition}:s3:::nova-mtrl-data-{AccountId}-{Region}"
     run_queues = "arn:{Partition}:sqs:{Region}:{AccountId}:nova-mtrl-run-*"
     queue_use = {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility",
@@ -173,7 +173,8 @@ def test_the_run_planes_roles_reach_every_run_of_the_deployment(default_app: Syn
     }
     nova = shown(_reach(default_app, "HyperPodRestricted"))
     (invoke,) = [resource for action, resource in nova if action == "lambda:InvokeFunction"]
-    assert invoke.endswith(":*") and "RouterRolloutForwarder" in invoke
+    forwarder = "{'Fn::GetAtt': ['RouterRolloutForwarder"
+    assert invoke.startswith(forwarder) and invoke.endswith("'Arn']}")  # the function, unqualified
     assert nova - {("lambda:InvokeFunction", invoke)} == {
         ("s3:GetObject", f"{bucket}/training-data/*"),
         ("s3:GetObject", f"{bucket}/runs/*"),

@@ -95,26 +95,24 @@ def test_queue_permissions_are_limited_to_the_deployments_run_queues(
             assert "sqs:ReceiveMessage" in actions and "sqs:SendMessage" not in actions
 
 
-def test_only_the_pipeline_manages_the_forwarders_aliases_on_that_function_alone(
+def test_only_nova_jobs_invoke_the_rollout_lambda_and_only_as_the_sdk_names_it(
     default_app: Synthesized,
 ) -> None:
-    """Provision creates a run's alias, teardown (and the reaper) delete it: each names the
-    forwarder's ARN, nothing wider."""
-    template = default_app.template("pipeline")
+    """A Nova job's recipe names the forwarder's ARN unqualified (the Forge SDK's form): that
+    ARN, nothing wider (no version, no alias), is what the restricted group's role may invoke,
+    and no role of any stack may make, change or invoke a version or alias of a function."""
     forwarder_id, _ = _functions(default_app)["lambdas.router.rollout_forwarder.handler"]
-    holders: dict[str, set[str]] = {}
-    for function in default_app.resources("pipeline", "AWS::Lambda::Function").values():
-        role_id = function["Properties"]["Role"]["Fn::GetAtt"][0]
-        for statement in role_statements(template, role_id):
-            aliases = {a for a in as_list(statement["Action"]) if "Alias" in a}
-            if aliases:
+    invokers = []
+    for template in default_app.templates.values():
+        for policy_id, statement in policy_statements(template):
+            actions = as_list(statement["Action"])
+            assert not [a for a in actions if a.startswith("lambda:") and "Alias" in a]
+            assert not [a for a in actions if a.startswith("lambda:") and "Version" in a]
+            resources = json.dumps(statement["Resource"])
+            if "lambda:InvokeFunction" in actions and forwarder_id in resources:
                 assert statement["Resource"] == {"Fn::GetAtt": [forwarder_id, "Arn"]}
-                holders.setdefault(handler_of(function), set()).update(aliases)
-    assert holders == {
-        "lambdas.pipeline.handlers.provision": {"lambda:CreateAlias", "lambda:GetAlias"},
-        "lambdas.pipeline.handlers.teardown": {"lambda:DeleteAlias", "lambda:GetAlias"},
-        "lambdas.pipeline.handlers.reap": {"lambda:DeleteAlias", "lambda:GetAlias"},
-    }
+                invokers.append(policy_id)
+    assert len(invokers) == 1 and invokers[0].startswith("NovaJobRolePolicy"), invokers
 
 
 def test_reward_workers_may_call_the_proxy_url(default_app: Synthesized) -> None:

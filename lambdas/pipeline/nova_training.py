@@ -7,17 +7,18 @@ lambdas/launcher/) — on the deployment's restricted instance group.
   counts once SageMaker has it running and Kubernetes can schedule on it;
 - submit: the Forge recipe (read from its S3 location) with the overrides of
   domain/nova_job.py — the run's name, dataset, outputs, GPU split, training settings and the
-  four BYOO endpoints of *this* run (its queues, its alias of the rollout forwarder) — handed
-  to the launcher function, which starts it idempotently;
+  four BYOO endpoints of *this* run (its queues, and the deployment's rollout Lambda, unqualified
+  as the Forge SDK passes it: the run holds it from Provision to teardown) — handed to the
+  launcher function, which starts it idempotently;
 - status: the chart's PyTorchJob in the `kubeflow` namespace, its conditions and the pods of the
   job (image pulls, crash loops, OOM kills, pending too long fail the run with that reason);
   its progress is the run's reward curve, which the Nova job does not write: made from the
   rollout reports the router accepted (lambdas/pipeline/reward_curve.py);
 - submit_evaluation / evaluation_status: AWS's multi-turn evaluation recipe (the Forge SDK's
   RFT_MULTITURN_EVAL) for the starting model or the trained checkpoint, on the run's held-out
-  records, through the same launcher and queues — but the rollout Lambda alias of that
-  evaluation, so its rollouts' reports are kept apart from training's
-  (lambdas/router/rollout_aliases.py). Once the job succeeded, those reports are the
+  records, through the same launcher, queues and rollout Lambda; each phase is opened before its
+  job starts, so its rollouts' reports are kept apart from training's
+  (lambdas/router/rollout_forwarder.py). Once the job succeeded, those reports are the
   evaluation's episodes (`runs/<run_id>/evaluation/<stage>.jsonl`), summarised like every
   plane's. Where AWS publishes no evaluation image, or its recipe takes no BYOO endpoints, the
   run goes on without an evaluation and says why;
@@ -86,7 +87,6 @@ from lambdas.pipeline.hyperpod_capacity import HyperPodCapacity
 from lambdas.pipeline.hyperpod_training import ClusterSettings, InstanceGroupPlane, job_status
 from lambdas.pipeline.reward_curve import RewardCurve
 from lambdas.router.conversations import ConversationStore
-from lambdas.router.rollout_aliases import evaluation_alias_arn
 
 JOB_KIND = "PyTorchJob"  # the chart's trainer (templates/training.yaml), Kubeflow's
 NOVA_GROUP_SETTING = "NOVA_INSTANCE_GROUP"  # set where the deployment has a restricted group
@@ -166,7 +166,7 @@ class NovaTrainingCluster(InstanceGroupPlane):
         did not take (NovaRefused: it is not a BYOO recipe)."""
         config = run.training
         if run.rollout_request_arn is None:
-            raise ValueError(f"run {run.run_id}: no rollout Lambda alias (Provision makes it)")
+            raise ValueError(f"run {run.run_id}: it does not hold the rollout Lambda (Provision)")
         source, base = self.forge_recipe(FORGE_RECIPES[config.recipe])
         overrides = recipe_overrides(
             config,
@@ -272,7 +272,7 @@ class NovaTrainingCluster(InstanceGroupPlane):
         the stage's endpoints, and the overrides it did not take (EvaluationUnsupported: it
         takes not all of the BYOO endpoints, or nothing is held out)."""
         if run.rollout_request_arn is None:
-            raise ValueError(f"run {run.run_id}: no rollout Lambda alias (Provision makes it)")
+            raise ValueError(f"run {run.run_id}: it does not hold the rollout Lambda (Provision)")
         source, base = self.forge_recipe(FORGE_EVALUATION_RECIPE)
         missing = [key for key in DOCUMENTED_BYOO_KEYS if key not in recipe_leaves(base)]
         if missing:
@@ -280,7 +280,6 @@ class NovaTrainingCluster(InstanceGroupPlane):
                 f"AWS's evaluation recipe {source} has no {', '.join(missing)}: it cannot play "
                 "its rollouts through this run's reward workers"
             )
-        arn = evaluation_alias_arn(run.rollout_request_arn, stage)
         source_key, version = evaluation_source(run.training, run.dataset_key, run.dataset_version)
         records = evaluation_records(
             read_dataset_object(self.s3, bucket=run.bucket, key=source_key, version=version),
@@ -300,7 +299,7 @@ class NovaTrainingCluster(InstanceGroupPlane):
                 run, f"{run.output_prefix}{EVALUATION_RECORDS_OBJECT}", records
             ),
             output_s3_path=f"s3://{run.bucket}/{run.output_prefix}evaluation/{stage}/",
-            byoo=byoo_endpoints(arn, lambda kind: run.queues[kind]),
+            byoo=byoo_endpoints(run.rollout_request_arn, lambda kind: run.queues[kind]),
         )
         tracking = self._tracking(base, f"{run.run_id}-{stage}")
         return apply_overrides(without_single_turn_reward(base), overrides | tracking)
@@ -358,7 +357,7 @@ class NovaTrainingCluster(InstanceGroupPlane):
             return JobStatus(
                 Phase.FAILED,
                 f"AWS's {stage} evaluation job succeeded but no rollout of it reached the run's "
-                "reward workers (its rollout Lambda alias was never invoked)",
+                "reward workers (the rollout Lambda was never invoked in its phase)",
             )
         write_episodes(
             self.s3, bucket=run.bucket, output_prefix=run.output_prefix, stage=stage,

@@ -1,10 +1,11 @@
 """A run's router resources: provision them, and tear every one of them down (idempotently).
 
 A run's resources are its FIFO queues (and dead-letter queue), their age alarms, the event
-source mapping that feeds its generate responses to the router's consumer, and its aliases of
-the rollout forwarder (the `rollout_request_arn` a Nova trainer invokes: training's, and one
-per evaluation). The run's entry in the conversation table (with the token its workers present)
-is written when the workers start.
+source mapping that feeds its generate responses to the router's consumer, and, for a run whose
+trainer is Nova's, the lease of the deployment's rollout Lambda (the `rollout_request_arn` its
+jobs invoke: lambdas/router/rollout_forwarder.py), taken before anything else is made, so a run
+that cannot have it creates nothing. The run's entry in the conversation table (with the token
+its workers present) is written when the workers start.
 """
 
 from __future__ import annotations
@@ -26,23 +27,19 @@ from lambdas.router.event_sources import (
     consumer_mappings,
     disconnect_consumer,
 )
-from lambdas.router.rollout_aliases import (
-    create_rollout_aliases,
-    delete_rollout_aliases,
-    rollout_aliases_left,
-)
 
 
 @dataclass(frozen=True)
 class RouterWiring:
-    """Where the router lives: the SQS and CloudWatch clients, the consumer and the rollout
-    forwarder functions, the conversation store (runs' registrations)."""
+    """Where the router lives: the SQS and CloudWatch clients, the consumer function, the
+    rollout Lambda's ARN, the conversation store (runs' registrations, the rollout Lambda's
+    lease)."""
 
     sqs: Any
     cloudwatch: Any
     lambda_client: Any
     consumer_function: str
-    rollout_forwarder: str
+    rollout_lambda_arn: str
     prefix: str
     conversations: ConversationStore
 
@@ -52,14 +49,23 @@ class Provisioned:
     queues: dict[str, str]
     alarms: list[str]
     consumer_mapping: str
-    rollout_request_arn: str
+    rollout_request_arn: str | None
 
 
 def provision_run(
-    wiring: RouterWiring, *, run_id: str, kms_key_id: str | None, alert_topic_arn: str | None
+    wiring: RouterWiring,
+    *,
+    run_id: str,
+    kms_key_id: str | None,
+    alert_topic_arn: str | None,
+    nova_deadline: float | None,
+    now: float,
 ) -> Provisioned:
-    """Per-run queues, queue-age alarms, the consumer's event source mapping and the rollout
-    forwarder's aliases."""
+    """Per-run queues, queue-age alarms, the consumer's event source mapping. A Nova run (its
+    deadline given: its jobs invoke the rollout Lambda) first takes the rollout Lambda's lease
+    (RolloutLambdaHeld while another run holds it)."""
+    if nova_deadline is not None:
+        wiring.conversations.hold_rollout_lambda(run_id, deadline_at=nova_deadline, now=now)
     queues = create_run_queues(
         wiring.sqs, prefix=wiring.prefix, run_id=run_id, kms_key_id=kms_key_id
     )
@@ -72,20 +78,20 @@ def provision_run(
     mapping = connect_consumer(
         wiring.lambda_client, function=wiring.consumer_function, queue_arn=responses_arn
     )
-    alias = create_rollout_aliases(
-        wiring.lambda_client, function=wiring.rollout_forwarder, run_id=run_id
-    )
     return Provisioned(
-        queues=queues.urls(), alarms=alarms, consumer_mapping=mapping, rollout_request_arn=alias
+        queues=queues.urls(),
+        alarms=alarms,
+        consumer_mapping=mapping,
+        rollout_request_arn=wiring.rollout_lambda_arn if nova_deadline is not None else None,
     )
 
 
 def teardown_run(wiring: RouterWiring, *, run_id: str) -> dict[str, int]:
-    """Delete the run's registration with the router (its token is refused from now), aliases,
-    mapping, queues and alarms; safe to repeat. Returns what was deleted and what is left (0 when
-    teardown is complete)."""
+    """Delete the run's registration with the router (its token is refused from now), release
+    the rollout Lambda if it holds it, delete its mapping, queues and alarms; safe to repeat.
+    Returns what was deleted and what is left (0 when teardown is complete)."""
     wiring.conversations.remove_run(run_id)
-    delete_rollout_aliases(wiring.lambda_client, function=wiring.rollout_forwarder, run_id=run_id)
+    wiring.conversations.release_rollout_lambda(run_id)
     disconnect_consumer(
         wiring.lambda_client,
         function=wiring.consumer_function,
@@ -97,7 +103,7 @@ def teardown_run(wiring: RouterWiring, *, run_id: str) -> dict[str, int]:
 
 
 def leftover_resources(wiring: RouterWiring, *, run_id: str) -> int:
-    """How many of the run's queues, alarms, event source mappings, aliases and registrations
+    """How many of the run's queues, alarms, event source mappings, registrations and leases
     still exist."""
     names = {queue_name(wiring.prefix, run_id, kind) for kind in QueueKind}
     listed = wiring.sqs.list_queues(QueueNamePrefix=queue_base(wiring.prefix, run_id)).get(
@@ -112,8 +118,6 @@ def leftover_resources(wiring: RouterWiring, *, run_id: str) -> int:
         function=wiring.consumer_function,
         queue_name=queue_name(wiring.prefix, run_id, QueueKind.GENERATE_RESPONSES),
     )
-    aliases = rollout_aliases_left(
-        wiring.lambda_client, function=wiring.rollout_forwarder, run_id=run_id
-    )
     registered = wiring.conversations.get_run(run_id) is not None
-    return queues + len(alarms) + mappings + aliases + registered
+    leased = wiring.conversations.rollout_lambda_holder() == run_id
+    return queues + len(alarms) + mappings + registered + leased

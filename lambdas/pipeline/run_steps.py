@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from domain.backends import METRICS_OBJECT, recent_metrics
 from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, object_exists, run_output_prefix
 from domain.dataset import counted
-from domain.nova_job import recipe_skips
+from domain.nova_job import is_nova, recipe_skips
 from domain.run_state import RegisteredRun, RunResources
 from domain.runs import FINISHED, RunRecord, RunStore, run_id_for
 from domain.tracking import TrackedRun, tracked_run
@@ -137,14 +137,19 @@ class RunSteps:
         ).model_dump(mode="json")
 
     def provision(self, event: dict[str, Any]) -> dict[str, Any]:
+        """`event`: {"run": Register's result}. A Nova run's jobs invoke the rollout Lambda, so it
+        holds it until it is torn down (or its deadline has long passed)."""
+        run = RegisteredRun.model_validate(event["run"])
         provisioned = provision_run(
             self.settings.router_wiring(self._clients),
-            run_id=event["run_id"],
+            run_id=run.run_id,
             kms_key_id=self.settings.data_key_arn,
             alert_topic_arn=self.settings.alert_topic_arn,
+            nova_deadline=run.deadline_at if is_nova(run.config.model) else None,
+            now=self._clock(),
         )
         resources = RunResources(
-            run_id=event["run_id"],
+            run_id=run.run_id,
             queues=provisioned.queues,
             alarms=provisioned.alarms,
             rollout_request_arn=provisioned.rollout_request_arn,

@@ -21,7 +21,7 @@ class PipelineSettings(EnvironmentSettings):
     runs_table: str = Field(alias="RUNS_TABLE")
     conversations_table: str = Field(alias="CONVERSATIONS_TABLE")
     consumer_function: str = Field(alias="CONSUMER_FUNCTION")
-    rollout_forwarder: str = Field(alias="ROLLOUT_FORWARDER_FUNCTION")
+    rollout_lambda_arn: str = Field(alias="ROLLOUT_LAMBDA_ARN")
     default_config: str = Field(default=DEFAULT_CONFIG, alias="DEFAULT_CONFIG")
     state_machine_arn: str | None = Field(default=None, alias="STATE_MACHINE_ARN")
     data_key_arn: str | None = Field(default=None, alias="DATA_KEY_ARN")
@@ -52,7 +52,7 @@ class PipelineSettings(EnvironmentSettings):
             cloudwatch=clients("cloudwatch"),
             lambda_client=clients("lambda"),
             consumer_function=self.consumer_function,
-            rollout_forwarder=self.rollout_forwarder,
+            rollout_lambda_arn=self.rollout_lambda_arn,
             prefix=self.name_prefix,
             conversations=ConversationStore(clients("dynamodb"), self.conversations_table),
         )

@@ -9,8 +9,11 @@ One table, key (`run_id`, `item`), TTL on `expires_at`:
 - `step#<step_id>`: one model turn: `pending -> processing -> completed | failed`;
 - `rollout#<sample_id>`: one episode: `processing -> completed | failed`;
 - `sample#<sample_id>`: which phase of the run (training, or an evaluation) a sample was last
-  asked for in, by the rollout forwarder (lambdas/router/rollout_aliases.py): the phase of its
+  asked for in, by the rollout forwarder (lambdas/router/rollout_forwarder.py): the phase of its
   report;
+- the rollout Lambda's lease (under `run_id` = `lease#rollout-lambda`): the one run whose Nova
+  jobs the deployment's rollout Lambda serves (`holder`), until it is released at teardown or
+  expires with the run's registration;
 - `report#<request id>`: one rollout report as it was accepted (its score, success flag, time,
   phase and episode), written once and never changed: what a run's reward curve is made of
   (lambdas/pipeline/reward_curve.py), and a Nova run's held-out evaluations.
@@ -23,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +40,8 @@ DEFAULT_TTL_SECONDS = 14 * 24 * 3600
 # evaluations end by the deadline, its last reports come soon after; teardown deletes it sooner.
 REGISTRATION_GRACE_SECONDS = 3600
 PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE = "run_id", "item", "expires_at"
+# Not a run id: those are lower-case letters, digits and `-` (domain/runs.run_id_for).
+ROLLOUT_LAMBDA_LEASE = "lease#rollout-lambda"
 
 
 def create_table(dynamodb: Any, table_name: str) -> None:
@@ -101,6 +107,21 @@ class ReportedRollout:
     episode: Episode | None = None
 
 
+class RolloutLambdaHeld(RuntimeError):
+    """Another run's Nova jobs hold the deployment's rollout Lambda."""
+
+    def __init__(self, run_id: str, holder: str, until: float) -> None:
+        held = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(until))
+        super().__init__(
+            f"run {run_id}: the deployment's rollout Lambda serves run {holder}'s Nova jobs until "
+            f"that run is torn down (at the latest {held}). A Nova job invokes the function "
+            "itself, unqualified, as AWS's Forge SDK passes it, so it serves one Nova run at a "
+            "time, as the Forge SDK's stack does; upload this run again once that one has ended, "
+            "or deploy a second platform (another name_prefix) for Nova runs side by side"
+        )
+        self.holder, self.until = holder, until
+
+
 def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
@@ -128,9 +149,7 @@ class ConversationStore:
         """Register the run: its token (hashed), its queues, each queue's owner. The registration
         expires `REGISTRATION_GRACE_SECONDS` after the run's deadline (without one, with the
         table's items)."""
-        expires = (
-            deadline_at + REGISTRATION_GRACE_SECONDS if deadline_at is not None else now + self._ttl
-        )
+        expires = _registration_expiry(deadline_at) if deadline_at is not None else now + self._ttl
         item = {
             "run_id": {"S": run_id},
             "item": {"S": "run"},
@@ -193,6 +212,55 @@ class ConversationStore:
         """The run's open phase (None: none opened yet)."""
         item = self._get(run_id, "run")
         return item["phase"]["S"] if item and "phase" in item else None
+
+    # --- the rollout Lambda ----------------------------------------------------------------
+
+    def hold_rollout_lambda(self, run_id: str, *, deadline_at: float, now: float) -> None:
+        """The rollout Lambda serves `run_id` from now until it is released, or until the run's
+        registration would expire; raises RolloutLambdaHeld while another run holds it."""
+        until = _registration_expiry(deadline_at)
+        try:
+            self._db.update_item(
+                TableName=self._table,
+                Key={"run_id": {"S": ROLLOUT_LAMBDA_LEASE}, "item": {"S": "run"}},
+                UpdateExpression="SET holder = :run, expires_at = :until, updated_at = :now",
+                ConditionExpression=(
+                    "attribute_not_exists(holder) OR holder = :run OR expires_at < :now"
+                ),
+                ExpressionAttributeValues={
+                    ":run": {"S": run_id},
+                    ":until": {"N": str(int(until))},
+                    ":now": {"N": repr(now)},
+                },
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as error:
+            if not _conditional(error):
+                raise
+            held = error.response.get("Item", {})
+            raise RolloutLambdaHeld(
+                run_id, held["holder"]["S"], float(held["expires_at"]["N"])
+            ) from None
+
+    def release_rollout_lambda(self, run_id: str) -> None:
+        """The rollout Lambda no longer serves `run_id` (nothing happens if it did not)."""
+        try:
+            self._db.delete_item(
+                TableName=self._table,
+                Key={"run_id": {"S": ROLLOUT_LAMBDA_LEASE}, "item": {"S": "run"}},
+                ConditionExpression="holder = :run",
+                ExpressionAttributeValues={":run": {"S": run_id}},
+            )
+        except ClientError as error:
+            if not _conditional(error):
+                raise
+
+    def rollout_lambda_holder(self, *, now: float | None = None) -> str | None:
+        """The run the rollout Lambda serves (with `now`: None once its lease has expired)."""
+        item = self._get(ROLLOUT_LAMBDA_LEASE, "run")
+        if item is None or (now is not None and float(item["expires_at"]["N"]) < now):
+            return None
+        return item["holder"]["S"]
 
     def run_of_queue(self, queue_arn_or_url: str) -> str | None:
         item = self._get(_queue_key(queue_arn_or_url), "run")
@@ -450,6 +518,10 @@ class ConversationStore:
             if _conditional(error):
                 return False
             raise
+
+
+def _registration_expiry(deadline_at: float) -> int:
+    return int(deadline_at + REGISTRATION_GRACE_SECONDS)
 
 
 def _queue_key(queue_arn_or_url: str) -> str:

@@ -55,8 +55,8 @@ def _pipeline(compute: Compute | None, training_metrics: TrainingMetrics | None)
 _COMPOSERS: dict[str, Compose] = {
     "lambdas.router.proxy": lambda env, clients: {"handler": proxy_for(env, clients).handle},
     "lambdas.router.consumer": lambda env, clients: {"handler": consumer_for(env, clients).handle},
-    # Its handle takes the request with the ARN it was invoked by; the local trainer puts its
-    # rollout requests on the run's queue itself, so nothing invokes it here.
+    # The local trainer puts its rollout requests on the run's queue itself, so nothing invokes
+    # it here.
     "lambdas.router.rollout_forwarder": lambda env, clients: {
         "handler": forwarder_for(env, clients).handle
     },

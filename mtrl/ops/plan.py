@@ -1,8 +1,8 @@
 """`mtrl plan`: what a run of a training config would submit as a Nova job, read before paying.
 
 Offline: from the config, the deployment configuration (cdk.json) and domain/nova_job.py; no
-AWS call. What is only known once a run exists (its id, queues, the rollout Lambda's alias) is
-shown as placeholders.
+AWS call. What is only known once a run exists (its id, and so its queues' names) is shown as
+placeholders.
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ from domain.nova_job import (
     job_layout,
     launcher_command,
     recipe_overrides,
+    rollout_function_name,
     run_recipe,
 )
+from domain.run_queues import QueueKind, queue_name
 from mtrl.console import out
 from stacks.config import PlatformConfig
 from training_configs.costs import estimate
@@ -74,12 +76,20 @@ class Plan:
 
 
 def byoo_placeholders(platform: PlatformConfig, region: str) -> dict[str, str]:
-    """The run's BYOO endpoints as names with the run's parts left open."""
+    """The run's BYOO endpoints as names with the run's parts left open: its queues, and the
+    deployment's rollout Lambda."""
     account = platform.account or "<account>"
-    queue = f"https://sqs.{region}.amazonaws.com/{account}/{platform.name_prefix}-{RUN}-{{}}.fifo"
+    prefix = platform.name_prefix
+    # A stand-in that queue names keep as it is (prefixes are lower-case), shown as the
+    # placeholder.
+    stand_in = "RUNID"
+
+    def queue(kind: QueueKind) -> str:
+        name = queue_name(prefix, stand_in, kind).replace(stand_in, RUN)
+        return f"https://sqs.{region}.amazonaws.com/{account}/{name}"
+
     return byoo_endpoints(
-        f"arn:aws:lambda:{region}:{account}:function:<rollout forwarder>:{RUN}",
-        lambda kind: queue.format(kind.suffix),
+        f"arn:aws:lambda:{region}:{account}:function:{rollout_function_name(prefix)}", queue
     )
 
 

@@ -47,10 +47,8 @@ class Need(StrEnum):
     CONSUMER_CONNECT = "connect a run's queue to the consumer"
     CONSUMER_DISCONNECT = "disconnect a run's queue from the consumer"
     PROXY_INVOKE = "call the proxy's function URL"
-    ROLLOUT_ALIASES_CREATE = "create a run's alias of the rollout forwarder"
-    ROLLOUT_ALIASES_DELETE = "delete a run's alias of the rollout forwarder"
     ROLLOUT_REQUESTS_FORWARD = "put rollout requests on a run's queue"
-    ROLLOUT_LAMBDA_INVOKE = "invoke a run's rollout Lambda (its alias of the forwarder)"
+    ROLLOUT_LAMBDA_INVOKE = "invoke the deployment's rollout Lambda (the forwarder, unqualified)"
     # The reward fleet (ECS).
     FLEET_START = "start a run's reward workers"
     FLEET_WATCH = "count a run's reward workers"

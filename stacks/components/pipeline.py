@@ -96,7 +96,7 @@ class TrainingPipeline(Construct):
             alert_topic_arn=self.alert_topic.topic_arn,
             router_url=router_url,
             consumer_function=consumer.function_name,
-            rollout_forwarder=rollout_forwarder.function_name,
+            rollout_lambda_arn=rollout_forwarder.function_arn,
             poll_seconds=60,
             model_package_group=model_package_group,
         )

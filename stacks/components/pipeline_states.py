@@ -213,7 +213,9 @@ class PipelineDefinition:
             task("Register", "register", {"upload.$": "$"}, "$.run"), "$$.Execution.Name", failure
         )
         provision = caught(
-            task("Provision", "provision", RUN_ID, "$.resources"), "$.run.run_id", failure
+            task("Provision", "provision", {"run.$": "$.run"}, "$.resources"),
+            "$.run.run_id",
+            failure,
         )
         teardown = self.retried(task("Teardown", "teardown", RUN_ID, "$.teardown"))
         caught(teardown, "$.run.run_id", failure)

@@ -55,7 +55,6 @@ _TEARDOWN = (
     Need.CONSUMER_DISCONNECT,
     Need.RUN_QUEUES_DELETE,
     Need.QUEUE_ALARMS_DELETE,
-    Need.ROLLOUT_ALIASES_DELETE,
 )
 _RELEASE = (
     Need.FLEET_STOP,
@@ -81,11 +80,12 @@ STEPS = (
             Need.OUTPUTS_LIST, Need.OUTPUTS_READ,
         ),
     ),
+    # CONVERSATIONS_UPDATE: a Nova run takes the rollout Lambda's lease.
     PipelineStep(
-        "provision", "Creates the run's queues, alarms, router entry and rollout alias",
+        "provision", "Creates the run's queues, alarms, router entry and (Nova) rollout lease",
         (
             Need.RUN_QUEUES_CREATE, Need.QUEUE_ALARMS_CREATE, Need.CONSUMER_CONNECT,
-            Need.ROLLOUT_ALIASES_CREATE,
+            Need.CONVERSATIONS_UPDATE,
         ),
     ),
     PipelineStep("teardown", "Deletes every per-run resource (idempotent)", _TEARDOWN),

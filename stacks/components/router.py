@@ -95,8 +95,9 @@ class Router(Construct):
             "event source mapping: a message it fails stays on that queue, redelivered",
             reserved_concurrency=config.router_reserved_concurrency,
         )
-        # A Nova trainer's rollout_request_arn: each run invokes its own alias of it. Named as
-        # AWS's tools want a Nova job's Lambda named (domain/nova_job.py).
+        # A Nova job's rollout_request_arn, unqualified: it serves the run that holds its lease
+        # (lambdas/router/rollout_forwarder.py). Named as AWS's tools want a Nova job's Lambda
+        # named (domain/nova_job.py).
         self.rollout_forwarder = pipeline_function(
             self,
             "RolloutForwarder",
@@ -127,14 +128,10 @@ class Router(Construct):
             resource_name="*",
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
-        # A run's alias of the forwarder is made per run, named after it.
-        self._rollout_aliases = f"{self.rollout_forwarder.function_arn}:*"
-        # Per run, under the deployment's prefix: the forwarder's aliases (this function's
-        # only), the queues, their age alarms. Event source mapping ids are Lambda's; the
-        # condition keeps them to the consumer's mappings.
+        # Per run, under the deployment's prefix: the queues, their age alarms. Event source
+        # mapping ids are Lambda's; the condition keeps them to the consumer's mappings.
         self._allow = Allow(
             {
-                self._rollout_aliases: Wildcard.NAMED_AT_RUN_TIME,
                 self.run_queue_arns: Wildcard.NAMED_AT_RUN_TIME,
                 self._alarms: Wildcard.NAMED_AT_RUN_TIME,
                 self._mappings: Wildcard.ASSIGNED_BY_AWS,
@@ -160,8 +157,6 @@ class Router(Construct):
             Need.CONSUMER_DISCONNECT,
             Need.PROXY_INVOKE,
             Need.QUEUES_WATCH,
-            Need.ROLLOUT_ALIASES_CREATE,
-            Need.ROLLOUT_ALIASES_DELETE,
             Need.ROLLOUT_REQUESTS_FORWARD,
             Need.ROLLOUT_LAMBDA_INVOKE,
         }
@@ -235,21 +230,15 @@ class Router(Construct):
                 self._allow(role, ["lambda:ListEventSourceMappings"], "*")
             case Need.PROXY_INVOKE:
                 self.proxy.grant_invoke_url(role)
-            case Need.ROLLOUT_ALIASES_CREATE | Need.ROLLOUT_ALIASES_DELETE:
-                # Alias actions take the function's ARN (Service Authorization Reference).
-                action = "CreateAlias" if need is Need.ROLLOUT_ALIASES_CREATE else "DeleteAlias"
-                self._allow(
-                    role,
-                    [f"lambda:{action}", "lambda:GetAlias"],
-                    self.rollout_forwarder.function_arn,
-                )
             case Need.ROLLOUT_REQUESTS_FORWARD:
                 # The run's queue is found by name; a producer to an SSE-KMS queue (SQS
                 # Developer Guide, "Key management").
                 self._allow(role, ["sqs:GetQueueUrl", "sqs:SendMessage"], queues)
                 self._allow(role, ["kms:GenerateDataKey", "kms:Decrypt"], key)
             case Need.ROLLOUT_LAMBDA_INVOKE:
-                self._allow(role, ["lambda:InvokeFunction"], self._rollout_aliases)
+                # The function's ARN, unqualified, as a job's recipe names it (the Forge SDK's
+                # form); a version or an alias would be another resource.
+                self._allow(role, ["lambda:InvokeFunction"], self.rollout_forwarder.function_arn)
             case Need.QUEUES_WATCH:
                 self._allow(role, ["sqs:GetQueueUrl", "sqs:GetQueueAttributes"], queues)
                 # GetMetricData has no resource type (Service Authorization Reference).

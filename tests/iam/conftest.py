@@ -25,15 +25,15 @@ import contextlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
+from domain.episodes import EvaluationStage
 from lambdas.pipeline.register import CONFIG_METADATA_KEY
-from lambdas.router.rollout_aliases import run_of
 from mtrl.local.physical import REGION
 from stacks.components.hyperpod_dependencies import chart_request
 from stacks.components.pipeline_steps import STEP
@@ -212,11 +212,10 @@ class Scenarios:
         run = recipe["run"]
         run_id = urlsplit(run["output_s3_path"]).path.strip("/").split("/")[1]
         dataset_key = urlsplit(run["data_s3_path"]).path.lstrip("/")
-        if "evaluation" in recipe:  # AWS's evaluation: one rollout through its stage's alias
-            invoked = run_of(recipe["rl_env"]["rollout_request_arn"])
-            assert invoked is not None and invoked.stage is not None
-            self.nova_evaluations.setdefault(run_id, {})[invoked.stage] = exchange_rollouts(
-                world, run_id, dataset_key, 1, nova=True, stage=invoked.stage
+        if "evaluation" in recipe:  # AWS's evaluation: one rollout, in its stage's phase
+            stage = EvaluationStage(PurePosixPath(urlsplit(run["output_s3_path"]).path).name)
+            self.nova_evaluations.setdefault(run_id, {})[stage] = exchange_rollouts(
+                world, run_id, dataset_key, 1, nova=True, stage=stage
             )
             return
         write_manifest_as_the_nova_job(world, job)

@@ -14,6 +14,8 @@ from domain.episodes import EvaluationStage
 from domain.evaluation import EvaluationReport
 from domain.nova_job import evaluation_run_recipe, run_name, run_recipe
 from lambdas.kubernetes.training_job import run_namespace
+from mtrl.local.physical import ACCOUNT, REGION
+from stacks.components.router import FORWARDER_HANDLER
 from tests.chart_rendering import rendering
 from tests.iam.conftest import ON_ONE_WORKER, Scenario, Scenarios
 from tests.launcher.fake_cli import PYTORCH_JOBS
@@ -107,7 +109,7 @@ def test_a_nova_run_is_started_and_stopped_by_aws_launcher_and_leaves_nothing(
     scenarios: Scenarios,
 ) -> None:
     """On the restricted group: the launcher function received this run's recipe (its BYOO
-    endpoints are the run's queues and its alias of the rollout forwarder) and the HyperPod CLI
+    endpoints are the run's queues and the deployment's rollout Lambda) and the HyperPod CLI
     invocation the Nova Forge SDK makes; the monitor followed the chart's PyTorchJob; the
     teardown uninstalled the release and scaled the restricted group back to zero."""
     run = scenarios.runs["nova succeeds"]
@@ -117,7 +119,12 @@ def test_a_nova_run_is_started_and_stopped_by_aws_launcher_and_leaves_nothing(
     resources, name = output["resources"], run_name(PREFIX, run.run_id)
     (recipe,) = [r for r in world.launcher.recipes_read if r["run"]["name"] == name]
     assert recipe["run"]["rollout_request_arn"] == resources["rollout_request_arn"]
-    assert resources["rollout_request_arn"].endswith(f":{run.run_id}")
+    # The forwarder itself, unqualified, as the Forge SDK passes its stack's function.
+    forwarder = world.function(FORWARDER_HANDLER)
+    assert (
+        resources["rollout_request_arn"]
+        == f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{forwarder}"
+    )
     assert {recipe["run"][f"{kind}_sqs_url"] for kind in ("generate_request", "generate_response",
             "rollout_response")} == {resources["queues"][f"{kind}s"] for kind in (
             "generate_request", "generate_response", "rollout_response")}  # fmt: skip

@@ -47,7 +47,6 @@ from lambdas.kubernetes.bootstrap import RESPONSE_BUCKET
 from lambdas.kubernetes.token import CLUSTER_HEADER, PREFIX
 from lambdas.kubernetes.training_job import SETTINGS, run_namespace
 from lambdas.launcher.handler import compose as compose_launcher
-from lambdas.router.rollout_aliases import alias_name
 from llm_trainer.checkpoints import FINAL, CheckpointStore
 from llm_trainer.generation import Sampled
 from llm_trainer.hub_token import hub_token
@@ -644,22 +643,17 @@ def exchange_rollouts(
         )  # fmt: skip
     # An evaluation's samples are numbered apart from training's (AWS's ids are AWS's).
     number = 0 if stage is None else 1 + list(EvaluationStage).index(stage)
-    # The first rollout is asked for as a Nova trainer asks: through the run's alias of the
-    # rollout forwarder (which runs with its own role); the others straight on the queue.
+    # A Nova job asks for its first rollout as Nova's trainer asks: it invokes the deployment's
+    # rollout Lambda, unqualified, with its own role (the forwarder runs with its own); the
+    # others go straight on the queue, as the open-weights trainer puts all of them.
     forwarder = world.function(FORWARDER_HANDLER)
-    name = alias_name(run_id, stage)
-    alias = world.clients["lambda"].get_alias(FunctionName=forwarder, Name=name)["AliasArn"]
     for index in range(rollouts):
         request = RolloutRequest(sample_id=f"w{index}_{number}", data={"answer": "crane"})
-        if index == 0:
-            if nova:  # a Nova trainer invokes the run's rollout Lambda with its own role
-                recorder.record(
-                    recorder.access_key(trainer_role), "lambda", "Invoke",
-                    {"FunctionName": forwarder, "Qualifier": name},
-                )  # fmt: skip
-            world.pipeline.dispatcher.call(
-                forwarder, {"request": dump(request), "invoked_function_arn": alias}
+        if index == 0 and nova:
+            recorder.record(
+                recorder.access_key(trainer_role), "lambda", "Invoke", {"FunctionName": forwarder}
             )
+            world.pipeline.dispatcher.call(forwarder, dump(request))
             continue
         sqs.send_message(
             QueueUrl=queues[QueueKind.ROLLOUT_REQUESTS], MessageBody=dump(request),

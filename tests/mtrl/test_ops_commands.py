@@ -392,7 +392,7 @@ def reaper(deployed: dict, monkeypatch: pytest.MonkeyPatch) -> InProcessReaper:
     environment = {
         "NAME_PREFIX": "nova-mtrl", "RUNS_TABLE": "nova-mtrl-runs",
         "CONVERSATIONS_TABLE": "nova-mtrl-conversations", "CONSUMER_FUNCTION": "consumer",
-        "ROLLOUT_FORWARDER_FUNCTION": "rollout-forwarder",
+        "ROLLOUT_LAMBDA_ARN": "arn:aws:lambda:us-east-1:123456789012:function:rollout-forwarder",
         "STATE_MACHINE_ARN": deployed["machine"],
     }  # fmt: skip
     steps = compose(

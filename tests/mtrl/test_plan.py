@@ -10,6 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from domain.nova_job import FORGE_RECIPES, NovaRefused, images
+from domain.run_queues import QueueKind, queue_name
 from mtrl.cli import app
 from mtrl.ops.plan import plan as make_plan
 from stacks.config import PlatformConfig, deployment_context
@@ -56,9 +57,16 @@ def test_the_json_plan_has_what_a_reader_checks_before_paying() -> None:
         "rollout_request_arn", "rollout_response_sqs_url", "generate_request_sqs_url",
         "generate_response_sqs_url",
     }  # fmt: skip
-    assert made["byoo"]["rollout_request_arn"].endswith(":function:<rollout forwarder>:<run id>")
+    # The deployment's rollout Lambda, unqualified, as the Forge SDK passes its stack's; the
+    # run's queues as domain/run_queues names them.
+    assert made["byoo"]["rollout_request_arn"] == (
+        "arn:aws:lambda:us-east-1:<account>:function:nova-mtrl-SageMaker-rollout"
+    )
     assert made["byoo"]["generate_request_sqs_url"] == (
-        "https://sqs.us-east-1.amazonaws.com/<account>/nova-mtrl-<run id>-generate-requests.fifo"
+        "https://sqs.us-east-1.amazonaws.com/<account>/nova-mtrl-run-<run id>-generate-requests.fifo"
+    )
+    assert queue_name("nova-mtrl", "r-1", QueueKind.GENERATE_REQUESTS) == (
+        "nova-mtrl-run-r-1-generate-requests.fifo"
     )
     config = load_training_config(EXAMPLE)
     assert made["cost_per_hour_usd"] == round(estimate(config).per_hour, 2)

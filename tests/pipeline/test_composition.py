@@ -31,7 +31,7 @@ ENVIRONMENT = {
     "RUNS_TABLE": "runs-at-load",
     "CONVERSATIONS_TABLE": "conversations",
     "CONSUMER_FUNCTION": "consumer",
-    "ROLLOUT_FORWARDER_FUNCTION": "rollout-forwarder",
+    "ROLLOUT_LAMBDA_ARN": "arn:aws:lambda:us-east-1:123456789012:function:rollout-forwarder",
 }
 
 
@@ -122,7 +122,7 @@ def test_the_stacks_write_an_environment_the_settings_read_back() -> None:
     constructs do) is what the model reads; a field the model lacks is refused."""
     written = environment_for(
         PipelineSettings, name_prefix="p", runs_table="r", conversations_table="c",
-        consumer_function="f", rollout_forwarder="g", poll_seconds=5,
+        consumer_function="f", rollout_lambda_arn="g", poll_seconds=5,
     )  # fmt: skip
     assert written["RUNS_TABLE"] == "r" and written["POLL_SECONDS"] == "5"
     settings = PipelineSettings.from_environment(written)

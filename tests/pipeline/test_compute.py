@@ -69,7 +69,7 @@ SETTINGS = PipelineSettings(
     RUNS_TABLE="runs",
     CONVERSATIONS_TABLE="conversations",
     CONSUMER_FUNCTION="consumer",
-    ROLLOUT_FORWARDER_FUNCTION="rollout-forwarder",
+    ROLLOUT_LAMBDA_ARN="arn:aws:lambda:us-east-1:123456789012:function:rollout-forwarder",
 )
 
 

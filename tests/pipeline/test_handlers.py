@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import boto3
 import pytest
@@ -13,6 +14,7 @@ from domain.runs import RunStore
 from lambdas.clients import Clients
 from lambdas.pipeline.composition import compose
 from lambdas.pipeline.dependencies import Compute
+from lambdas.pipeline.register import CONFIG_METADATA_KEY
 from lambdas.pipeline.run_steps import DatasetInvalid, Upload
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.conversations import create_table
@@ -60,7 +62,7 @@ def env(aws: None) -> dict:
         "CONVERSATIONS_TABLE": "conversations",
         **dict(
             zip(
-                ("CONSUMER_FUNCTION", "ROLLOUT_FORWARDER_FUNCTION"),
+                ("CONSUMER_FUNCTION", "ROLLOUT_LAMBDA_ARN"),
                 create_router_functions(boto3.client("lambda"), boto3.client("iam")),
                 strict=True,
             )
@@ -119,7 +121,7 @@ def test_settings_come_from_the_environment() -> None:
             "RUNS_TABLE": "r",
             "CONVERSATIONS_TABLE": "c",
             "CONSUMER_FUNCTION": "f",
-            "ROLLOUT_FORWARDER_FUNCTION": "forwarder",
+            "ROLLOUT_LAMBDA_ARN": "arn:aws:lambda:us-east-1:123456789012:function:forwarder",
         }
     )
     assert (settings.name_prefix, settings.default_config) == ("p", "rft_multiturn_lora")
@@ -169,7 +171,7 @@ def test_the_happy_path_of_steps_then_teardown_and_notification(env: dict) -> No
         and registered["created"]
         and registered["config"]["recipe"] == "RFT_MULTITURN_LORA"
     )
-    provisioned = call(env, "provision", {"run_id": registered["run_id"]})
+    provisioned = call(env, "provision", {"run": registered})
     assert set(provisioned["queues"]) == {
         "rollout_requests",
         "rollout_responses",
@@ -183,8 +185,10 @@ def test_the_happy_path_of_steps_then_teardown_and_notification(env: dict) -> No
         provisioned["queues"]["generate_responses"].rsplit("/", 1)[-1]
     )
     assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
-    assert call(env, "provision", {"run_id": registered["run_id"]}) == provisioned
+    assert call(env, "provision", {"run": registered}) == provisioned
     assert len(_consumer_mappings()) == 1
+    # The default config trains Nova: its jobs invoke the rollout Lambda, which the run holds.
+    assert provisioned["rollout_request_arn"] == env["settings"].rollout_lambda_arn
     down = call(env, "teardown", {"run_id": registered["run_id"]})
     assert down["leftover"] == 0 and down["queues_deleted"] == 5 and _consumer_mappings() == []
     told = call(
@@ -259,16 +263,26 @@ def test_the_end_notification_records_how_the_run_ended(env: dict) -> None:
     assert notice["evaluation"] == headline
 
 
-def _provisioned(env: dict, name: str, *, now: float = 0.0) -> tuple[str, dict]:
-    """Upload `training-data/<name>.jsonl`, register and provision its run: (run id, upload)."""
+# A config whose jobs never invoke the rollout Lambda: runs of it go side by side.
+OPEN_WEIGHTS = "configs/open-weights.yaml"
+
+
+def _provisioned(
+    env: dict, name: str, *, now: float = 0.0, config: str | None = OPEN_WEIGHTS
+) -> tuple[str, dict]:
+    """Upload `training-data/<name>.jsonl` (for `config`; None: the default, Nova's), register and
+    provision its run: (run id, upload)."""
     s3 = env["s3"]
-    version = s3.put_object(Bucket=BUCKET, Key=f"training-data/{name}.jsonl", Body=GOOD)[
-        "VersionId"
-    ]
-    upload = {"bucket": BUCKET, "key": f"training-data/{name}.jsonl", "version_id": version}
-    run_id = call(env, "register", upload, now=now)["run_id"]
-    call(env, "provision", {"run_id": run_id})
-    return run_id, upload
+    if config is not None:
+        lora = (Path(__file__).parents[2] / "training_configs/rft_multiturn_lora.yaml").read_text()
+        s3.put_object(Bucket=BUCKET, Key=config, Body=lora.replace("nova-lite-2", "qwen3-8b"))
+    metadata = {CONFIG_METADATA_KEY: config} if config else {}
+    key = f"training-data/{name}.jsonl"
+    version = s3.put_object(Bucket=BUCKET, Key=key, Body=GOOD, Metadata=metadata)["VersionId"]
+    upload = {"bucket": BUCKET, "key": key, "version_id": version}
+    registered = call(env, "register", upload, now=now)
+    call(env, "provision", {"run": registered})
+    return registered["run_id"], upload
 
 
 class RecordingCompute(RewardFleet, TrainingCluster):
@@ -429,13 +443,14 @@ def test_teardown_on_request_stops_a_running_run_now_and_can_repeat(
 ) -> None:
     settings, sfn = env["settings"], env["sfn"]
     runs = RunStore(boto3.client("dynamodb"), "runs")
-    run_id, upload = _provisioned(env, "now")
+    run_id, upload = _provisioned(env, "now", config=None)  # Nova's: it holds the rollout Lambda
     call(env, "start_run", upload)
     # The schedule leaves a running, on-time run alone; a request does not.
     assert call(env, "reap", {"source": "aws.events", "detail-type": "Scheduled Event"}, now=10.0)["reaped"] == []  # fmt: skip
     result = call(env, "reap", {"run_id": run_id}, now=10.0)
     (entry,) = result["reaped"]
     assert entry["reason"] == "torn down on request (mtrl teardown)" and entry["leftover"] == 0
+    assert settings.router_wiring(env["clients"]).conversations.rollout_lambda_holder() is None
     execution = sfn.describe_execution(executionArn=settings.execution_arn(run_id))
     assert execution["status"] == "ABORTED"
     assert (runs.get(run_id).status, runs.get(run_id).error) == (

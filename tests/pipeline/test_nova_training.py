@@ -41,9 +41,8 @@ from tests.service_fakes import FakeEks, FakeSageMaker
 from training_configs.schema import load_training_config
 
 LAUNCHER = "nova-mtrl-nova-launcher"
-ALIAS = (
-    "arn:aws:lambda:us-east-1:123456789012:function:nova-mtrl-rollout-forwarder:wordle-0a1b2c3d4e"
-)
+# The deployment's rollout Lambda, unqualified (the form the Forge SDK passes): the run holds it.
+ROLLOUT_LAMBDA = "arn:aws:lambda:us-east-1:123456789012:function:nova-mtrl-SageMaker-rollout"
 QUEUES = {
     kind: f"https://sqs.us-east-1.amazonaws.com/123456789012/nova-mtrl-wordle-0a1b2c3d4e-{kind}.fifo"
     for kind in ("rollout_requests", "rollout_responses", "generate_requests",
@@ -58,7 +57,7 @@ RUN = RunContext(
     dataset_key="training-data/wordle.jsonl",
     dataset_version=None,
     output_prefix="runs/wordle-0a1b2c3d4e/",
-    rollout_request_arn=ALIAS,
+    rollout_request_arn=ROLLOUT_LAMBDA,
     config=load_training_config("rft_multiturn_lora"),
 )
 NAME = run_name("nova-mtrl", RUN.run_id)
@@ -149,7 +148,7 @@ def test_submit_hands_aws_launcher_the_forge_recipe_with_this_runs_overrides(
         "name": NAME, "model_name_or_path": "nova-lite-2/prod",
         "data_s3_path": "s3://nova-mtrl-data/runs/wordle-0a1b2c3d4e/data/training.jsonl",
         "output_s3_path": "s3://nova-mtrl-data/runs/wordle-0a1b2c3d4e/",
-        "rollout_request_arn": ALIAS,
+        "rollout_request_arn": ROLLOUT_LAMBDA,
         "rollout_response_sqs_url": QUEUES["rollout_responses"],
         "generate_request_sqs_url": QUEUES["generate_requests"],
         "generate_response_sqs_url": QUEUES["generate_responses"],
@@ -351,13 +350,17 @@ def test_made_from_its_environment_it_scales_submits_watches_and_stops(
             assert cluster.nodes_ready(RUN) == 1
 
 
-def test_a_run_without_its_alias_or_a_recipe_that_is_no_mapping_is_refused(plane: Plane) -> None:
+def test_a_run_without_the_rollout_lambda_or_a_recipe_that_is_no_mapping_is_refused(
+    plane: Plane,
+) -> None:
     with pytest.raises(
-        ValueError, match=r"^run wordle-0a1b2c3d4e: no rollout Lambda alias \(Provision makes it\)$"
+        ValueError,
+        match=r"^run wordle-0a1b2c3d4e: it does not hold the rollout Lambda \(Provision\)$",
     ):
         plane.cluster.recipe(replace(RUN, rollout_request_arn=None))
     with pytest.raises(
-        ValueError, match=r"^run wordle-0a1b2c3d4e: no rollout Lambda alias \(Provision makes it\)$"
+        ValueError,
+        match=r"^run wordle-0a1b2c3d4e: it does not hold the rollout Lambda \(Provision\)$",
     ):
         plane.cluster.evaluation_recipe(
             replace(RUN, rollout_request_arn=None), EvaluationStage.BASELINE
@@ -442,7 +445,7 @@ def evaluation_recipe(plane: Plane, stage: EvaluationStage) -> dict[str, Any]:
     return recipe
 
 
-def test_the_baseline_evaluation_is_awss_recipe_on_the_held_out_records_through_its_own_alias(
+def test_the_baseline_evaluation_is_awss_recipe_on_the_held_out_records_through_the_runs_queues(
     plane: Plane, tmp_path: Path
 ) -> None:
     job = plane.cluster.submit_evaluation(RUN, stage=EvaluationStage.BASELINE)
@@ -460,7 +463,7 @@ def test_the_baseline_evaluation_is_awss_recipe_on_the_held_out_records_through_
     assert evaluated == HELD_OUT[: RUN.training.eval_max_records]
     assert recipe["evaluation"] == {"task": "rft_eval", "strategy": "rft_eval", "metric": "all"}
     assert recipe["rl_env"] == {  # the SDK drops the single-turn reward Lambda
-        "rollout_request_arn": f"{ALIAS}_baseline",
+        "rollout_request_arn": ROLLOUT_LAMBDA,  # the same Lambda: the phase tells apart
         "rollout_response_sqs_url": QUEUES["rollout_responses"],
         "rollout_request_queue_url": QUEUES["rollout_requests"],
         "generate_request_sqs_url": QUEUES["generate_requests"],
@@ -515,7 +518,7 @@ def test_the_final_evaluation_is_of_the_checkpoint_training_ended_with(plane: Pl
     plane.cluster.submit_evaluation(RUN, stage=stage)
     recipe = evaluation_recipe(plane, stage)
     assert recipe["run"]["model_name_or_path"] == "s3://escrow/job-2/step_9"
-    assert recipe["rl_env"]["rollout_request_arn"] == f"{ALIAS}_final"
+    assert recipe["rl_env"]["rollout_request_arn"] == ROLLOUT_LAMBDA
     # A run that started from a checkpoint evaluates that one as its baseline.
     base = BaseCheckpoint(uri="s3://escrow/first/step_3", run_id="first-1")
     plane.cluster.submit_evaluation(replace(RUN, base=base), stage=EvaluationStage.BASELINE)
@@ -586,7 +589,7 @@ def test_an_evaluation_recipe_without_the_sdks_other_leaves_runs_and_keeps_what_
     ]  # fmt: skip
 
 
-def test_an_evaluation_that_succeeded_leaves_the_episodes_its_alias_was_asked_for(
+def test_an_evaluation_that_succeeded_leaves_the_episodes_asked_for_in_its_phase(
     plane: Plane,
 ) -> None:
     stage = EvaluationStage.BASELINE
@@ -600,7 +603,7 @@ def test_an_evaluation_that_succeeded_leaves_the_episodes_its_alias_was_asked_fo
     assert (nothing.phase, nothing.reason) == (
         Phase.FAILED,
         "AWS's baseline evaluation job succeeded but no rollout of it reached the run's reward "
-        "workers (its rollout Lambda alias was never invoked)",
+        "workers (the rollout Lambda was never invoked in its phase)",
     )
     episodes = [
         Episode(record_id=f"w{i}", sample_id=f"w{i}_0", stop_reason="end_of_conversation",

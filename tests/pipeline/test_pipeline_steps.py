@@ -17,7 +17,7 @@ from lambdas.pipeline.resources import (
     teardown_run,
 )
 from lambdas.pipeline.validate import validate_upload
-from lambdas.router.conversations import ConversationStore, create_table
+from lambdas.router.conversations import ConversationStore, RolloutLambdaHeld, create_table
 from tests.aws import create_router_functions
 
 BUCKET = "data-bucket"
@@ -76,16 +76,21 @@ def _wiring() -> RouterWiring:
     return RouterWiring(
         sqs=boto3.client("sqs"), cloudwatch=boto3.client("cloudwatch"),
         lambda_client=boto3.client("lambda"), consumer_function=consumer,
-        rollout_forwarder=forwarder, prefix="nova-mtrl",
+        rollout_lambda_arn=forwarder, prefix="nova-mtrl",
         conversations=ConversationStore(boto3.client("dynamodb"), "conversations"),
     )  # fmt: skip
+
+
+NOVA = {"nova_deadline": 7_200.0, "now": 0.0}  # a Nova run's: its deadline
+OTHER_TRAINER = {"nova_deadline": None, "now": 0.0}
 
 
 def test_provision_then_teardown_leaves_nothing_and_can_repeat(bucket) -> None:
     wiring = _wiring()
     key = boto3.client("kms").create_key()["KeyMetadata"]["KeyId"]
     topic = boto3.client("sns").create_topic(Name="alerts")["TopicArn"]
-    provisioned = provision_run(wiring, run_id="r-7", kms_key_id=key, alert_topic_arn=topic)
+    made = {"kms_key_id": key, "alert_topic_arn": topic, **NOVA}
+    provisioned = provision_run(wiring, run_id="r-7", **made)
     assert len(provisioned.queues) == 5 and len(provisioned.alarms) == 4
     assert provisioned.consumer_mapping
     for url in provisioned.queues.values():  # encrypted with the deployment's key
@@ -93,25 +98,54 @@ def test_provision_then_teardown_leaves_nothing_and_can_repeat(bucket) -> None:
         assert attributes["Attributes"]["KmsMasterKeyId"] == key
     alarms = wiring.cloudwatch.describe_alarms(AlarmNames=provisioned.alarms)["MetricAlarms"]
     assert [alarm["AlarmActions"] for alarm in alarms] == [[topic]] * 4
-    alias = wiring.lambda_client.get_alias(FunctionName="rollout-forwarder", Name="r-7")
-    assert (alias["AliasArn"], alias["FunctionVersion"]) == (
-        provisioned.rollout_request_arn,
-        "$LATEST",
-    )
-    assert provisioned.rollout_request_arn.endswith(":function:rollout-forwarder:r-7")
+    # The forwarder itself, unqualified, as the Forge SDK passes its stack's; the run holds it.
+    function = wiring.lambda_client.get_function(FunctionName="rollout-forwarder")
+    assert provisioned.rollout_request_arn == function["Configuration"]["FunctionArn"]
+    assert provisioned.rollout_request_arn.endswith(":function:rollout-forwarder")
+    assert wiring.conversations.rollout_lambda_holder(now=0.0) == "r-7"
     # Provisioning again (a retried step) changes nothing and answers the same.
-    assert provision_run(wiring, run_id="r-7", kms_key_id=key, alert_topic_arn=topic) == provisioned
-    # 5 queues, 4 alarms, 1 event source mapping, 3 aliases (training's, each evaluation's)
-    assert leftover_resources(wiring, run_id="r-7") == 13
+    assert provision_run(wiring, run_id="r-7", **made) == provisioned
+    # 5 queues, 4 alarms, 1 event source mapping, the rollout Lambda's lease
+    assert leftover_resources(wiring, run_id="r-7") == 11
     assert teardown_run(wiring, run_id="r-7") == {"queues_deleted": 5, "leftover": 0}
+    assert wiring.conversations.rollout_lambda_holder() is None
     assert teardown_run(wiring, run_id="r-7") == {"queues_deleted": 0, "leftover": 0}
+
+
+def test_a_run_of_another_trainer_leaves_the_rollout_lambda_alone(bucket) -> None:
+    wiring = _wiring()
+    provision_run(wiring, run_id="nova-1", kms_key_id=None, alert_topic_arn=None, **NOVA)
+    mine = provision_run(
+        wiring, run_id="r-1", kms_key_id=None, alert_topic_arn=None, **OTHER_TRAINER
+    )
+    assert mine.rollout_request_arn is None
+    assert teardown_run(wiring, run_id="r-1") == {"queues_deleted": 5, "leftover": 0}
+    assert wiring.conversations.rollout_lambda_holder(now=0.0) == "nova-1"
+
+
+def test_a_second_nova_run_creates_nothing_while_the_first_holds_the_rollout_lambda(
+    bucket,
+) -> None:
+    """Refused before any queue, alarm or mapping exists; its teardown (the failure path) leaves
+    the first run's lease in place."""
+    wiring = _wiring()
+    provision_run(wiring, run_id="nova-1", kms_key_id=None, alert_topic_arn=None, **NOVA)
+    with pytest.raises(
+        RolloutLambdaHeld, match="^run nova-2: the deployment's rollout Lambda serves run nova-1's"
+    ):
+        provision_run(wiring, run_id="nova-2", kms_key_id=None, alert_topic_arn=None, **NOVA)
+    assert leftover_resources(wiring, run_id="nova-2") == 0
+    assert teardown_run(wiring, run_id="nova-2") == {"queues_deleted": 0, "leftover": 0}
+    assert wiring.conversations.rollout_lambda_holder(now=0.0) == "nova-1"
+    teardown_run(wiring, run_id="nova-1")
+    assert provision_run(wiring, run_id="nova-2", kms_key_id=None, alert_topic_arn=None, **NOVA)
 
 
 def test_teardown_counts_what_it_could_not_delete(bucket) -> None:
     """A teardown whose deletes do not take (here: alarms) says what is left, so the run's
     notice and `mtrl status` show it instead of a clean 0."""
     wiring = _wiring()
-    provision_run(wiring, run_id="r-8", kms_key_id=None, alert_topic_arn=None)
+    provision_run(wiring, run_id="r-8", kms_key_id=None, alert_topic_arn=None, **NOVA)
     stuck = replace(wiring, cloudwatch=IgnoresDeletes(wiring.cloudwatch))
     assert teardown_run(stuck, run_id="r-8") == {"queues_deleted": 5, "leftover": 4}
 
@@ -134,13 +168,15 @@ def test_after_teardown_nothing_speaks_for_the_run(bucket) -> None:
     cache at most RUN_CACHE_SECONDS later), the consumer no longer finds the run of its queues;
     the turns and reports stay, the run's record of what happened."""
     wiring = _wiring()
-    provisioned = provision_run(wiring, run_id="r-9", kms_key_id=None, alert_topic_arn=None)
+    provisioned = provision_run(
+        wiring, run_id="r-9", kms_key_id=None, alert_topic_arn=None, **OTHER_TRAINER
+    )
     store = wiring.conversations
     store.put_run("r-9", token="t", queues=provisioned.queues, model="m", now=0.0)
     store.start_step("r-9", "s_0_1", sample_id="s_0", now=0.0)
     queue = provisioned.queues["generate_responses"]
     assert store.run_of_queue(queue) == "r-9"
-    assert leftover_resources(wiring, run_id="r-9") == 14  # the registration among them
+    assert leftover_resources(wiring, run_id="r-9") == 11  # the registration among them
     assert teardown_run(wiring, run_id="r-9") == {"queues_deleted": 5, "leftover": 0}
     assert store.get_run("r-9") is None and store.run_of_queue(queue) is None
     assert store.get_step("r-9", "s_0_1") is not None

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from domain.protocol import NovaRolloutResponse, RolloutResponse, parse
 from tests.router.conftest import RUN, Router, answer, event
 from tests.router.test_nova_contract import DOCUMENTED_ROLLOUT_REQUEST, DOCUMENTED_ROLLOUT_RESPONSE
-from tests.router.test_rollout_forwarder import forwarder, invoke
+from tests.router.test_rollout_forwarder import forwarder, invoke, serving
 
 METRICS = [{"name": "turns", "value": 3.0, "type": "Metric"}]
 
@@ -30,6 +30,8 @@ def sent_bodies(router: Router) -> list[dict[str, Any]]:
 
 
 def asked_by_nova(router: Router, sample: str) -> None:
+    """Nova's training job asks for `sample` through the rollout Lambda the run holds."""
+    serving(router)
     invoke(forwarder(router), {**DOCUMENTED_ROLLOUT_REQUEST, "sample_id": sample})
 
 

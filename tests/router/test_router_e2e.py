@@ -9,6 +9,7 @@ from collections import Counter, defaultdict
 
 from botocore.credentials import Credentials
 
+from domain.episodes import EvaluationStage
 from domain.protocol import GenerateRequest, RolloutRequest, RolloutResponse, dump, parse
 from reward_envs import support_desk
 from reward_envs.interface import Environment
@@ -18,7 +19,7 @@ from reward_envs.worker.settings import WorkerSettings
 from reward_envs.worker.worker import RewardWorker, WorkerStats
 from tests.router.conftest import RUN, TOKEN, Router
 from tests.router.test_nova_contract import DOCUMENTED_ROLLOUT_REQUEST
-from tests.router.test_rollout_forwarder import forwarder, invoke
+from tests.router.test_rollout_forwarder import forwarder, invoke, serving
 
 ROLLOUTS = int(__import__("os").environ.get("E2E_ROLLOUTS", "100"))
 
@@ -136,11 +137,10 @@ def test_rollouts_of_an_ended_phase_are_dropped_by_the_workers_not_retried(
     """Held-out samples asked for in the baseline evaluation, still on the queue when training
     opens: the real worker takes each, the proxy refuses its turn and its report (410), and the
     worker deletes the request: nothing reaches training's job, nothing is dead-lettered."""
-    router.store.open_phase(RUN, "baseline", now=router.clock())
+    serving(router, stage=EvaluationStage.BASELINE)
     sent = forwarder(router)
     for index in range(3):
-        request = {**DOCUMENTED_ROLLOUT_REQUEST, "sample_id": f"held{index}_0"}
-        invoke(sent, request, alias=f"{RUN}_baseline")
+        invoke(sent, {**DOCUMENTED_ROLLOUT_REQUEST, "sample_id": f"held{index}_0"})
     router.store.open_phase(RUN, "training", now=router.clock())
     with router.serving(wait_seconds=0.2) as (url_server, trainer):
         work(router, url_server.url, load_environment())

@@ -1,6 +1,7 @@
 """A run's phases — baseline evaluation, training, final evaluation — never mix: once the pipeline
-opens the next, nothing of the one before reaches the run's queues (the rollout Lambda, the
-proxy's turns and reports refuse it), and the queues are emptied of what it already sent."""
+opens the next, nothing of the one before reaches the run's queues (the proxy's turns and
+reports refuse it; the rollout Lambda asks every request in the open phase), and the queues are
+emptied of what it already sent."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import pytest
 from botocore.exceptions import ClientError
 
 from domain.run_queues import KINDS, PURGE_SECONDS, QueueKind, purge_run_queues
-from lambdas.router.rollout_forwarder import RolloutRefused
 from tests.router.conftest import RUN, Router, answer, event
 from tests.router.test_nova_contract import DOCUMENTED_ROLLOUT_REQUEST
 from tests.router.test_rollout_forwarder import forwarder, invoke
@@ -18,9 +18,11 @@ CHAT, REPORT = "/v1/chat/completions", "/v1/rollouts/report"
 MESSAGES = [{"role": "user", "content": "Let's play. Guess 1 of 6:"}]
 
 
-def asked(router: Router, sample: str, alias: str) -> None:
-    """The trainer of a phase asks for `sample` through that phase's alias."""
-    invoke(forwarder(router), {**DOCUMENTED_ROLLOUT_REQUEST, "sample_id": sample}, alias=alias)
+def asked(router: Router, sample: str) -> None:
+    """The trainer of the open phase asks for `sample` through the rollout Lambda, which the run
+    holds."""
+    router.store.hold_rollout_lambda(RUN, deadline_at=router.clock() + 60, now=router.clock())
+    invoke(forwarder(router), {**DOCUMENTED_ROLLOUT_REQUEST, "sample_id": sample})
 
 
 def chat(router: Router, sample: str) -> tuple[int, dict]:
@@ -42,7 +44,7 @@ def test_the_open_phase_is_the_last_one_opened(router: Router) -> None:
 
 def test_a_sample_of_an_ended_phase_gets_no_turn_and_no_report(router: Router) -> None:
     router.store.open_phase(RUN, "baseline", now=router.clock())
-    asked(router, "held_0", alias=f"{RUN}_baseline")
+    asked(router, "held_0")
     assert chat(router, "held_0")[0] == 202  # its own phase: served
     router.messages(router.queues.generate_requests)
     router.store.open_phase(RUN, "training", now=router.clock())
@@ -61,7 +63,7 @@ def test_a_sample_of_an_ended_phase_gets_no_turn_and_no_report(router: Router) -
 
 def test_the_open_phases_samples_are_served_and_recorded_in_it(router: Router) -> None:
     router.store.open_phase(RUN, "final", now=router.clock())
-    asked(router, "held_0", alias=f"{RUN}_final")
+    asked(router, "held_0")
     assert chat(router, "held_0")[0] == 202
     assert report(router, "held_0") == (200, {"id": "held_0", "recorded": True, "sent": True})
     assert len(router.messages(router.queues.rollout_responses)) == 1
@@ -74,24 +76,6 @@ def test_a_sample_put_straight_on_the_queue_is_never_fenced(router: Router) -> N
     router.store.open_phase(RUN, "final", now=router.clock())
     assert chat(router, "direct_0")[0] == 202
     assert report(router, "direct_0")[0] == 200
-
-
-def test_the_rollout_lambda_refuses_an_ended_phases_alias(router: Router) -> None:
-    router.store.open_phase(RUN, "training", now=router.clock())
-    sent = forwarder(router)
-    with pytest.raises(RolloutRefused) as refused:
-        invoke(sent, DOCUMENTED_ROLLOUT_REQUEST, alias=f"{RUN}_baseline")
-    assert str(refused.value) == (
-        f"invoked through the baseline phase's alias of run '{RUN}', which has ended (the "
-        "training phase is open)"
-    )
-    assert invoke(sent, DOCUMENTED_ROLLOUT_REQUEST)["forwarded"]  # training's own alias
-    assert len(router.messages(router.queues.rollout_requests)) == 1
-    assert (sent.counters.refused, sent.counters.forwarded) == (1, 1)
-
-
-def test_before_any_phase_is_opened_every_alias_is_served(router: Router) -> None:
-    assert invoke(forwarder(router), DOCUMENTED_ROLLOUT_REQUEST, alias=f"{RUN}_final")["forwarded"]
 
 
 def test_a_purge_empties_the_runs_message_queues_and_keeps_its_dead_letters(
