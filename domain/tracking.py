@@ -18,7 +18,8 @@ from domain.step_metrics import number
 from training_configs.schema import TrainingConfig
 
 EXPERIMENT = "nova-mtrl"  # one experiment per deployment (or per local output folder)
-MAX_METRICS, MAX_PARAMS, MAX_TAGS = 1000, 100, 100
+# What MLflow takes in one LogBatch (mlflow/utils/validation.py, MAX_*_PER_BATCH).
+MAX_METRICS, MAX_PARAMS, MAX_TAGS, MAX_ENTITIES = 1000, 100, 100, 1000
 MAX_PARAM_CHARACTERS = 6000
 # What a metrics line says that is not a measure of the step.
 NOT_METRICS = frozenset(
@@ -45,18 +46,18 @@ class TrackedRun:
     artifacts: dict[str, bytes] = field(default_factory=dict)  # file name -> content
 
     def batches(self) -> Iterator[tuple[list[Metric], dict[str, str], dict[str, str]]]:
-        """(metrics, params, tags) in pieces MLflow accepts in one request each."""
-        params, tags = list(self.params.items()), list(self.tags.items())
-        count = max(
-            -(-len(self.metrics) // MAX_METRICS), -(-len(params) // MAX_PARAMS),
-            -(-len(tags) // MAX_TAGS), 1,
-        )  # fmt: skip
-        for index in range(count):
-            yield (
-                self.metrics[index * MAX_METRICS : (index + 1) * MAX_METRICS],
-                dict(params[index * MAX_PARAMS : (index + 1) * MAX_PARAMS]),
-                dict(tags[index * MAX_TAGS : (index + 1) * MAX_TAGS]),
-            )
+        """(metrics, params, tags) in pieces MLflow accepts in one request each: at most
+        MAX_METRICS metrics, MAX_PARAMS params and MAX_TAGS tags, MAX_ENTITIES in all (MLflow's
+        `_validate_batch_log_limits`). Always one, if empty."""
+        params, tags, metrics = list(self.params.items()), list(self.tags.items()), self.metrics
+        while True:
+            batch_params, params = dict(params[:MAX_PARAMS]), params[MAX_PARAMS:]
+            batch_tags, tags = dict(tags[:MAX_TAGS]), tags[MAX_TAGS:]
+            room = min(MAX_METRICS, MAX_ENTITIES - len(batch_params) - len(batch_tags))
+            batch_metrics, metrics = metrics[:room], metrics[room:]
+            yield batch_metrics, batch_params, batch_tags
+            if not (params or tags or metrics):
+                return
 
 
 def tracked_run(

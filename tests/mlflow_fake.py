@@ -27,8 +27,10 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from google.protobuf import json_format, message_factory
+from mlflow.exceptions import MlflowException
 from mlflow.protos import service_pb2
 from mlflow.protos.databricks_pb2 import rpc
+from mlflow.utils.validation import _validate_batch_log_limits
 
 from tests.json_http import send_json
 
@@ -185,6 +187,11 @@ class FakeMlflowServer:
                     self.runs[run_id] = {"info": info, "metrics": [], "params": {}, "tags": {}}
                     return 200, {"run": {"info": info, "data": {}}}
                 case "LogBatch":
+                    # What MLflow's own server refuses of a batch, by its own rule.
+                    try:
+                        _validate_batch_log_limits(request.metrics, request.params, request.tags)
+                    except MlflowException as refused:
+                        return 400, {"error_code": refused.error_code, "message": refused.message}
                     run = self.runs[request.run_id]
                     run["metrics"] += [
                         (m.key, m.value, m.step, m.timestamp) for m in request.metrics

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from domain.tracking import EXPERIMENT, MAX_METRICS, MAX_PARAMS, TrackedRun, tracked_run
+from domain.tracking import (
+    EXPERIMENT,
+    MAX_ENTITIES,
+    MAX_METRICS,
+    MAX_PARAMS,
+    MAX_TAGS,
+    TrackedRun,
+    tracked_run,
+)
 from mtrl.local.run import track
 from mtrl.local.session import RunOutcome
 from mtrl.local.tracking import STORE, TrackingUnavailable, store_uri, track_locally
@@ -67,7 +75,17 @@ def test_a_large_record_goes_in_requests_mlflow_accepts() -> None:
     assert len(batches) == 2 and all(len(metrics) <= MAX_METRICS for metrics, _, _ in batches)
     assert sum(len(metrics) for metrics, _, _ in batches) == len(run.metrics) == 1400 + 9
     assert all(len(params) <= MAX_PARAMS for _, params, _ in batches)
+    assert all(sum(map(len, batch)) <= MAX_ENTITIES for batch in batches)
     assert {key for _, params, _ in batches for key in params} == set(run.params)
+
+
+def test_the_batch_limits_are_mlflows() -> None:
+    from mlflow.utils import validation
+
+    assert (MAX_METRICS, MAX_PARAMS, MAX_TAGS, MAX_ENTITIES) == (
+        validation.MAX_METRICS_PER_BATCH, validation.MAX_PARAMS_TAGS_PER_BATCH,
+        validation.MAX_PARAMS_TAGS_PER_BATCH, validation.MAX_ENTITIES_PER_BATCH,
+    )  # fmt: skip
 
 
 def test_a_run_round_trips_through_the_local_store(tmp_path: Path) -> None:
