@@ -19,7 +19,7 @@ from rich.text import Text
 from domain.dataset import DatasetValidator
 from mtrl.console import fail, out
 from reward_envs.conformance import check_environment
-from reward_envs.interface import Environment, Message, Record, Reply, tool_turn
+from reward_envs.interface import Environment, Message, Record, Reply, closed_after, tool_turn
 from reward_envs.registry import EnvironmentNotFound, load
 
 env_app = typer.Typer(help="Create, check and play reward environments.", no_args_is_help=True)
@@ -230,15 +230,19 @@ def play(
     if environment.tools:
         names = [tool["function"]["name"] for tool in environment.tools]
         _show(f"Tools: {', '.join(names)}. Call one as: NAME {{JSON arguments}}")
-    for turn in range(environment.max_turns):
-        typed = typer.prompt("you", prompt_suffix="> ", default="", show_default=False)
-        reply = Reply.of(_typed_reply(typed, environment.tools, turn), environment.tools)
-        result = episode.act(reply)
-        rewards.append(result.reward)
-        for message in result.messages:
-            _show(message["content"])
-        if result.done:
-            break
+    with closed_after(episode):
+        for turn in range(environment.max_turns):
+            typed = typer.prompt("you", prompt_suffix="> ", default="", show_default=False)
+            reply = Reply.of(_typed_reply(typed, environment.tools, turn), environment.tools)
+            try:
+                result = episode.act(reply)
+            except Exception as error:  # noqa: BLE001 - the environment's failure, in one line
+                raise fail(f"turn {turn + 1}: {type(error).__name__}: {error}") from None
+            rewards.append(result.reward)
+            for message in result.messages:
+                _show(message["content"])
+            if result.done:
+                break
     out.print(f"episode reward: {environment.aggregate(rewards):.3f}")
 
 

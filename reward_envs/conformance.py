@@ -30,6 +30,8 @@ from reward_envs.interface import (
     Reply,
     RewardRange,
     StepResult,
+    close_quietly,
+    closed_after,
     tool_turn,
 )
 
@@ -250,6 +252,16 @@ class _Kit:
         self, record: Record, seed: int, replies: Callable[[list[Message], int], str | Message]
     ) -> Transcript:
         episode, first = self._reset(record, seed)
+        with closed_after(episode):
+            return self._played(episode, first, record, replies)
+
+    def _played(
+        self,
+        episode: Episode,
+        first: list[Message],
+        record: Record,
+        replies: Callable[[list[Message], int], str | Message],
+    ) -> Transcript:
         _check_messages(first, f"record {record.id}: reset messages")
         transcript = Transcript(first=first)
         history = list(first)
@@ -277,7 +289,8 @@ class _Kit:
 
     def reset_contract(self) -> str:
         for record in self.records:
-            _, first = self._reset(record, self.seed)
+            episode, first = self._reset(record, self.seed)
+            close_quietly(episode)
             _check_messages(first, f"record {record.id}: reset messages")
             if not first:
                 raise ConformanceError(f"record {record.id}: reset returned no messages")
@@ -318,35 +331,22 @@ class _Kit:
         for reply in garbage:
             episode, _ = self._reset(record, self.seed)
             parsed = Reply.of(reply, self.environment.tools)
-            self._step(episode, parsed, f"record {record.id}, garbage reply {_shown(reply)}")
+            with closed_after(episode):
+                self._step(episode, parsed, f"record {record.id}, garbage reply {_shown(reply)}")
         cycle = [reply for reply in garbage if reply is not GARBAGE_REPLIES[2]]
         self.play(record, self.seed, lambda _history, turn: cycle[turn % len(cycle)])
         return f"{len(garbage)} kinds of garbage, and a whole episode of it"
 
     def isolated(self) -> str:
         alone = self._transcripts()
-        # Interleaved in one thread: every episode advances one turn at a time.
-        episodes = []
-        for index, record in enumerate(self.records):
-            episode, first = self._reset(record, self.seed)
-            episodes.append(
-                (episode, Transcript(first=first), list(first), self._example_replies(index))
-            )
-        active = list(range(len(episodes)))
-        for turn in range(1, self.environment.max_turns + 1):
-            for index in list(active):
-                episode, transcript, history, replies = episodes[index]
-                reply = replies(history, turn)
-                parsed = Reply.of(reply, self.environment.tools)
-                where = f"record {self.records[index].id}, turn {turn}"
-                result = self._step(episode, parsed, where)
-                transcript.steps.append((reply, result.messages, float(result.reward), result.done))
-                history += [parsed.message, *result.messages]
-                if result.done:
-                    active.remove(index)
-        interleaved = [transcript for _, transcript, _, _ in episodes]
-        # And on threads, all at once.
-        with ThreadPoolExecutor(max_workers=8) as pool:
+        # Interleaved in one thread: every episode advances one turn at a time, as many at once
+        # as the environment takes.
+        at_once = self.environment.concurrent_episodes or len(self.records)
+        interleaved = []
+        for start in range(0, len(self.records), at_once):
+            interleaved += self._interleaved(range(start, min(start + at_once, len(self.records))))
+        # And on threads, all at once (as many as it takes).
+        with ThreadPoolExecutor(max_workers=min(8, at_once)) as pool:
             threaded = list(
                 pool.map(
                     lambda item: self.play(item[1], self.seed, self._example_replies(item[0])),
@@ -363,6 +363,34 @@ class _Kit:
                     f"record {record.id}: run on threads it changed ({_difference(a, c)})"
                 )
         return f"{len(self.records)} episodes interleaved and threaded, unchanged"
+
+    def _interleaved(self, indexes: range) -> list[Transcript]:
+        episodes = []
+        for index in indexes:
+            record = self.records[index]
+            episode, first = self._reset(record, self.seed)
+            episodes.append(
+                (episode, Transcript(first=first), list(first), self._example_replies(index))
+            )
+        active = list(range(len(episodes)))
+        try:
+            for turn in range(1, self.environment.max_turns + 1):
+                for position in list(active):
+                    episode, transcript, history, replies = episodes[position]
+                    reply = replies(history, turn)
+                    parsed = Reply.of(reply, self.environment.tools)
+                    where = f"record {self.records[indexes[position]].id}, turn {turn}"
+                    result = self._step(episode, parsed, where)
+                    transcript.steps.append(
+                        (reply, result.messages, float(result.reward), result.done)
+                    )
+                    history += [parsed.message, *result.messages]
+                    if result.done:
+                        active.remove(position)
+        finally:
+            for episode, *_ in episodes:
+                close_quietly(episode)
+        return [transcript for _, transcript, _, _ in episodes]
 
     def latency(self) -> dict[str, float]:
         if not self.durations:

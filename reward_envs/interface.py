@@ -25,11 +25,13 @@ notion of success (Wordle: solved): the pipeline's pass rates count it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Required, TypedDict
 
@@ -162,6 +164,25 @@ class Episode:
         """Take the model's whole turn, tool calls included; by default its text, to `step`."""
         return self.step(reply.content)
 
+    def close(self) -> None:
+        """Let go of what the episode holds (a server's session, a process): called once, however
+        the episode ended (done, its turn limit, a timeout, an error). By default nothing."""
+
+
+def close_quietly(episode: Episode) -> None:
+    """Close `episode`; a close that fails is not the episode's failure."""
+    with contextlib.suppress(Exception):
+        episode.close()
+
+
+@contextmanager
+def closed_after(episode: Episode) -> Iterator[Episode]:
+    """`episode` for the block, closed when the block ends, however it ends."""
+    try:
+        yield episode
+    finally:
+        close_quietly(episode)
+
 
 class Environment(ABC):
     """A reward environment. Subclass it, or return an instance from `load_environment()`."""
@@ -170,6 +191,8 @@ class Environment(ABC):
     reward_range: RewardRange = RewardRange()
     max_turns: int = 10
     tools: Sequence[Mapping[str, Any]] = ()  # OpenAI tool definitions the model may call
+    # At most this many episodes at once (a server's sessions); None: as many as asked for.
+    concurrent_episodes: int | None = None
     # Change it when the rewards change: every trajectory records it, so runs compare fairly.
     version: str | None = None
 

@@ -19,6 +19,13 @@ from packaging.requirements import Requirement
 
 from stacks.components.lambda_code import _IGNORED, PROJECT_ROOT
 
+# Modules our dependencies import only when they are there, and do without: botocore tries
+# certifi for its CA bundle; pyarrow pickles with cloudpickle, else with pickle
+# (pyarrow/compat.pxi); urllib3 decodes brotli and zstd bodies with brotli or backports.zstd
+# (urllib3/response.py, urllib3/util/request.py). The dev environment has them; an artefact
+# need not.
+OPTIONAL_IMPORTS = frozenset({"certifi", "cloudpickle", "brotli", "_brotli", "backports"})
+
 
 def with_dependencies(requirements: tuple[str, ...]) -> set[str]:
     """Distribution names, normalized, with their (non-extra) requirements, recursively."""

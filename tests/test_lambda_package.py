@@ -9,7 +9,12 @@ from pathlib import Path
 
 from stacks.components.lambda_code import PACKAGES, REQUIREMENTS
 from tests.conftest import Synthesized
-from tests.packaging import assert_installed, pyproject_pins, third_party_imports
+from tests.packaging import (
+    OPTIONAL_IMPORTS,
+    assert_installed,
+    pyproject_pins,
+    third_party_imports,
+)
 
 RUNTIME_PROVIDED = ("boto3",)  # and its dependencies
 
@@ -37,8 +42,7 @@ def test_handlers_import_with_only_the_asset_and_the_runtime(
         "lambdas.kubernetes.bootstrap",
         "lambdas.kubernetes.chart_install",
     } <= modules
-    # botocore tries certifi for its CA bundle and falls back to its own when it is missing.
-    imported = third_party_imports(PACKAGES, modules, tmp_path) - {"certifi"}
+    imported = third_party_imports(PACKAGES, modules, tmp_path) - OPTIONAL_IMPORTS
     assert_installed(imported, REQUIREMENTS + RUNTIME_PROVIDED)
 
 

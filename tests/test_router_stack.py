@@ -23,6 +23,7 @@ from tests.conftest import (
     synthesize,
 )
 from tests.forge_sdk import sdk_compiled, sdk_enums
+from tests.packaging import OPTIONAL_IMPORTS
 from tests.test_scan import skips
 
 
@@ -170,19 +171,11 @@ def test_lambda_code_needs_only_what_the_asset_ships() -> None:
         | {r.split("==")[0].replace("-", "_") for r in REQUIREMENTS}
         | {"pydantic_core", "typing_extensions", "annotated_types", "typing_inspection"}
     )
-    # The Lambda runtime ships boto3 and its dependencies (botocore uses certifi only if present).
-    runtime = {
-        "boto3",
-        "botocore",
-        "jmespath",
-        "dateutil",
-        "urllib3",
-        "s3transfer",
-        "six",
-        "certifi",
-    }
+    # The Lambda runtime ships boto3 and its dependencies.
+    runtime = {"boto3", "botocore", "jmespath", "dateutil", "urllib3", "s3transfer", "six"}
     third_party = {m for m in loaded if m not in sys.stdlib_module_names and not m.startswith("_")}
-    assert third_party <= shipped | runtime, sorted(third_party - shipped - runtime)
+    needed = third_party - OPTIONAL_IMPORTS
+    assert needed <= shipped | runtime, sorted(needed - shipped - runtime)
 
 
 def test_the_router_may_reserve_its_concurrency(tmp_path) -> None:

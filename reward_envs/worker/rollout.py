@@ -20,7 +20,7 @@ from typing import Any
 
 from domain.episodes import TRUNCATED_METRIC, TURNS_METRIC
 from domain.protocol import Metric, RolloutRequest, RolloutResponse
-from reward_envs.interface import Environment, Message, Record, Reply
+from reward_envs.interface import Environment, Message, Record, Reply, closed_after
 from reward_envs.worker.model_client import ModelClient, ModelError
 
 
@@ -87,43 +87,46 @@ def play_rollout(
     finally:
         timings["env_seconds"] += clock() - began
 
-    for turn in range(1, limit + 1):
-        remaining = deadline - clock()
-        if remaining <= 0:
-            return respond(
-                "timeout", None, f"rollout deadline of {timeout:.0f} s passed before turn {turn}"
-            )
-        began = clock()
-        try:
-            answer = model.chat(
-                history,
-                sample_id=request.sample_id,
-                step_id=f"{request.sample_id}_{turn}",
-                timeout=remaining,
-                tools=environment.tools,
-            )
-        except ModelError as error:
-            return respond("timeout", None, f"model: {error}")
-        finally:
-            timings["model_seconds"] += clock() - began
-        played.finish_reasons.append(answer.finish_reason)
-        if answer.policy_version is not None:
-            played.policy_versions.append(answer.policy_version)
-        reply = Reply.of(answer.message, environment.tools)
-        history.append(reply.message)
-        began = clock()
-        try:
-            result = episode.act(reply)
-        except Exception as error:  # noqa: BLE001
-            return respond("env_error", None, f"step {turn}: {type(error).__name__}: {error}")
-        finally:
-            timings["env_seconds"] += clock() - began
-        rewards.append(float(result.reward))
-        info = result.info
-        history += result.messages
-        if result.done:
-            return respond("end_of_conversation", environment.aggregate(rewards))
-    return respond("max_turns", environment.aggregate(rewards))
+    with closed_after(episode):  # its session or process let go, however the rollout ends
+        for turn in range(1, limit + 1):
+            remaining = deadline - clock()
+            if remaining <= 0:
+                return respond(
+                    "timeout",
+                    None,
+                    f"rollout deadline of {timeout:.0f} s passed before turn {turn}",
+                )
+            began = clock()
+            try:
+                answer = model.chat(
+                    history,
+                    sample_id=request.sample_id,
+                    step_id=f"{request.sample_id}_{turn}",
+                    timeout=remaining,
+                    tools=environment.tools,
+                )
+            except ModelError as error:
+                return respond("timeout", None, f"model: {error}")
+            finally:
+                timings["model_seconds"] += clock() - began
+            played.finish_reasons.append(answer.finish_reason)
+            if answer.policy_version is not None:
+                played.policy_versions.append(answer.policy_version)
+            reply = Reply.of(answer.message, environment.tools)
+            history.append(reply.message)
+            began = clock()
+            try:
+                result = episode.act(reply)
+            except Exception as error:  # noqa: BLE001
+                return respond("env_error", None, f"step {turn}: {type(error).__name__}: {error}")
+            finally:
+                timings["env_seconds"] += clock() - began
+            rewards.append(float(result.reward))
+            info = result.info
+            history += result.messages
+            if result.done:
+                return respond("end_of_conversation", environment.aggregate(rewards))
+        return respond("max_turns", environment.aggregate(rewards))
 
 
 def _numeric(value: Any) -> bool:

@@ -79,12 +79,11 @@ def test_a_server_error_is_an_env_error_never_a_reward() -> None:
         blown = play_rollout(environment, CallableModel(lambda _: "explode"), request).response
         assert blown.stop_reason == "env_error" and blown.aggregate_score is None
         assert "EXECUTION_ERROR: the environment blew up" in (blown.error or "")
-        strict = load("openenv", url=url, action_field="text")  # the server wants `message`
-        refused = play_rollout(strict, CallableModel(lambda _: "5"), request).response
-        assert refused.stop_reason == "env_error" and "VALIDATION_ERROR" in (refused.error or "")
-        episode, _ = environment.reset(Record(id="hold"), seed=1)  # takes the only session
-        full = play_rollout(environment, CallableModel(lambda _: "5"), request).response
+        hurried = load("openenv", url=url, timeout_seconds=0.5)
+        episode, _ = hurried.reset(Record(id="hold"), seed=1)  # takes the only session
+        full = play_rollout(hurried, CallableModel(lambda _: "5"), request).response
         assert full.stop_reason == "env_error" and "CAPACITY_REACHED" in (full.error or "")
+        assert "max_concurrent_envs" in (full.error or "")  # and how to serve more
         assert episode.step("2").done  # the held session still plays (seed 1: the number 2)
     with pytest.raises(OpenEnvError, match="cannot open a session"):
         environment.reset(Record(id="gone"))
@@ -186,3 +185,17 @@ def test_a_reward_that_is_not_a_number_counts_as_none() -> None:
     with serving() as (url, _server):
         episode, _ = load("openenv", url=url).reset(Record(id="n"))
         assert episode.step("nan").reward == 0.0
+
+
+def test_env_play_answers_an_environments_failure_in_one_line() -> None:
+    """The server answers `explode` with EXECUTION_ERROR: `mtrl env play` says so and exits 2,
+    no traceback."""
+    with serving() as (url, _server):
+        result = CliRunner().invoke(
+            app, ["env", "play", "openenv", "--arg", f"url={url}"], input="explode\n"
+        )
+    assert result.exit_code == 2, result.output
+    assert "error: turn 1: OpenEnvError: step: EXECUTION_ERROR: the environment blew up" in (
+        result.output
+    )
+    assert "Traceback" not in result.output

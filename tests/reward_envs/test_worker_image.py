@@ -8,7 +8,12 @@ from pathlib import Path
 
 from stacks.components.project_files import PROJECT_ROOT
 from stacks.components.reward_fleet import WORKER_DOCKERFILE
-from tests.packaging import assert_installed, pyproject_pins, third_party_imports
+from tests.packaging import (
+    OPTIONAL_IMPORTS,
+    assert_installed,
+    pyproject_pins,
+    third_party_imports,
+)
 
 DOCKERFILE = (PROJECT_ROOT / WORKER_DOCKERFILE).read_text()
 REQUIREMENTS_FILE = "reward_envs/worker/requirements.txt"
@@ -62,9 +67,7 @@ def test_the_image_carries_what_the_worker_and_its_environments_import(tmp_path:
         packages, {"reward_envs.worker.__main__"}, tmp_path, code=load_all
     )
     assert {"boto3", "pydantic", "pydantic_settings", "websockets"} <= imported
-    # botocore tries certifi for its CA bundle and falls back to its own when it is missing;
-    # pyarrow pickles with cloudpickle when it is there, else with pickle (pyarrow/compat.pxi).
-    assert_installed(imported - {"certifi", "cloudpickle"}, _requirements())
+    assert_installed(imported - OPTIONAL_IMPORTS, _requirements())
 
 
 def test_the_image_pins_what_pyproject_pins() -> None:

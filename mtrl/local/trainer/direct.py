@@ -14,7 +14,7 @@ import numpy as np
 from domain.grpo import group_advantages
 from mtrl.local.trainer.grpo import Adam, Episode, objective_and_gradient
 from mtrl.local.trainer.policy import Decision, Policy
-from reward_envs.interface import Environment, Record, Reply
+from reward_envs.interface import Environment, Record, Reply, closed_after
 
 
 @dataclass(frozen=True)
@@ -33,15 +33,16 @@ def play(
     """One episode: the policy's decisions and the episode's reward."""
     episode, messages = environment.reset(record)
     messages, decisions, rewards = list(messages), [], []
-    while True:
-        decision = policy.decide(params, messages, rng)
-        decisions.append(decision)
-        reply = Reply.of(decision.reply, environment.tools)
-        result = episode.act(reply)
-        rewards.append(result.reward)
-        messages += [reply.message, *result.messages]
-        if result.done:
-            return decisions, environment.aggregate(rewards)
+    with closed_after(episode):
+        while True:
+            decision = policy.decide(params, messages, rng)
+            decisions.append(decision)
+            reply = Reply.of(decision.reply, environment.tools)
+            result = episode.act(reply)
+            rewards.append(result.reward)
+            messages += [reply.message, *result.messages]
+            if result.done:
+                return decisions, environment.aggregate(rewards)
 
 
 def train(
