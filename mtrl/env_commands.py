@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -217,13 +218,12 @@ def play(
 ) -> None:
     """Play one episode by hand: you are the model."""
     environment = _load(spec, arguments)
-    metadata = {"answer": answer} if answer is not None else {}
     try:
-        episode, messages = environment.reset(
-            Record(id=f"play-{seed}", metadata=metadata), seed=seed
-        )
+        episode, messages = environment.reset(_played_record(environment, answer, seed), seed=seed)
     except ValueError as problem:
         raise fail(str(problem)) from None
+    except Exception as error:  # noqa: BLE001 - the environment's failure, in one line
+        raise fail(f"reset: {type(error).__name__}: {error}") from None
     rewards: list[float] = []
     for message in messages:
         _show(message["content"])
@@ -244,6 +244,18 @@ def play(
             if result.done:
                 break
     out.print(f"episode reward: {environment.aggregate(rewards):.3f}")
+
+
+def _played_record(environment: Environment, answer: str | None, seed: int) -> Record:
+    """The environment's example record for `seed` (none: an empty one), with `answer` as its
+    metadata.answer when given."""
+    try:
+        (record,) = environment.example_records(1, seed=seed)
+    except NotImplementedError:
+        record = Record(id=f"play-{seed}")
+    if answer is None:
+        return record
+    return dataclasses.replace(record, metadata={**record.metadata, "answer": answer})
 
 
 def _typed_reply(typed: str, tools: Sequence[Mapping[str, Any]], turn: int) -> str | Message:

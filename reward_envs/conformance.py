@@ -16,7 +16,9 @@ import json
 import math
 import random
 import statistics
+import sysconfig
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -169,7 +171,19 @@ def _run(name: str, check: Callable[[], str]) -> CheckResult:
 
 
 def _describe(error: BaseException) -> str:
-    return f"raised {type(error).__name__}: {error}"
+    return f"raised {type(error).__name__}: {error}{_where_raised(error)}"
+
+
+def _where_raised(error: BaseException) -> str:
+    """` at FILE:LINE`: the innermost frame of the environment's own code (not the kit's, not
+    Python's standard library) that the error came through; empty when there is none."""
+    stdlib = sysconfig.get_paths()["stdlib"]
+    frames = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if frame.filename != __file__ and not frame.filename.startswith(stdlib)
+    ]
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
 
 
 def _name(environment: Environment) -> str:
@@ -230,7 +244,10 @@ class _Kit:
 
     def _step(self, episode: Episode, reply: Reply, where: str) -> StepResult:
         began = time.perf_counter()
-        result = episode.act(reply)
+        try:
+            result = episode.act(reply)
+        except Exception as error:
+            raise ConformanceError(f"{where}: {_describe(error)}") from error
         self.durations.append(time.perf_counter() - began)
         if not isinstance(result, StepResult):
             raise ConformanceError(
@@ -306,11 +323,19 @@ class _Kit:
 
     def reward_in_range(self) -> str:
         rewards = []
-        for transcript in self._transcripts():
-            total = self.environment.aggregate(transcript.turn_rewards)
-            if total not in self.environment.reward_range:
+        # The default aggregate clamps the sum into the range: a sum outside it is a reward the
+        # environment never meant, kept quiet; check the sum itself.
+        summed = type(self.environment).aggregate is Environment.aggregate
+        span = self.environment.reward_range
+        for record, transcript in zip(self.records, self._transcripts(), strict=True):
+            turns = transcript.turn_rewards
+            total = math.fsum(turns) if summed else self.environment.aggregate(turns)
+            if total not in span:
+                how = f"the sum of its turn rewards {turns}, " if summed else ""
                 raise ConformanceError(
-                    f"episode reward {total} is outside {self.environment.reward_range}"
+                    f"record {record.id}: episode reward {total} ({how}before any clamp) is "
+                    f"outside {span}: keep turn rewards inside reward_range, or override "
+                    "aggregate"
                 )
             rewards.append(total)
         return f"rewards from {min(rewards):.3f} to {max(rewards):.3f}, mean {statistics.mean(rewards):.3f}"

@@ -6,7 +6,9 @@ user's own. Every problem is reported as `config FILE: key: what is wrong`.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import typing
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Self
@@ -487,9 +489,42 @@ def parse_training_config(text: str, source: str = "<config>") -> TrainingConfig
     try:
         return TrainingConfig.model_validate(data)
     except ValidationError as error:
-        problem = error.errors(include_url=False)[0]
-        key = ".".join(str(part) for part in problem["loc"]) or "config"
-        message = problem["msg"].removeprefix("Value error, ")
-        if problem["type"] == "extra_forbidden":
-            message = "unknown key; check its spelling"
-        raise TrainingConfigError(f"config {source}: {key}: {message}") from None
+        problems = [_problem(problem) for problem in error.errors(include_url=False)]
+        raise TrainingConfigError(f"config {source}: {'; '.join(problems)}") from None
+
+
+def _problem(problem: Any) -> str:
+    """One validation problem as `key: what is wrong`; an unknown key with the known key closest
+    to it, at its level, when one is close."""
+    loc = tuple(problem["loc"])
+    key = ".".join(str(part) for part in loc) or "config"
+    if problem["type"] != "extra_forbidden":
+        return f"{key}: {problem['msg'].removeprefix('Value error, ')}"
+    closest = difflib.get_close_matches(str(loc[-1]), _keys_at(TrainingConfig, loc[:-1]), n=1)
+    hint = f"did you mean {closest[0]}?" if closest else "check its spelling"
+    return f"{key}: unknown key ({hint})"
+
+
+def _keys_at(model: type[BaseModel], path: tuple[Any, ...]) -> list[str]:
+    """The keys a config takes under `path` (field names of the nested model there; none where
+    the path leaves the models)."""
+    for part in path:
+        if isinstance(part, int):  # an item of a list of models
+            continue
+        field = model.model_fields.get(str(part))
+        nested = field and _model_in(field.annotation)
+        if nested is None:
+            return []
+        model = nested
+    return list(model.model_fields)
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model an annotation holds (itself, or inside Optional / a union)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in typing.get_args(annotation):
+        found = _model_in(argument)
+        if found is not None:
+            return found
+    return None

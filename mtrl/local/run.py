@@ -141,10 +141,8 @@ def _check_language_model(model: str) -> None:
 
 def pipeline_template() -> dict[str, Any]:
     """The pipeline stack's template, synthesized as `cdk deploy` would (without bundling)."""
-    import os
     import tempfile
 
-    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
     from stacks.app_builder import build_app
 
     with tempfile.TemporaryDirectory(prefix="mtrl-synth-") as outdir:

@@ -257,7 +257,7 @@ def test_each_nova_knob_sets_its_leaf_of_the_documented_recipe_and_unset_ones_le
             {"rollout_worker_replicas": 0},
             "nova.rollout_worker_replicas: Input should be greater than or equal to 1",
         ),
-        ({"lr": 1e-5}, "nova.lr: unknown key; check its spelling"),
+        ({"lr": 1e-5}, "nova.lr: unknown key (check its spelling)"),
     ],
 )
 def test_a_knob_out_of_range_is_refused_naming_the_key(knobs: dict[str, Any], said: str) -> None:

@@ -76,8 +76,14 @@ def test_an_environment_without_a_local_policy_is_named() -> None:
     class Arithmetic(WordleEnvironment):
         name = "gsm8k"
 
-    with pytest.raises(NoLocalPolicy, match=r"'gsm8k' has no local policy .* --model-endpoint"):
+    with pytest.raises(NoLocalPolicy) as missing:
         policy_for(Arithmetic())
+    # The exact install and command that train it here, then the other way.
+    assert "'gsm8k' has no local policy" in str(missing.value)
+    assert "`pip install -e '.[llm]'`, then `mtrl local FILE --trainer llm --model tiny`" in str(
+        missing.value
+    )
+    assert str(missing.value).endswith("`mtrl local FILE --model-endpoint URL`")
 
 
 def test_the_local_policy_is_chosen_by_the_environments_name() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -81,6 +82,18 @@ class RewardTooHigh(GoodEnvironment):
         return 2.0
 
 
+class TurnRewardsTooHigh(GoodEnvironment):
+    """Half a point per turn, three turns: 1.5, which the default aggregate would clamp to 1."""
+
+    def reset(self, record, *, seed=0):
+        class Generous(CountingEpisode):
+            def step(self, reply):
+                result = super().step(reply)
+                return StepResult(result.messages, 0.5, result.done, result.info)
+
+        return Generous(), [{"role": "user", "content": "hi"}]
+
+
 class NeverDone(GoodEnvironment):
     def reset(self, record, *, seed=0):
         class Endless(Episode):
@@ -139,7 +152,16 @@ def test_a_correct_environment_passes() -> None:
             "raised ValueError: cannot parse",
         ),
         (SharedState(), "concurrent episodes do not share state", "changed"),
-        (RewardTooHigh(), "episode reward inside reward_range", "episode reward 2.0 is outside"),
+        (
+            RewardTooHigh(),
+            "episode reward inside reward_range",
+            "episode reward 2.0 (before any clamp) is outside",
+        ),
+        (
+            TurnRewardsTooHigh(),
+            "episode reward inside reward_range",
+            "(the sum of its turn rewards [0.5, 0.5, 0.5], before any clamp) is outside",
+        ),
         (NeverDone(), "episode ends within max_turns", "not done after max_turns=3"),
         (
             Unseeded(),
@@ -160,6 +182,17 @@ def test_broken_environments_fail_for_the_right_reason(
     failures = _failures(environment)
     assert check in failures, failures
     assert reason in failures[check]
+
+
+def test_an_environments_exception_names_the_record_the_turn_and_its_line() -> None:
+    detail = _failures(CrashesOnGarbage())["garbage replies are answered, not raised"]
+    line = next(
+        number
+        for number, text in enumerate(Path(__file__).read_text().splitlines(), start=1)
+        if 'raise ValueError("cannot parse")' in text
+    )
+    assert detail.startswith("record 0, garbage reply ")
+    assert detail.endswith(f"raised ValueError: cannot parse at {__file__}:{line}")
 
 
 def test_an_environment_without_records_asks_for_a_dataset() -> None:

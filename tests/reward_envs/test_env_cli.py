@@ -107,6 +107,35 @@ def test_new_then_check_as_a_newcomer_types_it(
     assert result.exit_code == 2 and "several packages (one, two)" in result.output
 
 
+def test_a_fresh_environment_plays_and_writes_a_valid_dataset_untouched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`mtrl env new X`, then `mtrl env play X` (its example record: no KeyError for a missing
+    answer) and `mtrl env records X`, whose lines `mtrl validate` takes, each with a prompt and
+    a text answer; a won episode says so (`success`)."""
+    monkeypatch.chdir(tmp_path)
+    assert runner.invoke(app, ["env", "new", "fresh"]).exit_code == 0
+    played = runner.invoke(app, ["env", "play", "fresh"], input="50\n" * 7)
+    assert played.exit_code == 0, played.output
+    assert "episode reward:" in played.output and "Traceback" not in played.output
+    written = runner.invoke(app, ["env", "records", "fresh", "--count", "8", "--out", "d.jsonl"])
+    assert written.exit_code == 0, written.output
+    validated = runner.invoke(app, ["validate", "d.jsonl"])
+    assert validated.exit_code == 0, validated.output
+    lines = [json.loads(line) for line in (tmp_path / "d.jsonl").read_text().splitlines()]
+    assert len(lines) == 8 and all(isinstance(line["metadata"]["answer"], str) for line in lines)
+    assert all(line["metadata"]["prompt"] for line in lines)
+    sys.path.insert(0, str(tmp_path / "fresh"))
+    try:
+        from fresh import load_environment  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(tmp_path / "fresh"))
+    environment = load_environment()
+    (record,) = environment.example_records(1)
+    episode, _ = environment.reset(record)
+    assert episode.step(record.metadata["answer"]).info["success"] is True
+
+
 def test_the_next_steps_name_programs_as_they_can_be_run_from_here(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

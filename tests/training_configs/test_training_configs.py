@@ -76,6 +76,34 @@ def test_errors_name_the_file_and_the_key(change: dict, expected: str) -> None:
     assert message.startswith("config my.yaml: ") and expected in message, message
 
 
+def test_every_problem_is_listed_with_the_closest_key_for_a_misspelt_one() -> None:
+    """A misspelt required key, a misspelt nested one and a bad value: all three, each named,
+    the unknown keys with the key they were likely meant to be (at their level)."""
+    data = {key: value for key, value in _lora().items() if key != "group_size"}
+    data |= {"grop_size": 8, "learning_rate": 0.5, "lora": {**_lora()["lora"], "rnak": 8}}
+    with pytest.raises(TrainingConfigError) as raised:
+        parse_training_config(yaml.safe_dump(data), "my.yaml")
+    problems = str(raised.value).removeprefix("config my.yaml: ").split("; ")
+    assert sorted(problems) == sorted(
+        [
+            "group_size: Field required",
+            "grop_size: unknown key (did you mean group_size?)",
+            "learning_rate: Input should be less than or equal to 0.01",
+            "lora.rnak: unknown key (did you mean rank?)",
+        ]
+    )
+    assert "lerning_rate: unknown key (did you mean learning_rate?)" in str(
+        _refused({**_lora(), "lerning_rate": 1e-5})
+    )
+    assert "zzz: unknown key (check its spelling)" in str(_refused({**_lora(), "zzz": 1}))
+
+
+def _refused(data: dict) -> TrainingConfigError:
+    with pytest.raises(TrainingConfigError) as raised:
+        parse_training_config(yaml.safe_dump(data), "my.yaml")
+    return raised.value
+
+
 def test_an_evaluation_file_replaces_the_held_out_share() -> None:
     held = parse_training_config(yaml.safe_dump(_lora()))
     assert (held.held_out_fraction, held.evaluates) == (0.1, True)

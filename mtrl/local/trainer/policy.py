@@ -223,7 +223,9 @@ def policy_for(environment: Environment) -> Policy:
     if environment.name not in POLICIES:
         raise NoLocalPolicy(
             f"environment {environment.name!r} has no local policy (the local trainer has one "
-            f"for {', '.join(sorted(POLICIES))}); evaluate it against a real model with "
-            "`mtrl local FILE --model-endpoint URL` instead"
+            f"for {', '.join(sorted(POLICIES))}); train it with a small language model on this "
+            "machine: `pip install -e '.[llm]'`, then `mtrl local FILE --trainer llm --model "
+            "tiny`; or evaluate it against a served model with `mtrl local FILE "
+            "--model-endpoint URL`"
         )
     return POLICIES[environment.name]()
