@@ -142,12 +142,16 @@ class ComputeSteps:
         )  # fmt: skip
         found = findings(lines, run.config.health)
         published = self._publish(run.run_id, lines, state.job)
-        verdict = policies.stalled(
-            status,
-            quiet,
-            rollout_timeout_seconds=run.config.rollout_timeout_seconds,
-            poll_seconds=run.poll_seconds,
-        ) or policies.unhealthy(status, found)
+        verdict = (
+            policies.stalled(
+                status,
+                quiet,
+                rollout_timeout_seconds=run.config.rollout_timeout_seconds,
+                poll_seconds=run.poll_seconds,
+            )
+            or policies.unhealthy(status, found)
+            or policies.unscored(status, lines)
+        )
         phase, reason = (
             (verdict.phase, verdict.reason) if verdict else (status.phase, status.reason)
         )

@@ -4,8 +4,9 @@ which Monitor and the reaper apply (lambdas/pipeline/compute.py, handlers.py).""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from domain.backends import JobStatus, Phase
 from domain.health import Finding
@@ -53,6 +54,28 @@ def stalled(
             "queue ages",
         )
     return None
+
+
+def unscored(status: JobStatus, lines: Sequence[Mapping[str, Any]]) -> Verdict | None:
+    """A job that succeeded without one scored rollout in the steps its metrics show (their
+    recent tail): every rollout failed, so nothing was trained on. The run fails saying so, never
+    SUCCEEDED — whatever the run-health rules' windows, which a short run may never fill."""
+    if status.phase != Phase.SUCCEEDED:
+        return None
+    asked, failed = _total(lines, "rollouts_asked"), _total(lines, "failed_rollouts")
+    if asked == 0 or failed < asked:
+        return None
+    errors, timeouts = _total(lines, "env_error_rollouts"), _total(lines, "timeout_rollouts")
+    return Verdict(
+        Phase.FAILED,
+        f"the job ended without one scored rollout: all {asked} failed ({errors} environment "
+        f"errors, {timeouts} timeouts), so nothing was trained on; the reward workers' logs "
+        "say why",
+    )
+
+
+def _total(lines: Sequence[Mapping[str, Any]], key: str) -> int:
+    return sum(line[key] for line in lines if isinstance(line.get(key), int))
 
 
 def unhealthy(status: JobStatus, found: Sequence[Finding]) -> Verdict | None:

@@ -177,6 +177,19 @@ def test_monitor_stops_a_run_a_health_rule_says_is_dead(state: dict) -> None:
     assert done["phase"] == "succeeded"  # a job that finished is not stopped after the fact
 
 
+def test_monitor_fails_a_job_that_succeeded_without_one_scored_rollout(state: dict) -> None:
+    """Two steps of failed rollouts, too short for the health rules' windows: the job's success
+    is the run's failure (the state machine then fails it with this reason)."""
+    failed = {"rollouts_asked": 16, "failed_rollouts": 16, "env_error_rollouts": 16}
+    metrics({"step": 1, **failed}, {"step": 2, **failed})
+    monitor = steps(Scripted(JobStatus("succeeded", step=2)), now=100.0).monitor
+    verdict = monitor(state)
+    assert verdict["phase"] == "failed"
+    assert verdict["reason"].startswith("the job ended without one scored rollout: all 32 failed")
+    metrics({"step": 1, **failed}, {"step": 2, **failed, "failed_rollouts": 15})
+    assert monitor(state)["phase"] == "succeeded"
+
+
 def test_monitor_carries_health_warnings_and_goes_on(state: dict) -> None:
     flaky = {
         "rollouts_asked": 32,

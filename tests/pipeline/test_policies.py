@@ -9,7 +9,7 @@ import pytest
 from domain.backends import JobStatus, Phase
 from domain.run_state import JobReport
 from domain.runs import RunRecord
-from lambdas.pipeline.policies import must_stop, quiet_polls, reaping, stalled
+from lambdas.pipeline.policies import must_stop, quiet_polls, reaping, stalled, unscored
 
 HOUR = 3600.0
 RUN = RunRecord(
@@ -93,3 +93,26 @@ def test_cost_so_far_runs_to_now_then_stops_when_the_run_finishes() -> None:
     done = RUN.model_copy(update={"status": "succeeded", "updated_at": 3 * HOUR})
     assert done.spent_usd(now=50 * HOUR) == 1_200
     assert RUN.spent_usd(now=-HOUR) == 0  # a clock behind the registration
+
+
+def _step(asked: int, failed: int, errors: int = 0, timeouts: int = 0) -> dict:
+    return {
+        "step": 1, "rollouts_asked": asked, "failed_rollouts": failed,
+        "env_error_rollouts": errors, "timeout_rollouts": timeouts,
+    }  # fmt: skip
+
+
+def test_a_job_that_succeeded_without_one_scored_rollout_fails_the_run() -> None:
+    """Two steps, every rollout failed: shorter than any health rule's window, so only this
+    rule sees it; one scored rollout is enough to let the run succeed."""
+    done = JobStatus(Phase.SUCCEEDED)
+    failed_all = [_step(64, 64, errors=40, timeouts=24), _step(64, 64, errors=64)]
+    verdict = unscored(done, failed_all)
+    assert verdict is not None and verdict.phase == Phase.FAILED
+    assert verdict.reason == (
+        "the job ended without one scored rollout: all 128 failed (104 environment errors, 24 "
+        "timeouts), so nothing was trained on; the reward workers' logs say why"
+    )
+    assert unscored(done, [*failed_all, _step(64, 63)]) is None
+    assert unscored(JobStatus(Phase.RUNNING), failed_all) is None  # the health rules' part
+    assert unscored(done, []) is None  # no metrics: nothing to judge by
