@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from domain.backends import (
@@ -20,7 +22,7 @@ from domain.backends import (
     recent_metrics,
 )
 from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, run_output_prefix, run_outputs
-from domain.episodes import EvaluationStage
+from domain.episodes import Episode, EvaluationStage
 from domain.evaluation import EvaluationReport, compare, read_episodes, summarize
 from domain.health import findings, held_out_caution
 from domain.run_queues import purge_run_queues
@@ -225,6 +227,8 @@ class ComputeSteps:
                 stage=stage,
             )  # fmt: skip
             summary = summarize(stage, found, k=config.eval_samples)
+            if stage is EvaluationStage.BASELINE and summary.n and not summary.scored:
+                raise EvaluationFailed(_unscored_baseline(found))
             update |= {"n": summary.n, "mean_reward": summary.mean_reward}
             update |= {"pass_at_1": summary.pass_at_1}
         return submitted.model_copy(update=update).model_dump(mode="json")
@@ -302,6 +306,17 @@ class ComputeSteps:
         """Scheduled: scale nodes kept warm to zero once no run took them for the keep-warm
         period."""
         return {"released": self.compute.cluster.release_idle()}
+
+
+def _unscored_baseline(episodes: Sequence[Episode]) -> str:
+    """Why a run stops before training: its starting model's evaluation scored nothing."""
+    ended = Counter(episode.stop_reason for episode in episodes)
+    how = ", ".join(f"{count} {reason}" for reason, count in sorted(ended.items()))
+    return (
+        f"the baseline evaluation scored none of its {len(episodes)} rollouts ({how}): training "
+        "on this environment as it runs would learn nothing; `mtrl env check` it, or see the "
+        "reward workers' logs"
+    )
 
 
 def evaluation_report(s3: Any, run: RunContext, state: RunState) -> EvaluationReport:

@@ -331,6 +331,34 @@ def test_an_evaluation_is_polled_until_it_ends_then_its_figures_are_read(state: 
         steps(Scripted(JobStatus("running")), now=4000.0).evaluation_status(event)
 
 
+def test_a_baseline_evaluation_that_scored_nothing_stops_the_run_before_training(
+    state: dict,
+) -> None:
+    """Every held-out rollout of the starting model failed (the environment errs, or times
+    out): the run fails there, saying how they ended, instead of training on nothing. The final
+    evaluation's figures are reported as they are."""
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="bucket-1")
+    state |= {"bucket": "bucket-1", "evaluations": {"baseline": {"stage": "baseline", "job": "j"}}}
+    failed = [
+        Episode(record_id=f"r{i}", sample_id=f"eval-r{i}_0", stop_reason=reason, score=None)
+        for i, reason in enumerate(["env_error", "env_error", "timeout"])
+    ]
+    body = b"".join(e.model_dump_json().encode() + b"\n" for e in failed)
+    s3.put_object(Bucket="bucket-1", Key="runs/r/evaluation/baseline.jsonl", Body=body)
+    done = steps(Scripted(JobStatus("succeeded")), now=60.0)
+    with pytest.raises(EvaluationFailed) as stopped:
+        done.evaluation_status({"stage": "baseline", "state": state})
+    assert str(stopped.value) == (
+        "the baseline evaluation scored none of its 3 rollouts (2 env_error, 1 timeout): "
+        "training on this environment as it runs would learn nothing; `mtrl env check` it, or "
+        "see the reward workers' logs"
+    )
+    s3.put_object(Bucket="bucket-1", Key="runs/r/evaluation/final.jsonl", Body=body)
+    state["evaluations"]["final"] = {"stage": "final", "job": "k"}
+    assert done.evaluation_status({"stage": "final", "state": state})["n"] == 3
+
+
 def test_collect_writes_the_evaluation_report_and_its_headline(state: dict) -> None:
     s3 = boto3.client("s3")
     s3.create_bucket(Bucket="bucket-1")
