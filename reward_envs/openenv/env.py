@@ -124,14 +124,11 @@ class _Session:
 
 
 def _refusal(asked: str, data: dict[str, Any]) -> OpenEnvError:
-    code, text = data.get("code"), data.get("message")
-    errors = data.get("errors")
+    code, text, errors = data.get("code"), data.get("message"), data.get("errors")
+    details = [_error_text(error) for error in errors] if isinstance(errors, list) else []
     if code == "VALIDATION_ERROR" and asked == "step":
-        details = [_error_text(error) for error in errors] if isinstance(errors, list) else []
         return ActionRefused(f"{asked}: {code}: {text}", details)
-    shown = f"{asked}: {code}: {text}"
-    if isinstance(errors, list) and errors:
-        shown += " (" + "; ".join(_error_text(error) for error in errors) + ")"
+    shown = f"{asked}: {code}: {text}" + (f" ({'; '.join(details)})" if details else "")
     return OpenEnvError(shown, code if isinstance(code, str) else None)
 
 
