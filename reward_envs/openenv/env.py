@@ -39,6 +39,7 @@ from urllib.parse import urlsplit, urlunsplit
 from websockets.exceptions import ConnectionClosed, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
+from domain.episodes import INVALID_METRIC
 from reward_envs.interface import Environment, Episode, Message, Record, RewardRange, StepResult
 
 # OpenEnv's own client takes messages up to 100 MiB (openenv.core.env_client,
@@ -46,7 +47,9 @@ from reward_envs.interface import Environment, Episode, Message, Record, RewardR
 MAX_MESSAGE_BYTES = 100 * 1024 * 1024
 CAPACITY_POLL_SECONDS = 0.2
 _SURROGATE = re.compile("[\ud800-\udfff]")
-INVALID_METRIC = "invalid"  # reported as env/invalid: a move the server's action model refused
+# The episode's moves the server's action model refused so far, in every step's info: the worker
+# reports the last step's as env/invalid (domain/episodes.INVALID_METRIC), as Wordle's count.
+INVALID_MOVES = INVALID_METRIC.removeprefix("env/")
 
 
 class OpenEnvError(RuntimeError):
@@ -145,7 +148,7 @@ class OpenEnvEpisode(Episode):
         self._session = session
         self._environment = environment
         self._done = False
-        self._turns = 0
+        self._turns = self._invalid = 0
 
     def step(self, reply: str) -> StepResult:
         if self._done:
@@ -171,10 +174,11 @@ class OpenEnvEpisode(Episode):
             if isinstance(reward, int | float) and math.isfinite(reward)
             else 0.0,
             done=self._done,
-            info=_numbers(_metadata(answer)),
+            info={**_numbers(_metadata(answer)), INVALID_MOVES: self._invalid},
         )
 
     def _refused_move(self, refused: ActionRefused) -> StepResult:
+        self._invalid += 1
         self._done = self._turns >= self._environment.max_turns
         if self._done:
             self.close()
@@ -184,7 +188,7 @@ class OpenEnvEpisode(Episode):
             messages=[{"role": "user", "content": shown.strip()}],
             reward=0.0,
             done=self._done,
-            info={INVALID_METRIC: True},
+            info={INVALID_MOVES: self._invalid},
         )
 
     def close(self) -> None:

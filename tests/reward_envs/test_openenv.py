@@ -151,7 +151,7 @@ def test_observations_are_shown_as_asked_and_sessions_end_with_a_close() -> None
         assert first == [{"role": "user", "content": '{"hint": "Guess a number from 1 to 10."}'}]
         won = episode.step("5")
         assert won.messages == [{"role": "user", "content": '{"hint": "correct"}'}]
-        assert (won.reward, won.done, won.info) == (1.0, True, {"guesses": 1})
+        assert (won.reward, won.done, won.info) == (1.0, True, {"guesses": 1, "invalid": 0})
         over = episode.step("5")
         assert (over.messages, over.reward, over.done) == ([], 0.0, True)
         missing = load("openenv", url=url, observation_field="score")

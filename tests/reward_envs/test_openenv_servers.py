@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from domain.episodes import INVALID_METRIC
 from domain.protocol import RolloutRequest
 from reward_envs.conformance import check_environment
 from reward_envs.interface import Record
@@ -108,7 +109,8 @@ def test_a_malformed_typed_move_is_the_models_scored_move_not_an_env_error(
     response = played.response
     assert (response.stop_reason, response.aggregate_score) == ("end_of_conversation", 1.0)
     metrics = {m.name: m.value for m in response.metrics}
-    assert metrics["turns"] == 3
+    # The invalid moves of the episode, counted as Wordle counts them (domain/episodes reads it).
+    assert (metrics["turns"], metrics[INVALID_METRIC]) == (3, 1)
     shown = played.messages[2]["content"]
     assert shown == (
         "Invalid action (action: Input should be 'UP', 'DOWN', 'LEFT' or 'RIGHT'). Answer with "
