@@ -1,195 +1,197 @@
 """An OpenEnv environment, served by its own server, as a reward environment.
 
-OpenEnv (meta-pytorch/OpenEnv) serves an environment over HTTP and WebSocket. Its HTTP `/reset`
-and `/step` make a fresh environment per request, so a multi-turn episode needs its WebSocket
-session protocol (`openenv/core/env_server/http_server.py`, `types.py`): on `/ws` each connection
-gets its own environment; the client sends `{"type": "reset", "data": {"seed", "episode_id"}}`,
-`{"type": "step", "data": <action>}` and `{"type": "close"}`; the server answers
-`{"type": "observation", "data": {"observation": {...}, "reward": float | null, "done": bool,
-"metadata"?: {...}}}` or `{"type": "error", "data": {"message", "code"}}`.
+One episode is one WebSocket session (protocol.py), closed however the episode ends: done, its
+`max_turns` (which ends it here even when the server never does), a timeout or an error. OpenEnv
+serves one session at a time unless the server is made with `max_concurrent_envs`: a server at
+capacity answers CAPACITY_REACHED, and the episode waits for a session, within
+`timeout_seconds`. `max_sessions` tells the conformance kit how many episodes the server takes
+at once.
 
-Here one episode is one session, closed however the episode ends: done, its `max_turns` (which
-ends it here even when the server never does), a timeout or an error. OpenEnv serves one
-session at a time unless the server is made with `max_concurrent_envs`: a server at capacity
-answers CAPACITY_REACHED, and the episode waits for a session, within `timeout_seconds`.
-`max_sessions` tells the conformance kit how many episodes the server takes at once.
+The model's turn becomes the server's action by `action_format`:
+- `text`: its text as the one field `action_field` (OpenEnv's text environments take a
+  `message`; a typed one, e.g. `action`);
+- `json`: its text is the action, a JSON object (bare or in a ```json block);
+- `tools`: an MCP environment (OpenEnv's `MCPEnvironment`): the model calls the server's tools
+  (listed by `tools/list`) and each call is a `call_tool` step;
+- `auto` (the default): read from the server's action schema (`/schema`): MCP's CallToolAction
+  is `tools`, one text field is `text` with that field, anything else `json`; an `action_field`
+  given means `text`.
+A move the server cannot take — not JSON, refused by its action model (VALIDATION_ERROR), a
+turn without a tool call, a call to an unknown tool or with bad arguments — is the model's bad
+move: the turn scores 0, the model is shown why, and every step's info counts the episode's
+such moves (domain/episodes.INVALID_METRIC). Only transport and server failures are errors: the
+worker reports the rollout as `env_error`, never as a reward.
 
-The model's reply becomes the action `{action_field: reply}` (OpenEnv's text environments take a
-`message`; a typed one, e.g. `action`). An action the server's model refuses (VALIDATION_ERROR)
-is the model's move, and a bad one: the turn scores 0 and the model is shown why (the server's
-`errors`), never an environment error. An observation is shown to the model as its
-`observation_field` (or as JSON, without its metadata); a step's reward is the turn reward
-(none: 0), `done` ends the episode, the observation's numeric metadata travels as metrics
-(openenv 0.10.0 nests it in the observation and repeats it beside it; openenv-core 0.3.0 sends it
-beside it only). Any other error the server answers with is raised: the worker reports the
-rollout as `env_error`, never as a reward.
+An observation is shown to the model as its `observation_field` (a dotted path, e.g.
+`metadata.question`) or, by default, as JSON without its metadata; a tool call's answer is the
+tool's result. A step's reward is the turn reward (none: 0; a turn's calls add up), `done` ends
+the episode, and the observation's numeric metadata travels as metrics (openenv 0.10.0 nests it
+in the observation and repeats it beside it; openenv-core 0.3.0 sends it beside it only).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import re
+import threading
 import time
-import weakref
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
-
-from websockets.exceptions import ConnectionClosed, WebSocketException
-from websockets.sync.client import ClientConnection, connect
+from collections.abc import Sequence
+from typing import Any, Literal, get_args
 
 from domain.episodes import INVALID_METRIC
-from reward_envs.interface import Environment, Episode, Message, Record, RewardRange, StepResult
+from reward_envs.interface import (
+    Environment,
+    Episode,
+    Message,
+    Record,
+    Reply,
+    RewardRange,
+    StepResult,
+    ToolUse,
+    tool_result,
+)
+from reward_envs.openenv.protocol import (
+    ActionRefused,
+    OpenEnvError,
+    Session,
+    list_tools,
+    read_schema,
+    session_url,
+)
 
-# OpenEnv's own client takes messages up to 100 MiB (openenv.core.env_client,
-# `max_message_size_mb`); websockets' default is 1 MiB.
-MAX_MESSAGE_BYTES = 100 * 1024 * 1024
+ActionFormat = Literal["auto", "text", "json", "tools"]
 CAPACITY_POLL_SECONDS = 0.2
-_SURROGATE = re.compile("[\ud800-\udfff]")
-# The episode's moves the server's action model refused so far, in every step's info: the worker
+# The episode's moves the server could not take so far, in every step's info: the worker
 # reports the last step's as env/invalid (domain/episodes.INVALID_METRIC), as Wordle's count.
 INVALID_MOVES = INVALID_METRIC.removeprefix("env/")
+# OpenEnv's ToolError types that are the model's call, not the server's failure (mcp_types.py).
+_MODELS_TOOL_ERRORS = ("invalid_args", "tool_not_found", "execution_error")
+_FENCED = re.compile(r"```(?:json)?\s*(.*?)\s*```", re.DOTALL)
 
 
-class OpenEnvError(RuntimeError):
-    """The OpenEnv server refused a message or could not be reached."""
-
-    def __init__(self, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class ActionRefused(OpenEnvError):
-    """The server's action model refused the action (VALIDATION_ERROR): the model's bad move."""
-
-    def __init__(self, message: str, errors: list[str]) -> None:
-        super().__init__(message, "VALIDATION_ERROR")
-        self.errors = errors
-
-
-def session_url(url: str) -> str:
-    """The WebSocket session endpoint of an OpenEnv server given by its base URL (http, https,
-    ws or wss; a URL already ending in /ws is kept)."""
-    parts = urlsplit(url)
-    scheme = {"http": "ws", "https": "wss"}.get(parts.scheme, parts.scheme)
-    if scheme not in ("ws", "wss") or not parts.netloc:
-        raise ValueError(f"url {url!r}: give the OpenEnv server's http(s):// or ws(s):// address")
-    path = parts.path.rstrip("/")
-    path = path if path.endswith("/ws") else f"{path}/ws"
-    return urlunsplit((scheme, parts.netloc, path, parts.query, ""))
+def action_format_of(schema: dict[str, Any]) -> tuple[ActionFormat, str | None]:
+    """How a server whose action JSON schema is `schema` takes a move: (format, text field)."""
+    properties = {
+        name: _resolved(spec, schema)
+        for name, spec in (schema.get("properties") or {}).items()
+        if name != "metadata"  # every OpenEnv Action has it
+    }
+    if schema.get("title") == "CallToolAction" or {"tool_name", "arguments"} <= properties.keys():
+        return "tools", None
+    if len(properties) == 1:
+        ((name, spec),) = properties.items()
+        if spec.get("type") == "string":
+            return "text", name
+    return "json", None
 
 
-class _Session:
-    """One WebSocket session: one environment on the server."""
-
-    def __init__(self, url: str, timeout: float) -> None:
-        self._timeout = timeout
-        try:
-            # An episode's session outlives any one block: websockets' direct connection.
-            self._socket: ClientConnection = connect(
-                url, open_timeout=timeout, max_size=MAX_MESSAGE_BYTES, legacy=True
-            )
-        except (OSError, WebSocketException) as error:
-            raise OpenEnvError(f"cannot open a session at {url}: {error}") from None
-        self._closed = False
-        weakref.finalize(self, self._socket.close)
-
-    def ask(self, message: dict[str, Any]) -> dict[str, Any]:
-        """Send one message and return the observation answering it."""
-        try:
-            # A server that cannot open the session (CAPACITY_REACHED) says so and closes before
-            # reading anything: its answer is still there to read.
-            with contextlib.suppress(ConnectionClosed):
-                self._socket.send(json.dumps(message))
-            raw = self._socket.recv(timeout=self._timeout)
-            answer = json.loads(raw)
-        except (OSError, TimeoutError, WebSocketException, json.JSONDecodeError) as error:
-            raise OpenEnvError(f"{message['type']}: {type(error).__name__}: {error}") from None
-        data = answer.get("data") if isinstance(answer, dict) else None
-        if not isinstance(data, dict):
-            raise OpenEnvError(f"{message['type']}: not an OpenEnv answer: {str(raw)[:200]}")
-        if answer.get("type") == "error":
-            raise _refusal(message["type"], data)
-        if answer.get("type") != "observation" or not isinstance(data.get("observation"), dict):
-            raise OpenEnvError(
-                f"{message['type']}: expected an observation, got {answer.get('type')!r}"
-            )
-        return data
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with contextlib.suppress(OSError, WebSocketException):
-            self._socket.send(json.dumps({"type": "close"}))
-        self._socket.close()
-
-
-def _refusal(asked: str, data: dict[str, Any]) -> OpenEnvError:
-    code, text, errors = data.get("code"), data.get("message"), data.get("errors")
-    details = [_error_text(error) for error in errors] if isinstance(errors, list) else []
-    if code == "VALIDATION_ERROR" and asked == "step":
-        return ActionRefused(f"{asked}: {code}: {text}", details)
-    shown = f"{asked}: {code}: {text}" + (f" ({'; '.join(details)})" if details else "")
-    return OpenEnvError(shown, code if isinstance(code, str) else None)
-
-
-def _error_text(error: Any) -> str:
-    """One of a VALIDATION_ERROR's `errors` (pydantic's: `loc`, `msg`, `input`) as a line."""
-    if not isinstance(error, dict):
-        return str(error)
-    where = ".".join(str(part) for part in error.get("loc", ()) if part != "data")
-    return f"{where}: {error.get('msg')}" if where else str(error.get("msg"))
+def _resolved(spec: Any, schema: dict[str, Any]) -> dict[str, Any]:
+    """A property's schema, through a `$ref` to the schema's `$defs` (an Enum field's)."""
+    if not isinstance(spec, dict):
+        return {}
+    reference = spec.get("$ref")
+    if isinstance(reference, str) and reference.startswith("#/$defs/"):
+        found = (schema.get("$defs") or {}).get(reference.removeprefix("#/$defs/"))
+        return found if isinstance(found, dict) else {}
+    return spec
 
 
 class OpenEnvEpisode(Episode):
-    def __init__(self, session: _Session, environment: OpenEnvEnvironment) -> None:
+    def __init__(self, session: Session, environment: OpenEnvEnvironment) -> None:
         self._session = session
         self._environment = environment
         self._done = False
         self._turns = self._invalid = 0
 
     def step(self, reply: str) -> StepResult:
+        return self.act(Reply.of(reply))
+
+    def act(self, reply: Reply) -> StepResult:
         if self._done:
             return StepResult(messages=[], reward=0.0, done=True, info={"error": "episode is over"})
         self._turns += 1
+        if self._environment.action_format == "tools":
+            messages, reward, metadata = self._calls(reply.tool_calls)
+        else:
+            messages, reward, metadata = self._move(reply.content)
+        # The server may never end an episode: its turn limit here is `max_turns`.
+        if self._done or self._turns >= self._environment.max_turns:
+            self.close()
+        return StepResult(
+            messages=messages,
+            reward=reward,
+            done=self._done,
+            info={**_numbers(metadata), INVALID_MOVES: self._invalid},
+        )
+
+    def _move(self, text: str) -> tuple[list[Message], float, Any]:
+        action, problem = self._environment.action_for(text)
+        if action is None:
+            return [self._refused(problem)], 0.0, None
         try:
-            answer = self._session.ask(
-                {"type": "step", "data": {self._environment.action_field: _unicode(reply)}}
-            )
+            answer = self._ask(action)
         except ActionRefused as refused:
-            return self._refused_move(refused)
+            return [self._refused("; ".join(refused.errors) or "not accepted")], 0.0, None
+        return [self._environment.shown(answer["observation"])], _reward(answer), _metadata(answer)
+
+    def _calls(self, calls: Sequence[ToolUse]) -> tuple[list[Message], float, Any]:
+        if not calls:
+            names = ", ".join(tool["function"]["name"] for tool in self._environment.tools)
+            return [self._refused(f"no tool call; call one of: {names}")], 0.0, None
+        messages: list[Message] = []
+        reward, metadata = 0.0, None
+        for call in calls:
+            if self._done:  # an earlier call ended the episode: every call still gets its answer
+                messages.append(tool_result(call, "error: the episode is over"))
+                continue
+            if call.problem is not None or call.arguments is None:
+                self._invalid += 1
+                messages.append(tool_result(call, f"error: {call.problem}"))
+                continue
+            asked = {"type": "call_tool", "tool_name": call.name, "arguments": call.arguments}
+            try:
+                answer = self._ask(asked)
+            except ActionRefused as refused:
+                self._invalid += 1
+                messages.append(tool_result(call, f"error: {'; '.join(refused.errors)}"))
+                continue
+            messages.append(tool_result(call, self._tool_answer(call, answer["observation"])))
+            reward += _reward(answer)
+            metadata = _metadata(answer)
+        return messages, reward, metadata
+
+    def _tool_answer(self, call: ToolUse, observation: dict[str, Any]) -> str:
+        """What the model reads of a call's observation: the tool's result, its error, or (an
+        environment that answers a call with an observation of its own) the observation."""
+        error = observation.get("error")
+        if isinstance(error, dict):
+            kind = error.get("error_type")
+            if kind not in _MODELS_TOOL_ERRORS:  # transport_error, timeout: the server's failure
+                self.close()
+                raise OpenEnvError(f"call_tool {call.name}: {kind}: {error.get('message')}")
+            if kind != "execution_error":  # the tool ran: a legal move that failed
+                self._invalid += 1
+            return f"error: {error.get('message')}"
+        if "tool_name" in observation:
+            return _tool_output(observation.get("result"))
+        return self._environment.shown(observation)["content"] or ""
+
+    def _ask(self, action: dict[str, Any]) -> dict[str, Any]:
+        try:
+            answer = self._session.ask({"type": "step", "data": action})
+        except ActionRefused:
+            raise
         except OpenEnvError:
             self.close()
             raise
-        # The server may never end an episode: its turn limit here is `max_turns`.
-        self._done = bool(answer.get("done")) or self._turns >= self._environment.max_turns
-        if self._done:
-            self.close()
-        reward = answer.get("reward")
-        return StepResult(
-            messages=[self._environment.shown(answer["observation"])],
-            reward=float(reward)
-            if isinstance(reward, int | float) and math.isfinite(reward)
-            else 0.0,
-            done=self._done,
-            info={**_numbers(_metadata(answer)), INVALID_MOVES: self._invalid},
-        )
+        self._done = self._done or bool(answer.get("done"))
+        return answer
 
-    def _refused_move(self, refused: ActionRefused) -> StepResult:
+    def _refused(self, why: str | None) -> Message:
         self._invalid += 1
-        self._done = self._turns >= self._environment.max_turns
-        if self._done:
-            self.close()
-        why = "; ".join(refused.errors) or "the environment did not accept it"
         shown = f"Invalid action ({why}). {self._environment.action_hint}"
-        return StepResult(
-            messages=[{"role": "user", "content": shown.strip()}],
-            reward=0.0,
-            done=self._done,
-            info={INVALID_MOVES: self._invalid},
-        )
+        return {"role": "user", "content": shown.strip()}
 
     def close(self) -> None:
         self._done = True
@@ -197,9 +199,10 @@ class OpenEnvEpisode(Episode):
 
 
 class OpenEnvEnvironment(Environment):
-    """`url`: the OpenEnv server; `action_field`: the action's text field; `observation_field`:
-    what of an observation the model is shown (default: all of it but its metadata, as JSON);
-    `max_sessions`: the server's `max_concurrent_envs` (OpenEnv's default: 1)."""
+    """`url`: the OpenEnv server; `action_format` and `action_field`: how a turn becomes an
+    action (module docstring); `observation_field`: what of an observation the model is shown;
+    `max_sessions`: the server's `max_concurrent_envs` (OpenEnv's default: 1); `action_hint`:
+    shown with a move the server could not take."""
 
     name = "openenv"
 
@@ -207,7 +210,8 @@ class OpenEnvEnvironment(Environment):
         self,
         *,
         url: str,
-        action_field: str = "message",
+        action_format: ActionFormat = "auto",
+        action_field: str | None = None,
         observation_field: str | None = None,
         max_turns: int = 10,
         reward_low: float = 0.0,
@@ -218,8 +222,21 @@ class OpenEnvEnvironment(Environment):
     ) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
+        if action_format not in get_args(ActionFormat):
+            raise ValueError(
+                f"action_format {action_format!r}: one of {', '.join(get_args(ActionFormat))}"
+            )
+        if action_field is not None and action_format not in ("auto", "text"):
+            raise ValueError(f"action_field is for text actions, not action_format {action_format}")
         self.url = session_url(url)
-        self.action_field = action_field
+        # Known from the arguments, or read from the server when first needed (_described).
+        self._format: ActionFormat | None = None if action_format == "auto" else action_format
+        self._field = action_field or ("message" if action_format == "text" else None)
+        if action_field is not None:
+            self._format = "text"
+        self._fields: list[str] = []
+        self._tools: list[dict[str, Any]] | None = None
+        self._describing = threading.Lock()
         self.observation_field = observation_field
         self.max_turns = max_turns
         self.reward_range = RewardRange(reward_low, reward_high)
@@ -227,22 +244,71 @@ class OpenEnvEnvironment(Environment):
         self.concurrent_episodes = max_sessions
         self.action_hint = action_hint
 
+    @property
+    def action_format(self) -> ActionFormat:
+        return self._described()
+
+    @property
+    def action_field(self) -> str | None:
+        self._described()
+        return self._field
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        self._described()
+        return self._tools or []
+
+    def _described(self) -> ActionFormat:
+        """The action format, read from the server's schema once when `auto`; an MCP
+        environment's tools listed once. Neither takes a session."""
+        with self._describing:
+            if self._format is None:
+                schema = read_schema(self.url, self.timeout_seconds)
+                self._format, self._field = action_format_of(schema)
+                self._fields = [
+                    name for name in schema.get("properties") or {} if name != "metadata"
+                ]
+            if self._format == "tools" and self._tools is None:
+                self._tools = list_tools(self.url, self.timeout_seconds)
+            return self._format
+
+    def action_for(self, text: str) -> tuple[dict[str, Any] | None, str | None]:
+        """The action a turn's text is (text and json formats), or why it is none."""
+        if self.action_format == "text":
+            return {self._field or "message": text}, None
+        body = text.strip()
+        fenced = _FENCED.fullmatch(body)
+        try:
+            action = json.loads(fenced.group(1) if fenced else body)
+        except json.JSONDecodeError as error:
+            return None, f"not JSON: {error.msg}; {self._wanted()}"
+        if not isinstance(action, dict):
+            return None, self._wanted()
+        return action, None
+
+    def _wanted(self) -> str:
+        fields = f" with the fields {', '.join(self._fields)}" if self._fields else ""
+        return f"a move is a JSON object{fields}"
+
     def reset(self, record: Record, *, seed: int = 0) -> tuple[OpenEnvEpisode, list[Message]]:
+        self._described()
         # OpenEnv's ResetRequest: a seed of at least 0, an episode id of at most 255 characters.
         asked = {"type": "reset", "data": {"seed": seed % 2**31, "episode_id": record.id[:255]}}
         session, answer = self._session_for(asked)
-        first = self.shown(answer["observation"])
         prompt = record.metadata.get("prompt")
-        if isinstance(prompt, str) and prompt.strip():
-            first = {"role": "user", "content": f"{prompt.strip()}\n\n{first['content']}"}
+        parts = [
+            prompt.strip() if isinstance(prompt, str) else "",
+            self.shown(answer["observation"])["content"] or "",
+        ]
+        first: Message = {"role": "user", "content": "\n\n".join(part for part in parts if part)}
         return OpenEnvEpisode(session, self), [first]
 
-    def _session_for(self, reset: dict[str, Any]) -> tuple[_Session, dict[str, Any]]:
+    def _session_for(self, reset: dict[str, Any]) -> tuple[Session, dict[str, Any]]:
         """A new session and its reset's answer; a server at capacity is asked again until a
         session frees or `timeout_seconds` pass."""
         deadline = time.monotonic() + self.timeout_seconds
         while True:
-            session = _Session(self.url, self.timeout_seconds)
+            session = Session(self.url, self.timeout_seconds)
             try:
                 return session, session.ask(reset)
             except OpenEnvError as refused:
@@ -263,20 +329,42 @@ class OpenEnvEnvironment(Environment):
         return [Record(id=f"openenv-{seed}-{index}") for index in range(count)]
 
     def shown(self, observation: dict[str, Any]) -> Message:
-        """An observation as the user message the model reads."""
+        """An observation as the user message the model reads ("" when it shows nothing)."""
         if self.observation_field is None:
             shown = {key: value for key, value in observation.items() if key != "metadata"}
-            text = json.dumps(shown, sort_keys=True, ensure_ascii=False)
+            text = json.dumps(shown, sort_keys=True, ensure_ascii=False) if shown else ""
         else:
-            value = observation.get(self.observation_field, "")
+            value = _at(observation, self.observation_field)
             text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
         return {"role": "user", "content": text}
 
 
-def _unicode(text: str) -> str:
-    """`text` as valid Unicode: a lone surrogate (which no server can encode back) becomes
-    U+FFFD, as a decoder shows bytes it cannot read."""
-    return _SURROGATE.sub("\ufffd", text)
+def _at(observation: dict[str, Any], path: str) -> Any:
+    """The observation's value at a dotted `path` ("" when it has none)."""
+    value: Any = observation
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return ""
+        value = value[part]
+    return value
+
+
+def _tool_output(result: Any) -> str:
+    """An MCP tool result as text: its text content (FastMCP's CallToolResult), else its data."""
+    if isinstance(result, dict):
+        content = result.get("content")
+        if isinstance(content, list):
+            texts = [item.get("text") for item in content if isinstance(item, dict)]
+            if texts and all(isinstance(text, str) for text in texts):
+                return "\n".join(texts)
+        if "data" in result:
+            result = result["data"]
+    return result if isinstance(result, str) else json.dumps(result, sort_keys=True)
+
+
+def _reward(answer: dict[str, Any]) -> float:
+    reward = answer.get("reward")
+    return float(reward) if isinstance(reward, int | float) and math.isfinite(reward) else 0.0
 
 
 def _metadata(answer: dict[str, Any]) -> Any:
@@ -297,9 +385,9 @@ def _numbers(metadata: Any) -> dict[str, Any]:
 
 
 def load_environment(**kwargs: Any) -> OpenEnvEnvironment:
-    """The entry point: `url` (required), `action_field`, `observation_field`, `max_turns`,
-    `reward_low`, `reward_high`, `timeout_seconds`, `max_sessions`, `action_hint` (a config's
-    `environment_args`)."""
+    """The entry point: `url` (required), `action_format`, `action_field`, `observation_field`,
+    `max_turns`, `reward_low`, `reward_high`, `timeout_seconds`, `max_sessions`, `action_hint`
+    (a config's `environment_args`)."""
     if "url" not in kwargs:
         raise TypeError("openenv needs url: the OpenEnv server's address (environment_args.url)")
     return OpenEnvEnvironment(**kwargs)
