@@ -12,6 +12,7 @@ import numpy as np
 
 from domain.episodes import TRUNCATED_METRIC
 from domain.protocol import RolloutResponse
+from domain.step_metrics import first_error
 from training_configs.schema import AdvantageNormalization as Normalization
 
 
@@ -50,6 +51,7 @@ class RolloutStats:
     env_error_rollouts: int  # of the failed: the environment raised
     timeout_rollouts: int  # of the failed: timed out, or no answer within the step's wait
     truncated_rollouts: int  # answered, with a model turn cut at the token limit
+    first_error: str | None = None  # the first failed rollout's error (domain/step_metrics.py)
 
 
 def score_groups(
@@ -98,6 +100,11 @@ def score_groups(
         timeout_rollouts=ended.count("timeout") + len(asked) - len(ended),
         truncated_rollouts=sum(
             1 for sample in asked if sample in responses and _truncated(responses[sample])
+        ),
+        first_error=first_error(
+            responses[sample].error if sample in responses else "no rollout response in time"
+            for sample in asked
+            if sample not in responses or responses[sample].aggregate_score is None
         ),
     )
     return scored, stats

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args
 
-from domain.step_metrics import number
+from domain.step_metrics import FIRST_ERROR, number
 from training_configs.schema import SHARES, HealthMetric, HealthRule
 
 # What each metric means, for the reason a finding gives.
@@ -55,6 +55,10 @@ FIGURE_KEYS: Mapping[str, tuple[str, ...]] = {
     "reward_spread": ("reward_std",),
     "mean_turns": ("turns_per_episode",),
 }
+# The rules about failed rollouts: their findings say the first failure's error.
+FAILURES: frozenset[HealthMetric] = frozenset(
+    {"failed_rollout_rate", "env_error_rate", "timeout_rate"}
+)
 # Steps the reward-hacking heuristic compares: the mean of the first and last three of them.
 HACKING_WINDOW, HACKING_ENDS = 10, 3
 
@@ -138,6 +142,7 @@ class Finding:
     first_step: int
     last_step: int
     value: float  # the metric on the last step
+    error: str | None = None  # a failure rule's: the first failed rollout's error of the steps
 
     @property
     def stops(self) -> bool:
@@ -156,9 +161,10 @@ class Finding:
             measured = f"{self.value:.0%} {MEANING[rule.metric]}"
         else:
             measured = f"{MEANING[rule.metric]} {self.value:.3g}"
+        told = f"; the first failure: {self.error}" if self.error else ""
         return (
             f"run health: {measured} on {steps} "
-            f"({rule.metric} {rule.bound} for {rule.steps} steps in a row: {rule.action})"
+            f"({rule.metric} {rule.bound} for {rule.steps} steps in a row: {rule.action}){told}"
         )
 
 
@@ -180,5 +186,10 @@ def findings(lines: Iterable[Mapping[str, Any]], rules: Sequence[HealthRule]) ->
                 break
             streak.append((steps[index], measured))
         if len(streak) == rule.steps:
-            found.append(Finding(rule, streak[-1][0], streak[0][0], streak[0][1]))
+            first, last = streak[-1][0], streak[0][0]
+            errors = [by_step[step].get(FIRST_ERROR) for step in steps if first <= step <= last]
+            error = next((e for e in errors if isinstance(e, str) and e), None)
+            found.append(
+                Finding(rule, first, last, streak[0][1], error if rule.metric in FAILURES else None)
+            )
     return found

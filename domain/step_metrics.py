@@ -5,6 +5,7 @@ purpose: the reward workers' image carries it (domain/trajectories.py)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -25,3 +26,26 @@ def metrics_lines(text: str) -> list[dict[str, Any]]:
 def number(value: Any) -> float | None:
     """A metrics line's figure as a float: a JSON number (not a bool), else None."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+# A step's first failed rollout's error, as the rollout reported it, in its metrics line: what
+# a run that failed says first (the whole text is in the trajectories and the workers' logs).
+FIRST_ERROR = "first_error"
+ERROR_CHARACTERS = 300
+
+
+def first_error(errors: Iterable[str | None]) -> str | None:
+    """The first of `errors` that says something, cut to ERROR_CHARACTERS."""
+    for error in errors:
+        if error:
+            return error if len(error) <= ERROR_CHARACTERS else error[: ERROR_CHARACTERS - 1] + "…"
+    return None
+
+
+def first_step_error(lines: Iterable[Mapping[str, Any]]) -> tuple[int, str] | None:
+    """(step, error) of the first of a run's metrics lines that names a failed rollout's error."""
+    for line in lines:
+        error = line.get(FIRST_ERROR)
+        if isinstance(error, str) and error and isinstance(line.get("step"), int):
+            return line["step"], error
+    return None

@@ -293,6 +293,8 @@ def _print_result(outcome: Any, directory: Path) -> None:
         rows.append(
             ("trajectories", f"mtrl trajectories {outcome.run_id} --out {directory.parent}")
         )
+    if data["first_error"]:
+        rows.append(("first failed rollout", data["first_error"]))
     for warning in data["health"].values():
         rows.append(("run health", f"warning: {warning}"))
     if data["tracking"]:

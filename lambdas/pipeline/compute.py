@@ -28,6 +28,7 @@ from domain.health import findings, held_out_caution
 from domain.run_queues import purge_run_queues
 from domain.run_state import EvaluationJob, JobReport, OpenedPhase, RegisteredRun, RunState
 from domain.runs import RunRecord, RunStore
+from domain.step_metrics import first_error
 from lambdas.pipeline import policies
 from lambdas.pipeline.checkpoints import best_checkpoint, recorded_checkpoints
 from lambdas.pipeline.dependencies import Compute, Dependencies
@@ -312,10 +313,11 @@ def _unscored_baseline(episodes: Sequence[Episode]) -> str:
     """Why a run stops before training: its starting model's evaluation scored nothing."""
     ended = Counter(episode.stop_reason for episode in episodes)
     how = ", ".join(f"{count} {reason}" for reason, count in sorted(ended.items()))
+    error = first_error(episode.error for episode in episodes)
     return (
         f"the baseline evaluation scored none of its {len(episodes)} rollouts ({how}): training "
         "on this environment as it runs would learn nothing; `mtrl env check` it, or see the "
-        "reward workers' logs"
+        "reward workers' logs" + (f"; the first failure: {error}" if error else "")
     )
 
 

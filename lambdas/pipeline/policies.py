@@ -12,6 +12,7 @@ from domain.backends import JobStatus, Phase
 from domain.health import Finding
 from domain.run_state import JobReport
 from domain.runs import RunRecord
+from domain.step_metrics import first_step_error
 
 
 @dataclass(frozen=True)
@@ -66,11 +67,12 @@ def unscored(status: JobStatus, lines: Sequence[Mapping[str, Any]]) -> Verdict |
     if asked == 0 or failed < asked:
         return None
     errors, timeouts = _total(lines, "env_error_rollouts"), _total(lines, "timeout_rollouts")
+    first = first_step_error(lines)
+    why = f"the first (training step {first[0]}): {first[1]}" if first else "see the workers' logs"
     return Verdict(
         Phase.FAILED,
         f"the job ended without one scored rollout: all {asked} failed ({errors} environment "
-        f"errors, {timeouts} timeouts), so nothing was trained on; the reward workers' logs "
-        "say why",
+        f"errors, {timeouts} timeouts), so nothing was trained on; {why}",
     )
 
 

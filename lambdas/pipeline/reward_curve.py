@@ -20,6 +20,7 @@ from typing import Any
 
 from domain.backends import METRICS_OBJECT, RunContext, last_step
 from domain.evaluation import deciles
+from domain.step_metrics import first_error
 from lambdas.router.conversations import ConversationStore, ReportedRollout
 
 SOURCE = "rollout_reports"  # what a line was computed from, beside a trainer's own lines
@@ -49,6 +50,7 @@ class RewardWindow:
     first_report_at: float
     last_report_at: float
     partial: bool  # fewer rollouts than a step's: the job ended before its window filled
+    first_error: str | None = None  # the first failed rollout's error (domain/step_metrics.py)
     source: str = SOURCE
 
 
@@ -108,6 +110,7 @@ def _window(step: int, reports: Sequence[ReportedRollout], *, partial: bool) -> 
         first_report_at=reports[0].reported_at,
         last_report_at=reports[-1].reported_at,
         partial=partial,
+        first_error=first_error(r.episode.error for r in reports if r.episode is not None),
     )
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from domain.step_metrics import first_step_error
 from mtrl.local.session import RunOutcome
 
 FAILED_PREFIX = "FailedIn"
@@ -44,6 +45,12 @@ def failure_reason(outcome: RunOutcome) -> str | None:
     if isinstance(parsed, dict) and "errorMessage" in parsed:
         cause = parsed["errorMessage"]
     return f"{outcome.error}: {cause}" if outcome.error else cause or outcome.status
+
+
+def _first_error(outcome: RunOutcome) -> str | None:
+    """The run's first failed rollout's error, from its training steps' metrics."""
+    found = first_step_error(outcome.metrics)
+    return f"training step {found[0]}: {found[1]}" if found else None
 
 
 def report_data(outcome: RunOutcome) -> dict[str, Any]:
@@ -73,6 +80,7 @@ def report_data(outcome: RunOutcome) -> dict[str, Any]:
         "leftover": {**outcome.leftover, "total": sum(outcome.leftover.values())},
         "notified": outcome.notification is not None,
         "health": outcome.health,
+        "first_error": _first_error(outcome),
         "tracking": outcome.tracking,
         "compute_events": outcome.events,
     }

@@ -60,6 +60,28 @@ def test_rates_are_shares_of_every_rollout_asked_for() -> None:
     assert finding.rule is FLAKY and not finding.stops and finding.value == 0.25
 
 
+def test_a_failure_rules_finding_says_the_first_failed_rollouts_error() -> None:
+    """The first error of the steps the rule held on, whatever the steps before said; a rule
+    about something else says none."""
+    errors = ["step 1: OpenEnvError: before the streak", None, "step 4: KeyError: 'answer'"]
+    flaky = [
+        line(step, flat=1.0, rollouts=6, failed=2, env_error_rollouts=2, first_error=error)
+        for step, error in zip((1, 3, 4), errors, strict=True)
+    ]
+    flaky[0] |= {"env_error_rollouts": 0}  # the streak is steps 3-4
+    found = {finding.rule.metric: finding for finding in findings(flaky, [DEAD, FLAKY])}
+    assert found["env_error_rate"].error == "step 4: KeyError: 'answer'"
+    assert (
+        found["env_error_rate"]
+        .reason()
+        .endswith(
+            "(env_error_rate >= 0.25 for 2 steps in a row: warn); the first failure: step 4: "
+            "KeyError: 'answer'"
+        )
+    )
+    assert found["zero_variance_groups"].error is None
+
+
 def test_a_step_written_again_counts_once_as_last_written() -> None:
     """A resumed run writes its steps again: the rewritten step is the one that counts."""
     lines = [line(1, flat=1.0), line(2, flat=1.0), line(3, flat=1.0), line(3, flat=0.0)]

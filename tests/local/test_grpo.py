@@ -137,3 +137,33 @@ def test_adam_ascends() -> None:
     for _ in range(50):
         params = optimizer.step(params, -2 * (params - np.array([1.0, -1.0])))
     assert np.allclose(params, [1.0, -1.0], atol=0.1)
+
+
+def test_a_steps_statistics_say_its_first_failed_rollouts_error_cut_to_a_line() -> None:
+    """In the order the step asked for them; a rollout that never came back says so; an error
+    longer than ERROR_CHARACTERS is cut (the whole is in the trajectories)."""
+    from domain.grpo import score_groups
+    from domain.protocol import RolloutResponse
+    from domain.step_metrics import ERROR_CHARACTERS
+
+    def answered(sample: str, score: float | None, error: str | None = None) -> RolloutResponse:
+        if score is None:
+            return RolloutResponse(
+                sample_id=sample, stop_reason="env_error", rewards={}, error=error
+            )
+        return RolloutResponse(
+            sample_id=sample, stop_reason="end_of_conversation",
+            rewards={"aggregate_score": score},
+        )  # fmt: skip
+
+    groups = {"a": ["a_0", "a_1", "a_2"], "b": ["b_0", "b_1"]}
+    long = "x" * (ERROR_CHARACTERS + 50)
+    responses = {
+        "a_0": answered("a_0", 1.0), "a_1": answered("a_1", 0.0),
+        "a_2": answered("a_2", None, long), "b_1": answered("b_1", None, "second"),
+    }  # fmt: skip
+    stats = score_groups(groups, responses)[1]
+    assert stats.first_error == "x" * (ERROR_CHARACTERS - 1) + "…"
+    del responses["a_2"]
+    assert score_groups(groups, responses)[1].first_error == "no rollout response in time"
+    assert score_groups({"a": ["a_0", "a_1"]}, responses)[1].first_error is None

@@ -422,9 +422,15 @@ def test_an_environment_that_is_down_is_stopped_by_the_default_rules_not_a_crash
     report, directory = sick_run(tmp_path, small_config, template, "down")
     assert re.search(
         r"unhealthy: run health: 100% of the rollouts failed \(no score\) on steps \d+-\d+ "
-        r"\(failed_rollout_rate >= 0.5 for 3 steps in a row: stop\)",
+        r"\(failed_rollout_rate >= 0.5 for 3 steps in a row: stop\); the first failure: "
+        r"reset: ConnectionError: the environment's backend is down",
         report["reason"],
     ), report["reason"]
+    # The run's summary says what the environment said, not only that it failed.
+    assert re.fullmatch(
+        r"training step 1: reset: ConnectionError: the environment's backend is down",
+        report["first_error"],
+    ), report["first_error"]
     assert report["leftover"]["total"] == 0
     steps = [
         json.loads(line)
@@ -432,3 +438,25 @@ def test_an_environment_that_is_down_is_stopped_by_the_default_rules_not_a_crash
     ]
     assert steps[0]["mean_reward"] is None and steps[0]["failed_rollouts"] == 16
     assert steps[0]["env_error_rollouts"] == 16
+
+
+def test_the_run_summary_shows_the_first_failed_rollouts_error(tmp_path: Path) -> None:
+    from mtrl.console import out
+    from mtrl.local.session import RunOutcome
+    from mtrl.local_command import _print_result
+
+    steps = [{"step": 1, "mean_reward": None, "max_reward": None, "zero_variance_groups": None,
+              "turns_per_episode": None}, {"step": 2, "mean_reward": 0.5, "max_reward": 1.0,
+              "zero_variance_groups": 0.0, "turns_per_episode": 3.0,
+              "first_error": "step 3: OpenEnvError: step: EXECUTION_ERROR: boom"}]  # fmt: skip
+    outcome = RunOutcome(
+        run_id="r-1", status="SUCCEEDED", error=None, cause=None, states=[], history=[],
+        metrics=steps, notification=None, teardown=None,
+        leftover={"resources": 0, "processes": 0, "pollers": 0},
+    )  # fmt: skip
+    with out.capture() as captured:
+        _print_result(outcome, tmp_path)
+    assert (
+        "first failed rollout: training step 2: step 3: OpenEnvError: step: EXECUTION_ERROR: boom"
+        in captured.get()
+    )

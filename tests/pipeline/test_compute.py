@@ -341,8 +341,10 @@ def test_a_baseline_evaluation_that_scored_nothing_stops_the_run_before_training
     s3.create_bucket(Bucket="bucket-1")
     state |= {"bucket": "bucket-1", "evaluations": {"baseline": {"stage": "baseline", "job": "j"}}}
     failed = [
-        Episode(record_id=f"r{i}", sample_id=f"eval-r{i}_0", stop_reason=reason, score=None)
-        for i, reason in enumerate(["env_error", "env_error", "timeout"])
+        Episode(record_id=f"r{i}", sample_id=f"eval-r{i}_0", stop_reason=reason, error=error)
+        for i, (reason, error) in enumerate(
+            [("env_error", None), ("env_error", "step 1: KeyError: 'answer'"), ("timeout", "late")]
+        )
     ]
     body = b"".join(e.model_dump_json().encode() + b"\n" for e in failed)
     s3.put_object(Bucket="bucket-1", Key="runs/r/evaluation/baseline.jsonl", Body=body)
@@ -352,7 +354,7 @@ def test_a_baseline_evaluation_that_scored_nothing_stops_the_run_before_training
     assert str(stopped.value) == (
         "the baseline evaluation scored none of its 3 rollouts (2 env_error, 1 timeout): "
         "training on this environment as it runs would learn nothing; `mtrl env check` it, or "
-        "see the reward workers' logs"
+        "see the reward workers' logs; the first failure: step 1: KeyError: 'answer'"
     )
     s3.put_object(Bucket="bucket-1", Key="runs/r/evaluation/final.jsonl", Body=body)
     state["evaluations"]["final"] = {"stage": "final", "job": "k"}

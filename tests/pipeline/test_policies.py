@@ -111,7 +111,11 @@ def test_a_job_that_succeeded_without_one_scored_rollout_fails_the_run() -> None
     assert verdict is not None and verdict.phase == Phase.FAILED
     assert verdict.reason == (
         "the job ended without one scored rollout: all 128 failed (104 environment errors, 24 "
-        "timeouts), so nothing was trained on; the reward workers' logs say why"
+        "timeouts), so nothing was trained on; see the workers' logs"
+    )
+    told = [failed_all[0], {**failed_all[1], "step": 2, "first_error": "reset: KeyError: 'x'"}]
+    assert unscored(done, told).reason.endswith(  # type: ignore[union-attr]
+        "so nothing was trained on; the first (training step 2): reset: KeyError: 'x'"
     )
     assert unscored(done, [*failed_all, _step(64, 63)]) is None
     assert unscored(JobStatus(Phase.RUNNING), failed_all) is None  # the health rules' part

@@ -152,7 +152,7 @@ def test_a_window_counts_how_its_failed_rollouts_ended_for_run_health() -> None:
     ) -> ReportedRollout:
         episode = Episode(
             record_id="r", sample_id=f"r_{index}", stop_reason=stop_reason, score=score,
-            truncated_turns=truncated,
+            truncated_turns=truncated, error=f"failure {index}" if score is None else None,
         )  # fmt: skip
         return replace(reported(index, score), episode=episode)
 
@@ -163,6 +163,7 @@ def test_a_window_counts_how_its_failed_rollouts_ended_for_run_health() -> None:
     assert (window.rollouts_asked, window.failed_rollouts) == (5, 4)
     assert (window.env_error_rollouts, window.timeout_rollouts) == (2, 1)
     assert window.truncated_rollouts == 2  # as the workers counted cut turns
+    assert window.first_error == "failure 0"  # for the run's summary and its health findings
     assert (window.reward_std, window.turns_per_episode) == (0.0, 0.0)  # one score; no turns said
     line = asdict(window)
     assert share(line, "env_error_rate") == 0.4 and share(line, "failed_rollout_rate") == 0.8
