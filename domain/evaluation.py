@@ -312,7 +312,9 @@ class EvaluationReport(BaseModel):
     skipped: dict[str, str] = {}
 
     def headline(self) -> str | None:
-        """One line for a notification: `pass@1 0.31 → 0.58 (+0.27, 95% CI +0.12..+0.41)`."""
+        """One line for a notification: `pass@1 0.31 → 0.58 (+0.27, 95% CI +0.12..+0.41)`,
+        then how many rollouts of either evaluation failed, when any did."""
+        failed = self.failures()
         for name, label in (("pass_at_1", "pass@1"), ("mean_reward", "mean reward")):
             delta = self.delta.get(name)
             if delta is not None:
@@ -320,6 +322,22 @@ class EvaluationReport(BaseModel):
                 return (
                     f"{label} {delta.baseline:.2f} → {delta.final:.2f} ({delta.delta:+.2f}, "
                     f"{delta.confidence:.0%} CI {delta.ci_low:+.2f}..{delta.ci_high:+.2f}; "
-                    f"{n} held-out rollouts)"
+                    f"{n} held-out rollouts)" + (f"; {failed}" if failed else "")
                 )
         return None
+
+    def failures(self) -> str | None:
+        """How the evaluations' failed rollouts ended, e.g. `baseline: 16 of 32 rollouts timed
+        out` (a model slower than rollout_timeout_seconds); None when none failed."""
+        said = []
+        for summary in (self.baseline, self.final):
+            if summary is None or not summary.n:
+                continue
+            counts = {
+                "timed out": round(summary.timeout_rate * summary.n),
+                "ended in an environment error": round(summary.env_error_rate * summary.n),
+            }
+            ended = [f"{count} {how}" for how, count in counts.items() if count]
+            if ended:
+                said.append(f"{summary.stage}: of {summary.n} rollouts, {', '.join(ended)}")
+        return "; ".join(said) or None

@@ -18,6 +18,9 @@ from domain.trainer_job import TrainingJob
 
 log = logging.getLogger("mtrl.trainer")
 Kept = TypeVar("Kept")
+# How long stopping waits for a batch in flight to end: a generator that cannot be interrupted
+# (vLLM's batch) finishes it first.
+STOP_WAIT_SECONDS = 300
 
 
 def generate_response(
@@ -112,9 +115,14 @@ class GeneratePlane(ABC, Generic[Kept]):
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop answering, and return once the answering thread has ended: a batch in flight is
+        asked to stop (`stopped`) and is not answered. A thread left inside a native library
+        (torch) when the interpreter exits aborts the process."""
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=STOP_WAIT_SECONDS)
+        if self._thread.is_alive():
+            log.error("the generate thread is still answering after %s s", STOP_WAIT_SECONDS)
 
     @property
     def stopped(self) -> bool:

@@ -5,6 +5,11 @@ implements the same interface in the trainer image.
 A generator takes prompts as token ids and answers sampled token ids with their log-probability
 under the policy being trained: the temperature-scaled distribution (with `top_p` below 1 the
 sampling distribution is truncated, the log-probability is not — a documented approximation).
+
+A generation in flight when the job ends is asked to stop (`stop`): it ends at its next token and
+raises `GenerationStopped`, so the thread generating ends before the process does. A thread left
+inside torch when the interpreter exits aborts the process ("terminate called without an active
+exception", exit -6): a slow evaluation whose rollouts had timed out ended that way.
 """
 
 from __future__ import annotations
@@ -16,6 +21,15 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 FinishReason = Literal["stop", "length"]
+Stop = Callable[[], bool]
+
+
+def never_stopped() -> bool:
+    return False
+
+
+class GenerationStopped(RuntimeError):
+    """The generation was asked to stop before it finished: nothing it sampled is an answer."""
 
 
 @dataclass(frozen=True)
@@ -37,9 +51,15 @@ class Generator(Protocol):
     lock: threading.Lock
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], settings: SamplingSettings, *, seed: int
+        self,
+        prompts: Sequence[Sequence[int]],
+        settings: SamplingSettings,
+        *,
+        seed: int,
+        stop: Stop = never_stopped,
     ) -> list[Sampled]:
-        """One completion per prompt, sampled reproducibly from `seed`."""
+        """One completion per prompt, sampled reproducibly from `seed`; `GenerationStopped`
+        when `stop()` turns true first (checked at least before generating)."""
         ...
 
     def sync(self, model: Any) -> None:
@@ -68,12 +88,26 @@ class TransformersGenerator:
         self.model = model
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], settings: SamplingSettings, *, seed: int
+        self,
+        prompts: Sequence[Sequence[int]],
+        settings: SamplingSettings,
+        *,
+        seed: int,
+        stop: Stop = never_stopped,
     ) -> list[Sampled]:
         import torch
+        from transformers import StoppingCriteria, StoppingCriteriaList
+
+        class _Asked(StoppingCriteria):
+            """Every sequence done once `stop()` is true: checked after each new token."""
+
+            def __call__(self, input_ids: Any, scores: Any, **_: Any) -> Any:
+                return torch.full((input_ids.shape[0],), stop(), dtype=torch.bool)
 
         if not prompts:
             return []
+        if stop():
+            raise GenerationStopped("asked to stop before generating")
         width = max(len(prompt) for prompt in prompts)
         # Left padding: every prompt ends where generation starts.
         ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
@@ -99,8 +133,11 @@ class TransformersGenerator:
                 synced_gpus=False,  # each process generates on its own requests (sharding.py)
                 output_logits=True,
                 return_dict_in_generate=True,
+                stopping_criteria=StoppingCriteriaList([_Asked()]),
             )
             self.model.train(was_training)
+        if stop():
+            raise GenerationStopped("asked to stop while generating")
         new = output.sequences[:, width:].cpu()
         logits = torch.stack(output.logits, dim=1).float().cpu() / settings.temperature
         chosen = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)

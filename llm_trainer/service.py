@@ -137,7 +137,7 @@ class GenerationService(GeneratePlane[SampledTurn]):
             seed = zlib.crc32(f"{self.job.seed}:{requests[indices[0]].step_id}".encode())
             settings = SamplingSettings(budget, self.settings.temperature, self.settings.top_p)
             completions = self.generator.generate(
-                [prompts[i] for i in indices], settings, seed=seed
+                [prompts[i] for i in indices], settings, seed=seed, stop=lambda: self.stopped
             )
             sampled.update(zip(indices, completions, strict=True))
         turns = list(known)

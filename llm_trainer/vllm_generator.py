@@ -24,7 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from domain.vllm import vllm_lora_rank
-from llm_trainer.generation import Sampled, SamplingSettings
+from llm_trainer.generation import (
+    GenerationStopped,
+    Sampled,
+    SamplingSettings,
+    Stop,
+    never_stopped,
+)
 from training_configs.schema import TrainingConfig
 
 
@@ -84,10 +90,18 @@ class VllmGenerator:
         shutil.rmtree(self.adapters / f"v{self.version - 2}", ignore_errors=True)
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], settings: SamplingSettings, *, seed: int
+        self,
+        prompts: Sequence[Sequence[int]],
+        settings: SamplingSettings,
+        *,
+        seed: int,
+        stop: Stop = never_stopped,
     ) -> list[Sampled]:
+        """`stop` is checked before generating: vLLM's batch runs to its end once started."""
         if not prompts:
             return []
+        if stop():
+            raise GenerationStopped("asked to stop before generating")
         if self._adapter is None:
             raise RuntimeError("no adapter to serve yet: sync the policy first")
         requests = [self.api.tokens_prompt(prompt_token_ids=list(prompt)) for prompt in prompts]

@@ -241,7 +241,8 @@ def _evaluation_line(evaluation: dict[str, Any]) -> str:
     if report.headline():
         return str(report.headline())
     skipped = "; ".join(f"{stage}: {why}" for stage, why in report.skipped.items())
-    return f"skipped ({skipped})" if skipped else "nothing to compare"
+    said = f"skipped ({skipped})" if skipped else "nothing to compare"
+    return f"{said}; {report.failures()}" if report.failures() else said
 
 
 def _print_result(outcome: Any, directory: Path) -> None:

@@ -242,3 +242,27 @@ def test_a_headline_without_pass_rates_says_the_reward() -> None:
     )
     no_final = EvaluationReport(delta=compare(baseline, final))
     assert str(no_final.headline()).endswith("; 0 held-out rollouts)")
+
+
+def test_the_headline_says_how_many_rollouts_of_each_evaluation_failed() -> None:
+    """A model slower than rollout_timeout_seconds: half the baseline's rollouts timed out. The
+    headline says so, as the timeouts they are, beside the change."""
+    baseline = [episode("a", n, score=0.2) for n in range(2)] + [
+        episode("a", 2, stop_reason="timeout", score=None),
+        episode("a", 3, stop_reason="no_response", score=None),
+    ]
+    final = [episode("a", n, score=0.6) for n in range(3)] + [
+        episode("a", 3, stop_reason="env_error", score=None)
+    ]
+    report = EvaluationReport(
+        baseline=summarize(BASELINE, baseline, k=1),
+        final=summarize(FINAL, final, k=1),
+        delta=compare(baseline, final),
+    )
+    assert report.failures() == (
+        "baseline: of 4 rollouts, 2 timed out; final: of 4 rollouts, 1 ended in an environment "
+        "error"
+    )
+    assert str(report.headline()).endswith(f"held-out rollouts); {report.failures()}")
+    clean = [episode("a", n, score=0.6) for n in range(2)]
+    assert EvaluationReport(final=summarize(FINAL, clean, k=1)).failures() is None

@@ -744,7 +744,9 @@ class GuessingModel:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer, self.lock = tokenizer, threading.Lock()
 
-    def generate(self, prompts: Any, settings: Any, *, seed: int) -> list[Sampled]:
+    def generate(
+        self, prompts: Any, settings: Any, *, seed: int, stop: Any = None
+    ) -> list[Sampled]:
         answers = []
         for prompt in prompts:
             turn = self.tokenizer.decode(prompt).count("<|im_start|>assistant") - 1

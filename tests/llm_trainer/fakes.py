@@ -20,7 +20,7 @@ from domain.protocol import (
     parse,
 )
 from domain.run_queues import QueueKind
-from llm_trainer.generation import Sampled, SamplingSettings
+from llm_trainer.generation import Sampled, SamplingSettings, Stop, never_stopped
 
 QUEUES = {kind.value: f"https://sqs.local/{kind.value}.fifo" for kind in QueueKind}
 
@@ -36,7 +36,12 @@ class ScriptedGenerator:
         self.prompts: list[list[int]] = []
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], settings: SamplingSettings, *, seed: int
+        self,
+        prompts: Sequence[Sequence[int]],
+        settings: SamplingSettings,
+        *,
+        seed: int,
+        stop: Stop = never_stopped,
     ) -> list[Sampled]:
         answers = []
         for prompt in prompts:

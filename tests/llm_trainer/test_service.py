@@ -146,3 +146,89 @@ def test_a_prompt_with_no_room_left_is_answered_empty_and_cut(
     response = parse(GenerateResponse, message["Body"])
     assert response.data.choices[0].message.content == ""
     assert response.finish_reason == "length" and service.counters.over_length == 1
+
+
+def test_a_generation_asked_to_stop_ends_at_its_next_token(tokenizer: Any, model: Any) -> None:
+    """Eight prompts that may each take 4,000 tokens: asked to stop at the fifth check, the
+    model runs five more forward passes at most and nothing comes back as an answer."""
+    from llm_trainer.generation import GenerationStopped, SamplingSettings
+
+    forwards: list[int] = []
+    model.register_forward_hook(lambda *_: forwards.append(1))
+    checks: list[int] = []
+
+    def stop() -> bool:
+        checks.append(1)
+        return len(checks) > 5
+
+    generator = TransformersGenerator(
+        model, stop_token_ids=[tokenizer.eos_token_id], pad_token_id=tokenizer.pad_token_id
+    )
+    with pytest.raises(GenerationStopped, match="while generating"):
+        generator.generate([[5, 6, 7]] * 8, SamplingSettings(4000), seed=0, stop=stop)
+    assert len(forwards) <= 6  # the prompt's pass and one per token until asked
+    with pytest.raises(GenerationStopped, match="before generating"):
+        generator.generate([[5]], SamplingSettings(4), seed=0, stop=lambda: True)
+
+
+# A trainer process whose generation service is stopped mid-generation, then exits: its
+# generate thread must be gone by then.
+_STOPPED_MID_GENERATION = """
+import sys, time
+import domain.generate_plane as plane
+from domain.protocol import GenerateRequest, dump
+from llm_trainer.generation import TransformersGenerator
+from llm_trainer.service import GenerationService
+from llm_trainer.tiny import tiny_model, tiny_tokenizer
+from tests.llm_trainer.test_service import job_for
+
+plane.STOP_WAIT_SECONDS = 2  # an interrupted generation ends within a token; 4,000 take longer
+
+
+class OneRequest:
+    def __init__(self):
+        self.given = False
+
+    def receive_message(self, **_):
+        if self.given:
+            return {}
+        self.given = True
+        request = GenerateRequest(sample_id="s_0", step_id="s_0_1",
+                                  messages=[{"role": "user", "content": "Talk."}])
+        return {"Messages": [{"Body": dump(request), "ReceiptHandle": "r"}]}
+
+    def send_message_batch(self, **_):
+        sys.exit("a stopped generation was answered")
+
+
+tokenizer = tiny_tokenizer()
+# A stop token the model cannot sample: each reply runs to its 4,000 tokens.
+generator = TransformersGenerator(tiny_model(tokenizer), stop_token_ids=[len(tokenizer) + 7],
+                                  pad_token_id=tokenizer.pad_token_id)
+job = job_for(max_new_tokens=4000, max_length=4096)
+service = GenerationService(job, sqs=OneRequest(), tokenizer=tokenizer, generator=generator)
+service.start()
+deadline = time.monotonic() + 60
+while not generator.lock.locked():  # a bounded poll: generation has started
+    assert time.monotonic() < deadline, "generation never started"
+    time.sleep(0.01)
+service.stop()
+print("stopped mid-generation", flush=True)
+"""
+
+
+def test_a_process_stopped_mid_generation_exits_cleanly() -> None:
+    """Before, stopping waited 30 s for the generate thread, then the process exited with it
+    still inside torch's generate: "terminate called without an active exception", exit -6
+    (a slow baseline evaluation whose rollouts had timed out ended so)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", _STOPPED_MID_GENERATION],
+        cwd=root, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout.strip()) == (0, "stopped mid-generation"), done.stderr
+    assert "terminate called" not in done.stderr
