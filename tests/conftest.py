@@ -278,3 +278,12 @@ def as_list(value: Any) -> list[Any]:
 
 def dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
+
+
+@pytest.fixture(scope="session")
+def openenv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Real OpenEnv servers (tests/reward_envs/openenv_servers.py): each kind's base URL."""
+    from tests.reward_envs.openenv_servers import openenv_servers
+
+    with openenv_servers(tmp_path_factory.mktemp("openenv")) as urls:
+        yield dict(urls)

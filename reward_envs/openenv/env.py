@@ -202,7 +202,7 @@ class OpenEnvEnvironment(Environment):
     """`url`: the OpenEnv server; `action_format` and `action_field`: how a turn becomes an
     action (module docstring); `observation_field`: what of an observation the model is shown;
     `max_sessions`: the server's `max_concurrent_envs` (OpenEnv's default: 1); `action_hint`:
-    shown with a move the server could not take."""
+    shown with a move the server could not take; `prompt`: the example records' task."""
 
     name = "openenv"
 
@@ -219,6 +219,7 @@ class OpenEnvEnvironment(Environment):
         timeout_seconds: float = 60.0,
         max_sessions: int = 1,
         action_hint: str = "",
+        prompt: str = "",
     ) -> None:
         if max_sessions < 1:
             raise ValueError(f"max_sessions must be at least 1, got {max_sessions}")
@@ -234,7 +235,9 @@ class OpenEnvEnvironment(Environment):
         self._field = action_field or ("message" if action_format == "text" else None)
         if action_field is not None:
             self._format = "text"
+        # The action's fields, and its text field's choices, when read from /schema.
         self._fields: list[str] = []
+        self._choices: list[str] = []
         self._tools: list[dict[str, Any]] | None = None
         self._describing = threading.Lock()
         self.observation_field = observation_field
@@ -243,6 +246,7 @@ class OpenEnvEnvironment(Environment):
         self.timeout_seconds = timeout_seconds
         self.concurrent_episodes = max_sessions
         self.action_hint = action_hint
+        self.prompt = prompt
 
     @property
     def action_format(self) -> ActionFormat:
@@ -265,9 +269,10 @@ class OpenEnvEnvironment(Environment):
             if self._format is None:
                 schema = read_schema(self.url, self.timeout_seconds)
                 self._format, self._field = action_format_of(schema)
-                self._fields = [
-                    name for name in schema.get("properties") or {} if name != "metadata"
-                ]
+                properties = schema.get("properties") or {}
+                self._fields = [name for name in properties if name != "metadata"]
+                choices = _resolved(properties.get(self._field), schema).get("enum")
+                self._choices = [str(c) for c in choices] if isinstance(choices, list) else []
             if self._format == "tools" and self._tools is None:
                 self._tools = list_tools(self.url, self.timeout_seconds)
             return self._format
@@ -281,14 +286,14 @@ class OpenEnvEnvironment(Environment):
         try:
             action = json.loads(fenced.group(1) if fenced else body)
         except json.JSONDecodeError as error:
-            return None, f"not JSON: {error.msg}; {self._wanted()}"
+            return None, f"not JSON: {error.msg}; a move is {self._wanted()}"
         if not isinstance(action, dict):
-            return None, self._wanted()
+            return None, f"a move is {self._wanted()}"
         return action, None
 
     def _wanted(self) -> str:
         fields = f" with the fields {', '.join(self._fields)}" if self._fields else ""
-        return f"a move is a JSON object{fields}"
+        return f"a JSON object{fields}"
 
     def reset(self, record: Record, *, seed: int = 0) -> tuple[OpenEnvEpisode, list[Message]]:
         self._described()
@@ -326,7 +331,22 @@ class OpenEnvEnvironment(Environment):
             time.sleep(CAPACITY_POLL_SECONDS)  # a bounded poll: the deadline above ends it
 
     def example_records(self, count: int, *, seed: int = 0) -> list[Record]:
-        return [Record(id=f"openenv-{seed}-{index}") for index in range(count)]
+        """Records whose prompt is `prompt`, or says how a move is made here; each episode's
+        seed makes it differ (the server's reset takes it)."""
+        prompt = self.prompt or self._how_to_move()
+        return [
+            Record(id=f"openenv-{seed}-{index}", metadata={"prompt": prompt})
+            for index in range(count)
+        ]
+
+    def _how_to_move(self) -> str:
+        format_ = self.action_format
+        if format_ == "tools":
+            return "Act with the tools you are given until the task is done."
+        if format_ == "json":
+            return f"Each reply is your move, {self._wanted()}, nothing else."
+        choices = f": one of {', '.join(self._choices)}" if self._choices else ""
+        return f"Each reply is your move (the action's {self.action_field}{choices}), nothing else."
 
     def shown(self, observation: dict[str, Any]) -> Message:
         """An observation as the user message the model reads ("" when it shows nothing)."""
@@ -386,8 +406,8 @@ def _numbers(metadata: Any) -> dict[str, Any]:
 
 def load_environment(**kwargs: Any) -> OpenEnvEnvironment:
     """The entry point: `url` (required), `action_format`, `action_field`, `observation_field`,
-    `max_turns`, `reward_low`, `reward_high`, `timeout_seconds`, `max_sessions`, `action_hint`
-    (a config's `environment_args`)."""
+    `max_turns`, `reward_low`, `reward_high`, `timeout_seconds`, `max_sessions`, `action_hint`,
+    `prompt` (a config's `environment_args`)."""
     if "url" not in kwargs:
         raise TypeError("openenv needs url: the OpenEnv server's address (environment_args.url)")
     return OpenEnvEnvironment(**kwargs)

@@ -150,3 +150,42 @@ def test_several_trainer_processes_are_for_the_language_model_trainer_only() -> 
     )
     assert result.exit_code == 2
     assert "--trainer-processes 2: only with --trainer llm" in result.output
+
+
+def test_a_tiny_language_model_trains_on_a_typed_action_openenv_server(
+    tmp_path: Path, default_app: Synthesized, openenv: dict[str, str]
+) -> None:
+    """A real OpenEnv server whose action is typed (`{"action": "UP" | ...}`, read from its
+    /schema), records written by `mtrl env records`: the run succeeds, and the random model's
+    malformed moves are its scored moves (reward 0, counted as invalid), never environment
+    errors."""
+    url = ["--arg", f"url={openenv['grid']}"]
+    dataset = tmp_path / "grid.jsonl"
+    written = CliRunner().invoke(
+        app, ["env", "records", "openenv", *url, "--count", "12", "--out", str(dataset)]
+    )
+    assert written.exit_code == 0, written.output
+    settings = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
+    settings.update(
+        max_steps=2, max_turns=3, rollout_concurrency=4, eval_max_records=2, environment="openenv",
+        environment_args={"url": openenv["grid"], "max_sessions": 4, "max_turns": 3},
+    )  # fmt: skip
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(settings))
+    outcome, directory = run_local(
+        LocalRunOptions(
+            dataset, config=str(config), out_dir=tmp_path / "runs", trainer="llm", model="tiny"
+        ),
+        template=default_app.template("pipeline"),
+        timeout_seconds=600,
+    )
+    assert outcome.status == "SUCCEEDED", (outcome.error, outcome.cause)
+    assert not any(outcome.leftover.values()), outcome.leftover
+    lines = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines()]
+    assert [(line["env_error_rollouts"], line["failed_rollouts"]) for line in lines] == [(0, 0)] * 2
+    trajectories = pd.read_parquet(directory / "outputs" / "trajectories")
+    invalid = [dict(metrics).get("env/invalid") for metrics in trajectories["metrics"]]
+    assert len(invalid) == 2 * 16 + 2 * 2 * 2 and all(count is not None for count in invalid)
+    assert sum(invalid) > 0  # a random model's replies are not moves: scored, and counted
+    first = json.loads(trajectories["messages"].iloc[0])[0]["content"]
+    assert first.startswith("Each reply is your move (the action's action: one of UP, DOWN")

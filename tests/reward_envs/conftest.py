@@ -20,12 +20,3 @@ def queues(aws: None) -> Iterator[Queues]:
         for n in ("req", "resp", "dlq")
     ]
     yield Queues(sqs, *urls)
-
-
-@pytest.fixture(scope="session")
-def openenv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """Real OpenEnv servers (tests/reward_envs/openenv_servers.py): each kind's base URL."""
-    from tests.reward_envs.openenv_servers import openenv_servers
-
-    with openenv_servers(tmp_path_factory.mktemp("openenv")) as urls:
-        yield dict(urls)

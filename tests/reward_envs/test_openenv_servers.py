@@ -292,3 +292,34 @@ def test_env_play_answers_an_environments_failure_in_one_line(openenv: dict[str,
         result.output
     )
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("kind", "prompt"),
+    [
+        (
+            "grid",
+            "Each reply is your move (the action's action: one of UP, DOWN, LEFT, RIGHT), "
+            "nothing else.",
+        ),
+        (
+            "walk",
+            "Each reply is your move, a JSON object with the fields direction, steps, nothing "
+            "else.",
+        ),
+        ("sums", "Act with the tools you are given until the task is done."),
+    ],
+)
+def test_env_records_writes_a_dataset_that_says_how_a_move_is_made(
+    openenv: dict[str, str], kind: str, prompt: str
+) -> None:
+    written = CliRunner().invoke(
+        app, ["env", "records", "openenv", "--arg", f"url={openenv[kind]}", "--count", "3"]
+    )
+    assert written.exit_code == 0, written.output
+    lines = [json.loads(line) for line in written.stdout.splitlines()]
+    assert [line["metadata"]["prompt"] for line in lines] == [prompt] * 3
+    # An MCP environment's records carry its tools, as the model is offered them.
+    assert ("tools" in lines[0]) == (kind == "sums")
+    told = load("openenv", url=openenv[kind], prompt="Reach the goal.").example_records(1)
+    assert told[0].metadata == {"prompt": "Reach the goal."}
