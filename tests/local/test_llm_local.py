@@ -189,3 +189,46 @@ def test_a_tiny_language_model_trains_on_a_typed_action_openenv_server(
     assert sum(invalid) > 0  # a random model's replies are not moves: scored, and counted
     first = json.loads(trajectories["messages"].iloc[0])[0]["content"]
     assert first.startswith("Each reply is your move (the action's action: one of UP, DOWN")
+
+
+def _readme_block(after: str) -> list[str]:
+    """The command lines of the README's first code block after the line starting `after`."""
+    text = (EXAMPLE.parents[1] / "README.md").read_text()
+    block = text[text.index(after) :].split("```\n", 2)[1]
+    return [line for line in block.splitlines() if line.strip()]
+
+
+def test_the_readmes_bring_your_own_steps_train_a_new_environment(
+    tmp_path: Path, default_app: Synthesized, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's steps from `mtrl env new` to a local training run, as a newcomer types them
+    in a clone (its `examples/` beside them): each succeeds untouched. The local run is cut to
+    two steps (`--steps 2`) and given the synthesized pipeline the tests share; the install
+    line is what this module's tests already need."""
+    import shlex
+    import subprocess
+
+    import mtrl.local.run
+
+    commands = _readme_block("From a new environment to a local training run")
+    assert commands[-1].startswith("mtrl local ") and any("pip install" in c for c in commands)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "examples").symlink_to(EXAMPLE.parent)
+    monkeypatch.setattr(
+        mtrl.local.run, "pipeline_template", lambda: default_app.template("pipeline")
+    )
+    for command in commands:
+        if command.startswith("pip install"):
+            continue
+        if not command.startswith("mtrl "):
+            done = subprocess.run(command, shell=True, capture_output=True, text=True, check=False)
+            assert done.returncode == 0, f"{command}: {done.stderr}"
+            continue
+        arguments = shlex.split(command, comments=True)[1:]
+        if arguments[0] == "local":
+            arguments += ["--steps", "2", "--out", str(tmp_path / "runs")]
+        typed = "50\n" * 10 if arguments[:2] == ["env", "play"] else None
+        result = CliRunner().invoke(app, arguments, input=typed)
+        assert result.exit_code == 0, f"{command}: {result.output}"
+    (report,) = (tmp_path / "runs").glob("*/report.json")
+    assert json.loads(report.read_text())["status"] == "SUCCEEDED"

@@ -323,3 +323,19 @@ def test_env_records_writes_a_dataset_that_says_how_a_move_is_made(
     assert ("tools" in lines[0]) == (kind == "sums")
     told = load("openenv", url=openenv[kind], prompt="Reach the goal.").example_records(1)
     assert told[0].metadata == {"prompt": "Reach the goal."}
+
+
+def test_env_play_shows_a_malformed_typed_move_as_the_model_would_see_it(
+    openenv: dict[str, str],
+) -> None:
+    """Before, an invalid move on a typed-action server ended `mtrl env play` in a traceback."""
+    played = CliRunner().invoke(
+        app,
+        ["env", "play", "openenv", "--arg", f"url={openenv['grid']}"],
+        input="JUMP\nRIGHT\nRIGHT\n",
+    )
+    assert played.exit_code == 0, played.output
+    assert "Invalid action (action: Input should be 'UP', 'DOWN', 'LEFT' or 'RIGHT')." in (
+        played.output
+    )
+    assert "episode reward: 1.000" in played.output and "Traceback" not in played.output
