@@ -167,9 +167,11 @@ def records(
     environment = _load(spec, arguments)
     try:
         drawn = environment.example_records(count, seed=seed)
+        lines = [json.dumps(dataset_line(record, environment.tools)) for record in drawn]
     except NotImplementedError as missing:
         raise fail(str(missing)) from None
-    lines = [json.dumps(dataset_line(record, environment.tools)) for record in drawn]
+    except Exception as error:  # noqa: BLE001 - the environment's failure, in one line
+        raise fail(f"{spec}: {type(error).__name__}: {error}") from None
     text = "".join(f"{line}\n" for line in lines)
     validator = DatasetValidator()
     problems = list(validator.problems(io.BytesIO(text.encode())))

@@ -92,6 +92,21 @@ def test_an_unreachable_server_is_a_reset_error_naming_where_it_looked() -> None
         told.reset(Record(id="gone"))  # a field given: no schema to read, straight to /ws
 
 
+@pytest.mark.parametrize("command", ["records", "play"])
+def test_env_commands_answer_a_server_they_cannot_reach_in_one_line(command: str) -> None:
+    """Before, `mtrl env records` ended in a traceback when the server's /schema did not answer."""
+    from typer.testing import CliRunner
+
+    from mtrl.cli import app
+
+    result = CliRunner().invoke(
+        app, ["env", command, "openenv", "--arg", "url=http://127.0.0.1:9"], input="\n"
+    )
+    assert result.exit_code == 2, result.output
+    assert "OpenEnvError: http://127.0.0.1:9/schema: URLError" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_a_configs_environment_args_reach_the_reward_worker(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
