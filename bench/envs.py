@@ -144,10 +144,10 @@ def solver_ceiling(limit: int | None) -> tuple[float, float, int, float]:
 def main() -> int:
     cores = os.cpu_count()
     print(f"nova-mtrl environments bench — {cores} cores, Python {sys.version.split()[0]}")
-    steps = wordle_steps_per_second(20_000 if QUICK else 200_000)
-    runner = runner_rollouts_per_cpu_second(500 if QUICK else 5_000)
-    worker = worker_rollouts_per_cpu_second(200 if QUICK else 1_000)
-    win_rate, mean_guesses, games, seconds = solver_ceiling(200 if QUICK else None)
+    steps = wordle_steps_per_second(2_000 if QUICK else 200_000)
+    runner = runner_rollouts_per_cpu_second(50 if QUICK else 5_000)
+    worker = worker_rollouts_per_cpu_second(20 if QUICK else 1_000)
+    win_rate, mean_guesses, games, seconds = solver_ceiling(20 if QUICK else None)
     rows = [
         ("Wordle env steps/s (1 thread)", f"{steps:,.0f}", ""),
         ("rollouts per CPU-second, runner only", f"{runner:,.0f}", ">= 200 per core"),

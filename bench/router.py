@@ -87,7 +87,7 @@ def main() -> int:
                     )
                     took.append(time.perf_counter() - started)
                     messages += [
-                        reply,
+                        reply.message,
                         {"role": "user", "content": f"Guess {turn + 2} of 6:"},
                     ]
                 return took

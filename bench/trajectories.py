@@ -38,7 +38,7 @@ from reward_envs.worker.trajectory_store import TrajectoryStore, s3_put
 from reward_envs.worker.worker import RewardWorker
 
 QUICK = os.environ.get("BENCH_QUICK") == "1"
-ROLLOUTS = 160 if QUICK else 320
+ROLLOUTS = 32 if QUICK else 320
 ROUNDS = 1 if QUICK else 2
 MODEL_SECONDS = 0.005
 CONCURRENCY = 16
