@@ -327,7 +327,7 @@ class EvaluationReport(BaseModel):
         return None
 
     def failures(self) -> str | None:
-        """How the evaluations' failed rollouts ended, e.g. `baseline: 16 of 32 rollouts timed
+        """How the evaluations' failed rollouts ended, e.g. `baseline: of 32 rollouts, 16 timed
         out` (a model slower than rollout_timeout_seconds); None when none failed."""
         said = []
         for summary in (self.baseline, self.final):
