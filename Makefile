@@ -12,6 +12,7 @@ CDK := npx --yes aws-cdk@$(CDK_CLI_VERSION)
 SAGEMAKER_HYPERPOD_VERSION := 3.12.0
 AMZN_NOVA_FORGE_VERSION := 1.4.10
 SAGEMAKER_CORE_VERSION := 2.27.0
+SAGEMAKER_TRAIN_VERSION := 1.27.0
 # The outside scanner a security reviewer runs over cdk.out, in a virtualenv of its own: its pins
 # (boto3 1.35, policy_sentry 0.13) clash with ours.
 CHECKOV_VERSION := 3.3.30
@@ -32,7 +33,7 @@ help:
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@echo "Installing nova-mtrl and its dependencies into $(VENV) (about 2 minutes the first time)"
@@ -44,8 +45,11 @@ $(STAMP): pyproject.toml
 	# AWS's dataset record model for the dataset's differential test: the package needs Python
 	# 3.12 and the SageMaker SDK as a whole, the one module the test loads only pydantic.
 	$(BIN)/python -m pip install --quiet --no-deps --ignore-requires-python amzn-nova-forge==$(AMZN_NOVA_FORGE_VERSION)
-	# The SageMaker SDK's image registry data, for the serving image's test (a data file only).
+	# The SageMaker SDK's image registry data, for the serving image's test (a data file only),
+	# its bearer token, and its managed multi-turn RL runtime contract (sagemaker/train/rft/):
+	# oracles the tests load from source (tests/sagemaker_train_sdk.py); their pins clash with ours.
 	$(BIN)/python -m pip install --quiet --no-deps sagemaker-core==$(SAGEMAKER_CORE_VERSION)
+	$(BIN)/python -m pip install --quiet --no-deps sagemaker-train==$(SAGEMAKER_TRAIN_VERSION)
 	touch $(STAMP)
 
 $(LLM_STAMP): pyproject.toml $(STAMP)
