@@ -311,10 +311,7 @@ class PlatformConfig(_Strict):
     @field_validator("vpc_cidr")
     @classmethod
     def _vpc_cidr(cls, value: str) -> str:
-        try:
-            network = ipaddress.IPv4Network(value, strict=True)
-        except ValueError as err:
-            raise ValueError(f"must be an IPv4 CIDR block such as 10.64.0.0/16 ({err})") from None
+        network = _ipv4_block(value, "10.64.0.0/16")
         if not 16 <= network.prefixlen <= 20:
             raise ValueError("must have a prefix length between /16 and /20")
         return str(network)
@@ -331,12 +328,7 @@ class PlatformConfig(_Strict):
     @classmethod
     def _public_access_cidrs(cls, value: list[str]) -> list[str]:
         for cidr in value:
-            try:
-                ipaddress.IPv4Network(cidr, strict=True)
-            except ValueError as err:
-                raise ValueError(
-                    f"{cidr!r} is not an IPv4 CIDR block such as 203.0.113.0/24 ({err})"
-                ) from None
+            _ipv4_block(cidr, "203.0.113.0/24")
         return value
 
     @field_validator("eks_version")
@@ -581,3 +573,11 @@ def deployment_context(overrides: Mapping[str, Any] | None = None) -> dict[str, 
     from_cli = os.environ.get("CDK_CONTEXT_JSON")
     context = json.loads(from_cli) if from_cli else json.loads(CDK_JSON.read_text())["context"]
     return {**context, **(overrides or {})}
+
+
+def _ipv4_block(value: str, example: str) -> ipaddress.IPv4Network:
+    """`value` as an IPv4 CIDR block (no host bits set), or a ValueError naming it."""
+    try:
+        return ipaddress.IPv4Network(value, strict=True)
+    except ValueError as err:
+        raise ValueError(f"{value!r} is not an IPv4 CIDR block such as {example} ({err})") from None
