@@ -24,13 +24,14 @@ from mtrl.local.run import LocalRunError, LocalRunOptions, prepare, run_local
 from tests.conftest import Synthesized
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "letters"
+STEPS = 6  # enough for three kept checkpoints and the final one
 
 
 @pytest.fixture
 def config(tmp_path: Path) -> Path:
     """The example, shorter, with its environment's path made absolute (workers' cwd)."""
     settings = yaml.safe_load((EXAMPLE / "config.yaml").read_text())
-    settings.update(max_steps=12, environment=str(EXAMPLE / "letters.py"))
+    settings.update(max_steps=STEPS, environment=str(EXAMPLE / "letters.py"))
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(settings))
     return path
@@ -62,29 +63,29 @@ def test_a_tiny_language_model_trains_through_the_whole_pipeline(
     directory = _run(tmp_path, config, default_app)
     outputs = directory / "outputs"
     lines = [json.loads(line) for line in (outputs / "metrics.jsonl").read_text().splitlines()]
-    assert [line["step"] for line in lines] == list(range(1, 13))
+    assert [line["step"] for line in lines] == list(range(1, STEPS + 1))
     # The worker read the trainer's finish reasons: cut replies are counted as truncated.
     assert all(line["truncated_rollouts"] > 0 for line in lines)
     manifest = json.loads((outputs / "checkpoints" / "manifest.json").read_text())
     # A checkpoint a step, the newest three kept (grpo.keep_checkpoints), and the final one.
-    assert [c["step"] for c in manifest["checkpoints"]] == [10, 11, 12, 12]
+    assert [c["step"] for c in manifest["checkpoints"]] == [STEPS - 2, STEPS - 1, STEPS, STEPS]
     final = outputs / "checkpoints" / "final"
     assert {"config.json", "model.safetensors"} <= {p.name for p in final.iterdir()}
     states = sorted(p.name for p in (outputs / "checkpoints" / "trainer-state").iterdir())
-    assert states == ["final.pt", "step-000010.pt", "step-000011.pt", "step-000012.pt"]
+    assert states == ["final.pt", *(f"step-{step:06d}.pt" for step in range(STEPS - 2, STEPS + 1))]
     report = json.loads((directory / "report.json").read_text())
     evaluation = report["evaluation"]
     assert evaluation["baseline"]["n"] == evaluation["final"]["n"] == 8
     trajectories = pd.read_parquet(outputs / "trajectories")
     evaluated = trajectories["sample_id"].str.startswith(SAMPLE_PREFIX)
     trained = trajectories[~evaluated]
-    assert len(trained) == 12 * 16
-    assert set(trained["policy_version"]) == set(range(12))  # step s played by version s - 1
-    # The baseline is the untrained model (version 0), the final one trained 12 steps: each
+    assert len(trained) == STEPS * 16
+    assert set(trained["policy_version"]) == set(range(STEPS))  # step s played by version s - 1
+    # The baseline is the untrained model (version 0), the final one trained STEPS steps: each
     # evaluation's sample numbers are its own (domain/evaluation.py), 0-1 and 2-3.
     numbers = trajectories[evaluated]["sample_id"].str.rsplit("_", n=1).str[1].astype(int)
     versions = trajectories[evaluated]["policy_version"]
-    assert set(versions[numbers < 2]) == {0} and set(versions[numbers >= 2]) == {12}
+    assert set(versions[numbers < 2]) == {0} and set(versions[numbers >= 2]) == {STEPS}
 
 
 def test_two_trainer_processes_generate_and_train_together_through_the_pipeline(

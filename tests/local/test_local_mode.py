@@ -208,9 +208,12 @@ def test_a_fault_in_any_state_fails_the_run_cleanly(
     state: str,
 ) -> None:
     before = _child_processes()
-    # One step, and one held-out rollout per evaluation: the failure path is under test.
+    # One step, and one held-out rollout per evaluation — none where no evaluation state is
+    # under test: the failure path is.
+    evaluated = state in ("EvaluateBaseline", "FinalEvaluation")
     config = yaml.safe_load(small_config.read_text()) | {
         "max_steps": 1, "eval_max_records": 1, "eval_samples": 1,
+        **({} if evaluated else {"eval_fraction": 0}),
     }  # fmt: skip
     small_config.write_text(yaml.safe_dump(config))
     monkeypatch.setattr("mtrl.local.run.pipeline_template", lambda: template)
