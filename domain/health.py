@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args
 
-from domain.step_metrics import FIRST_ERROR, number
+from domain.step_metrics import first_step_error, number
 from training_configs.schema import SHARES, HealthMetric, HealthRule
 
 # What each metric means, for the reason a finding gives.
@@ -186,10 +186,13 @@ def findings(lines: Iterable[Mapping[str, Any]], rules: Sequence[HealthRule]) ->
                 break
             streak.append((steps[index], measured))
         if len(streak) == rule.steps:
-            first, last = streak[-1][0], streak[0][0]
-            errors = [by_step[step].get(FIRST_ERROR) for step in steps if first <= step <= last]
-            error = next((e for e in errors if isinstance(e, str) and e), None)
-            found.append(
-                Finding(rule, first, last, streak[0][1], error if rule.metric in FAILURES else None)
-            )
+            held = [by_step[step] for step, _ in reversed(streak)]
+            error = _first_error(held) if rule.metric in FAILURES else None
+            found.append(Finding(rule, streak[-1][0], streak[0][0], streak[0][1], error))
     return found
+
+
+def _first_error(lines: Sequence[Mapping[str, Any]]) -> str | None:
+    """The first failed rollout's error the steps' lines name, in their order."""
+    found = first_step_error(lines)
+    return found[1] if found else None

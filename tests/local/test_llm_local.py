@@ -22,6 +22,7 @@ from domain.evaluation import SAMPLE_PREFIX
 from mtrl.cli import app
 from mtrl.local.run import LocalRunError, LocalRunOptions, prepare, run_local
 from tests.conftest import Synthesized
+from tests.readme import README
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "letters"
 STEPS = 6  # enough for three kept checkpoints and the final one
@@ -194,7 +195,7 @@ def test_a_tiny_language_model_trains_on_a_typed_action_openenv_server(
 
 def _readme_block(after: str) -> list[str]:
     """The command lines of the README's first code block after the line starting `after`."""
-    text = (EXAMPLE.parents[1] / "README.md").read_text()
+    text = README.read_text()
     block = text[text.index(after) :].split("```\n", 2)[1]
     return [line for line in block.splitlines() if line.strip()]
 
