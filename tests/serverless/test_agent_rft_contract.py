@@ -190,3 +190,26 @@ def test_the_reports_on_the_wire_and_the_refusals_tolerated_are_the_sdks(
     assert (our_outcome == "reported") == (their_outcome == "reported")
     if our_outcome != "reported":
         assert our_outcome == f"raised {FeedbackRefused.__name__}"
+
+
+def test_botocores_model_of_the_runtime_service_is_as_the_readme_says() -> None:
+    """botocore's own model of the runtime service (`sagemakerjobruntime`, API 2026-02-01), which
+    the README sets beside the SDK's client as unverified: where each call goes, where the job
+    ARN travels, how it is signed, the statuses a completion takes."""
+    import botocore.session
+
+    model = botocore.session.get_session().get_service_model("sagemakerjobruntime")
+    assert (model.api_version, model.signing_name) == ("2026-02-01", "sagemaker")
+    paths = {name: model.operation_model(name).http["requestUri"] for name in model.operation_names}
+    assert paths == {
+        "CompleteRollout": "/complete-rollout", "UpdateReward": "/update-reward",
+        "Sample": "/sample", "SampleWithResponseStream": "/sample-with-response-stream",
+    }  # fmt: skip
+    complete = model.operation_model("CompleteRollout").input_shape.members
+    assert complete["JobArn"].serialization == {
+        "location": "header", "name": "X-Amzn-SageMaker-Job-Arn",
+    }  # fmt: skip
+    assert complete["Status"].enum == ["ready", "failed"]
+    assert complete["ClientToken"].metadata == {"idempotencyToken": True}
+    sample = model.operation_model("Sample").input_shape.members
+    assert sample["TrajectoryId"].serialization["name"] == "X-Amzn-SageMaker-Trajectory-Id"
