@@ -39,6 +39,17 @@ def run_resource_name(prefix: str, run_id: str, *parts: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "-", name)
 
 
+def model_group_name(prefix: str) -> str:
+    """The deployment's SageMaker Model Registry group: every trained model, a version per run."""
+    return f"{prefix}-models"
+
+
+def checkpoint_group_name(prefix: str) -> str:
+    """Where SageMaker's managed job registers a run's intermediate checkpoints (apart from the
+    trained models: the job refuses the same group for both)."""
+    return f"{prefix}-checkpoints"
+
+
 def prefix_problem(prefix: str) -> str | None:
     """Why `prefix` cannot name a deployment under these rules (None: it can)."""
     mark = f"-{RUN_MARK}"

@@ -11,12 +11,14 @@ from rich.table import Table
 
 from domain.dataset import Problem, counted
 from domain.nova_job import NovaRefused
+from domain.serverless_job import ServerlessRefused
 from mtrl import __version__
 from mtrl.console import check_dataset, err, fail, out, print_problem
 from mtrl.env_commands import env_app
 from mtrl.local_command import local
 from mtrl.ops.plan import plan as make_plan
 from mtrl.ops.plan import print_plan
+from mtrl.ops.serverless_plan import print_serverless_plan, serverless_plan
 from mtrl.ops_commands import (
     cost_command,
     deploy_command,
@@ -123,8 +125,9 @@ def plan(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
-    """What a run of a config would submit as a Nova job, offline: instance group, recipe and
-    overrides, launcher command, images, BYOO endpoints, the job's nodes, cost per hour."""
+    """What a run of a config would submit, offline. A Nova job: instance group, recipe and
+    overrides, launcher command, images, BYOO endpoints, the job's nodes, cost per hour. A
+    serverless config: the CreateJob request, its job document and hyperparameters."""
     try:
         training = load_training_config(config or DEFAULT_CONFIG)
         platform = PlatformConfig.from_context(deployment_context({}))
@@ -133,6 +136,18 @@ def plan(
     chosen_region = region or platform.region
     if chosen_region is None:
         raise fail("no region: pass --region (cdk.json sets none)")
+    if training.plane == "serverless":
+        if recipe is not None:
+            raise fail("--recipe: a serverless config has no HyperPod recipe; leave it out")
+        try:
+            managed = serverless_plan(training, platform, region=chosen_region)
+        except ServerlessRefused as error:
+            raise fail(str(error), code=1) from None
+        if as_json:
+            out.print_json(json.dumps(managed.as_dict()))
+        else:
+            print_serverless_plan(managed)
+        return
     try:
         made = make_plan(training, platform, region=chosen_region, recipe_file=recipe)
     except NovaRefused as error:

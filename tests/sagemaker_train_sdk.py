@@ -7,12 +7,17 @@ without touching the rest of the process."""
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib.util
+import json
+import logging
+import re
 import sys
 from importlib.metadata import distribution
 from pathlib import Path
 from types import ModuleType
+from typing import Any, Optional
 from unittest import mock
 
 from pydantic import BaseModel
@@ -95,3 +100,100 @@ def rft_feedback() -> ModuleType:
             "sagemaker.core.token_generator": token_generator(),
         },
     )
+
+
+def _telemetry_stub() -> ModuleType:
+    """The SDK's telemetry, which would import the whole SDK and call AWS: its decorator passes
+    the function through, its failure report does nothing (neither changes what a call does)."""
+    stub = ModuleType("sagemaker.core.telemetry.telemetry_logging")
+    stub._telemetry_emitter = lambda **_: lambda function: function  # type: ignore[attr-defined]
+    stub._emit_failure_telemetry = lambda *_: None  # type: ignore[attr-defined]
+    return stub
+
+
+@functools.cache
+def fine_tuning_options() -> type:
+    """sagemaker/train/common.py's FineTuningOptions: a recipe's hyperparameters with the
+    checks the SDK makes on each value set."""
+    telemetry = {
+        "sagemaker.core.telemetry.telemetry_logging": _telemetry_stub(),
+        "sagemaker.core.telemetry.constants": _load(
+            "sagemaker.core.telemetry.constants",
+            _source("sagemaker-core", "sagemaker/core/telemetry/constants.py"),
+            {},
+        ),
+    }
+    common = _load("sagemaker.train.common", _source("sagemaker-train", TRAIN_COMMON), telemetry)
+    return common.FineTuningOptions
+
+
+TRAIN_COMMON = "sagemaker/train/common.py"
+MTRL_TRAINER = "sagemaker/train/multi_turn_rl_trainer.py"
+# MultiTurnRLTrainer's methods that make the job document, and the module's names they use.
+DOCUMENT_METHODS = (
+    "_build_job_config", "_build_job_config_document", "_build_agent_config",
+    "_build_input_data_config", "_resolve_channel", "_build_output_data_config",
+    "_build_model_package_config", "_build_training_config", "_build_mlflow_config",
+)  # fmt: skip
+DOCUMENT_CONSTANTS = (
+    "BEDROCK_AGENT_CORE_ARN_PATTERN", "LAMBDA_ARN_PATTERN", "S3_URI_PATTERN",
+    "JOB_CONFIG_SCHEMA_VERSION", "JOB_CATEGORY",
+)  # fmt: skip
+
+
+@functools.cache
+def job_document_builder() -> type:
+    """A class holding MultiTurnRLTrainer's document methods as the SDK writes them (compiled
+    from its source, decorators kept), and the module constants they read. An instance given
+    the trainer's attributes builds the document `train` would send, without the hub, S3 or
+    the model package groups the trainer's `__init__` calls on (their results are the
+    attributes). The SDK's resource classes are stand-ins no argument is an instance of: the
+    runs pass ARNs and S3 URIs as strings, as a user of the SDK may."""
+    source = _source("sagemaker-train", MTRL_TRAINER)
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    constants = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id in DOCUMENT_CONSTANTS for t in node.targets)
+    ]
+    (trainer,) = [
+        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "MultiTurnRLTrainer"
+    ]
+    methods = [
+        node
+        for node in trainer.body
+        if isinstance(node, ast.FunctionDef) and node.name in DOCUMENT_METHODS
+    ]
+    assert {m.name for m in methods} == set(DOCUMENT_METHODS), "the SDK's methods moved"
+    document_class = ast.ClassDef(
+        name="MultiTurnRLTrainerDocument", bases=[], keywords=[], body=methods,
+        decorator_list=[], type_params=[],
+    )  # fmt: skip
+    module = ast.fix_missing_locations(
+        ast.Module(body=[*constants, document_class], type_ignores=[])
+    )
+    stand_ins = {
+        name: type(name, (), {})
+        for name in (
+            "DataSet",
+            "ModelPackageGroup",
+            "ModelPackage",
+            "MlflowApp",
+            "CustomAgentLambda",
+        )
+    }
+    no_mlflow_app = {  # an account with no default MLflow app: the SDK's lookup finds none
+        "TrainDefaults": type(
+            "TrainDefaults", (), {"get_sagemaker_session": staticmethod(lambda **_: None)}
+        ),
+        "_resolve_mlflow_resource_arn": lambda *_, **__: None,
+        "MIN_MLFLOW_VERSION": None,
+    }
+    namespace: dict[str, Any] = {
+        **no_mlflow_app,
+        "json": json, "re": re, "logger": logging.getLogger("sagemaker-train"),
+        "Optional": Optional, **stand_ins,
+    }  # fmt: skip
+    exec(compile(module, str(source), "exec"), namespace)
+    return namespace["MultiTurnRLTrainerDocument"]

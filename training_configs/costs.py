@@ -77,6 +77,8 @@ class CostEstimate:
     platform_per_hour: float
     deadline_hours: float
     budget_usd: float
+    # A serverless run: SageMaker's managed job bills per token, at a price not in this model.
+    token_charge_excluded: bool = False
 
     @property
     def per_hour(self) -> float:
@@ -97,6 +99,7 @@ class CostEstimate:
             f"${self.reward_workers_per_hour:,.2f}, platform ${self.platform_per_hour:,.2f}); at most "
             f"${self.run_at_most:,.0f} over the {self.deadline_hours:g} h deadline, {verdict} the "
             f"${self.budget_usd:,.0f} budget"
+            + ("; without the managed job's per-token charge" if self.token_charge_excluded else "")
         )
 
 
@@ -108,7 +111,10 @@ def estimate(
     worker_memory_gb: float = 2.0,
 ) -> CostEstimate:
     prices = prices or InstancePrices.load()
-    gpu = config.instance_count * prices.instance(config.instance_type)
+    serverless = config.plane == "serverless"
+    gpu = (
+        0.0 if serverless else config.instance_count * prices.instance(config.instance_type)  # type: ignore[operator,arg-type]
+    )
     worker = (
         worker_vcpus * prices.fargate_vcpu_per_hour + worker_memory_gb * prices.fargate_gb_per_hour
     )
@@ -119,4 +125,5 @@ def estimate(
         platform_per_hour=prices.platform_idle_per_hour,
         deadline_hours=config.deadline_hours,
         budget_usd=config.budget_usd,
+        token_charge_excluded=serverless,
     )

@@ -158,6 +158,47 @@ class NovaRecipeSettings(BaseModel):
         return self.model_dump(exclude_none=True)
 
 
+# Where a run trains: HyperPod (Nova on the restricted group, other models on the standard one) or
+# SageMaker's managed multi-turn RL job ("serverless": no cluster, no instances to choose).
+Plane = Literal["hyperpod", "serverless"]
+LossFunction = Literal["importance_sampling", "ppo", "cispo"]
+AdvantageMethod = Literal[
+    "monte_carlo", "group_based", "group_based_per_turn", "rloo", "reinforce_pp",
+    "reinforce_pp_baseline", "opo", "grpo_passk", "gpg",
+]  # fmt: skip
+
+
+class ServerlessSettings(BaseModel):
+    """Knobs of SageMaker's managed multi-turn RL job that a run may set, each named as the
+    hyperparameter it sets (AWS's MTRL recipe template parameters: training_configs/
+    mtrl_recipe_template_parameters.json, whose ranges domain/serverless_job.py checks).
+    Unset: the service keeps its own value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    loss_fn: LossFunction | None = Field(default=None, description="rl.loss_fn")
+    advantage_method: AdvantageMethod | None = Field(
+        default=None, description="rl.advantage_method (group_based: GRPO's)"
+    )
+    temperature: float | None = Field(default=None, description="sampling_params.temperature")
+    sampling_top_p: float | None = Field(default=None, description="sampling_params.top_p")
+    max_steps_off_policy: int | None = Field(
+        default=None, description="async_config.max_steps_off_policy: how stale a rollout may be"
+    )
+    rollout_max_retries: int | None = Field(default=None, description="rollout.max_retries")
+    save_every: int | None = Field(default=None, description="schedule.save_every (steps)")
+    val_every: int | None = Field(default=None, description="schedule.val_every (steps)")
+    lora_plus_lr_ratio: float | None = Field(
+        default=None, description="model.lora_plus_lr_ratio (Nova only)"
+    )
+    adam_weight_decay: float | None = Field(default=None, description="model.weight_decay")
+    adam_grad_clip_norm: float | None = Field(default=None, description="model.grad_clip_norm")
+
+    def chosen(self) -> dict[str, JsonValue]:
+        """The knobs set, by hyperparameter name."""
+        return self.model_dump(exclude_none=True)
+
+
 HealthMetric = Literal[
     "zero_variance_groups",
     "failed_rollout_rate",
@@ -235,9 +276,15 @@ class TrainingConfig(BaseModel):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$")
     recipe: Recipe
     model: str = Field(min_length=1, description="the base model the recipe trains")
-    instance_type: str = Field(pattern=r"^ml\.[a-z0-9-]+\.[a-z0-9]+$")
-    instance_count: int = Field(ge=1, le=64)
-    generation_replicas: Literal[2, 4, 6, 8]
+    plane: Plane = Field(
+        default="hyperpod",
+        description="where it trains: hyperpod (the deployment's cluster) or serverless "
+        "(SageMaker's managed multi-turn RL job, no instances)",
+    )
+    # HyperPod runs only (required there; a serverless run has no instances to choose).
+    instance_type: str | None = Field(default=None, pattern=r"^ml\.[a-z0-9-]+\.[a-z0-9]+$")
+    instance_count: int | None = Field(default=None, ge=1, le=64)
+    generation_replicas: Literal[2, 4, 6, 8] | None = None
     group_size: int = Field(ge=2, le=64, description="GRPO rollouts per sample")
     global_batch_size: int = Field(ge=2, le=8192, description="rollouts per training step")
     max_steps: int = Field(ge=1, le=100_000)
@@ -279,6 +326,11 @@ class TrainingConfig(BaseModel):
     nova: NovaRecipeSettings = Field(
         default=NovaRecipeSettings(),
         description="Nova's recipe knobs (Nova runs only); unset ones keep the recipe's value",
+    )
+    serverless: ServerlessSettings = Field(
+        default=ServerlessSettings(),
+        description="the managed job's knobs (serverless runs only); unset ones keep the "
+        "service's value",
     )
     # Held-out evaluation of the starting and the trained model (domain/evaluation.py).
     eval_fraction: float | None = Field(
@@ -327,6 +379,7 @@ class TrainingConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
+        self._fits_plane()
         if self.eval_dataset and self.eval_fraction is not None:
             raise ValueError(
                 "eval_dataset names the evaluation records; remove eval_fraction (or eval_dataset "
@@ -372,6 +425,27 @@ class TrainingConfig(BaseModel):
                 "with transformers (set generation: transformers or use RFT_MULTITURN_LORA)"
             )
         return self
+
+    def _fits_plane(self) -> None:
+        instances = {key: getattr(self, key) for key in INSTANCE_KEYS}
+        if self.plane == "hyperpod":
+            if missing := [key for key, value in instances.items() if value is None]:
+                raise ValueError(
+                    f"{', '.join(missing)}: a hyperpod run needs them (its nodes; or set plane: "
+                    "serverless for SageMaker's managed job, which has none)"
+                )
+            if self.serverless.chosen():
+                raise ValueError("serverless: its knobs are for plane: serverless; remove them")
+            return
+        if chosen := [key for key, value in instances.items() if value is not None]:
+            raise ValueError(
+                f"{', '.join(chosen)}: a serverless run has no instances to choose; remove them "
+                "(or set plane: hyperpod)"
+            )
+
+
+# What a HyperPod run chooses of its nodes, and a serverless one leaves to SageMaker.
+INSTANCE_KEYS = ("instance_type", "instance_count", "generation_replicas")
 
 
 def load_training_config(name_or_path: str | Path) -> TrainingConfig:

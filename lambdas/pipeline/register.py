@@ -89,6 +89,12 @@ def register_run(
     name, config = resolve_config(
         s3, bucket=bucket, key=key, version_id=version_id, default=default_config
     )
+    if config.plane == "serverless":
+        raise TrainingConfigError(
+            f"config {name}: plane: serverless: this deployment's pipeline does not run "
+            "SageMaker's managed job yet; `mtrl plan --config` shows the job it would submit "
+            "(or set plane: hyperpod)"
+        )
     cost = estimate(config, prices)
     if not cost.within_budget:
         raise BudgetExceeded(

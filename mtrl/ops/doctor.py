@@ -74,6 +74,9 @@ def diagnose(
         )
     )
     for name, check in DEPLOYMENT_CHECKS:
+        if name in CLUSTER_CHECKS and config.plane == "serverless":
+            checks.append(Check(name, True, "a serverless run takes no HyperPod capacity"))
+            continue
         try:
             checks.append(check(client, deployment, config))
         except DeploymentError as error:
@@ -244,4 +247,6 @@ DEPLOYMENT_CHECKS = (
     ("nova", _nova),
     ("worker image", _worker_image),
 )
+# What only a run on the deployment's own cluster needs.
+CLUSTER_CHECKS = ("hyperpod", "quota", "nova")
 CHECKS = ("credentials", "region", "stacks", *(name for name, _ in DEPLOYMENT_CHECKS))

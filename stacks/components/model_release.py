@@ -21,7 +21,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
-from domain.naming import DEPLOYMENT_TAG, run_prefix
+from domain.naming import DEPLOYMENT_TAG, model_group_name, run_prefix
 from stacks.components.access import Allow
 from stacks.components.nag import Wildcard
 from stacks.components.needs import Need
@@ -38,7 +38,7 @@ class ModelRelease(Construct):
     def __init__(self, scope: Construct, construct_id: str, *, config: PlatformConfig) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
-        self.group_name = f"{config.name_prefix}-models"
+        self.group_name = model_group_name(config.name_prefix)
         # What the operator may delete on Bedrock: what `mtrl deploy` tagged as this deployment's.
         self._ours = {"StringEquals": {f"aws:ResourceTag/{DEPLOYMENT_TAG}": config.name_prefix}}
         self._tagged_ours = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -249,3 +250,24 @@ def test_an_eks_cluster_without_its_private_endpoint_is_named_with_the_fix(healt
     check = _diagnose(healthy)["eks"]
     assert (check.ok, check.detail) == (False, "nova-mtrl-eks has no private endpoint")
     assert "enable private endpoint access" in check.fix
+
+
+def test_a_serverless_run_needs_no_cluster_capacity(healthy: dict) -> None:
+    """Its job runs on SageMaker's own capacity: no HyperPod group, quota or restricted group
+    is asked of the account (a quota of zero and no cluster pass)."""
+    serverless = load_training_config(
+        Path(__file__).resolve().parents[2] / "examples" / "wordle" / "serverless.yaml"
+    )
+    healthy["service-quotas"] = quotas(**{TOTAL_INSTANCES: 0})
+    healthy["sagemaker"] = None  # never asked
+    checks = {
+        check.name: check
+        for check in diagnose(
+            profile=None, region="us-east-1", prefix="nova-mtrl", config=serverless, clients=healthy
+        )
+    }
+    for name in ("hyperpod", "quota", "nova"):
+        assert (checks[name].ok, checks[name].detail) == (
+            True, "a serverless run takes no HyperPod capacity",
+        ), name  # fmt: skip
+    assert checks["eks"].ok and checks["worker image"].ok

@@ -278,3 +278,58 @@ def test_the_job_is_planned_on_the_records_it_may_train_on() -> None:
         config.model_copy(update={"eval_fraction": 0.0}), platform, region="us-east-1"
     )
     assert whole.recipe["overrides"]["data_s3_path"].endswith("/training-data/<dataset>.jsonl")
+
+
+SERVERLESS = EXAMPLE.with_name("serverless.yaml")
+
+
+def test_a_serverless_config_plans_the_create_job_request_and_its_document() -> None:
+    code, output = plan("--config", str(SERVERLESS), "--region", "us-east-1", "--json")
+    assert code == 0, output
+    made = json.loads(output)
+    request = made["create_job"]
+    assert {key: request[key] for key in ("JobCategory", "JobConfigSchemaVersion")} == {
+        "JobCategory": "AgentRFT",
+        "JobConfigSchemaVersion": "1.0.0",
+    }
+    assert json.loads(request["JobConfigDocument"]) == made["document"]
+    document = made["document"]
+    # The held-out records are the validation channel; the job reads the rest.
+    assert [c["ChannelName"] for c in document["InputDataConfig"]] == ["train", "validation"]
+    assert document["AgentConfig"]["CustomAgentLambdaConfig"]["LambdaArn"].endswith(
+        ":function:nova-mtrl-agent-rft"
+    )
+    assert document["TrainingConfig"]["HyperParameters"] == {
+        name: row["value"] for name, row in made["hyperparameters"].items() if row["sent"]
+    }
+    assert made["hyperparameters"]["loss_fn"] == {
+        "value": "ppo", "from": "serverless.loss_fn", "default": "ppo", "sent": False,
+    }  # fmt: skip
+    # No GPU cluster to pay for: the reward workers and the platform, the token charge apart.
+    assert made["cost_per_hour_usd"] == round(
+        estimate(load_training_config(SERVERLESS)).per_hour, 2
+    )
+    assert estimate(load_training_config(SERVERLESS)).gpu_per_hour == 0.0
+    assert any("per-token price" in item for item in made["unverified"])
+
+
+def test_the_readable_serverless_plan_prints_the_request_and_the_document() -> None:
+    code, output = plan("--config", str(SERVERLESS), "--region", "us-east-1")
+    assert code == 0, output
+    for part in ('"JobCategory": "AgentRFT"', "JobConfigDocument:", '"S3DataType": "S3Prefix"',
+                 "hyperparameters", "unverified until a first run on AWS:"):  # fmt: skip
+        assert part in output, part
+
+
+def test_a_serverless_config_the_service_refuses_exits_1_with_each_reason(tmp_path: Path) -> None:
+    config = yaml.safe_load(SERVERLESS.read_text(encoding="utf-8"))
+    config |= {"max_new_tokens": 256, "kl_coefficient": 0.1}
+    path = tmp_path / "refused.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    code, output = plan("--config", str(path), "--region", "us-east-1")
+    assert code == 1 and "Traceback" not in output
+    assert "cannot run as SageMaker's managed job" in output
+    assert "kl_coefficient: the managed job's recipe has no KL term; set 0" in output
+    assert "max_new_tokens is 256: the managed job's sampling_max_tokens must be >= 512" in output
+    code, output = plan("--config", str(SERVERLESS), "--region", "us-east-1", "--recipe", str(path))
+    assert code == 2 and "a serverless config has no HyperPod recipe" in output

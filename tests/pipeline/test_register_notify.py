@@ -351,3 +351,13 @@ def test_a_dataset_key_outside_s3s_safe_characters_is_refused_before_the_run_exi
     ):
         with pytest.raises(UnsafeKey):
             check_dataset_key(unsafe)
+
+
+def test_a_serverless_run_is_refused_until_the_pipeline_runs_that_plane(s3_and_runs) -> None:
+    s3, runs = s3_and_runs
+    serverless = Path(__file__).resolve().parents[2] / "examples" / "wordle" / "serverless.yaml"
+    s3.put_object(Bucket=BUCKET, Key="configs/serverless.yaml", Body=serverless.read_bytes())
+    with pytest.raises(TrainingConfigError, match=r"plane: serverless: this deployment's "
+                       r"pipeline does not run SageMaker's managed job yet; `mtrl plan --config`"):  # fmt: skip
+        _register_with(s3, runs, "configs/serverless.yaml")
+    assert boto3.client("dynamodb").scan(TableName="runs")["Count"] == 0
