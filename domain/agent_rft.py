@@ -1,44 +1,38 @@
 """SageMaker's managed multi-turn RL ("Agent RFT", CreateJob's JobCategory `AgentRFT`) as its
-runtime service and an agent speak to each other: the contract of sagemaker-train 1.27.0
-(`sagemaker/train/rft/`: models.py, headers.py, feedback.py) and of sagemaker-core 2.27.0's
-bearer token (`sagemaker/core/token_generator/`), which tests/serverless/ check this module
-against, function for function.
+runtime service and an agent speak to each other.
 
-- The service invokes the agent with a rollout request: `instance` (the dataset line),
-  `metadata` (`job_arn`, `trajectory_id`, `endpoint` — the runtime service's URL —, `region`),
-  optional `inference_params` (`temperature`, `max_tokens`, `top_p`), `model_name`,
-  `model_endpoint`.
-- The agent calls the model with two headers naming the job and the trajectory.
-- The agent reports each trajectory to the runtime service: `POST /complete-rollout`
-  `{"JobArn", "TrajectoryId", "Status": "ready" | "failed"}`, then `POST /update-reward`
-  `{"JobArn", "TrajectoryId", "Rewards": [float, ...]}` (one per turn allowed), each with a
-  bearer token; a failed rollout is `failed` with reward 0.0 (what the SDK's `report_error`
-  sends). An answer saying the trajectory is already in a terminal status is not an error.
-
-Where the service is (no `endpoint` in the metadata): `https://job-runtime.sagemaker.<region>.api.aws`.
+- The service invokes the agent with a rollout request (sagemaker-train 1.27.0's
+  `sagemaker/train/rft/models.py`, which tests/serverless/ check these models against): `instance`
+  (the dataset line), `metadata` (`job_arn`, `trajectory_id`, `endpoint` — the runtime service's
+  URL —, `region`), optional `inference_params` (`temperature`, `max_tokens`, `top_p`),
+  `model_name`, `model_endpoint`.
+- The agent calls AWS's runtime service, `sagemakerjobruntime` (API 2026-02-01: botocore's model,
+  the SageMaker API reference, the developer guide's "Preparing your agent"): `Sample` (an
+  OpenAI-compatible chat request for the trajectory's next turn, the job and the trajectory as
+  headers), then `CompleteRollout` (`ready`, or `failed`: never a silent 0) and `UpdateReward`
+  (one reward, or one per turn), each with a `ClientToken` that makes a repeated report a no-op.
+  Signed with SigV4 as `sagemaker`, so IAM can scope an agent to one job (AWS's
+  `AmazonSageMakerJobRuntimeAccess` grants `sagemaker:Sample`, `SampleWithResponseStream`,
+  `CompleteRollout` and `UpdateReward` on `job/*`). The SDK's own client reports with a bearer
+  token (`sagemaker:CallWithBearerToken`, granted on `*`: no job scoping) instead.
 """
 
 from __future__ import annotations
 
-import base64
-from collections.abc import Sequence
+import hashlib
+import re
 from typing import Any, Literal
 
-from botocore.auth import SigV4QueryAuth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials
 from pydantic import BaseModel
 
 JOB_CATEGORY = "AgentRFT"
-JOB_ARN_HEADER = "X-Amzn-SageMaker-Job-Arn"
-TRAJECTORY_HEADER = "X-Amzn-SageMaker-Trajectory-Id"
-COMPLETE_PATH, REWARD_PATH = "/complete-rollout", "/update-reward"
 Completion = Literal["ready", "failed"]
-# What the service answers a report on a trajectory that already ended (feedback.py).
-ALREADY_PROCESSED = ("not in valid status", "Cannot transition trajectory")
-# The bearer token: a SigV4-presigned `CallWithBearerToken` request to SageMaker, base64'd.
-TOKEN_PREFIX, TOKEN_HOST = "sagemaker-api-key-", "sagemaker.amazonaws.com"
-TOKEN_SECONDS = 12 * 3600
+# The service names the trajectory's runtime endpoint in each request; AWS's own for a region is
+# `https://job-runtime.sagemaker.<region>.api.aws` (the developer guide, the SDK's default) or
+# `…amazonaws.com` (botocore's endpoint rules). An agent sends its signed calls to no other host.
+AWS_RUNTIME_ENDPOINT = re.compile(
+    r"https://job-runtime\.sagemaker\.(?P<region>[a-z0-9-]+)\.(api\.aws|amazonaws\.com)/?"
+)
 
 
 class RolloutMetadata(BaseModel):
@@ -64,46 +58,33 @@ class AgentRolloutRequest(BaseModel):
     model_endpoint: str | None = None
 
 
-def runtime_endpoint(metadata: RolloutMetadata) -> str:
-    """The runtime service's URL for this trajectory's reports."""
-    return (metadata.endpoint or f"https://job-runtime.sagemaker.{metadata.region}.api.aws").rstrip(
-        "/"
-    )
+def aws_endpoint(metadata: RolloutMetadata) -> bool:
+    """Whether the request's runtime endpoint is AWS's own, in the request's region."""
+    found = AWS_RUNTIME_ENDPOINT.fullmatch(metadata.endpoint)
+    return found is not None and found["region"] == metadata.region
 
 
-def inference_headers(metadata: RolloutMetadata) -> dict[str, str]:
-    """The headers every model call of the trajectory carries."""
-    named = {JOB_ARN_HEADER: metadata.job_arn, TRAJECTORY_HEADER: metadata.trajectory_id}
-    return {header: value for header, value in named.items() if value}
+def report_token(metadata: RolloutMetadata, report: Literal["complete", "reward"]) -> str:
+    """The ClientToken of a trajectory's report: the same for every try of it, so the service
+    takes it once however often a redelivered request makes the agent send it."""
+    seed = f"{metadata.job_arn}\0{metadata.trajectory_id}\0{report}"
+    return hashlib.sha256(seed.encode()).hexdigest()
 
 
-def completion_body(metadata: RolloutMetadata, status: Completion) -> dict[str, Any]:
-    return {"JobArn": metadata.job_arn, "TrajectoryId": metadata.trajectory_id, "Status": status}
-
-
-def reward_body(metadata: RolloutMetadata, rewards: Sequence[float]) -> dict[str, Any]:
-    return {
-        "JobArn": metadata.job_arn,
-        "TrajectoryId": metadata.trajectory_id,
-        "Rewards": [float(reward) for reward in rewards],
-    }
-
-
-def already_processed(answer: str) -> bool:
-    """Whether the service's answer says the trajectory had already ended."""
-    return any(marker in answer for marker in ALREADY_PROCESSED)
-
-
-def bearer_token(credentials: Credentials, region: str, *, seconds: int = TOKEN_SECONDS) -> str:
-    """The runtime service's bearer token for these credentials, valid `seconds`."""
-    request = AWSRequest(
-        method="POST",
-        url=f"https://{TOKEN_HOST}/",
-        headers={"host": TOKEN_HOST},
-        params={"Action": "CallWithBearerToken"},
-    )
-    SigV4QueryAuth(
-        credentials.get_frozen_credentials(), "sagemaker", region, expires=seconds
-    ).add_auth(request)
-    presigned = request.url.removeprefix("https://") + "&Version=1"
-    return TOKEN_PREFIX + base64.b64encode(presigned.encode()).decode()
+def sample_body(
+    messages: list[dict[str, Any]],
+    *,
+    tools: list[dict[str, Any]],
+    params: InferenceParams | None,
+    model: str | None,
+) -> dict[str, Any]:
+    """The OpenAI-compatible chat request a Sample call carries: the conversation, the tools,
+    and the sampling settings the service gave the rollout."""
+    body: dict[str, Any] = {"messages": messages}
+    if model:
+        body["model"] = model
+    if tools:
+        body["tools"] = tools
+    if params is not None:
+        body |= params.model_dump(exclude_none=True)
+    return body

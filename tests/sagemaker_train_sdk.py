@@ -56,21 +56,6 @@ def rft_models() -> ModuleType:
 
 
 @functools.cache
-def token_generator() -> ModuleType:
-    """sagemaker-core's token_generator package: `generate_token`, `_generate_token`."""
-    core = _load(
-        "sagemaker.core.token_generator.token_generator",
-        _source("sagemaker-core", "sagemaker/core/token_generator/token_generator.py"),
-        {},
-    )
-    return _load(
-        "sagemaker.core.token_generator",
-        _source("sagemaker-core", "sagemaker/core/token_generator/__init__.py"),
-        {"sagemaker.core.token_generator.token_generator": core},
-    )
-
-
-@functools.cache
 def rft_context() -> ModuleType:
     return _load(
         "sagemaker.train.rft.context",
@@ -86,19 +71,6 @@ def rft_headers() -> ModuleType:
         "sagemaker.train.rft.headers",
         _source("sagemaker-train", "sagemaker/train/rft/headers.py"),
         {"sagemaker.train.rft.models": rft_models(), "sagemaker.train.rft.context": rft_context()},
-    )
-
-
-@functools.cache
-def rft_feedback() -> ModuleType:
-    """sagemaker/train/rft/feedback.py: RolloutFeedbackClient."""
-    return _load(
-        "sagemaker.train.rft.feedback",
-        _source("sagemaker-train", "sagemaker/train/rft/feedback.py"),
-        {
-            "sagemaker.train.rft.models": rft_models(),
-            "sagemaker.core.token_generator": token_generator(),
-        },
     )
 
 

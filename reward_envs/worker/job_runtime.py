@@ -1,0 +1,131 @@
+"""A reward worker's side of one trajectory of SageMaker's managed multi-turn RL job, through AWS's
+own client of its runtime service (`boto3.client("sagemakerjobruntime")`; domain/agent_rft.py
+has the contract):
+
+- `RuntimeModel` asks the job's policy for each turn (`Sample`, the job and the trajectory as
+  headers) and reads the OpenAI chat completion it answers;
+- `RuntimeFeedback` reports the trajectory once: `CompleteRollout` then `UpdateReward`, with
+  tokens that make a repeated report a no-op; a failed rollout as `failed` with 0.0.
+
+The service's answer that the trajectory already ended (`ConflictException`) or no longer exists
+(`ResourceNotFoundException`, the job ended) is logged, not raised, as the SDK's own client
+tolerates both; any other refusal is raised.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from domain.agent_rft import (
+    AgentRolloutRequest,
+    Completion,
+    RolloutMetadata,
+    report_token,
+    sample_body,
+)
+from reward_envs.interface import Message
+from reward_envs.worker.model_client import (
+    ModelClient,
+    ModelError,
+    ModelTimeout,
+    ModelTurn,
+    model_turn,
+)
+
+log = logging.getLogger(__name__)
+# What the service answers a report it will not take again, and is no failure of ours.
+TOLERATED = ("ConflictException", "ResourceNotFoundException")
+
+
+class FeedbackRefused(RuntimeError):
+    """The runtime service refused a report."""
+
+
+def _code(error: ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))
+
+
+class RuntimeModel(ModelClient):
+    """The job's policy, for the turns of one trajectory."""
+
+    def __init__(self, runtime: Any, request: AgentRolloutRequest) -> None:
+        self._runtime = runtime
+        self._request = request
+
+    def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        sample_id: str,
+        step_id: str,
+        timeout: float,
+        tools: Sequence[Mapping[str, Any]] = (),
+    ) -> ModelTurn:
+        if timeout <= 0:
+            raise ModelTimeout(f"{step_id}: no time left")
+        metadata = self._request.metadata
+        body = sample_body(
+            [dict(message) for message in messages],
+            tools=[dict(tool) for tool in tools],
+            params=self._request.inference_params,
+            model=self._request.model_name,
+        )
+        try:
+            answer = self._runtime.sample(
+                JobArn=metadata.job_arn,
+                TrajectoryId=metadata.trajectory_id,
+                Body=json.dumps(body).encode(),
+            )
+            payload = json.loads(answer["Body"].read())
+        except ClientError as error:
+            raise ModelError(f"{step_id}: Sample refused: {_code(error)}: {error}") from error
+        except BotoCoreError as error:
+            raise ModelError(
+                f"{step_id}: cannot reach the job's runtime service: {error}"
+            ) from error
+        except json.JSONDecodeError as error:
+            raise ModelError(f"{step_id}: Sample's answer is not JSON") from error
+        return model_turn(payload, step_id)
+
+
+class RuntimeFeedback:
+    def __init__(self, runtime: Any) -> None:
+        self._runtime = runtime
+
+    def completed(self, metadata: RolloutMetadata, rewards: float | Sequence[float]) -> None:
+        """The trajectory ended with these rewards (the episode's, or one per turn)."""
+        per_turn = [rewards] if isinstance(rewards, int | float) else list(rewards)
+        self._report(metadata, "ready", [float(reward) for reward in per_turn])
+
+    def failed(self, metadata: RolloutMetadata, error: str) -> None:
+        """The trajectory could not be played (`error` says why): failed, its reward 0.0."""
+        log.error("trajectory %s failed: %s", metadata.trajectory_id, error)
+        self._report(metadata, "failed", [0.0])
+
+    def _report(self, metadata: RolloutMetadata, status: Completion, rewards: list[float]) -> None:
+        ids = {"JobArn": metadata.job_arn, "TrajectoryId": metadata.trajectory_id}
+        self._call("complete_rollout", metadata, **ids, Status=status,
+                   ClientToken=report_token(metadata, "complete"))  # fmt: skip
+        self._call("update_reward", metadata, **ids, Rewards=rewards,
+                   ClientToken=report_token(metadata, "reward"))  # fmt: skip
+
+    def _call(self, operation: str, metadata: RolloutMetadata, **parameters: Any) -> None:
+        try:
+            getattr(self._runtime, operation)(**parameters)
+        except ClientError as error:
+            if _code(error) in TOLERATED:
+                log.warning("trajectory %s: %s not taken: %s", metadata.trajectory_id,
+                            operation, error)  # fmt: skip
+                return
+            raise FeedbackRefused(
+                f"trajectory {metadata.trajectory_id}: {operation} refused: {error}"
+            ) from error
+        except BotoCoreError as error:
+            raise FeedbackRefused(
+                f"trajectory {metadata.trajectory_id}: {operation} not sent: {error}"
+            ) from error
