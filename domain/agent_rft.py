@@ -23,7 +23,10 @@ import hashlib
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
+
+from domain.dataset import DatasetRecord
+from domain.protocol import RolloutRequest, sample_id_for
 
 JOB_CATEGORY = "AgentRFT"
 Completion = Literal["ready", "failed"]
@@ -88,3 +91,45 @@ def sample_body(
     if params is not None:
         body |= params.model_dump(exclude_none=True)
     return body
+
+
+# A job's ARN: `arn:<partition>:sagemaker:<region>:<account>:job/<category>/<name>` (botocore's
+# sagemaker model, CreateJob's JobArn).
+JOB_ARN = re.compile(
+    r"arn:aws[a-z\-]*:sagemaker:[a-z0-9\-]+:[0-9]{12}:job/(?P<category>[a-zA-Z0-9]+)/"
+    r"(?P<name>[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62})"
+)
+
+
+class NotARollout(ValueError):
+    """A rollout request no run can play; the text says what is wrong."""
+
+
+def job_name_of(job_arn: str) -> str:
+    """The name of the managed multi-turn RL job `job_arn` names (NotARollout: another ARN)."""
+    found = JOB_ARN.fullmatch(job_arn)
+    if found is None or found["category"] != JOB_CATEGORY:
+        raise NotARollout(f"job_arn {job_arn!r} is not the ARN of an {JOB_CATEGORY} job")
+    return found["name"]
+
+
+def trajectory_number(trajectory_id: str) -> int:
+    """A number for the trajectory (its sample's `_<k>`): 12 hex digits of its digest."""
+    return int(hashlib.sha256(trajectory_id.encode()).hexdigest()[:12], 16)
+
+
+def rollout_request_of(request: AgentRolloutRequest, *, max_length: int) -> RolloutRequest:
+    """The rollout a reward worker plays for the service's request: the instance is a line of
+    the job's train or validation channel, one of our dataset records (NotARollout if not)."""
+    try:
+        record = DatasetRecord.model_validate(request.instance)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(map(str, p['loc'])) or 'instance'}: {p['msg']}" for p in error.errors()
+        )
+        raise NotARollout(f"instance is not a dataset record: {problems}") from None
+    return RolloutRequest(
+        sample_id=sample_id_for(record.id, trajectory_number(request.metadata.trajectory_id)),
+        max_length=max_length,
+        data=record.rollout_data(),
+    )

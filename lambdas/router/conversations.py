@@ -6,6 +6,8 @@ One table, key (`run_id`, `item`), TTL on `expires_at`:
   until the pipeline opens the first); deleted at teardown (`remove_run`);
 - `queue#<name>`: which run a queue belongs to (under `run_id` = `queue#<name>`), for the
   consumer, which only knows the queue a message came from;
+- `job#<name>`: which run a SageMaker managed multi-turn RL job belongs to, for the agent
+  forwarder, which only knows the job a rollout request names;
 - `step#<step_id>`: one model turn: `pending -> processing -> completed | failed`;
 - `rollout#<sample_id>`: one episode: `processing -> completed | failed`;
 - `sample#<sample_id>`: which phase of the run (training, or an evaluation) a sample was last
@@ -145,10 +147,12 @@ class ConversationStore:
         model: str,
         now: float,
         deadline_at: float | None = None,
+        job: str | None = None,
     ) -> None:
-        """Register the run: its token (hashed), its queues, each queue's owner. The registration
-        expires `REGISTRATION_GRACE_SECONDS` after the run's deadline (without one, with the
-        table's items)."""
+        """Register the run: its token (hashed), its queues, each queue's owner, and the owner of
+        its managed job (`job`, a serverless run's job name). The registration expires
+        `REGISTRATION_GRACE_SECONDS` after the run's deadline (without one, with the table's
+        items)."""
         expires = _registration_expiry(deadline_at) if deadline_at is not None else now + self._ttl
         item = {
             "run_id": {"S": run_id},
@@ -159,12 +163,15 @@ class ConversationStore:
             "created_at": {"N": repr(now)},
             "expires_at": {"N": str(int(expires))},
         }
+        if job is not None:
+            item["job"] = {"S": job}
         self._db.put_item(TableName=self._table, Item=item)
-        for url in queues.values():
+        owned = [_queue_key(url) for url in queues.values()] + ([_job_key(job)] if job else [])
+        for key in owned:
             self._db.put_item(
                 TableName=self._table,
                 Item={
-                    "run_id": {"S": _queue_key(url)},
+                    "run_id": {"S": key},
                     "item": {"S": "run"},
                     "owner": {"S": run_id},
                     "expires_at": {"N": str(int(expires))},
@@ -180,6 +187,8 @@ class ConversationStore:
             return False
         for url in json.loads(item.get("queues", {}).get("S", "{}")).values():
             self._delete(_queue_key(url), "run")
+        if "job" in item:
+            self._delete(_job_key(item["job"]["S"]), "run")
         self._delete(run_id, "run")
         return True
 
@@ -265,6 +274,13 @@ class ConversationStore:
     def run_of_queue(self, queue_arn_or_url: str) -> str | None:
         item = self._get(_queue_key(queue_arn_or_url), "run")
         return item["owner"]["S"] if item else None
+
+    def run_of_job(self, job_name: str, *, now: float) -> str | None:
+        """The run whose managed job this is (None: no run's, or its registration expired)."""
+        item = self._get(_job_key(job_name), "run")
+        if item is None or float(item["expires_at"]["N"]) < now:
+            return None
+        return item["owner"]["S"]
 
     # --- steps -----------------------------------------------------------------------------
 
@@ -528,6 +544,10 @@ def _queue_key(queue_arn_or_url: str) -> str:
     """The queue's name, from an ARN (`arn:...:name`) or a URL (`https://.../account/name`)."""
     name = queue_arn_or_url.rsplit(":", 1)[-1].rsplit("/", 1)[-1]
     return f"queue#{name}"
+
+
+def _job_key(job_name: str) -> str:
+    return f"job#{job_name}"
 
 
 def _conditional(error: ClientError) -> bool:

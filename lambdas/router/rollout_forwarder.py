@@ -22,13 +22,14 @@ step comes with a new timestamp, so it is a new one).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from domain.episodes import stage_of
 from domain.protocol import RolloutRequest, dump, fifo_id, parse
@@ -50,7 +51,10 @@ class ForwarderCounters(Counts):
     refused: int = 0
 
 
-class RolloutForwarder:
+class RunQueueForwarder:
+    """What a forwarder does once it knows a request's run: ask for the sample in the run's open
+    phase, and put the request on the run's rollout-request queue."""
+
     def __init__(
         self,
         sqs: Any,
@@ -64,32 +68,22 @@ class RolloutForwarder:
         self.counters = ForwarderCounters()
         self._queues: dict[str, str] = {}  # run id -> its rollout-request queue URL
 
-    def handle(self, request: Any) -> dict[str, Any]:
-        body = request if isinstance(request, str) else json.dumps(request)
-        try:
-            parsed = parse(RolloutRequest, body)
-        except ValueError:
-            self.counters.malformed += 1
-            raise
-        run_id = self.store.rollout_lambda_holder(now=self.clock())
-        if run_id is None:
-            raise self._refused(
-                "no Nova run is served by this rollout Lambda now: none holds it (none was "
-                "provisioned, or its run is torn down)"
-            )
+    def _forward(self, run_id: str, sample_id: str, body: str, *, group: str, once: str) -> str:
+        """Queue `body` for the run's workers (`group`: its FIFO group; `once`: what makes a
+        retried invocation the same message); the stage it was asked for in."""
         phase = self.store.phase(run_id)
         if phase is None:
             raise self._refused(f"run {run_id!r} has opened no phase yet: no job of it has started")
         queue, stage = self._queue_of(run_id), stage_of(phase)
-        self.store.mark_sample(run_id, parsed.sample_id, stage=stage, now=self.clock())
+        self.store.mark_sample(run_id, sample_id, stage=stage, now=self.clock())
         self.sqs.send_message(
             QueueUrl=queue,
-            MessageBody=dump(parsed),
-            MessageGroupId=fifo_id(parsed.sample_id),
-            MessageDeduplicationId=hashlib.sha256(body.encode()).hexdigest(),
+            MessageBody=body,
+            MessageGroupId=fifo_id(group),
+            MessageDeduplicationId=hashlib.sha256(once.encode()).hexdigest(),
         )
         self.counters.forwarded += 1
-        return {"run_id": run_id, "sample_id": parsed.sample_id, "stage": stage, "forwarded": True}
+        return stage
 
     def _refused(self, why: str) -> RolloutRefused:
         self.counters.refused += 1
@@ -109,14 +103,43 @@ class RolloutForwarder:
         return self._queues[run_id]
 
 
-def forwarder_for(environment: Mapping[str, str], clients: Clients) -> RolloutForwarder:
-    """The forwarder of a function with this environment (`ForwarderSettings`)."""
+Forwarder = TypeVar("Forwarder", bound=RunQueueForwarder)
+
+
+class RolloutForwarder(RunQueueForwarder):
+    def handle(self, request: Any) -> dict[str, Any]:
+        body = request if isinstance(request, str) else json.dumps(request)
+        try:
+            parsed = parse(RolloutRequest, body)
+        except ValueError:
+            self.counters.malformed += 1
+            raise
+        run_id = self.store.rollout_lambda_holder(now=self.clock())
+        if run_id is None:
+            raise self._refused(
+                "no Nova run is served by this rollout Lambda now: none holds it (none was "
+                "provisioned, or its run is torn down)"
+            )
+        stage = self._forward(
+            run_id, parsed.sample_id, dump(parsed), group=parsed.sample_id, once=body
+        )
+        return {"run_id": run_id, "sample_id": parsed.sample_id, "stage": stage, "forwarded": True}
+
+
+def forwarder_for(
+    environment: Mapping[str, str], clients: Clients, kind: type[Forwarder]
+) -> Forwarder:
+    """The forwarder of `kind` for a function with this environment (`ForwarderSettings`)."""
     settings = ForwarderSettings.from_environment(environment)
     store = ConversationStore(clients("dynamodb"), settings.table_name)
-    return RolloutForwarder(clients("sqs"), store, prefix=settings.name_prefix)
+    return kind(clients("sqs"), store, prefix=settings.name_prefix)
 
 
-_forward = metered_entry("rollout-forwarder", composed_once(forwarder_for, os.environ), os.environ)
+_forward = metered_entry(
+    "rollout-forwarder",
+    composed_once(functools.partial(forwarder_for, kind=RolloutForwarder), os.environ),
+    os.environ,
+)
 
 
 def handler(event: Any, context: Any) -> dict[str, Any]:

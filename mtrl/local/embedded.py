@@ -33,7 +33,7 @@ from lambdas.pipeline.dependencies import Compute
 from lambdas.pipeline.training_metrics import TrainingMetrics
 from lambdas.router.consumer import consumer_for
 from lambdas.router.proxy import proxy_for
-from lambdas.router.rollout_forwarder import forwarder_for
+from lambdas.router.rollout_forwarder import RolloutForwarder, forwarder_for
 from mtrl.local.physical import ACCOUNT, REGION, LocalNames
 from stacks.components.pipeline_steps import STEPS
 
@@ -58,7 +58,7 @@ _COMPOSERS: dict[str, Compose] = {
     # The local trainer puts its rollout requests on the run's queue itself, so nothing invokes
     # it here.
     "lambdas.router.rollout_forwarder": lambda env, clients: {
-        "handler": forwarder_for(env, clients).handle
+        "handler": forwarder_for(env, clients, RolloutForwarder).handle
     },
     "lambdas.kubernetes.bootstrap": bootstrap.compose,
     "lambdas.kubernetes.chart_install": chart_install.compose,

@@ -17,12 +17,14 @@ from pydantic_settings import SettingsError
 
 from domain.bucket import trajectories_prefix
 from reward_envs.registry import EnvironmentNotFound, load
+from reward_envs.worker.agent_mode import AgentMode
+from reward_envs.worker.job_runtime import job_runtime_clients
 from reward_envs.worker.model_client import ModelClient, OpenAICompatibleClient
 from reward_envs.worker.queues import SqsRolloutQueues
 from reward_envs.worker.router_client import RouterClient, RouterRolloutQueues
 from reward_envs.worker.settings import WorkerSettings
 from reward_envs.worker.trajectory_store import TrajectoryStore, s3_put
-from reward_envs.worker.worker import RewardWorker
+from reward_envs.worker.worker import RewardWorker, read_v0
 
 
 def main() -> int:
@@ -43,12 +45,14 @@ def main() -> int:
     except SettingsError as error:  # a JSON setting that is not JSON (MTRL_ENVIRONMENT_ARGS)
         print(f"reward worker: {error}: {error.__cause__}", file=sys.stderr)
         return 2
-    if not settings.router_url and not (
-        settings.model_base_url and settings.rollout_response_queue_url
+    if (
+        not settings.agent_rft
+        and not settings.router_url
+        and not (settings.model_base_url and settings.rollout_response_queue_url)
     ):
         print(
-            "reward worker: set MTRL_ROUTER_URL (with MTRL_RUN_ID and MTRL_RUN_TOKEN), or "
-            "MTRL_MODEL_BASE_URL with MTRL_ROLLOUT_RESPONSE_QUEUE_URL",
+            "reward worker: set MTRL_ROUTER_URL (with MTRL_RUN_ID and MTRL_RUN_TOKEN), "
+            "MTRL_MODEL_BASE_URL with MTRL_ROLLOUT_RESPONSE_QUEUE_URL, or MTRL_AGENT_RFT=true",
             file=sys.stderr,
         )
         return 2
@@ -57,13 +61,25 @@ def main() -> int:
     except EnvironmentNotFound as missing:
         print(f"reward worker: MTRL_ENVIRONMENT(_ARGS): {missing}", file=sys.stderr)
         return 2
-    queues, model = _model_and_queues(settings)
+    if settings.agent_rft:
+        mode = AgentMode(
+            job_runtime_clients(settings.job_runtime_url), max_length=settings.max_length
+        )
+        queues: SqsRolloutQueues = mode.queues(
+            boto3.client("sqs"),
+            requests_url=settings.rollout_request_queue_url,
+            dead_letter_url=settings.dead_letter_queue_url,
+        )
+        model, read = mode.model, mode.read
+    else:
+        (queues, model), read = _model_and_queues(settings), read_v0
     worker = RewardWorker(
         queues=queues,
         environment=environment,
         model=model,
         settings=settings,
         trajectories=_trajectory_store(settings),
+        read=read,
     )
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: worker.stop())

@@ -14,17 +14,20 @@ tolerates both; any other refusal is raised.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from domain.agent_rft import (
     AgentRolloutRequest,
     Completion,
     RolloutMetadata,
+    aws_endpoint,
     report_token,
     sample_body,
 )
@@ -44,6 +47,32 @@ TOLERATED = ("ConflictException", "ResourceNotFoundException")
 
 class FeedbackRefused(RuntimeError):
     """The runtime service refused a report."""
+
+
+class UntrustedEndpoint(RuntimeError):
+    """A request names a runtime endpoint that is not AWS's in its region: no signed call goes
+    there."""
+
+
+def job_runtime_clients(stand_in_url: str | None = None) -> Callable[[RolloutMetadata], Any]:
+    """The runtime service's client for a request: AWS's own endpoint the request names (one
+    client per endpoint and region), or, for local runs, the stand-in at `stand_in_url`."""
+
+    @functools.cache
+    def client(endpoint: str, region: str) -> Any:
+        return boto3.client("sagemakerjobruntime", region_name=region, endpoint_url=endpoint)
+
+    def runtime_for(metadata: RolloutMetadata) -> Any:
+        if stand_in_url is not None:
+            return client(stand_in_url, metadata.region)
+        if not aws_endpoint(metadata):
+            raise UntrustedEndpoint(
+                f"trajectory {metadata.trajectory_id}: endpoint {metadata.endpoint} is not AWS's "
+                f"job runtime service in {metadata.region}"
+            )
+        return client(metadata.endpoint.rstrip("/"), metadata.region)
+
+    return runtime_for
 
 
 def _code(error: ClientError) -> str:

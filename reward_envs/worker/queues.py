@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,3 +124,32 @@ class SqsRolloutQueues:
             },
         )
         self._sqs.delete_message(QueueUrl=self.requests_url, ReceiptHandle=delivery.receipt_handle)
+
+
+class ReportingQueues(SqsRolloutQueues):
+    """Requests from SQS as usual; each finished rollout handed to `report` instead of a response
+    queue (the router's proxy, a managed job's runtime service). A report that raises leaves
+    its request to be retried; one that returns deletes it."""
+
+    def __init__(
+        self,
+        sqs: Any,
+        report: Callable[[Delivery, RolloutResponse], None],
+        *,
+        requests_url: str,
+        dead_letter_url: str | None,
+    ) -> None:
+        super().__init__(
+            sqs, requests_url=requests_url, responses_url="", dead_letter_url=dead_letter_url
+        )
+        self._report_one = report
+
+    def _report(self, finished: list[tuple[Delivery, RolloutResponse]]) -> list[Exception | None]:
+        outcome: list[Exception | None] = []
+        for delivery, response in finished:
+            try:
+                self._report_one(delivery, response)
+                outcome.append(None)
+            except Exception as error:  # noqa: BLE001 - the request is retried, not lost
+                outcome.append(error)
+        return outcome

@@ -34,7 +34,7 @@ from reward_envs.worker.model_client import (
     PhaseClosed,
     model_turn,
 )
-from reward_envs.worker.queues import Delivery, SqsRolloutQueues
+from reward_envs.worker.queues import Delivery, ReportingQueues
 
 log = logging.getLogger(__name__)
 
@@ -135,29 +135,22 @@ class RouterClient(ModelClient):
             raise ModelTimeout(f"{method} {path}: no answer in time") from error
 
 
-class RouterRolloutQueues(SqsRolloutQueues):
+class RouterRolloutQueues(ReportingQueues):
     """Requests from SQS as usual; responses reported through the router's proxy."""
 
     def __init__(
         self, sqs: Any, router: RouterClient, *, requests_url: str, dead_letter_url: str | None
     ) -> None:
         super().__init__(
-            sqs, requests_url=requests_url, responses_url="", dead_letter_url=dead_letter_url
+            sqs, self._to_router, requests_url=requests_url, dead_letter_url=dead_letter_url
         )
         self._router = router
 
-    def _report(self, finished: list[tuple[Delivery, RolloutResponse]]) -> list[Exception | None]:
-        outcome: list[Exception | None] = []
-        for delivery, response in finished:
-            try:
-                self._router.report(response, request_id=delivery.message_id)
-                outcome.append(None)
-            except PhaseClosed as closed:
-                log.info("rollout %s dropped: %s", response.sample_id, closed)
-                outcome.append(None)  # nothing to retry: its request is deleted
-            except ModelError as error:
-                outcome.append(error)
-        return outcome
+    def _to_router(self, delivery: Delivery, response: RolloutResponse) -> None:
+        try:
+            self._router.report(response, request_id=delivery.message_id)
+        except PhaseClosed as closed:
+            log.info("rollout %s dropped: %s", response.sample_id, closed)  # its request goes
 
 
 def _message(raw: bytes) -> str:

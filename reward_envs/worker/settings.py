@@ -36,6 +36,12 @@ class WorkerSettings(BaseSettings):
     trajectory_flush_seconds: float = Field(default=30.0, gt=0)
     trajectory_buffer_mib: int = Field(default=64, ge=1)
     config_hash: str | None = None  # the run's training config (TrainingConfig.fingerprint)
+    # Agent mode (a serverless run: reward_envs/worker/agent_mode.py): the queue carries a
+    # managed job's requests, played against the job's policy and reported to its runtime
+    # service — AWS's, at the endpoint a request names, or a local stand-in's at this URL.
+    agent_rft: bool = False
+    job_runtime_url: str | None = None
+    max_length: int = Field(default=10240, gt=1, description="a rollout's tokens (agent mode)")
 
     @model_validator(mode="after")
     def _heartbeat_fits(self) -> WorkerSettings:

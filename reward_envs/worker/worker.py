@@ -38,6 +38,11 @@ HEARTBEAT_TICK_SECONDS = 0.2
 log = logging.getLogger("mtrl.worker")
 
 
+def read_v0(body: str) -> RolloutRequest:
+    """A v0 rollout request, as a trainer of ours or Nova's sends one."""
+    return parse(RolloutRequest, body)
+
+
 class TaskState(Enum):
     RUNNING = "running"
     SENDING = "sending"
@@ -129,8 +134,12 @@ class RewardWorker:
         settings: WorkerSettings,
         trajectories: TrajectoryStore | None = None,
         clock: Callable[[], float] = time.monotonic,
+        read: Callable[[str], RolloutRequest] = read_v0,
     ) -> None:
+        """`read`: a queued message as the rollout to play (ProtocolError: a poison message);
+        v0 by default, a managed job's request in agent mode (reward_envs/worker/agent_mode.py)."""
         self.queues = queues
+        self.read = read
         self.trajectories = trajectories
         self.environment = environment
         self.model = model
@@ -202,7 +211,7 @@ class RewardWorker:
         chains: dict[str, list[tuple[Task, RolloutRequest]]] = {}
         for delivery in deliveries:
             try:
-                request = parse(RolloutRequest, delivery.body)
+                request = self.read(delivery.body)
             except ProtocolError as problem:
                 self.stats.count("protocol_errors")
                 log.warning("poison message %s: %s", delivery.message_id, problem)

@@ -138,7 +138,9 @@ def test_a_function_with_its_environment_forwards_to_that_deployments_queues(
 ) -> None:
     serving(router, stage=EvaluationStage.FINAL)
     clients = {"sqs": router.sqs, "dynamodb": router.db}
-    made = forwarder_for({"NAME_PREFIX": "test", "TABLE_NAME": TABLE}, clients.__getitem__)
+    made = forwarder_for(
+        {"NAME_PREFIX": "test", "TABLE_NAME": TABLE}, clients.__getitem__, RolloutForwarder
+    )
     invoke(made, DOCUMENTED_ROLLOUT_REQUEST)
     assert len(router.messages(router.queues.rollout_requests)) == 1
     assert router.store.sample_phase(RUN, "sample-000_0") == "final"

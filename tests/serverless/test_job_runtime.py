@@ -21,7 +21,13 @@ from domain.agent_rft import AgentRolloutRequest, RolloutMetadata, aws_endpoint,
 from domain.protocol import RolloutRequest
 from mtrl.local.job_runtime import JobRuntimeStandIn, Policy
 from reward_envs.wordle import load_environment
-from reward_envs.worker.job_runtime import FeedbackRefused, RuntimeFeedback, RuntimeModel
+from reward_envs.worker.job_runtime import (
+    FeedbackRefused,
+    RuntimeFeedback,
+    RuntimeModel,
+    UntrustedEndpoint,
+    job_runtime_clients,
+)
 from reward_envs.worker.model_client import ModelError
 from reward_envs.worker.rollout import play_rollout
 
@@ -197,3 +203,16 @@ def test_each_report_of_a_trajectory_has_its_own_token_every_time() -> None:
     other = one.model_copy(update={"trajectory_id": "t-2"})
     tokens = {report_token(m, r) for m in (one, other) for r in ("complete", "reward")}
     assert len(tokens) == 4 and report_token(one, "complete") == report_token(one, "complete")
+
+
+def test_a_worker_signs_calls_for_aws_own_endpoint_or_the_local_stand_in_only() -> None:
+    aws = RolloutMetadata(job_arn=JOB, trajectory_id="t", region="us-east-1",
+                          endpoint="https://job-runtime.sagemaker.us-east-1.api.aws")  # fmt: skip
+    runtime_for = job_runtime_clients()
+    assert runtime_for(aws).meta.endpoint_url == aws.endpoint
+    assert runtime_for(aws) is runtime_for(aws)  # one client per endpoint
+    elsewhere = aws.model_copy(update={"endpoint": "https://collector.example.com"})
+    with pytest.raises(UntrustedEndpoint, match="is not AWS's job runtime service in us-east-1"):
+        runtime_for(elsewhere)
+    local = job_runtime_clients("http://127.0.0.1:8123")
+    assert local(elsewhere).meta.endpoint_url == "http://127.0.0.1:8123"

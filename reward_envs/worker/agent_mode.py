@@ -1,0 +1,116 @@
+"""The reward worker's agent mode, for a serverless run: its queue carries the managed job's
+rollout requests (lambdas/router/agent_forwarder.py puts them there), each naming a trajectory
+of the job. The worker plays each against the job's policy (`RuntimeModel`: a `Sample` call a
+turn) and reports it to the job's runtime service (`RuntimeFeedback`: completed with the
+episode's reward, or failed — never a silent 0) where a HyperPod run's worker answers on the
+run's response queue. The environments, the trajectory store and the worker loop are the same.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from domain.agent_rft import (
+    AgentRolloutRequest,
+    NotARollout,
+    RolloutMetadata,
+    rollout_request_of,
+)
+from domain.protocol import ProtocolError, RolloutRequest, RolloutResponse
+from reward_envs.interface import Message
+from reward_envs.worker.job_runtime import RuntimeFeedback, RuntimeModel
+from reward_envs.worker.model_client import ModelClient, ModelError, ModelTurn
+from reward_envs.worker.queues import ReportingQueues
+
+# The runtime service's client for a request (its endpoint and region): the composition decides
+# which endpoints a worker trusts.
+RuntimeFor = Callable[[RolloutMetadata], Any]
+
+
+class AgentMode:
+    """What the worker loop needs to play a managed job's requests: `read` (a queued request as
+    the rollout to play), `model` (each rollout's turns from its own trajectory) and `queues`
+    (its report to the job's runtime service)."""
+
+    def __init__(self, runtime_for: RuntimeFor, *, max_length: int) -> None:
+        self._runtime_for = runtime_for
+        self._max_length = max_length
+        self._playing: dict[str, AgentRolloutRequest] = {}  # by sample id, until reported
+        self._lock = threading.Lock()
+        self.model: ModelClient = _TrajectoryModels(self)
+
+    def read(self, body: str) -> RolloutRequest:
+        try:
+            request = AgentRolloutRequest.model_validate_json(body)
+            rollout = rollout_request_of(request, max_length=self._max_length)
+        except (ValidationError, NotARollout) as error:
+            raise ProtocolError(f"not a managed job's rollout request: {error}") from None
+        with self._lock:
+            self._playing[rollout.sample_id] = request
+        return rollout
+
+    def playing(self, sample_id: str) -> AgentRolloutRequest:
+        with self._lock:
+            return self._playing[sample_id]
+
+    def report(self, request: AgentRolloutRequest, response: RolloutResponse) -> None:
+        """The rollout to the job's runtime service, once."""
+        feedback = RuntimeFeedback(self._runtime_for(request.metadata))
+        if response.aggregate_score is None:
+            feedback.failed(request.metadata, response.error or response.stop_reason)
+        else:
+            feedback.completed(request.metadata, response.aggregate_score)
+        with self._lock:
+            self._playing.pop(response.sample_id, None)
+
+    def queues(self, sqs: Any, *, requests_url: str, dead_letter_url: str | None) -> AgentQueues:
+        return AgentQueues(sqs, self, requests_url=requests_url, dead_letter_url=dead_letter_url)
+
+    def runtime(self, metadata: RolloutMetadata) -> Any:
+        return self._runtime_for(metadata)
+
+
+class _TrajectoryModels(ModelClient):
+    """Each rollout's turns from the policy of its own job and trajectory."""
+
+    def __init__(self, mode: AgentMode) -> None:
+        self._mode = mode
+
+    def chat(
+        self,
+        messages: Sequence[Message],
+        *,
+        sample_id: str,
+        step_id: str,
+        timeout: float,
+        tools: Sequence[Mapping[str, Any]] = (),
+    ) -> ModelTurn:
+        try:
+            request = self._mode.playing(sample_id)
+        except KeyError:
+            raise ModelError(f"{step_id}: no trajectory is being played for {sample_id}") from None
+        model = RuntimeModel(self._mode.runtime(request.metadata), request)
+        return model.chat(
+            messages, sample_id=sample_id, step_id=step_id, timeout=timeout, tools=tools
+        )
+
+
+class AgentQueues(ReportingQueues):
+    """The run's request queue as a HyperPod run's worker reads it; a finished rollout goes to
+    the job's runtime service instead of a response queue."""
+
+    def __init__(
+        self, sqs: Any, mode: AgentMode, *, requests_url: str, dead_letter_url: str | None
+    ) -> None:
+        super().__init__(
+            sqs,
+            lambda delivery, response: mode.report(
+                AgentRolloutRequest.model_validate_json(delivery.body), response
+            ),
+            requests_url=requests_url,
+            dead_letter_url=dead_letter_url,
+        )

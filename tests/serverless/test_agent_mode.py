@@ -1,0 +1,83 @@
+"""A managed job's rollouts from end to end, offline: the job's requests through the agent Lambda
+(lambdas/router/agent_forwarder.py) onto the run's queue (moto), the run's reward worker in
+agent mode (reward_envs/worker/agent_mode.py) playing Wordle against the job's policy and
+reporting to the job's runtime service (the stand-in, mtrl/local/job_runtime.py): every
+trajectory reported once, with the environment's reward, or failed — never a silent 0."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import boto3
+import pytest
+
+from domain.episodes import phase_of
+from domain.run_queues import create_run_queues
+from lambdas.router.agent_forwarder import AgentForwarder
+from lambdas.router.conversations import ConversationStore, create_table
+from mtrl.local.job_runtime import JobRuntimeStandIn
+from reward_envs.wordle import load_environment
+from reward_envs.worker.agent_mode import AgentMode
+from reward_envs.worker.settings import WorkerSettings
+from reward_envs.worker.worker import RewardWorker
+from tests.serverless.test_job_runtime import client
+
+RUN, JOB_NAME = "wordle-0123456789", "test-run-wordle-0123456789"
+JOB = f"arn:aws:sagemaker:us-east-1:123456789012:job/AgentRFT/{JOB_NAME}"
+SECRETS = {"w-0": "crane", "w-1": "slate", "w-2": "crane"}
+POISONED = "w-poison"  # the policy fails on its prompt: the service's error, the rollout failed
+
+
+def policy(_job: str, request: dict[str, Any]) -> dict[str, Any]:
+    if "poison" in request["messages"][0]["content"]:
+        raise RuntimeError("the policy's GPU fell over")
+    return {"choices": [{"message": {"role": "assistant", "content": "[crane]"}}]}
+
+
+@pytest.mark.usefixtures("aws")
+def test_a_jobs_rollouts_are_played_by_the_runs_workers_and_reported_once() -> None:
+    sqs, db = boto3.client("sqs"), boto3.client("dynamodb")
+    create_table(db, "conversations")
+    store = ConversationStore(db, "conversations")
+    queues = create_run_queues(sqs, prefix="test", run_id=RUN)
+    store.put_run(RUN, token="t", queues=queues.urls(), model="nova-lite-2", now=0.0,
+                  deadline_at=10_000.0, job=JOB_NAME)  # fmt: skip
+    store.open_phase(RUN, phase_of(None), now=0.0)
+    forwarder = AgentForwarder(sqs, store, prefix="test", clock=lambda: 1.0)
+    with JobRuntimeStandIn(policy) as service:
+        service.open_job(JOB)
+        trajectories = {}
+        for record, secret in [*SECRETS.items(), (POISONED, "crane")]:
+            prompt = "poison" if record == POISONED else "Play Wordle."
+            trajectories[record] = service.new_trajectory(JOB)
+            forwarder.handle({
+                "instance": {"id": record, "metadata": {"prompt": prompt, "answer": secret}},
+                "metadata": {"job_arn": JOB, "trajectory_id": trajectories[record],
+                             "endpoint": service.url, "region": "us-east-1"},
+            })  # fmt: skip
+        mode = AgentMode(lambda _metadata: client(service.url), max_length=4096)
+        settings = WorkerSettings(
+            rollout_request_queue_url=queues.rollout_requests, run_id=RUN, wait_seconds=0,
+            concurrency=2,
+        )  # fmt: skip
+        worker = RewardWorker(
+            queues=mode.queues(sqs, requests_url=queues.rollout_requests, dead_letter_url=queues.dlq),
+            environment=load_environment(), model=mode.model, settings=settings, read=mode.read,
+        )  # fmt: skip
+        stats = worker.run(exit_when_idle=True)
+        worker.close()
+        played = {record: service.trajectory(JOB, tid) for record, tid in trajectories.items()}
+    assert (stats.completed, stats.dead_lettered, stats.failures) == (4, 0, 0)
+    for record in ("w-0", "w-2"):  # won at the first guess
+        assert (played[record].status, len(played[record].turns)) == ("ready", 1)
+        assert played[record].rewards is not None and played[record].rewards[0] > 0.5
+    lost = played["w-1"]  # six guesses of crane against slate
+    assert (lost.status, len(lost.turns)) == ("ready", 6) and lost.rewards is not None
+    assert lost.rewards[0] < played["w-0"].rewards[0]  # type: ignore[index]
+    assert (played[POISONED].status, played[POISONED].rewards) == ("failed", [0.0])
+    assert (
+        sqs.get_queue_attributes(
+            QueueUrl=queues.rollout_requests, AttributeNames=["ApproximateNumberOfMessages"]
+        )["Attributes"]["ApproximateNumberOfMessages"]
+        == "0"
+    )
