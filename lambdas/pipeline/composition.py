@@ -16,15 +16,16 @@ from lambdas.pipeline.hyperpod_training import HyperPodTrainingCluster
 from lambdas.pipeline.nova_training import NOVA_GROUP_SETTING, NovaTrainingCluster
 from lambdas.pipeline.reaper import Reaper
 from lambdas.pipeline.run_steps import RunSteps
+from lambdas.pipeline.serverless_training import SERVERLESS_ROLE_SETTING, ServerlessTrainingCluster
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.pipeline.training_metrics import EmbeddedMetrics, TrainingMetrics
 from lambdas.pipeline.training_planes import TrainingPlanes
 
 
 def deployed_compute(environment: Mapping[str, str], clients: Clients) -> Compute:
-    """ECS Fargate reward workers and the HyperPod training planes, as the stack set them up:
-    the Nova plane where the deployment has a restricted instance group (the stack then sets
-    its settings)."""
+    """ECS Fargate reward workers and the training planes, as the stack set them up: the Nova
+    plane where the deployment has a restricted instance group, the serverless plane where it
+    has the managed job's role (the stack then sets their settings)."""
 
     def planes() -> TrainingPlanes:
         nova = (
@@ -32,8 +33,13 @@ def deployed_compute(environment: Mapping[str, str], clients: Clients) -> Comput
             if NOVA_GROUP_SETTING in environment
             else None
         )
+        serverless = (
+            ServerlessTrainingCluster.from_environment(environment, clients)
+            if SERVERLESS_ROLE_SETTING in environment
+            else None
+        )
         standard = HyperPodTrainingCluster.from_environment(environment, clients)
-        return TrainingPlanes(standard=standard, nova=nova)
+        return TrainingPlanes(standard=standard, nova=nova, serverless=serverless)
 
     return Compute(
         fleet=lambda: EcsRewardFleet.from_environment(environment, clients), cluster=planes

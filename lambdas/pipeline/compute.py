@@ -75,14 +75,15 @@ class ComputeSteps:
     def scale_up(self, event: dict[str, Any]) -> dict[str, Any]:
         state = RunState.model_validate(event)
         config = state.registered.config
-        self.compute.cluster.scale_up(self._context(state), instances=config.instance_count)
-        return {"instances": config.instance_count, "scale_to_zero": config.scale_to_zero}
+        instances = config.instance_count or 0  # a serverless run has none
+        self.compute.cluster.scale_up(self._context(state), instances=instances)
+        return {"instances": instances, "scale_to_zero": config.scale_to_zero}
 
     def nodes_ready(self, event: dict[str, Any]) -> dict[str, Any]:
         state = RunState.model_validate(event)
         self._check_deadline(state.registered)
         ready = self.compute.cluster.nodes_ready(self._context(state))
-        return {"ready": ready >= state.registered.config.instance_count, "nodes": ready}
+        return {"ready": ready >= (state.registered.config.instance_count or 0), "nodes": ready}
 
     def start_workers(self, event: dict[str, Any]) -> dict[str, Any]:
         """Start the reward fleet with a fresh run token (stored hashed; never in the state)."""

@@ -43,14 +43,8 @@ from pydantic import Field
 from domain.backends import EvaluationUnsupported, JobStatus, Phase, RunContext
 from domain.bucket import run_outputs
 from domain.checkpoints import latest
-from domain.dataset import read_dataset_object
 from domain.episodes import EvaluationStage
 from domain.evaluation import (
-    EVALUATION_RECORDS_OBJECT,
-    TRAINING_RECORDS_OBJECT,
-    evaluation_records,
-    evaluation_source,
-    training_records,
     write_episodes,
 )
 from domain.nova_job import (
@@ -85,6 +79,7 @@ from lambdas.kubernetes.training_job import JOB_API
 from lambdas.pipeline.checkpoints import recorded_checkpoints
 from lambdas.pipeline.hyperpod_capacity import HyperPodCapacity
 from lambdas.pipeline.hyperpod_training import ClusterSettings, InstanceGroupPlane, job_status
+from lambdas.pipeline.job_records import evaluation_data, held_out_records, training_data
 from lambdas.pipeline.reward_curve import RewardCurve
 from lambdas.router.conversations import ConversationStore
 
@@ -189,24 +184,7 @@ class NovaTrainingCluster(InstanceGroupPlane):
         )
 
     def training_data(self, run: RunContext) -> str:
-        """The records the job trains on: the dataset, without the held-out ones when a share is
-        held out (written once beside the run's outputs)."""
-        config = run.training
-        if config.held_out_fraction <= 0:
-            return f"s3://{run.bucket}/{run.dataset_key}"
-        key = f"{run.output_prefix}{TRAINING_RECORDS_OBJECT}"
-        found = read_dataset_object(
-            self.s3, bucket=run.bucket, key=run.dataset_key, version=run.dataset_version
-        )
-        records = training_records(found, config)
-        return self._write_records(run, key, records)
-
-    def _write_records(self, run: RunContext, key: str, records: list[Any]) -> str:
-        lines = "".join(record.model_dump_json(exclude_none=True) + "\n" for record in records)
-        self.s3.put_object(
-            Bucket=run.bucket, Key=key, Body=lines.encode(), ContentType="application/x-ndjson"
-        )
-        return f"s3://{run.bucket}/{key}"
+        return training_data(self.s3, run)
 
     def submit(self, run: RunContext) -> str:
         config = run.training
@@ -280,24 +258,11 @@ class NovaTrainingCluster(InstanceGroupPlane):
                 f"AWS's evaluation recipe {source} has no {', '.join(missing)}: it cannot play "
                 "its rollouts through this run's reward workers"
             )
-        source_key, version = evaluation_source(run.training, run.dataset_key, run.dataset_version)
-        records = evaluation_records(
-            read_dataset_object(self.s3, bucket=run.bucket, key=source_key, version=version),
-            run.training,
-            named_file=run.training.eval_dataset is not None,
-        )  # fmt: skip
-        if not records:
-            raise EvaluationUnsupported(
-                f"no record of s3://{run.bucket}/{source_key} is held out for evaluation "
-                f"(eval_fraction {run.training.held_out_fraction}); raise eval_fraction or name "
-                "an eval_dataset"
-            )
+        records = held_out_records(self.s3, run)
         overrides = evaluation_overrides(
             name=self.evaluation_name(run, stage),
             model_name_or_path=self.evaluated_model(run, stage),
-            data_s3_path=self._write_records(
-                run, f"{run.output_prefix}{EVALUATION_RECORDS_OBJECT}", records
-            ),
+            data_s3_path=evaluation_data(self.s3, run, records),
             output_s3_path=f"s3://{run.bucket}/{run.output_prefix}evaluation/{stage}/",
             byoo=byoo_endpoints(run.rollout_request_arn, lambda kind: run.queues[kind]),
         )

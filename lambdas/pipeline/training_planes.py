@@ -1,4 +1,5 @@
-"""The deployment's training planes behind the one TrainingCluster interface: a run's model
+"""The deployment's training planes behind the one TrainingCluster interface: a serverless config
+takes SageMaker's managed job (lambdas/pipeline/serverless_training.py); otherwise a run's model
 picks its plane — a Nova model the restricted instance group and AWS's launcher
 (lambdas/pipeline/nova_training.py), any other the standard group and our job
 (lambdas/pipeline/hyperpod_training.py). A teardown that knows only the run's id (the reaper)
@@ -9,17 +10,36 @@ from __future__ import annotations
 from domain.backends import JobStatus, RunContext, TrainingCluster
 from domain.episodes import EvaluationStage
 from domain.nova_job import NO_NOVA_GROUP, NovaRefused, is_nova
+from domain.serverless_job import ServerlessRefused
+
+NO_SERVERLESS_PLANE = (
+    "runs as SageMaker's managed job, and this deployment has no serverless plane; deploy one "
+    "with it, or set plane: hyperpod"
+)
 
 
 class TrainingPlanes(TrainingCluster):
-    def __init__(self, *, standard: TrainingCluster, nova: TrainingCluster | None) -> None:
-        self.standard, self.nova = standard, nova
+    def __init__(
+        self,
+        *,
+        standard: TrainingCluster,
+        nova: TrainingCluster | None,
+        serverless: TrainingCluster | None = None,
+    ) -> None:
+        self.standard, self.nova, self.serverless = standard, nova, serverless
 
     @property
     def planes(self) -> list[TrainingCluster]:
-        return [self.standard] + ([self.nova] if self.nova is not None else [])
+        others = (self.nova, self.serverless)
+        return [self.standard, *(plane for plane in others if plane is not None)]
 
     def plane(self, run: RunContext) -> TrainingCluster:
+        if run.training.plane == "serverless":
+            if self.serverless is None:
+                raise ServerlessRefused(
+                    f"run {run.run_id}: config {run.training.name} {NO_SERVERLESS_PLANE}"
+                )
+            return self.serverless
         if not is_nova(run.training.model):
             return self.standard
         if self.nova is None:  # Register refuses such a run first

@@ -16,6 +16,7 @@ from lambdas.pipeline.composition import deployed_compute
 from lambdas.pipeline.compute import teardown_context
 from lambdas.pipeline.hyperpod_training import HyperPodTrainingCluster
 from lambdas.pipeline.nova_training import NovaTrainingCluster
+from lambdas.pipeline.serverless_training import ServerlessTrainingCluster
 from lambdas.pipeline.training_planes import TrainingPlanes
 from training_configs.schema import load_training_config
 
@@ -131,3 +132,9 @@ def test_the_deployed_composition_has_the_nova_plane_where_the_stack_set_it() ->
     with_nova = deployed_compute({**environment, **nova}, clients).cluster
     assert isinstance(with_nova.nova, NovaTrainingCluster)
     assert with_nova.nova.capacity.group == "nova"
+    assert with_nova.serverless is None
+    serverless = {"SERVERLESS_JOB_ROLE_ARN": "arn:aws:iam::1:role/s",
+                  "AGENT_FUNCTION_ARN": "arn:aws:lambda:us-east-1:1:function:p-agent-rft"}  # fmt: skip
+    with_serverless = deployed_compute({**environment, **serverless}, clients).cluster
+    assert isinstance(with_serverless.serverless, ServerlessTrainingCluster)
+    assert with_serverless.serverless.settings.agent_function_arn.endswith(":p-agent-rft")

@@ -1,0 +1,160 @@
+"""The serverless training plane: a run's job is SageMaker's managed multi-turn RL job (CreateJob,
+JobCategory `AgentRFT`), made of the run's config as domain/serverless_job.py builds it — the
+document AWS's SDK builds for the same settings. No nodes: the job runs on SageMaker's capacity,
+its rollouts through the deployment's agent Lambda and the run's reward workers.
+
+- submit: the base model's hub ARN (DescribeHubContent, as the SDK resolves it), the records it
+  trains on and the held-out ones (its `train` and `validation` channels, beside the run's
+  outputs), then CreateJob; a job the run already has is its job (idempotent);
+- status: DescribeJob's JobStatus, the secondary status telling a job that waits for capacity
+  from one that trains; FailureReason when it failed;
+- delete: StopJob while it runs (the job's records stay, as AWS keeps them).
+The job evaluates on its validation channel itself (the recipe's `val_at_start`, and at its
+end); reading those results into the run's evaluation report is not built yet, so the plane's
+own evaluation jobs are EvaluationUnsupported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+from botocore.exceptions import ClientError
+from pydantic import Field
+
+from domain.backends import EvaluationUnsupported, JobStatus, Phase, RunContext, TrainingCluster
+from domain.episodes import EvaluationStage
+from domain.naming import DEPLOYMENT_TAG, RUN_TAG, checkpoint_group_name, model_group_name
+from domain.serverless_job import (
+    HUB_NAME,
+    JOB_CATEGORY,
+    JobTargets,
+    create_job_request,
+    hub_model,
+    job_name,
+)
+from lambdas.clients import Clients
+from lambdas.environment import EnvironmentSettings
+from lambdas.pipeline.job_records import evaluation_data, held_out_records, training_data
+
+# The setting a deployment with the serverless plane sets (the stack: the job's role).
+SERVERLESS_ROLE_SETTING = "SERVERLESS_JOB_ROLE_ARN"
+# DescribeJob's secondary statuses of a job that has not started training.
+WAITING = ("Pending", "Starting", "Downloading")
+NOT_FOUND = "ResourceNotFound"
+
+
+class ManagedJobSettings(EnvironmentSettings):
+    prefix: str = Field(alias="NAME_PREFIX")
+    region: str = Field(alias="AWS_REGION")
+    account: str = Field(alias="ACCOUNT_ID")
+    job_role_arn: str = Field(alias=SERVERLESS_ROLE_SETTING)
+    agent_function_arn: str = Field(alias="AGENT_FUNCTION_ARN")
+    # The data bucket's key: the job's outputs are encrypted with it.
+    data_key_arn: str | None = Field(default=None, alias="DATA_KEY_ARN")
+
+
+class ServerlessTrainingCluster(TrainingCluster):
+    def __init__(self, settings: ManagedJobSettings, *, sagemaker: Any, s3: Any) -> None:
+        self.settings, self.sagemaker, self.s3 = settings, sagemaker, s3
+
+    @classmethod
+    def from_environment(
+        cls, environment: Mapping[str, str], clients: Clients
+    ) -> ServerlessTrainingCluster:
+        settings = ManagedJobSettings.from_environment(environment)
+        return cls(settings, sagemaker=clients("sagemaker"), s3=clients("s3"))
+
+    def job(self, run: RunContext) -> str:
+        return job_name(self.settings.prefix, run.run_id)
+
+    def _describe(self, run: RunContext) -> dict[str, Any] | None:
+        try:
+            return self.sagemaker.describe_job(JobName=self.job(run), JobCategory=JOB_CATEGORY)
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") == NOT_FOUND:
+                return None
+            raise
+
+    def targets(self, run: RunContext) -> JobTargets:
+        """What the run gives its job: the agent, the model, its records, where results go."""
+        config, settings = run.training, self.settings
+        model = self.sagemaker.describe_hub_content(
+            HubName=HUB_NAME, HubContentType="Model", HubContentName=hub_model(config.model)
+        )
+        validation = None
+        # Nothing held out after all: the job trains without a validation channel.
+        with contextlib.suppress(EvaluationUnsupported):
+            if config.evaluates:
+                validation = evaluation_data(self.s3, run, held_out_records(self.s3, run))
+        groups = f"arn:aws:sagemaker:{settings.region}:{settings.account}:model-package-group/"
+        return JobTargets(
+            agent_lambda_arn=settings.agent_function_arn,
+            base_model_arn=model["HubContentArn"],
+            train_uri=training_data(self.s3, run, always_written=True),
+            validation_uri=validation,
+            output_uri=f"s3://{run.bucket}/{run.output_prefix}",
+            kms_key_arn=settings.data_key_arn,
+            output_model_package_group_arn=groups + model_group_name(settings.prefix),
+            checkpoint_model_package_group_arn=groups + checkpoint_group_name(settings.prefix),
+        )
+
+    # --- the job ---
+
+    def scale_up(self, run: RunContext, *, instances: int) -> None:
+        """No nodes to ask for: the job runs on SageMaker's capacity."""
+
+    def nodes_ready(self, run: RunContext) -> int:
+        return 0
+
+    def submit(self, run: RunContext) -> str:
+        if (described := self._describe(run)) is not None:
+            return described["JobArn"]
+        request = create_job_request(
+            run.training,
+            self.targets(run),
+            name=self.job(run),
+            role_arn=self.settings.job_role_arn,
+            tags={DEPLOYMENT_TAG: self.settings.prefix, RUN_TAG: run.run_id},
+        )
+        return self.sagemaker.create_job(**request)["JobArn"]
+
+    def status(self, run: RunContext) -> JobStatus:
+        described = self._describe(run)
+        if described is None:
+            return JobStatus(Phase.FAILED, f"job {self.job(run)} does not exist")
+        status, secondary = described["JobStatus"], described.get("SecondaryStatus", "")
+        if status == "InProgress":
+            return JobStatus(Phase.PENDING if secondary in WAITING else Phase.RUNNING, secondary)
+        if status == "Completed":
+            return JobStatus(Phase.SUCCEEDED)
+        reason = described.get("FailureReason") or f"the job is {status}"
+        return JobStatus(Phase.FAILED, reason)
+
+    def submit_evaluation(self, run: RunContext, *, stage: EvaluationStage) -> str:
+        raise EvaluationUnsupported(
+            "the managed job evaluates on its validation channel itself (before training and "
+            "at its end); reading its results into the run's report is not built yet"
+        )
+
+    def evaluation_status(self, run: RunContext, *, stage: EvaluationStage) -> JobStatus:
+        return self.submit_evaluation(run, stage=stage)  # type: ignore[return-value]
+
+    def delete(self, run: RunContext) -> int:
+        described = self._describe(run)
+        if described is None:
+            return 0
+        if described["JobStatus"] == "InProgress":
+            try:
+                self.sagemaker.stop_job(JobName=self.job(run), JobCategory=JOB_CATEGORY)
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") != NOT_FOUND:
+                    raise
+        return 1
+
+    def scale_down(self, run: RunContext) -> None:
+        """No nodes to release."""
+
+    def release_idle(self, *, immediately: bool = False) -> bool:
+        return False

@@ -1,0 +1,172 @@
+"""The serverless plane (lambdas/pipeline/serverless_training.py) against botocore's SageMaker
+model (its Stubber checks every request and every answer against the model): the run's job is
+created once with the document domain/serverless_job.py builds, its records beside the run's
+outputs (moto's S3); DescribeJob's statuses become the run's phases; teardown stops a running
+job; a deployment without the plane refuses a serverless run with the fix."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.stub import ANY, Stubber
+
+from domain.backends import EvaluationUnsupported, Phase, RunContext
+from domain.episodes import EvaluationStage
+from domain.serverless_job import ServerlessRefused, job_name
+from lambdas.pipeline.serverless_training import ManagedJobSettings, ServerlessTrainingCluster
+from lambdas.pipeline.training_planes import TrainingPlanes
+from tests.pipeline.test_training_planes import Recording
+from training_configs.schema import load_training_config
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "wordle" / "serverless.yaml"
+BUCKET, RUN = "mtrl-data", "wordle-0123456789"
+SETTINGS = ManagedJobSettings.model_validate({
+    "NAME_PREFIX": "mtrl", "AWS_REGION": "us-east-1", "ACCOUNT_ID": "123456789012",
+    "SERVERLESS_JOB_ROLE_ARN": "arn:aws:iam::123456789012:role/mtrl-agent-rft-job",
+    "AGENT_FUNCTION_ARN": "arn:aws:lambda:us-east-1:123456789012:function:mtrl-agent-rft",
+    "DATA_KEY_ARN": "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
+})  # fmt: skip
+JOB = job_name("mtrl", RUN)
+JOB_ARN = f"arn:aws:sagemaker:us-east-1:123456789012:job/AgentRFT/{JOB}"
+HUB_ARN = "arn:aws:sagemaker:us-east-1:aws:hub-content/SageMakerPublicHub/Model/nova-textgeneration-lite-v2/1.2.0"
+WHEN = datetime.datetime(2026, 12, 6, tzinfo=datetime.UTC)
+KEYS = {"JobName": JOB, "JobCategory": "AgentRFT"}
+
+
+def described(status: str, secondary: str = "Training", **more: Any) -> dict[str, Any]:
+    return {
+        "JobName": JOB, "JobArn": JOB_ARN, "RoleArn": SETTINGS.job_role_arn,
+        "JobCategory": "AgentRFT", "JobConfigSchemaVersion": "1.0.0", "CreationTime": WHEN,
+        "LastModifiedTime": WHEN, "JobStatus": status, "SecondaryStatus": secondary,
+        "SecondaryStatusTransitions": [], **more,
+    }  # fmt: skip
+
+
+@pytest.fixture
+def run(aws: None) -> RunContext:
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket=BUCKET)
+    records = "".join(
+        json.dumps({"id": f"w-{i}", "metadata": {"prompt": "Play.", "answer": "crane"}}) + "\n"
+        for i in range(200)
+    )
+    s3.put_object(Bucket=BUCKET, Key="training-data/wordle.jsonl", Body=records.encode())
+    return RunContext(
+        run_id=RUN, queues={}, router_url=None, run_token="", bucket=BUCKET,
+        dataset_key="training-data/wordle.jsonl", dataset_version=None,
+        output_prefix=f"runs/{RUN}/", config=load_training_config(EXAMPLE),
+    )  # fmt: skip
+
+
+@pytest.fixture
+def plane(run: RunContext) -> Iterator[tuple[ServerlessTrainingCluster, Stubber]]:
+    sagemaker = boto3.client("sagemaker")
+    with Stubber(sagemaker) as stubber:
+        yield (
+            ServerlessTrainingCluster(SETTINGS, sagemaker=sagemaker, s3=boto3.client("s3")),
+            stubber,
+        )
+        stubber.assert_no_pending_responses()
+
+
+def not_found(stubber: Stubber, operation: str) -> None:
+    stubber.add_client_error(operation, service_error_code="ResourceNotFound", http_status_code=404)
+
+
+def test_a_run_submits_its_job_once_with_its_records_and_the_document(
+    plane: tuple[ServerlessTrainingCluster, Stubber], run: RunContext
+) -> None:
+    cluster, stubber = plane
+    sent: dict[str, Any] = {}
+    cluster.sagemaker.meta.events.register(
+        "provide-client-params.sagemaker.CreateJob", lambda params, **_: sent.update(params)
+    )
+    not_found(stubber, "describe_job")
+    stubber.add_response(
+        "describe_hub_content",
+        {"HubContentName": "nova-textgeneration-lite-v2", "HubContentArn": HUB_ARN,
+         "HubContentVersion": "1.2.0", "HubContentType": "Model", "DocumentSchemaVersion": "2.0.0",
+         "HubName": "SageMakerPublicHub",
+         "HubArn": "arn:aws:sagemaker:us-east-1:aws:hub/SageMakerPublicHub",
+         "HubContentDocument": "{}", "HubContentStatus": "Available", "CreationTime": WHEN},
+        {"HubName": "SageMakerPublicHub", "HubContentType": "Model",
+         "HubContentName": "nova-textgeneration-lite-v2"},
+    )  # fmt: skip
+    stubber.add_response("create_job", {"JobArn": JOB_ARN}, {**KEYS, "RoleArn": SETTINGS.job_role_arn,
+                         "JobConfigSchemaVersion": "1.0.0", "JobConfigDocument": ANY, "Tags": ANY})  # fmt: skip
+    assert cluster.submit(run) == JOB_ARN
+    document = json.loads(sent["JobConfigDocument"])
+    assert document["TrainingConfig"]["BaseModelArn"] == HUB_ARN
+    channels = {
+        c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"]
+        for c in document["InputDataConfig"]
+    }
+    assert channels == {
+        "train": f"s3://{BUCKET}/runs/{RUN}/data/training.jsonl",
+        "validation": f"s3://{BUCKET}/runs/{RUN}/data/evaluation.jsonl",
+    }
+    s3 = boto3.client("s3")
+    lines = {
+        name: s3.get_object(Bucket=BUCKET, Key=uri.removeprefix(f"s3://{BUCKET}/"))["Body"].read().splitlines()
+        for name, uri in channels.items()
+    }  # fmt: skip
+    assert len(lines["train"]) + len(lines["validation"]) == 200 and lines["validation"]
+    assert document["OutputDataConfig"] == {"S3OutputPath": f"s3://{BUCKET}/runs/{RUN}/",
+                                            "KmsKeyArn": SETTINGS.data_key_arn}  # fmt: skip
+    assert {"Key": "mtrl-run", "Value": RUN} in sent["Tags"]
+    # Submitted again (a retried step): the run's job is its job, nothing is created.
+    stubber.add_response("describe_job", described("InProgress", "Starting"), KEYS)
+    assert cluster.submit(run) == JOB_ARN
+
+
+@pytest.mark.parametrize(
+    ("status", "secondary", "more", "phase", "reason"),
+    [
+        ("InProgress", "Pending", {}, Phase.PENDING, "Pending"),
+        ("InProgress", "Starting", {}, Phase.PENDING, "Starting"),
+        ("InProgress", "Training", {}, Phase.RUNNING, "Training"),
+        ("Completed", "Completed", {}, Phase.SUCCEEDED, ""),
+        ("Failed", "Failed", {"FailureReason": "ClientError: no agent"}, Phase.FAILED, "ClientError: no agent"),
+        ("Stopped", "Stopped", {}, Phase.FAILED, "the job is Stopped"),
+    ],
+)  # fmt: skip
+def test_describe_jobs_status_is_the_runs_phase(
+    plane: tuple[ServerlessTrainingCluster, Stubber], run: RunContext,
+    status: str, secondary: str, more: dict[str, Any], phase: Phase, reason: str,
+) -> None:  # fmt: skip
+    cluster, stubber = plane
+    stubber.add_response("describe_job", described(status, secondary, **more), KEYS)
+    found = cluster.status(run)
+    assert (found.phase, found.reason) == (phase, reason)
+
+
+def test_teardown_stops_a_running_job_and_leaves_an_ended_or_missing_one(
+    plane: tuple[ServerlessTrainingCluster, Stubber], run: RunContext
+) -> None:
+    cluster, stubber = plane
+    stubber.add_response("describe_job", described("InProgress"), KEYS)
+    stubber.add_response("stop_job", {}, KEYS)
+    assert cluster.delete(run) == 1
+    stubber.add_response("describe_job", described("Completed", "Completed"), KEYS)
+    assert cluster.delete(run) == 1
+    not_found(stubber, "describe_job")
+    assert cluster.delete(run) == 0
+    assert cluster.nodes_ready(run) == 0 and cluster.release_idle() is False
+    with pytest.raises(EvaluationUnsupported, match="validation channel itself"):
+        cluster.submit_evaluation(run, stage=EvaluationStage.BASELINE)
+
+
+def test_a_serverless_run_takes_the_serverless_plane_where_the_deployment_has_one(
+    run: RunContext,
+) -> None:
+    standard, nova, serverless = Recording("standard"), Recording("nova"), Recording("serverless")
+    TrainingPlanes(standard=standard, nova=nova, serverless=serverless).submit(run)
+    assert [plane.name for plane in (standard, nova, serverless) if plane.asked] == ["serverless"]
+    with pytest.raises(ServerlessRefused, match="this deployment has no serverless plane; deploy"):
+        TrainingPlanes(standard=standard, nova=nova).submit(run)
