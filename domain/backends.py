@@ -91,6 +91,8 @@ def worker_environment(run: RunContext) -> dict[str, str]:
         "MTRL_TRAJECTORY_BUCKET": run.bucket if config.trajectories else "",
         "MTRL_CONFIG_HASH": config.fingerprint,
     }
+    if config.plane == "serverless":  # the managed job's requests, reported to its runtime
+        values |= {"MTRL_AGENT_RFT": "true", "MTRL_MAX_LENGTH": str(config.max_length)}
     return {key: value for key, value in values.items() if value}
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +17,26 @@ import boto3
 import pytest
 from botocore.stub import ANY, Stubber
 
-from domain.backends import EvaluationUnsupported, Phase, RunContext
+from domain.backends import (
+    EvaluationUnsupported,
+    Phase,
+    RewardFleet,
+    RunContext,
+    worker_environment,
+)
 from domain.episodes import EvaluationStage
+from domain.run_queues import create_run_queues
+from domain.run_state import RegisteredRun
 from domain.serverless_job import ServerlessRefused, job_name
+from lambdas.clients import Clients
+from lambdas.pipeline.compute import ComputeSteps
+from lambdas.pipeline.dependencies import Compute, Dependencies
 from lambdas.pipeline.serverless_training import ManagedJobSettings, ServerlessTrainingCluster
+from lambdas.pipeline.settings import PipelineSettings
+from lambdas.pipeline.training_metrics import KeptMetrics
 from lambdas.pipeline.training_planes import TrainingPlanes
+from lambdas.router.conversations import ConversationStore, create_table
+from reward_envs.worker.settings import WorkerSettings
 from tests.pipeline.test_training_planes import Recording
 from training_configs.schema import load_training_config
 
@@ -170,3 +186,57 @@ def test_a_serverless_run_takes_the_serverless_plane_where_the_deployment_has_on
     assert [plane.name for plane in (standard, nova, serverless) if plane.asked] == ["serverless"]
     with pytest.raises(ServerlessRefused, match="this deployment has no serverless plane; deploy"):
         TrainingPlanes(standard=standard, nova=nova).submit(run)
+
+
+class Fleet(RewardFleet):
+    """A reward fleet that records the workers' settings it was asked to start with."""
+
+    def __init__(self) -> None:
+        self.environments: list[dict[str, str]] = []
+
+    def start(self, run: RunContext, *, workers: int) -> list[str]:
+        self.environments.append(worker_environment(run))
+        return [f"worker-{n}" for n in range(workers)]
+
+    def healthy(self, run: RunContext) -> int:
+        return 0
+
+    def stop(self, run: RunContext) -> int:
+        return 0
+
+
+def test_a_serverless_runs_workers_start_in_agent_mode_and_its_job_is_the_runs(
+    run: RunContext,
+) -> None:
+    """Start workers: the run's job recorded (the agent Lambda finds its run by it), its workers
+    told to play the job's requests and report to its runtime service."""
+    db, sqs = boto3.client("dynamodb"), boto3.client("sqs")
+    create_table(db, "conversations")
+    queues = create_run_queues(sqs, prefix="mtrl", run_id=RUN)
+    config = run.training.model_dump(mode="json")
+    registered = RegisteredRun(run_id=RUN, poll_seconds=60, created=True, config=config,
+                               cost_per_hour=1.0, deadline_at=3600.0)  # fmt: skip
+    state = {
+        "run": registered.model_dump(mode="json"), "bucket": BUCKET, "key": run.dataset_key,
+        "resources": {"run_id": RUN, "queues": queues.urls(), "alarms": []},
+    }  # fmt: skip
+    fleet = Fleet()
+    settings = PipelineSettings(NAME_PREFIX="mtrl", RUNS_TABLE="runs",
+                                CONVERSATIONS_TABLE="conversations", CONSUMER_FUNCTION="consumer",
+                                ROLLOUT_LAMBDA_ARN="arn:aws:lambda:us-east-1:1:function:r")  # fmt: skip
+    steps = ComputeSteps(Dependencies(
+        settings=settings, clients=Clients(boto3.Session()),
+        compute=Compute(fleet=lambda: fleet, cluster=lambda: pytest.fail("no plane asked")),
+        training_metrics=KeptMetrics(), clock=lambda: 0.0,
+    ))  # fmt: skip
+    assert steps.start_workers(state) == {"workers": run.training.reward_workers}
+    assert ConversationStore(db, "conversations").run_of_job(JOB, now=0.0) == RUN
+    (environment,) = fleet.environments
+    worker = WorkerSettings.model_validate(
+        {key.removeprefix("MTRL_").lower(): value for key, value in environment.items()}
+    )
+    assert (worker.agent_rft, worker.max_length) == (True, run.training.max_length)
+    hyperpod = load_training_config("rft_multiturn_lora")
+    assert "MTRL_AGENT_RFT" not in worker_environment(
+        replace(run, config=hyperpod, queues=queues.urls())
+    )
