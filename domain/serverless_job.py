@@ -48,6 +48,14 @@ JUMPSTART_MODEL_TAG = "sagemaker-sdk:jumpstart-model-id"
 JUMPSTART_HUB_TAG = "sagemaker-sdk:jumpstart-hub-name"
 
 
+# Where a serverless config trains, and what to do when a deployment lacks it (Register, planes).
+NO_SERVERLESS_PLANE = (
+    "runs as SageMaker's managed job, and this deployment has no serverless plane (the stack "
+    "does not make one yet); set plane: hyperpod, or see the job it would submit with "
+    "`mtrl plan --config`"
+)
+
+
 class ServerlessRefused(ValueError):
     """A config the managed job cannot take; the text says each reason and its fix."""
 

@@ -16,6 +16,7 @@ from domain.checkpoints import BaseCheckpoint
 from domain.nova_job import NO_NOVA_GROUP, is_nova, nova_problems
 from domain.presets import ModelPreset
 from domain.runs import RunRecord, RunStore, run_id_for
+from domain.serverless_job import NO_SERVERLESS_PLANE, serverless_problems
 from lambdas.kubernetes.training_job import preset_for
 from lambdas.pipeline.checkpoints import resolve_base
 from training_configs import (
@@ -80,28 +81,28 @@ def register_run(
     presets: dict[str, ModelPreset] | None = None,
     instance_type: str | None = None,
     nova_instance_type: str | None = None,
+    serverless_plane: bool = False,
 ) -> Registered:
     """`presets` and `instance_type`: what the standard group offers an open-weights model;
-    `nova_instance_type`: the restricted group's, for a Nova model (None: no such group). The
-    config must fit the plane of its model (unchecked when `presets` is None: no planes told)."""
+    `nova_instance_type`: the restricted group's, for a Nova model (None: no such group);
+    `serverless_plane`: whether the deployment runs SageMaker's managed job. The config must fit
+    the plane it picks (a HyperPod plane unchecked when `presets` is None: no planes told)."""
     check_dataset_key(key)
     run_id = run_id_for(bucket, key, version_id)
     name, config = resolve_config(
         s3, bucket=bucket, key=key, version_id=version_id, default=default_config
     )
     if config.plane == "serverless":
-        raise TrainingConfigError(
-            f"config {name}: plane: serverless: this deployment's pipeline does not run "
-            "SageMaker's managed job yet; `mtrl plan --config` shows the job it would submit "
-            "(or set plane: hyperpod)"
-        )
+        _check_serverless(name, config, serverless_plane)
     cost = estimate(config, prices)
     if not cost.within_budget:
         raise BudgetExceeded(
             f"run {run_id} ({name}): {cost.describe()}; raise budget_usd or lower deadline_hours or "
             "instance_count in the config"
         )
-    if is_nova(config.model):
+    if config.plane == "serverless":
+        pass  # checked above
+    elif is_nova(config.model):
         _check_nova(name, config, nova_instance_type, planes_known=presets is not None)
     else:
         if instance_type is not None and config.instance_type != instance_type:
@@ -127,6 +128,17 @@ def register_run(
     )
     stored, created = runs.register(record)
     return Registered(stored, created, config, cost, base)
+
+
+def _check_serverless(name: str, config: TrainingConfig, plane: bool) -> None:
+    """A serverless config runs as SageMaker's managed job, as AWS's template takes it."""
+    if not plane:
+        raise TrainingConfigError(f"config {name}: plane: serverless {NO_SERVERLESS_PLANE}")
+    if problems := serverless_problems(config):
+        raise TrainingConfigError(
+            f"config {name} cannot run as SageMaker's managed job (`mtrl plan --config` shows "
+            "the job): " + "; ".join(problems)
+        )
 
 
 def _check_nova(

@@ -125,6 +125,7 @@ class RunSteps:
             presets=settings.model_presets,
             instance_type=settings.training_instance_type,
             nova_instance_type=settings.nova_instance_type,
+            serverless_plane=settings.serverless_job_role_arn is not None,
         )
         return RegisteredRun(
             run_id=registered.run.run_id,

@@ -39,6 +39,9 @@ class PipelineSettings(EnvironmentSettings):
     training_instance_type: str | None = Field(default=None, alias="HYPERPOD_INSTANCE_TYPE")
     # The restricted group's, where the deployment has one (lambdas/pipeline/nova_training.py).
     nova_instance_type: str | None = Field(default=None, alias="NOVA_INSTANCE_TYPE")
+    # The managed job's role, where the deployment has the serverless plane
+    # (lambdas/pipeline/serverless_training.py).
+    serverless_job_role_arn: str | None = Field(default=None, alias="SERVERLESS_JOB_ROLE_ARN")
     # The deployment's managed MLflow tracking server, where it has one: each run is an MLflow
     # run there (lambdas/pipeline/experiment_tracking.py); the endpoint is the region's unless
     # set (tests).

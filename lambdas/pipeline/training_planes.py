@@ -10,12 +10,7 @@ from __future__ import annotations
 from domain.backends import JobStatus, RunContext, TrainingCluster
 from domain.episodes import EvaluationStage
 from domain.nova_job import NO_NOVA_GROUP, NovaRefused, is_nova
-from domain.serverless_job import ServerlessRefused
-
-NO_SERVERLESS_PLANE = (
-    "runs as SageMaker's managed job, and this deployment has no serverless plane; deploy one "
-    "with it, or set plane: hyperpod"
-)
+from domain.serverless_job import NO_SERVERLESS_PLANE, ServerlessRefused
 
 
 class TrainingPlanes(TrainingCluster):

@@ -44,7 +44,8 @@ UNVERIFIED = (
     "cost above is the reward workers and the platform only",
     "the deployment's model group takes the job's models (the SDK makes Nova's groups with "
     "restricted managed storage)",
-    "the pipeline does not run the serverless plane yet: Register refuses such a run",
+    "no deployment has the serverless plane yet (the stack makes no agent function or job "
+    "role): Register refuses such a run",
 )
 
 

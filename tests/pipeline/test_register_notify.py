@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
@@ -89,8 +90,8 @@ def test_default_config_registers_once_per_upload(s3_and_runs) -> None:
     assert newer.created and newer.run.run_id != first.run.run_id
 
 
-def _register_with(s3: object, runs: object, config: str) -> Registered:
-    """Register an upload whose metadata names `config`."""
+def _register_with(s3: object, runs: object, config: str, **planes: Any) -> Registered:
+    """Register an upload whose metadata names `config` (`planes`: what the deployment has)."""
     version = _upload(s3, metadata={"mtrl-config": config})
     return register_run(
         s3,
@@ -100,6 +101,7 @@ def _register_with(s3: object, runs: object, config: str) -> Registered:
         version_id=version,
         default_config="rft_multiturn_lora",
         now=0.0,
+        **planes,
     )
 
 
@@ -353,11 +355,19 @@ def test_a_dataset_key_outside_s3s_safe_characters_is_refused_before_the_run_exi
             check_dataset_key(unsafe)
 
 
-def test_a_serverless_run_is_refused_until_the_pipeline_runs_that_plane(s3_and_runs) -> None:
+def test_a_serverless_run_needs_the_plane_and_a_config_the_managed_job_takes(s3_and_runs) -> None:
     s3, runs = s3_and_runs
-    serverless = Path(__file__).resolve().parents[2] / "examples" / "wordle" / "serverless.yaml"
-    s3.put_object(Bucket=BUCKET, Key="configs/serverless.yaml", Body=serverless.read_bytes())
-    with pytest.raises(TrainingConfigError, match=r"plane: serverless: this deployment's "
-                       r"pipeline does not run SageMaker's managed job yet; `mtrl plan --config`"):  # fmt: skip
+    example = Path(__file__).resolve().parents[2] / "examples" / "wordle" / "serverless.yaml"
+    config = yaml.safe_load(example.read_text(encoding="utf-8"))
+    for name, body in (("serverless", config), ("kl", {**config, "kl_coefficient": 0.1})):
+        s3.put_object(Bucket=BUCKET, Key=f"configs/{name}.yaml", Body=yaml.safe_dump(body).encode())
+    with pytest.raises(TrainingConfigError, match=r"plane: serverless runs as SageMaker's "
+                       r"managed job, and this deployment has no serverless plane"):  # fmt: skip
         _register_with(s3, runs, "configs/serverless.yaml")
+    with pytest.raises(TrainingConfigError, match=r"cannot run as SageMaker's managed job .*: "
+                       r"kl_coefficient: the managed job's recipe has no KL term; set 0"):  # fmt: skip
+        _register_with(s3, runs, "configs/kl.yaml", serverless_plane=True)
     assert boto3.client("dynamodb").scan(TableName="runs")["Count"] == 0
+    registered = _register_with(s3, runs, "configs/serverless.yaml", serverless_plane=True)
+    assert registered.created and registered.config.plane == "serverless"
+    assert registered.cost.gpu_per_hour == 0.0 and registered.cost.token_charge_excluded
