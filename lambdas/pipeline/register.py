@@ -92,8 +92,6 @@ def register_run(
     name, config = resolve_config(
         s3, bucket=bucket, key=key, version_id=version_id, default=default_config
     )
-    if config.plane == "serverless":
-        _check_serverless(name, config, serverless_plane)
     cost = estimate(config, prices)
     if not cost.within_budget:
         raise BudgetExceeded(
@@ -101,7 +99,7 @@ def register_run(
             "instance_count in the config"
         )
     if config.plane == "serverless":
-        pass  # checked above
+        _check_serverless(name, config, serverless_plane)
     elif is_nova(config.model):
         _check_nova(name, config, nova_instance_type, planes_known=presets is not None)
     else:

@@ -43,6 +43,10 @@ SERVERLESS_ROLE_SETTING = "SERVERLESS_JOB_ROLE_ARN"
 # DescribeJob's secondary statuses of a job that has not started training.
 WAITING = ("Pending", "Starting", "Downloading")
 NOT_FOUND = "ResourceNotFound"
+OWN_VALIDATION = (
+    "the managed job evaluates on its validation channel itself (before training and at its "
+    "end); reading its results into the run's report is not built yet"
+)
 
 
 class ManagedJobSettings(EnvironmentSettings):
@@ -133,13 +137,10 @@ class ServerlessTrainingCluster(TrainingCluster):
         return JobStatus(Phase.FAILED, reason)
 
     def submit_evaluation(self, run: RunContext, *, stage: EvaluationStage) -> str:
-        raise EvaluationUnsupported(
-            "the managed job evaluates on its validation channel itself (before training and "
-            "at its end); reading its results into the run's report is not built yet"
-        )
+        raise EvaluationUnsupported(OWN_VALIDATION)
 
     def evaluation_status(self, run: RunContext, *, stage: EvaluationStage) -> JobStatus:
-        return self.submit_evaluation(run, stage=stage)  # type: ignore[return-value]
+        raise EvaluationUnsupported(OWN_VALIDATION)
 
     def delete(self, run: RunContext) -> int:
         described = self._describe(run)
