@@ -9,26 +9,15 @@ run's response queue. The environments, the trajectory store and the worker loop
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
 
-from domain.agent_rft import (
-    AgentRolloutRequest,
-    NotARollout,
-    RolloutMetadata,
-    rollout_request_of,
-)
+from domain.agent_rft import AgentRolloutRequest, NotARollout, rollout_request_of
 from domain.protocol import ProtocolError, RolloutRequest, RolloutResponse
-from reward_envs.interface import Message
-from reward_envs.worker.job_runtime import RuntimeFeedback, RuntimeModel
-from reward_envs.worker.model_client import ModelClient, ModelError, ModelTurn
+from reward_envs.worker.job_runtime import RuntimeFeedback, RuntimeFor, RuntimeModel
+from reward_envs.worker.model_client import ModelClient
 from reward_envs.worker.queues import ReportingQueues
-
-# The runtime service's client for a request (its endpoint and region): the composition decides
-# which endpoints a worker trusts.
-RuntimeFor = Callable[[RolloutMetadata], Any]
 
 
 class AgentMode:
@@ -41,7 +30,7 @@ class AgentMode:
         self._max_length = max_length
         self._playing: dict[str, AgentRolloutRequest] = {}  # by sample id, until reported
         self._lock = threading.Lock()
-        self.model: ModelClient = _TrajectoryModels(self)
+        self.model: ModelClient = RuntimeModel(runtime_for, self.playing)
 
     def read(self, body: str) -> RolloutRequest:
         try:
@@ -69,34 +58,6 @@ class AgentMode:
 
     def queues(self, sqs: Any, *, requests_url: str, dead_letter_url: str | None) -> AgentQueues:
         return AgentQueues(sqs, self, requests_url=requests_url, dead_letter_url=dead_letter_url)
-
-    def runtime(self, metadata: RolloutMetadata) -> Any:
-        return self._runtime_for(metadata)
-
-
-class _TrajectoryModels(ModelClient):
-    """Each rollout's turns from the policy of its own job and trajectory."""
-
-    def __init__(self, mode: AgentMode) -> None:
-        self._mode = mode
-
-    def chat(
-        self,
-        messages: Sequence[Message],
-        *,
-        sample_id: str,
-        step_id: str,
-        timeout: float,
-        tools: Sequence[Mapping[str, Any]] = (),
-    ) -> ModelTurn:
-        try:
-            request = self._mode.playing(sample_id)
-        except KeyError:
-            raise ModelError(f"{step_id}: no trajectory is being played for {sample_id}") from None
-        model = RuntimeModel(self._mode.runtime(request.metadata), request)
-        return model.chat(
-            messages, sample_id=sample_id, step_id=step_id, timeout=timeout, tools=tools
-        )
 
 
 class AgentQueues(ReportingQueues):

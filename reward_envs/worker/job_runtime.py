@@ -45,6 +45,11 @@ log = logging.getLogger(__name__)
 TOLERATED = ("ConflictException", "ResourceNotFoundException")
 
 
+# The runtime service's client for a request (its endpoint and region): the composition decides
+# which endpoints a worker trusts (`job_runtime_clients`).
+RuntimeFor = Callable[[RolloutMetadata], Any]
+
+
 class FeedbackRefused(RuntimeError):
     """The runtime service refused a report."""
 
@@ -54,7 +59,7 @@ class UntrustedEndpoint(RuntimeError):
     there."""
 
 
-def job_runtime_clients(stand_in_url: str | None = None) -> Callable[[RolloutMetadata], Any]:
+def job_runtime_clients(stand_in_url: str | None = None) -> RuntimeFor:
     """The runtime service's client for a request: AWS's own endpoint the request names (one
     client per endpoint and region), or, for local runs, the stand-in at `stand_in_url`."""
 
@@ -80,11 +85,15 @@ def _code(error: ClientError) -> str:
 
 
 class RuntimeModel(ModelClient):
-    """The job's policy, for the turns of one trajectory."""
+    """The job's policy, for the turns of the trajectories being played: each turn's request
+    (`playing`, by the rollout's sample id) names its job, its trajectory and where its runtime
+    service is (`runtime_for`)."""
 
-    def __init__(self, runtime: Any, request: AgentRolloutRequest) -> None:
-        self._runtime = runtime
-        self._request = request
+    def __init__(
+        self, runtime_for: RuntimeFor, playing: Callable[[str], AgentRolloutRequest]
+    ) -> None:
+        self._runtime_for = runtime_for
+        self._playing = playing
 
     def chat(
         self,
@@ -97,15 +106,19 @@ class RuntimeModel(ModelClient):
     ) -> ModelTurn:
         if timeout <= 0:
             raise ModelTimeout(f"{step_id}: no time left")
-        metadata = self._request.metadata
+        try:
+            request = self._playing(sample_id)
+        except KeyError:
+            raise ModelError(f"{step_id}: no trajectory is being played for {sample_id}") from None
+        metadata = request.metadata
         body = sample_body(
             [dict(message) for message in messages],
             tools=[dict(tool) for tool in tools],
-            params=self._request.inference_params,
-            model=self._request.model_name,
+            params=request.inference_params,
+            model=request.model_name,
         )
         try:
-            answer = self._runtime.sample(
+            answer = self._runtime_for(metadata).sample(
                 JobArn=metadata.job_arn,
                 TrajectoryId=metadata.trajectory_id,
                 Body=json.dumps(body).encode(),

@@ -72,6 +72,11 @@ def rollout_request(stand_in: JobRuntimeStandIn) -> AgentRolloutRequest:
     })  # fmt: skip
 
 
+def one_trajectory(runtime: Any, request: AgentRolloutRequest) -> RuntimeModel:
+    """The job's policy for `request`'s trajectory alone, through `runtime`."""
+    return RuntimeModel(lambda _metadata: runtime, lambda _sample: request)
+
+
 def play(model: RuntimeModel) -> Any:
     return play_rollout(
         WORDLE, model, RolloutRequest(sample_id="wordle-7_0", data={"answer": "crane"})
@@ -83,7 +88,7 @@ def test_an_episode_plays_each_turn_through_sample_and_is_reported_once(
 ) -> None:
     with service(guesses("slate", "crane")) as (stand_in, runtime):
         request = rollout_request(stand_in)
-        played = play(RuntimeModel(runtime, request))
+        played = play(one_trajectory(runtime, request))
         assert played.response.stop_reason == "end_of_conversation"
         trajectory = stand_in.trajectory(JOB, request.metadata.trajectory_id)
         # Each turn the conversation so far, with the service's sampling settings and model.
@@ -135,7 +140,7 @@ def test_a_trajectory_that_already_ended_or_a_job_that_is_gone_is_logged_not_rai
 def test_any_other_refusal_of_a_report_is_raised() -> None:
     with service(guesses("crane")) as (stand_in, runtime):
         request = rollout_request(stand_in)
-        play(RuntimeModel(runtime, request))  # one turn: won at once
+        play(one_trajectory(runtime, request))  # one turn: won at once
         with pytest.raises(FeedbackRefused, match="update_reward refused: .*ValidationException"):
             RuntimeFeedback(runtime).completed(request.metadata, [1.0, 0.0, 0.0])
 
@@ -144,10 +149,10 @@ def test_a_turn_the_service_refuses_is_a_model_error_and_the_episode_no_score() 
     with service(guesses("slate", "crane")) as (stand_in, runtime):
         request = rollout_request(stand_in)
         RuntimeFeedback(runtime).failed(request.metadata, "given up")
-        played = play(RuntimeModel(runtime, request))  # sealed: no turn may be added
+        played = play(one_trajectory(runtime, request))  # sealed: no turn may be added
         assert (played.response.stop_reason, played.response.aggregate_score) == ("timeout", None)
         with pytest.raises(ModelError, match="Sample refused: ValidationException"):
-            RuntimeModel(runtime, request).chat([], sample_id="s", step_id="s_0", timeout=5)
+            one_trajectory(runtime, request).chat([], sample_id="s", step_id="s_0", timeout=5)
 
 
 def test_a_call_not_signed_as_sagemaker_in_the_region_is_refused() -> None:
@@ -156,7 +161,7 @@ def test_a_call_not_signed_as_sagemaker_in_the_region_is_refused() -> None:
         for unsigned in (client(stand_in.url, region="eu-west-1"),
                          client(stand_in.url, signature_version=UNSIGNED)):  # fmt: skip
             with pytest.raises(ModelError, match="AccessDeniedException"):
-                RuntimeModel(unsigned, request).chat([], sample_id="s", step_id="s_0", timeout=5)
+                one_trajectory(unsigned, request).chat([], sample_id="s", step_id="s_0", timeout=5)
 
 
 def test_the_stand_in_serves_each_operation_of_botocores_model_and_refuses_as_it_names() -> None:
