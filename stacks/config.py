@@ -248,6 +248,12 @@ class PlatformConfig(_Strict):
         "existing HyperPod cluster, whose groups its owner lists); false for open-weights-only "
         "deployments",
     )
+    serverless_training: bool = Field(
+        default=True,
+        description="the serverless plane: training configs with `plane: serverless` run as "
+        "SageMaker's managed multi-turn RL job (its agent Lambda, job role and checkpoint model "
+        "package group; nothing billed while no run uses it); false leaves it out",
+    )
     forge_cli_bundle: ForgeCliBundle | None = Field(
         default=None,
         description="{uri, sha256}: build the Nova launcher with the Forge HyperPod CLI bundle "
@@ -277,7 +283,7 @@ class PlatformConfig(_Strict):
         default=None,
         ge=1,
         description="concurrent executions reserved for each of the rollout router's functions "
-        "(proxy, consumer, rollout forwarder): they always have it, and a runaway caller cannot "
+        "(proxy, consumer, rollout forwarder, agent Lambda): they always have it, and a runaway caller cannot "
         "take more from the account; Lambda keeps 100 of the account's quota unreserved",
     )
     reward_worker_cpu: int = 1024

@@ -1,4 +1,5 @@
-"""Phase 1: the training pipeline's long-lived parts (so far: the rollout router)."""
+"""Phase 1: the training pipeline's long-lived parts: its state machine and functions, the rollout
+router, the training planes' controls (HyperPod, Nova, serverless), model release and tracking."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from stacks.components.pipeline import TrainingPipeline
 from stacks.components.pipeline_steps import STEP
 from stacks.components.reward_fleet import RewardFleet, log_group_name
 from stacks.components.router import Router
+from stacks.components.serverless_plane import ServerlessPlane
 from stacks.components.storage import DataBucketAccess, Storage, data_bucket_name
 from stacks.components.training_control import TrainingClusterControl
 from stacks.config import PlatformConfig
@@ -88,6 +90,10 @@ class PipelineStack(PlatformStack):
             data_key=storage.data_key,
             trainer_image_uri=hyperpod.trainer_image_uri,
         )
+        serverless = ServerlessPlane(
+            self, "ServerlessPlane", config=config, code=code, data_key=storage.data_key,
+            conversations_table=self.router.table.table_name,
+        )  # fmt: skip
         tracking = ExperimentTracking(
             self, "ExperimentTracking", config=config, data_bucket=data_bucket,
             data_key=storage.data_key,
@@ -103,8 +109,9 @@ class PipelineStack(PlatformStack):
                 for key, value in fleet.environment.items():
                     function.add_environment(key, value)
             # The planes' settings include the tracking server: Nova's recipes log there too.
-            if needs & training.provides or step in KNOW_THE_PLANES:
-                for key, value in {**training.environment, **tracking.environment}.items():
+            if needs & (training.provides | serverless.provides) or step in KNOW_THE_PLANES:
+                planes = {**training.environment, **serverless.environment, **tracking.environment}
+                for key, value in planes.items():
                     function.add_environment(key, value)
             if needs & tracking.provides:
                 for key, value in tracking.environment.items():
@@ -128,6 +135,9 @@ class PipelineStack(PlatformStack):
         }  # type: ignore[dict-item]
         if training.launcher is not None:
             roles["nova_launcher"] = training.launcher.function.role  # type: ignore[assignment]
+        if serverless.agent is not None and serverless.job_role is not None:
+            roles["agent_forwarder"] = serverless.agent.role  # type: ignore[assignment]
+            roles["serverless_job"] = serverless.job_role
         if hyperpod.restricted_execution_role is not None:
             # The compute stack's role, granted here (a policy of this stack: no cycle).
             roles["nova_job"] = iam.Role.from_role_arn(
@@ -144,6 +154,7 @@ class PipelineStack(PlatformStack):
                 fleet,
                 training,
                 training.leases,
+                serverless,
                 tracking,
             ],
         )

@@ -574,3 +574,85 @@ class FakeSageMakerHosting(ServiceFake):
         self._get(self.endpoints, "endpoint", EndpointName)
         del self.endpoints[EndpointName]
         return {}
+
+
+class FakeManagedJobs(ServiceFake):
+    """SageMaker's managed jobs (CreateJob, DescribeJob, StopJob; moto has none) and its public
+    hub's models (DescribeHubContent). A job is InProgress until `finish` says how it ended;
+    `on_created` sees each new job (its name and request) as the service would start it."""
+
+    service = "sagemaker"
+    PUBLIC_HUB = f"arn:aws:sagemaker:{REGION}:aws:hub/SageMakerPublicHub"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.on_created: Any = None
+
+    def _job(self, name: str, category: str) -> dict[str, Any]:
+        job = self.jobs.get(name)
+        if job is None or job["JobCategory"] != category:
+            raise AwsError("ResourceNotFound", f"Job {name} of category {category} not found")
+        return job
+
+    def create_job(self, JobName: str, JobCategory: str, **request: Any) -> dict[str, Any]:  # noqa: N803
+        if JobName in self.jobs:
+            raise AwsError("ResourceInUse", f"Job {JobName} already exists")
+        now = _now()
+        self.jobs[JobName] = {
+            "JobName": JobName,
+            "JobArn": f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:job/{JobCategory}/{JobName}",
+            "JobCategory": JobCategory,
+            "RoleArn": request["RoleArn"],
+            "JobConfigSchemaVersion": request["JobConfigSchemaVersion"],
+            "JobConfigDocument": request["JobConfigDocument"],
+            "CreationTime": now,
+            "LastModifiedTime": now,
+            "JobStatus": "InProgress",
+            "SecondaryStatus": "Training",
+            "SecondaryStatusTransitions": [{"Status": "Training", "StartTime": now}],
+            "Tags": request.get("Tags", []),
+        }
+        if self.on_created is not None:
+            self.on_created(JobName, copy.deepcopy(self.jobs[JobName]))
+        return {"JobArn": self.jobs[JobName]["JobArn"]}
+
+    def describe_job(self, JobName: str, JobCategory: str) -> dict[str, Any]:  # noqa: N803
+        return copy.deepcopy(self._job(JobName, JobCategory))
+
+    def stop_job(self, JobName: str, JobCategory: str) -> dict[str, Any]:  # noqa: N803
+        job = self._job(JobName, JobCategory)
+        if job["JobStatus"] == "InProgress":
+            self.finish(JobName, "Stopped")
+        return {}
+
+    def finish(self, name: str, status: str, reason: str | None = None) -> None:
+        """The job ends: Completed, Failed (with `reason`) or Stopped."""
+        job, now = self.jobs[name], _now()
+        job |= {"JobStatus": status, "SecondaryStatus": status, "EndTime": now}
+        job["SecondaryStatusTransitions"].append({"Status": status, "StartTime": now})
+        if reason:
+            job["FailureReason"] = reason
+
+    def describe_hub_content(
+        self,
+        HubName: str,
+        HubContentType: str,
+        HubContentName: str,
+        **_: Any,  # noqa: N803
+    ) -> dict[str, Any]:
+        if HubName != "SageMakerPublicHub" or HubContentType != "Model":
+            raise AwsError("ResourceNotFound", f"Hub content {HubName}/{HubContentName} not found")
+        return {
+            "HubContentName": HubContentName,
+            "HubContentArn": f"arn:aws:sagemaker:{REGION}:aws:hub-content/SageMakerPublicHub/"
+            f"Model/{HubContentName}/1.0.0",
+            "HubContentVersion": "1.0.0",
+            "HubContentType": HubContentType,
+            "DocumentSchemaVersion": "2.4.0",
+            "HubName": HubName,
+            "HubArn": self.PUBLIC_HUB,
+            "HubContentDocument": "{}",
+            "HubContentStatus": "Available",
+            "CreationTime": _now(),
+        }

@@ -38,9 +38,11 @@ def test_roles_are_passed_only_to_the_services_that_run_them(default_app: Synthe
         if "iam:PassRole" in as_list(statement["Action"])
     ]  # fmt: skip
     services = {s["Condition"]["StringEquals"]["iam:PassedToService"] for s in passes}
-    # Reward workers (ECS tasks), HyperPod instance groups (SageMaker), run pods (EKS Pod Identity).
+    # Reward workers (ECS tasks), HyperPod instance groups (SageMaker), run pods (EKS Pod
+    # Identity), serverless runs' managed jobs (SageMaker's job service).
     assert services == {
         "ecs-tasks.amazonaws.com", "sagemaker.amazonaws.com", "pods.eks.amazonaws.com",
+        "job.sagemaker.amazonaws.com",
     }  # fmt: skip
 
 

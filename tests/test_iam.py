@@ -146,7 +146,8 @@ def test_the_run_planes_roles_reach_every_run_of_the_deployment(default_app: Syn
     the workers': the job role of every run's pods and the restricted group's execution role
     (every Nova job's identity) read every dataset, read and write every run's outputs and use
     every run queue; the pods' role also deletes any run's checkpoints, the Nova role invokes
-    the rollout Lambda, which serves one run at a time. IAM does not keep them to one run."""
+    the rollout Lambda, which serves one run at a time; the serverless job role reads and writes
+    every run's outputs. IAM does not keep them to one run."""
     bucket = "arn:{Partition}:s3:::nova-mtrl-data-{AccountId}-{Region}"
     run_queues = "arn:{Partition}:sqs:{Region}:{AccountId}:nova-mtrl-run-*"
     queue_use = {"sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility",
@@ -182,6 +183,13 @@ def test_the_run_planes_roles_reach_every_run_of_the_deployment(default_app: Syn
         *data_key,
         *((action, run_queues) for action in queue_use),
     }
+    # A serverless run's managed job: every run's outputs (its channels are written there).
+    serverless = shown(_reach(default_app, "ServerlessPlaneJobRole"))
+    assert {
+        ("s3:GetObject", f"{bucket}/runs/*"), ("s3:PutObject", f"{bucket}/runs/*"),
+        ("s3:ListBucket", bucket), *data_key,
+    } <= serverless  # fmt: skip
+    assert not [r for action, r in serverless if action.startswith("sqs:")]
 
 
 def _table_readers(app: Synthesized, table_mark: str) -> dict[str, set[str]]:
@@ -205,16 +213,22 @@ def _table_readers(app: Synthesized, table_mark: str) -> dict[str, set[str]]:
     return readers
 
 
+# The constructs whose functions use the conversation table.
+ROUTING = ("Router", "Pipeline", "ServerlessPlaneAgent")
+
+
 def test_only_the_router_and_the_pipeline_touch_the_run_tables(default_app: Synthesized) -> None:
     """The README's tables claim: the conversation table (every run's items, each under its run
-    id) is used by the router's functions and the pipeline's, and the runs table by the
+    id) is used by the router's functions (the serverless plane's agent Lambda among them) and
+    the pipeline's, and the runs table by the
     pipeline's and read by the operator; no role of a run's planes (the workers' task role, the
-    pods' job role, the Nova execution role) may touch either: a run reaches its conversation
+    pods' job role, the Nova execution role, the managed job's role) may touch either: a run
+    reaches its conversation
     only through the proxy, with its token."""
     conversations = _table_readers(default_app, "RouterConversations")
     runs = _table_readers(default_app, "PipelineRuns")
     for holder in conversations:
-        assert '"Router' in holder or '"Pipeline' in holder, holder
+        assert any(f'"{owner}' in holder for owner in ROUTING), holder
     assert any('"Router' in holder for holder in conversations)
     operator = {holder: actions for holder, actions in runs.items() if "Operator" in holder}
     assert list(operator.values()) == [{"dynamodb:GetItem", "dynamodb:Scan"}]

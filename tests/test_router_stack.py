@@ -13,6 +13,7 @@ import pytest
 from domain.nova_job import rollout_function_name
 from stacks.components.lambda_code import PACKAGES, REQUIREMENTS
 from stacks.components.router import CONSUMER_HANDLER, FORWARDER_HANDLER, PROXY_HANDLER
+from stacks.components.serverless_plane import AGENT_HANDLER
 from stacks.config import ConfigError, PlatformConfig
 from tests.conftest import (
     Synthesized,
@@ -57,6 +58,7 @@ def test_handlers_exist_and_run_on_python_312(default_app: Synthesized) -> None:
         "lambdas.router.proxy.handler",
         "lambdas.router.consumer.handler",
         "lambdas.router.rollout_forwarder.handler",
+        "lambdas.router.agent_forwarder.handler",  # the serverless plane's (serverless_plane.py)
     }
     for handler, (_, function) in functions.items():
         module, name = handler.rsplit(".", 1)
@@ -89,7 +91,7 @@ def test_queue_permissions_are_limited_to_the_deployments_run_queues(
         actions = {a for s in sqs_statements for a in as_list(s["Action"])}
         if handler.endswith("proxy.handler"):
             assert actions == {"sqs:SendMessage"}
-        elif handler.endswith("rollout_forwarder.handler"):
+        elif handler.endswith(("rollout_forwarder.handler", "agent_forwarder.handler")):
             # It finds the invoking run's queue by name, and sends; it reads nothing.
             assert actions == {"sqs:GetQueueUrl", "sqs:SendMessage"}
         else:
@@ -179,7 +181,7 @@ def test_lambda_code_needs_only_what_the_asset_ships() -> None:
 
 
 def test_the_router_may_reserve_its_concurrency(tmp_path) -> None:
-    """router_reserved_concurrency: the proxy, consumer and forwarder get it (checkov's
+    """router_reserved_concurrency: the proxy, consumer and forwarders get it (checkov's
     CKV_AWS_115 then needs no justification on them); the pipeline's functions do not."""
     app = synthesize({"router_reserved_concurrency": 40}, tmp_path)
     functions = app.resources("pipeline", "AWS::Lambda::Function")
@@ -188,7 +190,9 @@ def test_the_router_may_reserve_its_concurrency(tmp_path) -> None:
         for fn in functions.values()
         if "ReservedConcurrentExecutions" in fn["Properties"]
     }
-    assert reserved == {PROXY_HANDLER: 40, CONSUMER_HANDLER: 40, FORWARDER_HANDLER: 40}
+    assert reserved == {
+        PROXY_HANDLER: 40, CONSUMER_HANDLER: 40, FORWARDER_HANDLER: 40, AGENT_HANDLER: 40,
+    }  # fmt: skip
     for handler in reserved:
         assert "CKV_AWS_115" not in skips(_functions(app)[handler][1])
     with pytest.raises(ConfigError, match="router_reserved_concurrency"):

@@ -31,6 +31,7 @@ from lambdas.launcher import handler as launcher
 from lambdas.pipeline.composition import compose as compose_pipeline
 from lambdas.pipeline.dependencies import Compute
 from lambdas.pipeline.training_metrics import TrainingMetrics
+from lambdas.router.agent_forwarder import AgentForwarder
 from lambdas.router.consumer import consumer_for
 from lambdas.router.proxy import proxy_for
 from lambdas.router.rollout_forwarder import RolloutForwarder, forwarder_for
@@ -59,6 +60,10 @@ _COMPOSERS: dict[str, Compose] = {
     # it here.
     "lambdas.router.rollout_forwarder": lambda env, clients: {
         "handler": forwarder_for(env, clients, RolloutForwarder).handle
+    },
+    # The serverless plane's agent Lambda: the managed job (or its local stand-in) invokes it.
+    "lambdas.router.agent_forwarder": lambda env, clients: {
+        "handler": forwarder_for(env, clients, AgentForwarder).handle
     },
     "lambdas.kubernetes.bootstrap": bootstrap.compose,
     "lambdas.kubernetes.chart_install": chart_install.compose,

@@ -39,12 +39,18 @@ NEEDS: Mapping[str, tuple[Need, ...]] = {
     "rollout_forwarder": (
         Need.ROLLOUT_REQUESTS_FORWARD, Need.CONVERSATIONS_GET, Need.CONVERSATIONS_PUT,
     ),
+    # The serverless plane's agent Lambda: as the rollout forwarder, for a managed job's run.
+    "agent_forwarder": (
+        Need.ROLLOUT_REQUESTS_FORWARD, Need.CONVERSATIONS_GET, Need.CONVERSATIONS_PUT,
+    ),
     # AWS's launcher (a deployment with a restricted group): helm in the kubeflow namespace.
     "nova_launcher": (Need.NOVA_CHART,),
     # Workers report through the proxy; a message they cannot read goes to the dead-letter queue;
     # every rollout they finish goes to the run's trajectory store.
+    # A serverless run's workers sample its job's policy and report to the job's runtime.
     "reward_worker": (
         Need.RUN_QUEUES_RECEIVE, Need.RUN_QUEUES_SEND, Need.PROXY_INVOKE, Need.TRAJECTORIES_WRITE,
+        Need.JOB_RUNTIME,
     ),
     # The open-weights trainer (llm_trainer/) reads its dataset (the version the run started
     # with; an unversioned object as it is), writes checkpoints and metrics, speaks the
@@ -63,6 +69,13 @@ NEEDS: Mapping[str, tuple[Need, ...]] = {
     "nova_job": (
         Need.DATASETS_READ_CURRENT, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE, Need.RUN_QUEUES_RECEIVE,
         Need.RUN_QUEUES_SEND, Need.ROLLOUT_LAMBDA_INVOKE, Need.EXPERIMENTS_LOG,
+    ),
+    # A serverless run's managed job (the serverless plane's job role): its train and
+    # validation channels and outputs under the run's, the agent Lambda, and what AWS's managed
+    # policy for job roles gives it beside (stacks/components/serverless_plane.py).
+    "serverless_job": (
+        Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE, Need.AGENT_INVOKE,
+        Need.MANAGED_JOB_SERVICE,
     ),
     # A SageMaker endpoint serving a run's open-weights checkpoint (its model's execution role).
     "model_serving": (Need.CHECKPOINTS_READ,),

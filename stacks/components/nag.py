@@ -55,6 +55,10 @@ class Wildcard(StrEnum):
         "escrow buckets, a service-linked role, a secret's six-character suffix); the rest of "
         "the ARN is named."
     )
+    PUBLIC_CATALOG = (
+        "AWS's public model catalog (SageMaker's public hub, in account `aws`), described only: "
+        "a training config may name any of its models."
+    )
 
 
 CDK_HANDLER = (

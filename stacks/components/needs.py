@@ -67,6 +67,18 @@ class Need(StrEnum):
         "install and uninstall AWS's Nova chart in the kubeflow namespace (with the HyperPod "
         "CLI's cluster context)"
     )
+    # The serverless plane (SageMaker's managed multi-turn RL job, a deployment's agent Lambda).
+    MANAGED_JOB_START = (
+        "start a run's managed multi-turn RL job (CreateJob) with its base model and the job role"
+    )
+    MANAGED_JOB_WATCH = "describe a run's managed job"
+    MANAGED_JOB_STOP = "stop a run's managed job"
+    JOB_RUNTIME = "sample a managed job's policy and report its rollouts (SageMaker's job runtime)"
+    AGENT_INVOKE = "invoke the deployment's agent Lambda (a managed job's rollout requests)"
+    MANAGED_JOB_SERVICE = (
+        "what a managed job does as the job role beside its data: describe its base model, "
+        "register its checkpoints and trained model, write its logs"
+    )
     # The operator running `mtrl` (submit, runs, status, cost, logs, teardown, doctor).
     DEPLOYMENT_READ = "find the deployment from its stacks' outputs"
     DATASETS_UPLOAD = "upload datasets"

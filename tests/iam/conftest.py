@@ -16,7 +16,10 @@ restricted group for Nova, whose jobs AWS's launcher starts (its processes faked
 - "torn down on request": `mtrl teardown RUN` while it runs;
 - "nova held": a Nova run whose planes exchange rollouts (the Nova trainer as the restricted
   group's execution role, its first rollout through the run's rollout Lambda), then torn down
-  on request.
+  on request;
+- "serverless succeeds": a Wordle run on the serverless plane (examples/wordle/serverless.yaml):
+  its managed job, started by the pipeline, reads its train channel and sends rollout requests
+  to the agent Lambda as the job role, then completes.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from tests.iam.world import (
     dataset,
     deployed_world,
     exchange_rollouts,
+    managed_job_at_work,
     nova_recipe,
     publish_stacks,
     run_cli,
@@ -61,6 +65,8 @@ from training_configs import load_training_config
 SCALING_CONFIG = "configs/scaling.yaml"
 OPEN_WEIGHTS_CONFIG = "configs/qwen.yaml"
 ITERATIVE_CONFIG = "configs/again.yaml"  # trains on from the "nova succeeds" run's checkpoint
+SERVERLESS_CONFIG = "configs/serverless.yaml"  # examples/wordle/serverless.yaml
+SERVERLESS_EXAMPLE = Path(__file__).parents[2] / "examples/wordle/serverless.yaml"
 
 
 # The proof's modules share its session fixtures (the deployed world, its scenarios): each marks
@@ -101,6 +107,7 @@ class Scenarios:
     nova_rollouts: dict[str, dict[str, Any]] = field(default_factory=dict)  # by run id
     nova_evaluations: dict[str, dict[str, Any]] = field(default_factory=dict)  # by run, stage
     nova_reaped: dict[str, Any] = field(default_factory=dict)
+    agent_answers: dict[str, dict[str, Any]] = field(default_factory=dict)  # by job name
     monkeypatch: Any = None
     cli: dict[str, Any] = field(default_factory=dict)  # `mtrl` command -> its CliRunner result
     rbac: list[dict[str, Any]] = field(default_factory=list)  # the custom resource's answers
@@ -223,6 +230,11 @@ class Scenarios:
             return
         self.nova_rollouts[run_id] = exchange_rollouts(world, run_id, dataset_key, nova=True)
 
+    def managed_job_at_work(self, name: str, job: dict[str, Any]) -> None:
+        """A serverless run's job as SageMaker starts it: at work, then completed."""
+        self.agent_answers[name] = managed_job_at_work(self.world, job)
+        self.world.managed_jobs.finish(name, "Completed")
+
     def run_nova_held(self) -> None:
         world = self.world
         with self._recorded("nova held", "hold") as started:
@@ -312,6 +324,10 @@ def scenarios(nova_app: Synthesized, tmp_path_factory: pytest.TempPathFactory) -
                 Key=key,
                 Body=yaml.safe_dump(config | changes).encode(),
             )
+        world.clients["s3"].put_object(
+            Bucket=world.pipeline.data_bucket, Key=SERVERLESS_CONFIG,
+            Body=SERVERLESS_EXAMPLE.read_bytes(),
+        )  # fmt: skip
         publish_stacks(world)
         played = Scenarios(world, controller, monkeypatch=monkeypatch)
         controller.on_nova_running = played.nova_at_work
@@ -357,6 +373,11 @@ def scenarios(nova_app: Synthesized, tmp_path_factory: pytest.TempPathFactory) -
         played.run_stopped_by_hand()
         played.run_torn_down_on_request()
         played.run_nova_held()
+        world.managed_jobs.on_created = played.managed_job_at_work
+        played.run(
+            "serverless succeeds", "training-data/serverless.jsonl", dataset(),
+            outcome="complete", config=SERVERLESS_CONFIG,
+        )  # fmt: skip
         played.use_the_cli(tmp_path_factory.mktemp("operator"))
         # `make destroy` removes it again.
         played.rbac.append(custom_resource(world, "Custom::KubernetesRbac", "Delete"))

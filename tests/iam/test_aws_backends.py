@@ -13,6 +13,7 @@ import json
 from domain.episodes import EvaluationStage
 from domain.evaluation import EvaluationReport
 from domain.nova_job import evaluation_run_recipe, run_name, run_recipe
+from domain.serverless_job import job_name
 from lambdas.kubernetes.training_job import run_namespace
 from mtrl.local.physical import ACCOUNT, REGION
 from stacks.components.router import FORWARDER_HANDLER
@@ -250,12 +251,13 @@ def test_each_run_is_notified_once(scenarios: Scenarios) -> None:
         ("nova trains on", "SUCCEEDED"),
         ("job cannot start", "FAILED"),
         ("invalid dataset", "FAILED"),
+        ("serverless succeeds", "SUCCEEDED"),
     ):
         run_id = scenarios.runs[name].run_id
         assert [n for n in notices if f" {run_id} " in n][0].startswith(
             f"{PREFIX} run {run_id} {status}"
         )
-    assert len(notices) == 5
+    assert len(notices) == 6
 
 
 def test_a_run_stopped_by_hand_is_reaped_and_leaves_nothing(scenarios: Scenarios) -> None:
@@ -357,8 +359,11 @@ def test_every_registered_run_that_ended_is_an_mlflow_run_of_the_deployment(
     runs = scenarios.runs
     assert set(by_name) == {
         runs[name].run_id
-        for name in ("succeeds", "nova succeeds", "nova trains on", "job cannot start")
-    }
+        for name in (
+            "succeeds", "nova succeeds", "nova trains on", "job cannot start",
+            "serverless succeeds",
+        )
+    }  # fmt: skip
     succeeded, failed = by_name[runs["succeeds"].run_id], by_name[runs["job cannot start"].run_id]
     assert succeeded["info"]["status"] == "FINISHED" and failed["info"]["status"] == "FAILED"
     assert "failure" in failed["tags"] and succeeded["params"]["name"] == "scaling"
@@ -373,3 +378,35 @@ def test_every_registered_run_that_ended_is_an_mlflow_run_of_the_deployment(
         n for n in scenarios.notifications if f"run {runs['succeeds'].run_id} SUCCEEDED" in n
     ]
     assert f"experiment tracking: MLflow run {succeeded['info']['run_id']} ({mlflow.arn})" in notice
+
+
+def test_a_serverless_run_starts_its_managed_job_whose_rollouts_reach_its_run_only(
+    scenarios: Scenarios,
+) -> None:
+    """The serverless plane end to end on the AWS backends: Submit starts the run's managed job
+    (its name the run's, the job role passed), which, as that role, reads its train channel and
+    invokes the agent Lambda; each request lands on that run's queue; the run completes with
+    its job, and nothing of it is left."""
+    run = scenarios.runs["serverless succeeds"]
+    assert run.described["status"] == "SUCCEEDED", run.described
+    world, name = scenarios.world, job_name(PREFIX, run.run_id)
+    job = world.managed_jobs.jobs[name]
+    assert job["JobStatus"] == "Completed"
+    assert job["RoleArn"] == f"arn:aws:iam::{ACCOUNT}:role/{PREFIX}-agent-rft-job"
+    document = json.loads(job["JobConfigDocument"])
+    assert document["TrainingConfig"]["BaseModelArn"].endswith(
+        ":aws:hub-content/SageMakerPublicHub/Model/nova-textgeneration-lite-v2/1.0.0"
+    )
+    answers = scenarios.agent_answers[name]
+    assert len(answers) == 2
+    assert all(a["run_id"] == run.run_id and a["forwarded"] for a in answers.values())
+    calls = world.recorder.calls[run.calls]
+    by_job_role = {(c.service, c.operation) for c in calls if c.principal == job["RoleArn"]}
+    assert by_job_role == {("s3", "GetObject"), ("lambda", "Invoke")}
+    submitted = [
+        c.operation for c in calls if "SubmitJob" in c.principal and c.service == "sagemaker"
+    ]
+    assert submitted == ["DescribeJob", "DescribeHubContent", "CreateJob"]
+    # No GPU node asked for; workers started and stopped; queues gone.
+    assert world.sagemaker.updates[run.updates] == []
+    assert run.left == {"active services": 0, "task definitions": 0, "parameters": 0, "queues": []}

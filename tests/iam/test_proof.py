@@ -159,6 +159,16 @@ KEPT = {
     "files in the server's artifact store (mlflow/).",
     ("*RestrictedExecutionRole*", "s3:ListBucket"): "As sagemaker-mlflow:*: the tracking grant's "
     "look at runs/ (the job reads its outputs by name).",
+    ("*Reaper*", "sagemaker:StopJob"): "A serverless run torn down while its managed job runs; "
+    "the scenarios' serverless run ends with its job.",
+    ("*ReleaseCompute*", "sagemaker:StopJob"): "As the reaper's: a job still running at release.",
+    ("*RewardFleetTaskRole*", "sagemaker:*"): "A serverless run's workers sample the job's "
+    "policy and report to its runtime (reward_envs/worker/agent_mode.py); the scenarios' "
+    "serverless job ends before any worker plays its rollouts.",
+    ("*agent-rft-job*", "*"): "What AWS's managed job does with its role beside reading its "
+    "channel and invoking the agent is AWS's and unpublished beyond the managed policy "
+    "AmazonSageMakerJobFullAccess (outputs, model packages, its logs, the hub): granted narrowed, "
+    "unverified until a job runs.",
 }
 # Dependent actions (Service Authorization Reference) that the calls made here do not need.
 NOT_NEEDED = {

@@ -27,6 +27,7 @@ import yaml
 from botocore.credentials import Credentials
 from moto import mock_aws
 
+from domain.agent_rft import AgentRolloutRequest, RolloutMetadata
 from domain.backends import METRICS_OBJECT
 from domain.bucket import download_folder, trajectories_prefix
 from domain.checkpoints import step_checkpoint_name
@@ -85,6 +86,7 @@ from tests.mlflow_fake import FakeMlflowServer
 from tests.service_fakes import (
     FakeBedrock,
     FakeEks,
+    FakeManagedJobs,
     FakeSageMaker,
     FakeSageMakerHosting,
     FakeServiceQuotas,
@@ -112,6 +114,7 @@ class World:
     eks: FakeEks
     bedrock: FakeBedrock  # custom models and deployments `mtrl deploy` makes
     hosting: FakeSageMakerHosting  # the SageMaker endpoints `mtrl deploy --to sagemaker` makes
+    managed_jobs: FakeManagedJobs  # serverless runs' managed jobs
     directory: Directory
     inbox: str
     launcher: FakeLauncherProcesses  # the HyperPod CLI and helm the launcher function runs
@@ -346,6 +349,7 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
                 polls=0, on_endpoint=lambda model: _load_model_data(recorder, model)
             ).installed()
         )
+        managed_jobs = stack.enter_context(FakeManagedJobs().installed())
         harness = boto3.Session(
             aws_access_key_id="test", aws_secret_access_key="test", region_name=REGION
         )
@@ -411,6 +415,7 @@ def deployed_world(app: Synthesized, monkeypatch: Any) -> Iterator[World]:
             eks=eks,
             bedrock=bedrock,
             hosting=hosting,
+            managed_jobs=managed_jobs,
             directory=_directory(deployment),
             inbox=inbox,
             launcher=launcher.processes,
@@ -957,3 +962,36 @@ def custom_resource(world: World, resource_type: str, request_type: str) -> dict
     answer = world.cloudformation[response_url]
     world.physical_ids[logical_id] = answer["PhysicalResourceId"]
     return answer
+
+
+def managed_job_at_work(world: World, job: dict[str, Any], *, rollouts: int = 2) -> dict[str, Any]:
+    """A serverless run's managed job once SageMaker starts it, as its own role (the job role
+    the pipeline passed): it reads its train channel and invokes the agent Lambda its document
+    names with the SDK's RolloutRequest for each of the first `rollouts` records (the agent, with
+    its own role, puts each on the run's queue); the agent's answers, by trajectory."""
+    document = json.loads(job["JobConfigDocument"])
+    session = world.recorder.session(job["RoleArn"])
+    (train,) = [c for c in document["InputDataConfig"] if c["ChannelName"] == "train"]
+    location = urlsplit(train["DataSource"]["S3DataSource"]["S3Uri"])
+    records = (
+        session.client("s3")
+        .get_object(Bucket=location.netloc, Key=location.path.lstrip("/"))["Body"]
+        .read()
+        .splitlines()
+    )
+    agent = document["AgentConfig"]["CustomAgentLambdaConfig"]["LambdaArn"]
+    answers = {}
+    for index, line in enumerate(records[:rollouts]):
+        trajectory = f"trajectory-{index}"
+        request = AgentRolloutRequest(
+            instance=json.loads(line),
+            metadata=RolloutMetadata(
+                job_arn=job["JobArn"], trajectory_id=trajectory, region=REGION,
+                endpoint=f"https://job-runtime.sagemaker.{REGION}.api.aws",
+            ),
+        )  # fmt: skip
+        world.recorder.record(
+            world.recorder.access_key(job["RoleArn"]), "lambda", "Invoke", {"FunctionName": agent}
+        )
+        answers[trajectory] = world.pipeline.dispatcher.call(agent, request.model_dump(mode="json"))
+    return answers
