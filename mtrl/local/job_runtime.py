@@ -28,8 +28,8 @@ import botocore.session
 from botocore.model import OperationModel
 
 SERVICE = "sagemakerjobruntime"
-# The job's policy: (job ARN, OpenAI chat request) → OpenAI chat completion.
-Policy = Callable[[str, dict[str, Any]], dict[str, Any]]
+# The job's policy: (job ARN, trajectory id, OpenAI chat request) → OpenAI chat completion.
+Policy = Callable[[str, str, dict[str, Any]], dict[str, Any]]
 
 
 class Refused(Exception):
@@ -66,6 +66,8 @@ class JobRuntimeStandIn:
         self.trajectories: dict[tuple[str, str], Trajectory] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()
+        # Notified whenever a trajectory is reported (its completion, its rewards).
+        self.reported = threading.Condition(self._lock)
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -166,7 +168,7 @@ class JobRuntimeStandIn:
                 "ValidationException", "Body is not an OpenAI-compatible request"
             ) from None
         try:
-            completion = self.policy(trajectory.job_arn, request)
+            completion = self.policy(trajectory.job_arn, trajectory.trajectory_id, request)
         except Exception as error:  # noqa: BLE001 - the policy failing is the service's error
             raise Refused("InternalServiceError", f"the policy failed: {error}") from error
         with self._lock:
@@ -221,10 +223,11 @@ class JobRuntimeStandIn:
             raise Refused("ValidationException", "ClientToken reused with other parameters")
         return True
 
-    @staticmethod
-    def _remember(trajectory: Trajectory, parameters: dict[str, Any]) -> None:
+    def _remember(self, trajectory: Trajectory, parameters: dict[str, Any]) -> None:
+        """A report taken (under the lock): kept by its token, and told to those waiting."""
         if token := parameters.get("ClientToken"):
             trajectory.reports[token] = parameters
+        self.reported.notify_all()
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -97,6 +97,11 @@ def prepare(options: LocalRunOptions) -> Prepared:
     except (EnvironmentNotFound, NoLocalPolicy) as error:
         raise LocalRunError(f"config {name}: environment: {error}") from None
     if options.trainer == "llm":
+        if config.plane == "serverless":
+            raise LocalRunError(
+                f"config {name}: plane serverless: its managed job is played here by the local "
+                "policy; leave out --trainer llm (it trains the HyperPod planes' configs)"
+            )
         _check_language_model(options.model)
     base_run = referenced_run(config.base_checkpoint or "")
     if base_run and not (options.out_dir / base_run / "outputs" / SUMMARY_OBJECT).is_file():

@@ -1,5 +1,6 @@
 """One local deployment: the pipeline stack in embedded AWS, with the router served on loopback
-and the compute planes as local processes. `upload` starts a run the way S3 and EventBridge
+and the compute planes as local processes (the serverless plane's managed job as a thread of
+this one, mtrl/local/managed_job.py). `upload` starts a run the way S3 and EventBridge
 would; `follow` watches its execution to the end and measures what it left behind."""
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from domain.runs import RunStore
 from lambdas.pipeline.dependencies import Compute
 from lambdas.pipeline.register import CONFIG_METADATA_KEY
 from lambdas.pipeline.resources import leftover_resources
+from lambdas.pipeline.serverless_training import ManagedJobSettings
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.pipeline.training_metrics import KeptMetrics
+from lambdas.pipeline.training_planes import TrainingPlanes
 from lambdas.router.consumer import Consumer
 from lambdas.router.conversations import ConversationStore
 from lambdas.router.proxy import Proxy
@@ -47,6 +50,8 @@ from mtrl.local.embedded import (
     upload_event,
 )
 from mtrl.local.function_url import FunctionUrlServer
+from mtrl.local.managed_job import LocalJobService, LocalServerlessPlane
+from mtrl.local.physical import REGION
 from stacks.components.pipeline_steps import STEP
 from stacks.components.router import CONSUMER_HANDLER, PROXY_HANDLER
 from training_configs.schema import SHIPPED, TrainingConfig, load_training_config
@@ -134,6 +139,8 @@ class LocalSession:
         self.clients: dict[str, Any] = {}
         self.fleet: LocalRewardFleet
         self.cluster: LocalTrainingCluster
+        self.managed_jobs: LocalJobService
+        self.planes: TrainingPlanes
         self._execution: str | None = None
 
     def __enter__(self) -> LocalSession:
@@ -151,7 +158,15 @@ class LocalSession:
         aws = self._stack.enter_context(self.aws)
         self.clients = {name: aws.client(name) for name in CLIENTS}
         logs = self._out_dir
-        self.fleet = LocalRewardFleet(environment=aws.environment(), log_dir=logs)
+        self.managed_jobs = self._stack.enter_context(
+            LocalJobService(
+                lambda_client=self.clients["lambda"], s3=self.clients["s3"], seed=self._seed,
+                region=REGION,
+            )
+        )  # fmt: skip
+        # A serverless run's workers speak to the job's runtime here (in agent mode).
+        runtime = {"MTRL_JOB_RUNTIME_URL": self.managed_jobs.runtime_url}
+        self.fleet = LocalRewardFleet(environment=aws.environment() | runtime, log_dir=logs)
         self.training_metrics = KeptMetrics()  # what the dashboard would graph
         self.cluster = LocalTrainingCluster(
             environment=aws.environment(), log_dir=logs, seed=self._seed, program=self._trainer
@@ -166,10 +181,21 @@ class LocalSession:
             self._template,
             clients=self.clients,
             dispatcher=aws.dispatcher,
-            compute=Compute(fleet=lambda: self.fleet, cluster=lambda: self.cluster),
+            compute=Compute(fleet=lambda: self.fleet, cluster=lambda: self.planes),
             training_metrics=self.training_metrics,
             overrides={"POLL_SECONDS": POLL_SECONDS, "ROUTER_URL": router.url, **STAND_IN_PLANES},
         )
+        # The local trainer stands in for both HyperPod planes; the serverless plane is the
+        # deployed one, over the local job service.
+        serverless = ManagedJobSettings.from_environment(
+            {"AWS_REGION": REGION, **self.pipeline.environment}
+        )
+        self.planes = TrainingPlanes(
+            standard=self.cluster, nova=self.cluster,
+            serverless=LocalServerlessPlane(
+                serverless, service=self.managed_jobs, s3=self.clients["s3"]
+            ),
+        )  # fmt: skip
         self._stack.enter_context(_collector_tuned_for_the_run())  # deployed: freeze it
         # In one process nothing needs polling: the consumer tells the proxy's waits when a
         # step's answer is in.
@@ -268,7 +294,8 @@ class LocalSession:
                 if step in STEP:
                     observer.on_state(step)
             seen_calls = len(calls)
-            progress = [e for e in self.cluster.progress.get(run_id, []) if "step" in e]
+            printed = self.cluster.progress.get(run_id, []) + self.managed_jobs.progress[run_id]
+            progress = [e for e in printed if "step" in e]
             for metrics in progress[seen_steps:]:
                 observer.on_step(metrics, metrics.get("of", config.max_steps))
             seen_steps = len(progress)
@@ -369,12 +396,12 @@ class LocalSession:
                 settings.router_wiring(lambda service: self.clients[service]),
                 run_id=run_id,
             ),
-            "processes": self.fleet.alive() + self.cluster.alive(),
+            "processes": self.fleet.alive() + self.cluster.alive() + self.managed_jobs.alive(),
             "pollers": self.aws.mappings.active,
         }
 
     def _stop_processes(self) -> None:
-        for process_group in (self.fleet, self.cluster):
+        for process_group in (self.fleet, self.cluster, self.managed_jobs):
             process_group.kill_all()
 
 

@@ -59,13 +59,14 @@ class UntrustedEndpoint(RuntimeError):
     there."""
 
 
-def job_runtime_clients(stand_in_url: str | None = None) -> RuntimeFor:
+def job_runtime_clients(stand_in_url: str | None = None, *, session: Any = boto3) -> RuntimeFor:
     """The runtime service's client for a request: AWS's own endpoint the request names (one
-    client per endpoint and region), or, for local runs, the stand-in at `stand_in_url`."""
+    client per endpoint and region), or, for local runs, the stand-in at `stand_in_url`; made
+    by `session` (boto3's default session: the task role's credentials)."""
 
     @functools.cache
     def client(endpoint: str, region: str) -> Any:
-        return boto3.client("sagemakerjobruntime", region_name=region, endpoint_url=endpoint)
+        return session.client("sagemakerjobruntime", region_name=region, endpoint_url=endpoint)
 
     def runtime_for(metadata: RolloutMetadata) -> Any:
         if stand_in_url is not None:

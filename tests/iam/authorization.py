@@ -347,6 +347,8 @@ class Authorization:
                 return [self._bedrock_arn(p, op)]
             case "sagemaker" if op in HOSTING:
                 return _hosting_arns(p, op)
+            case "sagemakerjobruntime":  # the job's runtime: each call names its job
+                return [p["JobArn"]]
             case "sagemaker" if "JobCategory" in p:
                 return [_arn("sagemaker", f"job/{p['JobCategory']}/{p['JobName']}")]
             case "sagemaker" if op == "DescribeHubContent":  # a hub of AWS's: account `aws`

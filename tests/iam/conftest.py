@@ -19,7 +19,8 @@ restricted group for Nova, whose jobs AWS's launcher starts (its processes faked
   on request;
 - "serverless succeeds": a Wordle run on the serverless plane (examples/wordle/serverless.yaml):
   its managed job, started by the pipeline, reads its train channel and sends rollout requests
-  to the agent Lambda as the job role, then completes.
+  to the agent Lambda as the job role; the run's worker plays them at the job's runtime as the
+  workers' role; then the job completes.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ class Scenarios:
     nova_rollouts: dict[str, dict[str, Any]] = field(default_factory=dict)  # by run id
     nova_evaluations: dict[str, dict[str, Any]] = field(default_factory=dict)  # by run, stage
     nova_reaped: dict[str, Any] = field(default_factory=dict)
-    agent_answers: dict[str, dict[str, Any]] = field(default_factory=dict)  # by job name
+    # What each serverless run's job played (world.managed_job_at_work), by job name.
+    agent_answers: dict[str, dict[str, Any]] = field(default_factory=dict)
     monkeypatch: Any = None
     cli: dict[str, Any] = field(default_factory=dict)  # `mtrl` command -> its CliRunner result
     rbac: list[dict[str, Any]] = field(default_factory=list)  # the custom resource's answers

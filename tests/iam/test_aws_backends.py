@@ -397,12 +397,20 @@ def test_a_serverless_run_starts_its_managed_job_whose_rollouts_reach_its_run_on
     assert document["TrainingConfig"]["BaseModelArn"].endswith(
         ":aws:hub-content/SageMakerPublicHub/Model/nova-textgeneration-lite-v2/1.0.0"
     )
-    answers = scenarios.agent_answers[name]
-    assert len(answers) == 2
-    assert all(a["run_id"] == run.run_id and a["forwarded"] for a in answers.values())
+    played = scenarios.agent_answers[name]
+    assert len(played["agent"]) == 2
+    assert all(a["run_id"] == run.run_id and a["forwarded"] for a in played["agent"].values())
+    # The run's worker played both at the job's runtime: three guesses, CRANE at the third,
+    # each reported once, and kept in the run's trajectory store.
+    assert played["completed"] == played["kept"] == 2
+    for status, rewards, turns in played["trajectories"].values():
+        assert (status, turns, len(rewards)) == ("ready", 3, 1) and rewards[0] > 0.5
     calls = world.recorder.calls[run.calls]
     by_job_role = {(c.service, c.operation) for c in calls if c.principal == job["RoleArn"]}
     assert by_job_role == {("s3", "GetObject"), ("lambda", "Invoke")}
+    runtime = [(c.operation, c.principal) for c in calls if c.service == "sagemakerjobruntime"]
+    assert {operation for operation, _ in runtime} == {"Sample", "CompleteRollout", "UpdateReward"}
+    assert all("RewardFleetTaskRole" in principal for _, principal in runtime)
     submitted = [
         c.operation for c in calls if "SubmitJob" in c.principal and c.service == "sagemaker"
     ]

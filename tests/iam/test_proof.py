@@ -162,9 +162,6 @@ KEPT = {
     ("*Reaper*", "sagemaker:StopJob"): "A serverless run torn down while its managed job runs; "
     "the scenarios' serverless run ends with its job.",
     ("*ReleaseCompute*", "sagemaker:StopJob"): "As the reaper's: a job still running at release.",
-    ("*RewardFleetTaskRole*", "sagemaker:*"): "A serverless run's workers sample the job's "
-    "policy and report to its runtime (reward_envs/worker/agent_mode.py); the scenarios' "
-    "serverless job ends before any worker plays its rollouts.",
     ("*agent-rft-job*", "*"): "What AWS's managed job does with its role beside reading its "
     "channel and invoking the agent is AWS's and unpublished beyond the managed policy "
     "AmazonSageMakerJobFullAccess (outputs, model packages, its logs, the hub): granted narrowed, "

@@ -33,6 +33,7 @@ from domain.bucket import download_folder, trajectories_prefix
 from domain.checkpoints import step_checkpoint_name
 from domain.episodes import Episode, EvaluationStage
 from domain.evaluation import write_episodes
+from domain.naming import RUN_TAG
 from domain.nova_job import FORGE_EVALUATION_RECIPE, FORGE_RECIPE_SOURCE, FORGE_RECIPES, job_pattern
 from domain.protocol import Metric, RolloutRequest, RolloutResponse, dump
 from domain.run_queues import QueueKind, queue_name
@@ -64,10 +65,13 @@ from mtrl.local.embedded import (
     upload_event,
 )
 from mtrl.local.function_url import FunctionUrlServer
+from mtrl.local.job_runtime import JobRuntimeStandIn
 from mtrl.local.physical import ACCOUNT, REGION
 from mtrl.local.trainer.scripted import ScriptedTrainer
 from mtrl.ops.doctor import TOTAL_INSTANCES
 from reward_envs.wordle import load_environment
+from reward_envs.worker.agent_mode import AgentMode
+from reward_envs.worker.job_runtime import job_runtime_clients
 from reward_envs.worker.router_client import RouterClient, RouterRolloutQueues
 from reward_envs.worker.settings import WorkerSettings
 from reward_envs.worker.trajectory_store import TrajectoryStore, s3_put
@@ -965,10 +969,13 @@ def custom_resource(world: World, resource_type: str, request_type: str) -> dict
 
 
 def managed_job_at_work(world: World, job: dict[str, Any], *, rollouts: int = 2) -> dict[str, Any]:
-    """A serverless run's managed job once SageMaker starts it, as its own role (the job role
-    the pipeline passed): it reads its train channel and invokes the agent Lambda its document
-    names with the SDK's RolloutRequest for each of the first `rollouts` records (the agent, with
-    its own role, puts each on the run's queue); the agent's answers, by trajectory."""
+    """A serverless run's managed job once SageMaker starts it, each side as its own role: the
+    job (the job role the pipeline passed) reads its train channel and invokes the agent Lambda
+    its document names with the SDK's RolloutRequest for each of the first `rollouts` records
+    (the agent puts each on the run's queue with its own role); the run's reward worker (the
+    fleet's task role), in agent mode, plays them against the job's policy at its runtime
+    service (mtrl/local/job_runtime.py's stand-in, answering each turn with that turn's guess)
+    and reports them there. The agent's answers and the trajectories as the runtime has them."""
     document = json.loads(job["JobConfigDocument"])
     session = world.recorder.session(job["RoleArn"])
     (train,) = [c for c in document["InputDataConfig"] if c["ChannelName"] == "train"]
@@ -980,18 +987,65 @@ def managed_job_at_work(world: World, job: dict[str, Any], *, rollouts: int = 2)
         .splitlines()
     )
     agent = document["AgentConfig"]["CustomAgentLambdaConfig"]["LambdaArn"]
-    answers = {}
-    for index, line in enumerate(records[:rollouts]):
-        trajectory = f"trajectory-{index}"
-        request = AgentRolloutRequest(
-            instance=json.loads(line),
-            metadata=RolloutMetadata(
-                job_arn=job["JobArn"], trajectory_id=trajectory, region=REGION,
-                endpoint=f"https://job-runtime.sagemaker.{REGION}.api.aws",
-            ),
-        )  # fmt: skip
-        world.recorder.record(
-            world.recorder.access_key(job["RoleArn"]), "lambda", "Invoke", {"FunctionName": agent}
+    (run_id,) = [tag["Value"] for tag in job["Tags"] if tag["Key"] == RUN_TAG]
+    prefix = world.app.config.name_prefix
+    queues = {
+        kind: world.clients["sqs"].get_queue_url(QueueName=queue_name(prefix, run_id, kind))[
+            "QueueUrl"
+        ]
+        for kind in (QueueKind.ROLLOUT_REQUESTS, QueueKind.DLQ)
+    }
+    worker_session = world.recorder.session(
+        role_of(world.deployment, "compute", "RewardFleetTaskRole")
+    )
+
+    def guess(_job: str, _trajectory: str, request: dict[str, Any]) -> dict[str, Any]:
+        turn = sum(message["role"] == "assistant" for message in request["messages"])
+        message = {"role": "assistant", "content": GUESSES[turn]}
+        return {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+
+    with JobRuntimeStandIn(guess, region=REGION) as runtime:
+        runtime.open_job(job["JobArn"])
+        answers = {}
+        for line in records[:rollouts]:
+            trajectory = runtime.new_trajectory(job["JobArn"])
+            request = AgentRolloutRequest(
+                instance=json.loads(line),
+                metadata=RolloutMetadata(
+                    job_arn=job["JobArn"], trajectory_id=trajectory, region=REGION,
+                    endpoint=f"https://job-runtime.sagemaker.{REGION}.api.aws",
+                ),
+            )  # fmt: skip
+            world.recorder.record(
+                world.recorder.access_key(job["RoleArn"]), "lambda", "Invoke",
+                {"FunctionName": agent},
+            )  # fmt: skip
+            answers[trajectory] = world.pipeline.dispatcher.call(
+                agent, request.model_dump(mode="json")
+            )
+        mode = AgentMode(job_runtime_clients(runtime.url, session=worker_session), max_length=4096)
+        store = TrajectoryStore(
+            s3_put(worker_session.client("s3"), world.pipeline.data_bucket),
+            prefix=trajectories_prefix(run_id),
         )
-        answers[trajectory] = world.pipeline.dispatcher.call(agent, request.model_dump(mode="json"))
-    return answers
+        worker = RewardWorker(
+            queues=mode.queues(
+                worker_session.client("sqs"), requests_url=queues[QueueKind.ROLLOUT_REQUESTS],
+                dead_letter_url=queues[QueueKind.DLQ],
+            ),
+            environment=load_environment(), model=mode.model, read=mode.read,
+            settings=WorkerSettings(
+                rollout_request_queue_url=queues[QueueKind.ROLLOUT_REQUESTS], run_id=run_id,
+                wait_seconds=0, rollout_timeout_seconds=60,
+            ),
+            trajectories=store,
+        )  # fmt: skip
+        stats = worker.run(exit_when_idle=True)
+        worker.close()
+        played = {t: runtime.trajectory(job["JobArn"], t) for t in answers}
+    return {
+        "agent": answers,
+        "completed": stats.completed,
+        "kept": store.stats.written,
+        "trajectories": {t: (p.status, p.rewards, len(p.turns)) for t, p in played.items()},
+    }

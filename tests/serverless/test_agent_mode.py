@@ -28,7 +28,7 @@ SECRETS = {"w-0": "crane", "w-1": "slate", "w-2": "crane"}
 POISONED = "w-poison"  # the policy fails on its prompt: the service's error, the rollout failed
 
 
-def policy(_job: str, request: dict[str, Any]) -> dict[str, Any]:
+def policy(_job: str, _trajectory: str, request: dict[str, Any]) -> dict[str, Any]:
     if "poison" in request["messages"][0]["content"]:
         raise RuntimeError("the policy's GPU fell over")
     return {"choices": [{"message": {"role": "assistant", "content": "[crane]"}}]}

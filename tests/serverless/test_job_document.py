@@ -158,13 +158,13 @@ def test_the_document_is_the_sdks_for_the_same_settings(name: str, targets: JobT
 
 def test_only_values_other_than_the_templates_defaults_are_sent() -> None:
     sent = json.loads(request(CONFIGS["the example"])["JobConfigDocument"])["TrainingConfig"]
-    # 64 rollouts of groups of 8 are 8 prompts a step; 50 steps, ε 0.2 and LoRA 32/64 are
-    # the template's own defaults; ppo its loss.
+    # 32 rollouts of groups of 4 are 8 prompts a step; groups of 4, ε 0.2 and LoRA 32/64 are
+    # the template's own defaults; ppo its loss; 10 steps are not (its default is 50).
     assert sent["HyperParameters"] == {
         "global_batch_size": "8",
-        "group_size": "8",
+        "max_steps": "10",
         "sampling_max_tokens": "1024",
-        "rollout_max_concurrency": "64",
+        "rollout_max_concurrency": "32",
     }
     assert (
         "HyperParameters"

@@ -38,7 +38,7 @@ WORDLE = load_environment()
 def guesses(*words: str) -> Policy:
     """A policy that answers a trajectory's n-th turn with the n-th word."""
 
-    def answer(_job: str, request: dict[str, Any]) -> dict[str, Any]:
+    def answer(_job: str, _trajectory: str, request: dict[str, Any]) -> dict[str, Any]:
         turn = sum(message["role"] == "assistant" for message in request["messages"])
         message = {"role": "assistant", "content": f"My guess: [{words[turn]}]"}
         return {"choices": [{"message": message, "finish_reason": "stop"}]}

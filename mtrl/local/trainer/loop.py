@@ -66,21 +66,30 @@ class Trainer:
         self.clock, self.wall_clock = clock, wall_clock
         # The policy it starts from is also the KL term's reference.
         self.reference, self.steps_before = starting_policy(s3, job, policy)
-        self.server = PolicyServer(
-            job, sqs=sqs, policy=policy, params=self.reference.copy(), version=self.steps_before
-        )
+        self.server = self._generation(self.reference.copy())
         self.optimizer = Adam(self.config.local_policy.learning_rate)
         self.history: list[StepMetrics] = []
         # A run continued from another's checkpoint carries its curve on (its metrics lines).
         self.earlier_metrics = earlier_metrics(s3, job)
         self.manifest = CheckpointManifest(model=self.config.model)
 
+    def _generation(self, params: np.ndarray) -> PolicyServer:
+        """What answers the rollouts' turns from the policy being trained: the run's generate
+        requests, here."""
+        return PolicyServer(
+            self.job, sqs=self.sqs, policy=self.policy, params=params, version=self.steps_before
+        )
+
+    def _records(self) -> list[DatasetRecord]:
+        """What it trains on: the dataset's records but the held-out ones."""
+        return training_records_of(self.s3, self.job)
+
     @property
     def last_step(self) -> int:
         return self.steps_before + len(self.history)
 
     def run(self) -> list[StepMetrics]:
-        records = training_records_of(self.s3, self.job)
+        records = self._records()
         self.server.start()
         first = self.steps_before + 1
         try:

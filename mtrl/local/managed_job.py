@@ -1,0 +1,411 @@
+"""SageMaker's managed multi-turn RL job in local mode. The serverless plane
+(lambdas/pipeline/serverless_training.py) runs unchanged against `LocalJobService`, a stand-in
+of the SageMaker calls it makes, and the job it starts is played here:
+
+- `LocalJobService`: DescribeHubContent, CreateJob, DescribeJob and StopJob, each request and
+  answer held to botocore's model of SageMaker, errors raised as botocore raises a service's.
+  CreateJob starts the job's training loop in a thread of this process; DescribeJob reads its
+  state as the service's JobStatus. It serves the job runtime stand-in
+  (mtrl/local/job_runtime.py) the run's workers call for each turn.
+- `ManagedJobTrainer`: that loop, as the service runs one for its document: GRPO on the local
+  policy (mtrl/local/trainer/). Each step draws prompts from the document's train channel and
+  invokes the document's agent Lambda (Lambda's Invoke) with the SDK's RolloutRequest for
+  `group_size` new trajectories of each; the run's workers play them, the policy answering each
+  turn through the runtime, and report them there; the trajectories' rewards (summed over
+  turns) make the update. A trajectory failed, refused by the agent, or not reported within the
+  config's rollout timeout carries no reward. Metrics and checkpoints as the local trainer's.
+- `LocalServerlessPlane`: the plane local mode composes: the real one over this service, which
+  it tells each run's context before CreateJob — the local policy's settings and the run's
+  outputs are not in a job document, as the service's own hyperparameters are not in ours.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import threading
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+from urllib.parse import urlsplit
+
+import botocore.session
+import numpy as np
+from botocore.exceptions import ClientError, ParamValidationError
+from botocore.validate import ParamValidator
+
+from domain.agent_rft import AgentRolloutRequest, RolloutMetadata
+from domain.backends import RunContext
+from domain.dataset import DatasetRecord
+from domain.protocol import Metric, RolloutResponse
+from domain.serverless_job import HUB_NAME
+from domain.trainer_job import PlayedStep, TrainingJob, read_dataset
+from lambdas.pipeline.serverless_training import ManagedJobSettings, ServerlessTrainingCluster
+from mtrl.local.job_runtime import JobRuntimeStandIn
+from mtrl.local.trainer.loop import Trainer
+from mtrl.local.trainer.policy import Policy, policy_for
+from mtrl.local.trainer.policy_server import PolicyServer
+from reward_envs.registry import load
+
+log = logging.getLogger("mtrl.managed_job")
+# How long StopJob waits for a job's step in flight to end.
+STOP_SECONDS = 30.0
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+class RuntimeTurns(PolicyServer):
+    """The policy being trained, answering the runtime's Sample calls: each turn's decision is
+    kept, by trajectory, for the update that follows."""
+
+    def start(self) -> None:
+        """Nothing to poll: the runtime stand-in asks `sample` for each turn."""
+
+    def sample(self, trajectory_id: str, request: dict[str, Any]) -> dict[str, Any]:
+        """The OpenAI chat completion for the trajectory's next turn (a retried turn: the same)."""
+        messages = request["messages"]
+        step_id = f"{trajectory_id}_{sum(m.get('role') == 'assistant' for m in messages)}"
+        decision = self.kept(trajectory_id, step_id)
+        if decision is None:
+            rng = np.random.default_rng([self.job.seed, zlib.crc32(step_id.encode())])
+            decision = self.policy.decide(self.params, messages, rng)
+            self.keep(trajectory_id, step_id, decision)
+        token = {"token": decision.text, "logprob": decision.logprob}
+        choice = {
+            "index": 0, "message": decision.message, "finish_reason": "stop",
+            "logprobs": {"content": [token]},
+        }  # fmt: skip
+        return {"object": "chat.completion", "choices": [choice]}
+
+
+class ManagedJobTrainer(Trainer):
+    def __init__(
+        self,
+        job: TrainingJob,
+        *,
+        s3: Any,
+        lambda_client: Any,
+        policy: Policy,
+        runtime: JobRuntimeStandIn,
+        job_arn: str,
+        document: dict[str, Any],
+        out: TextIO | None = None,
+    ) -> None:
+        self.lambda_client, self.runtime, self.job_arn = lambda_client, runtime, job_arn
+        self.agent = document["AgentConfig"]["CustomAgentLambdaConfig"]["LambdaArn"]
+        (train,) = [c for c in document["InputDataConfig"] if c["ChannelName"] == "train"]
+        self.train_uri = train["DataSource"]["S3DataSource"]["S3Uri"]
+        super().__init__(job, sqs=None, s3=s3, policy=policy, out=out)
+        self.server: RuntimeTurns
+
+    def _generation(self, params: np.ndarray) -> RuntimeTurns:
+        return RuntimeTurns(
+            self.job, sqs=None, policy=self.policy, params=params, version=self.steps_before
+        )
+
+    def _records(self) -> list[DatasetRecord]:
+        """The train channel's records (the plane wrote them without the held-out ones)."""
+        location = urlsplit(self.train_uri)
+        return read_dataset(
+            self.s3, bucket=location.netloc, key=location.path.lstrip("/"), version=None
+        )
+
+    def stop(self) -> None:
+        super().stop()
+        with self.runtime.reported:
+            self.runtime.reported.notify_all()
+
+    def _step(self, step: int, records: list[DatasetRecord], rng: np.random.Generator) -> None:
+        started, started_at = self.clock(), self.wall_clock()
+        config = self.config
+        wanted = config.global_batch_size // config.group_size
+        chosen = rng.choice(len(records), size=wanted, replace=len(records) < wanted)
+        groups = {
+            f"{number}:{records[index].id}": [
+                self.runtime.new_trajectory(self.job_arn) for _ in range(config.group_size)
+            ]
+            for number, index in enumerate(chosen)
+        }
+        trajectories = [t for group in groups.values() for t in group]
+        self.server.record(trajectories)
+        refused = set()
+        for group, index in zip(groups.values(), chosen, strict=True):
+            for trajectory in group:
+                if not self._send(records[index], trajectory):
+                    refused.add(trajectory)
+        self._await(
+            set(trajectories) - refused, until=self.clock() + config.rollout_timeout_seconds
+        )
+        responses = {t: self._response(t, refused=t in refused) for t in trajectories}
+        played = PlayedStep(groups, responses, started, started_at)
+        self._update(step, played, self.server.recorded(trajectories))
+
+    def _send(self, record: DatasetRecord, trajectory: str) -> bool:
+        """The rollout request for one trajectory, to the agent Lambda; False if it refused."""
+        request = AgentRolloutRequest(
+            instance=record.model_dump(mode="json", exclude_none=True),
+            metadata=RolloutMetadata(
+                job_arn=self.job_arn, trajectory_id=trajectory, region=self.runtime.region,
+                endpoint=f"https://job-runtime.sagemaker.{self.runtime.region}.api.aws",
+            ),
+        )  # fmt: skip
+        answer = self.lambda_client.invoke(
+            FunctionName=self.agent, Payload=request.model_dump_json(exclude_none=True)
+        )
+        if "FunctionError" in answer:
+            log.warning("the agent refused trajectory %s: %s", trajectory,
+                        answer["Payload"].read().decode(errors="replace"))  # fmt: skip
+            return False
+        return True
+
+    def _reported(self, trajectory: str) -> bool:
+        played = self.runtime.trajectory(self.job_arn, trajectory)
+        return played.status == "failed" or (
+            played.status == "ready" and played.rewards is not None
+        )
+
+    def _await(self, trajectories: set[str], *, until: float) -> None:
+        """Until every one of them is reported, the step's time is up, or the job stops."""
+        with self.runtime.reported:
+            while not self.server.stopped and not all(map(self._reported, trajectories)):
+                left = until - self.clock()
+                if left <= 0:
+                    return
+                self.runtime.reported.wait(timeout=left)
+
+    def _response(self, trajectory: str, *, refused: bool) -> RolloutResponse:
+        """How the trajectory ended, as a rollout response: its reward only if it has one."""
+        played = self.runtime.trajectory(self.job_arn, trajectory)
+        turns = [Metric(name="turns", value=float(len(played.turns)))]
+        if played.status == "ready" and played.rewards is not None:
+            return RolloutResponse(
+                sample_id=trajectory, stop_reason="end_of_conversation",
+                rewards={"aggregate_score": float(sum(played.rewards))}, metrics=turns,
+            )  # fmt: skip
+        if refused or played.status == "failed":
+            why = "the agent refused it" if refused else "its rollout failed"
+            return RolloutResponse(
+                sample_id=trajectory, stop_reason="env_error",
+                rewards={"aggregate_score": None}, metrics=turns, error=why,
+            )  # fmt: skip
+        return RolloutResponse(
+            sample_id=trajectory, stop_reason="timeout", rewards={"aggregate_score": None},
+            metrics=turns, error="not reported within the rollout timeout",
+        )  # fmt: skip
+
+
+class ProgressLines:
+    """The text stream a job's trainer prints its step lines on (the local trainer's stdout),
+    kept as the entries they are."""
+
+    def __init__(self, entries: list[dict[str, Any]]) -> None:
+        self.entries, self._buffer = entries, ""
+
+    def write(self, text: str) -> int:
+        self._buffer += text
+        while "\n" in self._buffer:
+            line, _, self._buffer = self._buffer.partition("\n")
+            if line.strip():
+                self.entries.append(json.loads(line))
+        return len(text)
+
+    def flush(self) -> None:
+        """Each line is kept as it is written."""
+
+
+@dataclass
+class _Job:
+    description: dict[str, Any]
+    trainer: ManagedJobTrainer
+    thread: threading.Thread | None = None
+    stop_asked: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class LocalJobService:
+    """The SageMaker calls of the serverless plane, answered here; use as a context manager (the
+    runtime stand-in serves inside)."""
+
+    def __init__(self, *, lambda_client: Any, s3: Any, seed: int = 0, region: str) -> None:
+        self.lambda_client, self.s3, self.seed = lambda_client, s3, seed
+        self.model = botocore.session.get_session().get_service_model("sagemaker")
+        self.runtime = JobRuntimeStandIn(self._sample, region=region)
+        self.region = region
+        self.runs: dict[str, RunContext] = {}  # by job name, told by the plane before CreateJob
+        self.jobs: dict[str, _Job] = {}
+        # Each run's step lines, as its job's trainer printed them (the local trainer's stdout).
+        self.progress: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> LocalJobService:
+        self.runtime.__enter__()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.kill_all()
+        self.runtime.__exit__()
+
+    @property
+    def runtime_url(self) -> str:
+        return self.runtime.url
+
+    # --- the client calls -------------------------------------------------------------------
+
+    def describe_hub_content(self, **request: Any) -> dict[str, Any]:
+        self._check_request("DescribeHubContent", request)
+        if request["HubName"] != HUB_NAME or request["HubContentType"] != "Model":
+            self._refuse("DescribeHubContent", "ResourceNotFound", "no such hub content")
+        name, hub = request["HubContentName"], f"arn:aws:sagemaker:{self.region}:aws:hub/{HUB_NAME}"
+        return self._answer("DescribeHubContent", {
+            "HubContentName": name, "HubContentVersion": "1.0.0", "HubContentType": "Model",
+            "HubContentArn": f"arn:aws:sagemaker:{self.region}:aws:hub-content/{HUB_NAME}/Model/"
+            f"{name}/1.0.0",
+            "DocumentSchemaVersion": "2.4.0", "HubName": HUB_NAME, "HubArn": hub,
+            "HubContentDocument": "{}", "HubContentStatus": "Available", "CreationTime": _now(),
+        })  # fmt: skip
+
+    def create_job(self, **request: Any) -> dict[str, Any]:
+        self._check_request("CreateJob", request)
+        name = request["JobName"]
+        with self._lock:
+            if name in self.jobs:
+                self._refuse("CreateJob", "ResourceInUse", f"Job {name} already exists")
+            run = self.runs.get(name)
+            if run is None:
+                self._refuse("CreateJob", "ValidationException", f"no local run has job {name}")
+            account = request["RoleArn"].split(":")[4]  # the job's account: its role's
+            arn = f"arn:aws:sagemaker:{self.region}:{account}:job/{request['JobCategory']}/{name}"
+            environment = load(run.training.environment, **run.training.environment_args)
+            job = TrainingJob.for_run(
+                run, seed=self.seed,
+                reward_range=(environment.reward_range.low, environment.reward_range.high),
+            )  # fmt: skip
+            trainer = ManagedJobTrainer(
+                job, s3=self.s3, lambda_client=self.lambda_client,
+                policy=policy_for(environment), runtime=self.runtime, job_arn=arn,
+                document=json.loads(request["JobConfigDocument"]),
+                out=ProgressLines(self.progress[run.run_id]),
+            )  # fmt: skip
+            now = _now()
+            self.jobs[name] = managed = _Job(
+                description={
+                    "JobName": name, "JobArn": arn, "RoleArn": request["RoleArn"],
+                    "JobCategory": request["JobCategory"],
+                    "JobConfigSchemaVersion": request["JobConfigSchemaVersion"],
+                    "JobConfigDocument": request["JobConfigDocument"],
+                    "CreationTime": now, "LastModifiedTime": now, "JobStatus": "InProgress",
+                    "SecondaryStatus": "Training",
+                    "SecondaryStatusTransitions": [{"Status": "Training", "StartTime": now}],
+                },
+                trainer=trainer,
+            )  # fmt: skip
+            self.runtime.open_job(arn)
+            managed.thread = threading.Thread(
+                target=self._train, args=(managed,), name=f"job-{name}", daemon=True
+            )
+            managed.thread.start()
+        return self._answer("CreateJob", {"JobArn": arn})
+
+    def describe_job(self, **request: Any) -> dict[str, Any]:
+        self._check_request("DescribeJob", request)
+        job = self._job("DescribeJob", request)
+        with self._lock:
+            return self._answer("DescribeJob", dict(job.description))
+
+    def stop_job(self, **request: Any) -> dict[str, Any]:
+        self._check_request("StopJob", request)
+        job = self._job("StopJob", request)
+        self._stop(job)
+        return {}
+
+    # --- the job ----------------------------------------------------------------------------
+
+    def alive(self) -> int:
+        return sum(1 for job in self.jobs.values() if job.thread and job.thread.is_alive())
+
+    def kill_all(self) -> int:
+        running = [job for job in self.jobs.values() if job.thread and job.thread.is_alive()]
+        for job in running:
+            self._stop(job)
+        return len(running)
+
+    def _stop(self, job: _Job) -> None:
+        if job.thread is None or not job.thread.is_alive():
+            return
+        job.stop_asked = True
+        self._transition(job, "Stopping", "Stopping")
+        job.trainer.stop()
+        job.thread.join(timeout=STOP_SECONDS)
+
+    def _train(self, job: _Job) -> None:
+        try:
+            job.trainer.run()
+        except Exception as error:  # noqa: BLE001 - a job that fails says why, as the service does
+            log.exception("job %s failed", job.description["JobName"])
+            self._transition(job, "Failed", "Failed", reason=f"{type(error).__name__}: {error}")
+        else:
+            final = "Stopped" if job.stop_asked else "Completed"
+            self._transition(job, final, final)
+        finally:
+            self.runtime.close_job(job.description["JobArn"])
+
+    def _transition(self, job: _Job, status: str, secondary: str, *, reason: str = "") -> None:
+        now = _now()
+        with self._lock:
+            description = job.description
+            description |= {"JobStatus": status, "SecondaryStatus": secondary,
+                            "LastModifiedTime": now}  # fmt: skip
+            description["SecondaryStatusTransitions"].append(
+                {"Status": secondary, "StartTime": now}
+            )
+            if status in ("Completed", "Failed", "Stopped"):
+                description["EndTime"] = now
+            if reason:
+                description["FailureReason"] = reason[:1024]
+
+    def _sample(self, job_arn: str, trajectory: str, request: dict[str, Any]) -> dict[str, Any]:
+        (job,) = [j for j in self.jobs.values() if j.description["JobArn"] == job_arn]
+        return job.trainer.server.sample(trajectory, request)
+
+    # --- botocore's model -------------------------------------------------------------------
+
+    def _job(self, operation: str, request: dict[str, Any]) -> _Job:
+        job = self.jobs.get(request["JobName"])
+        if job is None or job.description["JobCategory"] != request["JobCategory"]:
+            self._refuse(operation, "ResourceNotFound", f"Job {request['JobName']} not found")
+        return job
+
+    def _check_request(self, operation: str, request: dict[str, Any]) -> None:
+        report = ParamValidator().validate(
+            request, self.model.operation_model(operation).input_shape
+        )
+        if report.has_errors():
+            raise ParamValidationError(report=report.generate_report())
+
+    def _answer(self, operation: str, answer: dict[str, Any]) -> dict[str, Any]:
+        shape = self.model.operation_model(operation).output_shape
+        report = ParamValidator().validate(answer, shape)
+        assert not report.has_errors(), f"{operation}: {report.generate_report()}"
+        return answer
+
+    def _refuse(self, operation: str, code: str, message: str) -> Any:
+        known = {shape.name for shape in self.model.operation_model(operation).error_shapes}
+        assert code in known | {"ValidationException"}, f"{operation} cannot answer {code}"
+        raise ClientError({"Error": {"Code": code, "Message": message}}, operation)
+
+
+class LocalServerlessPlane(ServerlessTrainingCluster):
+    """The serverless plane over the local job service: it tells the service each run's context
+    before the plane creates the run's job."""
+
+    def __init__(self, settings: ManagedJobSettings, *, service: LocalJobService, s3: Any) -> None:
+        super().__init__(settings, sagemaker=service, s3=s3)
+        self.service = service
+
+    def submit(self, run: RunContext) -> str:
+        self.service.runs[self.job(run)] = run
+        return super().submit(run)
