@@ -269,8 +269,14 @@ def publish_step(
         Body="".join(json.dumps(line) + "\n" for line in lines).encode(),
         ContentType="application/x-ndjson",
     )
+    print_step(history[-1], last=last, out=out)
+
+
+def print_step(metrics: StepMetrics, *, last: int, out: TextIO | None) -> None:
+    """A trainer's step as one JSON line on `out` (a local trainer's progress), with the step
+    the run ends at."""
     if out is not None:
-        print(json.dumps({"event": "step", **history[-1].line(), "of": last}), file=out, flush=True)
+        print(json.dumps({"event": "step", **metrics.line(), "of": last}), file=out, flush=True)
 
 
 def evaluation_records_of(s3: Any, job: TrainingJob) -> list[DatasetRecord]:

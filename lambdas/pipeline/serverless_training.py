@@ -7,7 +7,10 @@ its rollouts through the deployment's agent Lambda and the run's reward workers.
   trains on and the held-out ones (its `train` and `validation` channels, beside the run's
   outputs), then CreateJob; a job the run already has is its job (idempotent);
 - status: DescribeJob's JobStatus, the secondary status telling a job that waits for capacity
-  from one that trains; FailureReason when it failed;
+  from one that trains; FailureReason when it failed; its progress is the run's reward curve,
+  which the managed job does not write (its own figures go to MLflow): made from the rollout
+  reports the run's workers send the router beside the job's runtime
+  (lambdas/pipeline/reward_curve.py), as a Nova run's is;
 - delete: StopJob while it runs (the job's records stay, as AWS keeps them).
 The job evaluates on its validation channel itself (the recipe's `val_at_start`, and at its
 end); reading those results into the run's evaluation report is not built yet, so the plane's
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from botocore.exceptions import ClientError
@@ -37,6 +41,8 @@ from domain.serverless_job import (
 from lambdas.clients import Clients
 from lambdas.environment import EnvironmentSettings
 from lambdas.pipeline.job_records import evaluation_data, held_out_records, training_data
+from lambdas.pipeline.reward_curve import RewardCurve
+from lambdas.router.conversations import ConversationStore
 
 # The setting a deployment with the serverless plane sets (the stack: the job's role).
 SERVERLESS_ROLE_SETTING = "SERVERLESS_JOB_ROLE_ARN"
@@ -57,18 +63,26 @@ class ManagedJobSettings(EnvironmentSettings):
     agent_function_arn: str = Field(alias="AGENT_FUNCTION_ARN")
     # The data bucket's key: the job's outputs are encrypted with it.
     data_key_arn: str | None = Field(default=None, alias="DATA_KEY_ARN")
+    conversations_table: str = Field(alias="CONVERSATIONS_TABLE")
 
 
 class ServerlessTrainingCluster(TrainingCluster):
-    def __init__(self, settings: ManagedJobSettings, *, sagemaker: Any, s3: Any) -> None:
+    def __init__(
+        self, settings: ManagedJobSettings, *, sagemaker: Any, s3: Any, store: ConversationStore
+    ) -> None:
+        """`store`: the router's record of the run's rollouts (its reward curve)."""
         self.settings, self.sagemaker, self.s3 = settings, sagemaker, s3
+        self.curve = RewardCurve(store, s3)
 
     @classmethod
     def from_environment(
         cls, environment: Mapping[str, str], clients: Clients
     ) -> ServerlessTrainingCluster:
         settings = ManagedJobSettings.from_environment(environment)
-        return cls(settings, sagemaker=clients("sagemaker"), s3=clients("s3"))
+        return cls(
+            settings, sagemaker=clients("sagemaker"), s3=clients("s3"),
+            store=ConversationStore(clients("dynamodb"), settings.conversations_table),
+        )  # fmt: skip
 
     def job(self, run: RunContext) -> str:
         return job_name(self.settings.prefix, run.run_id)
@@ -125,6 +139,11 @@ class ServerlessTrainingCluster(TrainingCluster):
         return self.sagemaker.create_job(**request)["JobArn"]
 
     def status(self, run: RunContext) -> JobStatus:
+        status = self._job_status(run)
+        ended = status.phase in (Phase.SUCCEEDED, Phase.FAILED)
+        return replace(status, step=self.curve.update(run, final=ended))
+
+    def _job_status(self, run: RunContext) -> JobStatus:
         described = self._describe(run)
         if described is None:
             return JobStatus(Phase.FAILED, f"job {self.job(run)} does not exist")

@@ -41,8 +41,9 @@ from domain.backends import RunContext
 from domain.dataset import DatasetRecord
 from domain.protocol import Metric, RolloutResponse
 from domain.serverless_job import HUB_NAME
-from domain.trainer_job import PlayedStep, TrainingJob, read_dataset
+from domain.trainer_job import PlayedStep, TrainingJob, print_step, read_dataset
 from lambdas.pipeline.serverless_training import ManagedJobSettings, ServerlessTrainingCluster
+from lambdas.router.conversations import ConversationStore
 from mtrl.local.job_runtime import JobRuntimeStandIn
 from mtrl.local.trainer.loop import Trainer
 from mtrl.local.trainer.policy import Policy, policy_for
@@ -113,6 +114,11 @@ class ManagedJobTrainer(Trainer):
         return read_dataset(
             self.s3, bucket=location.netloc, key=location.path.lstrip("/"), version=None
         )
+
+    def _publish(self, *, last: int) -> None:
+        """The progress line only: the service's own figures go to MLflow, not to the run's
+        metrics object, which the plane makes from the workers' reports."""
+        print_step(self.history[-1], last=last, out=self.out)
 
     def stop(self) -> None:
         super().stop()
@@ -402,8 +408,15 @@ class LocalServerlessPlane(ServerlessTrainingCluster):
     """The serverless plane over the local job service: it tells the service each run's context
     before the plane creates the run's job."""
 
-    def __init__(self, settings: ManagedJobSettings, *, service: LocalJobService, s3: Any) -> None:
-        super().__init__(settings, sagemaker=service, s3=s3)
+    def __init__(
+        self,
+        settings: ManagedJobSettings,
+        *,
+        service: LocalJobService,
+        s3: Any,
+        store: ConversationStore,
+    ) -> None:
+        super().__init__(settings, sagemaker=service, s3=s3, store=store)
         self.service = service
 
     def submit(self, run: RunContext) -> str:

@@ -193,7 +193,8 @@ class LocalSession:
         self.planes = TrainingPlanes(
             standard=self.cluster, nova=self.cluster,
             serverless=LocalServerlessPlane(
-                serverless, service=self.managed_jobs, s3=self.clients["s3"]
+                serverless, service=self.managed_jobs, s3=self.clients["s3"],
+                store=ConversationStore(self.clients["dynamodb"], serverless.conversations_table),
             ),
         )  # fmt: skip
         self._stack.enter_context(_collector_tuned_for_the_run())  # deployed: freeze it

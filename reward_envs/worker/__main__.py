@@ -69,6 +69,7 @@ def main() -> int:
             boto3.client("sqs"),
             requests_url=settings.rollout_request_queue_url,
             dead_letter_url=settings.dead_letter_queue_url,
+            router=_router(settings) if settings.router_url else None,
         )
         model, read = mode.model, mode.read
     else:
@@ -103,18 +104,23 @@ def _trajectory_store(settings: WorkerSettings) -> TrajectoryStore | None:
     )
 
 
+def _router(settings: WorkerSettings) -> RouterClient:
+    """The run's router, signed with the task role's credentials."""
+    session = boto3.Session()
+    return RouterClient(
+        settings.router_url or "",
+        run_id=settings.run_id or "",
+        run_token=settings.run_token or "",
+        region=session.region_name or "us-east-1",
+        credentials=lambda: session.get_credentials().get_frozen_credentials(),
+    )
+
+
 def _model_and_queues(settings: WorkerSettings) -> tuple[SqsRolloutQueues, ModelClient]:
     """Through the run's router (the deployed path) or straight to an OpenAI-compatible model."""
     sqs = boto3.client("sqs")
     if settings.router_url:
-        session = boto3.Session()
-        router = RouterClient(
-            settings.router_url,
-            run_id=settings.run_id or "",
-            run_token=settings.run_token or "",
-            region=session.region_name or "us-east-1",
-            credentials=lambda: session.get_credentials().get_frozen_credentials(),
-        )
+        router = _router(settings)
         reporting = RouterRolloutQueues(
             sqs,
             router,

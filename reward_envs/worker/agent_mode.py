@@ -3,7 +3,10 @@ rollout requests (lambdas/router/agent_forwarder.py puts them there), each namin
 of the job. The worker plays each against the job's policy (`RuntimeModel`: a `Sample` call a
 turn) and reports it to the job's runtime service (`RuntimeFeedback`: completed with the
 episode's reward, or failed — never a silent 0) where a HyperPod run's worker answers on the
-run's response queue. The environments, the trajectory store and the worker loop are the same.
+run's response queue — and, given the run's router, among the run's rollout reports too, as a
+Nova run's workers report them: the run's reward curve and its evaluations' episodes are made
+from those (lambdas/pipeline/reward_curve.py). The environments, the trajectory store and the
+worker loop are the same.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from domain.agent_rft import AgentRolloutRequest, NotARollout, rollout_request_o
 from domain.protocol import ProtocolError, RolloutRequest, RolloutResponse
 from reward_envs.worker.job_runtime import RuntimeFeedback, RuntimeFor, RuntimeModel
 from reward_envs.worker.model_client import ModelClient
-from reward_envs.worker.queues import ReportingQueues
+from reward_envs.worker.queues import Delivery, ReportingQueues
+from reward_envs.worker.router_client import RouterClient, report_to_router
 
 
 class AgentMode:
@@ -56,22 +60,41 @@ class AgentMode:
         with self._lock:
             self._playing.pop(response.sample_id, None)
 
-    def queues(self, sqs: Any, *, requests_url: str, dead_letter_url: str | None) -> AgentQueues:
-        return AgentQueues(sqs, self, requests_url=requests_url, dead_letter_url=dead_letter_url)
+    def queues(
+        self,
+        sqs: Any,
+        *,
+        requests_url: str,
+        dead_letter_url: str | None,
+        router: RouterClient | None = None,
+    ) -> AgentQueues:
+        return AgentQueues(
+            sqs, self, requests_url=requests_url, dead_letter_url=dead_letter_url, router=router
+        )
 
 
 class AgentQueues(ReportingQueues):
     """The run's request queue as a HyperPod run's worker reads it; a finished rollout goes to
-    the job's runtime service instead of a response queue."""
+    the job's runtime service instead of a response queue, then (with `router`) among the run's
+    reports. A report that fails leaves the request to be played and reported again: both
+    sides take a rollout once (the runtime by its ClientToken, the router by the sample)."""
 
     def __init__(
-        self, sqs: Any, mode: AgentMode, *, requests_url: str, dead_letter_url: str | None
+        self,
+        sqs: Any,
+        mode: AgentMode,
+        *,
+        requests_url: str,
+        dead_letter_url: str | None,
+        router: RouterClient | None = None,
     ) -> None:
         super().__init__(
-            sqs,
-            lambda delivery, response: mode.report(
-                AgentRolloutRequest.model_validate_json(delivery.body), response
-            ),
-            requests_url=requests_url,
+            sqs, self._report_one_rollout, requests_url=requests_url,
             dead_letter_url=dead_letter_url,
-        )
+        )  # fmt: skip
+        self._mode, self._router = mode, router
+
+    def _report_one_rollout(self, delivery: Delivery, response: RolloutResponse) -> None:
+        self._mode.report(AgentRolloutRequest.model_validate_json(delivery.body), response)
+        if self._router is not None:
+            report_to_router(self._router, delivery, response)

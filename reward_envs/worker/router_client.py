@@ -147,10 +147,16 @@ class RouterRolloutQueues(ReportingQueues):
         self._router = router
 
     def _to_router(self, delivery: Delivery, response: RolloutResponse) -> None:
-        try:
-            self._router.report(response, request_id=delivery.message_id)
-        except PhaseClosed as closed:
-            log.info("rollout %s dropped: %s", response.sample_id, closed)  # its request goes
+        report_to_router(self._router, delivery, response)
+
+
+def report_to_router(router: RouterClient, delivery: Delivery, response: RolloutResponse) -> None:
+    """A finished rollout among the run's reports (once however often it is sent); one whose
+    phase has closed is dropped, and its request goes."""
+    try:
+        router.report(response, request_id=delivery.message_id)
+    except PhaseClosed as closed:
+        log.info("rollout %s dropped: %s", response.sample_id, closed)
 
 
 def _message(raw: bytes) -> str:

@@ -24,7 +24,7 @@ from domain.backends import (
     RunContext,
     worker_environment,
 )
-from domain.episodes import EvaluationStage
+from domain.episodes import Episode, EvaluationStage
 from domain.run_queues import create_run_queues
 from domain.run_state import RegisteredRun
 from domain.serverless_job import ServerlessRefused, job_name
@@ -47,6 +47,7 @@ SETTINGS = ManagedJobSettings.model_validate({
     "SERVERLESS_JOB_ROLE_ARN": "arn:aws:iam::123456789012:role/mtrl-agent-rft-job",
     "AGENT_FUNCTION_ARN": "arn:aws:lambda:us-east-1:123456789012:function:mtrl-agent-rft",
     "DATA_KEY_ARN": "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab",
+    "CONVERSATIONS_TABLE": "conversations",
 })  # fmt: skip
 JOB = job_name("mtrl", RUN)
 JOB_ARN = f"arn:aws:sagemaker:us-east-1:123456789012:job/AgentRFT/{JOB}"
@@ -85,10 +86,22 @@ def plane(run: RunContext) -> Iterator[tuple[ServerlessTrainingCluster, Stubber]
     sagemaker = boto3.client("sagemaker")
     with Stubber(sagemaker) as stubber:
         yield (
-            ServerlessTrainingCluster(SETTINGS, sagemaker=sagemaker, s3=boto3.client("s3")),
+            ServerlessTrainingCluster(
+                SETTINGS,
+                sagemaker=sagemaker,
+                s3=boto3.client("s3"),
+                store=store(),
+            ),
             stubber,
         )
         stubber.assert_no_pending_responses()
+
+
+def store() -> ConversationStore:
+    """The router's table, empty: no rollout reported yet."""
+    db = boto3.client("dynamodb")
+    create_table(db, SETTINGS.conversations_table)
+    return ConversationStore(db, SETTINGS.conversations_table)
 
 
 def not_found(stubber: Stubber, operation: str) -> None:
@@ -160,6 +173,36 @@ def test_describe_jobs_status_is_the_runs_phase(
     stubber.add_response("describe_job", described(status, secondary, **more), KEYS)
     found = cluster.status(run)
     assert (found.phase, found.reason) == (phase, reason)
+
+
+def test_the_runs_progress_is_the_reward_curve_of_its_workers_reports(
+    plane: tuple[ServerlessTrainingCluster, Stubber], run: RunContext
+) -> None:
+    """The managed job writes no metrics of ours (its own go to MLflow): the step is the run's
+    reward curve, made from the rollout reports its workers sent the router, its last short
+    window once the job ended."""
+    cluster, stubber = plane
+    stubber.add_response("describe_job", described("InProgress"), KEYS)
+    status = cluster.status(run)
+    assert (status.phase, status.step) == (Phase.RUNNING, None)  # no rollout reported yet
+    size = run.training.global_batch_size
+    for index in range(2 * size + 3):
+        cluster.curve.store.record_report(
+            run.run_id, f"m{index}", episode=Episode(
+                record_id="r", sample_id=f"r_{index}", stop_reason="end_of_conversation",
+                score=index % 2, success=index % 2 == 1,
+            ), stage=None, now=float(index),
+        )  # fmt: skip
+    stubber.add_response("describe_job", described("InProgress"), KEYS)
+    assert cluster.status(run).step == 2
+    metrics = boto3.client("s3").get_object(Bucket=BUCKET, Key=f"runs/{RUN}/metrics.jsonl")
+    first, _ = (json.loads(line) for line in metrics["Body"].read().splitlines())
+    assert (first["rollouts"], first["mean_reward"], first["source"]) == (
+        size, 0.5, "rollout_reports",
+    )  # fmt: skip
+    stubber.add_response("describe_job", described("Completed", "Completed"), KEYS)
+    status = cluster.status(run)
+    assert (status.phase, status.step) == (Phase.SUCCEEDED, 3)
 
 
 def test_teardown_stops_a_running_job_and_leaves_an_ended_or_missing_one(

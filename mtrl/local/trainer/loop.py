@@ -156,10 +156,7 @@ class Trainer:
         )
         self.history.append(metrics)
         last = self.steps_before + self.config.max_steps
-        publish_step(
-            self.s3, self.job, earlier=self.earlier_metrics, history=self.history, last=last,
-            out=self.out,
-        )  # fmt: skip
+        self._publish(last=last)
         if step % settings.checkpoint_every == 0:
             self._save_checkpoint(step_checkpoint_name(step))
         log.info(
@@ -171,6 +168,13 @@ class Trainer:
             stats.failed_rollouts,
             metrics.seconds,
         )
+
+    def _publish(self, *, last: int) -> None:
+        """The step made known: the run's metrics object, and the progress line on `out`."""
+        publish_step(
+            self.s3, self.job, earlier=self.earlier_metrics, history=self.history, last=last,
+            out=self.out,
+        )  # fmt: skip
 
     def _save_checkpoint(self, name: str) -> None:
         """The policy now, and the run's checkpoint manifest with it."""
