@@ -156,6 +156,11 @@ class TrainingCluster(ABC):
         """Delete every object of the run's jobs, its evaluations' too (idempotent); returns
         how many existed."""
 
+    def trained_model_package(self, run: RunContext) -> str | None:
+        """The model package the run's job registered itself (a managed job does), once it
+        ended; None where the plane leaves its checkpoints to Collect to register."""
+        return None
+
     @abstractmethod
     def scale_down(self, run: RunContext) -> None:
         """Release the run's nodes unless another run still needs them."""

@@ -26,6 +26,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from domain.naming import run_resource_name
 from training_configs.schema import GrpoSettings, NovaRecipeSettings, TrainingConfig
 
@@ -50,14 +52,47 @@ JUMPSTART_HUB_TAG = "sagemaker-sdk:jumpstart-hub-name"
 
 # Where a serverless config trains, and what to do when a deployment lacks it (Register, planes).
 NO_SERVERLESS_PLANE = (
-    "runs as SageMaker's managed job, and this deployment has no serverless plane (the stack "
-    "does not make one yet); set plane: hyperpod, or see the job it would submit with "
-    "`mtrl plan --config`"
+    "runs as SageMaker's managed job, and this deployment has no serverless plane "
+    "(serverless_training: false); deploy it with serverless_training: true, or set plane: "
+    "hyperpod (`mtrl plan --config` shows the job it would submit)"
 )
 
 
 class ServerlessRefused(ValueError):
     """A config the managed job cannot take; the text says each reason and its fix."""
+
+
+class ServiceOutput(BaseModel):
+    """What the service adds to a job's document as DescribeJob answers it
+    (`JobConfigDocument.ServiceOutput`), as the SDK's `AgentRFTJob` reads it: the trained
+    model's package, the job's MLflow run, the tokens billed, its progress."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    output_model_package_arn: str | None = Field(default=None, alias="OutputModelPackageArn")
+    # ExperimentName, RunName, ExperimentId, RunId.
+    mlflow_details: dict[str, Any] | None = Field(default=None, alias="MlflowDetails")
+    # TrainTokenCount, PrefillTokenCount, SampleTokenCount.
+    billable_token_usage: dict[str, Any] | None = Field(default=None, alias="BillableTokenUsage")
+    # {MaxSteps, CurrentStep}, or by epoch {MaxEpoch, StepsPerEpoch, CurrentEpoch, CurrentStep}.
+    progress_info: dict[str, Any] | None = Field(default=None, alias="ProgressInfo")
+
+    @property
+    def progress(self) -> dict[str, Any] | None:
+        """The progress, where it says how far the job goes (the SDK's `progress_info`)."""
+        info = self.progress_info
+        if not info:
+            return None
+        by_epoch = info.get("MaxEpoch") and info.get("StepsPerEpoch")
+        return info if by_epoch or info.get("MaxSteps") else None
+
+
+def service_output(described: dict[str, Any]) -> ServiceOutput:
+    """The service's output of a job DescribeJob answered with (empty before it has any)."""
+    document = described.get("JobConfigDocument")
+    return ServiceOutput.model_validate(
+        (json.loads(document) if document else {}).get("ServiceOutput") or {}
+    )
 
 
 @cache

@@ -113,6 +113,38 @@ DOCUMENT_CONSTANTS = (
 )  # fmt: skip
 
 
+def _members_of(
+    path: str,
+    class_name: str,
+    members: tuple[str, ...],
+    namespace: dict[str, Any],
+    constants: tuple[str, ...] = (),
+) -> type:
+    """A class holding `members` of the SDK's class `class_name` as its source at `path` writes
+    them (decorators kept), and the module `constants` they read, executed with `namespace`
+    for the rest of the names they use."""
+    source = _source("sagemaker-train", path)
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    assigned = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id in constants for t in node.targets)
+    ]
+    (found,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name]
+    methods = [
+        node for node in found.body if isinstance(node, ast.FunctionDef) and node.name in members
+    ]
+    assert {m.name for m in methods} == set(members), f"the SDK's {class_name} changed"
+    holder = ast.ClassDef(
+        name=f"{class_name}Members", bases=[], keywords=[], body=methods, decorator_list=[],
+        type_params=[],
+    )  # fmt: skip
+    module = ast.fix_missing_locations(ast.Module(body=[*assigned, holder], type_ignores=[]))
+    exec(compile(module, str(source), "exec"), namespace)
+    return namespace[f"{class_name}Members"]
+
+
 @functools.cache
 def job_document_builder() -> type:
     """A class holding MultiTurnRLTrainer's document methods as the SDK writes them (compiled
@@ -121,30 +153,6 @@ def job_document_builder() -> type:
     the model package groups the trainer's `__init__` calls on (their results are the
     attributes). The SDK's resource classes are stand-ins no argument is an instance of: the
     runs pass ARNs and S3 URIs as strings, as a user of the SDK may."""
-    source = _source("sagemaker-train", MTRL_TRAINER)
-    tree = ast.parse(source.read_text(encoding="utf-8"))
-    constants = [
-        node
-        for node in tree.body
-        if isinstance(node, ast.Assign)
-        and any(isinstance(t, ast.Name) and t.id in DOCUMENT_CONSTANTS for t in node.targets)
-    ]
-    (trainer,) = [
-        n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "MultiTurnRLTrainer"
-    ]
-    methods = [
-        node
-        for node in trainer.body
-        if isinstance(node, ast.FunctionDef) and node.name in DOCUMENT_METHODS
-    ]
-    assert {m.name for m in methods} == set(DOCUMENT_METHODS), "the SDK's methods moved"
-    document_class = ast.ClassDef(
-        name="MultiTurnRLTrainerDocument", bases=[], keywords=[], body=methods,
-        decorator_list=[], type_params=[],
-    )  # fmt: skip
-    module = ast.fix_missing_locations(
-        ast.Module(body=[*constants, document_class], type_ignores=[])
-    )
     stand_ins = {
         name: type(name, (), {})
         for name in (
@@ -167,5 +175,24 @@ def job_document_builder() -> type:
         "json": json, "re": re, "logger": logging.getLogger("sagemaker-train"),
         "Optional": Optional, **stand_ins,
     }  # fmt: skip
-    exec(compile(module, str(source), "exec"), namespace)
-    return namespace["MultiTurnRLTrainerDocument"]
+    return _members_of(
+        MTRL_TRAINER, "MultiTurnRLTrainer", DOCUMENT_METHODS, namespace, DOCUMENT_CONSTANTS
+    )
+
+
+AGENT_RFT_JOB = "sagemaker/train/agent_rft_job.py"
+# AgentRFTJob's readers of what DescribeJob answers with.
+SERVICE_OUTPUT_READERS = (
+    "_parse_config_document", "output_model_package_arn", "mlflow_details",
+    "billable_token_usage", "progress_info",
+)  # fmt: skip
+
+
+@functools.cache
+def agent_rft_job_reader() -> type:
+    """AgentRFTJob's readers of a described job's document, as the SDK writes them (compiled
+    from its source): an instance given `_job` (anything with the described
+    `job_config_document`) and `_cached_config = None` reads it as the SDK does."""
+    return _members_of(
+        AGENT_RFT_JOB, "AgentRFTJob", SERVICE_OUTPUT_READERS, {"json": json, "Optional": Optional}
+    )

@@ -627,9 +627,16 @@ class FakeManagedJobs(ServiceFake):
         return {}
 
     def finish(self, name: str, status: str, reason: str | None = None) -> None:
-        """The job ends: Completed, Failed (with `reason`) or Stopped."""
+        """The job ends: Completed (its trained model registered as a version of its document's
+        output group, named in its ServiceOutput), Failed (with `reason`) or Stopped."""
         job, now = self.jobs[name], _now()
         job |= {"JobStatus": status, "SecondaryStatus": status, "EndTime": now}
+        if status == "Completed":
+            document = json.loads(job["JobConfigDocument"])
+            group = document["ModelPackageConfig"]["OutputModelPackageGroupArn"]
+            package = group.replace(":model-package-group/", ":model-package/") + "/1"
+            document["ServiceOutput"] = {"OutputModelPackageArn": package}
+            job["JobConfigDocument"] = json.dumps(document)
         job["SecondaryStatusTransitions"].append({"Status": status, "StartTime": now})
         if reason:
             job["FailureReason"] = reason

@@ -23,6 +23,8 @@ from tests.conftest import Synthesized, arn_text, as_list, policy_statements
 RUNTIME_ACTIONS = {"sagemaker:Sample", "sagemaker:CompleteRollout", "sagemaker:UpdateReward"}
 JOB_ACTIONS = {"sagemaker:CreateJob", "sagemaker:DescribeJob", "sagemaker:StopJob"}
 RUN_JOBS = "arn:{Partition}:sagemaker:{Region}:{AccountId}:job/AgentRFT/nova-mtrl-run-*"
+PLANE_NEEDS = {Need.MANAGED_JOB_START, Need.MANAGED_JOB_WATCH, Need.MANAGED_JOB_STOP}
+JOB_STEPS = tuple(f"Pipeline{s.id}" for s in STEP.values() if set(s.needs) & PLANE_NEEDS)
 
 
 def _resource_id(app: Synthesized, resource_type: str, prefix: str) -> str:
@@ -108,18 +110,16 @@ def test_job_grants_reach_only_this_deployments_run_jobs(default_app: Synthesize
                 assert actions == RUNTIME_ACTIONS
                 roles = template["Resources"][policy_id]["Properties"]["Roles"]
                 assert "RewardFleetTaskRole" in json.dumps(roles), policy_id
-            else:
-                steps = ("SubmitJob", "Monitor", "ReleaseCompute", "Reaper")
-                assert policy_id.startswith(tuple(f"Pipeline{s}" for s in steps)), policy_id
+            else:  # the steps whose needs say so (Submit, Monitor, Collect, release, reaper)
+                assert policy_id.startswith(JOB_STEPS), policy_id
 
 
 def test_the_steps_that_use_the_plane_are_told_its_settings(default_app: Synthesized) -> None:
     """Each step that starts, watches or stops a job, or checks a config against the planes,
     has every setting the serverless plane reads (Lambda sets AWS_REGION itself)."""
     functions = default_app.resources("pipeline", "AWS::Lambda::Function")
-    plane_needs = {Need.MANAGED_JOB_START, Need.MANAGED_JOB_WATCH, Need.MANAGED_JOB_STOP}
-    steps = [s for s in STEP.values() if set(s.needs) & plane_needs or s.name in KNOW_THE_PLANES]
-    assert {"submit_job", "monitor", "release_compute", "reap", "register"} <= {
+    steps = [s for s in STEP.values() if set(s.needs) & PLANE_NEEDS or s.name in KNOW_THE_PLANES]
+    assert {"submit_job", "monitor", "collect", "release_compute", "reap", "register"} <= {
         s.name for s in steps
     }
     for step in steps:

@@ -259,8 +259,9 @@ class ComputeSteps:
         found = recorded_checkpoints(s3, bucket=state.bucket, prefix=prefix, outputs=outputs)
         best = best_checkpoint(found, evaluation)
         group = self.settings.model_package_group
-        package = None
-        if group and best and best["uri"]:
+        # A managed job registers its model itself; others' best checkpoint is registered here.
+        package = self.compute.cluster.trained_model_package(self._context(state))
+        if package is None and group and best and best["uri"]:
             package = register_model(
                 self.clients("sagemaker"),
                 group=group,

@@ -11,6 +11,9 @@ its rollouts through the deployment's agent Lambda and the run's reward workers.
   which the managed job does not write (its own figures go to MLflow): made from the rollout
   reports the run's workers send the router beside the job's runtime
   (lambdas/pipeline/reward_curve.py), as a Nova run's is;
+- trained_model_package: the package the job registered the trained model as (DescribeJob's
+  `JobConfigDocument.ServiceOutput.OutputModelPackageArn`, as the SDK's AgentRFTJob reads it):
+  the run's model, which Collect records instead of registering one of its own;
 - delete: StopJob while it runs (the job's records stay, as AWS keeps them).
 The job evaluates on its validation channel itself (the recipe's `val_at_start`, and at its
 end); reading those results into the run's evaluation report is not built yet, so the plane's
@@ -37,6 +40,7 @@ from domain.serverless_job import (
     create_job_request,
     hub_model,
     job_name,
+    service_output,
 )
 from lambdas.clients import Clients
 from lambdas.environment import EnvironmentSettings
@@ -160,6 +164,12 @@ class ServerlessTrainingCluster(TrainingCluster):
 
     def evaluation_status(self, run: RunContext, *, stage: EvaluationStage) -> JobStatus:
         raise EvaluationUnsupported(OWN_VALIDATION)
+
+    def trained_model_package(self, run: RunContext) -> str | None:
+        """The package the job registered the trained model as, in the deployment's group (its
+        document's OutputModelPackageGroupArn), as DescribeJob's ServiceOutput names it."""
+        described = self._describe(run)
+        return service_output(described).output_model_package_arn if described else None
 
     def delete(self, run: RunContext) -> int:
         described = self._describe(run)

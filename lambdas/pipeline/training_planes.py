@@ -59,6 +59,9 @@ class TrainingPlanes(TrainingCluster):
     def evaluation_status(self, run: RunContext, *, stage: EvaluationStage) -> JobStatus:
         return self.plane(run).evaluation_status(run, stage=stage)
 
+    def trained_model_package(self, run: RunContext) -> str | None:
+        return self.plane(run).trained_model_package(run)
+
     def delete(self, run: RunContext) -> int:
         if run.config is not None:
             return self.plane(run).delete(run)

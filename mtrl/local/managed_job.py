@@ -5,7 +5,10 @@ of the SageMaker calls it makes, and the job it starts is played here:
 - `LocalJobService`: DescribeHubContent, CreateJob, DescribeJob and StopJob, each request and
   answer held to botocore's model of SageMaker, errors raised as botocore raises a service's.
   CreateJob starts the job's training loop in a thread of this process; DescribeJob reads its
-  state as the service's JobStatus. It serves the job runtime stand-in
+  state as the service's JobStatus, and its document's ServiceOutput as the SDK's AgentRFTJob
+  reads it: ProgressInfo while it trains, the package it registered the trained model as
+  (OutputModelPackageArn, in the document's output group) once it completed. It serves the
+  job runtime stand-in
   (mtrl/local/job_runtime.py) the run's workers call for each turn.
 - `ManagedJobTrainer`: that loop, as the service runs one for its document: GRPO on the local
   policy (mtrl/local/trainer/). Each step draws prompts from the document's train channel and
@@ -236,8 +239,11 @@ class LocalJobService:
     """The SageMaker calls of the serverless plane, answered here; use as a context manager (the
     runtime stand-in serves inside)."""
 
-    def __init__(self, *, lambda_client: Any, s3: Any, seed: int = 0, region: str) -> None:
-        self.lambda_client, self.s3, self.seed = lambda_client, s3, seed
+    def __init__(
+        self, *, lambda_client: Any, s3: Any, sagemaker: Any, seed: int = 0, region: str
+    ) -> None:
+        """`sagemaker`: the model registry it registers trained models in."""
+        self.lambda_client, self.s3, self.sagemaker, self.seed = lambda_client, s3, sagemaker, seed
         self.model = botocore.session.get_session().get_service_model("sagemaker")
         self.runtime = JobRuntimeStandIn(self._sample, region=region)
         self.region = region
@@ -320,7 +326,23 @@ class LocalJobService:
         self._check_request("DescribeJob", request)
         job = self._job("DescribeJob", request)
         with self._lock:
-            return self._answer("DescribeJob", dict(job.description))
+            described = dict(job.description)
+        document = json.loads(described["JobConfigDocument"])
+        document["ServiceOutput"] = self._service_output(job)
+        described["JobConfigDocument"] = json.dumps(document)
+        return self._answer("DescribeJob", described)
+
+    def _service_output(self, job: _Job) -> dict[str, Any]:
+        steps = [e for e in self.progress[job.trainer.job.run_id] if "step" in e]
+        output: dict[str, Any] = {
+            "ProgressInfo": {
+                "MaxSteps": job.trainer.config.max_steps,
+                "CurrentStep": steps[-1]["step"] if steps else 0,
+            }
+        }
+        if job.details.get("package"):
+            output["OutputModelPackageArn"] = job.details["package"]
+        return output
 
     def stop_job(self, **request: Any) -> dict[str, Any]:
         self._check_request("StopJob", request)
@@ -354,10 +376,25 @@ class LocalJobService:
             log.exception("job %s failed", job.description["JobName"])
             self._transition(job, "Failed", "Failed", reason=f"{type(error).__name__}: {error}")
         else:
+            if not job.stop_asked:
+                job.details["package"] = self._register(job)
             final = "Stopped" if job.stop_asked else "Completed"
             self._transition(job, final, final)
         finally:
             self.runtime.close_job(job.description["JobArn"])
+
+    def _register(self, job: _Job) -> str:
+        """The trained model as a version in the document's output group, as the service
+        registers it (the local policy's final checkpoint as its metadata)."""
+        document = json.loads(job.description["JobConfigDocument"])
+        group = document["ModelPackageConfig"]["OutputModelPackageGroupArn"].rsplit("/", 1)[-1]
+        trainer = job.trainer
+        checkpoint = f"s3://{trainer.job.bucket}/{trainer.job.output_prefix}checkpoints/final.npz"
+        return self.sagemaker.create_model_package(
+            ModelPackageGroupName=group,
+            ModelPackageDescription=f"{job.description['JobName']}: the local policy, trained",
+            CustomerMetadataProperties={"mtrl:checkpoint": checkpoint},
+        )["ModelPackageArn"]
 
     def _transition(self, job: _Job, status: str, secondary: str, *, reason: str = "") -> None:
         now = _now()

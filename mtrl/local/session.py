@@ -160,8 +160,8 @@ class LocalSession:
         logs = self._out_dir
         self.managed_jobs = self._stack.enter_context(
             LocalJobService(
-                lambda_client=self.clients["lambda"], s3=self.clients["s3"], seed=self._seed,
-                region=REGION,
+                lambda_client=self.clients["lambda"], s3=self.clients["s3"],
+                sagemaker=self.clients["sagemaker"], seed=self._seed, region=REGION,
             )
         )  # fmt: skip
         # A serverless run's workers speak to the job's runtime here (in agent mode).

@@ -101,6 +101,12 @@ def trained_model(
         ) from None
     if (why := refuse(config.model)) is not None:
         raise DeployRefused(f"run {run_id} trained {config.model}, {why}")
+    if config.plane == "serverless":
+        raise DeployRefused(
+            f"run {run_id} ran as SageMaker's managed job, which registered its model as "
+            f"{summary.get('model_package') or 'a model package'}; mtrl deploy does not take a "
+            "managed job's package yet: deploy it from the SageMaker console or the SDK"
+        )
     best = summary.get("best_checkpoint") or {}
     if not best.get("uri"):
         why = best.get("why") or "the run recorded no checkpoint with a location"

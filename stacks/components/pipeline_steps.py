@@ -152,7 +152,11 @@ STEPS = (
     ),
     PipelineStep(
         "collect", "Writes the run's evaluation report and summary, registers its model",
-        (Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE, Need.MODELS_REGISTER),
+        # MANAGED_JOB_WATCH: the model package a serverless run's job registered.
+        (
+            Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE, Need.MODELS_REGISTER,
+            Need.MANAGED_JOB_WATCH,
+        ),
     ),
     PipelineStep(
         "release_compute", "Stops workers, deletes the job, scales nodes down (idempotent)",

@@ -415,6 +415,10 @@ def test_a_serverless_run_starts_its_managed_job_whose_rollouts_reach_its_run_on
         c.operation for c in calls if "SubmitJob" in c.principal and c.service == "sagemaker"
     ]
     assert submitted == ["DescribeJob", "DescribeHubContent", "CreateJob"]
+    # Collect records the package the job registered the model as (it registers none itself).
+    assert run.summary is not None and run.summary["model_package"] == (
+        f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:model-package/{PREFIX}-models/1"
+    )
     # No GPU node asked for; workers started and stopped; queues gone.
     assert world.sagemaker.updates[run.updates] == []
     assert run.left == {"active services": 0, "task definitions": 0, "parameters": 0, "queues": []}

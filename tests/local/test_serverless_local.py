@@ -8,6 +8,7 @@ nothing is left."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,13 @@ def test_a_serverless_wordle_run_learns_through_the_agent_lambda_and_leaves_noth
     trajectories = pd.read_parquet(outputs / "trajectories")
     assert len(trajectories) == trajectories["sample_id"].nunique() == 6 * 32
     assert (outputs / "checkpoints" / "final.npz").is_file()
+    # The job registered the trained model itself, in the deployment's group: Collect records
+    # that package rather than registering one of its own.
+    summary = json.loads((outputs / "summary.json").read_text())
+    assert re.fullmatch(
+        r"arn:aws:sagemaker:us-east-1:\d{12}:model-package/nova-mtrl-models/1",
+        summary["model_package"],
+    )
     assert "SUCCEEDED" in (directory / "notification.txt").read_text()
 
 
@@ -82,7 +90,9 @@ def test_a_serverless_config_is_played_by_the_local_policy_only(
 
 @pytest.fixture
 def service() -> Any:
-    with LocalJobService(lambda_client=None, s3=None, region="us-east-1") as running:
+    with LocalJobService(
+        lambda_client=None, s3=None, sagemaker=None, region="us-east-1"
+    ) as running:
         yield running
 
 

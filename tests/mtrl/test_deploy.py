@@ -7,7 +7,9 @@ model (tests/service_fakes.py); the calls as the Nova Forge SDK makes them (amzn
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -37,6 +39,7 @@ DEPLOYMENT = Deployment(
     },
 )  # fmt: skip
 PACKAGE = f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:model-package/nova-mtrl-models/3"
+SERVERLESS = Path(__file__).resolve().parents[2] / "examples" / "wordle" / "serverless.yaml"
 
 
 def _summary(
@@ -146,6 +149,10 @@ def test_waiting_is_bounded_and_says_how_to_go_on(world: dict) -> None:
          "nothing to deploy: the starting model did better"),
         (_summary(package=None), r"its model is not in the model registry \(s3://.*summary.json "
          r"names no model_package\); Collect registers every run's model: redeploy the platform"),
+        ({"run_id": RUN, "best_checkpoint": None, "model_package": PACKAGE,
+          "config": load_training_config(SERVERLESS).model_dump(mode="json")},
+         rf"ran as SageMaker's managed job, which registered its model as {re.escape(PACKAGE)}; "
+         "mtrl deploy does not take a managed job's package yet"),
     ],
 )  # fmt: skip
 def test_a_run_without_a_nova_checkpoint_worth_deploying_is_refused(

@@ -205,6 +205,26 @@ def test_the_runs_progress_is_the_reward_curve_of_its_workers_reports(
     assert (status.phase, status.step) == (Phase.SUCCEEDED, 3)
 
 
+def test_the_runs_model_is_the_package_its_job_registered(
+    plane: tuple[ServerlessTrainingCluster, Stubber], run: RunContext
+) -> None:
+    """DescribeJob's ServiceOutput names it once the job completed; before, or without a job,
+    there is none (Collect then registers nothing of its own: no checkpoint of ours)."""
+    cluster, stubber = plane
+    package = "arn:aws:sagemaker:us-east-1:123456789012:model-package/mtrl-models/2"
+    document = {"ServiceOutput": {"OutputModelPackageArn": package}}
+    stubber.add_response("describe_job", described("InProgress"), KEYS)
+    assert cluster.trained_model_package(run) is None
+    stubber.add_response(
+        "describe_job",
+        described("Completed", "Completed", JobConfigDocument=json.dumps(document)),
+        KEYS,
+    )
+    assert cluster.trained_model_package(run) == package
+    not_found(stubber, "describe_job")
+    assert cluster.trained_model_package(run) is None
+
+
 def test_teardown_stops_a_running_job_and_leaves_an_ended_or_missing_one(
     plane: tuple[ServerlessTrainingCluster, Stubber], run: RunContext
 ) -> None:
