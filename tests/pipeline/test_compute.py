@@ -8,7 +8,7 @@ import boto3
 import pytest
 from pydantic import ValidationError
 
-from domain.backends import EvaluationUnsupported, JobStatus, RunContext, TrainingCluster
+from domain.backends import EvaluationUnsupported, JobStatus, Phase, RunContext, TrainingCluster
 from domain.checkpoints import CheckpointManifest, SavedCheckpoint
 from domain.episodes import Episode, EvaluationStage
 from domain.run_queues import KINDS, PURGE_SECONDS, QueueKind, create_run_queues
@@ -25,8 +25,9 @@ from training_configs.schema import load_training_config
 
 
 class Scripted(TrainingCluster):
-    def __init__(self, status: JobStatus) -> None:
-        self.current = status
+    def __init__(self, status: JobStatus, *, package: str | None = None) -> None:
+        """`package`: the model package the job registered itself (a managed job's)."""
+        self.current, self.package = status, package
 
     def scale_up(self, run: RunContext, *, instances: int) -> None: ...
     def nodes_ready(self, run: RunContext) -> int:
@@ -46,6 +47,9 @@ class Scripted(TrainingCluster):
 
     def delete(self, run: RunContext) -> int:
         return 0
+
+    def trained_model_package(self, run: RunContext) -> str | None:
+        return self.package
 
     def scale_down(self, run: RunContext) -> None: ...
 
@@ -79,6 +83,10 @@ EXECUTION = "arn:aws:states:us-east-1:123456789012:execution:nova-mtrl-pipeline:
 def collect(compute: ComputeSteps, state: dict) -> dict:
     """Collect as the state machine calls it: the state, and the execution's ARN."""
     return compute.collect({"state": state, "execution_arn": EXECUTION})
+
+
+# A job that ended, having registered no model of its own (any plane but the serverless one).
+ENDED = Scripted(JobStatus(Phase.SUCCEEDED))
 
 
 def steps(
@@ -258,7 +266,7 @@ def test_collect_writes_the_run_summary(aws: None) -> None:
     s3.create_bucket(Bucket="bucket-1")
     s3.put_object(Bucket="bucket-1", Key="runs/r/metrics.jsonl", Body=b"{}\n")
     result = collect(
-        steps(),
+        steps(ENDED),
         {
             "bucket": "bucket-1",
             "key": "training-data/x.jsonl",
@@ -374,7 +382,7 @@ def test_collect_writes_the_evaluation_report_and_its_headline(state: dict) -> N
     s3.put_object(
         Bucket="bucket-1", Key="runs/r/evaluation/final.jsonl", Body=_episodes([1, 1, 1, 0])
     )
-    result = collect(steps(), state)
+    result = collect(steps(ENDED), state)
     assert result["evaluation"].startswith("pass@1 0.25 → 0.75 (+0.50, 95% CI ")
     report = json.loads(
         s3.get_object(Bucket="bucket-1", Key="runs/r/evaluation.json")["Body"].read()
@@ -397,7 +405,7 @@ def test_collect_records_the_checkpoints_a_nova_job_recorded(aws: None) -> None:
         ("runs/r/job-abcde/deeper/manifest.json", b"{}"),
     ):
         s3.put_object(Bucket="bucket-1", Key=key, Body=body)
-    collect(steps(), {"bucket": "bucket-1", "key": "training-data/x.jsonl", "run": REGISTERED})
+    collect(steps(ENDED), {"bucket": "bucket-1", "key": "training-data/x.jsonl", "run": REGISTERED})
     summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
     assert summary["checkpoints"] == [
         {"name": "job-abcde", "manifest": "s3://bucket-1/runs/r/job-abcde/manifest.json",
@@ -440,7 +448,7 @@ def test_collect_lists_our_trainers_checkpoints_and_the_best_by_the_evaluation(
         s3.put_object(
             Bucket="bucket-1", Key=f"runs/r/evaluation/{stage}.jsonl", Body=_episodes(passed)
         )
-    collect(steps(), state)
+    collect(steps(ENDED), state)
     summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
     assert [(c["name"], c["step"], c["uri"], c["mean_reward"]) for c in summary["checkpoints"]] == [
         ("j-1", None, None, None),
@@ -496,7 +504,7 @@ def test_collect_registers_the_best_checkpoint_with_its_evaluation_and_lineage(
             Bucket="bucket-1", Key=f"runs/r/evaluation/{stage}.jsonl", Body=_episodes(passed)
         )
     registry = SETTINGS.model_copy(update={"model_package_group": "nova-mtrl-models"})
-    collect(steps(settings=registry), state)
+    collect(steps(ENDED, settings=registry), state)
     summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
     package = sagemaker.describe_model_package(ModelPackageName=summary["model_package"])
     assert package["ModelPackageGroupName"] == "nova-mtrl-models"
@@ -508,6 +516,29 @@ def test_collect_registers_the_best_checkpoint_with_its_evaluation_and_lineage(
     metadata = package["CustomerMetadataProperties"]
     assert metadata["mtrl:checkpoint"] == "s3://customer-escrow-1/job-abcde"
     assert metadata["mtrl:run_id"] == "r" and metadata["mtrl:evaluation"].startswith("pass@1 0.25")
+
+
+def test_collect_records_the_package_a_managed_job_registered_and_registers_none(
+    state: dict,
+) -> None:
+    """A serverless run's job registered the trained model itself: the summary names that
+    package, and the registry holds no other (no checkpoint of ours is registered)."""
+    s3, sagemaker = boto3.client("s3"), boto3.client("sagemaker")
+    s3.create_bucket(Bucket="bucket-1")
+    sagemaker.create_model_package_group(ModelPackageGroupName="nova-mtrl-models")
+    state["bucket"] = "bucket-1"
+    s3.put_object(
+        Bucket="bucket-1", Key="runs/r/job-abcde/manifest.json",
+        Body=b'{"checkpoint_s3_bucket": "s3://customer-escrow-1/job-abcde"}',
+    )  # fmt: skip
+    package = "arn:aws:sagemaker:us-east-1:123456789012:model-package/nova-mtrl-models/7"
+    registry = SETTINGS.model_copy(update={"model_package_group": "nova-mtrl-models"})
+    managed = Scripted(JobStatus(Phase.SUCCEEDED), package=package)
+    collect(steps(managed, settings=registry), state)
+    summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
+    assert summary["model_package"] == package
+    listed = sagemaker.list_model_packages(ModelPackageGroupName="nova-mtrl-models")
+    assert listed["ModelPackageSummaryList"] == []
 
 
 @pytest.fixture
