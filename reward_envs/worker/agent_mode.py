@@ -46,6 +46,16 @@ class AgentMode:
             self._playing[rollout.sample_id] = request
         return rollout
 
+    def forget(self, body: str) -> None:
+        """A queued request this worker no longer plays (given back, or dead-lettered): its
+        trajectory is not kept for it (a request it could not read was never kept)."""
+        try:
+            sample_id = self.read(body).sample_id
+        except ProtocolError:
+            return
+        with self._lock:
+            self._playing.pop(sample_id, None)
+
     def playing(self, sample_id: str) -> AgentRolloutRequest:
         with self._lock:
             return self._playing[sample_id]
@@ -93,6 +103,14 @@ class AgentQueues(ReportingQueues):
             dead_letter_url=dead_letter_url,
         )  # fmt: skip
         self._mode, self._router = mode, router
+
+    def release(self, delivery: Delivery, *, delay_seconds: int = 0) -> None:
+        super().release(delivery, delay_seconds=delay_seconds)
+        self._mode.forget(delivery.body)
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        super().dead_letter(delivery, reason)
+        self._mode.forget(delivery.body)
 
     def _report_one_rollout(self, delivery: Delivery, response: RolloutResponse) -> None:
         self._mode.report(AgentRolloutRequest.model_validate_json(delivery.body), response)

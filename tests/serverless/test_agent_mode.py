@@ -6,6 +6,7 @@ trajectory reported once, with the environment's reward, or failed — never a s
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import boto3
@@ -81,3 +82,34 @@ def test_a_jobs_rollouts_are_played_by_the_runs_workers_and_reported_once() -> N
         )["Attributes"]["ApproximateNumberOfMessages"]
         == "0"
     )
+
+
+@pytest.mark.usefixtures("aws")
+def test_a_request_given_back_or_dead_lettered_is_no_longer_kept_as_played() -> None:
+    """A worker that gives a request back (shutting down, or to retry it later) or dead-letters
+    it keeps nothing of it: the next worker to take it plays it afresh, and a long-lived worker
+    does not accumulate the trajectories it let go."""
+    sqs = boto3.client("sqs")
+    queues = create_run_queues(sqs, prefix="test", run_id=RUN)
+    mode = AgentMode(lambda _metadata: None, max_length=4096)
+    agent_queues = mode.queues(
+        sqs, requests_url=queues.rollout_requests, dead_letter_url=queues.dlq
+    )
+    for trajectory in ("t-1", "t-2"):
+        body = json.dumps({
+            "instance": {"id": f"w-{trajectory}", "metadata": {"prompt": "Play.", "answer": "crane"}},
+            "metadata": {"job_arn": JOB, "trajectory_id": trajectory,
+                         "endpoint": "https://job-runtime.sagemaker.us-east-1.api.aws"},
+        })  # fmt: skip
+        sqs.send_message(
+            QueueUrl=queues.rollout_requests, MessageBody=body, MessageGroupId=trajectory,
+            MessageDeduplicationId=trajectory,
+        )  # fmt: skip
+    deliveries = agent_queues.receive(max_messages=2, wait_seconds=0, visibility_timeout=60)
+    played = [mode.read(delivery.body).sample_id for delivery in deliveries]
+    assert [mode.playing(sample).metadata.trajectory_id for sample in played] == ["t-1", "t-2"]
+    agent_queues.release(deliveries[0])
+    agent_queues.dead_letter(deliveries[1], "poisoned")
+    for sample in played:
+        with pytest.raises(KeyError):
+            mode.playing(sample)
