@@ -61,6 +61,12 @@ class AgentRolloutRequest(BaseModel):
     model_endpoint: str | None = None
 
 
+def runtime_endpoint(region: str) -> str:
+    """AWS's job runtime endpoint in `region`, as the developer guide names it (one form
+    AWS_RUNTIME_ENDPOINT takes)."""
+    return f"https://job-runtime.sagemaker.{region}.api.aws"
+
+
 def aws_endpoint(metadata: RolloutMetadata) -> bool:
     """Whether the request's runtime endpoint is AWS's own, in the request's region."""
     found = AWS_RUNTIME_ENDPOINT.fullmatch(metadata.endpoint)

@@ -25,6 +25,8 @@ from botocore import xform_name
 from botocore.awsrequest import AWSResponse
 from botocore.validate import ParamValidator
 
+from mtrl.local.managed_job import public_hub_model
+
 REGION, ACCOUNT = "us-east-1", "123456789012"
 # Errors any operation may answer (the common errors of every AWS API).
 COMMON_ERRORS = {"AccessDeniedException", "ThrottlingException", "ValidationException"}
@@ -582,7 +584,6 @@ class FakeManagedJobs(ServiceFake):
     `on_created` sees each new job (its name and request) as the service would start it."""
 
     service = "sagemaker"
-    PUBLIC_HUB = f"arn:aws:sagemaker:{REGION}:aws:hub/SageMakerPublicHub"
 
     def __init__(self) -> None:
         super().__init__()
@@ -650,16 +651,4 @@ class FakeManagedJobs(ServiceFake):
     ) -> dict[str, Any]:
         if HubName != "SageMakerPublicHub" or HubContentType != "Model":
             raise AwsError("ResourceNotFound", f"Hub content {HubName}/{HubContentName} not found")
-        return {
-            "HubContentName": HubContentName,
-            "HubContentArn": f"arn:aws:sagemaker:{REGION}:aws:hub-content/SageMakerPublicHub/"
-            f"Model/{HubContentName}/1.0.0",
-            "HubContentVersion": "1.0.0",
-            "HubContentType": HubContentType,
-            "DocumentSchemaVersion": "2.4.0",
-            "HubName": HubName,
-            "HubArn": self.PUBLIC_HUB,
-            "HubContentDocument": "{}",
-            "HubContentStatus": "Available",
-            "CreationTime": _now(),
-        }
+        return public_hub_model(HubContentName, REGION)

@@ -50,6 +50,16 @@ class Trajectory:
     # What each report was first sent with, by its ClientToken.
     reports: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    @property
+    def rewarded(self) -> bool:
+        """Sealed ready, with its rewards."""
+        return self.status == "ready" and self.rewards is not None
+
+    @property
+    def reported(self) -> bool:
+        """Nothing more will come of it: rewarded, or failed."""
+        return self.rewarded or self.status == "failed"
+
 
 class JobRuntimeStandIn:
     """The runtime service of the jobs opened on it. Use as a context manager: it serves on

@@ -30,7 +30,7 @@ import logging
 import threading
 import zlib
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
@@ -39,7 +39,7 @@ import numpy as np
 from botocore.exceptions import ClientError, ParamValidationError
 from botocore.validate import ParamValidator
 
-from domain.agent_rft import AgentRolloutRequest, RolloutMetadata
+from domain.agent_rft import AgentRolloutRequest, RolloutMetadata, job_name_of, runtime_endpoint
 from domain.backends import RunContext
 from domain.dataset import DatasetRecord
 from domain.protocol import Metric, RolloutResponse
@@ -48,6 +48,7 @@ from domain.trainer_job import PlayedStep, TrainingJob, print_step, read_dataset
 from lambdas.pipeline.serverless_training import ManagedJobSettings, ServerlessTrainingCluster
 from lambdas.router.conversations import ConversationStore
 from mtrl.local.job_runtime import JobRuntimeStandIn
+from mtrl.local.trainer.checkpoints import FINAL, checkpoint_key
 from mtrl.local.trainer.loop import Trainer
 from mtrl.local.trainer.policy import Policy, policy_for
 from mtrl.local.trainer.policy_server import PolicyServer
@@ -60,6 +61,18 @@ STOP_SECONDS = 30.0
 
 def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
+
+
+def public_hub_model(name: str, region: str) -> dict[str, Any]:
+    """DescribeHubContent's answer for model `name` of AWS's public hub (account `aws`), as a
+    stand-in gives it: version 1.0.0, available, no document."""
+    public = f"arn:aws:sagemaker:{region}:aws"
+    return {
+        "HubContentName": name, "HubContentVersion": "1.0.0", "HubContentType": "Model",
+        "HubContentArn": f"{public}:hub-content/{HUB_NAME}/Model/{name}/1.0.0",
+        "DocumentSchemaVersion": "2.4.0", "HubName": HUB_NAME, "HubArn": f"{public}:hub/{HUB_NAME}",
+        "HubContentDocument": "{}", "HubContentStatus": "Available", "CreationTime": _now(),
+    }  # fmt: skip
 
 
 class RuntimeTurns(PolicyServer):
@@ -159,7 +172,7 @@ class ManagedJobTrainer(Trainer):
             instance=record.model_dump(mode="json", exclude_none=True),
             metadata=RolloutMetadata(
                 job_arn=self.job_arn, trajectory_id=trajectory, region=self.runtime.region,
-                endpoint=f"https://job-runtime.sagemaker.{self.runtime.region}.api.aws",
+                endpoint=runtime_endpoint(self.runtime.region),
             ),
         )  # fmt: skip
         answer = self.lambda_client.invoke(
@@ -171,16 +184,12 @@ class ManagedJobTrainer(Trainer):
             return False
         return True
 
-    def _reported(self, trajectory: str) -> bool:
-        played = self.runtime.trajectory(self.job_arn, trajectory)
-        return played.status == "failed" or (
-            played.status == "ready" and played.rewards is not None
-        )
-
     def _await(self, trajectories: set[str], *, until: float) -> None:
         """Until every one of them is reported, the step's time is up, or the job stops."""
         with self.runtime.reported:
-            while not self.server.stopped and not all(map(self._reported, trajectories)):
+            while not self.server.stopped and not all(
+                self.runtime.trajectory(self.job_arn, t).reported for t in trajectories
+            ):
                 left = until - self.clock()
                 if left <= 0:
                     return
@@ -190,7 +199,7 @@ class ManagedJobTrainer(Trainer):
         """How the trajectory ended, as a rollout response: its reward only if it has one."""
         played = self.runtime.trajectory(self.job_arn, trajectory)
         turns = [Metric(name="turns", value=float(len(played.turns)))]
-        if played.status == "ready" and played.rewards is not None:
+        if played.rewarded:
             return RolloutResponse(
                 sample_id=trajectory, stop_reason="end_of_conversation",
                 rewards={"aggregate_score": float(sum(played.rewards))}, metrics=turns,
@@ -229,10 +238,11 @@ class ProgressLines:
 @dataclass
 class _Job:
     description: dict[str, Any]
+    document: dict[str, Any]  # the description's JobConfigDocument, as CreateJob sent it
     trainer: ManagedJobTrainer
     thread: threading.Thread | None = None
     stop_asked: bool = False
-    details: dict[str, Any] = field(default_factory=dict)
+    package: str | None = None  # the trained model's, once registered
 
 
 class LocalJobService:
@@ -271,14 +281,9 @@ class LocalJobService:
         self._check_request("DescribeHubContent", request)
         if request["HubName"] != HUB_NAME or request["HubContentType"] != "Model":
             self._refuse("DescribeHubContent", "ResourceNotFound", "no such hub content")
-        name, hub = request["HubContentName"], f"arn:aws:sagemaker:{self.region}:aws:hub/{HUB_NAME}"
-        return self._answer("DescribeHubContent", {
-            "HubContentName": name, "HubContentVersion": "1.0.0", "HubContentType": "Model",
-            "HubContentArn": f"arn:aws:sagemaker:{self.region}:aws:hub-content/{HUB_NAME}/Model/"
-            f"{name}/1.0.0",
-            "DocumentSchemaVersion": "2.4.0", "HubName": HUB_NAME, "HubArn": hub,
-            "HubContentDocument": "{}", "HubContentStatus": "Available", "CreationTime": _now(),
-        })  # fmt: skip
+        return self._answer(
+            "DescribeHubContent", public_hub_model(request["HubContentName"], self.region)
+        )
 
     def create_job(self, **request: Any) -> dict[str, Any]:
         self._check_request("CreateJob", request)
@@ -296,11 +301,11 @@ class LocalJobService:
                 run, seed=self.seed,
                 reward_range=(environment.reward_range.low, environment.reward_range.high),
             )  # fmt: skip
+            document = json.loads(request["JobConfigDocument"])
             trainer = ManagedJobTrainer(
                 job, s3=self.s3, lambda_client=self.lambda_client,
                 policy=policy_for(environment), runtime=self.runtime, job_arn=arn,
-                document=json.loads(request["JobConfigDocument"]),
-                out=ProgressLines(self.progress[run.run_id]),
+                document=document, out=ProgressLines(self.progress[run.run_id]),
             )  # fmt: skip
             now = _now()
             self.jobs[name] = managed = _Job(
@@ -313,6 +318,7 @@ class LocalJobService:
                     "SecondaryStatus": "Training",
                     "SecondaryStatusTransitions": [{"Status": "Training", "StartTime": now}],
                 },
+                document=document,
                 trainer=trainer,
             )  # fmt: skip
             self.runtime.open_job(arn)
@@ -327,9 +333,9 @@ class LocalJobService:
         job = self._job("DescribeJob", request)
         with self._lock:
             described = dict(job.description)
-        document = json.loads(described["JobConfigDocument"])
-        document["ServiceOutput"] = self._service_output(job)
-        described["JobConfigDocument"] = json.dumps(document)
+        described["JobConfigDocument"] = json.dumps(
+            {**job.document, "ServiceOutput": self._service_output(job)}
+        )
         return self._answer("DescribeJob", described)
 
     def _service_output(self, job: _Job) -> dict[str, Any]:
@@ -340,8 +346,8 @@ class LocalJobService:
                 "CurrentStep": steps[-1]["step"] if steps else 0,
             }
         }
-        if job.details.get("package"):
-            output["OutputModelPackageArn"] = job.details["package"]
+        if job.package:
+            output["OutputModelPackageArn"] = job.package
         return output
 
     def stop_job(self, **request: Any) -> dict[str, Any]:
@@ -377,7 +383,7 @@ class LocalJobService:
             self._transition(job, "Failed", "Failed", reason=f"{type(error).__name__}: {error}")
         else:
             if not job.stop_asked:
-                job.details["package"] = self._register(job)
+                job.package = self._register(job)
             final = "Stopped" if job.stop_asked else "Completed"
             self._transition(job, final, final)
         finally:
@@ -386,10 +392,10 @@ class LocalJobService:
     def _register(self, job: _Job) -> str:
         """The trained model as a version in the document's output group, as the service
         registers it (the local policy's final checkpoint as its metadata)."""
-        document = json.loads(job.description["JobConfigDocument"])
-        group = document["ModelPackageConfig"]["OutputModelPackageGroupArn"].rsplit("/", 1)[-1]
-        trainer = job.trainer
-        checkpoint = f"s3://{trainer.job.bucket}/{trainer.job.output_prefix}checkpoints/final.npz"
+        config = job.document["ModelPackageConfig"]
+        group = config["OutputModelPackageGroupArn"].rsplit("/", 1)[-1]
+        trained = job.trainer.job
+        checkpoint = f"s3://{trained.bucket}/{checkpoint_key(trained.output_prefix, FINAL)}"
         return self.sagemaker.create_model_package(
             ModelPackageGroupName=group,
             ModelPackageDescription=f"{job.description['JobName']}: the local policy, trained",
@@ -411,8 +417,7 @@ class LocalJobService:
                 description["FailureReason"] = reason[:1024]
 
     def _sample(self, job_arn: str, trajectory: str, request: dict[str, Any]) -> dict[str, Any]:
-        (job,) = [j for j in self.jobs.values() if j.description["JobArn"] == job_arn]
-        return job.trainer.server.sample(trajectory, request)
+        return self.jobs[job_name_of(job_arn)].trainer.server.sample(trajectory, request)
 
     # --- botocore's model -------------------------------------------------------------------
 

@@ -37,11 +37,7 @@ class AgentMode:
         self.model: ModelClient = RuntimeModel(runtime_for, self.playing)
 
     def read(self, body: str) -> RolloutRequest:
-        try:
-            request = AgentRolloutRequest.model_validate_json(body)
-            rollout = rollout_request_of(request, max_length=self._max_length)
-        except (ValidationError, NotARollout) as error:
-            raise ProtocolError(f"not a managed job's rollout request: {error}") from None
+        request, rollout = self._parsed(body)
         with self._lock:
             self._playing[rollout.sample_id] = request
         return rollout
@@ -50,18 +46,28 @@ class AgentMode:
         """A queued request this worker no longer plays (given back, or dead-lettered): its
         trajectory is not kept for it (a request it could not read was never kept)."""
         try:
-            sample_id = self.read(body).sample_id
+            _, rollout = self._parsed(body)
         except ProtocolError:
             return
         with self._lock:
-            self._playing.pop(sample_id, None)
+            self._playing.pop(rollout.sample_id, None)
+
+    def _parsed(self, body: str) -> tuple[AgentRolloutRequest, RolloutRequest]:
+        """The service's request and the rollout a worker plays for it."""
+        try:
+            request = AgentRolloutRequest.model_validate_json(body)
+            return request, rollout_request_of(request, max_length=self._max_length)
+        except (ValidationError, NotARollout) as error:
+            raise ProtocolError(f"not a managed job's rollout request: {error}") from None
 
     def playing(self, sample_id: str) -> AgentRolloutRequest:
         with self._lock:
             return self._playing[sample_id]
 
-    def report(self, request: AgentRolloutRequest, response: RolloutResponse) -> None:
-        """The rollout to the job's runtime service, once."""
+    def report(self, response: RolloutResponse) -> None:
+        """The rollout to the job's runtime service, once (the request it played, as `read`
+        kept it)."""
+        request = self.playing(response.sample_id)
         feedback = RuntimeFeedback(self._runtime_for(request.metadata))
         if response.aggregate_score is None:
             feedback.failed(request.metadata, response.error or response.stop_reason)
@@ -113,6 +119,6 @@ class AgentQueues(ReportingQueues):
         self._mode.forget(delivery.body)
 
     def _report_one_rollout(self, delivery: Delivery, response: RolloutResponse) -> None:
-        self._mode.report(AgentRolloutRequest.model_validate_json(delivery.body), response)
+        self._mode.report(response)
         if self._router is not None:
             report_to_router(self._router, delivery, response)

@@ -27,7 +27,7 @@ import yaml
 from botocore.credentials import Credentials
 from moto import mock_aws
 
-from domain.agent_rft import AgentRolloutRequest, RolloutMetadata
+from domain.agent_rft import AgentRolloutRequest, RolloutMetadata, runtime_endpoint
 from domain.backends import METRICS_OBJECT
 from domain.bucket import download_folder, trajectories_prefix
 from domain.checkpoints import step_checkpoint_name
@@ -1013,7 +1013,7 @@ def managed_job_at_work(world: World, job: dict[str, Any], *, rollouts: int = 2)
                 instance=json.loads(line),
                 metadata=RolloutMetadata(
                     job_arn=job["JobArn"], trajectory_id=trajectory, region=REGION,
-                    endpoint=f"https://job-runtime.sagemaker.{REGION}.api.aws",
+                    endpoint=runtime_endpoint(REGION),
                 ),
             )  # fmt: skip
             world.recorder.record(

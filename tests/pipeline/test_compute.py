@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import boto3
 import pytest
@@ -485,9 +486,9 @@ def test_the_state_is_parsed_once_and_typed(state: dict) -> None:
     }
 
 
-def test_collect_registers_the_best_checkpoint_with_its_evaluation_and_lineage(
-    state: dict,
-) -> None:
+def _a_checkpoint_and_a_registry(state: dict) -> tuple[Any, Any, PipelineSettings]:
+    """The run's bucket with a Nova job's checkpoint manifest, the deployment's model group, and
+    the settings that name it: the S3 and SageMaker clients, and those settings."""
     s3, sagemaker = boto3.client("s3"), boto3.client("sagemaker")
     s3.create_bucket(Bucket="bucket-1")
     sagemaker.create_model_package_group(ModelPackageGroupName="nova-mtrl-models")
@@ -496,6 +497,13 @@ def test_collect_registers_the_best_checkpoint_with_its_evaluation_and_lineage(
         Bucket="bucket-1", Key="runs/r/job-abcde/manifest.json",
         Body=b'{"checkpoint_s3_bucket": "s3://customer-escrow-1/job-abcde"}',
     )  # fmt: skip
+    return s3, sagemaker, SETTINGS.model_copy(update={"model_package_group": "nova-mtrl-models"})
+
+
+def test_collect_registers_the_best_checkpoint_with_its_evaluation_and_lineage(
+    state: dict,
+) -> None:
+    s3, sagemaker, registry = _a_checkpoint_and_a_registry(state)
     state["evaluations"] = {
         stage: {"stage": stage, "job": "j", "ready": True} for stage in ("baseline", "final")
     }
@@ -503,7 +511,6 @@ def test_collect_registers_the_best_checkpoint_with_its_evaluation_and_lineage(
         s3.put_object(
             Bucket="bucket-1", Key=f"runs/r/evaluation/{stage}.jsonl", Body=_episodes(passed)
         )
-    registry = SETTINGS.model_copy(update={"model_package_group": "nova-mtrl-models"})
     collect(steps(ENDED, settings=registry), state)
     summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
     package = sagemaker.describe_model_package(ModelPackageName=summary["model_package"])
@@ -523,16 +530,8 @@ def test_collect_records_the_package_a_managed_job_registered_and_registers_none
 ) -> None:
     """A serverless run's job registered the trained model itself: the summary names that
     package, and the registry holds no other (no checkpoint of ours is registered)."""
-    s3, sagemaker = boto3.client("s3"), boto3.client("sagemaker")
-    s3.create_bucket(Bucket="bucket-1")
-    sagemaker.create_model_package_group(ModelPackageGroupName="nova-mtrl-models")
-    state["bucket"] = "bucket-1"
-    s3.put_object(
-        Bucket="bucket-1", Key="runs/r/job-abcde/manifest.json",
-        Body=b'{"checkpoint_s3_bucket": "s3://customer-escrow-1/job-abcde"}',
-    )  # fmt: skip
+    s3, sagemaker, registry = _a_checkpoint_and_a_registry(state)
     package = "arn:aws:sagemaker:us-east-1:123456789012:model-package/nova-mtrl-models/7"
-    registry = SETTINGS.model_copy(update={"model_package_group": "nova-mtrl-models"})
     managed = Scripted(JobStatus(Phase.SUCCEEDED), package=package)
     collect(steps(managed, settings=registry), state)
     summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
