@@ -28,7 +28,9 @@ from pydantic import BaseModel, ValidationError
 from domain.dataset import DatasetRecord
 from domain.protocol import RolloutRequest, sample_id_for
 
-JOB_CATEGORY = "AgentRFT"
+# CreateJob's JobCategory of a training job, and of a held-out evaluation: the service sends
+# both's rollout requests to the agent.
+JOB_CATEGORY, EVALUATION_CATEGORY = "AgentRFT", "AgentRFTEvaluation"
 Completion = Literal["ready", "failed"]
 # The service names the trajectory's runtime endpoint in each request; AWS's own for a region is
 # `https://job-runtime.sagemaker.<region>.api.aws` (the developer guide, the SDK's default) or
@@ -112,10 +114,13 @@ class NotARollout(ValueError):
 
 
 def job_name_of(job_arn: str) -> str:
-    """The name of the managed multi-turn RL job `job_arn` names (NotARollout: another ARN)."""
+    """The name of the managed multi-turn RL job `job_arn` names, training or evaluating
+    (NotARollout: another ARN)."""
     found = JOB_ARN.fullmatch(job_arn)
-    if found is None or found["category"] != JOB_CATEGORY:
-        raise NotARollout(f"job_arn {job_arn!r} is not the ARN of an {JOB_CATEGORY} job")
+    if found is None or found["category"] not in (JOB_CATEGORY, EVALUATION_CATEGORY):
+        raise NotARollout(
+            f"job_arn {job_arn!r} is not the ARN of an {JOB_CATEGORY} or {EVALUATION_CATEGORY} job"
+        )
     return found["name"]
 
 
@@ -126,7 +131,8 @@ def trajectory_number(trajectory_id: str) -> int:
 
 def rollout_request_of(request: AgentRolloutRequest, *, max_length: int) -> RolloutRequest:
     """The rollout a reward worker plays for the service's request: the instance is a line of
-    the job's train or validation channel, one of our dataset records (NotARollout if not)."""
+    a channel of the job's (train, validation, evaluation), one of our dataset records
+    (NotARollout if not)."""
     try:
         record = DatasetRecord.model_validate(request.instance)
     except ValidationError as error:

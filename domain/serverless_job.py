@@ -14,7 +14,13 @@ Sources (each pinned by tests/serverless/test_job_document.py, which runs the SD
   reads these from the hub at run time (`_get_fine_tuning_options_and_model_arn`); that the
   hub's equal the published file is unverified;
 - the models: the hub `SageMakerPublicHub`; Nova 2 Lite is `nova-textgeneration-lite-v2` there
-  (common_utils/model_aliases.py); MTRL trains LoRA only (the trainer asks the hub for "LORA").
+  (common_utils/model_aliases.py); MTRL trains LoRA only (the trainer asks the hub for "LORA");
+- a held-out evaluation (JobCategory `AgentRFTEvaluation`): the SDK's `MultiTurnRLEvaluator`
+  (evaluate/multi_turn_rl_evaluator.py `_build_template_context`, the document of its
+  pipeline's Job step; evaluate/mtrl_pipeline_templates.py: category, schema "1.0.0") and AWS's
+  MTRL evaluation recipe parameters (the same commit,
+  launcher/recipe_templatization/mtrl_eval/mtrl_eval_recipe_template_parameters.json, shipped
+  unchanged as training_configs/mtrl_eval_recipe_template_parameters.json).
 """
 
 from __future__ import annotations
@@ -28,12 +34,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from domain.agent_rft import EVALUATION_CATEGORY, JOB_CATEGORY
+from domain.episodes import EvaluationStage
 from domain.naming import run_resource_name
 from training_configs.schema import GrpoSettings, NovaRecipeSettings, TrainingConfig
 
-JOB_CATEGORY = "AgentRFT"
 JOB_CONFIG_SCHEMA_VERSION = "1.0.0"
-LOG_GROUP = f"/aws/sagemaker/Job/{JOB_CATEGORY}"
+# Where a job logs: `/aws/sagemaker/Job/AgentRFT` (the docs); an evaluation's, by the same rule,
+# `/aws/sagemaker/Job/AgentRFTEvaluation` (unverified).
+LOG_GROUPS = tuple(f"/aws/sagemaker/Job/{c}" for c in (JOB_CATEGORY, EVALUATION_CATEGORY))
 HUB_NAME = "SageMakerPublicHub"
 # Our model names → the hub's, for the models whose MTRL recipe AWS publishes.
 HUB_MODELS = {"nova-lite-2": "nova-textgeneration-lite-v2"}
@@ -41,6 +50,18 @@ HUB_MODELS = {"nova-lite-2": "nova-textgeneration-lite-v2"}
 # `mtrl_lora`, the open-weights models' template).
 NOVA_TEMPLATE, OPEN_WEIGHTS_TEMPLATE = "mtrl_nova_lite_lora", "mtrl_lora"
 PARAMETERS_FILE = "mtrl_recipe_template_parameters.json"
+EVALUATION_PARAMETERS_FILE, EVALUATION_TEMPLATE = (
+    "mtrl_eval_recipe_template_parameters.json",
+    "mtrl_eval",
+)
+# The hyperparameters the SDK's evaluator puts in a document, by the names it reads them with
+# (`_build_job_config_doc`); it sends those its resolved hyperparameters have.
+EVALUATION_HYPERPARAMETERS = (
+    "eval_group_size", "sampling_temperature", "top_p", "max_tokens", "pass_k_values",
+    "success_threshold",
+)  # fmt: skip
+# An evaluation job's StoppingCondition.MaxRuntimeInSeconds at most (the SDK's check: 72 hours).
+EVALUATION_MAX_SECONDS = 259_200
 # A hub content name (botocore's DescribeHubContent HubContentName pattern).
 HUB_CONTENT_NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
 # CreateJob's JobName (botocore's sagemaker model).
@@ -96,9 +117,11 @@ def service_output(described: dict[str, Any]) -> ServiceOutput:
 
 
 @cache
-def template_parameters(template: str) -> dict[str, dict[str, Any]]:
+def template_parameters(
+    template: str, parameters_file: str = PARAMETERS_FILE
+) -> dict[str, dict[str, Any]]:
     """AWS's hyperparameters of `template`: name → {type, min, max, enum, default}."""
-    text = resources.files("training_configs").joinpath(PARAMETERS_FILE).read_text("utf-8")
+    text = resources.files("training_configs").joinpath(parameters_file).read_text("utf-8")
     return json.loads(text)["templates"][template]["recipe_override_parameters"]
 
 
@@ -215,14 +238,20 @@ def sent_hyperparameters(config: TrainingConfig) -> dict[str, str]:
     }
 
 
-def job_name(prefix: str, run_id: str) -> str:
-    """The run's job: `<prefix>-run-<run id>`, its middle cut to CreateJob's 63 characters so
-    that the run id's digest stays whole."""
-    name = run_resource_name(prefix, run_id).replace("_", "-")
-    if len(name) <= JOB_NAME_LIMIT:
-        return name
-    digest = run_id.rpartition("-")[2]
-    return f"{name[: JOB_NAME_LIMIT - len(digest) - 1].rstrip('-')}-{digest}"
+def job_name(prefix: str, run_id: str, stage: EvaluationStage | None = None) -> str:
+    """The run's job: `<prefix>-run-<run id>`, and its evaluation of `stage`
+    `<prefix>-run-<run id>-<stage>`, its middle cut to CreateJob's 63 characters so that the run
+    id's digest and the stage stay whole."""
+    name, suffix = run_resource_name(prefix, run_id).replace("_", "-"), f"-{stage}" if stage else ""
+    if len(name) + len(suffix) <= JOB_NAME_LIMIT:
+        return name + suffix
+    tail = f"-{run_id.rpartition('-')[2]}{suffix}"
+    return f"{name[: JOB_NAME_LIMIT - len(tail)].rstrip('-')}{tail}"
+
+
+def run_job_names(prefix: str, run_id: str) -> tuple[str, ...]:
+    """Every managed job a serverless run may start: its training and its evaluations."""
+    return (job_name(prefix, run_id), *(job_name(prefix, run_id, s) for s in EvaluationStage))
 
 
 @dataclass(frozen=True)
@@ -320,6 +349,82 @@ def create_job_request(
         "JobConfigSchemaVersion": JOB_CONFIG_SCHEMA_VERSION,
         "JobConfigDocument": json.dumps(job_document(config, targets), indent=2),
         "Tags": [{"Key": k, "Value": v} for k, v in (jumpstart | (tags or {})).items()],
+    }
+
+
+@dataclass(frozen=True)
+class EvaluationTargets:
+    """What a run gives a held-out evaluation job: the agent, the model, its records."""
+
+    agent_lambda_arn: str
+    base_model_arn: str
+    evaluation_uri: str
+    output_uri: str
+    kms_key_arn: str | None = None
+    # The trained model's package (the final evaluation); None evaluates the base model.
+    model_package_arn: str | None = None
+    max_runtime_seconds: int = 86_400  # the SDK's default
+
+
+def evaluation_defaults() -> dict[str, Any]:
+    """AWS's MTRL evaluation recipe's values, by parameter name."""
+    specs = template_parameters(EVALUATION_TEMPLATE, EVALUATION_PARAMETERS_FILE)
+    return {name: spec.get("default") for name, spec in specs.items()}
+
+
+def evaluation_hyperparameters(config: TrainingConfig) -> dict[str, str]:
+    """The evaluation's hyperparameters as the SDK sends them when a user sets
+    `eval_group_size` (the k of pass@k, our `eval_samples`): the recipe's values with that one
+    set (common_utils/recipe_utils.py `get_resolved_recipe_from_context`), flattened to their
+    scalars (recipe_resolver.py `flatten_resolved_recipe` drops a list: `pass_k_values`), of the
+    names the evaluator puts in its document (the recipe's `temperature`, `sampling_top_p` and
+    `sampling_max_tokens` are not the names it reads: the service keeps their defaults)."""
+    resolved = evaluation_defaults() | {"eval_group_size": config.eval_samples}
+    return {
+        name: str(resolved[name])
+        for name in EVALUATION_HYPERPARAMETERS
+        if name in resolved and not isinstance(resolved[name], list)
+    }
+
+
+def evaluation_document(config: TrainingConfig, targets: EvaluationTargets) -> dict[str, Any]:
+    """A held-out evaluation job's document, as the SDK's evaluator builds it: the base model,
+    or (with `model_package_arn`) the trained one, on the `evaluation` channel."""
+    output: dict[str, Any] = {"S3OutputPath": targets.output_uri}
+    if targets.kms_key_arn:
+        output["KmsKeyArn"] = targets.kms_key_arn
+    evaluation: dict[str, Any] = {"BaseModelArn": targets.base_model_arn, "AcceptEula": True}
+    if sent := evaluation_hyperparameters(config):
+        evaluation["HyperParameters"] = sent
+    document: dict[str, Any] = {
+        "AgentConfig": {"CustomAgentLambdaConfig": {"LambdaArn": targets.agent_lambda_arn}},
+        "InputDataConfig": [_channel("evaluation", targets.evaluation_uri)],
+        "OutputDataConfig": output,
+        "EvaluationConfig": evaluation,
+    }
+    if targets.model_package_arn:
+        document["ModelPackageConfig"] = {"InputModelPackageArn": targets.model_package_arn}
+    document["StoppingCondition"] = {"MaxRuntimeInSeconds": targets.max_runtime_seconds}
+    return document
+
+
+def create_evaluation_request(
+    config: TrainingConfig,
+    targets: EvaluationTargets,
+    *,
+    name: str,
+    role_arn: str,
+    tags: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """CreateJob's parameters for one of the run's evaluations (the arguments of the SDK's
+    pipeline Job step, and the run's own tags)."""
+    return {
+        "JobName": name,
+        "RoleArn": role_arn,
+        "JobCategory": EVALUATION_CATEGORY,
+        "JobConfigSchemaVersion": JOB_CONFIG_SCHEMA_VERSION,
+        "JobConfigDocument": json.dumps(evaluation_document(config, targets)),
+        "Tags": [{"Key": k, "Value": v} for k, v in (tags or {}).items()],
     }
 
 

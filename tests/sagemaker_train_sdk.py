@@ -121,16 +121,11 @@ def _members_of(
     constants: tuple[str, ...] = (),
 ) -> type:
     """A class holding `members` of the SDK's class `class_name` as its source at `path` writes
-    them (decorators kept), and the module `constants` they read, executed with `namespace`
-    for the rest of the names they use."""
+    them (decorators kept), and the module's `constants` (and functions) they read, executed
+    with `namespace` for the rest of the names they use."""
     source = _source("sagemaker-train", path)
     tree = ast.parse(source.read_text(encoding="utf-8"))
-    assigned = [
-        node
-        for node in tree.body
-        if isinstance(node, ast.Assign)
-        and any(isinstance(t, ast.Name) and t.id in constants for t in node.targets)
-    ]
+    assigned = _module_definitions(tree, constants)
     (found,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name]
     methods = [
         node for node in found.body if isinstance(node, ast.FunctionDef) and node.name in members
@@ -143,6 +138,19 @@ def _members_of(
     module = ast.fix_missing_locations(ast.Module(body=[*assigned, holder], type_ignores=[]))
     exec(compile(module, str(source), "exec"), namespace)
     return namespace[f"{class_name}Members"]
+
+
+def _module_definitions(tree: ast.Module, names: tuple[str, ...]) -> list[ast.stmt]:
+    """The module's assignments to `names` and its functions named so."""
+    return [
+        node
+        for node in tree.body
+        if (isinstance(node, ast.FunctionDef) and node.name in names)
+        or (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id in names for t in node.targets)
+        )
+    ]
 
 
 @functools.cache
@@ -196,3 +204,38 @@ def agent_rft_job_reader() -> type:
     return _members_of(
         AGENT_RFT_JOB, "AgentRFTJob", SERVICE_OUTPUT_READERS, {"json": json, "Optional": Optional}
     )
+
+
+MTRL_EVALUATOR = "sagemaker/train/evaluate/multi_turn_rl_evaluator.py"
+RECIPE_RESOLVER = "sagemaker/train/recipe_resolver.py"
+
+
+@functools.cache
+def evaluation_document_builder() -> type:
+    """A class holding MultiTurnRLEvaluator's `_build_template_context` as the SDK writes it
+    (compiled from its source): an instance given the evaluator's resolved attributes (what
+    `evaluate` resolves from the hub, the trainer and the account before it) builds the
+    documents of its pipeline's evaluation steps — `job_config_document_str` (the base
+    model), `job_config_document_ft_str` (a fine-tuned model's package)."""
+    namespace: dict[str, Any] = {
+        "_logger": logging.getLogger("sagemaker-train"),
+        "Any": Any, "Dict": dict, "List": list, "Optional": Optional,
+    }  # fmt: skip
+    return _members_of(
+        MTRL_EVALUATOR, "MultiTurnRLEvaluator", ("_build_template_context",), namespace,
+        ("_tags_with_capitalized_keys",),
+    )  # fmt: skip
+
+
+@functools.cache
+def flatten_resolved_recipe() -> Any:
+    """recipe_resolver.py's `flatten_resolved_recipe` as the SDK writes it (its module imports
+    omegaconf, whose pinned ANTLR runtime clashes with ours: the function is compiled alone)."""
+    source = _source("sagemaker-train", RECIPE_RESOLVER)
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    found = _module_definitions(tree, ("flatten_resolved_recipe",))
+    assert len(found) == 1, "the SDK's recipe_resolver.py changed"
+    namespace: dict[str, Any] = {"Any": Any, "Dict": dict}
+    module = ast.fix_missing_locations(ast.Module(body=found, type_ignores=[]))
+    exec(compile(module, str(source), "exec"), namespace)
+    return namespace["flatten_resolved_recipe"]

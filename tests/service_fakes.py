@@ -628,11 +628,12 @@ class FakeManagedJobs(ServiceFake):
         return {}
 
     def finish(self, name: str, status: str, reason: str | None = None) -> None:
-        """The job ends: Completed (its trained model registered as a version of its document's
-        output group, named in its ServiceOutput), Failed (with `reason`) or Stopped."""
+        """The job ends: Completed (a training job's trained model registered as a version of
+        its document's output group, named in its ServiceOutput), Failed (with `reason`) or
+        Stopped."""
         job, now = self.jobs[name], _now()
         job |= {"JobStatus": status, "SecondaryStatus": status, "EndTime": now}
-        if status == "Completed":
+        if status == "Completed" and job["JobCategory"] == "AgentRFT":
             document = json.loads(job["JobConfigDocument"])
             group = document["ModelPackageConfig"]["OutputModelPackageGroupArn"]
             package = group.replace(":model-package-group/", ":model-package/") + "/1"

@@ -5,6 +5,7 @@ speak to a run's job — the README's threat-model claims about it."""
 from __future__ import annotations
 
 import json
+import re
 
 import aws_cdk as cdk
 from aws_cdk import aws_kms as kms
@@ -22,8 +23,15 @@ from tests.conftest import Synthesized, arn_text, as_list, policy_statements
 # The job runtime's actions (AWS's AmazonSageMakerJobRuntimeAccess) and the job's own.
 RUNTIME_ACTIONS = {"sagemaker:Sample", "sagemaker:CompleteRollout", "sagemaker:UpdateReward"}
 JOB_ACTIONS = {"sagemaker:CreateJob", "sagemaker:DescribeJob", "sagemaker:StopJob"}
-RUN_JOBS = "arn:{Partition}:sagemaker:{Region}:{AccountId}:job/AgentRFT/nova-mtrl-run-*"
-PLANE_NEEDS = {Need.MANAGED_JOB_START, Need.MANAGED_JOB_WATCH, Need.MANAGED_JOB_STOP}
+# The deployment's training jobs and held-out evaluation jobs.
+RUN_JOBS = [
+    f"arn:{{Partition}}:sagemaker:{{Region}}:{{AccountId}}:job/{category}/nova-mtrl-run-*"
+    for category in ("AgentRFT", "AgentRFTEvaluation")
+]
+PLANE_NEEDS = {
+    Need.MANAGED_JOB_START, Need.MANAGED_JOB_WATCH, Need.MANAGED_EVALUATION_START,
+    Need.MANAGED_EVALUATION_WATCH, Need.MANAGED_JOB_STOP,
+}  # fmt: skip
 JOB_STEPS = tuple(f"Pipeline{s.id}" for s in STEP.values() if set(s.needs) & PLANE_NEEDS)
 
 
@@ -79,7 +87,7 @@ def test_the_job_role_is_trusted_by_sagemakers_job_service_in_this_account_only(
     assert "ManagedPolicyArns" not in role
 
 
-def test_only_the_submit_step_passes_the_job_role_and_only_to_the_job_service(
+def test_only_the_steps_that_create_jobs_pass_the_job_role_and_only_to_the_job_service(
     default_app: Synthesized,
 ) -> None:
     role_id = _resource_id(default_app, "AWS::IAM::Role", "ServerlessPlaneJobRole")
@@ -88,16 +96,19 @@ def test_only_the_submit_step_passes_the_job_role_and_only_to_the_job_service(
         for policy_id, statements in _holders(default_app, {"iam:PassRole"}).items()
         if any(role_id in json.dumps(s["Resource"]) for s in statements)
     }
-    assert list(passes) == [p for p in passes if p.startswith("PipelineSubmitJobFunction")]
-    assert len(passes) == 1
-    for statement in next(iter(passes.values())):
-        if role_id in json.dumps(statement["Resource"]):
-            assert statement["Condition"] == {"StringEquals": {"iam:PassedToService": JOB_SERVICE}}
+    creators = ("PipelineSubmitJobFunction", "PipelineStartEvaluationFunction")
+    assert sorted(p.rpartition("Function")[0] + "Function" for p in passes) == sorted(creators)
+    for statements in passes.values():
+        for statement in statements:
+            if role_id in json.dumps(statement["Resource"]):
+                assert statement["Condition"] == {
+                    "StringEquals": {"iam:PassedToService": JOB_SERVICE}
+                }
 
 
 def test_job_grants_reach_only_this_deployments_run_jobs(default_app: Synthesized) -> None:
     """Starting, watching and stopping jobs, and speaking to their runtime, is granted on
-    `job/AgentRFT/<prefix>-run-*` only; the runtime to the reward workers alone, the job
+    `job/AgentRFT/<prefix>-run-*` and `job/AgentRFTEvaluation/<prefix>-run-*` only; the runtime to the reward workers alone, the job
     actions to the pipeline's steps that need them."""
     held = _holders(default_app, JOB_ACTIONS | RUNTIME_ACTIONS)
     template = default_app.template("pipeline")  # every grant is the pipeline stack's
@@ -105,13 +116,40 @@ def test_job_grants_reach_only_this_deployments_run_jobs(default_app: Synthesize
     for policy_id, statements in held.items():
         for statement in statements:
             actions = set(as_list(statement["Action"])) & (JOB_ACTIONS | RUNTIME_ACTIONS)
-            assert [arn_text(r) for r in as_list(statement["Resource"])] == [RUN_JOBS]
+            resources = [arn_text(r) for r in as_list(statement["Resource"])]
+            assert resources and set(resources) <= set(RUN_JOBS), (policy_id, resources)
             if actions & RUNTIME_ACTIONS:
                 assert actions == RUNTIME_ACTIONS
                 roles = template["Resources"][policy_id]["Properties"]["Roles"]
                 assert "RewardFleetTaskRole" in json.dumps(roles), policy_id
-            else:  # the steps whose needs say so (Submit, Monitor, Collect, release, reaper)
+            else:  # the steps whose needs say so (Submit, evaluations, Monitor, Collect, ...)
                 assert policy_id.startswith(JOB_STEPS), policy_id
+
+
+def test_training_jobs_are_created_by_submit_and_evaluation_jobs_by_start_evaluation_only(
+    default_app: Synthesized,
+) -> None:
+    """Each step creates the kind of job it starts and no other; the evaluation steps read the
+    training job (its package) but start none, and the watch of an evaluation reads only it."""
+    training, evaluation = RUN_JOBS
+    granted: dict[str, set[tuple[str, str]]] = {}
+    for policy_id, statements in _holders(default_app, JOB_ACTIONS).items():
+        step = re.sub(r"(Function)?RoleDefaultPolicy.*", "", policy_id).removeprefix("Pipeline")
+        for statement in statements:
+            for action in set(as_list(statement["Action"])) & JOB_ACTIONS:
+                for resource in as_list(statement["Resource"]):
+                    granted.setdefault(step, set()).add((action, arn_text(resource)))
+    assert {
+        step for step, pairs in granted.items() if ("sagemaker:CreateJob", training) in pairs
+    } == {"SubmitJob"}
+    assert {
+        step for step, pairs in granted.items() if ("sagemaker:CreateJob", evaluation) in pairs
+    } == {"StartEvaluation"}
+    assert granted["EvaluationStatus"] == {("sagemaker:DescribeJob", evaluation)}
+    assert ("sagemaker:DescribeJob", training) in granted["StartEvaluation"]
+    assert {step for step, pairs in granted.items() if ("sagemaker:StopJob", evaluation) in pairs} == {
+        "ReleaseCompute", "Reaper",
+    }  # fmt: skip
 
 
 def test_the_steps_that_use_the_plane_are_told_its_settings(default_app: Synthesized) -> None:

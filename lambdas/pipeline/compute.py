@@ -28,7 +28,7 @@ from domain.health import findings, held_out_caution
 from domain.run_queues import purge_run_queues
 from domain.run_state import EvaluationJob, JobReport, OpenedPhase, RegisteredRun, RunState
 from domain.runs import RunRecord, RunStore
-from domain.serverless_job import job_name
+from domain.serverless_job import run_job_names
 from domain.step_metrics import first_error
 from lambdas.pipeline import policies
 from lambdas.pipeline.checkpoints import best_checkpoint, recorded_checkpoints
@@ -98,10 +98,10 @@ class ComputeSteps:
             model=context.training.model,
             now=self.clock(),
             deadline_at=state.registered.deadline_at,
-            # A serverless run's job: the agent Lambda sends its rollouts to this run only.
-            job=job_name(self.settings.name_prefix, context.run_id)
+            # A serverless run's jobs: the agent Lambda sends their rollouts to this run only.
+            jobs=run_job_names(self.settings.name_prefix, context.run_id)
             if context.training.plane == "serverless"
-            else None,
+            else (),
         )
         workers = self.compute.fleet.start(context, workers=context.training.reward_workers)
         return {"workers": len(workers)}

@@ -44,9 +44,6 @@ from domain.backends import EvaluationUnsupported, JobStatus, Phase, RunContext
 from domain.bucket import run_outputs
 from domain.checkpoints import latest
 from domain.episodes import EvaluationStage
-from domain.evaluation import (
-    write_episodes,
-)
 from domain.nova_job import (
     DOCUMENTED_BYOO_KEYS,
     FORGE_EVALUATION_RECIPE,
@@ -80,7 +77,7 @@ from lambdas.pipeline.checkpoints import recorded_checkpoints
 from lambdas.pipeline.hyperpod_capacity import HyperPodCapacity
 from lambdas.pipeline.hyperpod_training import ClusterSettings, InstanceGroupPlane, job_status
 from lambdas.pipeline.job_records import evaluation_data, held_out_records, training_data
-from lambdas.pipeline.reward_curve import RewardCurve
+from lambdas.pipeline.reward_curve import RewardCurve, evaluation_from_reports
 from lambdas.router.conversations import ConversationStore
 
 JOB_KIND = "PyTorchJob"  # the chart's trainer (templates/training.yaml), Kubeflow's
@@ -310,25 +307,12 @@ class NovaTrainingCluster(InstanceGroupPlane):
         return f"{NAMESPACE}/{answer['job']}"
 
     def evaluation_status(self, run: RunContext, *, stage: EvaluationStage) -> JobStatus:
-        """The evaluation job's phase; once it succeeded, the reports of its rollouts are its
-        episodes (none at all fails it: AWS's job played nothing through the run's workers)."""
+        """The evaluation job's phase; once it succeeded, its episodes are the reports of its
+        rollouts."""
         status = self._job_status(self.evaluation_name(run, stage), f"the run's {stage} evaluation")
-        if status.phase is not Phase.SUCCEEDED:
-            return status
-        episodes = [
-            report.episode for report in self.store.reports(run.run_id, stage) if report.episode
-        ]
-        if not episodes:
-            return JobStatus(
-                Phase.FAILED,
-                f"AWS's {stage} evaluation job succeeded but no rollout of it reached the run's "
-                "reward workers (the rollout Lambda was never invoked in its phase)",
-            )
-        write_episodes(
-            self.s3, bucket=run.bucket, output_prefix=run.output_prefix, stage=stage,
-            episodes=episodes,
-        )  # fmt: skip
-        return status
+        return evaluation_from_reports(
+            self.store, self.s3, run, stage, status, invoked="the rollout Lambda"
+        )
 
     def delete(self, run: RunContext) -> int:
         names = [self.name(run), *(self.evaluation_name(run, stage) for stage in EvaluationStage)]

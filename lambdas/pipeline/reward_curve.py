@@ -2,7 +2,9 @@
 Nova job's internals are AWS's): every rollout report the proxy accepted (its score and
 success flag, lambdas/router/conversations.py), in windows of a training step's rollouts
 (`global_batch_size`), one line per window in `runs/<run_id>/metrics.jsonl` — the object
-Monitor's stall detection, `mtrl status` and the summary read for every training plane.
+Monitor's stall detection, `mtrl status` and the summary read for every training plane. An
+evaluation job of AWS's (Nova's, or a serverless run's) has its episodes from the same reports,
+those accepted in its phase (`evaluation_from_reports`).
 
 A window's `step` counts windows, not the trainer's own steps (which only the trainer knows):
 with the trainer asking for a step's rollouts at once, the two go together. A failed rollout
@@ -18,8 +20,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from domain.backends import METRICS_OBJECT, RunContext, last_step
-from domain.evaluation import deciles
+from domain.backends import METRICS_OBJECT, JobStatus, Phase, RunContext, last_step
+from domain.episodes import EvaluationStage
+from domain.evaluation import deciles, write_episodes
 from domain.step_metrics import first_error
 from lambdas.router.conversations import ConversationStore, ReportedRollout
 
@@ -136,3 +139,30 @@ class RewardCurve:
             ContentType="application/x-ndjson",
         )
         return len(windows)
+
+
+def evaluation_from_reports(
+    store: ConversationStore,
+    s3: Any,
+    run: RunContext,
+    stage: EvaluationStage,
+    status: JobStatus,
+    *,
+    invoked: str,
+) -> JobStatus:
+    """An evaluation job's `status`; once it succeeded, the reports of its rollouts are written
+    as its episodes — and none at all fails it (AWS's job played nothing through the run's
+    workers: `invoked`, the Lambda its requests come through, was never invoked in its phase)."""
+    if status.phase is not Phase.SUCCEEDED:
+        return status
+    episodes = [report.episode for report in store.reports(run.run_id, stage) if report.episode]
+    if not episodes:
+        return JobStatus(
+            Phase.FAILED,
+            f"AWS's {stage} evaluation job succeeded but no rollout of it reached the run's "
+            f"reward workers ({invoked} was never invoked in its phase)",
+        )
+    write_episodes(
+        s3, bucket=run.bucket, output_prefix=run.output_prefix, stage=stage, episodes=episodes
+    )
+    return status

@@ -4,8 +4,8 @@ document AWS's SDK builds for the same settings. No nodes: the job runs on SageM
 its rollouts through the deployment's agent Lambda and the run's reward workers.
 
 - submit: the base model's hub ARN (DescribeHubContent, as the SDK resolves it), the records it
-  trains on and the held-out ones (its `train` and `validation` channels, beside the run's
-  outputs), then CreateJob; a job the run already has is its job (idempotent);
+  trains on (its `train` channel, beside the run's outputs, without the held-out ones), then
+  CreateJob; a job the run already has is its job (idempotent);
 - status: DescribeJob's JobStatus, the secondary status telling a job that waits for capacity
   from one that trains; FailureReason when it failed; its progress is the run's reward curve,
   which the managed job does not write (its own figures go to MLflow): made from the rollout
@@ -14,15 +14,19 @@ its rollouts through the deployment's agent Lambda and the run's reward workers.
 - trained_model_package: the package the job registered the trained model as (DescribeJob's
   `JobConfigDocument.ServiceOutput.OutputModelPackageArn`, as the SDK's AgentRFTJob reads it):
   the run's model, which Collect records instead of registering one of its own;
-- delete: StopJob while it runs (the job's records stay, as AWS keeps them).
-The job evaluates on its validation channel itself (the recipe's `val_at_start`, and at its
-end); reading those results into the run's evaluation report is not built yet, so the plane's
-own evaluation jobs are EvaluationUnsupported.
+- submit_evaluation / evaluation_status: each held-out evaluation is AWS's own evaluation job
+  (JobCategory `AgentRFTEvaluation`, the SDK's MultiTurnRLEvaluator's document) of the base
+  model, or of the trained model's package, on the held-out records (its `evaluation` channel);
+  its rollouts reach the run's workers through the same agent Lambda, in the evaluation's phase,
+  and their reports are its episodes, as a Nova evaluation's are. The training job gets no
+  `validation` channel: the service would play the held-out records during training through the
+  same workers, into the run's reward curve, and report only to MLflow;
+- delete: StopJob on each of the run's jobs that still runs (their records stay, as AWS keeps
+  them).
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -34,9 +38,13 @@ from domain.backends import EvaluationUnsupported, JobStatus, Phase, RunContext,
 from domain.episodes import EvaluationStage
 from domain.naming import DEPLOYMENT_TAG, RUN_TAG, checkpoint_group_name, model_group_name
 from domain.serverless_job import (
+    EVALUATION_CATEGORY,
+    EVALUATION_MAX_SECONDS,
     HUB_NAME,
     JOB_CATEGORY,
+    EvaluationTargets,
     JobTargets,
+    create_evaluation_request,
     create_job_request,
     hub_model,
     job_name,
@@ -45,7 +53,7 @@ from domain.serverless_job import (
 from lambdas.clients import Clients
 from lambdas.environment import EnvironmentSettings
 from lambdas.pipeline.job_records import evaluation_data, held_out_records, training_data
-from lambdas.pipeline.reward_curve import RewardCurve
+from lambdas.pipeline.reward_curve import RewardCurve, evaluation_from_reports
 from lambdas.router.conversations import ConversationStore
 
 # The setting a deployment with the serverless plane sets (the stack: the job's role).
@@ -53,10 +61,6 @@ SERVERLESS_ROLE_SETTING = "SERVERLESS_JOB_ROLE_ARN"
 # DescribeJob's secondary statuses of a job that has not started training.
 WAITING = ("Pending", "Starting", "Downloading")
 NOT_FOUND = "ResourceNotFound"
-OWN_VALIDATION = (
-    "the managed job evaluates on its validation channel itself (before training and at its "
-    "end); reading its results into the run's report is not built yet"
-)
 
 
 class ManagedJobSettings(EnvironmentSettings):
@@ -74,8 +78,9 @@ class ServerlessTrainingCluster(TrainingCluster):
     def __init__(
         self, settings: ManagedJobSettings, *, sagemaker: Any, s3: Any, store: ConversationStore
     ) -> None:
-        """`store`: the router's record of the run's rollouts (its reward curve)."""
-        self.settings, self.sagemaker, self.s3 = settings, sagemaker, s3
+        """`store`: the router's record of the run's rollouts (its reward curve, and its
+        evaluations' episodes)."""
+        self.settings, self.sagemaker, self.s3, self.store = settings, sagemaker, s3, store
         self.curve = RewardCurve(store, s3)
 
     @classmethod
@@ -88,38 +93,63 @@ class ServerlessTrainingCluster(TrainingCluster):
             store=ConversationStore(clients("dynamodb"), settings.conversations_table),
         )  # fmt: skip
 
-    def job(self, run: RunContext) -> str:
-        return job_name(self.settings.prefix, run.run_id)
+    def job(self, run: RunContext, stage: EvaluationStage | None = None) -> str:
+        """The run's training job, or its evaluation of `stage`."""
+        return job_name(self.settings.prefix, run.run_id, stage)
 
-    def _describe(self, run: RunContext) -> dict[str, Any] | None:
+    def _describe(self, name: str, category: str = JOB_CATEGORY) -> dict[str, Any] | None:
         try:
-            return self.sagemaker.describe_job(JobName=self.job(run), JobCategory=JOB_CATEGORY)
+            return self.sagemaker.describe_job(JobName=name, JobCategory=category)
         except ClientError as error:
             if error.response.get("Error", {}).get("Code") == NOT_FOUND:
                 return None
             raise
 
+    def _base_model_arn(self, run: RunContext) -> str:
+        """The hub's ARN of the run's model, as the SDK resolves it."""
+        return self.sagemaker.describe_hub_content(
+            HubName=HUB_NAME, HubContentType="Model", HubContentName=hub_model(run.training.model)
+        )["HubContentArn"]
+
+    def _tags(self, run: RunContext) -> dict[str, str]:
+        return {DEPLOYMENT_TAG: self.settings.prefix, RUN_TAG: run.run_id}
+
     def targets(self, run: RunContext) -> JobTargets:
         """What the run gives its job: the agent, the model, its records, where results go."""
-        config, settings = run.training, self.settings
-        model = self.sagemaker.describe_hub_content(
-            HubName=HUB_NAME, HubContentType="Model", HubContentName=hub_model(config.model)
-        )
-        validation = None
-        # Nothing held out after all: the job trains without a validation channel.
-        with contextlib.suppress(EvaluationUnsupported):
-            if config.evaluates:
-                validation = evaluation_data(self.s3, run, held_out_records(self.s3, run))
+        settings = self.settings
         groups = f"arn:aws:sagemaker:{settings.region}:{settings.account}:model-package-group/"
         return JobTargets(
             agent_lambda_arn=settings.agent_function_arn,
-            base_model_arn=model["HubContentArn"],
+            base_model_arn=self._base_model_arn(run),
             train_uri=training_data(self.s3, run, always_written=True),
-            validation_uri=validation,
             output_uri=f"s3://{run.bucket}/{run.output_prefix}",
             kms_key_arn=settings.data_key_arn,
             output_model_package_group_arn=groups + model_group_name(settings.prefix),
             checkpoint_model_package_group_arn=groups + checkpoint_group_name(settings.prefix),
+        )
+
+    def evaluation_targets(self, run: RunContext, stage: EvaluationStage) -> EvaluationTargets:
+        """What the run gives its evaluation of `stage`: the base model, or the package the
+        training job registered (EvaluationUnsupported: none), and the held-out records."""
+        package = None
+        if stage is EvaluationStage.FINAL:
+            package = self.trained_model_package(run)
+            if package is None:
+                raise EvaluationUnsupported(
+                    f"the run's job {self.job(run)} registered no trained model package: there "
+                    "is no trained model to evaluate"
+                )
+        records = held_out_records(self.s3, run)
+        return EvaluationTargets(
+            agent_lambda_arn=self.settings.agent_function_arn,
+            base_model_arn=self._base_model_arn(run),
+            evaluation_uri=evaluation_data(self.s3, run, records),
+            output_uri=f"s3://{run.bucket}/{run.output_prefix}evaluation/{stage}/",
+            kms_key_arn=self.settings.data_key_arn,
+            model_package_arn=package,
+            max_runtime_seconds=min(
+                int(run.training.deadline_hours * 3600), EVALUATION_MAX_SECONDS
+            ),
         )
 
     # --- the job ---
@@ -131,26 +161,23 @@ class ServerlessTrainingCluster(TrainingCluster):
         return 0
 
     def submit(self, run: RunContext) -> str:
-        if (described := self._describe(run)) is not None:
+        if (described := self._describe(self.job(run))) is not None:
             return described["JobArn"]
         request = create_job_request(
-            run.training,
-            self.targets(run),
-            name=self.job(run),
-            role_arn=self.settings.job_role_arn,
-            tags={DEPLOYMENT_TAG: self.settings.prefix, RUN_TAG: run.run_id},
-        )
+            run.training, self.targets(run), name=self.job(run),
+            role_arn=self.settings.job_role_arn, tags=self._tags(run),
+        )  # fmt: skip
         return self.sagemaker.create_job(**request)["JobArn"]
 
     def status(self, run: RunContext) -> JobStatus:
-        status = self._job_status(run)
+        status = self._job_status(self.job(run))
         ended = status.phase in (Phase.SUCCEEDED, Phase.FAILED)
         return replace(status, step=self.curve.update(run, final=ended))
 
-    def _job_status(self, run: RunContext) -> JobStatus:
-        described = self._describe(run)
+    def _job_status(self, name: str, category: str = JOB_CATEGORY) -> JobStatus:
+        described = self._describe(name, category)
         if described is None:
-            return JobStatus(Phase.FAILED, f"job {self.job(run)} does not exist")
+            return JobStatus(Phase.FAILED, f"job {name} does not exist")
         status, secondary = described["JobStatus"], described.get("SecondaryStatus", "")
         if status == "InProgress":
             return JobStatus(Phase.PENDING if secondary in WAITING else Phase.RUNNING, secondary)
@@ -160,28 +187,46 @@ class ServerlessTrainingCluster(TrainingCluster):
         return JobStatus(Phase.FAILED, reason)
 
     def submit_evaluation(self, run: RunContext, *, stage: EvaluationStage) -> str:
-        raise EvaluationUnsupported(OWN_VALIDATION)
+        name = self.job(run, stage)
+        if (described := self._describe(name, EVALUATION_CATEGORY)) is not None:
+            return described["JobArn"]
+        request = create_evaluation_request(
+            run.training, self.evaluation_targets(run, stage), name=name,
+            role_arn=self.settings.job_role_arn, tags=self._tags(run),
+        )  # fmt: skip
+        return self.sagemaker.create_job(**request)["JobArn"]
 
     def evaluation_status(self, run: RunContext, *, stage: EvaluationStage) -> JobStatus:
-        raise EvaluationUnsupported(OWN_VALIDATION)
+        """The evaluation job's phase; once it succeeded, its episodes are the reports of its
+        rollouts."""
+        status = self._job_status(self.job(run, stage), EVALUATION_CATEGORY)
+        return evaluation_from_reports(
+            self.store, self.s3, run, stage, status, invoked="the agent Lambda"
+        )
 
     def trained_model_package(self, run: RunContext) -> str | None:
         """The package the job registered the trained model as, in the deployment's group (its
         document's OutputModelPackageGroupArn), as DescribeJob's ServiceOutput names it."""
-        described = self._describe(run)
+        described = self._describe(self.job(run))
         return service_output(described).output_model_package_arn if described else None
 
     def delete(self, run: RunContext) -> int:
-        described = self._describe(run)
-        if described is None:
-            return 0
-        if described["JobStatus"] == "InProgress":
-            try:
-                self.sagemaker.stop_job(JobName=self.job(run), JobCategory=JOB_CATEGORY)
-            except ClientError as error:
-                if error.response.get("Error", {}).get("Code") != NOT_FOUND:
-                    raise
-        return 1
+        """Stop each of the run's jobs that runs; how many it has."""
+        jobs = [(self.job(run), JOB_CATEGORY)]
+        jobs += [(self.job(run, stage), EVALUATION_CATEGORY) for stage in EvaluationStage]
+        found = 0
+        for name, category in jobs:
+            described = self._describe(name, category)
+            if described is None:
+                continue
+            found += 1
+            if described["JobStatus"] == "InProgress":
+                try:
+                    self.sagemaker.stop_job(JobName=name, JobCategory=category)
+                except ClientError as error:
+                    if error.response.get("Error", {}).get("Code") != NOT_FOUND:
+                        raise
+        return found
 
     def scale_down(self, run: RunContext) -> None:
         """No nodes to release."""

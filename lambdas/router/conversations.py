@@ -6,8 +6,9 @@ One table, key (`run_id`, `item`), TTL on `expires_at`:
   until the pipeline opens the first); deleted at teardown (`remove_run`);
 - `queue#<name>`: which run a queue belongs to (under `run_id` = `queue#<name>`), for the
   consumer, which only knows the queue a message came from;
-- `job#<name>`: which run a SageMaker managed multi-turn RL job belongs to, for the agent
-  forwarder, which only knows the job a rollout request names;
+- `job#<name>`: which run a SageMaker managed multi-turn RL job (training, or a held-out
+  evaluation) belongs to, for the agent forwarder, which only knows the job a rollout request
+  names;
 - `step#<step_id>`: one model turn: `pending -> processing -> completed | failed`;
 - `rollout#<sample_id>`: one episode: `processing -> completed | failed`;
 - `sample#<sample_id>`: which phase of the run (training, or an evaluation) a sample was last
@@ -147,10 +148,10 @@ class ConversationStore:
         model: str,
         now: float,
         deadline_at: float | None = None,
-        job: str | None = None,
+        jobs: tuple[str, ...] = (),
     ) -> None:
         """Register the run: its token (hashed), its queues, each queue's owner, and the owner of
-        its managed job (`job`, a serverless run's job name). The registration expires
+        its managed jobs (`jobs`, a serverless run's job names). The registration expires
         `REGISTRATION_GRACE_SECONDS` after the run's deadline (without one, with the table's
         items)."""
         expires = _registration_expiry(deadline_at) if deadline_at is not None else now + self._ttl
@@ -163,10 +164,10 @@ class ConversationStore:
             "created_at": {"N": repr(now)},
             "expires_at": {"N": str(int(expires))},
         }
-        if job is not None:
-            item["job"] = {"S": job}
+        if jobs:
+            item["jobs"] = {"SS": list(jobs)}
         self._db.put_item(TableName=self._table, Item=item)
-        owned = [_queue_key(url) for url in queues.values()] + ([_job_key(job)] if job else [])
+        owned = [_queue_key(url) for url in queues.values()] + [_job_key(job) for job in jobs]
         for key in owned:
             self._db.put_item(
                 TableName=self._table,
@@ -187,8 +188,8 @@ class ConversationStore:
             return False
         for url in json.loads(item.get("queues", {}).get("S", "{}")).values():
             self._delete(_queue_key(url), "run")
-        if "job" in item:
-            self._delete(_job_key(item["job"]["S"]), "run")
+        for job in item.get("jobs", {}).get("SS", []):
+            self._delete(_job_key(job), "run")
         self._delete(run_id, "run")
         return True
 

@@ -1,22 +1,24 @@
 """SageMaker's managed multi-turn RL job in local mode. The serverless plane
 (lambdas/pipeline/serverless_training.py) runs unchanged against `LocalJobService`, a stand-in
-of the SageMaker calls it makes, and the job it starts is played here:
+of the SageMaker calls it makes, and the jobs it starts are played here:
 
 - `LocalJobService`: DescribeHubContent, CreateJob, DescribeJob and StopJob, each request and
   answer held to botocore's model of SageMaker, errors raised as botocore raises a service's.
-  CreateJob starts the job's training loop in a thread of this process; DescribeJob reads its
-  state as the service's JobStatus, and its document's ServiceOutput as the SDK's AgentRFTJob
-  reads it: ProgressInfo while it trains, the package it registered the trained model as
+  CreateJob starts the job in a thread of this process — a training job (`AgentRFT`) or a
+  held-out evaluation (`AgentRFTEvaluation`); DescribeJob reads its state as the service's
+  JobStatus, and a training job's document's ServiceOutput as the SDK's AgentRFTJob reads it:
+  ProgressInfo while it trains, the package it registered the trained model as
   (OutputModelPackageArn, in the document's output group) once it completed. It serves the
-  job runtime stand-in
-  (mtrl/local/job_runtime.py) the run's workers call for each turn.
-- `ManagedJobTrainer`: that loop, as the service runs one for its document: GRPO on the local
-  policy (mtrl/local/trainer/). Each step draws prompts from the document's train channel and
-  invokes the document's agent Lambda (Lambda's Invoke) with the SDK's RolloutRequest for
-  `group_size` new trajectories of each; the run's workers play them, the policy answering each
-  turn through the runtime, and report them there; the trajectories' rewards (summed over
-  turns) make the update. A trajectory failed, refused by the agent, or not reported within the
-  config's rollout timeout carries no reward. Metrics and checkpoints as the local trainer's.
+  job runtime stand-in (mtrl/local/job_runtime.py) the run's workers call for each turn.
+- `AgentRollouts`: how either job plays trajectories: each asked of the document's agent
+  Lambda (Lambda's Invoke) with the SDK's RolloutRequest; the run's workers play it, the job's
+  policy answering each turn through the runtime, and report it there.
+- `ManagedJobTrainer`: the training loop, as the service runs one for its document: GRPO on
+  the local policy (mtrl/local/trainer/). Each step draws prompts from the document's train
+  channel, `group_size` new trajectories of each; the trajectories' rewards (summed over
+  turns) make the update. Metrics and checkpoints as the local trainer's.
+- `ManagedJobEvaluation`: an evaluation job: its evaluation channel's records played by the
+  base model's policy or the trained package's, nothing learned.
 - `LocalServerlessPlane`: the plane local mode composes: the real one over this service, which
   it tells each run's context before CreateJob — the local policy's settings and the run's
   outputs are not in a job document, as the service's own hyperparameters are not in ours.
@@ -28,8 +30,10 @@ import datetime
 import json
 import logging
 import threading
+import time
 import zlib
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 from urllib.parse import urlsplit
@@ -42,13 +46,14 @@ from botocore.validate import ParamValidator
 from domain.agent_rft import AgentRolloutRequest, RolloutMetadata, job_name_of, runtime_endpoint
 from domain.backends import RunContext
 from domain.dataset import DatasetRecord
+from domain.episodes import EvaluationStage
 from domain.protocol import Metric, RolloutResponse
-from domain.serverless_job import HUB_NAME
+from domain.serverless_job import EVALUATION_CATEGORY, HUB_NAME, evaluation_defaults
 from domain.trainer_job import PlayedStep, TrainingJob, print_step, read_dataset
 from lambdas.pipeline.serverless_training import ManagedJobSettings, ServerlessTrainingCluster
 from lambdas.router.conversations import ConversationStore
 from mtrl.local.job_runtime import JobRuntimeStandIn
-from mtrl.local.trainer.checkpoints import FINAL, checkpoint_key
+from mtrl.local.trainer.checkpoints import FINAL, checkpoint_key, load_checkpoint, starting_policy
 from mtrl.local.trainer.loop import Trainer
 from mtrl.local.trainer.policy import Policy, policy_for
 from mtrl.local.trainer.policy_server import PolicyServer
@@ -57,6 +62,11 @@ from reward_envs.registry import load
 log = logging.getLogger("mtrl.managed_job")
 # How long StopJob waits for a job's step in flight to end.
 STOP_SECONDS = 30.0
+# Where a trained model's package says its checkpoint is (its CustomerMetadataProperties).
+CHECKPOINT_PROPERTY = "mtrl:checkpoint"
+# An evaluation job's rollout timeout and concurrency: AWS's evaluation recipe's (the document
+# does not set them).
+EVALUATION_DEFAULTS = evaluation_defaults()
 
 
 def _now() -> datetime.datetime:
@@ -99,72 +109,32 @@ class RuntimeTurns(PolicyServer):
         return {"object": "chat.completion", "choices": [choice]}
 
 
-class ManagedJobTrainer(Trainer):
+class AgentRollouts:
+    """How a job of the service plays trajectories: each asked of the document's agent Lambda
+    (Lambda's Invoke, the SDK's RolloutRequest), the run's workers answering its turns at the
+    runtime and reporting it there. A trajectory failed, refused by the agent, or not reported
+    within the timeout carries no reward."""
+
     def __init__(
         self,
-        job: TrainingJob,
         *,
-        s3: Any,
         lambda_client: Any,
-        policy: Policy,
         runtime: JobRuntimeStandIn,
         job_arn: str,
         document: dict[str, Any],
-        out: TextIO | None = None,
+        server: RuntimeTurns,
+        timeout_seconds: float,
+        clock: Callable[[], float],
     ) -> None:
         self.lambda_client, self.runtime, self.job_arn = lambda_client, runtime, job_arn
         self.agent = document["AgentConfig"]["CustomAgentLambdaConfig"]["LambdaArn"]
-        (train,) = [c for c in document["InputDataConfig"] if c["ChannelName"] == "train"]
-        self.train_uri = train["DataSource"]["S3DataSource"]["S3Uri"]
-        super().__init__(job, sqs=None, s3=s3, policy=policy, out=out)
-        self.server: RuntimeTurns
+        self.server, self.timeout_seconds, self.clock = server, timeout_seconds, clock
 
-    def _generation(self, params: np.ndarray) -> RuntimeTurns:
-        return RuntimeTurns(
-            self.job, sqs=None, policy=self.policy, params=params, version=self.steps_before
-        )
-
-    def _records(self) -> list[DatasetRecord]:
-        """The train channel's records (the plane wrote them without the held-out ones)."""
-        location = urlsplit(self.train_uri)
-        return read_dataset(
-            self.s3, bucket=location.netloc, key=location.path.lstrip("/"), version=None
-        )
-
-    def _publish(self, *, last: int) -> None:
-        """The progress line only: the service's own figures go to MLflow, not to the run's
-        metrics object, which the plane makes from the workers' reports."""
-        print_step(self.history[-1], last=last, out=self.out)
-
-    def stop(self) -> None:
-        super().stop()
-        with self.runtime.reported:
-            self.runtime.reported.notify_all()
-
-    def _step(self, step: int, records: list[DatasetRecord], rng: np.random.Generator) -> None:
-        started, started_at = self.clock(), self.wall_clock()
-        config = self.config
-        wanted = config.global_batch_size // config.group_size
-        chosen = rng.choice(len(records), size=wanted, replace=len(records) < wanted)
-        groups = {
-            f"{number}:{records[index].id}": [
-                self.runtime.new_trajectory(self.job_arn) for _ in range(config.group_size)
-            ]
-            for number, index in enumerate(chosen)
-        }
-        trajectories = [t for group in groups.values() for t in group]
-        self.server.record(trajectories)
-        refused = set()
-        for group, index in zip(groups.values(), chosen, strict=True):
-            for trajectory in group:
-                if not self._send(records[index], trajectory):
-                    refused.add(trajectory)
-        self._await(
-            set(trajectories) - refused, until=self.clock() + config.rollout_timeout_seconds
-        )
-        responses = {t: self._response(t, refused=t in refused) for t in trajectories}
-        played = PlayedStep(groups, responses, started, started_at)
-        self._update(step, played, self.server.recorded(trajectories))
+    def play(self, records: dict[str, DatasetRecord]) -> dict[str, RolloutResponse]:
+        """Each trajectory's record played; how each ended, by trajectory."""
+        refused = {t for t, record in records.items() if not self._send(record, t)}
+        self._await(set(records) - refused, until=self.clock() + self.timeout_seconds)
+        return {t: self._response(t, refused=t in refused) for t in records}
 
     def _send(self, record: DatasetRecord, trajectory: str) -> bool:
         """The rollout request for one trajectory, to the agent Lambda; False if it refused."""
@@ -185,7 +155,7 @@ class ManagedJobTrainer(Trainer):
         return True
 
     def _await(self, trajectories: set[str], *, until: float) -> None:
-        """Until every one of them is reported, the step's time is up, or the job stops."""
+        """Until every one of them is reported, the time is up, or the job stops."""
         with self.runtime.reported:
             while not self.server.stopped and not all(
                 self.runtime.trajectory(self.job_arn, t).reported for t in trajectories
@@ -215,6 +185,143 @@ class ManagedJobTrainer(Trainer):
             metrics=turns, error="not reported within the rollout timeout",
         )  # fmt: skip
 
+    def wake(self) -> None:
+        """A job told to stop stops waiting for its trajectories."""
+        with self.runtime.reported:
+            self.runtime.reported.notify_all()
+
+
+def _channel_records(s3: Any, document: dict[str, Any], channel: str) -> list[DatasetRecord]:
+    """The records of the document's input channel `channel` (one of our dataset objects)."""
+    (found,) = [c for c in document["InputDataConfig"] if c["ChannelName"] == channel]
+    location = urlsplit(found["DataSource"]["S3DataSource"]["S3Uri"])
+    return read_dataset(s3, bucket=location.netloc, key=location.path.lstrip("/"), version=None)
+
+
+class ManagedJobTrainer(Trainer):
+    def __init__(
+        self,
+        job: TrainingJob,
+        *,
+        s3: Any,
+        lambda_client: Any,
+        policy: Policy,
+        runtime: JobRuntimeStandIn,
+        job_arn: str,
+        document: dict[str, Any],
+        out: TextIO | None = None,
+    ) -> None:
+        self.runtime, self.job_arn, self.document = runtime, job_arn, document
+        super().__init__(job, sqs=None, s3=s3, policy=policy, out=out)
+        self.server: RuntimeTurns
+        self.rollouts = AgentRollouts(
+            lambda_client=lambda_client, runtime=runtime, job_arn=job_arn, document=document,
+            server=self.server, timeout_seconds=self.config.rollout_timeout_seconds,
+            clock=self.clock,
+        )  # fmt: skip
+
+    def _generation(self, params: np.ndarray) -> RuntimeTurns:
+        return RuntimeTurns(
+            self.job, sqs=None, policy=self.policy, params=params, version=self.steps_before
+        )
+
+    def _records(self) -> list[DatasetRecord]:
+        """The train channel's records (the plane wrote them without the held-out ones)."""
+        return _channel_records(self.s3, self.document, "train")
+
+    def _publish(self, *, last: int) -> None:
+        """The progress line only: the service's own figures go to MLflow, not to the run's
+        metrics object, which the plane makes from the workers' reports."""
+        print_step(self.history[-1], last=last, out=self.out)
+
+    def stop(self) -> None:
+        super().stop()
+        self.rollouts.wake()
+
+    def _step(self, step: int, records: list[DatasetRecord], rng: np.random.Generator) -> None:
+        started, started_at = self.clock(), self.wall_clock()
+        config = self.config
+        wanted = config.global_batch_size // config.group_size
+        chosen = rng.choice(len(records), size=wanted, replace=len(records) < wanted)
+        groups = {
+            f"{number}:{records[index].id}": [
+                self.runtime.new_trajectory(self.job_arn) for _ in range(config.group_size)
+            ]
+            for number, index in enumerate(chosen)
+        }
+        trajectories = [t for group in groups.values() for t in group]
+        self.server.record(trajectories)
+        responses = self.rollouts.play(
+            {
+                trajectory: records[index]
+                for group, index in zip(groups.values(), chosen, strict=True)
+                for trajectory in group
+            }
+        )
+        played = PlayedStep(groups, responses, started, started_at)
+        self._update(step, played, self.server.recorded(trajectories))
+
+
+class ManagedJobEvaluation:
+    """An evaluation job (`AgentRFTEvaluation`) as the service runs one for its document: each
+    record of its `evaluation` channel `eval_group_size` times through the agent, answered by the
+    base model — the local policy a run starts from — or, with the document's
+    InputModelPackageArn, by the trained model that package is (the local policy's checkpoint it
+    names); nothing learned. Its results are the run's workers' reports: the service's own go to
+    MLflow."""
+
+    def __init__(
+        self,
+        job: TrainingJob,
+        *,
+        s3: Any,
+        lambda_client: Any,
+        registry: Any,
+        policy: Policy,
+        runtime: JobRuntimeStandIn,
+        job_arn: str,
+        document: dict[str, Any],
+    ) -> None:
+        self.job, self.s3, self.runtime, self.job_arn = job, s3, runtime, job_arn
+        self.document = document
+        params, version = self._model(registry, policy)
+        self.server = RuntimeTurns(job, sqs=None, policy=policy, params=params, version=version)
+        self.rollouts = AgentRollouts(
+            lambda_client=lambda_client, runtime=runtime, job_arn=job_arn, document=document,
+            server=self.server, timeout_seconds=float(EVALUATION_DEFAULTS["rollout_timeout"]),
+            clock=time.monotonic,
+        )  # fmt: skip
+
+    def _model(self, registry: Any, policy: Policy) -> tuple[np.ndarray, int]:
+        package = self.document.get("ModelPackageConfig", {}).get("InputModelPackageArn")
+        if package is None:
+            return starting_policy(self.s3, self.job, policy)
+        described = registry.describe_model_package(ModelPackageName=package)
+        bucket, _, key = (
+            described["CustomerMetadataProperties"][CHECKPOINT_PROPERTY]
+            .removeprefix("s3://")
+            .partition("/")
+        )
+        return load_checkpoint(self.s3, bucket=bucket, key=key, policy=policy)
+
+    def run(self) -> None:
+        records = _channel_records(self.s3, self.document, "evaluation")
+        chosen = self.document["EvaluationConfig"].get("HyperParameters", {})
+        group = int(chosen.get("eval_group_size", EVALUATION_DEFAULTS["eval_group_size"]))
+        planned = [(record, self.runtime.new_trajectory(self.job_arn)) for record in records
+                   for _ in range(group)]  # fmt: skip
+        self.server.record([trajectory for _, trajectory in planned])
+        at_once = int(EVALUATION_DEFAULTS["rollout_max_concurrency"])
+        for start in range(0, len(planned), at_once):
+            if self.server.stopped:
+                break
+            self.rollouts.play({t: record for record, t in planned[start : start + at_once]})
+        log.info("evaluated %d rollouts of %d records", len(planned), len(records))
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.rollouts.wake()
+
 
 class ProgressLines:
     """The text stream a job's trainer prints its step lines on (the local trainer's stdout),
@@ -239,7 +346,7 @@ class ProgressLines:
 class _Job:
     description: dict[str, Any]
     document: dict[str, Any]  # the description's JobConfigDocument, as CreateJob sent it
-    trainer: ManagedJobTrainer
+    work: ManagedJobTrainer | ManagedJobEvaluation
     thread: threading.Thread | None = None
     stop_asked: bool = False
     package: str | None = None  # the trained model's, once registered
@@ -302,11 +409,15 @@ class LocalJobService:
                 reward_range=(environment.reward_range.low, environment.reward_range.high),
             )  # fmt: skip
             document = json.loads(request["JobConfigDocument"])
-            trainer = ManagedJobTrainer(
-                job, s3=self.s3, lambda_client=self.lambda_client,
-                policy=policy_for(environment), runtime=self.runtime, job_arn=arn,
-                document=document, out=ProgressLines(self.progress[run.run_id]),
+            played = dict(
+                s3=self.s3, lambda_client=self.lambda_client, policy=policy_for(environment),
+                runtime=self.runtime, job_arn=arn, document=document,
             )  # fmt: skip
+            work = (
+                ManagedJobEvaluation(job, registry=self.sagemaker, **played)
+                if request["JobCategory"] == EVALUATION_CATEGORY
+                else ManagedJobTrainer(job, out=ProgressLines(self.progress[run.run_id]), **played)
+            )
             now = _now()
             self.jobs[name] = managed = _Job(
                 description={
@@ -319,11 +430,11 @@ class LocalJobService:
                     "SecondaryStatusTransitions": [{"Status": "Training", "StartTime": now}],
                 },
                 document=document,
-                trainer=trainer,
+                work=work,
             )  # fmt: skip
             self.runtime.open_job(arn)
             managed.thread = threading.Thread(
-                target=self._train, args=(managed,), name=f"job-{name}", daemon=True
+                target=self._run, args=(managed,), name=f"job-{name}", daemon=True
             )
             managed.thread.start()
         return self._answer("CreateJob", {"JobArn": arn})
@@ -339,10 +450,14 @@ class LocalJobService:
         return self._answer("DescribeJob", described)
 
     def _service_output(self, job: _Job) -> dict[str, Any]:
-        steps = [e for e in self.progress[job.trainer.job.run_id] if "step" in e]
+        """A training job's progress, and the package it registered once it completed (an
+        evaluation's results go to MLflow only)."""
+        if not isinstance(job.work, ManagedJobTrainer):
+            return {}
+        steps = [e for e in self.progress[job.work.job.run_id] if "step" in e]
         output: dict[str, Any] = {
             "ProgressInfo": {
-                "MaxSteps": job.trainer.config.max_steps,
+                "MaxSteps": job.work.config.max_steps,
                 "CurrentStep": steps[-1]["step"] if steps else 0,
             }
         }
@@ -372,17 +487,17 @@ class LocalJobService:
             return
         job.stop_asked = True
         self._transition(job, "Stopping", "Stopping")
-        job.trainer.stop()
+        job.work.stop()
         job.thread.join(timeout=STOP_SECONDS)
 
-    def _train(self, job: _Job) -> None:
+    def _run(self, job: _Job) -> None:
         try:
-            job.trainer.run()
+            job.work.run()
         except Exception as error:  # noqa: BLE001 - a job that fails says why, as the service does
             log.exception("job %s failed", job.description["JobName"])
             self._transition(job, "Failed", "Failed", reason=f"{type(error).__name__}: {error}")
         else:
-            if not job.stop_asked:
+            if not job.stop_asked and isinstance(job.work, ManagedJobTrainer):
                 job.package = self._register(job)
             final = "Stopped" if job.stop_asked else "Completed"
             self._transition(job, final, final)
@@ -394,12 +509,12 @@ class LocalJobService:
         registers it (the local policy's final checkpoint as its metadata)."""
         config = job.document["ModelPackageConfig"]
         group = config["OutputModelPackageGroupArn"].rsplit("/", 1)[-1]
-        trained = job.trainer.job
+        trained = job.work.job
         checkpoint = f"s3://{trained.bucket}/{checkpoint_key(trained.output_prefix, FINAL)}"
         return self.sagemaker.create_model_package(
             ModelPackageGroupName=group,
             ModelPackageDescription=f"{job.description['JobName']}: the local policy, trained",
-            CustomerMetadataProperties={"mtrl:checkpoint": checkpoint},
+            CustomerMetadataProperties={CHECKPOINT_PROPERTY: checkpoint},
         )["ModelPackageArn"]
 
     def _transition(self, job: _Job, status: str, secondary: str, *, reason: str = "") -> None:
@@ -417,7 +532,7 @@ class LocalJobService:
                 description["FailureReason"] = reason[:1024]
 
     def _sample(self, job_arn: str, trajectory: str, request: dict[str, Any]) -> dict[str, Any]:
-        return self.jobs[job_name_of(job_arn)].trainer.server.sample(trajectory, request)
+        return self.jobs[job_name_of(job_arn)].work.server.sample(trajectory, request)
 
     # --- botocore's model -------------------------------------------------------------------
 
@@ -464,3 +579,7 @@ class LocalServerlessPlane(ServerlessTrainingCluster):
     def submit(self, run: RunContext) -> str:
         self.service.runs[self.job(run)] = run
         return super().submit(run)
+
+    def submit_evaluation(self, run: RunContext, *, stage: EvaluationStage) -> str:
+        self.service.runs[self.job(run, stage)] = run
+        return super().submit_evaluation(run, stage=stage)

@@ -1,5 +1,7 @@
 """`mtrl plan` for a serverless config: the CreateJob request a run would send SageMaker's managed
-multi-turn RL service, and its job document, read before paying.
+multi-turn RL service, and its job document, read before paying; and the evaluation jobs' (the
+base model before training, the trained model's package after) when the config holds records
+out.
 
 Offline: from the config, the deployment configuration (cdk.json) and domain/serverless_job.py;
 no AWS call. What only a run or a deployed stack knows is shown as placeholders.
@@ -15,13 +17,16 @@ from typing import Any
 from rich.table import Table
 
 from domain.bucket import RUNS_PREFIX
+from domain.episodes import EvaluationStage
 from domain.evaluation import EVALUATION_RECORDS_OBJECT, TRAINING_RECORDS_OBJECT
 from domain.naming import checkpoint_group_name, model_group_name, run_prefix
 from domain.serverless_job import (
     HUB_NAME,
     SOURCES,
+    EvaluationTargets,
     JobTargets,
     agent_function_name,
+    create_evaluation_request,
     create_job_request,
     hub_model,
     hyperparameters,
@@ -44,8 +49,13 @@ UNVERIFIED = (
     "cost above is the reward workers and the platform only",
     "the deployment's model group takes the job's models (the SDK makes Nova's groups with "
     "restricted managed storage)",
-    "no deployment has the serverless plane yet (the stack makes no agent function or job "
-    "role): Register refuses such a run",
+    "the evaluation job's hyperparameters: the names the SDK's evaluator sends them by "
+    "(sampling_temperature, top_p, max_tokens) are not those of AWS's published evaluation "
+    "recipe (temperature, sampling_top_p, sampling_max_tokens), so it sends neither, as this "
+    "plan does; the service then samples at the recipe's temperature 0",
+    "the service plays an evaluation job's rollouts through the agent and the job runtime as "
+    "it plays training's (the SDK's evaluator names the agent; the runtime calls are "
+    "training's)",
 )
 
 
@@ -61,6 +71,8 @@ class ServerlessPlan:
     create_job: dict[str, Any]
     document: dict[str, Any]
     cost_per_hour_usd: float
+    # Each held-out evaluation's CreateJob request, by stage (none: nothing held out).
+    evaluations: dict[str, dict[str, Any]]
     unverified: tuple[str, ...] = UNVERIFIED
 
     def as_dict(self) -> dict[str, Any]:
@@ -78,22 +90,44 @@ def serverless_plan(
     outputs = f"s3://{bucket}/{RUNS_PREFIX}{RUN}/"
     model = hub_model(config.model)
     group_arn = f"arn:aws:sagemaker:{region}:{account}:model-package-group/"
+    agent = f"arn:aws:lambda:{region}:{account}:function:{agent_function_name(prefix)}"
+    base_model = f"<DescribeHubContent {HUB_NAME} Model {model}: HubContentArn>"
+    data_key = "<the deployment's data key ARN>"
     targets = JobTargets(
-        agent_lambda_arn=f"arn:aws:lambda:{region}:{account}:function:{agent_function_name(prefix)}",
-        base_model_arn=f"<DescribeHubContent {HUB_NAME} Model {model}: HubContentArn>",
+        agent_lambda_arn=agent,
+        base_model_arn=base_model,
         train_uri=f"{outputs}{TRAINING_RECORDS_OBJECT}",
-        validation_uri=f"{outputs}{EVALUATION_RECORDS_OBJECT}" if config.evaluates else None,
         output_uri=outputs,
-        kms_key_arn="<the deployment's data key ARN>",
+        kms_key_arn=data_key,
         output_model_package_group_arn=group_arn + model_group_name(prefix),
         checkpoint_model_package_group_arn=group_arn + checkpoint_group_name(prefix),
     )
-    request = create_job_request(
-        config,
-        targets,
-        name=f"{run_prefix(prefix)}{RUN}",
-        role_arn=f"arn:aws:iam::{account}:role/{job_role_name(prefix)}",
+    name, role = (
+        f"{run_prefix(prefix)}{RUN}",
+        f"arn:aws:iam::{account}:role/{job_role_name(prefix)}",
     )
+    request = create_job_request(config, targets, name=name, role_arn=role)
+    evaluations = {
+        stage: create_evaluation_request(
+            config,
+            EvaluationTargets(
+                agent_lambda_arn=agent,
+                base_model_arn=base_model,
+                evaluation_uri=f"{outputs}{EVALUATION_RECORDS_OBJECT}",
+                output_uri=f"{outputs}evaluation/{stage}/",
+                kms_key_arn=data_key,
+                model_package_arn=(
+                    "<DescribeJob " + name + ": ServiceOutput.OutputModelPackageArn>"
+                    if stage is EvaluationStage.FINAL
+                    else None
+                ),
+            ),
+            name=f"{name}-{stage}",
+            role_arn=role,
+        )
+        for stage in EvaluationStage
+        if config.evaluates
+    }
     sent = sent_hyperparameters(config)
     specs = template_parameters(template_for(config.model))
     return ServerlessPlan(
@@ -113,6 +147,7 @@ def serverless_plan(
         create_job=request,
         document=json.loads(request["JobConfigDocument"]),
         cost_per_hour_usd=round(estimate(config).per_hour, 2),
+        evaluations=evaluations,
     )
 
 
@@ -136,6 +171,10 @@ def print_serverless_plan(made: ServerlessPlan) -> None:
     show(json.dumps(request, indent=2))
     show("JobConfigDocument:")
     show(made.create_job["JobConfigDocument"])
+    for stage, evaluation in made.evaluations.items():
+        show(f"the {stage} evaluation's CreateJob request (its JobConfigDocument as JSON):")
+        document = json.loads(evaluation["JobConfigDocument"])
+        show(json.dumps(evaluation | {"JobConfigDocument": document}, indent=2))
     show("unverified until a first run on AWS:")
     for item in made.unverified:
         show(f"  - {item}")

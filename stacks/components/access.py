@@ -70,8 +70,8 @@ NEEDS: Mapping[str, tuple[Need, ...]] = {
         Need.DATASETS_READ_CURRENT, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE, Need.RUN_QUEUES_RECEIVE,
         Need.RUN_QUEUES_SEND, Need.ROLLOUT_LAMBDA_INVOKE, Need.EXPERIMENTS_LOG,
     ),
-    # A serverless run's managed job (the serverless plane's job role): its train and
-    # validation channels and outputs under the run's, the agent Lambda, and what AWS's managed
+    # A serverless run's managed jobs (the serverless plane's job role): their train and
+    # evaluation channels and outputs under the run's, the agent Lambda, and what AWS's managed
     # policy for job roles gives it beside (stacks/components/serverless_plane.py).
     "serverless_job": (
         Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE, Need.AGENT_INVOKE,

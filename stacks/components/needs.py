@@ -72,7 +72,12 @@ class Need(StrEnum):
         "start a run's managed multi-turn RL job (CreateJob) with its base model and the job role"
     )
     MANAGED_JOB_WATCH = "describe a run's managed job"
-    MANAGED_JOB_STOP = "stop a run's managed job"
+    MANAGED_EVALUATION_START = (
+        "start a run's held-out evaluation job (CreateJob, AgentRFTEvaluation) of its base model "
+        "or of the package its training job registered, with the job role"
+    )
+    MANAGED_EVALUATION_WATCH = "describe a run's held-out evaluation job"
+    MANAGED_JOB_STOP = "stop a run's managed jobs, training or evaluating"
     JOB_RUNTIME = "sample a managed job's policy and report its rollouts (SageMaker's job runtime)"
     AGENT_INVOKE = "invoke the deployment's agent Lambda (a managed job's rollout requests)"
     MANAGED_JOB_SERVICE = (

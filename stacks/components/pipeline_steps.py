@@ -125,20 +125,22 @@ STEPS = (
     ),
     # A Nova evaluation: AWS's recipe, the held-out records written for it, the checkpoint found.
     # An open-weights one: the trainer image's evaluation job, submitted as the training job is.
+    # A serverless one: AWS's evaluation job, of the package the training job registered.
     PipelineStep(
         "start_evaluation", "Starts the evaluation of the run's starting or trained model",
         (
             Need.NOVA_LAUNCH, Need.FORGE_RECIPES_READ, Need.DATASETS_READ,
             Need.EVALUATION_DATA_READ, Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE,
-            Need.KUBERNETES, Need.POD_IDENTITY_CREATE,
+            Need.KUBERNETES, Need.POD_IDENTITY_CREATE, Need.MANAGED_EVALUATION_START,
         ),
     ),
-    # A Nova evaluation's episodes: its rollout reports, written beside the run's outputs.
+    # A Nova or serverless evaluation's episodes: its rollout reports, written beside the run's
+    # outputs.
     PipelineStep(
         "evaluation_status", "Polls an evaluation; its headline figures once it ended",
         (
             Need.OUTPUTS_LIST, Need.OUTPUTS_READ, Need.OUTPUTS_WRITE, Need.KUBERNETES,
-            Need.CONVERSATIONS_QUERY,
+            Need.CONVERSATIONS_QUERY, Need.MANAGED_EVALUATION_WATCH,
         ),
     ),
     PipelineStep(

@@ -16,8 +16,9 @@ pipeline use. With `serverless_training: false` none of it exists and its needs 
   stop jobs and those that check a config against the planes.
 
 Grants (stacks/components/access.py): MANAGED_JOB_START (CreateJob with its tags, DescribeJob,
-DescribeHubContent, PassRole of the job role to job.sagemaker only), MANAGED_JOB_WATCH,
-MANAGED_JOB_STOP, JOB_RUNTIME (the reward workers: the runtime's Sample, CompleteRollout and
+DescribeHubContent, PassRole of the job role to job.sagemaker only), MANAGED_JOB_WATCH, the same
+two for the held-out evaluation jobs (MANAGED_EVALUATION_START, _WATCH), MANAGED_JOB_STOP (both
+kinds), JOB_RUNTIME (the reward workers: the runtime's Sample, CompleteRollout and
 UpdateReward on the deployment's jobs — AWS's AmazonSageMakerJobRuntimeAccess, narrowed),
 AGENT_INVOKE (the job role only), MANAGED_JOB_SERVICE (the job role). Which calls the job makes
 with its role is AWS's and unpublished beyond the managed policy: unverified until a job runs.
@@ -34,8 +35,10 @@ from constructs import Construct
 
 from domain.naming import checkpoint_group_name, model_group_name, run_prefix
 from domain.serverless_job import (
+    EVALUATION_CATEGORY,
     HUB_NAME,
     JOB_CATEGORY,
+    LOG_GROUPS,
     agent_function_name,
     job_role_name,
 )
@@ -50,8 +53,6 @@ from stacks.config import PlatformConfig
 
 AGENT_HANDLER = "lambdas.router.agent_forwarder.handler"
 JOB_SERVICE = "job.sagemaker.amazonaws.com"
-# Where the managed job writes its logs (issue #45, from the SDK's job docs): unverified.
-JOB_LOG_GROUP = f"/aws/sagemaker/Job/{JOB_CATEGORY}"
 
 
 class ServerlessPlane(Construct):
@@ -62,6 +63,8 @@ class ServerlessPlane(Construct):
         {
             Need.MANAGED_JOB_START,
             Need.MANAGED_JOB_WATCH,
+            Need.MANAGED_EVALUATION_START,
+            Need.MANAGED_EVALUATION_WATCH,
             Need.MANAGED_JOB_STOP,
             Need.JOB_RUNTIME,
             Need.AGENT_INVOKE,
@@ -121,12 +124,17 @@ class ServerlessPlane(Construct):
             job_role_arn=self.job_role.role_arn,
             agent_function_arn=self.agent.function_arn,
         )
-        # The deployment's jobs: `<prefix>-run-<run id>` (domain/serverless_job.job_name).
-        self._jobs = stack.format_arn(
-            service="sagemaker",
-            resource="job",
-            resource_name=f"{JOB_CATEGORY}/{run_prefix(prefix)}*",
-        )
+        # The deployment's jobs: `<prefix>-run-<run id>`, and its evaluations
+        # `<prefix>-run-<run id>-<stage>` (domain/serverless_job.job_name).
+        self._jobs = [
+            stack.format_arn(
+                service="sagemaker",
+                resource="job",
+                resource_name=f"{category}/{run_prefix(prefix)}*",
+            )  # fmt: skip
+            for category in (JOB_CATEGORY, EVALUATION_CATEGORY)
+        ]
+        self._training_jobs, self._evaluation_jobs = self._jobs
         # AWS's public hub: its account is `aws`; a config may name any of its models.
         public_hub = f"arn:{stack.partition}:sagemaker:{stack.region}:aws"
         self._hub = [f"{public_hub}:hub/{HUB_NAME}", f"{public_hub}:hub-content/{HUB_NAME}/Model/*"]
@@ -145,19 +153,39 @@ class ServerlessPlane(Construct):
             stack.format_arn(service="sagemaker", resource="model-package", resource_name=f"{g}/*")
             for g in groups
         ]
-        self._logs = stack.format_arn(
-            service="logs",
-            resource="log-group",
-            resource_name=f"{JOB_LOG_GROUP}:*",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )
+        self._logs = [
+            stack.format_arn(
+                service="logs",
+                resource="log-group",
+                resource_name=f"{group}:*",
+                arn_format=ArnFormat.COLON_RESOURCE_NAME,
+            )  # fmt: skip
+            for group in LOG_GROUPS
+        ]
         self._allow = Allow(
             {
-                self._jobs: Wildcard.NAMED_AT_RUN_TIME,
+                **dict.fromkeys(self._jobs, Wildcard.NAMED_AT_RUN_TIME),
                 self._hub[1]: Wildcard.PUBLIC_CATALOG,
-                self._logs: Wildcard.NAMED_AT_RUN_TIME,
+                **dict.fromkeys(self._logs, Wildcard.NAMED_AT_RUN_TIME),
                 **dict.fromkeys(self._packages, Wildcard.ASSIGNED_BY_AWS),
             }
+        )
+
+    def _start(self, role: iam.IRole, jobs: str) -> None:
+        """Create `jobs` (and read them back) with the job role and the public hub's models: the
+        caller role of AWS's MTRL prerequisites page, narrowed to these jobs; tags on creation
+        need sagemaker:AddTags (SageMaker Developer Guide, "Grant permissions to tag SageMaker
+        AI resources on creation")."""
+        assert self.job_role is not None
+        self._allow(
+            role, ["sagemaker:CreateJob", "sagemaker:DescribeJob", "sagemaker:AddTags"], jobs
+        )
+        self._allow(role, ["sagemaker:DescribeHubContent"], *self._hub)
+        self._allow(
+            role,
+            ["iam:PassRole"],
+            self.job_role.role_arn,
+            conditions={"StringEquals": {"iam:PassedToService": JOB_SERVICE}},
         )
 
     def grant(self, need: Need, role: iam.IRole) -> None:
@@ -165,29 +193,22 @@ class ServerlessPlane(Construct):
             return  # no serverless plane in this deployment
         match need:
             case Need.MANAGED_JOB_START:
-                # The caller role of AWS's MTRL prerequisites page, narrowed to these jobs; tags
-                # on creation need sagemaker:AddTags (SageMaker Developer Guide, "Grant
-                # permissions to tag SageMaker AI resources on creation").
-                self._allow(
-                    role, ["sagemaker:CreateJob", "sagemaker:DescribeJob", "sagemaker:AddTags"],
-                    self._jobs,
-                )  # fmt: skip
-                self._allow(role, ["sagemaker:DescribeHubContent"], *self._hub)
-                self._allow(
-                    role,
-                    ["iam:PassRole"],
-                    self.job_role.role_arn,
-                    conditions={"StringEquals": {"iam:PassedToService": JOB_SERVICE}},
-                )
+                self._start(role, self._training_jobs)
+            case Need.MANAGED_EVALUATION_START:
+                self._start(role, self._evaluation_jobs)
+                # The package the training job registered is the model evaluated after.
+                self._allow(role, ["sagemaker:DescribeJob"], self._training_jobs)
             case Need.MANAGED_JOB_WATCH:
-                self._allow(role, ["sagemaker:DescribeJob"], self._jobs)
+                self._allow(role, ["sagemaker:DescribeJob"], self._training_jobs)
+            case Need.MANAGED_EVALUATION_WATCH:
+                self._allow(role, ["sagemaker:DescribeJob"], self._evaluation_jobs)
             case Need.MANAGED_JOB_STOP:
-                self._allow(role, ["sagemaker:DescribeJob", "sagemaker:StopJob"], self._jobs)
+                self._allow(role, ["sagemaker:DescribeJob", "sagemaker:StopJob"], *self._jobs)
             case Need.JOB_RUNTIME:
                 self._allow(
                     role,
                     ["sagemaker:Sample", "sagemaker:CompleteRollout", "sagemaker:UpdateReward"],
-                    self._jobs,
+                    *self._jobs,
                 )
             case Need.AGENT_INVOKE:
                 self._allow(role, ["lambda:InvokeFunction"], self.agent.function_arn)
@@ -200,5 +221,5 @@ class ServerlessPlane(Construct):
                 self._allow(role, ["sagemaker:DescribeModelPackage"], *self._packages)
                 self._allow(
                     role, ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
-                    self._logs,
+                    *self._logs,
                 )  # fmt: skip

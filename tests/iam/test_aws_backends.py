@@ -385,8 +385,10 @@ def test_a_serverless_run_starts_its_managed_job_whose_rollouts_reach_its_run_on
 ) -> None:
     """The serverless plane end to end on the AWS backends: Submit starts the run's managed job
     (its name the run's, the job role passed), which, as that role, reads its train channel and
-    invokes the agent Lambda; each request lands on that run's queue; the run completes with
-    its job, and nothing of it is left."""
+    invokes the agent Lambda; each request lands on that run's queue; the held-out records are
+    played the same way by AWS's evaluation jobs of the base model before and of the trained
+    package after, their reports the run's evaluation; the run completes with its job, and
+    nothing of it is left."""
     run = scenarios.runs["serverless succeeds"]
     assert run.described["status"] == "SUCCEEDED", run.described
     world, name = scenarios.world, job_name(PREFIX, run.run_id)
@@ -407,7 +409,7 @@ def test_a_serverless_run_starts_its_managed_job_whose_rollouts_reach_its_run_on
         assert (status, turns, len(rewards)) == ("ready", 3, 1) and rewards[0] > 0.5
     calls = world.recorder.calls[run.calls]
     by_job_role = {(c.service, c.operation) for c in calls if c.principal == job["RoleArn"]}
-    assert by_job_role == {("s3", "GetObject"), ("lambda", "Invoke")}
+    assert by_job_role == {("s3", "GetObject"), ("lambda", "Invoke")}  # its channels, the agent
     runtime = [(c.operation, c.principal) for c in calls if c.service == "sagemakerjobruntime"]
     assert {operation for operation, _ in runtime} == {"Sample", "CompleteRollout", "UpdateReward"}
     assert all("RewardFleetTaskRole" in principal for _, principal in runtime)
@@ -419,6 +421,30 @@ def test_a_serverless_run_starts_its_managed_job_whose_rollouts_reach_its_run_on
     assert run.summary is not None and run.summary["model_package"] == (
         f"arn:aws:sagemaker:{REGION}:{ACCOUNT}:model-package/{PREFIX}-models/1"
     )
+    # Its evaluations: AWS's evaluation jobs, started by the evaluation step with the job role,
+    # played through the agent and the run's worker in their phase, the trained package after.
+    for stage in EvaluationStage:
+        name = job_name(PREFIX, run.run_id, stage)
+        evaluation = world.managed_jobs.jobs[name]
+        assert (evaluation["JobCategory"], evaluation["JobStatus"]) == (
+            "AgentRFTEvaluation", "Completed",
+        )  # fmt: skip
+        assert evaluation["RoleArn"] == job["RoleArn"]
+        played = scenarios.agent_answers[name]
+        assert played["agent"] and all(a["stage"] == stage for a in played["agent"].values())
+        assert played["completed"] == played["kept"] == len(played["agent"])
+    final = json.loads(
+        world.managed_jobs.jobs[job_name(PREFIX, run.run_id, EvaluationStage.FINAL)][
+            "JobConfigDocument"
+        ]
+    )
+    assert final["ModelPackageConfig"] == {"InputModelPackageArn": run.summary["model_package"]}
+    started = [
+        c.operation for c in calls if "StartEvaluation" in c.principal and c.service == "sagemaker"
+    ]
+    assert started.count("CreateJob") == 2
+    evaluated = run.summary["evaluation"]
+    assert evaluated["baseline"]["n"] == evaluated["final"]["n"] > 0
     # No GPU node asked for; workers started and stopped; queues gone.
     assert world.sagemaker.updates[run.updates] == []
     assert run.left == {"active services": 0, "task definitions": 0, "parameters": 0, "queues": []}

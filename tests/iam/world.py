@@ -606,6 +606,30 @@ def role_of(deployment: Deployment, stack_suffix: str, logical_prefix: str) -> s
 GUESSES = ["[slate]", "[moist]", "[crane]"]  # the secret is CRANE: three turns
 
 
+@contextlib.contextmanager
+def router_of_run(world: World, run_id: str, worker_key: str) -> Iterator[RouterClient]:
+    """The run's router as its reward workers reach it: the proxy's function URL, SigV4-signed
+    with the workers' key, the run's token from its parameter (what ECS hands the workers, with
+    the execution role)."""
+    prefix = world.app.config.name_prefix
+    token = world.harness.client("ssm").get_parameter(
+        Name=f"/{prefix}/runs/{run_id}/token", WithDecryption=True
+    )["Parameter"]["Value"]
+    proxy = world.function(PROXY_HANDLER)
+    proxy_arn = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{proxy}"
+
+    def function_url(event: dict[str, Any], _: Any) -> dict[str, Any]:
+        key = event["requestContext"]["authorizer"]["iam"]["accessKey"]
+        world.recorder.record(key, "lambda", "InvokeFunctionUrl", {"FunctionName": proxy_arn})
+        return world.pipeline.dispatcher.call(proxy, event)
+
+    with FunctionUrlServer(function_url) as url:
+        yield RouterClient(
+            url.url, run_id=run_id, run_token=token, region=REGION,
+            credentials=lambda: Credentials(worker_key, SECRET),
+        )  # fmt: skip
+
+
 def exchange_rollouts(
     world: World,
     run_id: str,
@@ -638,10 +662,6 @@ def exchange_rollouts(
         ]
         for kind in QueueKind
     }
-    # What ECS hands the workers from the run's parameter (with the execution role).
-    token = world.harness.client("ssm").get_parameter(
-        Name=f"/{prefix}/runs/{run_id}/token", WithDecryption=True
-    )["Parameter"]["Value"]
     bucket = world.pipeline.data_bucket
     s3, sqs = trainer_session.client("s3"), trainer_session.client("sqs")
     s3.get_object(Bucket=bucket, Key=dataset_key)["Body"].read()
@@ -668,23 +688,11 @@ def exchange_rollouts(
             QueueUrl=queues[QueueKind.ROLLOUT_REQUESTS], MessageBody=dump(request),
             MessageGroupId=request.sample_id, MessageDeduplicationId=request.sample_id,
         )  # fmt: skip
-    proxy = world.function(PROXY_HANDLER)
-    proxy_arn = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{proxy}"
-
-    def function_url(event: dict[str, Any], _: Any) -> dict[str, Any]:
-        key = event["requestContext"]["authorizer"]["iam"]["accessKey"]
-        recorder.record(key, "lambda", "InvokeFunctionUrl", {"FunctionName": proxy_arn})
-        return world.pipeline.dispatcher.call(proxy, event)
-
     start, finish = (
         _scripted_nova_trainer(sqs, queues) if nova else _open_weights_trainer(world, run_id, sqs)
     )
-    with FunctionUrlServer(function_url) as url:
+    with router_of_run(world, run_id, worker_key) as client:
         start()
-        client = RouterClient(
-            url.url, run_id=run_id, run_token=token, region=REGION,
-            credentials=lambda: Credentials(worker_key, SECRET),
-        )  # fmt: skip
         settings = WorkerSettings(
             rollout_request_queue_url=queues[QueueKind.ROLLOUT_REQUESTS],
             dead_letter_queue_url=queues[QueueKind.DLQ],
@@ -975,11 +983,13 @@ def managed_job_at_work(world: World, job: dict[str, Any], *, rollouts: int = 2)
     (the agent puts each on the run's queue with its own role); the run's reward worker (the
     fleet's task role), in agent mode, plays them against the job's policy at its runtime
     service (mtrl/local/job_runtime.py's stand-in, answering each turn with that turn's guess)
-    and reports them there. The agent's answers and the trajectories as the runtime has them."""
+    and reports them there, and to the run's router (its reward curve, an evaluation's
+    episodes). A training job's or an evaluation job's alike (its one channel's records). The
+    agent's answers and the trajectories as the runtime has them."""
     document = json.loads(job["JobConfigDocument"])
     session = world.recorder.session(job["RoleArn"])
-    (train,) = [c for c in document["InputDataConfig"] if c["ChannelName"] == "train"]
-    location = urlsplit(train["DataSource"]["S3DataSource"]["S3Uri"])
+    (channel,) = document["InputDataConfig"]  # train, or an evaluation's records
+    location = urlsplit(channel["DataSource"]["S3DataSource"]["S3Uri"])
     records = (
         session.client("s3")
         .get_object(Bucket=location.netloc, Key=location.path.lstrip("/"))["Body"]
@@ -995,16 +1005,18 @@ def managed_job_at_work(world: World, job: dict[str, Any], *, rollouts: int = 2)
         ]
         for kind in (QueueKind.ROLLOUT_REQUESTS, QueueKind.DLQ)
     }
-    worker_session = world.recorder.session(
-        role_of(world.deployment, "compute", "RewardFleetTaskRole")
-    )
+    worker_role = role_of(world.deployment, "compute", "RewardFleetTaskRole")
+    worker_session = world.recorder.session(worker_role)
 
     def guess(_job: str, _trajectory: str, request: dict[str, Any]) -> dict[str, Any]:
         turn = sum(message["role"] == "assistant" for message in request["messages"])
         message = {"role": "assistant", "content": GUESSES[turn]}
         return {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
 
-    with JobRuntimeStandIn(guess, region=REGION) as runtime:
+    with (
+        JobRuntimeStandIn(guess, region=REGION) as runtime,
+        router_of_run(world, run_id, world.recorder.access_key(worker_role)) as router,
+    ):
         runtime.open_job(job["JobArn"])
         answers = {}
         for line in records[:rollouts]:
@@ -1031,7 +1043,7 @@ def managed_job_at_work(world: World, job: dict[str, Any], *, rollouts: int = 2)
         worker = RewardWorker(
             queues=mode.queues(
                 worker_session.client("sqs"), requests_url=queues[QueueKind.ROLLOUT_REQUESTS],
-                dead_letter_url=queues[QueueKind.DLQ],
+                dead_letter_url=queues[QueueKind.DLQ], router=router,
             ),
             environment=load_environment(), model=mode.model, read=mode.read,
             settings=WorkerSettings(

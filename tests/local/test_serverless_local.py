@@ -2,8 +2,10 @@
 starts the run's managed job on the local job service (mtrl/local/managed_job.py), whose
 training loop sends each rollout request to the agent Lambda; the run's reward workers, in agent
 mode, play them against the runtime stand-in and report there (and to the router, whose reports
-make the run's curve); the policy learns from the job's reports. No node is asked for, and
-nothing is left."""
+make the run's curve); the policy learns from the job's reports. The held-out records are
+played before and after by the service's evaluation jobs (AgentRFTEvaluation) of the base model
+and the package the job registered, through the same Lambda and workers. No node is asked for,
+and nothing is left."""
 
 from __future__ import annotations
 
@@ -27,8 +29,11 @@ EXAMPLE = Path(__file__).parents[2] / "examples" / "wordle"
 
 @pytest.fixture
 def serverless_config(tmp_path: Path) -> Path:
-    """The serverless example, six steps (8 secrets x 4 rollouts each)."""
-    config = yaml.safe_load((EXAMPLE / "serverless.yaml").read_text()) | {"max_steps": 6}
+    """The serverless example, six steps (8 secrets x 4 rollouts each), evaluated on 8 held-out
+    secrets."""
+    config = yaml.safe_load((EXAMPLE / "serverless.yaml").read_text()) | {
+        "max_steps": 6, "eval_max_records": 8,
+    }  # fmt: skip
     path = tmp_path / "serverless.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -60,13 +65,27 @@ def test_a_serverless_wordle_run_learns_through_the_agent_lambda_and_leaves_noth
     assert [m["mean_reward"] for m in trained] == pytest.approx(
         [point["mean_reward"] for point in curve]
     )
-    # The job's channels: the records it trained on, the held-out ones (its validation).
+    # The training job's channel: the records not held out; the evaluation jobs': 8 held out.
     training = (outputs / "data" / "training.jsonl").read_text().splitlines()
     held_out = (outputs / "data" / "evaluation.jsonl").read_text().splitlines()
-    assert len(training) + len(held_out) == 256 and held_out
-    # Every trajectory played was kept once by the worker that played it.
+    assert len(held_out) == 8 and not {json.loads(r)["id"] for r in held_out} & {
+        json.loads(r)["id"] for r in training
+    }
+    # Evaluated before and after by AWS's evaluation jobs: each held-out secret 4 times
+    # (eval_samples: the job's eval_group_size), the trained package better than the base.
+    assert {"EvaluateBaseline", "BaselineEvaluation", "EvaluateFinal", "FinalEvaluation"} <= set(
+        report["states"]
+    )
+    evaluation = report["evaluation"]
+    baseline, final = evaluation["baseline"], evaluation["final"]
+    assert (baseline["n"], final["n"], baseline["records"], final["records"]) == (32, 32, 8, 8)
+    assert final["mean_reward"] > baseline["mean_reward"] + 0.2
+    for stage in (baseline, final):  # every rollout scored, none failed
+        assert (stage["scored"], stage["env_error_rate"], stage["timeout_rate"]) == (32, 0.0, 0.0)
+    # Every trajectory played, in training and in both evaluations, was kept once by the worker
+    # that played it.
     trajectories = pd.read_parquet(outputs / "trajectories")
-    assert len(trajectories) == trajectories["sample_id"].nunique() == 6 * 32
+    assert len(trajectories) == trajectories["sample_id"].nunique() == 6 * 32 + 2 * 32
     assert (outputs / "checkpoints" / "final.npz").is_file()
     # The job registered the trained model itself, in the deployment's group: Collect records
     # that package rather than registering one of its own.
@@ -75,6 +94,7 @@ def test_a_serverless_wordle_run_learns_through_the_agent_lambda_and_leaves_noth
         r"arn:aws:sagemaker:us-east-1:\d{12}:model-package/nova-mtrl-models/1",
         summary["model_package"],
     )
+    assert summary["evaluation"] == evaluation
     assert "SUCCEEDED" in (directory / "notification.txt").read_text()
 
 

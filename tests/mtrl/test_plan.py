@@ -294,8 +294,21 @@ def test_a_serverless_config_plans_the_create_job_request_and_its_document() -> 
     }
     assert json.loads(request["JobConfigDocument"]) == made["document"]
     document = made["document"]
-    # The held-out records are the validation channel; the job reads the rest.
-    assert [c["ChannelName"] for c in document["InputDataConfig"]] == ["train", "validation"]
+    # The job trains on the records not held out; AWS's evaluation jobs play the held-out ones,
+    # the base model's before training, the trained package's after.
+    assert [c["ChannelName"] for c in document["InputDataConfig"]] == ["train"]
+    evaluations = made["evaluations"]
+    assert list(evaluations) == ["baseline", "final"]
+    for stage, evaluation in evaluations.items():
+        assert (evaluation["JobCategory"], evaluation["RoleArn"]) == (
+            "AgentRFTEvaluation", request["RoleArn"],
+        )  # fmt: skip
+        assert evaluation["JobName"] == f"{request['JobName']}-{stage}"
+        evaluated = json.loads(evaluation["JobConfigDocument"])
+        assert evaluated["InputDataConfig"][0]["DataSource"]["S3DataSource"]["S3Uri"].endswith(
+            "/data/evaluation.jsonl"
+        )
+        assert ("ModelPackageConfig" in evaluated) == (stage == "final")
     assert document["AgentConfig"]["CustomAgentLambdaConfig"]["LambdaArn"].endswith(
         ":function:nova-mtrl-agent-rft"
     )
@@ -317,6 +330,7 @@ def test_the_readable_serverless_plan_prints_the_request_and_the_document() -> N
     code, output = plan("--config", str(SERVERLESS), "--region", "us-east-1")
     assert code == 0, output
     for part in ('"JobCategory": "AgentRFT"', "JobConfigDocument:", '"S3DataType": "S3Prefix"',
+                 "the final evaluation's CreateJob request", '"InputModelPackageArn"',
                  "hyperparameters", "unverified until a first run on AWS:"):  # fmt: skip
         assert part in output, part
 

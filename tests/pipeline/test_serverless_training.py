@@ -1,8 +1,10 @@
 """The serverless plane (lambdas/pipeline/serverless_training.py) against botocore's SageMaker
 model (its Stubber checks every request and every answer against the model): the run's job is
 created once with the document domain/serverless_job.py builds, its records beside the run's
-outputs (moto's S3); DescribeJob's statuses become the run's phases; teardown stops a running
-job; a deployment without the plane refuses a serverless run with the fix."""
+outputs (moto's S3); DescribeJob's statuses become the run's phases; each held-out evaluation is
+an AgentRFTEvaluation job of the base model or the trained package, its episodes the reports of
+its rollouts; teardown stops each running job; a deployment without the plane refuses a
+serverless run with the fix."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from domain.serverless_job import ServerlessRefused, job_name
 from lambdas.clients import Clients
 from lambdas.pipeline.compute import ComputeSteps
 from lambdas.pipeline.dependencies import Compute, Dependencies
+from lambdas.pipeline.job_records import held_out_records
 from lambdas.pipeline.serverless_training import ManagedJobSettings, ServerlessTrainingCluster
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.pipeline.training_metrics import KeptMetrics
@@ -108,15 +111,8 @@ def not_found(stubber: Stubber, operation: str) -> None:
     stubber.add_client_error(operation, service_error_code="ResourceNotFound", http_status_code=404)
 
 
-def test_a_run_submits_its_job_once_with_its_records_and_the_document(
-    plane: tuple[ServerlessTrainingCluster, Stubber], run: RunContext
-) -> None:
-    cluster, stubber = plane
-    sent: dict[str, Any] = {}
-    cluster.sagemaker.meta.events.register(
-        "provide-client-params.sagemaker.CreateJob", lambda params, **_: sent.update(params)
-    )
-    not_found(stubber, "describe_job")
+def hub_model(stubber: Stubber) -> None:
+    """DescribeHubContent's answer for the run's model: its HUB_ARN."""
     stubber.add_response(
         "describe_hub_content",
         {"HubContentName": "nova-textgeneration-lite-v2", "HubContentArn": HUB_ARN,
@@ -127,6 +123,29 @@ def test_a_run_submits_its_job_once_with_its_records_and_the_document(
         {"HubName": "SageMakerPublicHub", "HubContentType": "Model",
          "HubContentName": "nova-textgeneration-lite-v2"},
     )  # fmt: skip
+
+
+def ids_at(uri: str) -> set[str]:
+    """The ids of the records written at `uri` of the run's bucket."""
+    body = boto3.client("s3").get_object(Bucket=BUCKET, Key=uri.removeprefix(f"s3://{BUCKET}/"))
+    return {json.loads(line)["id"] for line in body["Body"].read().splitlines()}
+
+
+def held_out(run: RunContext) -> set[str]:
+    """The records the config holds out of the run's dataset (domain/evaluation.py)."""
+    return {r.id for r in held_out_records(boto3.client("s3"), run)}
+
+
+def test_a_run_submits_its_job_once_with_its_records_and_the_document(
+    plane: tuple[ServerlessTrainingCluster, Stubber], run: RunContext
+) -> None:
+    cluster, stubber = plane
+    sent: dict[str, Any] = {}
+    cluster.sagemaker.meta.events.register(
+        "provide-client-params.sagemaker.CreateJob", lambda params, **_: sent.update(params)
+    )
+    not_found(stubber, "describe_job")
+    hub_model(stubber)
     stubber.add_response("create_job", {"JobArn": JOB_ARN}, {**KEYS, "RoleArn": SETTINGS.job_role_arn,
                          "JobConfigSchemaVersion": "1.0.0", "JobConfigDocument": ANY, "Tags": ANY})  # fmt: skip
     assert cluster.submit(run) == JOB_ARN
@@ -136,16 +155,11 @@ def test_a_run_submits_its_job_once_with_its_records_and_the_document(
         c["ChannelName"]: c["DataSource"]["S3DataSource"]["S3Uri"]
         for c in document["InputDataConfig"]
     }
-    assert channels == {
-        "train": f"s3://{BUCKET}/runs/{RUN}/data/training.jsonl",
-        "validation": f"s3://{BUCKET}/runs/{RUN}/data/evaluation.jsonl",
-    }
-    s3 = boto3.client("s3")
-    lines = {
-        name: s3.get_object(Bucket=BUCKET, Key=uri.removeprefix(f"s3://{BUCKET}/"))["Body"].read().splitlines()
-        for name, uri in channels.items()
-    }  # fmt: skip
-    assert len(lines["train"]) + len(lines["validation"]) == 200 and lines["validation"]
+    # The held-out records are not trained on, and not played in training either (no
+    # validation channel): AWS's evaluation jobs play them.
+    assert channels == {"train": f"s3://{BUCKET}/runs/{RUN}/data/training.jsonl"}
+    trained = ids_at(channels["train"])
+    assert trained and not trained & held_out(run) and len(trained | held_out(run)) == 200
     assert document["OutputDataConfig"] == {"S3OutputPath": f"s3://{BUCKET}/runs/{RUN}/",
                                             "KmsKeyArn": SETTINGS.data_key_arn}  # fmt: skip
     assert {"Key": "mtrl-run", "Value": RUN} in sent["Tags"]
@@ -225,20 +239,133 @@ def test_the_runs_model_is_the_package_its_job_registered(
     assert cluster.trained_model_package(run) is None
 
 
-def test_teardown_stops_a_running_job_and_leaves_an_ended_or_missing_one(
+def test_teardown_stops_each_running_job_and_leaves_an_ended_or_missing_one(
+    plane: tuple[ServerlessTrainingCluster, Stubber], run: RunContext
+) -> None:
+    """The training job and both evaluations: a running one is stopped, one that ended or was
+    never created is left; each one there is counted."""
+    cluster, stubber = plane
+    stubber.add_response("describe_job", described("Completed", "Completed"), KEYS)
+    baseline = evaluation_keys(EvaluationStage.BASELINE)
+    stubber.add_response("describe_job", described_evaluation("Completed", baseline), baseline)
+    final = evaluation_keys(EvaluationStage.FINAL)
+    stubber.add_response("describe_job", described_evaluation("InProgress", final), final)
+    stubber.add_response("stop_job", {}, final)
+    assert cluster.delete(run) == 3
+    stubber.add_response("describe_job", described("InProgress"), KEYS)
+    stubber.add_response("stop_job", {}, KEYS)
+    for _ in EvaluationStage:
+        not_found(stubber, "describe_job")
+    assert cluster.delete(run) == 1
+    for _ in range(3):
+        not_found(stubber, "describe_job")
+    assert cluster.delete(run) == 0
+    assert cluster.nodes_ready(run) == 0 and cluster.release_idle() is False
+
+
+def evaluation_keys(stage: EvaluationStage) -> dict[str, str]:
+    return {"JobName": job_name("mtrl", RUN, stage), "JobCategory": "AgentRFTEvaluation"}
+
+
+def evaluation_arn(stage: EvaluationStage) -> str:
+    return f"arn:aws:sagemaker:us-east-1:123456789012:job/AgentRFTEvaluation/{job_name('mtrl', RUN, stage)}"
+
+
+def described_evaluation(status: str, keys: dict[str, str], **more: Any) -> dict[str, Any]:
+    stage = EvaluationStage(keys["JobName"].rpartition("-")[2])
+    return described(status, status, **more) | keys | {"JobArn": evaluation_arn(stage)}
+
+
+PACKAGE = "arn:aws:sagemaker:us-east-1:123456789012:model-package/mtrl-models/2"
+
+
+def test_each_evaluation_is_awss_evaluation_job_of_the_base_or_the_trained_model_once(
+    plane: tuple[ServerlessTrainingCluster, Stubber], run: RunContext
+) -> None:
+    """Baseline: the hub's base model; final: the package the training job registered. Both on
+    the run's held-out records (the `evaluation` channel), with the run's tags and the job role;
+    a retried step finds the job it created."""
+    cluster, stubber = plane
+    sent: list[dict[str, Any]] = []
+    cluster.sagemaker.meta.events.register(
+        "provide-client-params.sagemaker.CreateJob", lambda params, **_: sent.append(params)
+    )
+    documents = {}
+    for stage in EvaluationStage:
+        keys = evaluation_keys(stage)
+        not_found(stubber, "describe_job")
+        if stage is EvaluationStage.FINAL:
+            trained = described("Completed", "Completed", JobConfigDocument=json.dumps(
+                {"ServiceOutput": {"OutputModelPackageArn": PACKAGE}}))  # fmt: skip
+            stubber.add_response("describe_job", trained, KEYS)
+        hub_model(stubber)
+        stubber.add_response("create_job", {"JobArn": evaluation_arn(stage)}, {**keys,
+                             "RoleArn": SETTINGS.job_role_arn, "JobConfigSchemaVersion": "1.0.0",
+                             "JobConfigDocument": ANY, "Tags": ANY})  # fmt: skip
+        assert cluster.submit_evaluation(run, stage=stage) == evaluation_arn(stage)
+        documents[stage] = json.loads(sent[-1]["JobConfigDocument"])
+        assert {"Key": "mtrl-run", "Value": RUN} in sent[-1]["Tags"]
+        # Retried: the run's evaluation is the one it has.
+        stubber.add_response("describe_job", described_evaluation("InProgress", keys), keys)
+        assert cluster.submit_evaluation(run, stage=stage) == evaluation_arn(stage)
+    baseline, final = documents[EvaluationStage.BASELINE], documents[EvaluationStage.FINAL]
+    assert (
+        baseline["EvaluationConfig"]["BaseModelArn"]
+        == HUB_ARN
+        == final["EvaluationConfig"]["BaseModelArn"]
+    )
+    assert "ModelPackageConfig" not in baseline
+    assert final["ModelPackageConfig"] == {"InputModelPackageArn": PACKAGE}
+    (channel,) = final["InputDataConfig"]
+    assert channel["ChannelName"] == "evaluation"
+    assert ids_at(channel["DataSource"]["S3DataSource"]["S3Uri"]) == held_out(run)
+    assert baseline["EvaluationConfig"]["HyperParameters"]["eval_group_size"] == str(
+        run.training.eval_samples
+    )
+    assert (
+        final["OutputDataConfig"]["S3OutputPath"] == f"s3://{BUCKET}/runs/{RUN}/evaluation/final/"
+    )
+    assert final["StoppingCondition"] == {"MaxRuntimeInSeconds": 12 * 3600}  # deadline_hours
+
+
+def test_a_trained_model_the_job_registered_no_package_for_cannot_be_evaluated(
     plane: tuple[ServerlessTrainingCluster, Stubber], run: RunContext
 ) -> None:
     cluster, stubber = plane
-    stubber.add_response("describe_job", described("InProgress"), KEYS)
-    stubber.add_response("stop_job", {}, KEYS)
-    assert cluster.delete(run) == 1
-    stubber.add_response("describe_job", described("Completed", "Completed"), KEYS)
-    assert cluster.delete(run) == 1
     not_found(stubber, "describe_job")
-    assert cluster.delete(run) == 0
-    assert cluster.nodes_ready(run) == 0 and cluster.release_idle() is False
-    with pytest.raises(EvaluationUnsupported, match="validation channel itself"):
-        cluster.submit_evaluation(run, stage=EvaluationStage.BASELINE)
+    stubber.add_response("describe_job", described("Completed", "Completed"), KEYS)
+    with pytest.raises(EvaluationUnsupported, match="registered no trained model package"):
+        cluster.submit_evaluation(run, stage=EvaluationStage.FINAL)
+
+
+def test_an_evaluations_episodes_are_the_reports_of_its_rollouts_once_it_completed(
+    plane: tuple[ServerlessTrainingCluster, Stubber], run: RunContext
+) -> None:
+    """Its phase's reports only (training's are not its); none at all fails it with why."""
+    cluster, stubber = plane
+    keys = evaluation_keys(EvaluationStage.BASELINE)
+    stubber.add_response("describe_job", described_evaluation("InProgress", keys), keys)
+    assert cluster.evaluation_status(run, stage=EvaluationStage.BASELINE).phase is Phase.RUNNING
+    stubber.add_response("describe_job", described_evaluation("Completed", keys), keys)
+    failed = cluster.evaluation_status(run, stage=EvaluationStage.BASELINE)
+    assert failed.phase is Phase.FAILED
+    assert "no rollout of it reached the run's reward workers (the agent Lambda" in failed.reason
+    for index, stage in enumerate([EvaluationStage.BASELINE, None, EvaluationStage.BASELINE]):
+        cluster.store.record_report(
+            RUN, f"m{index}", episode=Episode(
+                record_id=f"w-{index}", sample_id=f"w-{index}_0", stop_reason="end_of_conversation",
+                score=1.0, success=True,
+            ), stage=stage, now=float(index),
+        )  # fmt: skip
+    stubber.add_response("describe_job", described_evaluation("Completed", keys), keys)
+    assert cluster.evaluation_status(run, stage=EvaluationStage.BASELINE).phase is Phase.SUCCEEDED
+    written = boto3.client("s3").get_object(
+        Bucket=BUCKET, Key=f"runs/{RUN}/evaluation/baseline.jsonl"
+    )
+    assert [json.loads(line)["record_id"] for line in written["Body"].read().splitlines()] == [
+        "w-0",
+        "w-2",
+    ]
 
 
 def test_a_serverless_run_takes_the_serverless_plane_where_the_deployment_has_one(

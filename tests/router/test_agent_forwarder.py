@@ -1,6 +1,6 @@
 """The agent Lambda: a managed job's rollout request reaches the run that started the job, and
 only it, once however often the service retries the invocation, marked with that run's open
-phase; a request for no run's job, for a run torn down, or not one a worker could play is
+phase — a training job's or an evaluation job's alike; a request for no run's job, for a run torn down, or not one a worker could play is
 refused with the reason, and nothing is queued."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from domain.agent_rft import AgentRolloutRequest, NotARollout, trajectory_number
-from domain.episodes import phase_of
+from domain.episodes import EvaluationStage, phase_of
 from domain.protocol import sample_id_for
 from lambdas.router.agent_forwarder import AgentForwarder
 from lambdas.router.rollout_forwarder import RolloutRefused
@@ -20,6 +20,7 @@ from tests.router.conftest import MODEL, OTHER_RUN, OTHER_TOKEN, RUN, TOKEN, Rou
 
 ARN = "arn:aws:sagemaker:us-east-1:123456789012:job/AgentRFT/"
 JOBS = {RUN: "test-run-run-1", OTHER_RUN: "test-run-run-2"}
+EVALUATION_ARN = "arn:aws:sagemaker:us-east-1:123456789012:job/AgentRFTEvaluation/"
 
 
 def request(run: str = RUN, trajectory: str = "trajectory-000001", **instance: Any) -> dict:
@@ -38,7 +39,8 @@ def forwarder(router: Router) -> AgentForwarder:
     """Both runs provisioned as serverless runs (their jobs recorded), training open."""
     for run, token, queues in ((RUN, TOKEN, router.queues), (OTHER_RUN, OTHER_TOKEN, router.other_queues)):  # fmt: skip
         router.store.put_run(run, token=token, queues=queues.urls(), model=MODEL,
-                             now=router.clock(), deadline_at=router.clock() + 3600, job=JOBS[run])  # fmt: skip
+                             now=router.clock(), deadline_at=router.clock() + 3600,
+                             jobs=(JOBS[run], f"{JOBS[run]}-baseline"))  # fmt: skip
         router.store.open_phase(run, phase_of(None), now=router.clock())
     return AgentForwarder(router.sqs, router.store, prefix="test", clock=router.clock)
 
@@ -63,6 +65,24 @@ def test_a_request_lands_on_its_own_runs_queue_once(
     assert router.store.sample_phase(RUN, sample) == phase_of(None)
 
 
+def test_an_evaluation_jobs_request_reaches_its_run_in_the_evaluation_phase(
+    router: Router, forwarder: AgentForwarder
+) -> None:
+    """The run's baseline evaluation job (AgentRFTEvaluation) is the run's too: its request is
+    queued for the run's workers, its sample marked with the phase the run has open."""
+    router.store.open_phase(RUN, phase_of(EvaluationStage.BASELINE), now=router.clock())
+    sent = request(trajectory="trajectory-000009")
+    sent["metadata"]["job_arn"] = f"{EVALUATION_ARN}{JOBS[RUN]}-baseline"
+    assert forwarder.handle(sent)["stage"] == EvaluationStage.BASELINE
+    (queued,) = router.messages(router.queues.rollout_requests)
+    assert json.loads(queued["Body"])["metadata"]["job_arn"] == sent["metadata"]["job_arn"]
+    sample = sample_id_for("wordle-7", trajectory_number("trajectory-000009"))
+    assert router.store.sample_phase(RUN, sample) == phase_of(EvaluationStage.BASELINE)
+    router.store.remove_run(RUN)  # torn down: its evaluation job is no run's either
+    with pytest.raises(RolloutRefused, match=f"job {JOBS[RUN]}-baseline is no run's"):
+        forwarder.handle(sent)
+
+
 def test_a_job_of_no_run_or_of_a_run_torn_down_is_refused(
     router: Router, forwarder: AgentForwarder
 ) -> None:
@@ -84,7 +104,7 @@ def test_a_job_of_no_run_or_of_a_run_torn_down_is_refused(
     ("change", "error", "message"),
     [
         (lambda r: r["metadata"].update(job_arn="arn:aws:sagemaker:us-east-1:123456789012:job/GenAIEvaluation/x"),
-         NotARollout, "is not the ARN of an AgentRFT job"),
+         NotARollout, "is not the ARN of an AgentRFT or AgentRFTEvaluation job"),
         (lambda r: r["metadata"].pop("trajectory_id"), ValidationError, "trajectory_id"),
         (lambda r: r["instance"].pop("metadata"), NotARollout, "instance is not a dataset record: metadata"),
         (lambda r: r.update(instance="a line"), ValidationError, "instance"),

@@ -42,7 +42,7 @@ def test_a_jobs_rollouts_are_played_by_the_runs_workers_and_reported_once() -> N
     store = ConversationStore(db, "conversations")
     queues = create_run_queues(sqs, prefix="test", run_id=RUN)
     store.put_run(RUN, token="t", queues=queues.urls(), model="nova-lite-2", now=0.0,
-                  deadline_at=10_000.0, job=JOB_NAME)  # fmt: skip
+                  deadline_at=10_000.0, jobs=(JOB_NAME,))  # fmt: skip
     store.open_phase(RUN, phase_of(None), now=0.0)
     forwarder = AgentForwarder(sqs, store, prefix="test", clock=lambda: 1.0)
     with JobRuntimeStandIn(policy) as service:
