@@ -18,6 +18,7 @@ from domain.bucket import object_exists
 from domain.checkpoints import BaseCheckpoint
 from domain.episodes import EvaluationStage
 from domain.run_queues import QueueKind
+from domain.serverless_job import ServiceOutput
 from domain.step_metrics import metrics_lines
 from training_configs.schema import TrainingConfig
 
@@ -156,9 +157,10 @@ class TrainingCluster(ABC):
         """Delete every object of the run's jobs, its evaluations' too (idempotent); returns
         how many existed."""
 
-    def trained_model_package(self, run: RunContext) -> str | None:
-        """The model package the run's job registered itself (a managed job does), once it
-        ended; None where the plane leaves its checkpoints to Collect to register."""
+    def managed_job_output(self, run: RunContext) -> ServiceOutput | None:
+        """What the run's job reported of itself, where AWS manages it: the model package it
+        registered (once it ended), the tokens billed, its MLflow run; None where the plane
+        leaves its checkpoints to Collect to register."""
         return None
 
     @abstractmethod

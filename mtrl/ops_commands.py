@@ -50,6 +50,7 @@ from mtrl.ops.runs_view import (
     RunDetails,
     RunSummary,
     UnknownRun,
+    billed_tokens,
     list_runs,
     run_status,
     summarize,
@@ -315,14 +316,27 @@ def cost_command(
                 f"no run {run_id} in deployment {deployment.prefix}: `mtrl runs` lists them", code=1
             )
         spent = summarize(run, now=time.time())
+        try:
+            tokens = billed_tokens(session.client("s3"), run)
+        except (ClientError, BotoCoreError) as error:
+            raise _aws_failure(error) from None
         if as_json:
-            out.print_json(json.dumps(asdict(spent)))
+            out.print_json(json.dumps(asdict(spent) | {"billable_token_usage": tokens}))
             return
         out.print(
             f"run {run_id}: ${spent.spent_usd:,.0f} so far over {_hours(spent.elapsed_hours)} "
             f"at ${spent.cost_per_hour:,.0f}/h",
             highlight=False,
         )
+        if tokens:
+            counts = ", ".join(f"{count:,} {kind.removesuffix('TokenCount').lower()}"
+                               for kind, count in tokens.items())  # fmt: skip
+            out.print(
+                f"  tokens SageMaker billed its managed job: {counts} (AWS publishes no "
+                "per-token price this project found: not in the figure above)",
+                highlight=False,
+                soft_wrap=True,
+            )
         return
     try:
         cost = estimate(load_training_config(config or DEFAULT_CONFIG))

@@ -578,6 +578,10 @@ class FakeSageMakerHosting(ServiceFake):
         return {}
 
 
+# What a fake training job reports AWS billed it (the shape the SDK's AgentRFTJob reads).
+BILLED_TOKENS = {"TrainTokenCount": 48_000, "PrefillTokenCount": 36_000, "SampleTokenCount": 12_000}
+
+
 class FakeManagedJobs(ServiceFake):
     """SageMaker's managed jobs (CreateJob, DescribeJob, StopJob; moto has none) and its public
     hub's models (DescribeHubContent). A job is InProgress until `finish` says how it ended;
@@ -629,15 +633,18 @@ class FakeManagedJobs(ServiceFake):
 
     def finish(self, name: str, status: str, reason: str | None = None) -> None:
         """The job ends: Completed (a training job's trained model registered as a version of
-        its document's output group, named in its ServiceOutput), Failed (with `reason`) or
-        Stopped."""
+        its document's output group, named in its ServiceOutput with the tokens billed), Failed
+        (with `reason`) or Stopped."""
         job, now = self.jobs[name], _now()
         job |= {"JobStatus": status, "SecondaryStatus": status, "EndTime": now}
         if status == "Completed" and job["JobCategory"] == "AgentRFT":
             document = json.loads(job["JobConfigDocument"])
             group = document["ModelPackageConfig"]["OutputModelPackageGroupArn"]
             package = group.replace(":model-package-group/", ":model-package/") + "/1"
-            document["ServiceOutput"] = {"OutputModelPackageArn": package}
+            document["ServiceOutput"] = {
+                "OutputModelPackageArn": package,
+                "BillableTokenUsage": BILLED_TOKENS,
+            }
             job["JobConfigDocument"] = json.dumps(document)
         job["SecondaryStatusTransitions"].append({"Status": status, "StartTime": now})
         if reason:

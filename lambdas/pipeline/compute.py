@@ -244,7 +244,7 @@ class ComputeSteps:
         """`event`: {"state", "execution_arn"}. Write `runs/<run_id>/evaluation.json` (both
         evaluations and the change), register the best checkpoint in the deployment's model
         registry, and write `summary.json` (config, job, evaluation, outputs found, checkpoints,
-        the model package) next to the outputs."""
+        the model package; a managed job's tokens billed) next to the outputs."""
         state = RunState.model_validate(event["state"])
         s3, run = self.clients("s3"), state.registered
         prefix = run_output_prefix(run.run_id)
@@ -260,7 +260,8 @@ class ComputeSteps:
         best = best_checkpoint(found, evaluation)
         group = self.settings.model_package_group
         # A managed job registers its model itself; others' best checkpoint is registered here.
-        package = self.compute.cluster.trained_model_package(self._context(state))
+        managed = self.compute.cluster.managed_job_output(self._context(state))
+        package = managed.output_model_package_arn if managed else None
         if package is None and group and best and best["uri"]:
             package = register_model(
                 self.clients("sagemaker"),
@@ -283,6 +284,8 @@ class ComputeSteps:
             "best_checkpoint": best,
             "model_package": package,
         }
+        if managed is not None:  # what AWS billed the managed job, as it reported it
+            summary["billable_token_usage"] = managed.billable_token_usage
         s3.put_object(
             Bucket=state.bucket,
             Key=f"{prefix}{SUMMARY_OBJECT}",

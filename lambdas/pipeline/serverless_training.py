@@ -11,9 +11,9 @@ its rollouts through the deployment's agent Lambda and the run's reward workers.
   which the managed job does not write (its own figures go to MLflow): made from the rollout
   reports the run's workers send the router beside the job's runtime
   (lambdas/pipeline/reward_curve.py), as a Nova run's is;
-- trained_model_package: the package the job registered the trained model as (DescribeJob's
-  `JobConfigDocument.ServiceOutput.OutputModelPackageArn`, as the SDK's AgentRFTJob reads it):
-  the run's model, which Collect records instead of registering one of its own;
+- managed_job_output: DescribeJob's `JobConfigDocument.ServiceOutput`, as the SDK's AgentRFTJob
+  reads it: the package the job registered the trained model as (`OutputModelPackageArn`, the
+  run's model, which Collect records instead of registering one of its own), the tokens billed;
 - submit_evaluation / evaluation_status: each held-out evaluation is AWS's own evaluation job
   (JobCategory `AgentRFTEvaluation`, the SDK's MultiTurnRLEvaluator's document) of the base
   model, or of the trained model's package, on the held-out records (its `evaluation` channel);
@@ -44,6 +44,7 @@ from domain.serverless_job import (
     JOB_CATEGORY,
     EvaluationTargets,
     JobTargets,
+    ServiceOutput,
     create_evaluation_request,
     create_job_request,
     hub_model,
@@ -133,7 +134,8 @@ class ServerlessTrainingCluster(TrainingCluster):
         training job registered (EvaluationUnsupported: none), and the held-out records."""
         package = None
         if stage is EvaluationStage.FINAL:
-            package = self.trained_model_package(run)
+            output = self.managed_job_output(run)
+            package = output.output_model_package_arn if output else None
             if package is None:
                 raise EvaluationUnsupported(
                     f"the run's job {self.job(run)} registered no trained model package: there "
@@ -204,11 +206,12 @@ class ServerlessTrainingCluster(TrainingCluster):
             self.store, self.s3, run, stage, status, invoked="the agent Lambda"
         )
 
-    def trained_model_package(self, run: RunContext) -> str | None:
-        """The package the job registered the trained model as, in the deployment's group (its
-        document's OutputModelPackageGroupArn), as DescribeJob's ServiceOutput names it."""
+    def managed_job_output(self, run: RunContext) -> ServiceOutput | None:
+        """The training job's ServiceOutput as DescribeJob answers it (None: no job): the
+        package it registered the trained model as, in the deployment's group (its document's
+        OutputModelPackageGroupArn), once it completed."""
         described = self._describe(self.job(run))
-        return service_output(described).output_model_package_arn if described else None
+        return service_output(described) if described else None
 
     def delete(self, run: RunContext) -> int:
         """Stop each of the run's jobs that runs; how many it has."""

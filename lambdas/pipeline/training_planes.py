@@ -10,7 +10,7 @@ from __future__ import annotations
 from domain.backends import JobStatus, RunContext, TrainingCluster
 from domain.episodes import EvaluationStage
 from domain.nova_job import NO_NOVA_GROUP, NovaRefused, is_nova
-from domain.serverless_job import NO_SERVERLESS_PLANE, ServerlessRefused
+from domain.serverless_job import NO_SERVERLESS_PLANE, ServerlessRefused, ServiceOutput
 
 
 class TrainingPlanes(TrainingCluster):
@@ -59,8 +59,8 @@ class TrainingPlanes(TrainingCluster):
     def evaluation_status(self, run: RunContext, *, stage: EvaluationStage) -> JobStatus:
         return self.plane(run).evaluation_status(run, stage=stage)
 
-    def trained_model_package(self, run: RunContext) -> str | None:
-        return self.plane(run).trained_model_package(run)
+    def managed_job_output(self, run: RunContext) -> ServiceOutput | None:
+        return self.plane(run).managed_job_output(run)
 
     def delete(self, run: RunContext) -> int:
         if run.config is not None:

@@ -2,9 +2,14 @@
 `--to sagemaker`, mtrl/ops/endpoint.py, which shares the run's lookup and the waiting here).
 
 1. Find the run's model: Collect registered its best checkpoint in the deployment's SageMaker
-   Model Registry group (lambdas/pipeline/model_registry.py); the summary names both.
-2. Import the checkpoint into Amazon Bedrock as a custom model (`CreateCustomModel` from its S3
-   URI, with the deployment's import role), and wait until it is Active.
+   Model Registry group (lambdas/pipeline/model_registry.py); the summary names both. A
+   serverless run's managed job registered its model itself, as a package in the same group.
+2. Import it into Amazon Bedrock as a custom model, and wait until it is Active: a checkpoint
+   by its S3 URI (`CreateCustomModel`'s `modelSourceConfig`, with the deployment's import role);
+   a managed job's package by its ARN (`customModelDataSource`, which Bedrock's API reference
+   calls the preferred source for SageMaker AI training outputs: Bedrock reads it with its own
+   credentials, the caller needing `sagemaker:DescribeModelPackage` and
+   `sagemaker:AccessModelPackage` on the package).
 3. Deploy it on demand (`CreateCustomModelDeployment`), wait until it is Active; its ARN is what
    to invoke.
 
@@ -72,7 +77,8 @@ def release_name(prefix: str, run_id: str) -> str:
 
 @dataclass(frozen=True)
 class TrainedModel:
-    checkpoint: str
+    # None: the model is the package alone (a managed job's, in AWS's storage).
+    checkpoint: str | None
     model_package: str
     config: TrainingConfig
 
@@ -80,8 +86,9 @@ class TrainedModel:
 def trained_model(
     s3: Any, deployment: Deployment, run_id: str, *, refuse: Callable[[str], str | None]
 ) -> TrainedModel:
-    """The run's registered best checkpoint: refused when the run has not succeeded, when
-    `refuse` has a reason against its model, or when it has no checkpoint worth releasing."""
+    """The run's registered best checkpoint (a serverless run's: the package its job
+    registered): refused when the run has not succeeded, when `refuse` has a reason against its
+    model, or when it has no model worth releasing."""
     bucket, key = deployment.data_bucket, f"{run_output_prefix(run_id)}{SUMMARY_OBJECT}"
     if not object_exists(s3, bucket=bucket, key=key):
         raise DeployRefused(
@@ -102,11 +109,12 @@ def trained_model(
     if (why := refuse(config.model)) is not None:
         raise DeployRefused(f"run {run_id} trained {config.model}, {why}")
     if config.plane == "serverless":
-        raise DeployRefused(
-            f"run {run_id} ran as SageMaker's managed job, which registered its model as "
-            f"{summary.get('model_package') or 'a model package'}; mtrl deploy does not take a "
-            "managed job's package yet: deploy it from the SageMaker console or the SDK"
-        )
+        if not summary.get("model_package"):
+            raise DeployRefused(
+                f"run {run_id}: nothing to deploy: its managed job registered no model package "
+                f"(s3://{bucket}/{key} names none)"
+            )
+        return TrainedModel(None, summary["model_package"], config)
     best = summary.get("best_checkpoint") or {}
     if not best.get("uri"):
         why = best.get("why") or "the run recorded no checkpoint with a location"
@@ -200,12 +208,7 @@ def deploy_to_bedrock(
     if model is None or model.get("modelStatus") == "Failed":
         if model is not None:  # a failed import of an earlier try: its name is taken
             bedrock.delete_custom_model(modelIdentifier=model["modelArn"])
-        bedrock.create_custom_model(
-            modelName=name,
-            modelSourceConfig={"s3DataSource": {"s3Uri": trained.checkpoint}},
-            roleArn=deployment.output("BedrockImportRoleArn"),
-            modelTags=tags,
-        )
+        bedrock.create_custom_model(modelName=name, **_source(trained, deployment), modelTags=tags)
     model = wait_until(
         lambda: bedrock.get_custom_model(modelIdentifier=name),
         lambda answer: answer.get("modelStatus", "Creating"),
@@ -231,6 +234,18 @@ def deploy_to_bedrock(
         on_progress,
     )
     return Released(trained.model_package, model["modelArn"], deployed["customModelDeploymentArn"])
+
+
+def _source(trained: TrainedModel, deployment: Deployment) -> dict[str, Any]:
+    """Where Bedrock imports the model from: the checkpoint, read with the import role; or the
+    package, which Bedrock reads itself."""
+    if trained.checkpoint is None:
+        package = {"modelPackageArn": trained.model_package}
+        return {"customModelDataSource": {"modelPackageArnDataSource": package}}
+    return {
+        "modelSourceConfig": {"s3DataSource": {"s3Uri": trained.checkpoint}},
+        "roleArn": deployment.output("BedrockImportRoleArn"),
+    }
 
 
 def delete_from_bedrock(bedrock: Any, deployment: Deployment, run_id: str) -> list[str]:

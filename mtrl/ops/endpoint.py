@@ -134,6 +134,12 @@ def deploy_to_sagemaker(
     vLLM container of this region."""
     s3, sagemaker = clients["s3"], clients["sagemaker"]
     trained = trained_model(s3, deployment, run_id, refuse=_open_weights)
+    if trained.checkpoint is None:
+        raise DeployRefused(
+            f"run {run_id} ran as SageMaker's managed job, which registered its model as "
+            f"{trained.model_package}; mtrl deploy serves a checkpoint of ours on SageMaker, not "
+            "a managed job's package: deploy it from the SageMaker console or the SDK"
+        )
     image = image or serving_image(deployment.region)
     if image is None:
         raise DeployRefused(

@@ -121,7 +121,7 @@ def run_status(
         mean_reward=metrics.get("mean_reward") if metrics else None,
         pass_rate=metrics.get("pass_rate") if metrics else None,
         health_figures=measured(lines) if lines else {},
-        checkpoints=_checkpoints(clients["s3"], run.bucket, f"{prefix}{SUMMARY_OBJECT}"),
+        checkpoints=run_summary(clients["s3"], run).get("checkpoints", []),
         queues=_queues(clients["sqs"], clients["cloudwatch"], deployment.prefix, run_id, now=now),
         workers=_workers(clients["ecs"], deployment, run_id),
         gpu_nodes=_gpu_nodes(clients["sagemaker"], deployment),
@@ -133,10 +133,19 @@ def run_status(
     )
 
 
-def _checkpoints(s3: Any, bucket: str, key: str) -> list[dict[str, Any]]:
-    if not object_exists(s3, bucket=bucket, key=key):
-        return []  # the run has not ended
-    return json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read()).get("checkpoints", [])
+def run_summary(s3: Any, run: RunRecord) -> dict[str, Any]:
+    """The summary Collect wrote for the run (empty before the run ended)."""
+    key = f"{run_output_prefix(run.run_id)}{SUMMARY_OBJECT}"
+    if not object_exists(s3, bucket=run.bucket, key=key):
+        return {}
+    return json.loads(s3.get_object(Bucket=run.bucket, Key=key)["Body"].read())
+
+
+def billed_tokens(s3: Any, run: RunRecord) -> dict[str, int] | None:
+    """The tokens SageMaker billed a serverless run's managed job, as it reported them
+    (TrainTokenCount, PrefillTokenCount, SampleTokenCount); None for another run, or before
+    the run ended."""
+    return run_summary(s3, run).get("billable_token_usage")
 
 
 def _execution(sfn: Any, arn: str) -> tuple[str | None, str | None]:

@@ -131,7 +131,8 @@ class ModelRelease(Construct):
 
     def grant(self, need: Need, role: iam.IRole) -> None:
         """Collect: a model package version in the group. The operator: pass the import role to
-        Bedrock, create, watch and delete the custom models and deployments; pass the serving
+        Bedrock (or let it read a managed job's package), create, watch and delete the custom
+        models and deployments; pass the serving
         role to SageMaker, create, watch and delete the models, endpoint configs and
         endpoints."""
         allow = self._allow
@@ -147,6 +148,14 @@ class ModelRelease(Construct):
         # not there is an answer too); only this deployment's tagged ones are deployed or
         # deleted (aws:ResourceTag, a condition key of each, Service Authorization Reference).
         allow(role, ["bedrock:CreateCustomModel"], "*", conditions=self._tagged_ours)
+        # A serverless run's model is the package its managed job registered in the group:
+        # Bedrock imports it by ARN with the caller's permissions to describe it and read its
+        # data (Bedrock API reference, ModelPackageArnDataSource, which names the second
+        # `AccessModelPackageData`; the Service Authorization Reference and AWS's managed
+        # policies name it sagemaker:AccessModelPackage).
+        allow(
+            role, ["sagemaker:DescribeModelPackage", "sagemaker:AccessModelPackage"], self._packages
+        )
         allow(role, ["bedrock:GetCustomModel"], self._models)
         allow(
             role,

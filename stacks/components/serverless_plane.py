@@ -218,7 +218,13 @@ class ServerlessPlane(Construct):
                 # Collect's, stacks/components/model_release.py).
                 self._allow(role, ["sagemaker:CreateModelPackage"], *self._groups, *self._packages)
                 self._allow(role, ["sagemaker:DescribeModelPackageGroup"], *self._groups)
-                self._allow(role, ["sagemaker:DescribeModelPackage"], *self._packages)
+                # An evaluation job reads the trained model's package (AWS's
+                # AmazonSageMakerJobFullAccess grants AccessModelPackage beside Describe).
+                self._allow(
+                    role,
+                    ["sagemaker:DescribeModelPackage", "sagemaker:AccessModelPackage"],
+                    *self._packages,
+                )
                 self._allow(
                     role, ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
                     *self._logs,

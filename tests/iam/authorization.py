@@ -76,6 +76,18 @@ _JOB = "arn:${Partition}:sagemaker:${Region}:${Account}:job/${JobCategory}/${Job
 NEWER_ACTIONS = {
     f"sagemaker:{name}": [{"resource_arn_format": _JOB, "dependent_actions": []}]
     for name in ("CreateJob", "DescribeJob", "StopJob", "Sample", "CompleteRollout", "UpdateReward")
+} | {
+    # Reading a model package's data, on the model package (AWS's managed policy
+    # AmazonSageMakerJobFullAccess grants it on model-package/*; cfn-lint's copy of AWS's
+    # policy data has it), in the SAR's form of a model package's ARN.
+    "sagemaker:AccessModelPackage": [
+        {
+            "resource_arn_format": (
+                "arn:${Partition}:sagemaker:${Region}:${Account}:model-package/${ModelPackageName}"
+            ),
+            "dependent_actions": [],
+        }
+    ]
 }
 
 
@@ -434,6 +446,13 @@ class Authorization:
                     yield self._pass_role(who, role, "ecs-tasks.amazonaws.com", why)
             case "ecs", "CreateService":
                 yield from self._task_start(call)
+            case "bedrock", "CreateCustomModel" if "customModelDataSource" in p:
+                # Bedrock API reference, ModelPackageArnDataSource: importing a model package
+                # needs sagemaker:DescribeModelPackage and the reading of its data on it (named
+                # `AccessModelPackageData` there; the SAR's action is AccessModelPackage).
+                package = p["customModelDataSource"]["modelPackageArnDataSource"]["modelPackageArn"]
+                for action in ("sagemaker:DescribeModelPackage", "sagemaker:AccessModelPackage"):
+                    yield Need(who, Request(action, package), why)
             case "bedrock", "CreateCustomModel" if "roleArn" in p:
                 # Bedrock API reference, CreateCustomModel `roleArn`: the role Bedrock assumes to
                 # read the checkpoint, which the caller passes (IAM User Guide, "Grant a user

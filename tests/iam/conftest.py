@@ -121,6 +121,7 @@ class Scenarios:
         world, run_id = self.world, self.runs["succeeds"].run_id
         played = self.runs["stopped by hand"].run_id  # its worker kept its rollouts
         nova = self.runs["nova succeeds"].run_id
+        serverless = self.runs["serverless succeeds"].run_id
         config = tmp / "mine.yaml"
         config.write_text(
             yaml.safe_dump(load_training_config("rft_multiturn_lora").model_dump(mode="json"))
@@ -139,6 +140,9 @@ class Scenarios:
             "teardown": ("teardown", run_id),
             "deploy": ("deploy", nova, "--to", "bedrock"),
             "deploy --delete": ("deploy", nova, "--delete"),
+            "cost serverless": ("cost", serverless),
+            "deploy serverless": ("deploy", serverless, "--to", "bedrock"),
+            "deploy serverless --delete": ("deploy", serverless, "--delete"),
             "deploy open weights": ("deploy", run_id, "--to", "sagemaker"),
             "deploy open weights --delete": ("deploy", run_id, "--delete"),
         }

@@ -5,6 +5,7 @@ request is checked against what the synthesized templates grant the principal th
 from __future__ import annotations
 
 import json
+from unittest.mock import ANY
 
 import pytest
 
@@ -233,6 +234,29 @@ def test_the_operator_runs_every_mtrl_command_on_the_operator_policy(
     assert scenarios.world.bedrock.operations("CreateCustomModel")[0]["modelSourceConfig"] == {
         "s3DataSource": {"s3Uri": checkpoint["uri"]}
     }
+    # The serverless run: the tokens its managed job reported AWS billed it (no price known).
+    assert (
+        "tokens SageMaker billed its managed job: 48,000 train, 36,000 prefill, 12,000 sample"
+        in (results["cost serverless"][1])
+    )
+    # The serverless run's model: the package its managed job registered, imported by its ARN
+    # (the operator may read that package's data, nothing else of the registry's), deployed,
+    # then deleted.
+    assert "deployed on Bedrock: invoke arn:aws:bedrock:" in results["deploy serverless"][1]
+    assert results["deploy serverless --delete"][1].startswith("deleted: arn:aws:bedrock:")
+    package = scenarios.runs["serverless succeeds"].summary["model_package"]
+    assert scenarios.world.bedrock.operations("CreateCustomModel")[1] == {
+        "modelName": f"{scenarios.world.app.config.name_prefix}-run-"
+        f"{scenarios.runs['serverless succeeds'].run_id}",
+        "customModelDataSource": {"modelPackageArnDataSource": {"modelPackageArn": package}},
+        "modelTags": ANY,
+    }
+    read = {
+        n.request.action
+        for n in report.needs
+        if n.principal == OPERATOR and n.request.resource == package
+    }
+    assert read == {"sagemaker:DescribeModelPackage", "sagemaker:AccessModelPackage"}
     # The open-weights run's LoRA adapter: served on its Hub base model by a SageMaker endpoint,
     # which read the run's final checkpoint with the serving role; then deleted.
     assert "deployed on SageMaker: endpoint " in results["deploy open weights"][1]

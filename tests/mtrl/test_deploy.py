@@ -7,7 +7,6 @@ model (tests/service_fakes.py); the calls as the Nova Forge SDK makes them (amzn
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,6 +48,12 @@ def _summary(
     config = {**load_training_config("rft_multiturn_lora").model_dump(mode="json"), "model": model}
     return {"run_id": RUN, "config": config, "best_checkpoint": best,
             "model_package": package}  # fmt: skip
+
+
+def _serverless_summary(package: str | None = PACKAGE) -> dict[str, Any]:
+    """A serverless run's: no checkpoint of ours, the package its managed job registered."""
+    config = load_training_config(SERVERLESS).model_dump(mode="json")
+    return {"run_id": RUN, "config": config, "best_checkpoint": None, "model_package": package}
 
 
 @pytest.fixture
@@ -97,6 +102,28 @@ def test_a_run_is_registered_imported_and_deployed_on_demand(world: dict) -> Non
         f"custom model {name}: Active (60 s)",
     ]  # fmt: skip
     assert released.model_package_arn == PACKAGE and lines[0] == f"registered as {PACKAGE}"
+
+
+def test_a_managed_jobs_package_is_imported_by_its_arn_without_the_import_role(
+    world: dict,
+) -> None:
+    """A serverless run's model is the package its job registered (in AWS's storage, no
+    checkpoint of ours): Bedrock takes it as `customModelDataSource` and reads it itself (its
+    API reference: no role with a model package ARN); then deployed as any other."""
+    world["s3"].put_object(
+        Bucket=BUCKET, Key=f"runs/{RUN}/summary.json", Body=json.dumps(_serverless_summary())
+    )
+    released = deploy_to_bedrock(world["clients"], DEPLOYMENT, RUN, waiting=_waiting()[0])
+    bedrock = world["bedrock"]
+    (created,) = bedrock.operations("CreateCustomModel")
+    assert created == {
+        "modelName": release_name("nova-mtrl", RUN),
+        "customModelDataSource": {"modelPackageArnDataSource": {"modelPackageArn": PACKAGE}},
+        "modelTags": [{"key": "mtrl-run", "value": RUN},
+                      {"key": "mtrl-deployment", "value": "nova-mtrl"}],
+    }  # fmt: skip
+    assert released.model_package_arn == PACKAGE
+    assert released.deployment_arn == next(iter(bedrock.deployments.values()))["arn"]
 
 
 def test_deploying_again_goes_on_from_what_is_there(world: dict) -> None:
@@ -149,10 +176,8 @@ def test_waiting_is_bounded_and_says_how_to_go_on(world: dict) -> None:
          "nothing to deploy: the starting model did better"),
         (_summary(package=None), r"its model is not in the model registry \(s3://.*summary.json "
          r"names no model_package\); Collect registers every run's model: redeploy the platform"),
-        ({"run_id": RUN, "best_checkpoint": None, "model_package": PACKAGE,
-          "config": load_training_config(SERVERLESS).model_dump(mode="json")},
-         rf"ran as SageMaker's managed job, which registered its model as {re.escape(PACKAGE)}; "
-         "mtrl deploy does not take a managed job's package yet"),
+        (_serverless_summary(package=None), "nothing to deploy: its managed job registered no "
+         r"model package \(s3://.*summary.json names none\)"),
     ],
 )  # fmt: skip
 def test_a_run_without_a_nova_checkpoint_worth_deploying_is_refused(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -24,6 +25,7 @@ from tests.service_fakes import ACCOUNT, FakeSageMakerHosting
 from training_configs import load_training_config
 from training_configs.schema import TrainingConfig
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 BUCKET, RUN = "nova-mtrl-data", "letters-0a1b2c3d4e"
 NAME = f"nova-mtrl-run-{RUN}"
 FINAL = f"runs/{RUN}/checkpoints/final/"
@@ -219,6 +221,21 @@ def test_what_the_endpoint_cannot_serve_is_refused_before_anything_is_made(
 ) -> None:
     _publish(world["s3"], config, base_model)
     with pytest.raises(DeployRefused, match=expected):
+        deploy_to_sagemaker(world["clients"], _deployment(), RUN, waiting=_waiting()[0])
+    assert world["sagemaker"].requests == []
+
+
+def test_a_managed_jobs_package_is_not_served_on_an_endpoint_of_ours(world: dict) -> None:
+    """A serverless run of an open-weights hub model: its model is the package its job
+    registered, not a checkpoint of ours the container could mount."""
+    serverless = load_training_config(EXAMPLES / "wordle" / "serverless.yaml").model_dump(
+        mode="json"
+    )
+    config = serverless | {"model": "huggingface-reasoning-qwen3-32b", "global_batch_size": 256}
+    summary = {"run_id": RUN, "config": config, "best_checkpoint": None, "model_package": PACKAGE}
+    world["s3"].put_object(Bucket=BUCKET, Key=f"runs/{RUN}/summary.json", Body=json.dumps(summary))
+    with pytest.raises(DeployRefused, match=f"ran as SageMaker's managed job, which registered "
+                       f"its model as {PACKAGE}; .* deploy it from the SageMaker console"):  # fmt: skip
         deploy_to_sagemaker(world["clients"], _deployment(), RUN, waiting=_waiting()[0])
     assert world["sagemaker"].requests == []
 

@@ -15,6 +15,7 @@ from domain.episodes import Episode, EvaluationStage
 from domain.run_queues import KINDS, PURGE_SECONDS, QueueKind, create_run_queues
 from domain.run_state import RegisteredRun
 from domain.runs import RunRecord, RunStore
+from domain.serverless_job import ServiceOutput
 from lambdas.clients import Clients
 from lambdas.pipeline.compute import ComputeSteps, EvaluationFailed, RunPastDeadline
 from lambdas.pipeline.dependencies import Compute, Dependencies
@@ -26,9 +27,9 @@ from training_configs.schema import load_training_config
 
 
 class Scripted(TrainingCluster):
-    def __init__(self, status: JobStatus, *, package: str | None = None) -> None:
-        """`package`: the model package the job registered itself (a managed job's)."""
-        self.current, self.package = status, package
+    def __init__(self, status: JobStatus, *, managed: ServiceOutput | None = None) -> None:
+        """`managed`: what a managed job reported of itself (its package, the tokens billed)."""
+        self.current, self.managed = status, managed
 
     def scale_up(self, run: RunContext, *, instances: int) -> None: ...
     def nodes_ready(self, run: RunContext) -> int:
@@ -49,8 +50,8 @@ class Scripted(TrainingCluster):
     def delete(self, run: RunContext) -> int:
         return 0
 
-    def trained_model_package(self, run: RunContext) -> str | None:
-        return self.package
+    def managed_job_output(self, run: RunContext) -> ServiceOutput | None:
+        return self.managed
 
     def scale_down(self, run: RunContext) -> None: ...
 
@@ -529,13 +530,15 @@ def test_collect_records_the_package_a_managed_job_registered_and_registers_none
     state: dict,
 ) -> None:
     """A serverless run's job registered the trained model itself: the summary names that
-    package, and the registry holds no other (no checkpoint of ours is registered)."""
+    package and the tokens AWS billed the job, and the registry holds no other (no checkpoint
+    of ours is registered)."""
     s3, sagemaker, registry = _a_checkpoint_and_a_registry(state)
     package = "arn:aws:sagemaker:us-east-1:123456789012:model-package/nova-mtrl-models/7"
-    managed = Scripted(JobStatus(Phase.SUCCEEDED), package=package)
-    collect(steps(managed, settings=registry), state)
+    tokens = {"TrainTokenCount": 120_000, "PrefillTokenCount": 90_000, "SampleTokenCount": 30_000}
+    output = ServiceOutput(OutputModelPackageArn=package, BillableTokenUsage=tokens)
+    collect(steps(Scripted(JobStatus(Phase.SUCCEEDED), managed=output), settings=registry), state)
     summary = json.loads(s3.get_object(Bucket="bucket-1", Key="runs/r/summary.json")["Body"].read())
-    assert summary["model_package"] == package
+    assert (summary["model_package"], summary["billable_token_usage"]) == (package, tokens)
     listed = sagemaker.list_model_packages(ModelPackageGroupName="nova-mtrl-models")
     assert listed["ModelPackageSummaryList"] == []
 

@@ -228,15 +228,15 @@ def test_the_runs_model_is_the_package_its_job_registered(
     package = "arn:aws:sagemaker:us-east-1:123456789012:model-package/mtrl-models/2"
     document = {"ServiceOutput": {"OutputModelPackageArn": package}}
     stubber.add_response("describe_job", described("InProgress"), KEYS)
-    assert cluster.trained_model_package(run) is None
+    assert cluster.managed_job_output(run).output_model_package_arn is None
     stubber.add_response(
         "describe_job",
         described("Completed", "Completed", JobConfigDocument=json.dumps(document)),
         KEYS,
     )
-    assert cluster.trained_model_package(run) == package
+    assert cluster.managed_job_output(run).output_model_package_arn == package
     not_found(stubber, "describe_job")
-    assert cluster.trained_model_package(run) is None
+    assert cluster.managed_job_output(run) is None
 
 
 def test_teardown_stops_each_running_job_and_leaves_an_ended_or_missing_one(
