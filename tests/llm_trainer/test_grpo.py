@@ -5,13 +5,20 @@ the completion with the higher advantage."""
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import pytest
 import torch
 
 from domain.grpo import group_advantages
-from llm_trainer.grpo import Reference, grpo_update, next_token_logprobs, training_sequences
+from llm_trainer.grpo import (
+    Reference,
+    frozen_copy,
+    grpo_update,
+    next_token_logprobs,
+    training_sequences,
+)
 from llm_trainer.tokens import Segment
 
 PROMPT = [264, 84, 82, 257, 198]  # any tokens of the tiny vocabulary
@@ -78,6 +85,54 @@ def test_one_update_raises_the_high_advantage_completion_and_lowers_the_other(mo
     assert stats.clipped_fraction == 0.0  # on-policy: every ratio starts at 1
 
 
+def _token_logprob(model: Any, prefix: list[int], token: int, temperature: float) -> float:
+    """log π(token | prefix) at `temperature`, from the model's last position on the prefix
+    alone: a path of its own (no batch, no padding, no shift)."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prefix])).logits[0, -1].double() / temperature
+    return float(torch.log_softmax(logits, dim=-1)[token])
+
+
+def test_the_objective_is_the_clipped_surrogate_computed_by_hand_at_the_sampling_temperature(
+    model: Any,
+) -> None:
+    """Two episodes (one of two turns, a tool's reply between them that the model did not
+    sample), behaviour log-probabilities off the model's own so that some ratios leave the
+    band, T = 0.7: the update's objective and clipped fraction are what the formula gives, token
+    by token — the log-probabilities at the sampling temperature, of the sampled tokens only,
+    each episode weighing 1/2 spread over its tokens. A mask shifted by one token or a
+    temperature ignored changes them (both passed every other test here)."""
+    temperature, clip = 0.7, 0.2
+    # (token, sampled?, behaviour log-probability offset from the model's own)
+    first = [(101, True, 0.0), (102, True, -0.5), (120, False, 0.0), (121, False, 0.0),
+             (103, True, 0.3), (104, True, -0.05)]  # fmt: skip
+    second = [(110, True, 0.4), (111, True, -0.1)]
+    episodes, expected, clipped, sampled = [], 0.0, 0, 0
+    for advantage, tokens in ((1.0, first), (-1.0, second)):
+        built, ids = Segment(), list(PROMPT)
+        built.extend(PROMPT)
+        terms = []
+        for token, was_sampled, offset in tokens:
+            if was_sampled:
+                own = _token_logprob(model, ids, token, temperature)
+                behaviour = own + offset
+                built.extend([token], logprobs=[behaviour])
+                ratio = torch.exp(torch.tensor(own - behaviour, dtype=torch.float64))
+                bounded = ratio.clamp(1 - clip, 1 + clip)
+                terms.append(float(torch.minimum(ratio * advantage, bounded * advantage)))
+                clipped += bool(bounded * advantage < ratio * advantage)
+                sampled += 1
+            else:
+                built.extend([token])
+            ids.append(token)
+        expected += sum(terms) / (len(terms) * 2)  # each episode weighs 1/2 over its tokens
+        episodes.append((advantage, [built]))
+    assert 0 < clipped < sampled  # the case covers both sides of the band
+    stats = update(model, training_sequences(episodes), temperature=temperature, clip_ratio=clip)
+    assert stats.objective == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    assert stats.clipped_fraction == pytest.approx(clipped / sampled)
+
+
 def test_the_loss_ignores_every_token_the_model_did_not_sample(model: Any) -> None:
     """The same update whatever the masked tokens' bookkeeping says: two batches that differ
     only in the behaviour log-probabilities of prompt tokens move the weights identically."""
@@ -118,6 +173,38 @@ def test_the_kl_term_is_zero_at_the_reference_and_is_subtracted_after_a_move(mod
     without = update(copy.deepcopy(model), moved)
     assert with_kl.kl > 0
     assert with_kl.objective == pytest.approx(without.objective - 0.5 * with_kl.kl, rel=1e-5)
+
+
+def test_the_kl_term_is_the_k3_estimate_against_the_reference_computed_by_hand(
+    model: Any,
+) -> None:
+    """After the model moved from its reference, the update's KL is Σ w·(e^(ref−π) − (ref−π) −
+    1) over the sampled tokens, at the sampling temperature, and the objective the surrogate
+    less β times it: an estimate taken the other way round (e^(π−ref) − (π−ref) − 1) differs."""
+    temperature, beta, completion = 0.8, 0.3, [101, 102, 103]
+    frozen = frozen_copy(model)
+    reference = Reference(model, lora=False, frozen=frozen)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(
+                0.05 * torch.randn_like(parameter, generator=torch.Generator().manual_seed(7))
+            )
+    built, ids, kl, surrogate = Segment(), list(PROMPT), 0.0, 0.0
+    built.extend(PROMPT)
+    for token in completion:
+        own = _token_logprob(model, ids, token, temperature)
+        ref = _token_logprob(frozen, ids, token, temperature)
+        built.extend([token], logprobs=[own])  # on-policy: every ratio 1, the surrogate A
+        kl += (math.exp(ref - own) - (ref - own) - 1) / len(completion)
+        surrogate += 1.0 / len(completion)
+        ids.append(token)
+    stats = update(
+        model, training_sequences([(1.0, [built])]), temperature=temperature,
+        kl_coefficient=beta, reference=reference,
+    )  # fmt: skip
+    assert kl > 1e-4
+    assert stats.kl == pytest.approx(kl, rel=1e-4)
+    assert stats.objective == pytest.approx(surrogate - beta * kl, rel=1e-4)
 
 
 def test_a_lora_model_is_its_own_reference_without_the_adapter(model: Any) -> None:
