@@ -50,6 +50,12 @@ def episodes_key(output_prefix: str, stage: EvaluationStage) -> str:
     return f"{output_prefix}{EPISODES_PREFIX}{stage}.jsonl"
 
 
+def results_prefix(outputs: str, stage: EvaluationStage) -> str:
+    """Where an evaluation job of AWS's (Nova's, a serverless run's) writes its own results,
+    under the run's `outputs` (a key prefix or an S3 URI ending in /)."""
+    return f"{outputs}{EPISODES_PREFIX}{stage}/"
+
+
 def write_episodes(
     s3: Any, *, bucket: str, output_prefix: str, stage: EvaluationStage, episodes: list[Episode]
 ) -> None:

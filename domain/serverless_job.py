@@ -249,9 +249,15 @@ def job_name(prefix: str, run_id: str, stage: EvaluationStage | None = None) -> 
     return f"{name[: JOB_NAME_LIMIT - len(tail)].rstrip('-')}{tail}"
 
 
+def run_jobs(prefix: str, run_id: str) -> tuple[tuple[str, str], ...]:
+    """Every managed job a serverless run may start, as (name, JobCategory): its training and
+    its evaluations."""
+    evaluations = [(job_name(prefix, run_id, s), EVALUATION_CATEGORY) for s in EvaluationStage]
+    return ((job_name(prefix, run_id), JOB_CATEGORY), *evaluations)
+
+
 def run_job_names(prefix: str, run_id: str) -> tuple[str, ...]:
-    """Every managed job a serverless run may start: its training and its evaluations."""
-    return (job_name(prefix, run_id), *(job_name(prefix, run_id, s) for s in EvaluationStage))
+    return tuple(name for name, _ in run_jobs(prefix, run_id))
 
 
 @dataclass(frozen=True)

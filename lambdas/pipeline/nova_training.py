@@ -44,6 +44,7 @@ from domain.backends import EvaluationUnsupported, JobStatus, Phase, RunContext
 from domain.bucket import run_outputs
 from domain.checkpoints import latest
 from domain.episodes import EvaluationStage
+from domain.evaluation import results_prefix
 from domain.nova_job import (
     DOCUMENTED_BYOO_KEYS,
     FORGE_EVALUATION_RECIPE,
@@ -260,7 +261,7 @@ class NovaTrainingCluster(InstanceGroupPlane):
             name=self.evaluation_name(run, stage),
             model_name_or_path=self.evaluated_model(run, stage),
             data_s3_path=evaluation_data(self.s3, run, records),
-            output_s3_path=f"s3://{run.bucket}/{run.output_prefix}evaluation/{stage}/",
+            output_s3_path=results_prefix(f"s3://{run.bucket}/{run.output_prefix}", stage),
             byoo=byoo_endpoints(run.rollout_request_arn, lambda kind: run.queues[kind]),
         )
         tracking = self._tracking(base, f"{run.run_id}-{stage}")

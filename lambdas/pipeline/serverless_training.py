@@ -36,6 +36,7 @@ from pydantic import Field
 
 from domain.backends import EvaluationUnsupported, JobStatus, Phase, RunContext, TrainingCluster
 from domain.episodes import EvaluationStage
+from domain.evaluation import results_prefix
 from domain.naming import DEPLOYMENT_TAG, RUN_TAG, checkpoint_group_name, model_group_name
 from domain.serverless_job import (
     EVALUATION_CATEGORY,
@@ -49,6 +50,7 @@ from domain.serverless_job import (
     create_job_request,
     hub_model,
     job_name,
+    run_jobs,
     service_output,
 )
 from lambdas.clients import Clients
@@ -146,7 +148,7 @@ class ServerlessTrainingCluster(TrainingCluster):
             agent_lambda_arn=self.settings.agent_function_arn,
             base_model_arn=self._base_model_arn(run),
             evaluation_uri=evaluation_data(self.s3, run, records),
-            output_uri=f"s3://{run.bucket}/{run.output_prefix}evaluation/{stage}/",
+            output_uri=results_prefix(f"s3://{run.bucket}/{run.output_prefix}", stage),
             kms_key_arn=self.settings.data_key_arn,
             model_package_arn=package,
             max_runtime_seconds=min(
@@ -215,10 +217,8 @@ class ServerlessTrainingCluster(TrainingCluster):
 
     def delete(self, run: RunContext) -> int:
         """Stop each of the run's jobs that runs; how many it has."""
-        jobs = [(self.job(run), JOB_CATEGORY)]
-        jobs += [(self.job(run, stage), EVALUATION_CATEGORY) for stage in EvaluationStage]
         found = 0
-        for name, category in jobs:
+        for name, category in run_jobs(self.settings.prefix, run.run_id):
             described = self._describe(name, category)
             if described is None:
                 continue

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from domain.bucket import RUNS_PREFIX
 from domain.episodes import EvaluationStage
-from domain.evaluation import EVALUATION_RECORDS_OBJECT, TRAINING_RECORDS_OBJECT
+from domain.evaluation import EVALUATION_RECORDS_OBJECT, TRAINING_RECORDS_OBJECT, results_prefix
 from domain.naming import checkpoint_group_name, model_group_name, run_prefix
 from domain.serverless_job import (
     HUB_NAME,
@@ -114,7 +114,7 @@ def serverless_plan(
                 agent_lambda_arn=agent,
                 base_model_arn=base_model,
                 evaluation_uri=f"{outputs}{EVALUATION_RECORDS_OBJECT}",
-                output_uri=f"{outputs}evaluation/{stage}/",
+                output_uri=results_prefix(outputs, stage),
                 kms_key_arn=data_key,
                 model_package_arn=(
                     "<DescribeJob " + name + ": ServiceOutput.OutputModelPackageArn>"

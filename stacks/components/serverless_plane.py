@@ -131,7 +131,7 @@ class ServerlessPlane(Construct):
                 service="sagemaker",
                 resource="job",
                 resource_name=f"{category}/{run_prefix(prefix)}*",
-            )  # fmt: skip
+            )
             for category in (JOB_CATEGORY, EVALUATION_CATEGORY)
         ]
         self._training_jobs, self._evaluation_jobs = self._jobs
@@ -159,7 +159,7 @@ class ServerlessPlane(Construct):
                 resource="log-group",
                 resource_name=f"{group}:*",
                 arn_format=ArnFormat.COLON_RESOURCE_NAME,
-            )  # fmt: skip
+            )
             for group in LOG_GROUPS
         ]
         self._allow = Allow(
