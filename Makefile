@@ -104,6 +104,7 @@ bench: install $(LLM_STAMP)
 	$(BIN)/python -m bench.validate
 	$(BIN)/python -m bench.local
 	$(BIN)/python -m bench.llm_trainer --model tiny
+	$(BIN)/python -m bench.gpu_check
 
 # Mutation testing of the money- and data-critical modules (bench/mutate.py); not in CI.
 # `make mutate MODULES=domain/runs.py` for one.

@@ -9,7 +9,11 @@ the GRPO step and weight sync, each beside a named baseline run the same way.
 - weight sync: seconds to hand the updated weights to generation (the same model object with
   transformers: nothing to copy); with `--lora`, also vLLM's handover (`VllmGenerator.sync`:
   the adapter written with PEFT for the engine to load, no engine here) against writing the
-  adapter's tensors alone with safetensors.
+  adapter's tensors alone with safetensors;
+- memory of the log-probabilities: the bytes one micro-batch's forward pass keeps for the
+  backward pass (autograd's saved tensors, each storage once) with the head applied chunk by
+  chunk (`grpo.logprob_chunk_tokens`, llm_trainer/logprobs.py) against the model's whole
+  logits; on a GPU also the peak memory of a whole GRPO step each way.
 
 Run: `python -m bench.llm_trainer --model DIR|HUB_ID|tiny [--batch 16] [--new-tokens 128]
 [--rounds 3] [--lora]`. Nothing is asserted: it is a measurement. Prints the device, the
@@ -24,11 +28,13 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from llm_trainer.generation import SamplingSettings, TransformersGenerator
-from llm_trainer.grpo import grpo_update, training_sequences
+from llm_trainer.grpo import LossSettings, grpo_update, training_sequences
+from llm_trainer.logprobs import DEFAULT_CHUNK_TOKENS, SamplingDistribution, next_token_scores
 from llm_trainer.model import load_policy
 from llm_trainer.tokens import SampledTurn, segments
 from training_configs.schema import load_training_config
@@ -36,7 +42,7 @@ from training_configs.schema import load_training_config
 PROMPT = [{"role": "user", "content": "Write a short poem about the letter e, then explain it."}]
 
 
-def _timed(work, rounds: int) -> tuple[float, object]:
+def timed(work, rounds: int) -> tuple[float, object]:
     """The median seconds of `rounds` runs of `work`, and its last result."""
     seconds, result = [], None
     for _ in range(rounds):
@@ -71,7 +77,7 @@ def main() -> None:
         pad_token_id=tokenizer.pad_token_id,  # never stop early
     )
     settings = SamplingSettings(max_new_tokens=options.new_tokens)
-    ours, sampled = _timed(lambda: generator.generate(prompts, settings, seed=0), options.rounds)
+    ours, sampled = timed(lambda: generator.generate(prompts, settings, seed=0), options.rounds)
     ids = torch.tensor(prompts, device=policy.device)
 
     def plain() -> object:
@@ -81,7 +87,7 @@ def main() -> None:
                                   do_sample=True, max_new_tokens=options.new_tokens, min_new_tokens=options.new_tokens,
                                   pad_token_id=tokenizer.pad_token_id)  # fmt: skip
 
-    baseline, _ = _timed(plain, options.rounds)
+    baseline, _ = timed(plain, options.rounds)
     tokens = sum(len(s.token_ids) for s in sampled)
     turns = [
         SampledTurn(0, tuple(prompt), tuple(s.token_ids), tuple(s.logprobs), "length", 0)
@@ -90,9 +96,9 @@ def main() -> None:
     episodes = [(1.0 if i % 2 else -1.0, segments([turn])) for i, turn in enumerate(turns)]
     sequences = training_sequences(episodes)
     optimizer = policy.optimizer(1e-6)
-    step, _ = _timed(
+    step, _ = timed(
         lambda: grpo_update(model, optimizer, sequences, pad_id=tokenizer.pad_token_id,
-                            clip_ratio=0.2, temperature=1.0, micro_batch_size=8, max_grad_norm=1.0),
+                            settings=LossSettings(), micro_batch_size=8, max_grad_norm=1.0),
         options.rounds,
     )  # fmt: skip
     batch = torch.tensor(
@@ -107,8 +113,12 @@ def main() -> None:
         optimizer.step()
         return None
 
-    sft, _ = _timed(supervised, options.rounds)
-    sync, _ = _timed(lambda: generator.sync(model), options.rounds)
+    sft, _ = timed(supervised, options.rounds)
+    sync, _ = timed(lambda: generator.sync(model), options.rounds)
+    memory = {
+        label: _logprob_memory(model, optimizer, sequences, tokenizer.pad_token_id, chunk)
+        for label, chunk in (("chunked", DEFAULT_CHUNK_TOKENS), ("whole", None))
+    }
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     parameters = sum(p.numel() for p in model.parameters())
     print(f"model {options.model} ({parameters:,} parameters, {'LoRA' if options.lora else 'full'}) "
@@ -119,8 +129,42 @@ def main() -> None:
         f"GRPO step: {step:.3f} s (one supervised step on the same tokens: {sft:.3f} s; ratio {step / sft:.2f})"
     )
     print(f"weight sync: {sync * 1e3:.3f} ms (shared model object)")
+    (kept, peak), (whole_kept, whole_peak) = memory["chunked"], memory["whole"]
+    print(f"log-probabilities, kept for backward per micro-batch of 8: {kept / 1e6:.2f} MB chunked "
+          f"by {DEFAULT_CHUNK_TOKENS} tokens (the whole logits: {whole_kept / 1e6:.2f} MB; ratio "
+          f"{kept / whole_kept:.2f})")  # fmt: skip
+    if peak is not None and whole_peak is not None:
+        print(f"GRPO step peak GPU memory: {peak / 1e9:.2f} GB chunked (the whole logits: "
+              f"{whole_peak / 1e9:.2f} GB; ratio {peak / whole_peak:.2f})")  # fmt: skip
     if options.lora:
         _adapter_handover(model, options.rounds)
+
+
+def _logprob_memory(
+    model: Any, optimizer: Any, sequences: list[Any], pad_id: int, chunk: int | None
+) -> tuple[int, int | None]:
+    """Bytes one micro-batch's forward keeps for the backward pass, and on a GPU the peak
+    memory of a GRPO step, with the log-probabilities computed `chunk` tokens at a time."""
+    kept: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        kept[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    ids = torch.nn.utils.rnn.pad_sequence(
+        [torch.tensor(s.segment.token_ids) for s in sequences[:8]], batch_first=True,
+        padding_value=pad_id,
+    ).to(next(model.parameters()).device)  # fmt: skip
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        next_token_scores(model, ids, torch.ones_like(ids), SamplingDistribution(),
+                          entropy=True, chunk_tokens=chunk)  # fmt: skip
+    if not torch.cuda.is_available():
+        return sum(kept.values()), None
+    torch.cuda.reset_peak_memory_stats()
+    grpo_update(model, optimizer, sequences, pad_id=pad_id,
+                settings=LossSettings(chunk_tokens=chunk), micro_batch_size=8, max_grad_norm=1.0)  # fmt: skip
+    return sum(kept.values()), torch.cuda.max_memory_allocated()
 
 
 def _adapter_handover(model: object, rounds: int) -> None:
@@ -134,9 +178,9 @@ def _adapter_handover(model: object, rounds: int) -> None:
         folder = Path(scratch)
         api = VllmApi(sampling_params=dict, tokens_prompt=dict, lora_request=lambda *a: a)
         generator = VllmGenerator(engine=None, api=api, adapters=folder / "adapters")
-        handover, _ = _timed(lambda: generator.sync(model), rounds)
+        handover, _ = timed(lambda: generator.sync(model), rounds)
         tensors = {k: v.detach().contiguous().cpu() for k, v in get_peft_model_state_dict(model).items()}  # fmt: skip
-        raw, _ = _timed(lambda: save_file(tensors, str(folder / "raw.safetensors")), rounds)
+        raw, _ = timed(lambda: save_file(tensors, str(folder / "raw.safetensors")), rounds)
         size = (folder / "raw.safetensors").stat().st_size
     print(f"vLLM adapter handover: {handover * 1e3:.1f} ms for {size / 1e6:.1f} MB (the tensors "
           f"alone: {raw * 1e3:.1f} ms; ratio {handover / raw:.2f})")  # fmt: skip

@@ -127,6 +127,17 @@ MODULES: dict[str, tuple[str, ...]] = {
     "llm_trainer/tool_calls.py": ("tests/llm_trainer/test_tool_calls.py",),
     # A gated model's token: a wrong read starts a GPU job that cannot load its model.
     "llm_trainer/hub_token.py": ("tests/llm_trainer/test_hub_token.py",),
+    # The update itself and the log-probabilities it takes: a wrong sign, mask or bound trains
+    # the wrong thing, and every trainer test still runs.
+    "llm_trainer/grpo.py": (
+        "tests/llm_trainer/test_grpo.py",
+        "tests/llm_trainer/test_importance_ratio.py",
+        "tests/llm_trainer/test_update_metrics.py",
+    ),
+    "llm_trainer/logprobs.py": (
+        "tests/llm_trainer/test_logprobs.py",
+        "tests/llm_trainer/test_grpo.py",
+    ),
     "domain/grpo.py": (
         "tests/llm_trainer/test_grpo.py",
         "tests/local/test_grpo.py",

@@ -5,7 +5,7 @@ and the open-weights trainer, so status, run health and the reports read both)."
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -99,7 +99,7 @@ def score_groups(
         env_error_rollouts=ended.count("env_error"),
         timeout_rollouts=ended.count("timeout") + len(asked) - len(ended),
         truncated_rollouts=sum(
-            1 for sample in asked if sample in responses and _truncated(responses[sample])
+            1 for sample in asked if sample in responses and truncated(responses[sample])
         ),
         first_error=first_error(
             responses[sample].error if sample in responses else "no rollout response in time"
@@ -110,15 +110,48 @@ def score_groups(
     return scored, stats
 
 
-def _truncated(response: RolloutResponse) -> bool:
+def truncated(response: RolloutResponse) -> bool:
+    """Whether a model turn of the rollout was cut at the token limit."""
     return any(m.name == TRUNCATED_METRIC and m.value > 0 for m in response.metrics)
+
+
+def flat_group_samples(
+    groups: Mapping[str, Sequence[str]], scored: Sequence[ScoredRollout]
+) -> set[str]:
+    """The scored rollouts of groups whose rewards did not vary (every advantage zero): no
+    policy gradient comes from them."""
+    advantage = {rollout.sample_id: rollout.advantage for rollout in scored}
+    flat = set()
+    for samples in groups.values():
+        found = [sample for sample in samples if sample in advantage]
+        if found and not any(advantage[sample] for sample in found):
+            flat.update(found)
+    return flat
 
 
 @dataclass(frozen=True)
 class UpdateStats:
+    """An update's figures. The open-weights trainer's token-level ones (None from a trainer
+    that does not measure them) are shares of the step's sampled tokens, or per token."""
+
     objective: float  # the GRPO objective maximised (clipped surrogate less the KL penalty)
     kl: float
     clipped_fraction: float  # of the sampled replies or tokens, those whose ratio was clipped
+    clipped_low: float | None = None  # A < 0 and the ratio under 1 − ε_low
+    clipped_high: float | None = None  # A > 0 and the ratio over 1 + ε_high
+    dual_clipped: float | None = None  # A < 0 and the ratio over the dual clip
+    masked_fraction: float | None = None  # left out of the objective: a ratio outside its band
+    grad_norm: float | None = None  # the gradient's global norm, before clipping
+    entropy: float | None = None  # of the policy's sampling distribution, per sampled token
+    # Sampler against trainer, at the update's start: the k3 estimate of KL(μ‖π) per token, the
+    # importance ratio π/μ's quantiles and |log π − log μ|'s.
+    mismatch_kl: float | None = None
+    ratio_p1: float | None = None
+    ratio_p50: float | None = None
+    ratio_p99: float | None = None
+    logprob_gap_p50: float | None = None
+    logprob_gap_p99: float | None = None
+    logprob_gap_max: float | None = None
 
 
 @dataclass(frozen=True)
@@ -143,7 +176,7 @@ class StepMetrics:
         update = (
             asdict(self.update)
             if self.update
-            else dict.fromkeys(("objective", "kl", "clipped_fraction"))
+            else dict.fromkeys(f.name for f in fields(UpdateStats))
         )
         return {
             "step": self.step,

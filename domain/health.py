@@ -18,6 +18,8 @@ metrics, the first five shares in [0, 1]:
 | mean_reward | the mean episode reward (a rule `at_most`: a reward that collapsed) |
 | reward_spread | the standard deviation of the episode rewards (`at_most`: no signal left) |
 | mean_turns | turns per episode (`at_least` near max_turns: episodes that never end) |
+| sampler_mismatch | the open-weights trainer's KL per token between the log-probabilities its
+  generator reported and its own for the same tokens, at the update's start (`mismatch_kl`) |
 
 Rates are shares of the rollouts a step asked for (`rollouts_asked`: our trainer's and the
 router's lines write it). A step whose line does not say (a trainer that does not count it) breaks the run of steps, so
@@ -46,6 +48,7 @@ MEANING: Mapping[HealthMetric, str] = {
     "mean_reward": "mean reward",
     "reward_spread": "reward spread (standard deviation)",
     "mean_turns": "mean turns per episode",
+    "sampler_mismatch": "sampler/trainer KL per sampled token",
 }
 # Where a metrics line says each figure that is not counted from rollouts (our trainer's name
 # first, then the router's windows').
@@ -54,6 +57,7 @@ FIGURE_KEYS: Mapping[str, tuple[str, ...]] = {
     "mean_reward": ("mean_reward",),
     "reward_spread": ("reward_std",),
     "mean_turns": ("turns_per_episode",),
+    "sampler_mismatch": ("mismatch_kl",),
 }
 # The rules about failed rollouts: their findings say the first failure's error.
 FAILURES: frozenset[HealthMetric] = frozenset(

@@ -243,13 +243,12 @@ def nova_problems(config: TrainingConfig) -> list[str]:
         )
     if config.lora is not None:
         # A value other than the default was chosen (a round trip through YAML sets them all).
-        for key in ("rank", "dropout"):
-            default = type(config.lora).model_fields[key].default
-            if getattr(config.lora, key) != default:
-                problems.append(
-                    f"lora.{key}: Nova's LoRA recipe does not take it (it sets alpha); "
-                    f"remove it or leave it at {default} for a Nova run"
-                )
+        default = type(config.lora).model_fields["rank"].default
+        if config.lora.rank != default:
+            problems.append(
+                f"lora.rank: Nova's LoRA recipe does not take it (it sets alpha); "
+                f"remove it or leave it at {default} for a Nova run"
+            )
         if config.lora.alpha not in LORA_ALPHAS:
             problems.append(
                 f"lora.alpha {config.lora.alpha}: Nova's LoRA recipe takes one of "

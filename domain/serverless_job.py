@@ -205,8 +205,6 @@ def serverless_problems(config: TrainingConfig) -> list[str]:
         )
     if config.kl_coefficient:
         problems.append("kl_coefficient: the managed job's recipe has no KL term; set 0")
-    if config.lora is not None and config.lora.dropout:
-        problems.append("lora.dropout: the managed job's recipe does not take it; remove it")
     if config.base_checkpoint is not None:
         problems.append(
             "base_checkpoint: the managed job continues from a model package, which runs here "

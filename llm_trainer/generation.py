@@ -3,8 +3,8 @@
 implements the same interface in the trainer image.
 
 A generator takes prompts as token ids and answers sampled token ids with their log-probability
-under the policy being trained: the temperature-scaled distribution (with `top_p` below 1 the
-sampling distribution is truncated, the log-probability is not — a documented approximation).
+under the distribution it sampled them from (logprobs.py: temperature, top-k, top-p), the one
+the update's log-probabilities are of too.
 
 A generation in flight when the job ends is asked to stop (`stop`): it ends at its next token and
 raises `GenerationStopped`, so the thread generating ends before the process does. A thread left
@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
+
+from llm_trainer.logprobs import SamplingDistribution, chosen_logprobs, processed_scores
 
 FinishReason = Literal["stop", "length"]
 Stop = Callable[[], bool]
@@ -44,6 +46,11 @@ class SamplingSettings:
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0: no cut
+
+    @property
+    def distribution(self) -> SamplingDistribution:
+        return SamplingDistribution(self.temperature, self.top_p, self.top_k)
 
 
 class Generator(Protocol):
@@ -126,7 +133,7 @@ class TransformersGenerator:
                 do_sample=True,
                 temperature=settings.temperature,
                 top_p=settings.top_p,
-                top_k=0,
+                top_k=settings.top_k,
                 max_new_tokens=settings.max_new_tokens,
                 eos_token_id=sorted(self.stop_token_ids),
                 pad_token_id=self.pad_token_id,
@@ -139,8 +146,9 @@ class TransformersGenerator:
         if stop():
             raise GenerationStopped("asked to stop while generating")
         new = output.sequences[:, width:].cpu()
-        logits = torch.stack(output.logits, dim=1).float().cpu() / settings.temperature
-        chosen = torch.log_softmax(logits, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        # The raw logits of each step (`output_logits`), as the sampler processed them.
+        scores = processed_scores(torch.stack(output.logits, dim=1).cpu(), settings.distribution)
+        chosen = chosen_logprobs(scores, new)
         return [
             self._completion(new[row].tolist(), chosen[row].tolist()) for row in range(len(prompts))
         ]

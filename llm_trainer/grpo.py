@@ -1,27 +1,90 @@
 """The GRPO update of a language model, over token-exact sequences (tokens.py).
 
-For each sampled token t of an episode with advantage A, its log-probability now (log π) and
-when it was sampled (log π_old, from generation), r = exp(log π − log π_old):
-  objective_t = min(r·A, clip(r, 1−ε, 1+ε)·A) − β·KL_t,
-KL_t the k3 estimate exp(log π_ref − log π) − (log π_ref − log π) − 1 against the reference
-model (the model without its adapter for LoRA; a frozen copy for full fine-tuning). Tokens the
-model did not sample (system, user, tool, template) are masked out. The batch objective is the
-mean over episodes of the mean over each episode's sampled tokens, so an episode weighs the same
-however long it is; the gradient is accumulated over micro-batches and clipped.
+For each sampled token t of an episode with advantage A: its log-probability now (log π) and when
+it was sampled (log μ, the generator's, stale by up to `grpo.max_off_policy_steps` updates and
+computed by another engine), both under the sampling distribution (logprobs.py: temperature,
+top-k, top-p), and the importance ratio r = exp(clamp(log π − log μ, ±log_ratio_limit)):
+
+  surrogate_t = min(r·A, clip(r, 1 − ε_low, 1 + ε_high)·A), and for A < 0 at least c·A,
+  objective_t = surrogate_t − β·KL_t,
+
+the clip PPO's with DAPO's clip-higher (ε_high), the floor the dual clip (Ye et al. 2019; verl's
+`clip_ratio_c`, 3 by default), the log-ratio clamp verl's (±20), KL_t the k3 estimate
+exp(log π_ref − log π) − (log π_ref − log π) − 1 against the reference model (the model without
+its adapter for LoRA; the starting weights, frozen, for full fine-tuning). Masked importance
+sampling (prime-rl's `token_mask_low/high` 0.125/8 and `geo_mask_low/high` 0.1/10 until its loss
+changed in March 2026): a token whose r falls outside the token band, and every token of a
+sequence whose geometric-mean r falls outside the sequence band, leave the objective — a
+sampler/trainer mismatch or a stale rollout that large is not a sample of this policy.
+
+Tokens the model did not sample (system, user, tool, template) are masked out. How the tokens'
+objectives add up (`grpo.loss_aggregation`, weights in `training_sequences`): `token`, the mean
+over every sampled token of the step (DAPO; TRL's default); `sequence`, the mean over episodes of
+each one's token mean (GRPO's paper); `dr_grpo`, the sum over tokens divided by the episodes
+times an episode's token budget (Dr. GRPO, Liu et al. 2025: no length term). The gradient is
+accumulated over micro-batches and clipped by its global norm.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
 
 from domain.grpo import UpdateStats
 from llm_trainer.distributed import ALONE, Collective
+from llm_trainer.logprobs import (
+    DEFAULT_CHUNK_TOKENS,
+    SamplingDistribution,
+    TokenScores,
+    next_token_scores,
+)
 from llm_trainer.sharding import is_sharded
 from llm_trainer.tokens import Segment
+from training_configs.schema import TrainingConfig
+
+Aggregation = Literal["token", "sequence", "dr_grpo"]
+# Values per process behind a step's quantiles (ratios, log-probability gaps): evenly spaced
+# order statistics of its own when it has more.
+QUANTILE_SAMPLE = 65_536
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    distribution: SamplingDistribution = SamplingDistribution()
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = 3.0
+    log_ratio_limit: float = 20.0
+    token_band: tuple[float, float] | None = (0.125, 8.0)
+    sequence_band: tuple[float, float] | None = (0.1, 10.0)
+    kl_coefficient: float = 0.0
+    chunk_tokens: int | None = DEFAULT_CHUNK_TOKENS  # None: the model's whole logits
+
+
+def loss_settings(config: TrainingConfig) -> LossSettings:
+    grpo = config.grpo
+    return LossSettings(
+        distribution=sampling_distribution(config),
+        clip_low=config.clip_ratio,
+        clip_high=config.clip_ratio if grpo.clip_ratio_high is None else grpo.clip_ratio_high,
+        dual_clip=grpo.dual_clip,
+        log_ratio_limit=grpo.log_ratio_limit,
+        token_band=grpo.token_ratio_band,
+        sequence_band=grpo.sequence_ratio_band,
+        kl_coefficient=config.kl_coefficient,
+        chunk_tokens=grpo.logprob_chunk_tokens,
+    )
+
+
+def sampling_distribution(config: TrainingConfig) -> SamplingDistribution:
+    grpo = config.grpo
+    return SamplingDistribution(grpo.temperature, grpo.top_p, grpo.top_k)
 
 
 @dataclass(frozen=True)
@@ -33,18 +96,26 @@ class TrainingSequence:
 
 def training_sequences(
     episodes: Sequence[tuple[float, Sequence[Segment]]],
+    *,
+    aggregation: Aggregation = "token",
+    episode_tokens: int = 1,
 ) -> list[TrainingSequence]:
-    """(advantage, segments) per episode → sequences weighted so that episodes count equally.
-    Episodes with no sampled token are left out."""
+    """(advantage, segments) per episode → sequences whose tokens are weighted as `aggregation`
+    says (`episode_tokens`: an episode's token budget, for `dr_grpo`). Episodes with no sampled
+    token are left out."""
     counted = [
-        (advantage, segments)
+        (advantage, segments, tokens)
         for advantage, segments in episodes
-        if sum(segment.sampled_count for segment in segments)
+        if (tokens := sum(segment.sampled_count for segment in segments))
     ]
+    total = sum(tokens for _, _, tokens in counted)
     sequences = []
-    for advantage, segments in counted:
-        tokens = sum(segment.sampled_count for segment in segments)
-        weight = 1.0 / (tokens * len(counted))
+    for advantage, segments, tokens in counted:
+        weight = {
+            "token": 1.0 / total if total else 0.0,
+            "sequence": 1.0 / (tokens * len(counted)),
+            "dr_grpo": 1.0 / (episode_tokens * len(counted)),
+        }[aggregation]
         sequences += [
             TrainingSequence(segment, advantage, weight)
             for segment in segments
@@ -53,12 +124,11 @@ def training_sequences(
     return sequences
 
 
-def next_token_logprobs(model: Any, ids: Any, attention: Any, temperature: float) -> Any:
+def next_token_logprobs(
+    model: Any, ids: Any, attention: Any, distribution: SamplingDistribution
+) -> Any:
     """log π(token i+1 | tokens ≤ i) for every position, shape (batch, length − 1)."""
-    import torch
-
-    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float() / temperature
-    return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return next_token_scores(model, ids, attention, distribution).logprobs
 
 
 def frozen_copy(model: Any) -> Any:
@@ -76,11 +146,15 @@ class Reference:
             frozen = frozen_copy(model)
         self._frozen, self._model = (None if lora else frozen), model
 
-    def logprobs(self, ids: Any, attention: Any, temperature: float) -> Any:
+    def logprobs(self, ids: Any, attention: Any, settings: LossSettings) -> Any:
+        """In the caller's autocast: the policy's pass runs in it too, and the KL term compares
+        the two (a reference in float32 against a policy in bfloat16 is a KL of rounding)."""
         import torch
 
         with torch.no_grad(), self._reference() as model:
-            return next_token_logprobs(model, ids, attention, temperature)
+            return next_token_scores(
+                model, ids, attention, settings.distribution, chunk_tokens=settings.chunk_tokens
+            ).logprobs
 
     @contextlib.contextmanager
     def _reference(self) -> Iterator[Any]:
@@ -94,12 +168,20 @@ class Reference:
 def _batches(
     sequences: Sequence[TrainingSequence], size: int, collective: Collective
 ) -> Iterator[Sequence[TrainingSequence]]:
-    """This process's micro-batches: every world_size-th sequence, `size` at a time, and as many
-    batches on every process — the first has the most; the others end with empty ones — since a
-    sharded model's forward and backward passes are collectives every process takes part in."""
-    mine = sequences[collective.rank :: collective.world_size]
-    most = len(sequences[:: collective.world_size])
-    for start in range(0, most, size):
+    """This process's micro-batches. The sequences are dealt longest first, each to the process
+    with the fewest tokens so far, so that no process waits long on another's long sequence;
+    each process's go `size` at a time, longest first, so that a micro-batch pads little. Every
+    process runs as many micro-batches (the others end with empty ones), since a sharded
+    model's forward and backward passes are collectives every process takes part in."""
+    shares: list[list[TrainingSequence]] = [[] for _ in range(collective.world_size)]
+    tokens = [0] * collective.world_size
+    for item in sorted(sequences, key=lambda item: -len(item.segment.token_ids)):
+        least = min(range(collective.world_size), key=lambda rank: (tokens[rank], rank))
+        shares[least].append(item)
+        tokens[least] += len(item.segment.token_ids)
+    most = max(math.ceil(len(share) / size) for share in shares)
+    mine = shares[collective.rank]
+    for start in range(0, most * size, size):
         yield mine[start : start + size]
 
 
@@ -137,17 +219,83 @@ def _tensors(batch: Sequence[TrainingSequence], pad_id: int, device: Any) -> dic
     return {name: tensor.to(device) for name, tensor in tensors.items()}
 
 
+@dataclass
+class _Tally:
+    """What a step's micro-batches add up, on one process."""
+
+    objective: float = 0.0
+    kl: float = 0.0
+    entropy: float = 0.0
+    mismatch: float = 0.0
+    tokens: int = 0
+    clipped_low: int = 0
+    clipped_high: int = 0
+    dual_clipped: int = 0
+    masked: int = 0
+    log_ratios: list[Any] = field(default_factory=list)
+
+    def sums(self) -> list[float]:
+        return [self.objective, self.kl, self.entropy, self.mismatch, self.tokens,
+                self.clipped_low, self.clipped_high, self.dual_clipped, self.masked]  # fmt: skip
+
+
+def _kept(log_ratio: Any, sampled: Any, settings: LossSettings) -> Any:
+    """The sampled tokens whose ratio, and whose sequence's geometric-mean ratio, lie in their
+    bands (the rest leave the objective)."""
+    import torch
+
+    kept = sampled.clone()
+    if settings.token_band is not None:
+        low, high = (math.log(bound) for bound in settings.token_band)
+        kept &= (log_ratio >= low) & (log_ratio <= high)
+    if settings.sequence_band is not None:
+        low, high = (math.log(bound) for bound in settings.sequence_band)
+        counts = sampled.sum(dim=1).clamp(min=1)
+        geometric = torch.where(sampled, log_ratio, 0.0).sum(dim=1) / counts
+        kept &= ((geometric >= low) & (geometric <= high)).unsqueeze(1)
+    return kept
+
+
+def _token_objective(
+    scores: TokenScores, t: dict[str, Any], settings: LossSettings, tally: _Tally
+) -> tuple[Any, Any]:
+    """Each token's surrogate, and which tokens count; the batch's figures into `tally`."""
+    import torch
+
+    advantage, sampled = t["advantage"], t["sampled"]
+    limit = settings.log_ratio_limit
+    log_ratio = (scores.logprobs - t["behaviour"]).clamp(-limit, limit)
+    ratio = torch.exp(log_ratio)
+    bounded = ratio.clamp(1.0 - settings.clip_low, 1.0 + settings.clip_high)
+    surrogate = torch.minimum(ratio * advantage, bounded * advantage)
+    negative = advantage < 0
+    detached = log_ratio.detach()
+    kept = _kept(detached, sampled, settings)
+    if settings.dual_clip is not None:
+        floor = settings.dual_clip * advantage
+        surrogate = torch.where(negative, torch.maximum(surrogate, floor), surrogate)
+        tally.dual_clipped += int((kept & negative & (ratio > settings.dual_clip)).sum())
+    tally.tokens += int(sampled.sum())
+    tally.masked += int((sampled & ~kept).sum())
+    tally.clipped_low += int((kept & negative & (ratio < 1.0 - settings.clip_low)).sum())
+    tally.clipped_high += int((kept & (advantage > 0) & (ratio > 1.0 + settings.clip_high)).sum())
+    # The sampler/trainer mismatch, k3 of KL(μ‖π) over the sampled tokens (as prime-rl's).
+    tally.mismatch += float((torch.expm1(detached) - detached)[sampled].sum())
+    tally.log_ratios.append(detached[sampled].float().cpu())
+    if scores.entropy is not None:
+        tally.entropy += float(scores.entropy[sampled].sum())
+    return surrogate, kept
+
+
 def grpo_update(
     model: Any,
     optimizer: Any,
     sequences: Sequence[TrainingSequence],
     *,
     pad_id: int,
-    clip_ratio: float,
-    temperature: float,
+    settings: LossSettings,
     micro_batch_size: int,
     max_grad_norm: float,
-    kl_coefficient: float = 0.0,
     reference: Reference | None = None,
     autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
     collective: Collective = ALONE,
@@ -160,34 +308,100 @@ def grpo_update(
 
     device = next(model.parameters()).device
     optimizer.zero_grad(set_to_none=True)
-    objective, kl_total, clipped, tokens = 0.0, 0.0, 0, 0
+    tally = _Tally()
     for batch in _batches(sequences, micro_batch_size, collective):
         t = _tensors(batch, pad_id, device)
         with autocast():
-            logprobs = next_token_logprobs(model, t["ids"], t["attention"], temperature)
-        ratio = torch.exp(logprobs - t["behaviour"])
-        bounded = ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio)
-        surrogate = torch.minimum(ratio * t["advantage"], bounded * t["advantage"])
-        per_token = surrogate
-        if kl_coefficient and reference is not None:
-            delta = reference.logprobs(t["ids"], t["attention"], temperature) - logprobs
-            kl = torch.exp(delta) - delta - 1.0
-            per_token = surrogate - kl_coefficient * kl
-            kl_total += float((kl * t["weight"])[t["sampled"]].sum().detach())
-        mask = t["sampled"]
-        batch_objective = (per_token * t["weight"])[mask].sum()
+            scores = next_token_scores(
+                model, t["ids"], t["attention"], settings.distribution, entropy=True,
+                chunk_tokens=settings.chunk_tokens,
+            )  # fmt: skip
+            surrogate, kept = _token_objective(scores, t, settings, tally)
+            per_token = surrogate
+            if settings.kl_coefficient and reference is not None:
+                delta = reference.logprobs(t["ids"], t["attention"], settings) - scores.logprobs
+                kl = torch.expm1(delta) - delta  # e^δ − δ − 1 without float32's cancellation
+                per_token = surrogate - settings.kl_coefficient * kl
+                tally.kl += float((kl * t["weight"])[kept].sum().detach())
+        batch_objective = (per_token * t["weight"])[kept].sum()
         (-batch_objective).backward()
-        objective += float(batch_objective.detach())
-        is_clipped = (bounded * t["advantage"] < ratio * t["advantage"]) & mask
-        clipped += int(is_clipped.sum())
-        tokens += int(mask.sum())
+        tally.objective += float(batch_objective.detach())
     trained = [p for p in model.parameters() if p.requires_grad]
     if not is_sharded(model):  # a sharded model's backward passes summed them already
         collective.sum_gradients(trained)
-    objective, kl_total, clipped, tokens = collective.sum([objective, kl_total, clipped, tokens])
-    torch.nn.utils.clip_grad_norm_(trained, max_grad_norm)
+    norm = torch.nn.utils.clip_grad_norm_(trained, max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return UpdateStats(
-        objective=objective, kl=kl_total, clipped_fraction=clipped / tokens if tokens else 0.0
+    return _stats(tally, collective, grad_norm=_value(norm))
+
+
+def _value(tensor: Any) -> float:
+    """A scalar tensor's value (a sharded one's whole)."""
+    return float(tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor)
+
+
+def _stats(tally: _Tally, collective: Collective, *, grad_norm: float) -> UpdateStats:
+    (objective, kl, entropy, mismatch, tokens, low, high, dual, masked) = collective.sum(
+        tally.sums()
     )
+    log_ratios = np.concatenate(collective.gather(_sample(tally.log_ratios)) or [np.zeros(0)])
+    share = (lambda count: count / tokens) if tokens else (lambda count: 0.0)
+    quantiles: dict[str, float | None] = dict.fromkeys(
+        ("ratio_p1", "ratio_p50", "ratio_p99", "logprob_gap_p50", "logprob_gap_p99",
+         "logprob_gap_max")
+    )  # fmt: skip
+    if log_ratios.size:
+        gaps = np.abs(log_ratios)
+        # exp after the quantile (it is monotone): an unclamped log-ratio's exp may overflow.
+        with np.errstate(over="ignore"):
+            quantiles = {
+                "ratio_p1": float(np.exp(np.quantile(log_ratios, 0.01))),
+                "ratio_p50": float(np.exp(np.quantile(log_ratios, 0.5))),
+                "ratio_p99": float(np.exp(np.quantile(log_ratios, 0.99))),
+                "logprob_gap_p50": float(np.quantile(gaps, 0.5)),
+                "logprob_gap_p99": float(np.quantile(gaps, 0.99)),
+                "logprob_gap_max": float(gaps.max()),
+            }
+    return UpdateStats(
+        objective=objective,
+        kl=kl,
+        clipped_fraction=share(low + high),
+        clipped_low=share(low),
+        clipped_high=share(high),
+        dual_clipped=share(dual),
+        masked_fraction=share(masked),
+        grad_norm=grad_norm,
+        entropy=entropy / tokens if tokens else None,
+        mismatch_kl=mismatch / tokens if tokens else None,
+        **quantiles,
+    )
+
+
+def _sample(parts: list[Any]) -> Any:
+    """This process's log-ratios, or QUANTILE_SAMPLE evenly spaced order statistics of them."""
+    values = np.sort(np.concatenate([part.numpy() for part in parts])) if parts else np.zeros(0)
+    if values.size <= QUANTILE_SAMPLE:
+        return values
+    return values[np.linspace(0, values.size - 1, QUANTILE_SAMPLE).round().astype(int)]
+
+
+# UpdateStats' figures of the sampler against the trainer.
+MISMATCH_FIGURES = ("mismatch_kl", "ratio_p1", "ratio_p50", "ratio_p99", "logprob_gap_p50",
+                    "logprob_gap_p99", "logprob_gap_max")  # fmt: skip
+
+
+def mismatch_of(stats: UpdateStats | None) -> dict[str, float | None]:
+    return {name: getattr(stats, name, None) for name in MISMATCH_FIGURES}
+
+
+def scheduled_learning_rate(config: TrainingConfig, step: int) -> float:
+    """The learning rate of the run's `step` (from 1): a linear warm-up over
+    `grpo.warmup_steps`, then constant or a cosine decay that would reach zero a step after
+    `max_steps`."""
+    grpo, peak = config.grpo, config.learning_rate
+    if step <= grpo.warmup_steps:
+        return peak * step / grpo.warmup_steps
+    if grpo.learning_rate_schedule == "constant":
+        return peak
+    progress = (step - grpo.warmup_steps - 1) / (config.max_steps - grpo.warmup_steps)
+    return peak * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))

@@ -135,9 +135,13 @@ def load_policy(
     checkpoint: Path | None = None,
     collective: Collective = ALONE,
     reference: bool = False,
+    reference_checkpoint: Path | None = None,
 ) -> Policy:
     """The policy to train or evaluate: from `source`, or from a checkpoint folder of it.
-    `reference`: keep a frozen copy to pull towards (full fine-tuning; LoRA's is its base)."""
+    `reference`: keep a frozen model to pull towards (full fine-tuning; LoRA's is its base):
+    the weights training started from — `reference_checkpoint` (a run's base checkpoint), else
+    `source` — never a resumed run's own checkpoint, so that a restarted job keeps its
+    objective."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -159,7 +163,10 @@ def load_policy(
         tokenizer.pad_token = tokenizer.eos_token
     if lora:
         model = _with_adapter(model, config, checkpoint)
-    frozen = frozen_copy(model) if reference and not lora else None
+    frozen = None
+    if reference and not lora:
+        starting = str(reference_checkpoint) if reference_checkpoint is not None else base
+        frozen = frozen_copy(model) if starting == weights else _frozen(starting, dtype)
     # Several processes share a fully fine-tuned model: its shards go to this process's GPU,
     # the whole model never does.
     if not lora and collective.world_size > 1:
@@ -173,12 +180,38 @@ def load_policy(
         if frozen is not None:
             frozen.to(device)
     model.train()
+    without_dropout(model)
+    if config.grpo.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     policy = Policy(
         model=model, tokenizer=tokenizer, lora=lora, device=device, base=base,
         collective=collective, frozen=frozen,
     )  # fmt: skip
     policy.ready_to_generate()
     return policy
+
+
+def _frozen(weights: str, dtype: Any) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype)
+    except (OSError, ValueError) as error:
+        raise ModelNotLoaded(f"reference model {weights}: {error}") from None
+    return frozen_copy(model)
+
+
+def without_dropout(model: Any) -> None:
+    """Every dropout of `model` off, in training mode too: generation samples without it (in
+    evaluation mode), so an update with it would take a ratio of two different policies even
+    on-policy. Training mode stays (gradient checkpointing needs it)."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0  # transformers' attention modules: a rate, no module
 
 
 def _with_adapter(model: Any, config: TrainingConfig, checkpoint: Path | None) -> Any:

@@ -17,7 +17,7 @@ import logging
 import zlib
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from domain.generate_plane import GeneratePlane, generate_response
@@ -75,6 +75,7 @@ class GenerationService(GeneratePlane[SampledTurn]):
             max_new_tokens=job.config.max_new_tokens,
             temperature=grpo.temperature,
             top_p=grpo.top_p,
+            top_k=grpo.top_k,
         )
         self.batch_size = grpo.generation_batch_size
         self.counters = ServiceCounters()
@@ -135,7 +136,7 @@ class GenerationService(GeneratePlane[SampledTurn]):
                 sampled.update({i: Sampled([], [], "length") for i in indices})
                 continue
             seed = zlib.crc32(f"{self.job.seed}:{requests[indices[0]].step_id}".encode())
-            settings = SamplingSettings(budget, self.settings.temperature, self.settings.top_p)
+            settings = replace(self.settings, max_new_tokens=budget)
             completions = self.generator.generate(
                 [prompts[i] for i in indices], settings, seed=seed, stop=lambda: self.stopped
             )

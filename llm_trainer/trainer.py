@@ -19,6 +19,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -27,7 +28,15 @@ import numpy as np
 from domain.bucket import download_folder
 from domain.checkpoints import step_checkpoint_name
 from domain.episodes import Episode, EvaluationStage
-from domain.grpo import StepMetrics, UpdateStats, score_groups
+from domain.grpo import (
+    ScoredRollout,
+    StepMetrics,
+    UpdateStats,
+    flat_group_samples,
+    score_groups,
+    truncated,
+)
+from domain.protocol import RolloutResponse
 from domain.run_queues import QueueKind
 from domain.trainer_job import (
     PlayedStep,
@@ -45,7 +54,15 @@ from domain.trainer_job import (
 from llm_trainer.checkpoints import FINAL, CheckpointStore, scratch_folder
 from llm_trainer.distributed import ALONE, Collective
 from llm_trainer.generation import Generator, TransformersGenerator
-from llm_trainer.grpo import Reference, TrainingSequence, grpo_update, training_sequences
+from llm_trainer.grpo import (
+    Reference,
+    TrainingSequence,
+    grpo_update,
+    loss_settings,
+    mismatch_of,
+    scheduled_learning_rate,
+    training_sequences,
+)
 from llm_trainer.model import ModelNotLoaded, Policy, load_policy
 from llm_trainer.service import GenerationService
 from llm_trainer.tokens import merged_turns, segments, stale_samples
@@ -102,11 +119,16 @@ class LlmTrainer:
             base_model=source,
         )  # fmt: skip
         resumed = self.store.latest()
+        kl = bool(self.config.kl_coefficient)
         if resumed is not None:
             folder, state = self.store.restore(resumed, workdir / "resume")
+            # The KL term still pulls towards the weights the run started from.
+            starting = None
+            if kl and job.base is not None and self.config.lora is None:
+                starting = download_folder(s3, job.base.uri, workdir / "base")
             self.policy = load_policy(
                 source, self.config, s3=s3, workdir=workdir, checkpoint=folder,
-                collective=collective, reference=bool(self.config.kl_coefficient),
+                collective=collective, reference=kl, reference_checkpoint=starting,
             )  # fmt: skip
             self.optimizer = self.policy.optimizer(self.config.learning_rate)
             self.steps_before = self.policy.restore_optimizer(state, self.optimizer)
@@ -121,7 +143,7 @@ class LlmTrainer:
                 checkpoint = download_folder(s3, job.base.uri, workdir / "base")
             self.policy = load_policy(
                 source, self.config, s3=s3, workdir=workdir, checkpoint=checkpoint,
-                collective=collective, reference=bool(self.config.kl_coefficient),
+                collective=collective, reference=kl, reference_checkpoint=checkpoint,
             )  # fmt: skip
             self.optimizer = self.policy.optimizer(self.config.learning_rate)
             self.steps_before = job.base_step
@@ -237,10 +259,21 @@ class LlmTrainer:
         stale = stale_samples(turns, version=self.service.version, bound=grpo.max_off_policy_steps)
         responses = {s: r for s, r in played.responses.items() if s not in stale}
         scored, stats = score_groups(played.groups, responses, normalization=grpo.advantages)
-        episodes = [(r.advantage, segments(turns.get(r.sample_id, []))) for r in scored]
-        sequences = training_sequences(episodes)
+        flat, cut = self._left_out(played, scored, responses)
+        episodes = [
+            (r.advantage, segments(turns.get(r.sample_id, [])))
+            for r in scored
+            if r.sample_id not in flat | cut
+        ]
+        sequences = training_sequences(
+            episodes, aggregation=grpo.loss_aggregation,
+            episode_tokens=self.config.max_turns * self.config.max_new_tokens,
+        )  # fmt: skip
         if not sequences:
-            log.warning("step %d: no group had two rewarded rollouts; no update", step)
+            log.warning(
+                "step %d: no rollout to learn from (%d scored, %d of groups that all scored the "
+                "same, %d truncated); no update", step, len(scored), len(flat), len(cut),
+            )  # fmt: skip
         update, sync_seconds = self._train(step, self.collective.broadcast(sequences))
         metrics = StepMetrics(
             step=step,
@@ -254,6 +287,9 @@ class LlmTrainer:
                 "sequences": len(sequences),
                 "weight_sync_seconds": sync_seconds,
                 "stale_rollouts": len(stale & played.responses.keys()),
+                "flat_group_rollouts_skipped": len(flat),
+                "truncated_rollouts_masked": len(cut),
+                "learning_rate": scheduled_learning_rate(self.config, self._run_step(step)),
             },
         )
         self.history.append(metrics)
@@ -270,28 +306,53 @@ class LlmTrainer:
             stats.rollouts, stats.failed_rollouts, metrics.extra["sampled_tokens"], metrics.seconds,
         )  # fmt: skip
 
+    def _left_out(
+        self,
+        played: PlayedStep,
+        scored: list[ScoredRollout],
+        responses: dict[str, RolloutResponse],
+    ) -> tuple[set[str], set[str]]:
+        """The scored rollouts the update leaves out: those of groups that all scored the same
+        (`grpo.skip_zero_variance_groups`), and the truncated (`grpo.truncated_rollouts`)."""
+        grpo = self.config.grpo
+        flat = (
+            flat_group_samples(played.groups, scored) if grpo.skip_zero_variance_groups else set()
+        )
+        cut = set()
+        if grpo.truncated_rollouts == "mask":
+            cut = {r.sample_id for r in scored if truncated(responses[r.sample_id])}
+        return flat, cut
+
     def _train(
         self, step: int, sequences: list[TrainingSequence]
     ) -> tuple[UpdateStats | None, float]:
         """Every process: the update on the step's sequences (each on its share), then the
         weights handed to generation; the update's statistics and the hand-over's seconds."""
         grpo, update = self.config.grpo, None
+        settings = loss_settings(self.config)
+        for group in self.optimizer.param_groups:
+            group["lr"] = scheduled_learning_rate(self.config, self._run_step(step))
         with self.generator.lock:
-            for _ in range(grpo.epochs if sequences else 0):
-                update = grpo_update(
+            for epoch in range(grpo.epochs if sequences else 0):
+                stats = grpo_update(
                     self.policy.model, self.optimizer, sequences,
-                    pad_id=self.policy.tokenizer.pad_token_id,
-                    clip_ratio=self.config.clip_ratio, temperature=grpo.temperature,
+                    pad_id=self.policy.tokenizer.pad_token_id, settings=settings,
                     micro_batch_size=grpo.micro_batch_size, max_grad_norm=grpo.max_grad_norm,
-                    kl_coefficient=self.config.kl_coefficient, reference=self.reference,
-                    autocast=self.policy.autocast, collective=self.collective,
+                    reference=self.reference, autocast=self.policy.autocast,
+                    collective=self.collective,
                 )  # fmt: skip
+                # The sampler/trainer gap is the first epoch's: later ones measure the update.
+                update = stats if epoch == 0 else replace(stats, **mismatch_of(update))
             synced = self.clock()
             self.policy.ready_to_generate()
             self.generator.sync(self.policy.model)
             sync_seconds = self.clock() - synced
             self.service.version = step
         return update, sync_seconds
+
+    def _run_step(self, step: int) -> int:
+        """The step's number within this run (a run from a base checkpoint counts on from it)."""
+        return step - self.job.base_step
 
     def _checkpoint(self, name: str) -> None:
         """The first process saves the checkpoint; every process takes part in gathering

@@ -6,9 +6,8 @@ the next generate.
 What it asks of vLLM's offline API (`LLM.generate` with token-id prompts and one
 `SamplingParams` per prompt; vLLM's docs, "Offline inference" and the sampling parameters):
 `logprobs=0`, which returns the sampled token's log-probability alone, under
-`logprobs_mode="processed_logprobs"` — after temperature and `top_p`, the distribution it sampled
-from (the transformers generator's is before `top_p`: with `top_p` below 1 the two differ, as the
-README says); a seed per prompt (reproducible sampling). Unverified here (no GPU, no vLLM in the
+`logprobs_mode="processed_logprobs"` — after temperature, `top_k` and `top_p`, the distribution it
+sampled from, as the transformers generator's and the update's (logprobs.py); a seed per prompt (reproducible sampling). Unverified here (no GPU, no vLLM in the
 tests, which drive this class with stand-ins for vLLM's objects): the engine on CUDA beside
 training, and, with several trainer processes, vLLM under torchrun (`external_launcher`, as TRL
 runs it).
@@ -51,8 +50,16 @@ def vllm_api() -> VllmApi:
     return VllmApi(SamplingParams, TokensPrompt, LoRARequest)
 
 
-def start_engine(base: str, config: TrainingConfig, *, seed: int, processes: int) -> Any:
-    """vLLM's offline engine on the base model, ready for the run's adapter."""
+def start_engine(
+    base: str,
+    config: TrainingConfig,
+    *,
+    seed: int,
+    processes: int,
+    skip_tokenizer_init: bool = False,
+) -> Any:
+    """vLLM's offline engine on the base model, ready for the run's adapter (`skip_tokenizer_init`:
+    without the model's tokenizer, token ids in and out — bench/gpu_check.py's random model)."""
     from vllm import LLM
 
     assert config.lora is not None  # the config refuses vllm without LoRA
@@ -66,6 +73,7 @@ def start_engine(base: str, config: TrainingConfig, *, seed: int, processes: int
         dtype="bfloat16",
         seed=seed,
         logprobs_mode="processed_logprobs",
+        skip_tokenizer_init=skip_tokenizer_init,
         **({"distributed_executor_backend": "external_launcher"} if processes > 1 else {}),
     )
 
@@ -110,7 +118,9 @@ class VllmGenerator:
                 max_tokens=settings.max_new_tokens,
                 temperature=settings.temperature,
                 top_p=settings.top_p,
+                top_k=settings.top_k or -1,  # vLLM's "no cut" (0 also, in recent releases)
                 logprobs=0,
+                detokenize=False,  # the trainer decodes the token ids itself (service.py)
                 seed=seed + index,
             )  # fmt: skip
             for index in range(len(prompts))

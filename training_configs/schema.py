@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any, Literal, Self
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 Recipe = Literal["RFT_MULTITURN_LORA", "RFT_MULTITURN_FULL"]
 SHIPPED = ("rft_multiturn_lora", "rft_multiturn_full")
@@ -36,7 +44,21 @@ class LoraSettings(BaseModel):
 
     rank: int = Field(default=32, ge=1, le=512)
     alpha: int = Field(default=64, ge=1, le=1024)
-    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    # No trainer here takes a dropout: Nova's and the managed job's recipes have no such key, and
+    # the open-weights trainer samples and updates without one (a dropout in the update alone
+    # makes the on-policy importance ratio differ from 1). Kept so a config may say 0.
+    dropout: float = Field(default=0.0, description="0: no trainer here takes a LoRA dropout")
+
+    @field_validator("dropout")
+    @classmethod
+    def _no_dropout(cls, dropout: float) -> float:
+        if dropout:
+            raise ValueError(
+                f"{dropout}: no trainer here takes a LoRA dropout (Nova's and the managed job's "
+                "recipes have none; the open-weights trainer samples without one, and an update "
+                "with it would not be on-policy); remove it"
+            )
+        return dropout
 
 
 class LocalPolicySettings(BaseModel):
@@ -66,10 +88,79 @@ class GrpoSettings(BaseModel):
         default=1.0,
         gt=0.0,
         le=1.0,
-        description="nucleus sampling (below 1 the importance "
-        "ratio is taken against the untruncated distribution)",
+        description="nucleus sampling; the update's log-probabilities are of the same truncated "
+        "distribution",
     )
-    advantages: AdvantageNormalization = "std"
+    top_k: int = Field(
+        default=0, ge=0, le=1_000_000,
+        description="sample from the k most probable tokens only (0: no cut); the update's "
+        "log-probabilities are of the same cut distribution",
+    )  # fmt: skip
+    advantages: AdvantageNormalization = Field(
+        default="std",
+        description="each reward against its group's: std (less the mean, over the spread: "
+        "GRPO) or mean (less the mean only: Dr. GRPO)",
+    )
+    loss_aggregation: Literal["token", "sequence", "dr_grpo"] = Field(
+        default="token",
+        description="how tokens' objectives add up: token (the mean over the step's sampled "
+        "tokens: DAPO, TRL's default), sequence (the mean over episodes of each one's token "
+        "mean: GRPO's paper; short episodes weigh more per token), dr_grpo (the sum over tokens "
+        "over episodes × max_turns × max_new_tokens: Dr. GRPO)",
+    )
+    clip_ratio_high: float | None = Field(
+        default=None, gt=0.0, le=10.0,
+        description="the clip's upper ε (DAPO's clip-higher, e.g. 0.28); none: clip_ratio",
+    )  # fmt: skip
+    dual_clip: float | None = Field(
+        default=3.0, gt=1.0, le=100.0,
+        description="for a negative advantage, the ratio beyond which a token's objective "
+        "stops falling (dual-clip PPO, verl's clip_ratio_c); none: unbounded",
+    )  # fmt: skip
+    log_ratio_limit: float = Field(
+        default=20.0, gt=0.0, le=50.0,
+        description="the importance log-ratio is clamped to ± this before exp (verl's ±20)",
+    )  # fmt: skip
+    token_ratio_band: tuple[float, float] | None = Field(
+        default=(0.125, 8.0),
+        description="[low, high]: a sampled token whose importance ratio (trainer over sampler) "
+        "lies outside leaves the objective (masked importance sampling); none: every token counts",
+    )
+    sequence_ratio_band: tuple[float, float] | None = Field(
+        default=(0.1, 10.0),
+        description="[low, high]: a sequence whose geometric-mean importance ratio lies outside "
+        "leaves the objective whole; none: every sequence counts",
+    )
+    truncated_rollouts: Literal["train", "mask"] = Field(
+        default="train",
+        description="a rollout with a model turn cut at max_new_tokens: train (as any other, "
+        "its reward says what the cut cost: TRL's default) or mask (scored with its group, left "
+        "out of the objective: DAPO's overlong filtering)",
+    )
+    skip_zero_variance_groups: bool = Field(
+        default=True,
+        description="leave groups whose rollouts all scored the same out of the update (their "
+        "advantages are zero: only the KL term would train on them); counted in the metrics",
+    )
+    warmup_steps: int = Field(
+        default=0,
+        ge=0,
+        description="steps over which the learning rate rises linearly to its value",
+    )
+    learning_rate_schedule: Literal["constant", "cosine"] = Field(
+        default="constant",
+        description="after warm-up: constant, or cosine decay to zero at max_steps",
+    )
+    logprob_chunk_tokens: int | None = Field(
+        default=1024, ge=1, le=1_048_576,
+        description="tokens whose vocabulary-wide scores the update holds at once (memory); "
+        "none: the model's whole logits",
+    )  # fmt: skip
+    gradient_checkpointing: bool = Field(
+        default=False,
+        description="recompute each layer's activations in the backward pass instead of keeping "
+        "them (less memory, about a third more compute)",
+    )
     micro_batch_size: int = Field(
         default=4,
         ge=1,
@@ -106,6 +197,13 @@ class GrpoSettings(BaseModel):
         "step's after the update before it); a rollout with a turn from weights older than "
         "this many updates is dropped and counted",
     )
+
+    @field_validator("token_ratio_band", "sequence_ratio_band")
+    @classmethod
+    def _around_one(cls, band: tuple[float, float] | None) -> tuple[float, float] | None:
+        if band is not None and not 0.0 < band[0] < 1.0 < band[1]:
+            raise ValueError(f"{list(band)}: a band [low, high] needs 0 < low < 1 < high")
+        return band
 
 
 class NovaRecipeSettings(BaseModel):
@@ -209,6 +307,7 @@ HealthMetric = Literal[
     "mean_reward",
     "reward_spread",
     "mean_turns",
+    "sampler_mismatch",
 ]
 # The metrics that are shares of a step's groups or rollouts, in [0, 1].
 SHARES = frozenset(
@@ -267,6 +366,10 @@ DEFAULT_HEALTH = (
     HealthRule(metric="env_error_rate", at_least=0.1, steps=3, action="warn"),
     HealthRule(metric="truncation_rate", at_least=0.25, steps=3, action="warn"),
     HealthRule(metric="reward_hacking", at_least=0.1, steps=3, action="warn"),
+    # The open-weights trainer's sampler/trainer KL per token; bfloat16 engines on the same
+    # weights differ by about 1e-3 (prime-rl and verl report such figures); ten times that is a
+    # sampler that is not the policy being trained (weights not handed over, another template).
+    HealthRule(metric="sampler_mismatch", at_least=0.01, steps=3, action="warn"),
 )
 
 
@@ -405,6 +508,11 @@ class TrainingConfig(BaseModel):
             raise ValueError(
                 f"nova.max_model_len ({nova.max_model_len}) must be larger than max_new_tokens "
                 f"({self.max_new_tokens}): a reply has to fit the generator's context"
+            )
+        if self.grpo.warmup_steps > self.max_steps:
+            raise ValueError(
+                f"grpo.warmup_steps ({self.grpo.warmup_steps}) is more than max_steps "
+                f"({self.max_steps}); lower it"
             )
         if self.reward_workers_max is not None and self.reward_workers_max < self.reward_workers:
             raise ValueError(

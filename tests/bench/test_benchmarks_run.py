@@ -23,6 +23,7 @@ QUICK = {
     "bench.validate": "records:",
     "bench.router": "added latency per turn",
     "bench.llm_trainer": "weight sync",
+    "bench.gpu_check": "GRPO step (chunked)",
 }
 
 

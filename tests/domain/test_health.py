@@ -200,3 +200,13 @@ def test_the_held_out_check_compares_the_ends_of_training_from_a_rise_of_a_tenth
     assert "rose by +0.20 " in held_out_caution(seven, pass_at_1_change=0.0)  # last 3 vs first 3
     assert held_out_caution([{"mean_reward": 0.0}, {"mean_reward": 0.1}], 0.0) is not None
     assert held_out_caution([{"mean_reward": 0.0}, {"mean_reward": 0.09}], 0.0) is None
+
+
+def test_a_sampler_that_is_not_the_policy_is_warned_of_by_default() -> None:
+    """The open-weights trainer's mismatch_kl over three steps past 0.01: the default rules
+    warn and say the figure; a trainer that does not measure it never trips the rule."""
+    lines = [{"step": step, "mismatch_kl": 0.05} for step in (1, 2, 3)]
+    (finding,) = findings(lines, DEFAULT_HEALTH)
+    assert not finding.stops
+    assert "sampler/trainer KL per sampled token 0.05 on steps 1-3" in finding.reason()
+    assert findings([{"step": s, "mismatch_kl": None} for s in (1, 2, 3)], DEFAULT_HEALTH) == []

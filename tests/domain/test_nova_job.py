@@ -279,7 +279,7 @@ def test_a_config_written_out_whole_is_still_one_a_nova_job_takes() -> None:
 
 
 def test_what_a_nova_job_cannot_take_is_refused_all_at_once_with_fixes() -> None:
-    raw = EXAMPLE.read_text().replace("  alpha: 32", "  rank: 8\n  alpha: 48\n  dropout: 0.1")
+    raw = EXAMPLE.read_text().replace("  alpha: 32", "  rank: 8\n  alpha: 48")
     raw = raw.replace("instance_count: 8", "instance_count: 5")
     raw = raw.replace("instance_type: ml.p5.48xlarge", "instance_type: ml.p4d.24xlarge")
     raw = raw.replace("kl_coefficient: 0.0", "kl_coefficient: 0.01")
@@ -299,8 +299,6 @@ def test_what_a_nova_job_cannot_take_is_refused_all_at_once_with_fixes() -> None
         "clip_ratio and an entropy bonus)",
         "  - lora.rank: Nova's LoRA recipe does not take it (it sets alpha); remove it or leave "
         "it at 32 for a Nova run",
-        "  - lora.dropout: Nova's LoRA recipe does not take it (it sets alpha); remove it or "
-        "leave it at 0.0 for a Nova run",
         "  - lora.alpha 48: Nova's LoRA recipe takes one of 32, 64, 96, 128, 160, 192",
     ]
 

@@ -10,6 +10,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from domain.episodes import TRUNCATED_METRIC, TURNS_METRIC
 from domain.protocol import (
     GenerateRequest,
     GenerateResponse,
@@ -94,7 +95,13 @@ class EpisodeQueues:
                         sample_id=response.sample_id,
                         stop_reason="end_of_conversation",
                         rewards={"aggregate_score": self.reward(choice.message.content or "")},
-                        metrics=[Metric(name="turns", value=1)],
+                        # As the reward worker counts them (reward_envs/worker/rollout.py).
+                        metrics=[
+                            Metric(name=TURNS_METRIC, value=1),
+                            Metric(
+                                name=TRUNCATED_METRIC, value=int(choice.finish_reason == "length")
+                            ),
+                        ],
                     )
                     self._put(QueueKind.ROLLOUT_RESPONSES, dump(rollout))
                 else:

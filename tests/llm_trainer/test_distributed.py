@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from llm_trainer.distributed import ALONE, TorchCollective
-from llm_trainer.grpo import Reference, grpo_update, training_sequences
+from llm_trainer.grpo import LossSettings, Reference, grpo_update, training_sequences
 from llm_trainer.model import load_policy
 from llm_trainer.sharding import gathered_optimizer_state, shards
 from llm_trainer.tiny import save_tiny, tiny_model, tiny_tokenizer
@@ -38,8 +38,8 @@ def _updated(episodes: int, collective: Any) -> dict[str, Any]:
     model = tiny_model(tiny_tokenizer(), seed=0)
     sequences = _sequences(model, episodes)
     stats = grpo_update(
-        model, torch.optim.SGD(model.parameters(), lr=0.5), sequences, pad_id=0, clip_ratio=0.2,
-        temperature=1.0, micro_batch_size=1, max_grad_norm=1.0, collective=collective,
+        model, torch.optim.SGD(model.parameters(), lr=0.5), sequences, pad_id=0,
+        settings=LossSettings(), micro_batch_size=1, max_grad_norm=1.0, collective=collective,
     )  # fmt: skip
     return {"weights": model.state_dict(), "stats": asdict(stats)}
 
@@ -167,9 +167,8 @@ def _updates(
     stats = []
     for _ in range(2 if isinstance(optimizer, torch.optim.SGD) else 1):
         update = grpo_update(
-            model, optimizer, sequences, pad_id=0, clip_ratio=0.2, temperature=1.0,
-            micro_batch_size=2, max_grad_norm=1.0, kl_coefficient=kl, reference=reference,
-            collective=collective,
+            model, optimizer, sequences, pad_id=0, settings=LossSettings(kl_coefficient=kl),
+            micro_batch_size=2, max_grad_norm=1.0, reference=reference, collective=collective,
         )  # fmt: skip
         stats.append(asdict(update))
     return stats

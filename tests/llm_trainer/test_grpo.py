@@ -4,8 +4,10 @@ the completion with the higher advantage."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -13,21 +15,25 @@ import torch
 
 from domain.grpo import group_advantages
 from llm_trainer.grpo import (
+    LossSettings,
     Reference,
+    _batches,
     frozen_copy,
     grpo_update,
     next_token_logprobs,
     training_sequences,
 )
+from llm_trainer.logprobs import SamplingDistribution
 from llm_trainer.tokens import Segment
 
 PROMPT = [264, 84, 82, 257, 198]  # any tokens of the tiny vocabulary
+AS_SAMPLED = SamplingDistribution()  # T = 1, no cut
 
 
 def completion_logprob(model: Any, prompt: list[int], completion: list[int]) -> float:
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
-        logprobs = next_token_logprobs(model, ids, torch.ones_like(ids), 1.0)[0]
+        logprobs = next_token_logprobs(model, ids, torch.ones_like(ids), AS_SAMPLED)[0]
     return float(logprobs[len(prompt) - 1 :].sum())
 
 
@@ -36,18 +42,40 @@ def segment(model: Any, prompt: list[int], completion: list[int]) -> Segment:
     model's own now (an on-policy update)."""
     ids = torch.tensor([prompt + completion])
     with torch.no_grad():
-        logprobs = next_token_logprobs(model, ids, torch.ones_like(ids), 1.0)[0]
+        logprobs = next_token_logprobs(model, ids, torch.ones_like(ids), AS_SAMPLED)[0]
     built = Segment()
     built.extend(prompt)
     built.extend(completion, logprobs=logprobs[len(prompt) - 1 :].tolist())
     return built
 
 
-def update(model: Any, sequences: Any, **settings: Any) -> Any:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.pop("lr", 1e-2), weight_decay=0)
-    arguments = {"pad_id": 0, "clip_ratio": 0.2, "temperature": 1.0, "micro_batch_size": 2,
-                 "max_grad_norm": 1.0, **settings}  # fmt: skip
-    return grpo_update(model, optimizer, sequences, **arguments)
+def loss(*, temperature: float = 1.0, clip_ratio: float = 0.2, **others: Any) -> LossSettings:
+    """The update's settings: `temperature` that of the sampling distribution, `clip_ratio`
+    both sides of the clip unless `clip_high` says otherwise."""
+    distribution = SamplingDistribution(
+        temperature, others.pop("top_p", 1.0), others.pop("top_k", 0)
+    )
+    return LossSettings(
+        distribution=distribution, clip_low=clip_ratio,
+        clip_high=others.pop("clip_high", clip_ratio), **others,
+    )  # fmt: skip
+
+
+def update(
+    model: Any,
+    sequences: Any,
+    *,
+    lr: float = 1e-2,
+    reference: Any = None,
+    max_grad_norm: float = 1.0,
+    autocast: Any = contextlib.nullcontext,
+    **settings: Any,
+) -> Any:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0)
+    return grpo_update(
+        model, optimizer, sequences, pad_id=0, settings=loss(**settings), micro_batch_size=2,
+        max_grad_norm=max_grad_norm, reference=reference, autocast=autocast,
+    )  # fmt: skip
 
 
 def test_advantages_are_relative_to_the_group_and_normalised_as_configured() -> None:
@@ -57,13 +85,15 @@ def test_advantages_are_relative_to_the_group_and_normalised_as_configured() -> 
     assert not group_advantages([0.3, 0.3, 0.3], normalization="mean").any()
 
 
-def test_episodes_weigh_the_same_whatever_their_length() -> None:
+def test_sequence_aggregation_weighs_episodes_the_same_whatever_their_length() -> None:
     short, long = Segment(), Segment()
     short.extend([1]), short.extend([2], logprobs=[-1.0])
     long.extend([1]), long.extend([2, 3, 4, 5], logprobs=[-1.0] * 4)
     empty = Segment()
     empty.extend([1, 2])  # nothing sampled: nothing to learn from
-    sequences = training_sequences([(1.0, [short]), (-1.0, [long]), (0.5, [empty])])
+    sequences = training_sequences(
+        [(1.0, [short]), (-1.0, [long]), (0.5, [empty])], aggregation="sequence"
+    )
     assert [s.advantage for s in sequences] == [1.0, -1.0]
     per_episode = [s.weight * s.segment.sampled_count for s in sequences]
     assert per_episode == pytest.approx([0.5, 0.5])
@@ -128,7 +158,8 @@ def test_the_objective_is_the_clipped_surrogate_computed_by_hand_at_the_sampling
         expected += sum(terms) / (len(terms) * 2)  # each episode weighs 1/2 over its tokens
         episodes.append((advantage, [built]))
     assert 0 < clipped < sampled  # the case covers both sides of the band
-    stats = update(model, training_sequences(episodes), temperature=temperature, clip_ratio=clip)
+    sequences = training_sequences(episodes, aggregation="sequence")
+    stats = update(model, sequences, temperature=temperature, clip_ratio=clip)
     assert stats.objective == pytest.approx(expected, rel=1e-4, abs=1e-6)
     assert stats.clipped_fraction == pytest.approx(clipped / sampled)
 
@@ -155,8 +186,8 @@ def test_a_ratio_past_the_clip_in_the_favoured_direction_gets_no_gradient(model:
         lp - 5.0 if s else lp for lp, s in zip(built.behaviour_logprobs, built.sampled, strict=True)
     ]
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
-    stats = update(model, training_sequences([(1.0, [built])]))
-    assert stats.clipped_fraction == 1.0
+    stats = update(model, training_sequences([(1.0, [built])]), token_band=None, sequence_band=None)
+    assert stats.clipped_fraction == stats.clipped_high == 1.0
     assert all(torch.equal(before[name], p) for name, p in model.named_parameters())
 
 
@@ -218,7 +249,32 @@ def test_a_lora_model_is_its_own_reference_without_the_adapter(model: Any) -> No
                 parameter.fill_(0.05)  # the adapter now changes the outputs
     ids = torch.tensor([PROMPT + [101, 102]])
     attention = torch.ones_like(ids)
-    expected = next_token_logprobs(base, ids, attention, 1.0)
-    assert not torch.allclose(next_token_logprobs(adapted, ids, attention, 1.0), expected)
+    expected = next_token_logprobs(base, ids, attention, AS_SAMPLED)
+    assert not torch.allclose(next_token_logprobs(adapted, ids, attention, AS_SAMPLED), expected)
     reference = Reference(adapted, lora=True)
-    assert torch.allclose(reference.logprobs(ids, attention, 1.0), expected, atol=1e-6)
+    assert torch.allclose(reference.logprobs(ids, attention, loss()), expected, atol=1e-6)
+
+
+@dataclass(frozen=True)
+class _Rank:
+    rank: int
+    world_size: int
+
+
+def test_processes_get_as_many_tokens_as_can_be_and_micro_batches_of_like_lengths() -> None:
+    """One 100-token sequence and nine of 10 over two processes: round-robin would give one
+    process 140 tokens and the other 50; dealt longest first to the lighter, 100 and 90. Each
+    process's micro-batches are longest first, and both run as many of them."""
+    lengths = [10, 100, 10, 10, 10, 10, 10, 10, 10, 10]
+    sequences = []
+    for length in lengths:
+        built = Segment()
+        built.extend([1]), built.extend([2] * (length - 1), logprobs=[-1.0] * (length - 1))
+        sequences.append(training_sequences([(1.0, [built])])[0])
+    batches = [list(_batches(sequences, 4, _Rank(rank, 2))) for rank in (0, 1)]
+    tokens = [sum(len(s.segment.token_ids) for b in mine for s in b) for mine in batches]
+    assert tokens == [100, 90]
+    assert len(batches[0]) == len(batches[1]) == 3  # the first process's two are empty
+    assert [len(b) for b in batches[1]] == [4, 4, 1]
+    dealt = [id(s) for mine in batches for b in mine for s in b]
+    assert sorted(dealt) == sorted(map(id, sequences))  # each once

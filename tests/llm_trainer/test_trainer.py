@@ -6,6 +6,7 @@ resumes from its latest checkpoint with the same weights, optimizer state, step 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from domain.checkpoints import MANIFEST_OBJECT, CheckpointManifest
 from domain.dataset import DatasetRecord
 from domain.run_queues import QueueKind
 from domain.trainer_job import TrainingJob
+from llm_trainer.grpo import loss_settings
 from llm_trainer.model import ModelNotLoaded
 from llm_trainer.trainer import LlmTrainer
 from tests.llm_trainer.fakes import QUEUES, EpisodeQueues
@@ -46,14 +48,15 @@ def s3(aws: None) -> Any:
     return client
 
 
-def job_for(**config: Any) -> TrainingJob:
+def job_for(prefix: str = PREFIX, **config: Any) -> TrainingJob:
+    """A job of the config's settings writing under `prefix`."""
     settings = {
         "group_size": 8, "global_batch_size": 16, "max_steps": 2, "learning_rate": 1e-2,
         "max_new_tokens": 16, "max_length": 256, "eval_fraction": 0.2,
         "grpo": {"checkpoint_every": 1, "micro_batch_size": 8}, **config,
     }  # fmt: skip
     return TrainingJob(
-        run_id="r", bucket=BUCKET, dataset_key=KEY, output_prefix=PREFIX, queues=QUEUES,
+        run_id="r", bucket=BUCKET, dataset_key=KEY, output_prefix=prefix, queues=QUEUES,
         config=load_training_config("rft_multiturn_full").model_validate(
             {**load_training_config("rft_multiturn_full").model_dump(), **settings}
         ),
@@ -203,3 +206,90 @@ def test_max_off_policy_steps_plays_that_many_steps_ahead_of_training(
     # A step's episodes were written by the weights of the moment: at most `ahead` behind.
     for step, seen in versions.items():
         assert seen <= set(range(max(0, step - 1 - ahead), step)), (step, seen)
+
+
+def test_a_resumed_run_keeps_pulling_towards_the_weights_it_started_from(
+    s3: Any, tmp_path: Path
+) -> None:
+    """Full fine-tuning with a KL term: after an automatic restart the reference is still the
+    starting model (here the tiny one), not the checkpoint the job resumed from."""
+    from llm_trainer.grpo import next_token_logprobs
+    from llm_trainer.logprobs import SamplingDistribution
+    from llm_trainer.tiny import tiny_model, tiny_tokenizer
+
+    LlmTrainer(
+        job_for(max_steps=2, kl_coefficient=0.1), sqs=EpisodeQueues(share_of_e), s3=s3,
+        workdir=tmp_path / "a",
+    ).run()  # fmt: skip
+    resumed = LlmTrainer(
+        job_for(max_steps=3, kl_coefficient=0.1), sqs=EpisodeQueues(share_of_e), s3=s3,
+        workdir=tmp_path / "b",
+    )  # fmt: skip
+    assert resumed.steps_before == 2 and resumed.reference is not None
+    ids = torch.tensor([[264, 84, 82, 257, 198, 101, 102]])
+    attention = torch.ones_like(ids)
+    settings = loss_settings(resumed.config)
+    starting = next_token_logprobs(
+        tiny_model(tiny_tokenizer(), seed=0), ids, attention, SamplingDistribution()
+    )
+    with torch.no_grad():
+        policy = next_token_logprobs(resumed.policy.model, ids, attention, SamplingDistribution())
+    assert not torch.allclose(policy, starting, atol=1e-4)  # training moved the policy
+    assert torch.allclose(resumed.reference.logprobs(ids, attention, settings), starting, atol=1e-6)
+
+
+def test_truncated_rollouts_leave_the_objective_when_asked_to(s3: Any, tmp_path: Path) -> None:
+    """Replies cut at two tokens, scored so that groups vary: with
+    `truncated_rollouts: mask` no rollout trains and the count says why; by default they
+    train."""
+
+    def of_reply(reply: str) -> float:
+        return float(sum(map(ord, reply)) % 7)  # any score that varies with the reply
+
+    cut = {"max_new_tokens": 2, "max_steps": 1}
+    masked = LlmTrainer(
+        job_for(**cut, grpo={"micro_batch_size": 8, "truncated_rollouts": "mask"}),
+        sqs=EpisodeQueues(of_reply), s3=s3, workdir=tmp_path / "m",
+    )  # fmt: skip
+    (step,) = masked.run()
+    assert step.update is None
+    assert step.extra["truncated_rollouts_masked"] == step.stats.truncated_rollouts > 0
+    trained = LlmTrainer(
+        job_for("runs/t/", **cut), sqs=EpisodeQueues(of_reply), s3=s3, workdir=tmp_path / "t"
+    )
+    (step,) = trained.run()
+    assert step.update is not None and step.extra["truncated_rollouts_masked"] == 0
+
+
+def test_groups_that_all_scored_the_same_are_skipped_and_counted(s3: Any, tmp_path: Path) -> None:
+    def same_for_all(_: str) -> float:
+        return 0.5
+
+    skipping = LlmTrainer(
+        job_for(max_steps=1), sqs=EpisodeQueues(same_for_all), s3=s3, workdir=tmp_path / "s"
+    )
+    (step,) = skipping.run()
+    assert step.update is None
+    assert step.extra["flat_group_rollouts_skipped"] == step.stats.rollouts == 16
+    keeping = LlmTrainer(
+        job_for("runs/k/", max_steps=1, grpo={"micro_batch_size": 8, "skip_zero_variance_groups": False}),
+        sqs=EpisodeQueues(same_for_all), s3=s3, workdir=tmp_path / "k",
+    )  # fmt: skip
+    (step,) = keeping.run()
+    assert step.update is not None and step.update.objective == 0.0
+    assert step.extra["flat_group_rollouts_skipped"] == 0
+
+
+def test_the_learning_rate_warms_up_then_follows_its_schedule(s3: Any, tmp_path: Path) -> None:
+    grpo = {"micro_batch_size": 8, "warmup_steps": 2, "learning_rate_schedule": "cosine"}
+    trainer = LlmTrainer(
+        job_for(max_steps=4, learning_rate=1e-3, grpo=grpo), sqs=EpisodeQueues(share_of_e),
+        s3=s3, workdir=tmp_path,
+    )  # fmt: skip
+    history = trainer.run()
+    # Warm-up: 1/2, 2/2 of the rate; then cos decay over the two steps left, from the top.
+    expected = [5e-4, 1e-3, 1e-3, 1e-3 * 0.5 * (1 + math.cos(math.pi / 2))]
+    assert [step.extra["learning_rate"] for step in history] == pytest.approx(expected)
+    line = metrics_lines(s3)[-1]
+    assert line["learning_rate"] == pytest.approx(expected[-1])
+    assert {"grad_norm", "mismatch_kl", "entropy", "ratio_p99", "masked_fraction"} <= set(line)

@@ -77,7 +77,7 @@ def test_it_samples_each_prompt_with_its_seed_and_the_last_adapter(
         generator.generate([[1, 2]], SamplingSettings(4), seed=0)
     generator.sync(lora_model)
     sampled = generator.generate(
-        [[1, 2, 3], [4]], SamplingSettings(2, temperature=0.7, top_p=0.9), seed=100
+        [[1, 2, 3], [4]], SamplingSettings(2, temperature=0.7, top_p=0.9, top_k=20), seed=100
     )
     assert sampled == [
         Sampled([5, 6, STOP], [-0.5, -0.25, -0.125], "stop"),  # the sampled tokens' own
@@ -86,8 +86,24 @@ def test_it_samples_each_prompt_with_its_seed_and_the_last_adapter(
     (call,) = engine.calls
     assert call["prompts"] == [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [4]}]
     assert call["params"] == [
-        {"max_tokens": 2, "temperature": 0.7, "top_p": 0.9, "logprobs": 0, "seed": 100},
-        {"max_tokens": 2, "temperature": 0.7, "top_p": 0.9, "logprobs": 0, "seed": 101},
+        {
+            "max_tokens": 2,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "top_k": 20,
+            "logprobs": 0,
+            "detokenize": False,
+            "seed": 100,
+        },
+        {
+            "max_tokens": 2,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "top_k": 20,
+            "logprobs": 0,
+            "detokenize": False,
+            "seed": 101,
+        },
     ]
     assert call["lora_request"] == ("policy-v1", 1, str(tmp_path / "v1"))
     assert call["use_tqdm"] is False
