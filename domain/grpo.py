@@ -115,6 +115,22 @@ def truncated(response: RolloutResponse) -> bool:
     return any(m.name == TRUNCATED_METRIC and m.value > 0 for m in response.metrics)
 
 
+def learning_groups(
+    groups: Mapping[str, Sequence[str]], responses: Mapping[str, RolloutResponse]
+) -> int:
+    """How many groups an update learns from: two or more of their rollouts scored, and the
+    scores not all the same."""
+    learning = 0
+    for samples in groups.values():
+        scores = [
+            float(responses[s].aggregate_score)  # type: ignore[arg-type]
+            for s in samples
+            if s in responses and responses[s].aggregate_score is not None
+        ]
+        learning += len(scores) > 1 and bool(group_advantages(scores).any())
+    return learning
+
+
 def flat_group_samples(
     groups: Mapping[str, Sequence[str]], scored: Sequence[ScoredRollout]
 ) -> set[str]:

@@ -350,18 +350,46 @@ def step_requests(
 ) -> tuple[dict[str, list[str]], list[RolloutRequest]]:
     """`global_batch_size / group_size` records drawn for `step`, `group_size` rollout requests
     each, with sample ids unique in the run (`<record id>_<n>`)."""
+    wanted = job.config.global_batch_size // job.config.group_size
+    return _group_requests(job, records, rng, count=wanted, first=(step - 1) * wanted, key="")
+
+
+def refill_requests(
+    job: TrainingJob,
+    records: list[DatasetRecord],
+    step: int,
+    round_: int,
+    count: int,
+    rng: np.random.Generator,
+) -> tuple[dict[str, list[str]], list[RolloutRequest]]:
+    """`count` (at most a step's) more records drawn for `step`'s refill `round_` (from 1, at
+    most `grpo.refill_rounds`), their groups keyed `r<round>-<slot>`, their sample numbers
+    past every step's of the run, so unique in it too."""
+    wanted = job.config.global_batch_size // job.config.group_size
+    steps, rounds = job.base_step + job.config.max_steps, job.config.grpo.refill_rounds
+    first = steps * wanted + ((step - 1) * rounds + round_ - 1) * wanted
+    return _group_requests(job, records, rng, count=count, first=first, key=f"r{round_}-")
+
+
+def _group_requests(
+    job: TrainingJob,
+    records: list[DatasetRecord],
+    rng: np.random.Generator,
+    *,
+    count: int,
+    first: int,
+    key: str,
+) -> tuple[dict[str, list[str]], list[RolloutRequest]]:
+    """`count` records drawn, a group of `group_size` requests each, the groups numbered from
+    `first` (sample n of group g: `g × group_size + n`)."""
     group_size = job.config.group_size
-    wanted = job.config.global_batch_size // group_size
-    chosen = rng.choice(len(records), size=wanted, replace=len(records) < wanted)
+    chosen = rng.choice(len(records), size=count, replace=len(records) < count)
     groups: dict[str, list[str]] = {}
     requests = []
     for slot, index in enumerate(chosen):
         record = records[int(index)]
-        samples = [
-            sample_id_for(record.id, ((step - 1) * wanted + slot) * group_size + k)
-            for k in range(group_size)
-        ]
-        groups[f"{slot}"] = samples
+        samples = [sample_id_for(record.id, (first + slot) * group_size + k) for k in range(group_size)]  # fmt: skip
+        groups[f"{key}{slot}"] = samples
         requests += [job.rollout_request(record, sample) for sample in samples]
     return groups, requests
 
@@ -382,11 +410,23 @@ def send_step(
     told their samples: the step in flight, no responses yet."""
     started, started_at = clock(), wall_clock()
     groups, requests = step_requests(job, records, step, rng)
+    send_groups(sqs, job, requests, inbox=inbox, record=record)
+    return PlayedStep(groups, {}, started, started_at)
+
+
+def send_groups(
+    sqs: Any,
+    job: TrainingJob,
+    requests: list[RolloutRequest],
+    *,
+    inbox: RolloutInbox,
+    record: Callable[[Iterable[str]], None],
+) -> None:
+    """Rollout requests sent once the generate side (`record`) and the inbox know them."""
     samples = [request.sample_id for request in requests]
     record(samples)
     inbox.expect(samples)
     send_rollouts(sqs, job.queues[QueueKind.ROLLOUT_REQUESTS], requests)
-    return PlayedStep(groups, {}, started, started_at)
 
 
 def await_step(

@@ -41,20 +41,32 @@ def main() -> int:
     # Imported once the job is read: torch and transformers take seconds to import.
     from llm_trainer.distributed import from_environment
     from llm_trainer.trainer import LlmEvaluator, LlmTrainer
+    from llm_trainer.vllm_generator import handover_root
 
     collective = from_environment()  # started by torchrun: one process of several
     if collective.rank:  # the first process speaks for all on stdout
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the process's life
 
     sqs, s3 = boto3.client("sqs"), boto3.client("s3")
-    with tempfile.TemporaryDirectory(prefix="mtrl-trainer-") as scratch:
-        workdir = Path(scratch)
+    with (
+        tempfile.TemporaryDirectory(prefix="mtrl-trainer-") as scratch,
+        tempfile.TemporaryDirectory(prefix="mtrl-adapters-", dir=handover_root()) as adapters,
+    ):
+        workdir, handover = Path(scratch), Path(adapters)
         try:
             work: LlmTrainer | LlmEvaluator = (
-                LlmEvaluator(job, sqs=sqs, s3=s3, workdir=workdir, collective=collective)
+                LlmEvaluator(
+                    job, sqs=sqs, s3=s3, workdir=workdir, collective=collective, adapters=handover
+                )
                 if job.evaluation
                 else LlmTrainer(
-                    job, sqs=sqs, s3=s3, workdir=workdir, out=sys.stdout, collective=collective
+                    job,
+                    sqs=sqs,
+                    s3=s3,
+                    workdir=workdir,
+                    out=sys.stdout,
+                    collective=collective,
+                    adapters=handover,
                 )
             )
         except ModelNotLoaded as error:

@@ -15,6 +15,7 @@ latest: its weights, optimizer state, step count and metrics lines up to it.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import time
 from collections import deque
@@ -27,12 +28,14 @@ import numpy as np
 
 from domain.bucket import download_folder
 from domain.checkpoints import step_checkpoint_name
+from domain.dataset import DatasetRecord
 from domain.episodes import Episode, EvaluationStage
 from domain.grpo import (
     ScoredRollout,
     StepMetrics,
     UpdateStats,
     flat_group_samples,
+    learning_groups,
     score_groups,
     truncated,
 )
@@ -48,6 +51,8 @@ from domain.trainer_job import (
     metrics_lines_of,
     play_evaluation,
     publish_step,
+    refill_requests,
+    send_groups,
     send_step,
     training_records_of,
 )
@@ -70,14 +75,28 @@ from llm_trainer.tokens import merged_turns, segments, stale_samples
 log = logging.getLogger("mtrl.trainer")
 
 
-def _generator(policy: Policy, job: TrainingJob, *, workdir: Path, processes: int) -> Generator:
-    """What samples the policy's turns, as the config's `grpo.generation` says."""
-    if job.config.grpo.generation == "vllm":
+def generation_kind(choice: str, *, lora: bool, gpu: bool, vllm_installed: bool) -> str:
+    """`grpo.generation` resolved: `auto` is vLLM where it can serve the run (a LoRA adapter, a
+    GPU, vLLM installed), transformers elsewhere."""
+    if choice != "auto":
+        return choice
+    return "vllm" if lora and gpu and vllm_installed else "transformers"
+
+
+def _generator(policy: Policy, job: TrainingJob, *, adapters: Path, processes: int) -> Generator:
+    """What samples the policy's turns, as the config's `grpo.generation` says (vLLM: the
+    adapter handed over through folders in `adapters`)."""
+    kind = generation_kind(
+        job.config.grpo.generation, lora=policy.lora, gpu=policy.device.type == "cuda",
+        vllm_installed=importlib.util.find_spec("vllm") is not None,
+    )  # fmt: skip
+    log.info("generating with %s (grpo.generation: %s)", kind, job.config.grpo.generation)
+    if kind == "vllm":
         try:
             from llm_trainer.vllm_generator import VllmGenerator, start_engine, vllm_api
 
             engine = start_engine(policy.base, job.config, seed=job.seed, processes=processes)
-            generator = VllmGenerator(engine, vllm_api(), adapters=workdir / "adapters")
+            generator = VllmGenerator(engine, vllm_api(), adapters=adapters)
         except ImportError as missing:
             raise ModelNotLoaded(
                 f"grpo.generation vllm needs {missing.name} (the trainer image has it); "
@@ -107,9 +126,11 @@ class LlmTrainer:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         collective: Collective = ALONE,
+        adapters: Path | None = None,
     ) -> None:
         """`collective`: the trainer processes of the node (llm_trainer/distributed.py); the
-        first plays the steps and writes the run's outputs, every one generates and trains."""
+        first plays the steps and writes the run's outputs, every one generates and trains.
+        `adapters`: where a vLLM generator is handed the adapter (default: under `workdir`)."""
         self.collective = collective
         self.job, self.config, self.sqs, self.s3 = job, job.config, sqs, s3
         self.out, self.clock, self.wall_clock = out, clock, wall_clock
@@ -154,8 +175,9 @@ class LlmTrainer:
             else None
         )
         self.generator = _generator(
-            self.policy, job, workdir=workdir, processes=collective.world_size
-        )
+            self.policy, job, adapters=adapters or workdir / "adapters",
+            processes=collective.world_size,
+        )  # fmt: skip
         self.service = GenerationService(
             job, sqs=sqs, tokenizer=self.policy.tokenizer, generator=self.generator,
             version=self.steps_before,
@@ -207,7 +229,8 @@ class LlmTrainer:
                     self.job, inbox, in_flight.popleft(), clock=self.clock,
                     stopped=lambda: self.service.stopped,
                 )  # fmt: skip
-                self._update(step, played)
+                played, refilled = self._refilled(step, played, records, inbox)
+                self._update(step, played, refilled=refilled)
         finally:
             self.service.stop()
         self._checkpoint(FINAL)
@@ -252,7 +275,33 @@ class LlmTrainer:
     def stop(self) -> None:
         self.service.stop()
 
-    def _update(self, step: int, played: PlayedStep) -> None:
+    def _refilled(
+        self, step: int, played: PlayedStep, records: list[DatasetRecord], inbox: RolloutInbox
+    ) -> tuple[PlayedStep, int]:
+        """Dynamic sampling (DAPO; `grpo.refill_rounds`): while the step has fewer groups to
+        learn from than it asked for, as many new groups are played by the same weights, up to
+        the bound; the step with them, and how many groups were added."""
+        wanted = self.config.global_batch_size // self.config.group_size
+        added = 0
+        for round_ in range(1, self.config.grpo.refill_rounds + 1):
+            missing = wanted - learning_groups(played.groups, played.responses)
+            if missing <= 0 or self.service.stopped:
+                break
+            rng = np.random.default_rng([self.job.seed, step, round_])
+            groups, requests = refill_requests(self.job, records, step, round_, missing, rng)
+            sent = PlayedStep(groups, {}, self.clock(), self.wall_clock())
+            send_groups(self.sqs, self.job, requests, inbox=inbox, record=self._record)
+            more = await_step(
+                self.job, inbox, sent, clock=self.clock, stopped=lambda: self.service.stopped
+            )
+            played = replace(
+                played, groups={**played.groups, **groups},
+                responses={**played.responses, **more.responses},
+            )  # fmt: skip
+            added += missing
+        return played, added
+
+    def _update(self, step: int, played: PlayedStep, *, refilled: int = 0) -> None:
         grpo = self.config.grpo
         self.collective.broadcast(("update", step, played.samples))
         turns = merged_turns(self.collective.gather(self.service.recorded(played.samples)))
@@ -287,6 +336,7 @@ class LlmTrainer:
                 "sequences": len(sequences),
                 "weight_sync_seconds": sync_seconds,
                 "stale_rollouts": len(stale & played.responses.keys()),
+                "refilled_groups": refilled,
                 "flat_group_rollouts_skipped": len(flat),
                 "truncated_rollouts_masked": len(cut),
                 "learning_rate": scheduled_learning_rate(self.config, self._run_step(step)),
@@ -387,6 +437,7 @@ class LlmEvaluator:
         workdir: Path,
         clock: Callable[[], float] = time.monotonic,
         collective: Collective = ALONE,
+        adapters: Path | None = None,
     ) -> None:
         if job.evaluation is None:
             raise ValueError(f"run {job.run_id}: the job is not an evaluation")
@@ -413,7 +464,8 @@ class LlmEvaluator:
         policy.model.eval()
         self.service = GenerationService(
             job, sqs=sqs, tokenizer=policy.tokenizer, generator=_generator(
-                policy, job, workdir=workdir, processes=collective.world_size
+                policy, job, adapters=adapters or workdir / "adapters",
+                processes=collective.world_size,
             ),
             version=self.version,
         )  # fmt: skip

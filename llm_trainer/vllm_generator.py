@@ -15,6 +15,7 @@ runs it).
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from collections.abc import Sequence
@@ -31,6 +32,18 @@ from llm_trainer.generation import (
     never_stopped,
 )
 from training_configs.schema import TrainingConfig
+
+# vLLM loads a LoRA adapter from a folder only (in-memory tensors are not in its API: the
+# workaround of vllm-project/vllm#4068); a folder on a tmpfs is memory, so the hand-over never
+# touches a disk. The trainer's pod mounts /dev/shm as a memory emptyDir
+# (lambdas/kubernetes/training_job.py).
+SHARED_MEMORY = Path("/dev/shm")
+
+
+def handover_root(shared: Path = SHARED_MEMORY) -> str | None:
+    """Where the adapters' folders go: shared memory where it is there and writable, else None
+    (the system's temporary folder)."""
+    return str(shared) if shared.is_dir() and os.access(shared, os.W_OK) else None
 
 
 @dataclass(frozen=True)

@@ -251,6 +251,10 @@ def _print_status(status: RunDetails) -> None:
         rows["held-out evaluation"] = run.evaluation
     if status.health_figures:
         rows["last step"] = _figures_line(status.health_figures)
+    if status.update:
+        rows["last update"] = ", ".join(
+            f"{name.replace('_', ' ')} {value:.3g}" for name, value in status.update.items()
+        )
     if run.health:
         rows["run health"] = "\n".join(run.health)
     if status.notes:

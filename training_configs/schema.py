@@ -142,6 +142,12 @@ class GrpoSettings(BaseModel):
         description="leave groups whose rollouts all scored the same out of the update (their "
         "advantages are zero: only the KL term would train on them); counted in the metrics",
     )
+    refill_rounds: int = Field(
+        default=0, ge=0, le=10,
+        description="dynamic sampling (DAPO): up to this many times a step, groups without a "
+        "learning signal (all scored the same, or fewer than two scored) are replaced by as many "
+        "new ones, played by the same weights; counted in the metrics (0: none)",
+    )  # fmt: skip
     warmup_steps: int = Field(
         default=0,
         ge=0,
@@ -179,10 +185,12 @@ class GrpoSettings(BaseModel):
     generation_batch_size: int = Field(
         default=16, ge=1, le=1024, description="generate requests answered together"
     )
-    generation: Literal["transformers", "vllm"] = Field(
-        default="transformers",
+    generation: Literal["auto", "transformers", "vllm"] = Field(
+        default="auto",
         description="what samples the policy's turns: transformers (the model being trained "
-        "itself) or vllm (an engine beside it, LoRA runs: the adapter handed over each step)",
+        "itself), vllm (an engine beside it, LoRA runs: the adapter handed over each step), or "
+        "auto: vllm for a LoRA run on a GPU where vLLM is installed (the trainer image), "
+        "transformers otherwise",
     )
     vllm_memory_share: float = Field(
         default=0.3, gt=0.0, lt=1.0,

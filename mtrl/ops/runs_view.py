@@ -23,6 +23,7 @@ from domain.health import measured
 from domain.nova_job import recipe_skips
 from domain.run_queues import QueueKind, queue_name
 from domain.runs import FINISHED, RunRecord, RunStore
+from domain.step_metrics import number
 from lambdas.pipeline.ecs_fleet import worker_service_name
 from mtrl.ops.deployment import Deployment
 
@@ -66,6 +67,7 @@ class RunDetails:
     mean_reward: float | None
     pass_rate: float | None  # of the step's rollouts that said whether they succeeded
     health_figures: dict[str, float]  # the last step's run-health metrics (domain/health.py)
+    update: dict[str, float]  # the last step's update figures its trainer wrote (UPDATE_FIGURES)
     checkpoints: list[dict[str, Any]]  # each job's manifest and where it points (summary.json)
     queues: list[QueueDepth]
     workers: tuple[int, int] | None  # (running, wanted)
@@ -74,6 +76,18 @@ class RunDetails:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# What `mtrl status` shows of a step's update, where its trainer wrote them (the open-weights
+# trainer writes them all; the local policy the first two).
+UPDATE_FIGURES = ("objective", "clipped_fraction", "grad_norm", "entropy", "masked_fraction",
+                  "mismatch_kl", "learning_rate")  # fmt: skip
+
+
+def update_figures(line: dict[str, Any]) -> dict[str, float]:
+    return {
+        name: float(line[name]) for name in UPDATE_FIGURES if number(line.get(name)) is not None
+    }
 
 
 def summarize(run: RunRecord, *, now: float) -> RunSummary:
@@ -121,6 +135,7 @@ def run_status(
         mean_reward=metrics.get("mean_reward") if metrics else None,
         pass_rate=metrics.get("pass_rate") if metrics else None,
         health_figures=measured(lines) if lines else {},
+        update=update_figures(metrics or {}),
         checkpoints=run_summary(clients["s3"], run).get("checkpoints", []),
         queues=_queues(clients["sqs"], clients["cloudwatch"], deployment.prefix, run_id, now=now),
         workers=_workers(clients["ecs"], deployment, run_id),

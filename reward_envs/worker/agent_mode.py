@@ -90,10 +90,13 @@ class AgentMode:
 
 
 class AgentQueues(ReportingQueues):
-    """The run's request queue as a HyperPod run's worker reads it; a finished rollout goes to
-    the job's runtime service instead of a response queue, then (with `router`) among the run's
-    reports. A report that fails leaves the request to be played and reported again: both
-    sides take a rollout once (the runtime by its ClientToken, the router by the sample)."""
+    """The run's request queue as a HyperPod run's worker reads it; a finished rollout goes
+    (with `router`) among the run's reports, then to the job's runtime service instead of a
+    response queue — in that order: once the runtime has every rollout of an evaluation job,
+    the job may complete and its episodes are read from the run's reports
+    (lambdas/pipeline/reward_curve.evaluation_from_reports), so none may still be on its way.
+    A report that fails leaves the request to be played and reported again: both sides take a
+    rollout once (the router by the sample, the runtime by its ClientToken)."""
 
     def __init__(
         self,
@@ -119,6 +122,6 @@ class AgentQueues(ReportingQueues):
         self._mode.forget(delivery.body)
 
     def _report_one_rollout(self, delivery: Delivery, response: RolloutResponse) -> None:
-        self._mode.report(response)
         if self._router is not None:
             report_to_router(self._router, delivery, response)
+        self._mode.report(response)

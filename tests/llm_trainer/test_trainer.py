@@ -187,9 +187,9 @@ def test_max_off_policy_steps_plays_that_many_steps_ahead_of_training(
     )
     update = trainer._update
 
-    def noted(step: int, played: Any) -> None:
+    def noted(step: int, played: Any, **options: Any) -> None:
         events.append(("update", step))
-        update(step, played)
+        update(step, played, **options)
 
     trainer._update = noted  # type: ignore[method-assign]
     history = trainer.run()
@@ -293,3 +293,29 @@ def test_the_learning_rate_warms_up_then_follows_its_schedule(s3: Any, tmp_path:
     line = metrics_lines(s3)[-1]
     assert line["learning_rate"] == pytest.approx(expected[-1])
     assert {"grad_norm", "mismatch_kl", "entropy", "ratio_p99", "masked_fraction"} <= set(line)
+
+
+def test_dynamic_sampling_replaces_groups_without_signal_within_its_bound(
+    s3: Any, tmp_path: Path
+) -> None:
+    """The step's two groups all score 0.5 (no signal): with `refill_rounds: 2` two new groups
+    are played by the same weights — their sample numbers past every step's of the run — and
+    the update learns from them; the flat ones are skipped and counted."""
+    answered = []
+
+    def flat_then_varied(reply: str) -> float:
+        answered.append(reply)
+        return 0.5 if len(answered) <= 16 else float(sum(map(ord, reply)) % 7)
+
+    queues = EpisodeQueues(flat_then_varied)
+    trainer = LlmTrainer(
+        job_for(max_steps=1, grpo={"micro_batch_size": 8, "refill_rounds": 2}), sqs=queues,
+        s3=s3, workdir=tmp_path,
+    )  # fmt: skip
+    (step,) = trainer.run()
+    assert step.extra["refilled_groups"] == 2
+    assert step.stats.rollouts_asked == 32
+    assert step.extra["flat_group_rollouts_skipped"] == 16
+    assert step.update is not None
+    numbers = sorted(int(r.sample_id.rsplit("_", 1)[1]) for r in queues.rollout_requests)
+    assert numbers == list(range(32))  # the step's 0-15, the refill's 16-31 (one step planned)

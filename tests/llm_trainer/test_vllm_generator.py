@@ -14,8 +14,8 @@ import pytest
 
 from llm_trainer.generation import Sampled, SamplingSettings
 from llm_trainer.model import ModelNotLoaded
-from llm_trainer.trainer import LlmTrainer
-from llm_trainer.vllm_generator import VllmApi, VllmGenerator
+from llm_trainer.trainer import LlmTrainer, generation_kind
+from llm_trainer.vllm_generator import VllmApi, VllmGenerator, handover_root
 from tests.llm_trainer.fakes import EpisodeQueues
 from tests.llm_trainer.test_trainer import BUCKET, job_for, share_of_e
 from training_configs.schema import TrainingConfig, load_training_config
@@ -141,3 +141,28 @@ def test_without_vllm_the_trainer_says_what_it_needs(aws: None, tmp_path: Path) 
     )  # fmt: skip
     with pytest.raises(ModelNotLoaded, match="grpo.generation vllm needs vllm"):
         LlmTrainer(job, sqs=EpisodeQueues(share_of_e), s3=s3, workdir=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("lora", "gpu", "installed", "kind"),
+    [
+        (True, True, True, "vllm"),  # the trainer image on HyperPod, a LoRA run
+        (True, True, False, "transformers"),
+        (True, False, True, "transformers"),  # vLLM's engine needs the GPU
+        (False, True, True, "transformers"),  # no weight push into vLLM for full fine-tuning
+    ],
+)
+def test_auto_generation_is_vllm_where_it_can_serve_the_run(
+    lora: bool, gpu: bool, installed: bool, kind: str
+) -> None:
+    assert generation_kind("auto", lora=lora, gpu=gpu, vllm_installed=installed) == kind
+    assert generation_kind("transformers", lora=lora, gpu=gpu, vllm_installed=installed) == (
+        "transformers"
+    )
+
+
+def test_the_adapter_goes_through_shared_memory_where_there_is_one(tmp_path: Path) -> None:
+    """vLLM reads an adapter from a folder only: on a tmpfs (the pod's /dev/shm) that folder
+    is memory; without one, the system's temporary folder."""
+    assert handover_root(tmp_path) == str(tmp_path)
+    assert handover_root(tmp_path / "absent") is None

@@ -542,7 +542,8 @@ def test_status_shows_the_run_health_warnings_monitor_kept(deployed: dict) -> No
         "sick-1", now=time.time(), health={"env_error_rate": warning}
     )
     line = {"step": 3, "rollouts_asked": 8, "failed_rollouts": 1, "env_error_rollouts": 1,
-            "timeout_rollouts": 0, "zero_variance_groups": 0.5, "turns_per_episode": 4.25}  # fmt: skip
+            "timeout_rollouts": 0, "zero_variance_groups": 0.5, "turns_per_episode": 4.25,
+            "grad_norm": 0.82, "entropy": None, "mismatch_kl": 0.0012}  # fmt: skip
     deployed["s3"].put_object(
         Bucket=BUCKET, Key="runs/sick-1/metrics.jsonl", Body=json.dumps(line).encode() + b"\n"
     )
@@ -550,13 +551,17 @@ def test_status_shows_the_run_health_warnings_monitor_kept(deployed: dict) -> No
     assert status["summary"]["health"] == [warning]
     assert status["health_figures"] == {
         "zero_variance_groups": 0.5, "failed_rollout_rate": 0.125, "env_error_rate": 0.125,
-        "timeout_rate": 0.0, "mean_turns": 4.25,
+        "timeout_rate": 0.0, "mean_turns": 4.25, "sampler_mismatch": 0.0012,
     }  # fmt: skip
     table = _invoke("status", "sick-1").output
     assert "run health" in table and "run health: 12% of the rollouts" in table
     flat = " ".join(table.replace("│", " ").split())  # the cell's text, however it wrapped
     assert "last step zero variance groups 50%, failed rollout rate 12%, env error rate 12%" in flat
     assert "timeout rate 0%, mean turns 4.25" in flat
+    # The open-weights trainer's update figures, those it wrote; its mismatch is a health figure.
+    assert status["update"] == {"grad_norm": 0.82, "mismatch_kl": 0.0012}
+    assert "last update grad norm 0.82, mismatch kl 0.0012" in flat
+    assert "sampler mismatch 0.0012" in flat
 
 
 def test_status_says_what_a_run_does_without_live_then_as_recorded(deployed: dict) -> None:

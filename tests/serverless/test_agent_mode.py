@@ -13,12 +13,14 @@ import boto3
 import pytest
 
 from domain.episodes import phase_of
+from domain.protocol import RolloutResponse
 from domain.run_queues import create_run_queues
 from lambdas.router.agent_forwarder import AgentForwarder
 from lambdas.router.conversations import ConversationStore, create_table
 from mtrl.local.job_runtime import JobRuntimeStandIn
 from reward_envs.wordle import load_environment
-from reward_envs.worker.agent_mode import AgentMode
+from reward_envs.worker.agent_mode import AgentMode, AgentQueues
+from reward_envs.worker.queues import Delivery
 from reward_envs.worker.settings import WorkerSettings
 from reward_envs.worker.worker import RewardWorker
 from tests.serverless.test_job_runtime import client
@@ -113,3 +115,33 @@ def test_a_request_given_back_or_dead_lettered_is_no_longer_kept_as_played() -> 
     for sample in played:
         with pytest.raises(KeyError):
             mode.playing(sample)
+
+
+@pytest.mark.usefixtures("aws")
+def test_a_rollout_is_among_the_runs_reports_before_the_runtime_has_it() -> None:
+    """AWS's evaluation job completes once its runtime has every rollout, and the run's
+    episodes are read from its reports then: the worker reports to the router first, so none
+    is still on its way (the serverless example's final evaluation read 31 of 32 otherwise)."""
+    sqs = boto3.client("sqs")
+    url = sqs.create_queue(QueueName="requests.fifo", Attributes={"FifoQueue": "true"})["QueueUrl"]
+    reported: list[str] = []
+
+    class Router:  # what `report_to_router` calls of a RouterClient
+        def report(self, response: RolloutResponse, *, request_id: str) -> None:
+            reported.append(response.sample_id)
+
+    class Runtime:  # the AgentMode's side: the job's runtime service
+        told: list[tuple[str, list[str]]] = []
+
+        def report(self, response: RolloutResponse) -> None:
+            self.told.append((response.sample_id, list(reported)))
+
+        def forget(self, body: str) -> None: ...
+
+    runtime = Runtime()
+    queues = AgentQueues(sqs, runtime, requests_url=url, dead_letter_url=None, router=Router())  # type: ignore[arg-type]
+    response = RolloutResponse(
+        sample_id="w-0_0", stop_reason="end_of_conversation", rewards={"aggregate_score": 1.0}
+    )
+    assert queues.complete([(Delivery("m-1", "h-1", "{}", 1, None), response)]) == [None]
+    assert runtime.told == [("w-0_0", ["w-0_0"])]  # the router had it when the runtime was told
