@@ -287,6 +287,10 @@ def mutate(modules: list[str], equivalents: dict[str, str]) -> tuple[dict[str, d
         [*MUTMUT, "run", "--max-children", str(os.cpu_count() or 1), *patterns],
         cwd=WORK,
         stdout=subprocess.DEVNULL,
+        # mutmut forks each mutant's tests from a process that has imported torch, whose OpenMP
+        # thread pool does not survive a fork: the child hangs in its first parallel operation
+        # and the mutant counts as a timeout, i.e. caught, untested (238 of logprobs.py's 257).
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     if run.returncode:
         raise SystemExit(f"mutmut run failed (exit {run.returncode}); its work is in {WORK}")

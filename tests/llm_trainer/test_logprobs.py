@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from llm_trainer.generation import SamplingSettings, TransformersGenerator
 from llm_trainer.logprobs import (
     SamplingDistribution,
+    _backbone_and_head,
     entropy_of,
     next_token_scores,
     processed_scores,
@@ -27,6 +29,7 @@ DISTRIBUTIONS = [
     SamplingDistribution(temperature=1.3, top_p=0.8),
     SamplingDistribution(temperature=0.6, top_p=0.9, top_k=50),
     SamplingDistribution(top_p=0.05),  # keeps the most probable token alone
+    SamplingDistribution(top_k=1),  # greedy
 ]
 
 
@@ -73,17 +76,22 @@ def _lora(model: Any) -> Any:
     return adapted
 
 
-@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize(("lora", "chunk_tokens"), [(False, 6), (True, 6), (False, None)])
 def test_chunked_log_probabilities_and_their_gradients_are_the_whole_models(
-    model: Any, lora: bool
+    model: Any, lora: bool, chunk_tokens: int | None
 ) -> None:
-    """The head applied 3 tokens at a time, each chunk recomputed in the backward pass, against
-    the model's own forward pass over the whole batch (two rows, one padded)."""
+    """The head applied 3 tokens at a time (6 over the batch's two rows), each chunk recomputed
+    in the backward pass — or the whole logits (`chunk_tokens` None) — against the model's own
+    forward pass over the whole batch: two rows of 45 tokens (longer than the tiny model's
+    hidden size), one padded; top-k and top-p on the batch's three dimensions."""
     policy = _lora(model) if lora else model
-    ids = torch.tensor([PROMPT + [101, 102, 103, 104], PROMPT + [110, 111, 0, 0]])
-    attention = torch.tensor([[1] * 9, [1] * 7 + [0] * 2])
-    distribution = SamplingDistribution(temperature=0.7, top_p=0.9)
-    chunked = next_token_scores(policy, ids, attention, distribution, entropy=True, chunk_tokens=6)
+    completion = [101 + (7 * n) % 120 for n in range(40)]
+    ids = torch.tensor([PROMPT + completion, PROMPT + completion[:30] + [0] * 10])
+    attention = torch.tensor([[1] * 45, [1] * 35 + [0] * 10])
+    distribution = SamplingDistribution(temperature=0.7, top_p=0.9, top_k=40)
+    chunked = next_token_scores(
+        policy, ids, attention, distribution, entropy=True, chunk_tokens=chunk_tokens
+    )
     whole_policy = copy.deepcopy(policy)
     logits = whole_policy(input_ids=ids, attention_mask=attention).logits[:, :-1]
     scores = processed_scores(logits, distribution)
@@ -119,3 +127,41 @@ def test_what_the_generator_reports_is_what_the_update_computes(
     trained = scores.logprobs[0, len(PROMPT) - 1 :]
     assert torch.isfinite(trained).all()  # every sampled token is inside the cut
     assert torch.allclose(trained, torch.tensor(sampled.logprobs), atol=1e-5)
+
+
+def test_entropy_is_computed_only_when_asked(model: Any) -> None:
+    ids = torch.tensor([PROMPT + [101, 102]])
+    for chunk_tokens in (4, None):
+        scores = next_token_scores(
+            model, ids, torch.ones_like(ids), SamplingDistribution(), chunk_tokens=chunk_tokens
+        )
+        assert scores.entropy is None and scores.logprobs.shape == (1, 6)
+
+
+def test_the_head_runs_in_chunks_for_plain_heads_only(model: Any) -> None:
+    """Llama's (and a LoRA model's base's) body and head; a model type whose logits are more
+    than its head's output (soft-capped, scaled) is called whole."""
+    assert _backbone_and_head(model) == (model.model, model.lm_head)
+    adapted = _lora(copy.deepcopy(model))
+    base = adapted.get_base_model()
+    assert _backbone_and_head(adapted) == (base.model, base.lm_head)
+    sharded = copy.deepcopy(model)
+    sharded.__class__ = type("FSDPLlama", (FSDPModule, type(model)), {})  # as fully_shard makes
+    assert _backbone_and_head(sharded) is None  # FSDP gathers the head in the root's forward only
+    ids = torch.tensor([PROMPT + [101, 102]])
+    chunked = next_token_scores(model, ids, torch.ones_like(ids), SamplingDistribution())
+    model.config.model_type = "gemma2"  # final_logit_softcapping
+    assert _backbone_and_head(model) is None
+    whole = next_token_scores(model, ids, torch.ones_like(ids), SamplingDistribution())
+    assert torch.allclose(whole.logprobs, chunked.logprobs, atol=1e-6)
+
+
+def test_a_tie_at_the_nucleus_edge_is_cut_as_transformers_cuts_it() -> None:
+    """Four equal scores: the probabilities below each token are exactly 1/4, 1/2, 3/4, 1; at
+    top_p 0.75 the token whose share below it is exactly 1 − p = 1/4 is cut (transformers'
+    `<=`)."""
+    logits = torch.zeros(2, 4)
+    distribution = SamplingDistribution(top_p=0.75)
+    ours = processed_scores(logits, distribution)
+    assert torch.equal(torch.isinf(ours), torch.isinf(warped(logits, distribution)))
+    assert torch.isinf(ours).sum(dim=-1).tolist() == [1, 1]
