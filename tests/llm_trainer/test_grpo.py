@@ -69,12 +69,14 @@ def update(
     reference: Any = None,
     max_grad_norm: float = 1.0,
     autocast: Any = contextlib.nullcontext,
+    micro_batch_size: int = 2,
     **settings: Any,
 ) -> Any:
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0)
     return grpo_update(
-        model, optimizer, sequences, pad_id=0, settings=loss(**settings), micro_batch_size=2,
-        max_grad_norm=max_grad_norm, reference=reference, autocast=autocast,
+        model, optimizer, sequences, pad_id=0, settings=loss(**settings),
+        micro_batch_size=micro_batch_size, max_grad_norm=max_grad_norm, reference=reference,
+        autocast=autocast,
     )  # fmt: skip
 
 

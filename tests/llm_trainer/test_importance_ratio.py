@@ -12,9 +12,18 @@ from typing import Any
 import pytest
 import torch
 
-from llm_trainer.grpo import training_sequences
+from domain.grpo import UpdateStats
+from llm_trainer.grpo import (
+    LossSettings,
+    loss_settings,
+    mismatch_of,
+    scheduled_learning_rate,
+    training_sequences,
+)
+from llm_trainer.logprobs import SamplingDistribution
 from llm_trainer.tokens import Segment
 from tests.llm_trainer.test_grpo import PROMPT, _token_logprob, update
+from training_configs.schema import load_training_config
 
 TOKENS = [101, 102, 103, 104]
 
@@ -160,3 +169,44 @@ def test_dr_grpo_objective_is_the_token_sum_over_a_constant(model: Any) -> None:
     )
     stats = update(model, sequences)
     assert stats.objective == pytest.approx((1.0 - 0.5 * 3) / (2 * 8), rel=1e-5)
+
+
+def _config(**grpo: Any) -> Any:
+    base = load_training_config("rft_multiturn_lora")
+    return base.model_validate(
+        {**base.model_dump(), "max_steps": 6, "learning_rate": 1e-5, "clip_ratio": 0.2,
+         "kl_coefficient": 0.05, "grpo": grpo}
+    )  # fmt: skip
+
+
+def test_the_update_takes_every_setting_from_the_config() -> None:
+    grpo = {"temperature": 0.7, "top_p": 0.9, "top_k": 50, "dual_clip": 4.0, "log_ratio_limit": 10.0,
+            "token_ratio_band": [0.2, 5.0], "sequence_ratio_band": None, "logprob_chunk_tokens": 256}  # fmt: skip
+    assert loss_settings(_config(**grpo)) == LossSettings(
+        distribution=SamplingDistribution(0.7, 0.9, 50), clip_low=0.2, clip_high=0.2,
+        dual_clip=4.0, log_ratio_limit=10.0, token_band=(0.2, 5.0), sequence_band=None,
+        kl_coefficient=0.05, chunk_tokens=256,
+    )  # fmt: skip
+    assert loss_settings(_config(clip_ratio_high=0.28)).clip_high == 0.28
+
+
+def test_the_learning_rate_schedule_by_hand() -> None:
+    """Warm-up over 2 of 6 steps, then cosine from the peak over the 4 left."""
+    cosine = _config(warmup_steps=2, learning_rate_schedule="cosine")
+    expected = [0.5e-5, 1e-5] + [1e-5 * 0.5 * (1 + math.cos(math.pi * k / 4)) for k in range(4)]
+    assert [scheduled_learning_rate(cosine, step) for step in range(1, 7)] == pytest.approx(
+        expected
+    )
+    constant = _config(warmup_steps=0)
+    assert {scheduled_learning_rate(constant, step) for step in range(1, 7)} == {1e-5}
+
+
+def test_the_mismatch_figures_are_the_ones_an_epoch_keeps() -> None:
+    stats = UpdateStats(0.1, 0.0, 0.0, mismatch_kl=0.01, ratio_p1=0.9, ratio_p50=1.0,
+                        ratio_p99=1.1, logprob_gap_p50=0.01, logprob_gap_p99=0.1,
+                        logprob_gap_max=0.2, grad_norm=3.0)  # fmt: skip
+    assert mismatch_of(stats) == {
+        "mismatch_kl": 0.01, "ratio_p1": 0.9, "ratio_p50": 1.0, "ratio_p99": 1.1,
+        "logprob_gap_p50": 0.01, "logprob_gap_p99": 0.1, "logprob_gap_max": 0.2,
+    }  # fmt: skip
+    assert set(mismatch_of(None).values()) == {None}

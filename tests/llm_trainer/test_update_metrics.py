@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from domain.grpo import StepMetrics, UpdateStats, score_groups
-from llm_trainer.grpo import Reference, training_sequences
+from llm_trainer.grpo import Reference, frozen_copy, training_sequences
 from llm_trainer.logprobs import SamplingDistribution, next_token_scores
 from tests.llm_trainer.test_grpo import PROMPT, update
 from tests.llm_trainer.test_importance_ratio import TOKENS, episode
@@ -91,3 +92,30 @@ def test_a_step_without_an_update_writes_every_update_figure_as_none() -> None:
     assert learned.keys() == idle.keys()
     assert {"grad_norm", "mismatch_kl", "entropy", "clipped_high"} <= idle.keys()
     assert idle["grad_norm"] is None
+
+
+def test_the_steps_figures_do_not_depend_on_its_micro_batches(model: Any) -> None:
+    """Three episodes (clipped, dual-clipped, masked and on-policy tokens among them, a KL term
+    after a move) in one micro-batch or one sequence at a time: every figure the same — each is
+    summed over the micro-batches, not the last one's."""
+    frozen = frozen_copy(model)
+    episodes = [
+        (1.0, [episode(model, [0.4, 0.0, -0.1])]),
+        (-1.0, [episode(model, [-0.4, 1.5, 0.0, 0.2])]),
+        (-0.5, [episode(model, [3.0, 0.0])]),  # 3 > log 8: masked
+    ]
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.02 * torch.randn_like(parameter, generator=torch.Generator().manual_seed(1)))  # fmt: skip
+    figures = []
+    for size in (8, 1):
+        stats = update(
+            copy.deepcopy(model), training_sequences(episodes), micro_batch_size=size,
+            kl_coefficient=0.3, reference=Reference(model, lora=False, frozen=frozen),
+        )  # fmt: skip
+        figures.append(asdict(stats))
+    one, each = figures
+    assert one["masked_fraction"] > 0 and one["clipped_low"] > 0 and one["clipped_high"] > 0
+    assert one["dual_clipped"] > 0 and one["kl"] > 0
+    for name, value in one.items():
+        assert each[name] == pytest.approx(value, rel=1e-5, abs=1e-9), name
