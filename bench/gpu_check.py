@@ -26,6 +26,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ import torch
 from bench.llm_trainer import timed
 from llm_trainer.generation import SamplingSettings, TransformersGenerator
 from llm_trainer.grpo import LossSettings, grpo_update, loss_settings, training_sequences
-from llm_trainer.logprobs import next_token_scores
+from llm_trainer.logprobs import next_token_scores, sampling_distribution
 from llm_trainer.model import load_policy
 from llm_trainer.tiny import tiny_tokenizer
 from llm_trainer.tokens import SampledTurn, segments
@@ -127,8 +128,7 @@ def main() -> None:
         tokenizer, settings = policy.tokenizer, loss_settings(config)
         text = tokenizer.apply_chat_template(PROMPT, tokenize=False, add_generation_prompt=True)
         prompt = tokenizer.encode(text, add_special_tokens=False)
-        sampling = SamplingSettings(new_tokens, config.grpo.temperature, config.grpo.top_p,
-                                    config.grpo.top_k)  # fmt: skip
+        sampling = SamplingSettings(new_tokens, **asdict(sampling_distribution(config)))
         generator = TransformersGenerator(policy.model, stop_token_ids=[],
                                           pad_token_id=tokenizer.pad_token_id, autocast=policy.autocast)  # fmt: skip
         seconds, sampled = _once(lambda: generator.generate([prompt] * batch, sampling, seed=0))

@@ -67,11 +67,7 @@ def score_groups(
     wins, turns = [], []
     flat_groups = 0
     for samples in groups.values():
-        rewarded = [
-            (sample, float(responses[sample].aggregate_score))  # type: ignore[arg-type]
-            for sample in samples
-            if sample in responses and responses[sample].aggregate_score is not None
-        ]
+        rewarded = _rewarded(samples, responses)
         if len(rewarded) < 2:
             continue
         advantages = group_advantages([r for _, r in rewarded], normalization=normalization)
@@ -110,6 +106,17 @@ def score_groups(
     return scored, stats
 
 
+def _rewarded(
+    samples: Sequence[str], responses: Mapping[str, RolloutResponse]
+) -> list[tuple[str, float]]:
+    """The group's rollouts that came back with a score, and their scores."""
+    return [
+        (sample, float(responses[sample].aggregate_score))  # type: ignore[arg-type]
+        for sample in samples
+        if sample in responses and responses[sample].aggregate_score is not None
+    ]
+
+
 def truncated(response: RolloutResponse) -> bool:
     """Whether a model turn of the rollout was cut at the token limit."""
     return any(m.name == TRUNCATED_METRIC and m.value > 0 for m in response.metrics)
@@ -122,11 +129,7 @@ def learning_groups(
     scores not all the same."""
     learning = 0
     for samples in groups.values():
-        scores = [
-            float(responses[s].aggregate_score)  # type: ignore[arg-type]
-            for s in samples
-            if s in responses and responses[s].aggregate_score is not None
-        ]
+        scores = [score for _, score in _rewarded(samples, responses)]
         learning += len(scores) > 1 and bool(group_advantages(scores).any())
     return learning
 

@@ -43,6 +43,7 @@ from llm_trainer.logprobs import (
     SamplingDistribution,
     TokenScores,
     next_token_scores,
+    sampling_distribution,
 )
 from llm_trainer.sharding import is_sharded
 from llm_trainer.tokens import Segment
@@ -52,6 +53,11 @@ Aggregation = Literal["token", "sequence", "dr_grpo"]
 # Values per process behind a step's quantiles (ratios, log-probability gaps): evenly spaced
 # order statistics of its own when it has more.
 QUANTILE_SAMPLE = 65_536
+# UpdateStats' figures of the sampler against the trainer: by name, the quantile of the ratio
+# π/μ and of the gap |log π − log μ| over the step's sampled tokens.
+RATIO_QUANTILES = {"ratio_p1": 0.01, "ratio_p50": 0.5, "ratio_p99": 0.99}
+GAP_QUANTILES = {"logprob_gap_p50": 0.5, "logprob_gap_p99": 0.99, "logprob_gap_max": 1.0}
+MISMATCH_FIGURES = ("mismatch_kl", *RATIO_QUANTILES, *GAP_QUANTILES)
 
 
 @dataclass(frozen=True)
@@ -80,11 +86,6 @@ def loss_settings(config: TrainingConfig) -> LossSettings:
         kl_coefficient=config.kl_coefficient,
         chunk_tokens=grpo.logprob_chunk_tokens,
     )
-
-
-def sampling_distribution(config: TrainingConfig) -> SamplingDistribution:
-    grpo = config.grpo
-    return SamplingDistribution(grpo.temperature, grpo.top_p, grpo.top_k)
 
 
 @dataclass(frozen=True)
@@ -346,22 +347,6 @@ def _stats(tally: _Tally, collective: Collective, *, grad_norm: float) -> Update
     )
     log_ratios = np.concatenate(collective.gather(_sample(tally.log_ratios)) or [np.zeros(0)])
     share = (lambda count: count / tokens) if tokens else (lambda count: 0.0)
-    quantiles: dict[str, float | None] = dict.fromkeys(
-        ("ratio_p1", "ratio_p50", "ratio_p99", "logprob_gap_p50", "logprob_gap_p99",
-         "logprob_gap_max")
-    )  # fmt: skip
-    if log_ratios.size:
-        gaps = np.abs(log_ratios)
-        # exp after the quantile (it is monotone): an unclamped log-ratio's exp may overflow.
-        with np.errstate(over="ignore"):
-            quantiles = {
-                "ratio_p1": float(np.exp(np.quantile(log_ratios, 0.01))),
-                "ratio_p50": float(np.exp(np.quantile(log_ratios, 0.5))),
-                "ratio_p99": float(np.exp(np.quantile(log_ratios, 0.99))),
-                "logprob_gap_p50": float(np.quantile(gaps, 0.5)),
-                "logprob_gap_p99": float(np.quantile(gaps, 0.99)),
-                "logprob_gap_max": float(gaps.max()),
-            }
     return UpdateStats(
         objective=objective,
         kl=kl,
@@ -373,8 +358,19 @@ def _stats(tally: _Tally, collective: Collective, *, grad_norm: float) -> Update
         grad_norm=grad_norm,
         entropy=entropy / tokens if tokens else None,
         mismatch_kl=mismatch / tokens if tokens else None,
-        **quantiles,
+        **_quantiles(log_ratios),
     )
+
+
+def _quantiles(log_ratios: Any) -> dict[str, float | None]:
+    """The ratio's quantiles (exp after the quantile, which it keeps: an unclamped log-ratio's
+    exp may overflow) and the gap |log π − log μ|'s; None for each without a token."""
+    if not log_ratios.size:
+        return dict.fromkeys((*RATIO_QUANTILES, *GAP_QUANTILES))
+    gaps = np.abs(log_ratios)
+    with np.errstate(over="ignore"):
+        ratios = {name: float(np.exp(np.quantile(log_ratios, q))) for name, q in RATIO_QUANTILES.items()}  # fmt: skip
+    return ratios | {name: float(np.quantile(gaps, q)) for name, q in GAP_QUANTILES.items()}
 
 
 def _sample(parts: list[Any]) -> Any:
@@ -383,11 +379,6 @@ def _sample(parts: list[Any]) -> Any:
     if values.size <= QUANTILE_SAMPLE:
         return values
     return values[np.linspace(0, values.size - 1, QUANTILE_SAMPLE).round().astype(int)]
-
-
-# UpdateStats' figures of the sampler against the trainer.
-MISMATCH_FIGURES = ("mismatch_kl", "ratio_p1", "ratio_p50", "ratio_p99", "logprob_gap_p50",
-                    "logprob_gap_p99", "logprob_gap_max")  # fmt: skip
 
 
 def mismatch_of(stats: UpdateStats | None) -> dict[str, float | None]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_trainer.sharding import is_sharded
+from training_configs.schema import TrainingConfig
 
 # Architectures whose causal-LM forward is `lm_head(backbone(...).last_hidden_state)`, with no
 # scaling or soft-capping of the logits after (transformers' modeling files).
@@ -37,6 +38,12 @@ class SamplingDistribution:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k cut
+
+
+def sampling_distribution(config: TrainingConfig) -> SamplingDistribution:
+    """The distribution the run's `grpo` section samples from."""
+    grpo = config.grpo
+    return SamplingDistribution(grpo.temperature, grpo.top_p, grpo.top_k)
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,7 @@ def load_policy(
     `source` — never a resumed run's own checkpoint, so that a restarted job keeps its
     objective."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     # Weights that train stay in float32 (a bfloat16 weight loses updates smaller than its
@@ -156,9 +156,9 @@ def load_policy(
     weights = str(checkpoint) if full_checkpoint else base
     try:
         tokenizer = AutoTokenizer.from_pretrained(weights)
-        model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype)
     except (OSError, ValueError) as error:
         raise ModelNotLoaded(f"model {weights}: {error}") from None
+    model = _pretrained(weights, dtype, what="model")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if lora:
@@ -166,7 +166,9 @@ def load_policy(
     frozen = None
     if reference and not lora:
         starting = str(reference_checkpoint) if reference_checkpoint is not None else base
-        frozen = frozen_copy(model) if starting == weights else _frozen(starting, dtype)
+        frozen = frozen_copy(
+            model if starting == weights else _pretrained(starting, dtype, what="reference model")
+        )
     # Several processes share a fully fine-tuned model: its shards go to this process's GPU,
     # the whole model never does.
     if not lora and collective.world_size > 1:
@@ -191,14 +193,14 @@ def load_policy(
     return policy
 
 
-def _frozen(weights: str, dtype: Any) -> Any:
+def _pretrained(weights: str, dtype: Any, *, what: str) -> Any:
+    """The causal LM in `weights`; ModelNotLoaded naming `what` it is and why not."""
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(weights, dtype=dtype)
+        return AutoModelForCausalLM.from_pretrained(weights, dtype=dtype)
     except (OSError, ValueError) as error:
-        raise ModelNotLoaded(f"reference model {weights}: {error}") from None
-    return frozen_copy(model)
+        raise ModelNotLoaded(f"{what} {weights}: {error}") from None
 
 
 def without_dropout(model: Any) -> None:

@@ -17,7 +17,7 @@ import logging
 import zlib
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from domain.generate_plane import GeneratePlane, generate_response
@@ -31,6 +31,7 @@ from domain.protocol import (
 from domain.run_queues import QueueKind
 from domain.trainer_job import TrainingJob, delete_messages
 from llm_trainer.generation import Generator, Sampled, SamplingSettings
+from llm_trainer.logprobs import sampling_distribution
 from llm_trainer.tokens import SampledTurn
 from llm_trainer.tool_calls import assistant_message, reply_text, tool_format_of
 
@@ -70,14 +71,11 @@ class GenerationService(GeneratePlane[SampledTurn]):
         super().__init__(job, sqs=sqs, version=version)
         self.tokenizer, self.generator = tokenizer, generator
         self.tool_format = tool_format_of(getattr(tokenizer, "chat_template", None) or "")
-        grpo = job.config.grpo
         self.settings = SamplingSettings(
             max_new_tokens=job.config.max_new_tokens,
-            temperature=grpo.temperature,
-            top_p=grpo.top_p,
-            top_k=grpo.top_k,
+            **asdict(sampling_distribution(job.config)),
         )
-        self.batch_size = grpo.generation_batch_size
+        self.batch_size = job.config.grpo.generation_batch_size
         self.counters = ServiceCounters()
 
     def receive(self) -> list[dict[str, Any]]:

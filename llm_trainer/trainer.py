@@ -339,7 +339,7 @@ class LlmTrainer:
                 "refilled_groups": refilled,
                 "flat_group_rollouts_skipped": len(flat),
                 "truncated_rollouts_masked": len(cut),
-                "learning_rate": scheduled_learning_rate(self.config, self._run_step(step)),
+                "learning_rate": self.optimizer.param_groups[0]["lr"],  # set by _train
             },
         )
         self.history.append(metrics)

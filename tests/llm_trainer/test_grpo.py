@@ -61,6 +61,14 @@ def loss(*, temperature: float = 1.0, clip_ratio: float = 0.2, **others: Any) ->
     )  # fmt: skip
 
 
+def sampled_segment(count: int) -> Segment:
+    """One prompt token, then `count` sampled ones."""
+    built = Segment()
+    built.extend([1])
+    built.extend([2] * count, logprobs=[-1.0] * count)
+    return built
+
+
 def update(
     model: Any,
     sequences: Any,
@@ -268,11 +276,9 @@ def test_processes_get_as_many_tokens_as_can_be_and_micro_batches_of_like_length
     process 140 tokens and the other 50; dealt longest first to the lighter, 100 and 90. Each
     process's micro-batches are longest first, and both run as many of them."""
     lengths = [10, 100, 10, 10, 10, 10, 10, 10, 10, 10]
-    sequences = []
-    for length in lengths:
-        built = Segment()
-        built.extend([1]), built.extend([2] * (length - 1), logprobs=[-1.0] * (length - 1))
-        sequences.append(training_sequences([(1.0, [built])])[0])
+    sequences = [
+        training_sequences([(1.0, [sampled_segment(length - 1)])])[0] for length in lengths
+    ]
     batches = [list(_batches(sequences, 4, _Rank(rank, 2))) for rank in (0, 1)]
     tokens = [sum(len(s.segment.token_ids) for b in mine for s in b) for mine in batches]
     assert tokens == [100, 90]

@@ -22,7 +22,7 @@ from llm_trainer.grpo import (
 )
 from llm_trainer.logprobs import SamplingDistribution
 from llm_trainer.tokens import Segment
-from tests.llm_trainer.test_grpo import PROMPT, _token_logprob, update
+from tests.llm_trainer.test_grpo import PROMPT, _token_logprob, sampled_segment, update
 from training_configs.schema import load_training_config
 
 TOKENS = [101, 102, 103, 104]
@@ -137,12 +137,7 @@ def test_the_clip_is_counted_on_each_side(model: Any) -> None:
 
 
 def _lengths(*counts: int) -> list[tuple[float, list[Segment]]]:
-    episodes = []
-    for count in counts:
-        built = Segment()
-        built.extend([1]), built.extend([2] * count, logprobs=[-1.0] * count)
-        episodes.append((1.0, [built]))
-    return episodes
+    return [(1.0, [sampled_segment(count)]) for count in counts]
 
 
 @pytest.mark.parametrize(

@@ -85,26 +85,9 @@ def test_it_samples_each_prompt_with_its_seed_and_the_last_adapter(
     ]
     (call,) = engine.calls
     assert call["prompts"] == [{"prompt_token_ids": [1, 2, 3]}, {"prompt_token_ids": [4]}]
-    assert call["params"] == [
-        {
-            "max_tokens": 2,
-            "temperature": 0.7,
-            "top_p": 0.9,
-            "top_k": 20,
-            "logprobs": 0,
-            "detokenize": False,
-            "seed": 100,
-        },
-        {
-            "max_tokens": 2,
-            "temperature": 0.7,
-            "top_p": 0.9,
-            "top_k": 20,
-            "logprobs": 0,
-            "detokenize": False,
-            "seed": 101,
-        },
-    ]
+    sampling = {"max_tokens": 2, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "logprobs": 0,
+                "detokenize": False}  # fmt: skip
+    assert call["params"] == [{**sampling, "seed": 100}, {**sampling, "seed": 101}]
     assert call["lora_request"] == ("policy-v1", 1, str(tmp_path / "v1"))
     assert call["use_tqdm"] is False
     # The adapter as PEFT writes it, which vLLM loads.
