@@ -4,6 +4,7 @@ prefixes the stacks grant on, the pipeline writes to and the CLI uploads to)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +74,11 @@ class KeyOutsideFolder(ValueError):
     """A key under a downloaded folder whose path is not a plain one below it."""
 
 
-def download_folder(s3: Any, uri: str, folder: Path) -> Path:
+def download_folder(
+    s3: Any, uri: str, folder: Path, *, wanted: Callable[[str], bool] | None = None
+) -> Path:
     """The objects under `s3://bucket/prefix/` into `folder`; a LookupError when there are none.
+    `wanted`: which of them, by their path under the prefix (default: all).
 
     S3 keys are literal: `prefix/a/../b` is a key of its own, which a file system resolves to
     `b` (replacing the real one, listed before it) and more `../` to outside `folder`. Every key
@@ -102,6 +106,8 @@ def download_folder(s3: Any, uri: str, folder: Path) -> Path:
     if not found:
         raise LookupError(f"{uri} holds no files")
     for key, target in found:
+        if wanted is not None and not wanted(target.relative_to(root).as_posix()):
+            continue
         target.parent.mkdir(parents=True, exist_ok=True)
         s3.download_file(bucket, key, str(target))
     return folder

@@ -24,6 +24,9 @@ log = logging.getLogger("mtrl.trainer")
 DELETE_BATCH = 1000  # the most keys one DeleteObjects request takes (S3 API reference)
 FINAL = "final"
 TRAINER_STATE = "trainer-state/"  # under checkpoints/: `<name>.pt` per checkpoint
+# A model folder's weights (safetensors; torch's pickles in older ones): what a process that
+# receives its shards from the first (llm_trainer/sharding.py) does not download.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
 def checkpoint_prefix(output_prefix: str, name: str) -> str:
@@ -114,14 +117,30 @@ class CheckpointStore:
                 log.warning("could not delete %s: %s", error.get("Key"), error.get("Message"))
         log.info("checkpoint %s (step %d) deleted", checkpoint.name, checkpoint.step)
 
-    def restore(self, checkpoint: SavedCheckpoint, folder: Path) -> tuple[Path, Path]:
-        """The checkpoint's folder and its trainer state file, downloaded under `folder`."""
-        weights = download_folder(self.s3, self.uri(checkpoint), folder / checkpoint.name)
-        state = folder / f"{checkpoint.name}.pt"
-        self.s3.download_file(
-            self.bucket, state_key(self.output_prefix, checkpoint.name), str(state)
+    def restore(
+        self, checkpoint: SavedCheckpoint, folder: Path, *, weights: bool = True
+    ) -> tuple[Path, Path]:
+        """The checkpoint's folder and its trainer state file, downloaded under `folder`;
+        `weights` False: neither its weights nor the state file (`download_model`)."""
+        model = download_model(
+            self.s3, self.uri(checkpoint), folder / checkpoint.name, weights=weights
         )
-        return weights, state
+        state = folder / f"{checkpoint.name}.pt"
+        if weights:
+            self.s3.download_file(
+                self.bucket, state_key(self.output_prefix, checkpoint.name), str(state)
+            )
+        return model, state
+
+
+def download_model(s3: Any, uri: str, folder: Path, *, weights: bool = True) -> Path:
+    """A model folder (a base model, a checkpoint) from S3 into `folder`; `weights` False: all
+    but its weights, for a process that reads none (`model.reads_weights`)."""
+    return download_folder(s3, uri, folder, wanted=None if weights else _not_weights)
+
+
+def _not_weights(relative: str) -> bool:
+    return not relative.endswith(WEIGHT_SUFFIXES)
 
 
 def scratch_folder() -> tempfile.TemporaryDirectory[str]:

@@ -31,7 +31,7 @@ import contextlib
 import copy
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -220,24 +220,42 @@ def _tensors(batch: Sequence[TrainingSequence], pad_id: int, device: Any) -> dic
     return {name: tensor.to(device) for name, tensor in tensors.items()}
 
 
-@dataclass
-class _Tally:
-    """What a step's micro-batches add up, on one process."""
+TALLIED = ("objective", "kl", "entropy", "mismatch", "tokens", "clipped_low", "clipped_high",
+           "dual_clipped", "masked")  # fmt: skip
 
-    objective: float = 0.0
-    kl: float = 0.0
-    entropy: float = 0.0
-    mismatch: float = 0.0
-    tokens: int = 0
-    clipped_low: int = 0
-    clipped_high: int = 0
-    dual_clipped: int = 0
-    masked: int = 0
-    log_ratios: list[Any] = field(default_factory=list)
+
+class _Tally:
+    """What a step's micro-batches add up, on one process: float64 tensors where the model is,
+    read once when the step ends — reading them at each micro-batch would make the CPU wait for
+    its backward pass before it queues the next."""
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self._sums = {name: torch.zeros((), dtype=torch.float64, device=device) for name in TALLIED}
+        self._log_ratios: list[tuple[Any, Any]] = []
+
+    def add(self, name: str, value: Any) -> None:
+        self._sums[name] += value.detach().double()
+
+    def add_log_ratios(self, log_ratios: Any, sampled: Any) -> None:
+        self._log_ratios.append((log_ratios.detach(), sampled))
 
     def sums(self) -> list[float]:
-        return [self.objective, self.kl, self.entropy, self.mismatch, self.tokens,
-                self.clipped_low, self.clipped_high, self.dual_clipped, self.masked]  # fmt: skip
+        """The sums, in TALLIED's order."""
+        import torch
+
+        return [float(value) for value in torch.stack(list(self._sums.values())).tolist()]
+
+    def log_ratios(self) -> Any:
+        """The sampled tokens' log-ratios, on the CPU (read in one go)."""
+        import torch
+
+        if not self._log_ratios:
+            return torch.zeros(0)
+        values = torch.cat([values.flatten() for values, _ in self._log_ratios])
+        sampled = torch.cat([sampled.flatten() for _, sampled in self._log_ratios])
+        return values[sampled].float().cpu()
 
 
 def _kept(log_ratio: Any, sampled: Any, settings: LossSettings) -> Any:
@@ -275,17 +293,25 @@ def _token_objective(
     if settings.dual_clip is not None:
         floor = settings.dual_clip * advantage
         surrogate = torch.where(negative, torch.maximum(surrogate, floor), surrogate)
-        tally.dual_clipped += int((kept & negative & (ratio > settings.dual_clip)).sum())
-    tally.tokens += int(sampled.sum())
-    tally.masked += int((sampled & ~kept).sum())
-    tally.clipped_low += int((kept & negative & (ratio < 1.0 - settings.clip_low)).sum())
-    tally.clipped_high += int((kept & (advantage > 0) & (ratio > 1.0 + settings.clip_high)).sum())
+        tally.add("dual_clipped", (kept & negative & (ratio > settings.dual_clip)).sum())
+    tally.add("tokens", sampled.sum())
+    tally.add("masked", (sampled & ~kept).sum())
+    tally.add("clipped_low", (kept & negative & (ratio < 1.0 - settings.clip_low)).sum())
+    tally.add("clipped_high", (kept & (advantage > 0) & (ratio > 1.0 + settings.clip_high)).sum())
     # The sampler/trainer mismatch, k3 of KL(μ‖π) over the sampled tokens (as prime-rl's).
-    tally.mismatch += float((torch.expm1(detached) - detached)[sampled].sum())
-    tally.log_ratios.append(detached[sampled].float().cpu())
+    tally.add("mismatch", _masked_sum(torch.expm1(detached) - detached, sampled))
+    tally.add_log_ratios(detached, sampled)
     if scores.entropy is not None:
-        tally.entropy += float(scores.entropy[sampled].sum())
+        tally.add("entropy", _masked_sum(scores.entropy, sampled))
     return surrogate, kept
+
+
+def _masked_sum(values: Any, mask: Any) -> Any:
+    """The sum of `values` where `mask` is set; unlike `values[mask]`, whose size the CPU must
+    read from the device, it waits for nothing."""
+    import torch
+
+    return torch.where(mask, values, 0.0).sum()
 
 
 def grpo_update(
@@ -309,7 +335,7 @@ def grpo_update(
 
     device = next(model.parameters()).device
     optimizer.zero_grad(set_to_none=True)
-    tally = _Tally()
+    tally = _Tally(device)
     for batch in _batches(sequences, micro_batch_size, collective):
         t = _tensors(batch, pad_id, device)
         with autocast():
@@ -323,10 +349,10 @@ def grpo_update(
                 delta = reference.logprobs(t["ids"], t["attention"], settings) - scores.logprobs
                 kl = torch.expm1(delta) - delta  # e^δ − δ − 1 without float32's cancellation
                 per_token = surrogate - settings.kl_coefficient * kl
-                tally.kl += float((kl * t["weight"])[kept].sum().detach())
-        batch_objective = (per_token * t["weight"])[kept].sum()
+                tally.add("kl", _masked_sum(kl * t["weight"], kept))
+        batch_objective = _masked_sum(per_token * t["weight"], kept)
         (-batch_objective).backward()
-        tally.objective += float(batch_objective.detach())
+        tally.add("objective", batch_objective)
     trained = [p for p in model.parameters() if p.requires_grad]
     if not is_sharded(model):  # a sharded model's backward passes summed them already
         collective.sum_gradients(trained)
@@ -345,7 +371,7 @@ def _stats(tally: _Tally, collective: Collective, *, grad_norm: float) -> Update
     (objective, kl, entropy, mismatch, tokens, low, high, dual, masked) = collective.sum(
         tally.sums()
     )
-    log_ratios = np.concatenate(collective.gather(_sample(tally.log_ratios)) or [np.zeros(0)])
+    log_ratios = np.concatenate(collective.gather(_sample(tally.log_ratios())) or [np.zeros(0)])
     share = (lambda count: count / tokens) if tokens else (lambda count: 0.0)
     return UpdateStats(
         objective=objective,
@@ -373,9 +399,9 @@ def _quantiles(log_ratios: Any) -> dict[str, float | None]:
     return ratios | {name: float(np.quantile(gaps, q)) for name, q in GAP_QUANTILES.items()}
 
 
-def _sample(parts: list[Any]) -> Any:
+def _sample(log_ratios: Any) -> Any:
     """This process's log-ratios, or QUANTILE_SAMPLE evenly spaced order statistics of them."""
-    values = np.sort(np.concatenate([part.numpy() for part in parts])) if parts else np.zeros(0)
+    values = np.sort(log_ratios.numpy())
     if values.size <= QUANTILE_SAMPLE:
         return values
     return values[np.linspace(0, values.size - 1, QUANTILE_SAMPLE).round().astype(int)]

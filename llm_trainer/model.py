@@ -13,13 +13,14 @@ preset's `hub_token_secret` holds, hub_token.py).
 from __future__ import annotations
 
 import logging
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from domain.bucket import download_folder
 from llm_trainer import sharding
+from llm_trainer.checkpoints import download_model
 from llm_trainer.distributed import ALONE, Collective
 from llm_trainer.grpo import frozen_copy
 from llm_trainer.tiny import TINY, save_tiny
@@ -33,8 +34,15 @@ class ModelNotLoaded(RuntimeError):
     """The model or a checkpoint cannot be loaded; the message says which and why."""
 
 
-def model_folder(source: str, *, s3: Any, workdir: Path) -> str:
-    """A folder (or Hub id) `from_pretrained` reads for `source`."""
+def reads_weights(config: TrainingConfig, collective: Collective) -> bool:
+    """Whether this process reads the model's weights: every process but the first of several
+    that shard a fully fine-tuned model receives its shards instead (`_sharded`)."""
+    return config.lora is not None or collective.world_size == 1 or collective.rank == 0
+
+
+def model_folder(source: str, *, s3: Any, workdir: Path, weights: bool = True) -> str:
+    """A folder (or Hub id) `from_pretrained` reads for `source`; `weights` False: an S3
+    source's folder without its weights (`checkpoints.download_model`)."""
     if source == TINY:
         folder = workdir / "tiny"
         if not (folder / "config.json").exists():
@@ -42,7 +50,7 @@ def model_folder(source: str, *, s3: Any, workdir: Path) -> str:
         return str(folder)
     if source.startswith("s3://"):
         try:
-            return str(download_folder(s3, source, workdir / "model"))
+            return str(download_model(s3, source, workdir / "model", weights=weights))
         except LookupError as error:
             raise ModelNotLoaded(f"model {source}: {error}") from None
     return source
@@ -113,17 +121,22 @@ class Policy:
         torch.save({"optimizer": moments, "step": step}, state)
 
     def restore_optimizer(self, path: Path, optimizer: Any) -> int:
-        """The optimizer's state saved with `save`, and its step."""
+        """The optimizer's state saved with `save`, and its step. Sharded, every process calls
+        it and only the first reads `path`: the others receive their shards of the state."""
         import torch
 
-        # Sharded, the whole state stays on the CPU: each process moves only its shards.
-        where = "cpu" if self.sharded else self.device
-        state = torch.load(path, weights_only=True, map_location=where)
-        moments = state["optimizer"]
-        if self.sharded:
-            moments = sharding.sharded_optimizer_state(moments, optimizer)
+        if not self.sharded:
+            state = torch.load(path, weights_only=True, map_location=self.device)
+            optimizer.load_state_dict(state["optimizer"])
+            return int(state["step"])
+        first = self.collective.rank == 0
+        state = torch.load(path, weights_only=True, map_location="cpu") if first else None
+        moments = sharding.sharded_optimizer_state(
+            state["optimizer"] if state is not None else None, optimizer,
+            collective=self.collective,
+        )  # fmt: skip
         optimizer.load_state_dict(moments)
-        return int(state["step"])
+        return int(self.collective.broadcast(state["step"] if state is not None else None))
 
 
 def load_policy(
@@ -151,36 +164,36 @@ def load_policy(
     # float32 (PEFT's default). The forward passes run in bfloat16 there (`Policy.autocast`).
     dtype = torch.bfloat16 if device.type == "cuda" and config.lora is not None else torch.float32
     lora = config.lora is not None
-    base = model_folder(source, s3=s3, workdir=workdir)
+    base = model_folder(source, s3=s3, workdir=workdir, weights=reads_weights(config, collective))
     full_checkpoint = checkpoint is not None and not lora
     weights = str(checkpoint) if full_checkpoint else base
     try:
         tokenizer = AutoTokenizer.from_pretrained(weights)
     except (OSError, ValueError) as error:
         raise ModelNotLoaded(f"model {weights}: {error}") from None
-    model = _pretrained(weights, dtype, what="model")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if lora:
-        model = _with_adapter(model, config, checkpoint)
-    frozen = None
+    starting = None
     if reference and not lora:
         starting = str(reference_checkpoint) if reference_checkpoint is not None else base
-        frozen = frozen_copy(
-            model if starting == weights else _pretrained(starting, dtype, what="reference model")
-        )
-    # Several processes share a fully fine-tuned model: its shards go to this process's GPU,
-    # the whole model never does.
     if not lora and collective.world_size > 1:
+        # Several processes share a fully fine-tuned model: its shards go to this process's
+        # GPU, the whole model never does.
         collective.join()
-        bfloat16 = device.type == "cuda"
-        model = sharding.shard(model, bfloat16=bfloat16)
-        if frozen is not None:
-            frozen = sharding.shard(frozen, bfloat16=bfloat16, keep_gathered=False)
+        model, frozen = _sharded(weights, starting, collective=collective, device=device)
     else:
-        model.to(device)
-        if frozen is not None:
+        model = _pretrained(weights, dtype, what="model")
+        if lora:
+            model = _with_adapter(model, config, checkpoint)
+        frozen = None
+        if starting is not None:
+            frozen = frozen_copy(
+                model
+                if starting == weights
+                else _pretrained(starting, dtype, what="reference model")
+            )
             frozen.to(device)
+        model.to(device)
     model.train()
     without_dropout(model)
     if config.grpo.gradient_checkpointing:
@@ -191,6 +204,68 @@ def load_policy(
     )  # fmt: skip
     policy.ready_to_generate()
     return policy
+
+
+def _sharded(
+    weights: str, starting: str | None, *, collective: Collective, device: Any
+) -> tuple[Any, Any]:
+    """The model in `weights` and, given `starting`, the frozen reference, sharded over the
+    processes with float32 shards. Only the first process reads the weights (one whole copy in
+    a node's memory, not one per GPU); the others build the model empty from its config and
+    receive their shards."""
+    import torch
+
+    def whole(folder: str, what: str) -> Any:
+        return _first_reads(
+            lambda: _pretrained(folder, torch.float32, what=what), collective=collective
+        )
+
+    bfloat16 = device.type == "cuda"
+    read = whole(weights, "model")
+    model = sharding.shard_from_first(
+        _empty(weights, what="model"), read, device=device, bfloat16=bfloat16
+    )
+    if starting is None:
+        return model, None
+    if starting != weights:
+        read = whole(starting, "reference model")
+    frozen = sharding.shard_from_first(
+        frozen_copy(_empty(starting, what="reference model")), read, device=device,
+        bfloat16=bfloat16, keep_gathered=False,
+    )  # fmt: skip
+    return model, frozen
+
+
+def _first_reads(load: Callable[[], Any], *, collective: Collective) -> Any:
+    """What `load` returns on the first process (None on the others); its ModelNotLoaded
+    raised on every process (the others would otherwise wait for shards that never come)."""
+    loaded, problem = None, None
+    if collective.rank == 0:
+        try:
+            loaded = load()
+        except ModelNotLoaded as error:
+            problem = str(error)
+    problem = collective.broadcast(problem)
+    if problem is not None:
+        raise ModelNotLoaded(problem)
+    return loaded
+
+
+def _empty(weights: str, *, what: str) -> Any:
+    """The causal LM described in `weights`' config, on the meta device (no memory, no weights
+    read), float32, with its generation defaults."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    try:
+        config = AutoConfig.from_pretrained(weights)
+    except (OSError, ValueError) as error:
+        raise ModelNotLoaded(f"{what} {weights}: {error}") from None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with suppress(OSError):  # none saved: the config's own, as from_pretrained keeps
+        model.generation_config = GenerationConfig.from_pretrained(weights)
+    return model
 
 
 def _pretrained(weights: str, dtype: Any, *, what: str) -> Any:

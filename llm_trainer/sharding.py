@@ -10,15 +10,21 @@ each update (`gather_for_generation`). An update's micro-batches run in lockstep
 (llm_trainer/grpo.py), since each backward pass reduces the gradients' shards over the processes
 — summed, not averaged, like the replicated processes' gradients.
 
-Checkpoints stay whole: the first process gathers the weights and the optimizer's state into the
-same files a single process writes, so a run resumes on any number of GPUs.
+Only the first process reads the weights (and a resumed optimizer's state): the others build the
+model on the meta device and receive their shards from it (`shard_from_first`,
+`sharded_optimizer_state`). Checkpoints stay whole: the first process gathers the weights and the
+optimizer's state into the same files a single process writes, so a run resumes on any number of
+GPUs.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
+
+from llm_trainer.distributed import Collective
 
 
 def shard(model: Any, *, bfloat16: bool, keep_gathered: bool = True) -> Any:
@@ -42,6 +48,31 @@ def shard(model: Any, *, bfloat16: bool, keep_gathered: bool = True) -> Any:
         # not NCCL's pre-multiplied one, which gloo (the CPU's backend) does not have.
         unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def shard_from_first(
+    skeleton: Any, whole: Any, *, device: Any, bfloat16: bool, keep_gathered: bool = True
+) -> Any:
+    """`skeleton` (the model built on the meta device, on every process) sharded as `shard`
+    does, its shards filled from the first process's `whole` model (None on the others), which
+    is sent one tensor at a time: no other process ever holds the whole model."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    model = shard(skeleton, bfloat16=bfloat16, keep_gathered=keep_gathered)
+    model.to_empty(device=device)
+    set_model_state_dict(
+        model, whole.state_dict() if whole is not None else {},
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+    )  # fmt: skip
+    # Buffers are whole on every process, and a non-persistent one (rotary frequencies) is in
+    # no state dict.
+    own = dict(whole.named_buffers()) if whole is not None else {}
+    for name, buffer in model.named_buffers():
+        if whole is not None:
+            buffer.copy_(own[name])
+        dist.broadcast(buffer, src=0)
     return model
 
 
@@ -107,24 +138,61 @@ def gathered_optimizer_state(optimizer: Any, *, keep: bool) -> dict[str, Any]:
     return {**state, "state": moments} if keep else {}
 
 
-def sharded_optimizer_state(state: dict[str, Any], optimizer: Any) -> dict[str, Any]:
-    """A whole optimizer state (`gathered_optimizer_state` or one process's) cut into this
-    process's shards of `optimizer`'s parameters, ready for `load_state_dict`."""
+@dataclass(frozen=True)
+class _Travelling:
+    """In the outline of an optimizer's state: a tensor shaped like its parameter, which the
+    first process sends shard by shard."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+
+
+def sharded_optimizer_state(
+    whole: dict[str, Any] | None, optimizer: Any, *, collective: Collective
+) -> dict[str, Any]:
+    """The first process's whole optimizer state (`gathered_optimizer_state` or one process's;
+    None on the others) cut into every process's shards of `optimizer`'s parameters, ready for
+    `load_state_dict`. Only the first process holds the whole state, one tensor at a time
+    leaves it; the rest (step counts, the groups) reaches the others as one object."""
+    import torch
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     parameters = [p for group in optimizer.param_groups for p in group["params"]]
 
-    def cut(value: Any, parameter: Any) -> Any:
-        if isinstance(parameter, DTensor) and getattr(value, "shape", None) == parameter.shape:
-            # src_data_rank None: each process cuts its shard from its own copy, no traffic.
-            return distribute_tensor(
-                value.to(parameter.device), parameter.device_mesh, parameter.placements,
-                src_data_rank=None,
-            )  # fmt: skip
-        return value
+    def travels(value: Any, index: Any) -> bool:
+        parameter = parameters[int(index)]
+        return isinstance(parameter, DTensor) and getattr(value, "shape", None) == parameter.shape
+
+    outline = None
+    if whole is not None:
+        outline = {
+            **whole,
+            "state": {
+                index: {
+                    name: _Travelling(tuple(value.shape), value.dtype)
+                    if travels(value, index)
+                    else value
+                    for name, value in values.items()
+                }
+                for index, values in whole["state"].items()
+            },
+        }
+    outline = collective.broadcast(outline)
+
+    def shard_of(index: Any, name: str, value: Any) -> Any:
+        if not isinstance(value, _Travelling):
+            return value
+        parameter = parameters[int(index)]
+        if whole is not None:
+            source = whole["state"][index][name].to(parameter.device)
+        else:  # its content is the first process's, scattered
+            source = torch.empty(value.shape, dtype=value.dtype, device=parameter.device)
+        return distribute_tensor(
+            source, parameter.device_mesh, parameter.placements, src_data_rank=0
+        )
 
     moments = {
-        index: {name: cut(value, parameters[int(index)]) for name, value in values.items()}
-        for index, values in state["state"].items()
+        index: {name: shard_of(index, name, value) for name, value in values.items()}
+        for index, values in outline["state"].items()
     }
-    return {**state, "state": moments}
+    return {**outline, "state": moments}

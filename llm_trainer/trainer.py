@@ -26,7 +26,6 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from domain.bucket import download_folder
 from domain.checkpoints import step_checkpoint_name
 from domain.dataset import DatasetRecord
 from domain.episodes import Episode, EvaluationStage
@@ -56,7 +55,7 @@ from domain.trainer_job import (
     send_step,
     training_records_of,
 )
-from llm_trainer.checkpoints import FINAL, CheckpointStore, scratch_folder
+from llm_trainer.checkpoints import FINAL, CheckpointStore, download_model, scratch_folder
 from llm_trainer.distributed import ALONE, Collective
 from llm_trainer.generation import Generator, TransformersGenerator
 from llm_trainer.grpo import (
@@ -68,7 +67,7 @@ from llm_trainer.grpo import (
     scheduled_learning_rate,
     training_sequences,
 )
-from llm_trainer.model import ModelNotLoaded, Policy, load_policy
+from llm_trainer.model import ModelNotLoaded, Policy, load_policy, reads_weights
 from llm_trainer.service import GenerationService
 from llm_trainer.tokens import merged_turns, segments, stale_samples
 
@@ -141,12 +140,13 @@ class LlmTrainer:
         )  # fmt: skip
         resumed = self.store.latest()
         kl = bool(self.config.kl_coefficient)
+        weights = reads_weights(self.config, collective)
         if resumed is not None:
-            folder, state = self.store.restore(resumed, workdir / "resume")
+            folder, state = self.store.restore(resumed, workdir / "resume", weights=weights)
             # The KL term still pulls towards the weights the run started from.
             starting = None
             if kl and job.base is not None and self.config.lora is None:
-                starting = download_folder(s3, job.base.uri, workdir / "base")
+                starting = download_model(s3, job.base.uri, workdir / "base", weights=weights)
             self.policy = load_policy(
                 source, self.config, s3=s3, workdir=workdir, checkpoint=folder,
                 collective=collective, reference=kl, reference_checkpoint=starting,
@@ -161,7 +161,7 @@ class LlmTrainer:
         else:
             checkpoint = None
             if job.base is not None:
-                checkpoint = download_folder(s3, job.base.uri, workdir / "base")
+                checkpoint = download_model(s3, job.base.uri, workdir / "base", weights=weights)
             self.policy = load_policy(
                 source, self.config, s3=s3, workdir=workdir, checkpoint=checkpoint,
                 collective=collective, reference=kl, reference_checkpoint=checkpoint,
@@ -444,6 +444,7 @@ class LlmEvaluator:
         self.job, self.sqs, self.s3, self.clock = job, sqs, s3, clock
         self.collective = collective
         source = job.model_source or job.config.model
+        weights = reads_weights(job.config, collective)
         checkpoint, self.version = None, 0
         if job.evaluation is EvaluationStage.FINAL:
             store = CheckpointStore(
@@ -452,10 +453,12 @@ class LlmEvaluator:
             final = [saved for saved in store.manifest.checkpoints if saved.name == FINAL]
             if not final:
                 raise TrainingFailed(f"run {job.run_id} saved no final checkpoint to evaluate")
-            checkpoint = download_folder(s3, store.uri(final[-1]), workdir / "final")
+            checkpoint = download_model(
+                s3, store.uri(final[-1]), workdir / "final", weights=weights
+            )
             self.version = final[-1].step
         elif job.base is not None:
-            checkpoint = download_folder(s3, job.base.uri, workdir / "base")
+            checkpoint = download_model(s3, job.base.uri, workdir / "base", weights=weights)
             self.version = job.base_step
         policy = load_policy(
             source, job.config, s3=s3, workdir=workdir, checkpoint=checkpoint,

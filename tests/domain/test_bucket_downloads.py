@@ -55,3 +55,11 @@ def test_a_key_that_is_not_a_plain_path_under_the_folder_downloads_nothing(
         "nothing was downloaded (a key with '.', '..' or empty parts may land elsewhere)"
     )
     assert not any(path.is_file() for path in tmp_path.rglob("*"))
+
+
+def test_only_the_wanted_files_download(s3: Any, tmp_path: Path) -> None:
+    folder = download_folder(
+        s3, f"s3://{BUCKET}/{FINAL}", tmp_path / "final",
+        wanted=lambda relative: not relative.endswith(".safetensors"),
+    )  # fmt: skip
+    assert [p.name for p in folder.iterdir()] == ["adapter_config.json"]

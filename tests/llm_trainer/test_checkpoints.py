@@ -11,7 +11,7 @@ import boto3
 import pytest
 
 from domain.checkpoints import CheckpointManifest
-from llm_trainer.checkpoints import FINAL, CheckpointStore
+from llm_trainer.checkpoints import FINAL, CheckpointStore, download_model
 
 BUCKET, PREFIX = "data", "runs/r/"
 
@@ -77,3 +77,27 @@ def test_without_a_bound_every_checkpoint_stays(s3: Any, tmp_path: Path) -> None
     assert {key for key in _keys(s3) if key.startswith("trainer-state/")} == {
         f"trainer-state/step-{step:06d}.pt" for step in (1, 2, 3)
     }
+
+
+def test_a_process_that_reads_no_weights_downloads_none(s3: Any, tmp_path: Path) -> None:
+    """Several processes sharding a full fine-tune: only the first reads the weights and the
+    optimizer's state (llm_trainer/sharding.py), so the others download neither."""
+    store = CheckpointStore(s3, bucket=BUCKET, output_prefix=PREFIX, model="tiny")
+    folder = tmp_path / "step-000001"
+    folder.mkdir()
+    for name in ("config.json", "model-00001-of-00002.safetensors", "model.safetensors.index.json",
+                 "tokenizer.json", "pytorch_model.bin", "generation_config.json"):  # fmt: skip
+        (folder / name).write_text(name)
+    (tmp_path / "state").write_bytes(b"optimizer")
+    store.save(folder, name="step-000001", step=1, mean_reward=0.0, state=tmp_path / "state")
+    latest = store.latest()
+    assert latest is not None
+    model, state = store.restore(latest, tmp_path / "second", weights=False)
+    assert sorted(p.name for p in model.iterdir()) == [
+        "config.json", "generation_config.json", "model.safetensors.index.json", "tokenizer.json",
+    ]  # fmt: skip
+    assert not state.exists()
+    whole, state = store.restore(latest, tmp_path / "first")
+    assert len(list(whole.iterdir())) == 6 and state.read_bytes() == b"optimizer"
+    base = download_model(s3, store.uri(latest), tmp_path / "base", weights=False)
+    assert sorted(p.name for p in base.iterdir()) == sorted(p.name for p in model.iterdir())

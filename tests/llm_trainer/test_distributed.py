@@ -6,6 +6,7 @@ and the optimizer's state (full fine-tuning, sharded)."""
 from __future__ import annotations
 
 import random
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 
 from llm_trainer.distributed import ALONE, TorchCollective
 from llm_trainer.grpo import LossSettings, Reference, grpo_update, training_sequences
-from llm_trainer.model import load_policy
+from llm_trainer.model import ModelNotLoaded, load_policy, reads_weights
 from llm_trainer.sharding import gathered_optimizer_state, shards
 from llm_trainer.tiny import save_tiny, tiny_model, tiny_tokenizer
 from tests.llm_trainer.test_grpo import PROMPT, segment
@@ -99,7 +100,9 @@ def _sharded_rank(
 ) -> None:
     """This process's part: load the tiny model sharded, update (_updates), gather the weights
     for generation and answer a probe, save a checkpoint (the first process writes it), then
-    restore the optimizer's state from it into a fresh sharded policy and gather it again."""
+    restore the optimizer's state from it into a fresh sharded policy and gather it again.
+    Only the first process reads the weights and the optimizer's state: the second is given a
+    model folder without weights and a state file that does not exist."""
     import torch.distributed as dist
 
     dist.init_process_group(
@@ -108,8 +111,9 @@ def _sharded_rank(
     collective = TorchCollective(rank=rank, world_size=world_size)
     try:
         config, workdir = _full_config(kl), folder / f"rank-{rank}"
+        source = str(folder / ("tiny" if rank == 0 else "tiny-without-weights"))
         policy = load_policy(
-            str(folder / "tiny"), config, s3=None, workdir=workdir, collective=collective,
+            source, config, s3=None, workdir=workdir, collective=collective,
             reference=bool(kl),
         )  # fmt: skip
         assert policy.sharded
@@ -124,12 +128,10 @@ def _sharded_rank(
                 probe = policy.model(input_ids=PROBE).logits
         policy.save(folder / "saved", state=folder / "state.pt", optimizer=optimize, step=2)
         collective.gather(None)  # the checkpoint is written before anyone reads it
-        fresh = load_policy(
-            str(folder / "tiny"), config, s3=None, workdir=workdir, collective=collective
-        )
+        fresh = load_policy(source, config, s3=None, workdir=workdir, collective=collective)
         with shards(fresh.model):
             restored = _optimizer(fresh.model, optimizer)
-        step = fresh.restore_optimizer(folder / "state.pt", restored)
+        step = fresh.restore_optimizer(folder / ("state.pt" if rank == 0 else "absent"), restored)
         regathered = gathered_optimizer_state(restored, keep=rank == 0)
         torch.save(
             {"stats": stats, "probe": probe, "step": step, "regathered": regathered},
@@ -137,6 +139,13 @@ def _sharded_rank(
         )
     finally:
         _leave(dist)
+
+
+def _tiny_with_and_without_weights(folder: Path) -> None:
+    save_tiny(folder / "tiny")  # before the group exists: transformers writes on rank 0 only
+    outline = shutil.copytree(folder / "tiny", folder / "tiny-without-weights")
+    for weights in outline.glob("*.safetensors"):
+        weights.unlink()
 
 
 def _spawn(part: Any, args: tuple[Any, ...], *, bound_seconds: float = 300) -> None:
@@ -187,7 +196,7 @@ def test_two_processes_sharing_the_weights_take_the_step_one_process_takes(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    save_tiny(tmp_path / "tiny")  # before the group exists: transformers writes on rank 0 only
+    _tiny_with_and_without_weights(tmp_path)
     _spawn(_sharded_rank, (2, tmp_path, episodes, kl, optimizer))
     ranks = [torch.load(tmp_path / f"rank-{rank}.pt", weights_only=False) for rank in (0, 1)]
     alone = tiny_model(tiny_tokenizer(), seed=0)
@@ -223,3 +232,56 @@ def test_two_processes_sharing_the_weights_take_the_step_one_process_takes(
             assert torch.allclose(state["optimizer"]["state"][index][name], value, atol=1e-6)
             regathered = ranks[0]["regathered"]["state"][index][name]
             assert torch.equal(regathered, state["optimizer"]["state"][index][name])
+
+
+def _unreadable_rank(rank: int, world_size: int, folder: Path) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world_size
+    )
+    try:
+        load_policy(
+            str(folder / "tiny-without-weights"), _full_config(0.0), s3=None,
+            workdir=folder / f"rank-{rank}",
+            collective=TorchCollective(rank=rank, world_size=world_size),
+        )  # fmt: skip
+    except ModelNotLoaded as error:
+        (folder / f"rank-{rank}.txt").write_text(str(error))
+    finally:
+        _leave(dist)
+
+
+def test_weights_the_first_process_cannot_read_stop_every_process_with_why(
+    tmp_path: Path,
+) -> None:
+    """The others wait for their shards from the first: its error reaches them too."""
+    _tiny_with_and_without_weights(tmp_path)
+    _spawn(
+        _unreadable_rank,
+        (
+            2,
+            tmp_path,
+        ),
+        bound_seconds=120,
+    )
+    said = [(tmp_path / f"rank-{rank}.txt").read_text() for rank in (0, 1)]
+    assert said[0] == said[1]
+    assert said[0].startswith(f"model {tmp_path / 'tiny-without-weights'}: ")
+    assert "model.safetensors" in said[0]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "rank", "world_size", "reads"),
+    [
+        ("rft_multiturn_full", 0, 1, True),
+        ("rft_multiturn_full", 0, 2, True),
+        ("rft_multiturn_full", 1, 2, False),  # receives its shards from the first
+        ("rft_multiturn_lora", 1, 2, True),  # a whole copy of the base on every process
+    ],
+)
+def test_which_processes_read_the_weights(
+    recipe: str, rank: int, world_size: int, reads: bool
+) -> None:
+    collective = TorchCollective(rank=rank, world_size=world_size)
+    assert reads_weights(load_training_config(recipe), collective) is reads
