@@ -14,8 +14,9 @@ Memory: a model's logits are (tokens × vocabulary); for a Qwen3 vocabulary (151
 tokens are 6.2 GB in float32, and log-softmax makes another. For a model whose head is a plain
 linear layer over the last hidden state (PLAIN_HEADS), the head runs here chunk by chunk, each
 chunk's scores recomputed in the backward pass instead of kept (`torch.utils.checkpoint`), so
-one chunk's are alive at a time. Others, and a model sharded over processes (whose head's
-weights FSDP gathers only within the model's own forward pass), take the model's whole logits.
+one chunk's are alive at a time — a model sharded over processes too, the body and head run as
+one of its forward passes (sharding.forward_pass: FSDP gathers the root's weights, the head's
+among them, only for those). Other models take their whole logits.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llm_trainer.sharding import is_sharded
+from llm_trainer.sharding import forward_pass
 from training_configs.schema import TrainingConfig
 
 # Architectures whose causal-LM forward is `lm_head(backbone(...).last_hidden_state)`, with no
@@ -100,23 +101,20 @@ def next_token_scores(
     """Each next token's log-probability under `distribution` (and, `entropy`, the
     distribution's entropy there), from `model`'s forward pass over `ids`; `chunk_tokens`
     None: from the model's whole logits."""
-    targets = ids[:, 1:]
-    if chunk_tokens is not None and (parts := _backbone_and_head(model)) is not None:
-        backbone, head = parts
-        hidden = backbone(input_ids=ids, attention_mask=attention).last_hidden_state[:, :-1]
-        return _chunked(
-            hidden, targets, head, distribution, entropy=entropy, chunk_tokens=chunk_tokens
+    if chunk_tokens is None or _backbone_and_head(model) is None:
+        logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+        scores = processed_scores(logits, distribution)
+        return TokenScores(
+            chosen_logprobs(scores, ids[:, 1:]), entropy_of(scores) if entropy else None
         )
-    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
-    scores = processed_scores(logits, distribution)
-    return TokenScores(chosen_logprobs(scores, targets), entropy_of(scores) if entropy else None)
+    in_chunks = forward_pass(model, _scores_in_chunks)
+    logprobs, spread = in_chunks(ids, attention, distribution, entropy, chunk_tokens)
+    return TokenScores(logprobs, spread)
 
 
 def _backbone_and_head(model: Any) -> tuple[Any, Any] | None:
     """The model's body and its output layer, where its logits are the one applied to the
     other's last hidden state; None: call the model whole."""
-    if is_sharded(model):
-        return None
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     if getattr(inner.config, "model_type", None) not in PLAIN_HEADS:
         return None
@@ -125,6 +123,26 @@ def _backbone_and_head(model: Any) -> tuple[Any, Any] | None:
     if backbone is None or head is None:
         return None
     return backbone, head
+
+
+def _scores_in_chunks(
+    model: Any,
+    ids: Any,
+    attention: Any,
+    distribution: SamplingDistribution,
+    entropy: bool,
+    chunk_tokens: int,
+) -> tuple[Any, Any]:
+    """`next_token_scores` of a plain-headed model, the head in chunks; a tuple of tensors,
+    whose gradients FSDP follows (its hooks find tensors in tuples, not in dataclasses)."""
+    parts = _backbone_and_head(model)
+    assert parts is not None
+    backbone, head = parts
+    hidden = backbone(input_ids=ids, attention_mask=attention).last_hidden_state[:, :-1]
+    scores = _chunked(
+        hidden, ids[:, 1:], head, distribution, entropy=entropy, chunk_tokens=chunk_tokens
+    )
+    return scores.logprobs, scores.entropy
 
 
 def _chunked(

@@ -20,11 +20,15 @@ GPUs.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+import types
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from llm_trainer.distributed import Collective
+
+T = TypeVar("T")
 
 
 def shard(model: Any, *, bfloat16: bool, keep_gathered: bool = True) -> Any:
@@ -74,6 +78,21 @@ def shard_from_first(
             buffer.copy_(own[name])
         dist.broadcast(buffer, src=0)
     return model
+
+
+def forward_pass(model: Any, function: Callable[..., T]) -> Callable[..., T]:
+    """`function(model, ...)` bound to `model`; sharded, run as one of its forward passes: the
+    root's weights gathered before and its gradients reduced after, as for `model(...)` (FSDP's
+    `register_fsdp_forward_method`; for code that calls the model's parts itself)."""
+    if not is_sharded(model):
+        return functools.partial(function, model)
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    name = f"_forward_{function.__name__}"
+    if name not in vars(model):
+        setattr(model, name, types.MethodType(function, model))
+        register_fsdp_forward_method(model, name)
+    return getattr(model, name)
 
 
 def is_sharded(model: Any) -> bool:

@@ -120,7 +120,12 @@ def _sharded_rank(
         with shards(policy.model):  # the optimizer trains the shards
             optimize = _optimizer(policy.model, optimizer)
         reference = Reference(policy.model, lora=False, frozen=policy.frozen) if kl else None
+        widths: list[int] = []  # the tokens of each call of the head (its weights gathered)
+        hook = policy.model.lm_head.register_forward_hook(
+            lambda _, inputs, __: widths.append(inputs[0].shape[0] * inputs[0].shape[1])
+        )
         stats = _updates(policy.model, optimize, episodes, kl, reference, collective)
+        hook.remove()
         policy.ready_to_generate()
         probe = None
         if rank == 1:  # generation alone: no collective (the other process would never join)
@@ -134,7 +139,13 @@ def _sharded_rank(
         step = fresh.restore_optimizer(folder / ("state.pt" if rank == 0 else "absent"), restored)
         regathered = gathered_optimizer_state(restored, keep=rank == 0)
         torch.save(
-            {"stats": stats, "probe": probe, "step": step, "regathered": regathered},
+            {
+                "stats": stats,
+                "probe": probe,
+                "step": step,
+                "regathered": regathered,
+                "head_widths": widths,
+            },  # fmt: skip
             folder / f"rank-{rank}.pt",
         )
     finally:
@@ -171,12 +182,13 @@ def _updates(
 ) -> list[dict[str, float]]:
     """Two SGD updates (the second pulled by the KL term, if any: the model has moved), one
     AdamW update: its first step turns rounding-sized gradients into whole learning rates (see
-    _updated), so that its moments compare and the weights it moves next would not."""
+    _updated), so that its moments compare and the weights it moves next would not. The head
+    runs over 3 tokens at a time (several chunks, recomputed in the backward pass)."""
     sequences = _sequences(tiny_model(tiny_tokenizer(), seed=0), episodes)
     stats = []
     for _ in range(2 if isinstance(optimizer, torch.optim.SGD) else 1):
         update = grpo_update(
-            model, optimizer, sequences, pad_id=0, settings=LossSettings(kl_coefficient=kl),
+            model, optimizer, sequences, pad_id=0, settings=LossSettings(kl_coefficient=kl, chunk_tokens=3),
             micro_batch_size=2, max_grad_norm=1.0, reference=reference, collective=collective,
         )  # fmt: skip
         stats.append(asdict(update))
@@ -215,7 +227,8 @@ def test_two_processes_sharing_the_weights_take_the_step_one_process_takes(
         with torch.no_grad():
             expected = alone(input_ids=PROBE).logits
         assert torch.allclose(ranks[1]["probe"], expected, atol=1e-5)
-    for rank in ranks:
+    for rank in ranks:  # the head ran over at most 3 tokens at a time
+        assert rank["head_widths"] and max(rank["head_widths"]) <= 3
         for mine, theirs in zip(rank["stats"], stats, strict=True):
             for key in ("objective", "kl", "clipped_fraction"):
                 assert mine[key] == pytest.approx(theirs[key], abs=1e-6), key

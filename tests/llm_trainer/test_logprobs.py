@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch.distributed.fsdp import FSDPModule
 
 from llm_trainer.generation import SamplingSettings, TransformersGenerator
 from llm_trainer.logprobs import (
@@ -140,14 +139,12 @@ def test_entropy_is_computed_only_when_asked(model: Any) -> None:
 
 def test_the_head_runs_in_chunks_for_plain_heads_only(model: Any) -> None:
     """Llama's (and a LoRA model's base's) body and head; a model type whose logits are more
-    than its head's output (soft-capped, scaled) is called whole."""
+    than its head's output (soft-capped, scaled) is called whole. (A sharded model's, run as
+    one of its forward passes: tests/llm_trainer/test_distributed.py.)"""
     assert _backbone_and_head(model) == (model.model, model.lm_head)
     adapted = _lora(copy.deepcopy(model))
     base = adapted.get_base_model()
     assert _backbone_and_head(adapted) == (base.model, base.lm_head)
-    sharded = copy.deepcopy(model)
-    sharded.__class__ = type("FSDPLlama", (FSDPModule, type(model)), {})  # as fully_shard makes
-    assert _backbone_and_head(sharded) is None  # FSDP gathers the head in the root's forward only
     ids = torch.tensor([PROMPT + [101, 102]])
     chunked = next_token_scores(model, ids, torch.ones_like(ids), SamplingDistribution())
     model.config.model_type = "gemma2"  # final_logit_softcapping
