@@ -59,10 +59,13 @@ def score_groups(
     responses: Mapping[str, RolloutResponse],
     *,
     normalization: Normalization = "std",
+    penalise_truncated: bool = False,
 ) -> tuple[list[ScoredRollout], RolloutStats]:
     """The rollouts that learn (those of groups with two or more rewards, with their advantages)
     and the step's statistics. A rollout that failed or never came back carries no reward: it is
-    left out of its group and counted, never scored as 0."""
+    left out of its group and counted, never scored as 0. `penalise_truncated`: a rollout with
+    a turn cut at the token limit takes its group's lowest reward for its advantage (its own
+    stays in the statistics)."""
     scored: list[ScoredRollout] = []
     wins, turns = [], []
     flat_groups = 0
@@ -70,7 +73,10 @@ def score_groups(
         rewarded = _rewarded(samples, responses)
         if len(rewarded) < 2:
             continue
-        advantages = group_advantages([r for _, r in rewarded], normalization=normalization)
+        advantages = group_advantages(
+            _learning_rewards(rewarded, responses, penalise_truncated=penalise_truncated),
+            normalization=normalization,
+        )
         flat_groups += int(not advantages.any())
         for (sample, reward), advantage in zip(rewarded, advantages, strict=True):
             scored.append(ScoredRollout(sample, reward, float(advantage)))
@@ -117,19 +123,39 @@ def _rewarded(
     ]
 
 
+def _learning_rewards(
+    rewarded: Sequence[tuple[str, float]],
+    responses: Mapping[str, RolloutResponse],
+    *,
+    penalise_truncated: bool,
+) -> list[float]:
+    """The rewards a group's advantages come from: its rollouts' own, a truncated one's the
+    group's lowest where `penalise_truncated` (no cut answer beats a finished one)."""
+    rewards = [reward for _, reward in rewarded]
+    if not penalise_truncated:
+        return rewards
+    lowest = min(rewards, default=0.0)
+    return [lowest if truncated(responses[sample]) else reward for sample, reward in rewarded]
+
+
 def truncated(response: RolloutResponse) -> bool:
     """Whether a model turn of the rollout was cut at the token limit."""
     return any(m.name == TRUNCATED_METRIC and m.value > 0 for m in response.metrics)
 
 
 def learning_groups(
-    groups: Mapping[str, Sequence[str]], responses: Mapping[str, RolloutResponse]
+    groups: Mapping[str, Sequence[str]],
+    responses: Mapping[str, RolloutResponse],
+    *,
+    penalise_truncated: bool = False,
 ) -> int:
     """How many groups an update learns from: two or more of their rollouts scored, and the
-    scores not all the same."""
+    rewards their advantages come from (`score_groups`) not all the same."""
     learning = 0
     for samples in groups.values():
-        scores = [score for _, score in _rewarded(samples, responses)]
+        scores = _learning_rewards(
+            _rewarded(samples, responses), responses, penalise_truncated=penalise_truncated
+        )
         learning += len(scores) > 1 and bool(group_advantages(scores).any())
     return learning
 

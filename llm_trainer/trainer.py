@@ -284,7 +284,10 @@ class LlmTrainer:
         wanted = self.config.global_batch_size // self.config.group_size
         added = 0
         for round_ in range(1, self.config.grpo.refill_rounds + 1):
-            missing = wanted - learning_groups(played.groups, played.responses)
+            missing = wanted - learning_groups(
+                played.groups, played.responses,
+                penalise_truncated=self.config.grpo.truncated_rollouts == "penalise",
+            )  # fmt: skip
             if missing <= 0 or self.service.stopped:
                 break
             rng = np.random.default_rng([self.job.seed, step, round_])
@@ -307,7 +310,10 @@ class LlmTrainer:
         turns = merged_turns(self.collective.gather(self.service.recorded(played.samples)))
         stale = stale_samples(turns, version=self.service.version, bound=grpo.max_off_policy_steps)
         responses = {s: r for s, r in played.responses.items() if s not in stale}
-        scored, stats = score_groups(played.groups, responses, normalization=grpo.advantages)
+        scored, stats = score_groups(
+            played.groups, responses, normalization=grpo.advantages,
+            penalise_truncated=grpo.truncated_rollouts == "penalise",
+        )  # fmt: skip
         flat, cut = self._left_out(played, scored, responses)
         episodes = [
             (r.advantage, segments(turns.get(r.sample_id, [])))

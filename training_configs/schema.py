@@ -131,11 +131,13 @@ class GrpoSettings(BaseModel):
         description="[low, high]: a sequence whose geometric-mean importance ratio lies outside "
         "leaves the objective whole; none: every sequence counts",
     )
-    truncated_rollouts: Literal["train", "mask"] = Field(
+    truncated_rollouts: Literal["train", "mask", "penalise"] = Field(
         default="train",
         description="a rollout with a model turn cut at max_new_tokens: train (as any other, "
-        "its reward says what the cut cost: TRL's default) or mask (scored with its group, left "
-        "out of the objective: DAPO's overlong filtering)",
+        "its reward says what the cut cost: TRL's default), mask (scored with its group, left "
+        "out of the objective: DAPO's overlong filtering) or penalise (its advantage computed "
+        "from its group's lowest reward: no cut answer beats a finished one; the reported "
+        "rewards stay its own)",
     )
     skip_zero_variance_groups: bool = Field(
         default=True,

@@ -240,8 +240,8 @@ def test_a_resumed_run_keeps_pulling_towards_the_weights_it_started_from(
 
 def test_truncated_rollouts_leave_the_objective_when_asked_to(s3: Any, tmp_path: Path) -> None:
     """Replies cut at two tokens, scored so that groups vary: with
-    `truncated_rollouts: mask` no rollout trains and the count says why; by default they
-    train."""
+    `truncated_rollouts: mask` no rollout trains and the count says why; with `penalise` each
+    learns from its group's lowest reward, so no group varies; by default they train."""
 
     def of_reply(reply: str) -> float:
         return float(sum(map(ord, reply)) % 7)  # any score that varies with the reply
@@ -254,6 +254,14 @@ def test_truncated_rollouts_leave_the_objective_when_asked_to(s3: Any, tmp_path:
     (step,) = masked.run()
     assert step.update is None
     assert step.extra["truncated_rollouts_masked"] == step.stats.truncated_rollouts > 0
+    penalised = LlmTrainer(
+        job_for("runs/p/", **cut, grpo={"micro_batch_size": 8, "truncated_rollouts": "penalise"}),
+        sqs=EpisodeQueues(of_reply), s3=s3, workdir=tmp_path / "p",
+    )  # fmt: skip
+    (step,) = penalised.run()
+    assert step.update is None and step.stats.zero_variance_groups == 1.0
+    assert step.extra["flat_group_rollouts_skipped"] == step.stats.rollouts > 0
+    assert step.stats.reward_std > 0  # the rewards reported are the rollouts' own
     trained = LlmTrainer(
         job_for("runs/t/", **cut), sqs=EpisodeQueues(of_reply), s3=s3, workdir=tmp_path / "t"
     )
