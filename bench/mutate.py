@@ -139,6 +139,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/llm_trainer/test_grpo.py",
     ),
     "domain/grpo.py": (
+        "tests/domain/test_score_groups.py",
         "tests/llm_trainer/test_grpo.py",
         "tests/local/test_grpo.py",
         "tests/local/test_trainer.py",

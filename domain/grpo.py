@@ -88,6 +88,11 @@ def score_groups(
     rewards = [rollout.reward for rollout in scored]
     asked = [sample for samples in groups.values() for sample in samples]
     ended = [responses[sample].stop_reason for sample in asked if sample in responses]
+    unscored = [
+        sample
+        for sample in asked
+        if sample not in responses or responses[sample].aggregate_score is None
+    ]
     stats = RolloutStats(
         mean_reward=float(np.mean(rewards)) if rewards else None,
         max_reward=float(np.max(rewards)) if rewards else None,
@@ -97,7 +102,7 @@ def score_groups(
         turns_per_episode=float(np.mean(turns)) if rewards else None,
         rollouts=len(rewards),
         rollouts_asked=len(asked),
-        failed_rollouts=len(asked) - len(rewards),
+        failed_rollouts=len(unscored),
         env_error_rollouts=ended.count("env_error"),
         timeout_rollouts=ended.count("timeout") + len(asked) - len(ended),
         truncated_rollouts=sum(
@@ -105,8 +110,7 @@ def score_groups(
         ),
         first_error=first_error(
             responses[sample].error if sample in responses else "no rollout response in time"
-            for sample in asked
-            if sample not in responses or responses[sample].aggregate_score is None
+            for sample in unscored
         ),
     )
     return scored, stats
@@ -132,9 +136,9 @@ def _learning_rewards(
     """The rewards a group's advantages come from: its rollouts' own, a truncated one's the
     group's lowest where `penalise_truncated` (no cut answer beats a finished one)."""
     rewards = [reward for _, reward in rewarded]
-    if not penalise_truncated:
+    if not penalise_truncated or not rewards:
         return rewards
-    lowest = min(rewards, default=0.0)
+    lowest = min(rewards)
     return [lowest if truncated(responses[sample]) else reward for sample, reward in rewarded]
 
 
