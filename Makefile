@@ -20,11 +20,12 @@ SCAN_VENV := .venv-scan
 SCAN_STAMP := $(SCAN_VENV)/.checkov-$(CHECKOV_VERSION)
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
-.PHONY: help install demo test lint synth scan diff deploy destroy bench mutate clean
+.PHONY: help install demo test lint docs synth scan diff deploy destroy bench mutate clean
 
 help:
 	@echo "make demo     set up .venv if needed, train the Wordle example locally, offline (report in runs/)"
 	@echo "make test     set up .venv if needed, lint, run the whole check suite (pytest, cfn-lint, cdk-nag), synth with bundling"
+	@echo "make docs     build the documentation site offline into build/site/ (mkdocs, --strict)"
 	@echo "make synth    write the CloudFormation templates to cdk.out/"
 	@echo "make scan     synth, then checkov over cdk.out: fails on a finding not justified in its template"
 	@echo "make deploy   cdk deploy --all (AWS credentials needed)   make destroy   make diff"
@@ -38,7 +39,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@echo "Installing nova-mtrl and its dependencies into $(VENV) (about 2 minutes the first time)"
 	# Not quiet: pip's lines are the progress of the longest step a newcomer waits for.
-	$(BIN)/python -m pip install --progress-bar off -e '.[cdk,local,tracking,dev]'
+	$(BIN)/python -m pip install --progress-bar off -e '.[cdk,local,tracking,dev,docs]'
 	# HyperPod's job model for the tests' schema check; its own pins clash with ours and the
 	# module we load needs only pydantic, so it comes without dependencies.
 	$(BIN)/python -m pip install --quiet --no-deps sagemaker-hyperpod==$(SAGEMAKER_HYPERPOD_VERSION)
@@ -69,6 +70,11 @@ test: lint $(LLM_STAMP)
 	# requirement with no wheel for Lambda's platform fails the check, not the first deploy; then
 	# scan what it wrote.
 	$(MAKE) --no-print-directory scan
+
+# The documentation site, offline (`make test` builds it too: tests/test_docs_site.py).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+	@echo "open build/site/index.html"
 
 synth: install
 	rm -rf cdk.out

@@ -138,8 +138,8 @@ BYOO_QUEUES = {
 # Where a Nova model trains, and what to do when a deployment lacks it (Register and the planes).
 NO_NOVA_GROUP = (
     "trains on a restricted instance group, and this deployment has none; add one to "
-    "hyperpod_instance_groups (restricted: true, with its fsx) and deploy again (README, "
-    "'Nova on AWS')"
+    "hyperpod_instance_groups (restricted: true, with its fsx) and deploy again "
+    "(docs/operators/nova-on-aws.md)"
 )
 
 # Where a run keeps what each of its Nova jobs was started with (the recipe after overrides,

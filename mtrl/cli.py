@@ -36,23 +36,52 @@ from training_configs import TrainingConfigError, load_training_config
 from training_configs.costs import HOURS_PER_MONTH, InstancePrices
 from training_configs.schema import DEFAULT_CONFIG
 
+# Where each command is documented: a page of the documentation site (docs/, `make docs`).
+COMMAND_DOCS = {
+    "local": "users/local-mode.md",
+    "env": "users/reward-environments.md",
+    "validate": "users/datasets-and-configs.md",
+    "plan": "users/datasets-and-configs.md",
+    "submit": "users/datasets-and-configs.md",
+    "runs": "users/troubleshooting.md",
+    "status": "users/run-health.md",
+    "logs": "users/troubleshooting.md",
+    "cost": "operators/costs.md",
+    "trajectories": "users/trajectories.md",
+    "teardown": "operators/what-it-deploys.md",
+    "deploy": "users/deploy-a-model.md",
+    "doctor": "operators/nova-on-aws.md",
+    "config": "operators/configuration.md",
+    "forge-cli": "operators/deploy.md",
+    "version": "index.md",
+}
+
+
+def _docs(command: str) -> str:
+    return f"Documentation: docs/{COMMAND_DOCS[command]} (the site: make docs)."
+
+
 app = typer.Typer(
     help="Multi-turn RL (GRPO) for Amazon Nova on SageMaker HyperPod, and offline on this machine.",
+    epilog="Documentation: README.md, then docs/ (the site: make docs).",
     no_args_is_help=True,
     add_completion=False,
 )
-app.add_typer(env_app, name="env")
-app.command("local")(local)
-app.command("submit")(submit_command)
-app.command("runs")(runs_command)
-app.command("status")(status_command)
-app.command("cost")(cost_command)
-app.command("logs")(logs_command)
-app.command("trajectories")(trajectories_command)
-app.command("teardown")(teardown_command)
-app.command("deploy")(deploy_command)
-app.command("doctor")(doctor_command)
-app.command("forge-cli")(forge_cli_command)
+app.add_typer(env_app, name="env", epilog=_docs("env"))
+for _name, _command in {
+    "local": local,
+    "submit": submit_command,
+    "runs": runs_command,
+    "status": status_command,
+    "cost": cost_command,
+    "logs": logs_command,
+    "trajectories": trajectories_command,
+    "teardown": teardown_command,
+    "deploy": deploy_command,
+    "doctor": doctor_command,
+    "forge-cli": forge_cli_command,
+}.items():
+    app.command(_name, epilog=_docs(_name))(_command)
 
 
 @app.callback()
@@ -60,13 +89,13 @@ def _main() -> None:
     """nova-mtrl command line."""
 
 
-@app.command()
+@app.command(epilog=_docs("version"))
 def version() -> None:
     """Print the nova-mtrl version."""
     out.print(__version__)
 
 
-@app.command()
+@app.command(epilog=_docs("validate"))
 def validate(
     file: Annotated[Path, typer.Argument(help="The dataset (.jsonl) to check.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
@@ -104,7 +133,7 @@ def validate(
     raise typer.Exit(0 if summary.valid else 1)
 
 
-@app.command()
+@app.command(epilog=_docs("plan"))
 def plan(
     config: Annotated[
         str | None,
@@ -160,7 +189,7 @@ def plan(
     print_plan(made)
 
 
-@app.command()
+@app.command(epilog=_docs("config"))
 def config(
     set_: Annotated[
         list[str] | None,

@@ -41,7 +41,7 @@ CDK_JSON = Path(__file__).resolve().parent.parent / "cdk.json"
 # Kubernetes versions that SageMaker HyperPod accepts for its EKS orchestrator, from 1.30: the
 # pipeline's access is fenced by a ValidatingAdmissionPolicy (lambdas/kubernetes/rbac.py).
 # AWS's "Getting started with Amazon EKS support in SageMaker HyperPod" lists up to 1.34 as read
-# here; 1.35 is accepted but unverified (README, "Deploy").
+# here; 1.35 is accepted but unverified (docs/operators/configuration.md).
 HYPERPOD_EKS_VERSIONS = ("1.30", "1.31", "1.32", "1.33", "1.34", "1.35")
 UNVERIFIED_EKS_VERSIONS = ("1.35",)
 
@@ -409,7 +409,7 @@ class PlatformConfig(_Strict):
                     model,
                     "is a Nova model: Nova trains on a restricted instance group with AWS's "
                     "launcher and Forge recipe, not a preset; remove it and add a group with "
-                    "restricted: true (README, 'Nova on AWS')",
+                    "restricted: true (docs/operators/nova-on-aws.md)",
                 )
         if self.nova_group is not None and self.region and self.region not in IMAGE_ACCOUNTS:
             raise _key_problem(
@@ -478,7 +478,9 @@ class PlatformConfig(_Strict):
         if unknown:
             key = unknown[0]
             hint = get_close_matches(key, list(cls.model_fields), n=1)
-            suggestion = f"did you mean '{hint[0]}'?" if hint else "see README 'Configuration'"
+            suggestion = (
+                f"did you mean '{hint[0]}'?" if hint else "see docs/operators/configuration.md"
+            )
             raise ConfigError(f"config key '{key}' is not known: {suggestion}")
         values = {
             key: _decode(key, value, cls.model_fields[key].annotation)

@@ -47,7 +47,7 @@ def test_roles_are_passed_only_to_the_services_that_run_them(default_app: Synthe
 
 
 def test_workers_read_run_queues_and_their_token_only(default_app: Synthesized) -> None:
-    """For the principals the README names: the workers' task role uses this deployment's run
+    """For the principals the docs name: the workers' task role uses this deployment's run
     queues (`<prefix>-run-*`) and reads no parameter; their execution role (what ECS starts a
     task with) reads the runs' token parameters only. No other queue action of the pipeline
     names more than the run queues — or, for StartRun's dead letters, the upload trigger's queue."""

@@ -142,7 +142,7 @@ def _reach(app: Synthesized, role_mark: str) -> set[tuple[str, str]]:
 
 
 def test_the_run_planes_roles_reach_every_run_of_the_deployment(default_app: Synthesized) -> None:
-    """The README's "one role serves every run, per plane", for the two roles it names beside
+    """The docs' "one role serves every run, per plane", for the two roles it names beside
     the workers': the job role of every run's pods and the restricted group's execution role
     (every Nova job's identity) read every dataset, read and write every run's outputs and use
     every run queue; the pods' role also deletes any run's checkpoints, the Nova role invokes
@@ -218,7 +218,7 @@ ROUTING = ("Router", "Pipeline", "ServerlessPlaneAgent")
 
 
 def test_only_the_router_and_the_pipeline_touch_the_run_tables(default_app: Synthesized) -> None:
-    """The README's tables claim: the conversation table (every run's items, each under its run
+    """The docs' tables claim: the conversation table (every run's items, each under its run
     id) is used by the router's functions (the serverless plane's agent Lambda among them) and
     the pipeline's, and the runs table by the
     pipeline's and read by the operator; no role of a run's planes (the workers' task role, the

@@ -1,6 +1,6 @@
 """The serverless plane as deployed (stacks/components/serverless_plane.py): who may invoke the
 agent Lambda, what the managed job's role is trusted by and may do, who may start, stop and
-speak to a run's job — the README's threat-model claims about it."""
+speak to a run's job — the threat-model claims (docs/operators/security.md) about it."""
 
 from __future__ import annotations
 

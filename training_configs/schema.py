@@ -42,8 +42,10 @@ class TrainingConfigError(ValueError):
 class LoraSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    rank: int = Field(default=32, ge=1, le=512)
-    alpha: int = Field(default=64, ge=1, le=1024)
+    rank: int = Field(default=32, ge=1, le=512, description="the adapter's rank r")
+    alpha: int = Field(
+        default=64, ge=1, le=1024, description="the adapter's scale: its update is alpha / r times"
+    )
     # No trainer here takes a dropout: Nova's and the managed job's recipes have no such key, and
     # the open-weights trainer samples and updates without one (a dropout in the update alone
     # makes the on-policy importance ratio differ from 1). Kept so a config may say 0.
@@ -67,7 +69,9 @@ class LocalPolicySettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    learning_rate: float = Field(default=0.4, gt=0.0, le=10.0)
+    learning_rate: float = Field(
+        default=0.4, gt=0.0, le=10.0, description="the small policy's step (not the LLM's)"
+    )
     epochs: int = Field(default=1, ge=1, le=10, description="updates per batch of rollouts")
     checkpoint_every: int = Field(default=10, ge=1, description="steps between checkpoints")
 
@@ -332,7 +336,7 @@ class HealthRule(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    metric: HealthMetric
+    metric: HealthMetric = Field(description="the step figure the rule watches")
     at_least: float | None = Field(
         default=None,
         description="a share of the step's groups or rollouts; reward_hacking: a rise in reward; "
@@ -340,7 +344,9 @@ class HealthRule(BaseModel):
     )
     at_most: float | None = Field(default=None, description="as at_least, from below")
     steps: int = Field(ge=1, le=10_000, description="consecutive training steps")
-    action: Literal["warn", "stop"]
+    action: Literal["warn", "stop"] = Field(
+        description="warn (a notification, once) or stop (the run fails, torn down)"
+    )
 
     @model_validator(mode="after")
     def _one_bound(self) -> Self:
@@ -386,8 +392,13 @@ DEFAULT_HEALTH = (
 class TrainingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9-]*$")
-    recipe: Recipe
+    name: str = Field(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[a-z0-9][a-z0-9-]*$",
+        description="the config's name",
+    )
+    recipe: Recipe = Field(description="LoRA (an adapter) or full (every weight)")
     model: str = Field(min_length=1, description="the base model the recipe trains")
     plane: Plane = Field(
         default="hyperpod",
@@ -395,28 +406,48 @@ class TrainingConfig(BaseModel):
         "(SageMaker's managed multi-turn RL job, no instances)",
     )
     # HyperPod runs only (required there; a serverless run has no instances to choose).
-    instance_type: str | None = Field(default=None, pattern=r"^ml\.[a-z0-9-]+\.[a-z0-9]+$")
-    instance_count: int | None = Field(default=None, ge=1, le=64)
-    generation_replicas: Literal[2, 4, 6, 8] | None = None
+    instance_type: str | None = Field(
+        default=None,
+        pattern=r"^ml\.[a-z0-9-]+\.[a-z0-9]+$",
+        description="the GPU instance type (HyperPod)",
+    )
+    instance_count: int | None = Field(
+        default=None, ge=1, le=64, description="nodes the run holds (HyperPod)"
+    )
+    generation_replicas: Literal[2, 4, 6, 8] | None = Field(
+        default=None, description="vLLM replicas, a node each (Nova)"
+    )
     group_size: int = Field(ge=2, le=64, description="GRPO rollouts per sample")
     global_batch_size: int = Field(ge=2, le=8192, description="rollouts per training step")
-    max_steps: int = Field(ge=1, le=100_000)
-    learning_rate: float = Field(gt=0.0, le=1e-2)
-    kl_coefficient: float = Field(default=0.0, ge=0.0, le=10.0)
-    clip_ratio: float = Field(default=0.2, gt=0.0, lt=1.0)
-    max_new_tokens: int = Field(ge=1, le=65_536)
-    max_length: int = Field(ge=2, le=131_072)
-    max_turns: int = Field(ge=1, le=100)
-    rollout_timeout_seconds: int = Field(ge=10, le=7200)
+    max_steps: int = Field(ge=1, le=100_000, description="training steps")
+    learning_rate: float = Field(gt=0.0, le=1e-2, description="the model's (AdamW) learning rate")
+    kl_coefficient: float = Field(
+        default=0.0, ge=0.0, le=10.0, description="the KL term's weight (0: no reference model)"
+    )
+    clip_ratio: float = Field(
+        default=0.2, gt=0.0, lt=1.0, description="PPO's ε: the importance ratio's clip"
+    )
+    max_new_tokens: int = Field(ge=1, le=65_536, description="tokens per model turn at most")
+    max_length: int = Field(
+        ge=2, le=131_072, description="tokens of a whole conversation at most (prompt included)"
+    )
+    max_turns: int = Field(ge=1, le=100, description="model turns per episode at most")
+    rollout_timeout_seconds: int = Field(
+        ge=10, le=7200, description="an episode's time at most; past it, a timeout (no reward)"
+    )
     rollout_concurrency: int = Field(ge=1, le=512, description="episodes per reward worker")
-    reward_workers: int = Field(ge=1, le=500)
+    reward_workers: int = Field(ge=1, le=500, description="reward workers (Fargate tasks) at start")
     reward_workers_max: int | None = Field(
         default=None,
         ge=1,
         le=500,
         description="scale the reward fleet out to this many workers on backlog (default: no scaling)",
     )
-    environment: str = Field(default="wordle", min_length=1)
+    environment: str = Field(
+        default="wordle",
+        min_length=1,
+        description="the reward environment: a shipped name or a module:attribute of yours",
+    )
     health: list[HealthRule] = Field(
         default_factory=lambda: list(DEFAULT_HEALTH),
         description="run-health rules over each step's metrics (empty: none)",
@@ -430,12 +461,25 @@ class TrainingConfig(BaseModel):
         default={},
         description="the environment's load_environment arguments (e.g. openenv's url)",
     )
-    deadline_hours: float = Field(gt=0.0, le=MAX_DEADLINE_HOURS)
-    budget_usd: float = Field(gt=0.0)
-    scale_to_zero: bool = True
-    lora: LoraSettings | None = None
-    local_policy: LocalPolicySettings = LocalPolicySettings()
-    grpo: GrpoSettings = GrpoSettings()
+    deadline_hours: float = Field(
+        gt=0.0, le=MAX_DEADLINE_HOURS, description="the run is stopped and torn down past it"
+    )
+    budget_usd: float = Field(
+        gt=0.0,
+        description="refused when its deadline's worth would pass it; stopped when spent",
+    )
+    scale_to_zero: bool = Field(
+        default=True, description="scale the GPU group back to zero when the run ends"
+    )
+    lora: LoraSettings | None = Field(
+        default=None, description="the adapter (RFT_MULTITURN_LORA; none for a full fine-tune)"
+    )
+    local_policy: LocalPolicySettings = Field(
+        default=LocalPolicySettings(), description="`mtrl local`'s small policy"
+    )
+    grpo: GrpoSettings = Field(
+        default=GrpoSettings(), description="the open-weights trainer's sampling and update"
+    )
     nova: NovaRecipeSettings = Field(
         default=NovaRecipeSettings(),
         description="Nova's recipe knobs (Nova runs only); unset ones keep the recipe's value",

@@ -199,7 +199,7 @@ def _nova(client: Callable[[str], Any], deployment: Deployment, config: Training
     if config.instance_type not in restricted:
         return Check("nova", False, f"{name} has no restricted {config.instance_type} group",
                      "deploy with nova_restricted_group (the default) or a restricted group in "
-                     "hyperpod_instance_groups (README, 'Nova on AWS')")  # fmt: skip
+                     "hyperpod_instance_groups (docs/operators/nova-on-aws.md)")  # fmt: skip
     for recipe in FORGE_RECIPE_PATHS:
         source = FORGE_RECIPE_SOURCE.format(recipe=recipe)
         bucket, _, key = source.removeprefix("s3://").partition("/")

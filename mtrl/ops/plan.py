@@ -44,7 +44,7 @@ from training_configs.costs import estimate
 from training_configs.schema import TrainingConfig, load_yaml, yaml_problem
 
 RUN = "<run id>"
-# What no offline check can settle; the README's "Nova on AWS" section says the same.
+# What no offline check can settle; docs/operators/nova-on-aws.md says the same.
 UNVERIFIED = (
     "the Forge BYOO recipes themselves (subscription only): the overrides are the user guide's "
     "BYOO recipe's leaves, and a key a recipe lacks is skipped (--recipe FILE lists them)",

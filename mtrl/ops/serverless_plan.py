@@ -41,7 +41,7 @@ from training_configs.costs import estimate
 from training_configs.schema import TrainingConfig
 
 RUN = "<run id>"
-# What no offline check can settle; the README's serverless section says the same.
+# What no offline check can settle; docs/operators/nova-on-aws.md (the serverless plane) says the same.
 UNVERIFIED = (
     "the hub's hyperparameters for the model (the SDK reads them from the hub at run time) "
     "equal AWS's published MTRL template parameters, which this plan checks against",

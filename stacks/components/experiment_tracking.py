@@ -5,7 +5,7 @@ With it, NotifyEnd logs every run there (lambdas/pipeline/experiment_tracking.py
 recipes are given its ARN as their `mlflow_tracking_uri` where they have the key, so AWS's
 trainer logs there too. The server keeps its artifacts under `mlflow/` in the data bucket, with
 a role SageMaker assumes for that prefix alone (AWS's guide names AmazonS3FullAccess for it;
-this narrower grant is unverified until a deployment runs it, README "Experiment tracking").
+this narrower grant is unverified until a deployment runs it, docs/users/tracking.md).
 """
 
 from __future__ import annotations

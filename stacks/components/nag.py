@@ -40,7 +40,7 @@ class Wildcard(StrEnum):
 
     NO_RESOURCE_TYPE = (
         "Only actions the Service Authorization Reference gives no resource type are granted on "
-        "`*` (tests/test_iam.py checks each; the README's security section lists them)."
+        "`*` (tests/test_iam.py checks each; docs/operators/security.md lists them)."
     )
     NAMED_AT_RUN_TIME = (
         "Named at run time, one per run (queues, alarms, services, task families, token "

@@ -1,4 +1,4 @@
-"""The README shows the operator's policy exactly as the pipeline stack makes it (the managed
+"""The docs (operators/deploy.md) show the operator's policy exactly as the pipeline stack makes it (the managed
 policy `<prefix>-operator`, declared as the "operator" entry of stacks/components/access.py and
 checked by the IAM proof against every `mtrl` command). `UPDATE_README=1` rewrites it."""
 

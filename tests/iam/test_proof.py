@@ -38,7 +38,7 @@ def report(scenarios: Scenarios) -> Report:
 
 def test_every_aws_request_is_allowed(report: Report, scenarios: Scenarios) -> None:
     # Enough of the platform's behaviour that a missing grant would show: most of what the
-    # pipeline, router, planes and CLI do (see the README for the last count).
+    # pipeline, router, planes and CLI do (see docs/operators/security.md for the last count).
     assert report.requests > 500 and len(report.pairs) > 150
     assert report.denied == [], "\n".join(sorted(set(report.denied)))
     # Complete: no principal that made a request holds an AWS managed policy the proof cannot

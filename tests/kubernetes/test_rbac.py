@@ -69,7 +69,7 @@ def test_the_role_and_the_fence_cover_every_kind_a_run_creates(kind: str) -> Non
 
 
 def test_the_pipeline_role_grants_exactly_what_a_run_needs() -> None:
-    """What the README's threat model says the pipeline group may do, and nothing more."""
+    """What the threat model (docs/operators/security.md) says the pipeline group may do, and nothing more."""
     role = pipeline_rbac("nova-mtrl")[0]
     granted = {
         (group or "core", resource): tuple(sorted(rule["verbs"]))

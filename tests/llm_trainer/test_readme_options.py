@@ -1,4 +1,4 @@
-"""The README's table of the open-weights trainer's options is the config schema's
+"""The docs' table of the open-weights trainer's options (users/local-mode.md) is the config schema's
 (`training_configs/schema.py` GrpoSettings): every key, its default and what it does."""
 
 from __future__ import annotations

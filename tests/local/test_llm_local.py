@@ -22,7 +22,7 @@ from domain.evaluation import SAMPLE_PREFIX
 from mtrl.cli import app
 from mtrl.local.run import LocalRunError, LocalRunOptions, prepare, run_local
 from tests.conftest import Synthesized
-from tests.readme import README
+from tests.readme import document_with
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "letters"
 STEPS = 6  # enough for three kept checkpoints and the final one
@@ -194,8 +194,8 @@ def test_a_tiny_language_model_trains_on_a_typed_action_openenv_server(
 
 
 def _readme_block(after: str) -> list[str]:
-    """The command lines of the README's first code block after the line starting `after`."""
-    text = README.read_text()
+    """The command lines of the documents' first code block after the line starting `after`."""
+    text = document_with(after).read_text()
     block = text[text.index(after) :].split("```\n", 2)[1]
     return [line for line in block.splitlines() if line.strip()]
 
@@ -203,7 +203,7 @@ def _readme_block(after: str) -> list[str]:
 def test_the_readmes_bring_your_own_steps_train_a_new_environment(
     tmp_path: Path, default_app: Synthesized, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The README's steps from `mtrl env new` to a local training run, as a newcomer types them
+    """The docs' steps from `mtrl env new` to a local training run, as a newcomer types them
     in a clone (its `examples/` beside them): each succeeds untouched. The local run is cut to
     two steps (`--steps 2`) and given the synthesized pipeline the tests share; the install
     line is what this module's tests already need."""

@@ -129,7 +129,7 @@ def test_a_solver_as_the_model_wins() -> None:
 
     response = play_rollout(WORDLE, CallableModel(play), request(answer="lapel")).response
     assert solver.play("lapel").guesses == ("raise", "laten", "label", "lapel")
-    # Solved on the fourth guess: 0.5 + 0.5 x (6 - 4) / 5 (README, the Wordle reward table).
+    # Solved on the fourth guess: 0.5 + 0.5 x (6 - 4) / 5 (docs/users/reward-environments.md, the Wordle reward table).
     assert response.stop_reason == "end_of_conversation"
     assert response.aggregate_score == pytest.approx(0.7)
 

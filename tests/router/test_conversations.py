@@ -37,7 +37,7 @@ def test_steps_belong_to_their_run(router: Router) -> None:
 
 
 def test_run_token_is_checked_by_hash(router: Router, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README's claim: kept only as a SHA-256, compared in constant time."""
+    """The docs' claim: kept only as a SHA-256, compared in constant time."""
     run = router.store.get_run(RUN)
     now = 0.0
     compared, constant_time = [], hmac.compare_digest

@@ -1,7 +1,7 @@
 """The managed multi-turn RL runtime contract (domain/agent_rft.py) against AWS's own code: a
 rollout request read as the SageMaker SDK's model reads it (sagemaker-train 1.27.0's
 `sagemaker/train/rft/`, loaded from source by tests/sagemaker_train_sdk.py), the SDK's headers
-where botocore's model of the runtime service puts them, and that model as the README says."""
+where botocore's model of the runtime service puts them, and that model as the docs say."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_the_sdks_inference_headers_are_botocores_sample_headers() -> None:
 
 def test_botocores_model_of_the_runtime_service_is_as_the_readme_says() -> None:
     """botocore's own model of the runtime service (`sagemakerjobruntime`, API 2026-02-01), which
-    the README sets beside the SDK's client as unverified: where each call goes, where the job
+    the docs set beside the SDK's client as unverified: where each call goes, where the job
     ARN travels, how it is signed, the statuses a completion takes."""
     model = RUNTIME
     assert (model.api_version, model.signing_name) == ("2026-02-01", "sagemaker")
