@@ -14,6 +14,7 @@ import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from reward_envs.interface import Message, Reply
@@ -123,30 +124,56 @@ class OpenAICompatibleClient(ModelClient):
     ) -> ModelTurn:
         if timeout <= 0:
             raise ModelTimeout(f"{step_id}: no time left")
-        request: dict[str, Any] = {
-            "model": self._model,
-            "messages": list(messages),
-            "max_tokens": self._max_tokens,
-            "user": sample_id,
-        }
-        if tools:
-            request["tools"] = list(tools)
-        body = json.dumps(request).encode()
+        body = chat_request(
+            messages, tools, model=self._model, max_tokens=self._max_tokens, user=sample_id
+        )
         headers = {"Content-Type": "application/json"}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
-        request = urllib.request.Request(self._url, data=body, headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - configured URL
-                payload = json.loads(response.read())
-        except TimeoutError as error:
-            raise ModelTimeout(f"{step_id}: no reply within {timeout:.1f} s") from error
-        except urllib.error.HTTPError as error:
-            raise ModelError(f"{step_id}: HTTP {error.code} from {self._url}") from error
-        except urllib.error.URLError as error:
-            if isinstance(error.reason, TimeoutError):
-                raise ModelTimeout(f"{step_id}: no reply within {timeout:.1f} s") from error
-            raise ModelError(f"{step_id}: cannot reach {self._url}: {error.reason}") from error
-        except json.JSONDecodeError as error:
-            raise ModelError(f"{step_id}: response is not JSON") from error
+        request = urllib.request.Request(
+            self._url, data=json.dumps(body).encode(), headers=headers, method="POST"
+        )
+        _, payload = answer_of(request, timeout=timeout, what=step_id, server=self._url)
         return model_turn(payload, step_id)
+
+
+def chat_request(
+    messages: Sequence[Message], tools: Sequence[Mapping[str, Any]], **fields: Any
+) -> dict[str, Any]:
+    """An OpenAI chat request's body: the conversation, `fields`, and the tools if any."""
+    body: dict[str, Any] = {"messages": list(messages), **fields}
+    if tools:
+        body["tools"] = list(tools)
+    return body
+
+
+def answer_of(
+    request: urllib.request.Request, *, timeout: float, what: str, server: str
+) -> tuple[int, Any]:
+    """The status and JSON body of the answer to `request` within `timeout` seconds. No answer
+    in time is ModelTimeout; 410 (the proxy's `phase_closed`) PhaseClosed; any other failure
+    ModelError — each naming `what` was asked of which `server`, and the server's own message."""
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:  # noqa: S310 - configured URL
+            return answer.status, json.loads(answer.read() or b"{}")
+    except urllib.error.HTTPError as error:
+        detail = _error_message(error.read())
+        if error.code == HTTPStatus.GONE:
+            raise PhaseClosed(f"{what}: {detail}") from error
+        raise ModelError(f"{what}: HTTP {error.code} from {server}: {detail}") from error
+    except urllib.error.URLError as error:
+        if isinstance(error.reason, TimeoutError):
+            raise ModelTimeout(f"{what}: no reply within {timeout:.1f} s") from error
+        raise ModelError(f"{what}: cannot reach {server}: {error.reason}") from error
+    except TimeoutError as error:
+        raise ModelTimeout(f"{what}: no reply within {timeout:.1f} s") from error
+    except json.JSONDecodeError as error:
+        raise ModelError(f"{what}: the answer from {server} is not JSON") from error
+
+
+def _error_message(raw: bytes) -> str:
+    """An error answer's message: OpenAI's and the proxy's `error.message`, else its start."""
+    try:
+        return str(json.loads(raw)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return raw[:200].decode(errors="replace")

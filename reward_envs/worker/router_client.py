@@ -14,10 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from http import HTTPStatus
 from typing import Any
 
 from botocore.auth import SigV4Auth
@@ -28,10 +26,11 @@ from domain.protocol import RolloutReport, RolloutResponse, run_base_url
 from reward_envs.interface import Message
 from reward_envs.worker.model_client import (
     ModelClient,
-    ModelError,
     ModelTimeout,
     ModelTurn,
     PhaseClosed,
+    answer_of,
+    chat_request,
     model_turn,
 )
 from reward_envs.worker.queues import Delivery, ReportingQueues
@@ -67,9 +66,7 @@ class RouterClient(ModelClient):
         tools: Sequence[Mapping[str, Any]] = (),
     ) -> ModelTurn:
         deadline = self._clock() + timeout
-        body: dict[str, Any] = {"messages": list(messages), "sample_id": sample_id}
-        if tools:
-            body["tools"] = list(tools)
+        body = chat_request(messages, tools, sample_id=sample_id)
         status, answer = self._call("POST", "/v1/chat/completions", body, deadline)
         pause = 0.05
         while status == 202:
@@ -119,20 +116,7 @@ class RouterClient(ModelClient):
         prepared = urllib.request.Request(
             self._url + path, data=data, headers=dict(request.headers), method=method
         )
-        try:
-            with urllib.request.urlopen(prepared, timeout=remaining) as answer:  # noqa: S310 - router URL
-                return answer.status, json.loads(answer.read() or b"{}")
-        except urllib.error.HTTPError as error:
-            detail = _message(error.read())
-            if error.code == HTTPStatus.GONE:
-                raise PhaseClosed(f"{method} {path}: {detail}") from error
-            raise ModelError(f"{method} {path}: HTTP {error.code}: {detail}") from error
-        except urllib.error.URLError as error:
-            if isinstance(error.reason, TimeoutError):
-                raise ModelTimeout(f"{method} {path}: no answer in time") from error
-            raise ModelError(f"{method} {path}: cannot reach the router: {error.reason}") from error
-        except TimeoutError as error:
-            raise ModelTimeout(f"{method} {path}: no answer in time") from error
+        return answer_of(prepared, timeout=remaining, what=f"{method} {path}", server="the router")
 
 
 class RouterRolloutQueues(ReportingQueues):
@@ -157,10 +141,3 @@ def report_to_router(router: RouterClient, delivery: Delivery, response: Rollout
         router.report(response, request_id=delivery.message_id)
     except PhaseClosed as closed:
         log.info("rollout %s dropped: %s", response.sample_id, closed)
-
-
-def _message(raw: bytes) -> str:
-    try:
-        return json.loads(raw)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        return raw[:200].decode(errors="replace")
