@@ -182,6 +182,16 @@ def log_group_arn(stack: Stack, name: str) -> str:
     )
 
 
+def alarm_arn(stack: Stack, name: str) -> str:
+    """The ARN of a CloudWatch alarm `name` (a pattern with `*` allowed)."""
+    return stack.format_arn(
+        service="cloudwatch",
+        resource="alarm",
+        resource_name=name,
+        arn_format=ArnFormat.COLON_RESOURCE_NAME,
+    )
+
+
 def grant_needs(roles: Mapping[str, iam.IRole], providers: Iterable[AccessProvider]) -> None:
     """Grant every principal in `roles` (keyed as in NEEDS) what NEEDS says, each need by the
     one provider of it."""

@@ -20,7 +20,7 @@ from constructs import Construct
 from domain.naming import run_prefix
 from lambdas.environment import environment_for
 from lambdas.pipeline.ecs_fleet import EcsFleetSettings
-from stacks.components.access import Allow, grant_log_reading, log_group_arn
+from stacks.components.access import Allow, alarm_arn, grant_log_reading, log_group_arn
 from stacks.components.nag import Wildcard, acknowledge_resource
 from stacks.components.needs import Need
 from stacks.components.reward_fleet import RewardFleet, cluster_name, log_group_name, task_family
@@ -94,11 +94,8 @@ class RewardFleetControl(Construct):
         # Target tracking makes (and removes) its alarms with the caller's rights (ECS Developer
         # Guide, "IAM permissions required for Amazon ECS service auto scaling"); they are named
         # `TargetTracking-<scalable target's resource id>-…`.
-        self._scaling_alarms = stack.format_arn(
-            service="cloudwatch",
-            resource="alarm",
-            resource_name=f"TargetTracking-service/{cluster}/{run_prefix(prefix)}*",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
+        self._scaling_alarms = alarm_arn(
+            stack, f"TargetTracking-service/{cluster}/{run_prefix(prefix)}*"
         )
         self._autoscaling_role = stack.format_arn(
             service="iam",

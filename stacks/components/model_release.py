@@ -16,13 +16,13 @@ endpoints and that one repository (the page is not in this project's library: un
 
 from __future__ import annotations
 
-from aws_cdk import ArnFormat, Stack
+from aws_cdk import Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from domain.naming import DEPLOYMENT_TAG, model_group_name, run_prefix
-from stacks.components.access import Allow
+from stacks.components.access import Allow, log_group_arn
 from stacks.components.nag import Wildcard
 from stacks.components.needs import Need
 from stacks.config import PlatformConfig
@@ -70,11 +70,9 @@ class ModelRelease(Construct):
         # The Deep Learning Containers' registry is an AWS account that differs by region.
         dlc = f"arn:{stack.partition}:ecr:{stack.region}:*:repository/{SERVING_REPOSITORY}"
         # The endpoints' log groups, in the form IAM names a log group's streams with.
-        endpoint_logs = stack.format_arn(
-            service="logs", resource="log-group",
-            resource_name=f"/aws/sagemaker/Endpoints/{run_prefix(config.name_prefix)}*:*",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )  # fmt: skip
+        endpoint_logs = log_group_arn(
+            stack, f"/aws/sagemaker/Endpoints/{run_prefix(config.name_prefix)}*"
+        )
         serving = Allow({dlc: Wildcard.ASSIGNED_BY_AWS, endpoint_logs: Wildcard.NAMED_AT_RUN_TIME})
         serving(
             self.serving_role,

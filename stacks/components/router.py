@@ -19,7 +19,7 @@ from domain.nova_job import rollout_function_name
 from lambdas.environment import environment_for
 from lambdas.router.conversations import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from lambdas.router.settings import ForwarderSettings, RouterSettings
-from stacks.components.access import Allow, grant_table_action
+from stacks.components.access import Allow, alarm_arn, grant_table_action
 from stacks.components.functions import pipeline_function
 from stacks.components.nag import Wildcard
 from stacks.components.needs import Need
@@ -115,12 +115,7 @@ class Router(Construct):
             reserved_concurrency=config.router_reserved_concurrency,
         )
         self._data_key = data_key
-        self._alarms = stack.format_arn(
-            service="cloudwatch",
-            resource="alarm",
-            resource_name=f"{run_prefix(config.name_prefix)}*",
-            arn_format=ArnFormat.COLON_RESOURCE_NAME,
-        )
+        self._alarms = alarm_arn(stack, f"{run_prefix(config.name_prefix)}*")
         # Event source mappings have run-time ids: any mapping, but only of the consumer.
         self._mappings = stack.format_arn(
             service="lambda",

@@ -26,7 +26,7 @@ with its role is AWS's and unpublished beyond the managed policy: unverified unt
 
 from __future__ import annotations
 
-from aws_cdk import ArnFormat, Duration, Stack
+from aws_cdk import Duration, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
@@ -45,7 +45,7 @@ from domain.serverless_job import (
 from lambdas.environment import environment_for
 from lambdas.pipeline.serverless_training import ManagedJobSettings
 from lambdas.router.settings import ForwarderSettings
-from stacks.components.access import Allow
+from stacks.components.access import Allow, log_group_arn
 from stacks.components.functions import pipeline_function
 from stacks.components.nag import Wildcard
 from stacks.components.needs import Need
@@ -153,15 +153,7 @@ class ServerlessPlane(Construct):
             stack.format_arn(service="sagemaker", resource="model-package", resource_name=f"{g}/*")
             for g in groups
         ]
-        self._logs = [
-            stack.format_arn(
-                service="logs",
-                resource="log-group",
-                resource_name=f"{group}:*",
-                arn_format=ArnFormat.COLON_RESOURCE_NAME,
-            )
-            for group in LOG_GROUPS
-        ]
+        self._logs = [log_group_arn(stack, group) for group in LOG_GROUPS]
         self._allow = Allow(
             {
                 **dict.fromkeys(self._jobs, Wildcard.NAMED_AT_RUN_TIME),
