@@ -10,6 +10,8 @@ from typing import Any
 
 TRAINING_DATA_PREFIX = "training-data/"  # a .jsonl uploaded here starts a run
 CONFIGS_PREFIX = "configs/"  # training configs named by a dataset's metadata
+# The dataset object's metadata key (x-amz-meta-mtrl-config) naming its training config.
+CONFIG_METADATA_KEY = "mtrl-config"
 # A config's `eval_dataset` lives under training_configs.schema.EVALUATION_DATA_PREFIX (the config
 # validates it, and training_configs imports nothing of ours).
 RUNS_PREFIX = "runs/"  # runs/<run id>/: checkpoints, metrics, summary

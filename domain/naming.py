@@ -12,6 +12,7 @@ prefix (one that starts with ours, or one ours starts with).
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 RUN_MARK = "run"
@@ -60,3 +61,26 @@ def prefix_problem(prefix: str) -> str | None:
             "deployment's"
         )
     return None
+
+
+# Kubernetes' limit on a namespace's name (RFC 1123 label).
+_NAMESPACE_LIMIT = 63
+# The Kubernetes service account a run's pods use (its EKS Pod Identity association).
+RUN_SERVICE_ACCOUNT = "run-workloads"
+# The container of the deployment's reward-worker task definition.
+WORKER_CONTAINER = "reward-worker"
+
+
+def run_namespace(prefix: str, run_id: str) -> str:
+    """A run's Kubernetes namespace, `<prefix>-run-<run id>` (so the pipeline's access, scoped
+    to `run_prefix`, reaches it), shortened with a hash to Kubernetes' 63 characters."""
+    name = re.sub(r"[^a-z0-9-]", "-", f"{run_prefix(prefix)}{run_id}".lower()).strip("-")
+    if len(name) <= _NAMESPACE_LIMIT:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    return f"{name[: _NAMESPACE_LIMIT - 11].rstrip('-')}-{digest}"
+
+
+def worker_service_name(prefix: str, run_id: str) -> str:
+    """The ECS service of a run's reward workers, and its task definition's family."""
+    return run_resource_name(prefix, run_id, "workers")[:255]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from lambdas.pipeline.hyperpod_capacity import LEASE_KEY
+from domain.tables import LEASE_KEY
 
 
 def create_runs_table(dynamodb: Any, table_name: str) -> None:

@@ -11,10 +11,10 @@ from typing import Any
 import boto3
 import botocore.session
 
+from domain.naming import RUN_SERVICE_ACCOUNT, run_namespace
 from domain.nova_job import FORGE_EVALUATION_RECIPE, FORGE_RECIPE_SOURCE, FORGE_RECIPES
+from domain.tables import LEASE_KEY
 from lambdas.kubernetes.rbac import nova_launcher_rbac, pipeline_rbac, rbac_of, rbac_properties
-from lambdas.kubernetes.training_job import SERVICE_ACCOUNT, run_namespace
-from lambdas.pipeline.hyperpod_capacity import LEASE_KEY
 from lambdas.pipeline.hyperpod_training import HyperPodSettings
 from tests.aws import create_leases_table, create_runs_table
 from tests.conftest import (
@@ -282,7 +282,7 @@ def test_run_pods_get_the_job_role_through_pod_identity_only(default_app: Synthe
     assert trust["Condition"] == {
         "StringEquals": {
             "aws:RequestTag/eks-cluster-name": "nova-mtrl-eks",
-            "aws:RequestTag/kubernetes-service-account": SERVICE_ACCOUNT,
+            "aws:RequestTag/kubernetes-service-account": RUN_SERVICE_ACCOUNT,
         },
         "StringLike": {"aws:RequestTag/kubernetes-namespace": "nova-mtrl-run-*"},
     }

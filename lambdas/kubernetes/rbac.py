@@ -14,8 +14,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from domain.naming import run_prefix
 from domain.nova_job import NAMESPACE, image_repositories
-from lambdas.kubernetes.training_job import namespace_prefix
 
 ADMISSION_API = "admissionregistration.k8s.io/v1"
 RBAC_API = "rbac.authorization.k8s.io/v1"
@@ -37,7 +37,7 @@ def pipeline_rbac(prefix: str) -> list[dict[str, Any]]:
     name = f"{prefix}-pipeline"
     group = pipeline_group(prefix)
     labels = {"app.kubernetes.io/managed-by": "nova-mtrl", "nova-mtrl/deployment": prefix}
-    allowed = namespace_prefix(prefix)
+    allowed = run_prefix(prefix)
     rules = [
         {"apiGroups": [api], "resources": resources, "verbs": WRITE} for api, resources in MANAGED
     ]

@@ -17,13 +17,11 @@ training config's `model`. Every object carries the run's labels: teardown finds
 
 from __future__ import annotations
 
-import hashlib
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from domain.episodes import EvaluationStage
-from domain.naming import run_prefix
+from domain.naming import RUN_SERVICE_ACCOUNT, run_namespace
 from domain.presets import JobKind, ModelPreset
 from domain.trainer_job import JOB_VARIABLE, TrainingJob
 from training_configs.schema import TrainingConfig
@@ -38,13 +36,11 @@ TRAINER_COMMAND = [
     "-m", "llm_trainer",
 ]  # fmt: skip
 # The workloads' identity: EKS Pod Identity maps it to the deployment's training-job IAM role.
-SERVICE_ACCOUNT = "run-workloads"
 RUN_LABEL = "nova-mtrl/run"
 SCRATCH = "/scratch"
 RESTARTS = 3  # of a failed trainer, each resuming from the last checkpoint
 DEPLOYMENT_LABEL = "nova-mtrl/deployment"
 COMPONENT_LABEL = "app.kubernetes.io/component"
-_NAMESPACE_LIMIT = 63
 
 # GPUs and EFA interfaces per HyperPod instance type (the AWS instance specifications).
 ACCELERATORS: dict[str, tuple[int, int]] = {
@@ -83,21 +79,6 @@ class JobRequest:
     @property
     def config(self) -> TrainingConfig:
         return self.job.config
-
-
-def run_namespace(prefix: str, run_id: str) -> str:
-    """`<prefix>-run-<run id>`, shortened with a hash to Kubernetes' 63 characters."""
-    name = re.sub(r"[^a-z0-9-]", "-", f"{namespace_prefix(prefix)}{run_id}".lower()).strip("-")
-    if len(name) <= _NAMESPACE_LIMIT:
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-    return f"{name[: _NAMESPACE_LIMIT - 11].rstrip('-')}-{digest}"
-
-
-def namespace_prefix(prefix: str) -> str:
-    """What every run namespace of the deployment starts with (access is scoped to it): a run
-    resource's name (domain/naming.py)."""
-    return run_prefix(prefix)
 
 
 def run_labels(prefix: str, run_id: str) -> dict[str, str]:
@@ -166,7 +147,7 @@ def render(request: JobRequest, *, stage: EvaluationStage | None = None) -> list
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",
-            "metadata": _metadata(SERVICE_ACCOUNT, namespace, labels),
+            "metadata": _metadata(RUN_SERVICE_ACCOUNT, namespace, labels),
             # The pods reach AWS through Pod Identity, never the Kubernetes API.
             "automountServiceAccountToken": False,
         },
@@ -222,7 +203,7 @@ def _image(template: str | None, request: JobRequest) -> str:
 
 def _pod_spec(request: JobRequest, container: dict[str, Any], settings: str) -> dict[str, Any]:
     return {
-        "serviceAccountName": SERVICE_ACCOUNT,
+        "serviceAccountName": RUN_SERVICE_ACCOUNT,
         "automountServiceAccountToken": False,
         "nodeSelector": {"node.kubernetes.io/instance-type": request.config.instance_type},
         "containers": [

@@ -18,12 +18,11 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from domain.backends import RewardFleet, RunContext, worker_environment
-from domain.naming import run_resource_name
+from domain.naming import WORKER_CONTAINER, worker_service_name
 from domain.run_queues import QueueKind, queue_name
 from lambdas.clients import Clients
 from lambdas.environment import EnvironmentSettings
 
-CONTAINER = "reward-worker"  # the container of the deployment's worker task definition
 LOG_RETENTION_DAYS = 90
 SCALABLE_DIMENSION = "ecs:service:DesiredCount"
 RUN_TAG = "nova-mtrl:run"
@@ -54,11 +53,6 @@ class EcsFleetSettings(EnvironmentSettings):
 def _name(*parts: str) -> str:
     """An ECS-safe name (letters, digits, hyphens, underscores; at most 255)."""
     return re.sub(r"[^A-Za-z0-9_-]", "-", "-".join(parts))[:255]
-
-
-def worker_service_name(prefix: str, run_id: str) -> str:
-    """The ECS service of a run's reward workers, and its task definition's family."""
-    return run_resource_name(prefix, run_id, "workers")[:255]
 
 
 class EcsRewardFleet(RewardFleet):
@@ -199,7 +193,7 @@ class EcsRewardFleet(RewardFleet):
         base = self.ecs.describe_task_definition(taskDefinition=self.settings.task_definition)[
             "taskDefinition"
         ]
-        container = next(c for c in base["containerDefinitions"] if c["name"] == CONTAINER)
+        container = next(c for c in base["containerDefinitions"] if c["name"] == WORKER_CONTAINER)
         log_options = dict(container.get("logConfiguration", {}).get("options", {}))
         log_options |= {"awslogs-group": self.log_group(run), "awslogs-stream-prefix": "worker"}
         worker = {

@@ -29,13 +29,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from domain.tables import LEASE_KEY
+
 # UpdateCluster's names for what DescribeCluster calls otherwise (besides Desired*/Current*).
 _DESCRIBED_AS = {"InstanceCount": "TargetCount", "MinInstanceCount": "MinCount"}
 # Left out so a capacity change never asks for an image change as well.
 _UNCHANGED = frozenset({"ImageId", "ImageReleaseVersion"})
 
 
-LEASE_KEY = "instance_group"  # the leases table's partition key: `<cluster>/<group>`
 IDLE = "idle_since"  # set when the last run lets go under a keep-warm period
 LOCK_SECONDS = 60  # a lock older than this was left by a function that died
 LOCK_WAIT_SECONDS = 30

@@ -39,6 +39,7 @@ from domain.backends import (
     last_step,
 )
 from domain.episodes import EvaluationStage
+from domain.naming import RUN_SERVICE_ACCOUNT, run_namespace
 from domain.trainer_job import TrainingJob
 from lambdas.clients import Clients
 from lambdas.environment import EnvironmentSettings
@@ -48,14 +49,12 @@ from lambdas.kubernetes.training_job import (
     COMPONENT_LABEL,
     JOB_API,
     RUN_LABEL,
-    SERVICE_ACCOUNT,
     JobKind,
     JobRequest,
     ModelPreset,
     job_name,
     preset_for,
     render,
-    run_namespace,
 )
 from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
 
@@ -232,7 +231,7 @@ class HyperPodTrainingCluster(InstanceGroupPlane):
             self.eks.create_pod_identity_association(
                 clusterName=self.settings.eks_cluster,
                 namespace=namespace,
-                serviceAccount=SERVICE_ACCOUNT,
+                serviceAccount=RUN_SERVICE_ACCOUNT,
                 roleArn=self.settings.job_role_arn,
                 tags={RUN_LABEL: run.run_id},
             )

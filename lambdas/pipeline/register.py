@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from domain.bucket import CONFIGS_PREFIX, check_dataset_key, object_exists
+from domain.bucket import CONFIG_METADATA_KEY, CONFIGS_PREFIX, check_dataset_key, object_exists
 from domain.checkpoints import BaseCheckpoint
 from domain.nova_job import NO_NOVA_GROUP, is_nova, nova_problems
 from domain.presets import ModelPreset
@@ -27,8 +27,6 @@ from training_configs import (
     load_training_config,
 )
 from training_configs.schema import SHIPPED, TrainingConfigError, parse_training_config
-
-CONFIG_METADATA_KEY = "mtrl-config"  # x-amz-meta-mtrl-config on the dataset object
 
 
 class BudgetExceeded(ValueError):

@@ -37,12 +37,12 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from domain.episodes import Episode, EvaluationStage, phase_of
+from domain.tables import CONVERSATION_EXPIRY, CONVERSATION_PARTITION_KEY, CONVERSATION_SORT_KEY
 
 DEFAULT_TTL_SECONDS = 14 * 24 * 3600
 # A run's registration (its token) lasts until its deadline and this much after: its job and
 # evaluations end by the deadline, its last reports come soon after; teardown deletes it sooner.
 REGISTRATION_GRACE_SECONDS = 3600
-PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE = "run_id", "item", "expires_at"
 # Not a run id: those are lower-case letters, digits and `-` (domain/runs.run_id_for).
 ROLLOUT_LAMBDA_LEASE = "lease#rollout-lambda"
 
@@ -52,18 +52,18 @@ def create_table(dynamodb: Any, table_name: str) -> None:
     dynamodb.create_table(
         TableName=table_name,
         KeySchema=[
-            {"AttributeName": PARTITION_KEY, "KeyType": "HASH"},
-            {"AttributeName": SORT_KEY, "KeyType": "RANGE"},
+            {"AttributeName": CONVERSATION_PARTITION_KEY, "KeyType": "HASH"},
+            {"AttributeName": CONVERSATION_SORT_KEY, "KeyType": "RANGE"},
         ],
         AttributeDefinitions=[
-            {"AttributeName": PARTITION_KEY, "AttributeType": "S"},
-            {"AttributeName": SORT_KEY, "AttributeType": "S"},
+            {"AttributeName": CONVERSATION_PARTITION_KEY, "AttributeType": "S"},
+            {"AttributeName": CONVERSATION_SORT_KEY, "AttributeType": "S"},
         ],
         BillingMode="PAY_PER_REQUEST",
     )
     dynamodb.update_time_to_live(
         TableName=table_name,
-        TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE},
+        TimeToLiveSpecification={"Enabled": True, "AttributeName": CONVERSATION_EXPIRY},
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from domain.bucket import (
+    CONFIG_METADATA_KEY,
     CONFIGS_PREFIX,
     TRAJECTORIES_PREFIX,
     run_output_prefix,
@@ -26,7 +27,6 @@ from domain.bucket import (
 )
 from domain.runs import RunStore
 from lambdas.pipeline.dependencies import Compute
-from lambdas.pipeline.register import CONFIG_METADATA_KEY
 from lambdas.pipeline.resources import leftover_resources
 from lambdas.pipeline.serverless_training import ManagedJobSettings
 from lambdas.pipeline.settings import PipelineSettings

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from domain.naming import run_namespace
 from domain.service_logs import pod_log_group
-from lambdas.kubernetes.training_job import run_namespace
 from mtrl.ops.deployment import Deployment
 
 Plane = Literal["pipeline", "workers", "trainer"]

@@ -20,11 +20,11 @@ from botocore.exceptions import ClientError
 from domain.backends import METRICS_OBJECT, recent_metrics
 from domain.bucket import SUMMARY_OBJECT, object_exists, run_output_prefix
 from domain.health import measured
+from domain.naming import worker_service_name
 from domain.nova_job import recipe_skips
 from domain.run_queues import QueueKind, queue_name
 from domain.runs import FINISHED, RunRecord, RunStore
 from domain.step_metrics import number
-from lambdas.pipeline.ecs_fleet import worker_service_name
 from mtrl.ops.deployment import Deployment
 
 

@@ -14,10 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from domain.bucket import CONFIGS_PREFIX, TRAINING_DATA_PREFIX, UnsafeKey, check_dataset_key
+from domain.bucket import (
+    CONFIG_METADATA_KEY,
+    CONFIGS_PREFIX,
+    TRAINING_DATA_PREFIX,
+    UnsafeKey,
+    check_dataset_key,
+)
 from domain.nova_job import is_nova, nova_problems
 from domain.runs import run_id_for
-from lambdas.pipeline.register import CONFIG_METADATA_KEY
 from mtrl.ops.deployment import Deployment
 from training_configs import CostEstimate, estimate, load_training_config
 from training_configs.schema import DEFAULT_CONFIG, SHIPPED

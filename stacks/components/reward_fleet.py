@@ -10,8 +10,8 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from domain.naming import WORKER_CONTAINER
 from domain.service_logs import ecs_container_insights_group
-from lambdas.pipeline.ecs_fleet import CONTAINER
 from stacks.components.log_groups import service_log_group
 from stacks.components.nag import acknowledge_no_resource_type
 from stacks.components.project_files import project_image
@@ -105,7 +105,7 @@ class RewardFleet(Construct):
         )
         image = project_image(self, "Image", dockerfile=WORKER_DOCKERFILE, folders=BUILD_CONTEXT)
         self.task_definition.add_container(
-            CONTAINER,
+            WORKER_CONTAINER,
             image=ecs.ContainerImage.from_docker_image_asset(image),
             essential=True,
             readonly_root_filesystem=True,

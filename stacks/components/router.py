@@ -16,8 +16,8 @@ from constructs import Construct
 
 from domain.naming import run_prefix
 from domain.nova_job import rollout_function_name
+from domain.tables import CONVERSATION_EXPIRY, CONVERSATION_PARTITION_KEY, CONVERSATION_SORT_KEY
 from lambdas.environment import environment_for
-from lambdas.router.conversations import PARTITION_KEY, SORT_KEY, TTL_ATTRIBUTE
 from lambdas.router.settings import ForwarderSettings, RouterSettings
 from stacks.components.access import Allow, alarm_arn, grant_table_action
 from stacks.components.functions import pipeline_function
@@ -51,9 +51,9 @@ class Router(Construct):
             self,
             "Conversations",
             data_key=data_key,
-            partition_key=PARTITION_KEY,
-            sort_key=SORT_KEY,
-            time_to_live_attribute=TTL_ATTRIBUTE,
+            partition_key=CONVERSATION_PARTITION_KEY,
+            sort_key=CONVERSATION_SORT_KEY,
+            time_to_live_attribute=CONVERSATION_EXPIRY,
             # Conversation state lives days (TTL); nothing to keep once the stack is gone.
             removal_policy=RemovalPolicy.DESTROY,
         )

@@ -24,12 +24,12 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
+from domain.naming import RUN_SERVICE_ACCOUNT, run_prefix
 from domain.nova_job import FORGE_RECIPE_PATHS, FORGE_RECIPE_SOURCE
 from domain.service_logs import pod_log_group
 from lambdas.environment import environment_for
 from lambdas.kubernetes.rbac import launcher_group, pipeline_group, rbac_properties
 from lambdas.kubernetes.settings import RbacSettings
-from lambdas.kubernetes.training_job import SERVICE_ACCOUNT, namespace_prefix
 from lambdas.pipeline.hyperpod_training import HyperPodSettings
 from lambdas.pipeline.nova_training import NovaSettings
 from stacks.components.access import Allow, grant_log_reading, log_group_arn
@@ -301,8 +301,8 @@ class TrainingClusterControl(Construct):
             "JobRole",
             description="A run's vLLM and trainer pods: its queues, its dataset, its outputs",
             cluster_name=self._eks_name,
-            service_account=SERVICE_ACCOUNT,
-            namespace=f"{namespace_prefix(self._config.name_prefix)}*",
+            service_account=RUN_SERVICE_ACCOUNT,
+            namespace=f"{run_prefix(self._config.name_prefix)}*",
         )
 
     def _access_entry(

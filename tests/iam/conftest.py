@@ -36,8 +36,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from domain.bucket import CONFIG_METADATA_KEY
 from domain.episodes import EvaluationStage
-from lambdas.pipeline.register import CONFIG_METADATA_KEY
 from mtrl.local.physical import REGION
 from stacks.components.hyperpod_dependencies import chart_request
 from stacks.components.pipeline_steps import STEP

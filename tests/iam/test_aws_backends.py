@@ -12,9 +12,9 @@ import json
 
 from domain.episodes import EvaluationStage
 from domain.evaluation import EvaluationReport
+from domain.naming import run_namespace
 from domain.nova_job import evaluation_run_recipe, run_name, run_recipe
 from domain.serverless_job import job_name
-from lambdas.kubernetes.training_job import run_namespace
 from mtrl.local.physical import ACCOUNT, REGION
 from stacks.components.router import FORWARDER_HANDLER
 from tests.chart_rendering import rendering

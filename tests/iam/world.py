@@ -33,7 +33,7 @@ from domain.bucket import download_folder, trajectories_prefix
 from domain.checkpoints import step_checkpoint_name
 from domain.episodes import Episode, EvaluationStage
 from domain.evaluation import write_episodes
-from domain.naming import RUN_TAG
+from domain.naming import RUN_TAG, run_namespace
 from domain.nova_job import FORGE_EVALUATION_RECIPE, FORGE_RECIPE_SOURCE, FORGE_RECIPES, job_pattern
 from domain.protocol import Metric, RolloutRequest, RolloutResponse, dump
 from domain.run_queues import QueueKind, queue_name
@@ -47,7 +47,7 @@ from lambdas.clients import Clients, Compose, Handler
 from lambdas.kubernetes import bootstrap, chart_install
 from lambdas.kubernetes.bootstrap import RESPONSE_BUCKET
 from lambdas.kubernetes.token import CLUSTER_HEADER, PREFIX
-from lambdas.kubernetes.training_job import SETTINGS, run_namespace
+from lambdas.kubernetes.training_job import SETTINGS
 from lambdas.launcher.handler import compose as compose_launcher
 from llm_trainer.checkpoints import FINAL, CheckpointStore
 from llm_trainer.generation import Sampled

@@ -9,12 +9,12 @@ import boto3
 import pytest
 
 from domain.backends import JobStatus, RewardFleet, RunContext, TrainingCluster
+from domain.bucket import CONFIG_METADATA_KEY
 from domain.episodes import EvaluationStage
 from domain.runs import RunStore
 from lambdas.clients import Clients
 from lambdas.pipeline.composition import compose
 from lambdas.pipeline.dependencies import Compute
-from lambdas.pipeline.register import CONFIG_METADATA_KEY
 from lambdas.pipeline.run_steps import DatasetInvalid, Upload
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.conversations import create_table

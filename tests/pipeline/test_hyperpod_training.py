@@ -15,8 +15,9 @@ import pytest
 
 from domain.backends import RunContext
 from domain.episodes import EvaluationStage
+from domain.naming import run_namespace
 from domain.trainer_job import job_from_environment
-from lambdas.kubernetes.training_job import JobRenderError, render, run_namespace
+from lambdas.kubernetes.training_job import JobRenderError, render
 from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
 from lambdas.pipeline.hyperpod_training import (
     HyperPodSettings,
