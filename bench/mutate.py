@@ -133,10 +133,12 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/llm_trainer/test_grpo.py",
         "tests/llm_trainer/test_importance_ratio.py",
         "tests/llm_trainer/test_update_metrics.py",
+        "tests/llm_trainer/test_update_edges.py",
     ),
     "llm_trainer/logprobs.py": (
         "tests/llm_trainer/test_logprobs.py",
         "tests/llm_trainer/test_grpo.py",
+        "tests/llm_trainer/test_importance_ratio.py",
     ),
     "domain/grpo.py": (
         "tests/domain/test_score_groups.py",

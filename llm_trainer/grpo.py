@@ -99,11 +99,13 @@ def training_sequences(
     episodes: Sequence[tuple[float, Sequence[Segment]]],
     *,
     aggregation: Aggregation = "token",
-    episode_tokens: int = 1,
+    episode_tokens: int | None = None,
 ) -> list[TrainingSequence]:
     """(advantage, segments) per episode → sequences whose tokens are weighted as `aggregation`
-    says (`episode_tokens`: an episode's token budget, for `dr_grpo`). Episodes with no sampled
-    token are left out."""
+    says (`episode_tokens`: an episode's token budget, which `dr_grpo` needs). Episodes with no
+    sampled token are left out."""
+    if aggregation == "dr_grpo" and not episode_tokens:
+        raise ValueError("dr_grpo aggregation divides by episode_tokens, an episode's budget")
     counted = [
         (advantage, segments, tokens)
         for advantage, segments in episodes
@@ -111,12 +113,13 @@ def training_sequences(
     ]
     total = sum(tokens for _, _, tokens in counted)
     sequences = []
-    for advantage, segments, tokens in counted:
-        weight = {
-            "token": 1.0 / total if total else 0.0,
-            "sequence": 1.0 / (tokens * len(counted)),
-            "dr_grpo": 1.0 / (episode_tokens * len(counted)),
-        }[aggregation]
+    for advantage, segments, tokens in counted:  # total > 0: each episode sampled a token
+        if aggregation == "token":
+            weight = 1.0 / total
+        elif aggregation == "sequence":
+            weight = 1.0 / (tokens * len(counted))
+        else:
+            weight = 1.0 / (episode_tokens * len(counted))
         sequences += [
             TrainingSequence(segment, advantage, weight)
             for segment in segments
@@ -371,7 +374,7 @@ def _stats(tally: _Tally, collective: Collective, *, grad_norm: float) -> Update
     (objective, kl, entropy, mismatch, tokens, low, high, dual, masked) = collective.sum(
         tally.sums()
     )
-    log_ratios = np.concatenate(collective.gather(_sample(tally.log_ratios())) or [np.zeros(0)])
+    log_ratios = np.concatenate(collective.gather(_sample(tally.log_ratios())))
     share = (lambda count: count / tokens) if tokens else (lambda count: 0.0)
     return UpdateStats(
         objective=objective,

@@ -176,12 +176,15 @@ def _config(**grpo: Any) -> Any:
 
 def test_the_update_takes_every_setting_from_the_config() -> None:
     grpo = {"temperature": 0.7, "top_p": 0.9, "top_k": 50, "dual_clip": 4.0, "log_ratio_limit": 10.0,
-            "token_ratio_band": [0.2, 5.0], "sequence_ratio_band": None, "logprob_chunk_tokens": 256}  # fmt: skip
-    assert loss_settings(_config(**grpo)) == LossSettings(
-        distribution=SamplingDistribution(0.7, 0.9, 50), clip_low=0.2, clip_high=0.2,
-        dual_clip=4.0, log_ratio_limit=10.0, token_band=(0.2, 5.0), sequence_band=None,
+            "token_ratio_band": [0.2, 5.0], "sequence_ratio_band": [0.3, 3.0],
+            "logprob_chunk_tokens": 256}  # fmt: skip
+    config = _config(**grpo).model_copy(update={"clip_ratio": 0.25})  # none of them a default
+    assert loss_settings(config) == LossSettings(
+        distribution=SamplingDistribution(0.7, 0.9, 50), clip_low=0.25, clip_high=0.25,
+        dual_clip=4.0, log_ratio_limit=10.0, token_band=(0.2, 5.0), sequence_band=(0.3, 3.0),
         kl_coefficient=0.05, chunk_tokens=256,
     )  # fmt: skip
+    assert loss_settings(_config(sequence_ratio_band=None)).sequence_band is None
     assert loss_settings(_config(clip_ratio_high=0.28)).clip_high == 0.28
 
 
@@ -192,6 +195,7 @@ def test_the_learning_rate_schedule_by_hand() -> None:
     assert [scheduled_learning_rate(cosine, step) for step in range(1, 7)] == pytest.approx(
         expected
     )
+    assert scheduled_learning_rate(cosine, 8) == 0.0  # past the end it stays at the bottom
     constant = _config(warmup_steps=0)
     assert {scheduled_learning_rate(constant, step) for step in range(1, 7)} == {1e-5}
 
