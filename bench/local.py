@@ -20,10 +20,10 @@ from tempfile import TemporaryDirectory
 
 import numpy as np
 
+from local_trainer.direct import DirectStep, train
+from local_trainer.policy import WordlePolicy
 from mtrl.local.run import LocalRunOptions, pipeline_template, run_local
 from mtrl.local.session import Observer
-from mtrl.local.trainer.direct import DirectStep, train
-from mtrl.local.trainer.policy import WordlePolicy
 from reward_envs.interface import Record
 from reward_envs.wordle import load_environment, words
 from training_configs.schema import load_training_config

@@ -120,7 +120,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     ),
     "reward_envs/support_desk/env.py": ("tests/reward_envs/test_support_desk.py",),
     "reward_envs/openenv/env.py": ("tests/reward_envs/test_openenv.py",),
-    "mtrl/local/trainer/grpo.py": ("tests/local/test_grpo.py", "tests/local/test_trainer.py"),
+    "local_trainer/grpo.py": ("tests/local/test_grpo.py", "tests/local/test_trainer.py"),
     # The open-weights trainer: which tokens it trains on, and the step's statistics both
     # trainers report (a wrong mask or count trains on the wrong thing silently).
     "llm_trainer/tokens.py": ("tests/llm_trainer/test_tokens.py",),

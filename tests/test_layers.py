@@ -17,8 +17,17 @@ MAY_IMPORT = {
     "lambdas": {"domain", "training_configs"},
     "reward_envs": {"domain", "training_configs"},
     "llm_trainer": {"domain", "training_configs"},
+    "local_trainer": {"domain", "training_configs", "reward_envs"},
     "stacks": {"domain", "training_configs", "lambdas"},
-    "mtrl": {"domain", "training_configs", "lambdas", "reward_envs", "llm_trainer", "stacks"},
+    "mtrl": {
+        "domain",
+        "training_configs",
+        "lambdas",
+        "reward_envs",
+        "llm_trainer",
+        "local_trainer",
+        "stacks",
+    },  # fmt: skip
 }
 
 

@@ -3,7 +3,7 @@
 - `LocalRewardFleet`: reward workers as local processes running the real worker
   (`python -m reward_envs.worker`), pointed at the run's queues and the local router.
 - `LocalTrainingCluster`: the training job, and each evaluation, as a trainer process — the
-  local policy's (`python -m mtrl.local.trainer`) or the open-weights trainer's with a real
+  local policy's (`python -m local_trainer`) or the open-weights trainer's with a real
   language model (`python -m llm_trainer`), as `TrainerProgram` says; scaling nodes up and
   down is a no-op, still recorded.
 
@@ -148,7 +148,7 @@ class TrainerProgram:
     trainer the model it loads (`TrainingJob.model_source`) and how many processes train it
     together (under torchrun, as on a node's GPUs; here on the CPU)."""
 
-    module: str = "mtrl.local.trainer"
+    module: str = "local_trainer"
     model_source: str | None = None
     processes: int = 1
 

@@ -14,7 +14,7 @@ of the SageMaker calls it makes, and the jobs it starts are played here:
   Lambda (Lambda's Invoke) with the SDK's RolloutRequest; the run's workers play it, the job's
   policy answering each turn through the runtime, and report it there.
 - `ManagedJobTrainer`: the training loop, as the service runs one for its document: GRPO on
-  the local policy (mtrl/local/trainer/). Each step draws prompts from the document's train
+  the local policy (local_trainer/). Each step draws prompts from the document's train
   channel, `group_size` new trajectories of each; the trajectories' rewards (summed over
   turns) make the update. Metrics and checkpoints as the local trainer's.
 - `ManagedJobEvaluation`: an evaluation job: its evaluation channel's records played by the
@@ -52,11 +52,11 @@ from domain.serverless_job import EVALUATION_CATEGORY, HUB_NAME, evaluation_defa
 from domain.trainer_job import PlayedStep, TrainingJob, print_step, read_dataset
 from lambdas.pipeline.serverless_training import ManagedJobSettings, ServerlessTrainingCluster
 from lambdas.router.conversations import ConversationStore
+from local_trainer.checkpoints import FINAL, checkpoint_key, load_checkpoint, starting_policy
+from local_trainer.loop import Trainer
+from local_trainer.policy import Policy, policy_for
+from local_trainer.policy_server import PolicyServer
 from mtrl.local.job_runtime import JobRuntimeStandIn
-from mtrl.local.trainer.checkpoints import FINAL, checkpoint_key, load_checkpoint, starting_policy
-from mtrl.local.trainer.loop import Trainer
-from mtrl.local.trainer.policy import Policy, policy_for
-from mtrl.local.trainer.policy_server import PolicyServer
 from reward_envs.registry import load
 
 log = logging.getLogger("mtrl.managed_job")

@@ -26,12 +26,12 @@ from domain.checkpoints import referenced_run
 from domain.dataset import DatasetValidator
 from domain.tracking import tracked_run
 from llm_trainer.tiny import TINY
+from local_trainer.policy import NoLocalPolicy, policy_for
 from mtrl.local.backends import LOCAL_POLICY, TrainerProgram, language_model_trainer
 from mtrl.local.embedded import definition_skeleton, fault_states
 from mtrl.local.report import failure_reason, write_report
 from mtrl.local.session import LocalSession, Observer, Prepared, RunOutcome
 from mtrl.local.tracking import TrackingUnavailable, store_uri, track_locally
-from mtrl.local.trainer.policy import NoLocalPolicy, policy_for
 from reward_envs.registry import EnvironmentNotFound, load
 from training_configs.schema import (
     DEFAULT_CONFIG,

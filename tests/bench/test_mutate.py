@@ -65,9 +65,7 @@ def test_module_names_follow_mutmut_mutant_names() -> None:
     assert module_of("lambdas.pipeline.policies.x_reaping__mutmut_12") == (
         "lambdas/pipeline/policies.py"
     )
-    assert module_of("mtrl.local.trainer.grpo.xǁGrpoǁloss__mutmut_1") == (
-        "mtrl/local/trainer/grpo.py"
-    )
+    assert module_of("local_trainer.grpo.xǁGrpoǁloss__mutmut_1") == ("local_trainer/grpo.py")
     assert module_of("lambdas.xray.x_trace__mutmut_2") == "lambdas/xray.py"
 
 

@@ -54,6 +54,7 @@ from llm_trainer.generation import Sampled
 from llm_trainer.hub_token import hub_token
 from llm_trainer.service import GenerationService
 from llm_trainer.tiny import tiny_tokenizer
+from local_trainer.scripted import ScriptedTrainer
 from mtrl.local.embedded import (
     Dispatcher,
     LocalPipeline,
@@ -67,7 +68,6 @@ from mtrl.local.embedded import (
 from mtrl.local.function_url import FunctionUrlServer
 from mtrl.local.job_runtime import JobRuntimeStandIn
 from mtrl.local.physical import ACCOUNT, REGION
-from mtrl.local.trainer.scripted import ScriptedTrainer
 from mtrl.ops.doctor import TOTAL_INSTANCES
 from reward_envs.wordle import load_environment
 from reward_envs.worker.agent_mode import AgentMode

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from domain.grpo import group_advantages
-from mtrl.local.trainer.grpo import Adam, Episode, objective_and_gradient
-from mtrl.local.trainer.policy import Decision
+from local_trainer.grpo import Adam, Episode, objective_and_gradient
+from local_trainer.policy import Decision
 
 # Two candidates with one feature each, parameters 0: π = (½, ½) and ∇ log π(0) = (1 − ½) = ½.
 TWO = np.array([[1.0], [0.0]], dtype=np.float32)

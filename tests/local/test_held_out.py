@@ -20,15 +20,15 @@ from domain.evaluation import evaluation_records, held_out
 from domain.protocol import Metric, RolloutRequest, RolloutResponse, dump, parse
 from domain.run_queues import QueueKind
 from domain.trainer_job import TrainingFailed, TrainingJob, evaluation_records_of
-from mtrl.local.trainer.checkpoints import (
+from local_trainer.checkpoints import (
     CheckpointMismatch,
     checkpoint_key,
     load_checkpoint,
     save_checkpoint,
 )
-from mtrl.local.trainer.evaluation import Evaluator
-from mtrl.local.trainer.loop import Trainer
-from mtrl.local.trainer.policy import WordlePolicy
+from local_trainer.evaluation import Evaluator
+from local_trainer.loop import Trainer
+from local_trainer.policy import WordlePolicy
 from training_configs.schema import load_training_config
 
 BUCKET, KEY = "data", "training-data/w.jsonl"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mtrl.local.trainer.direct import train
-from mtrl.local.trainer.policy import (
+from local_trainer.direct import train
+from local_trainer.policy import (
     NoLocalPolicy,
     SupportDeskPolicy,
     WordlePolicy,

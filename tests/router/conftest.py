@@ -16,9 +16,9 @@ from domain.run_queues import RunQueues, create_run_queues
 from lambdas.router.consumer import Consumer
 from lambdas.router.conversations import ConversationStore, create_table
 from lambdas.router.proxy import Proxy
+from local_trainer.scripted import ScriptedTrainer
 from mtrl.local.function_url import FunctionUrlServer
 from mtrl.local.sqs_event_source import SqsEventSource
-from mtrl.local.trainer.scripted import ScriptedTrainer
 from tests.aws import Serialized
 
 TABLE = "conversations"

@@ -1,4 +1,4 @@
-"""`python -m mtrl.local.trainer`: the local trainer process (the local training cluster's job).
+"""`python -m local_trainer`: the local trainer process (the local training cluster's job).
 
 The job comes as JSON in `MTRL_TRAINING_JOB` (domain/trainer_job.py): training, or the
 evaluation of a policy (evaluation.py). Training prints one JSON line per step on stdout. Exit
@@ -15,10 +15,10 @@ import sys
 import boto3
 
 from domain.trainer_job import JobUnreadable, job_from_environment, run_to_the_end
-from mtrl.local.trainer.checkpoints import CheckpointMismatch
-from mtrl.local.trainer.evaluation import Evaluator
-from mtrl.local.trainer.loop import Trainer
-from mtrl.local.trainer.policy import NoLocalPolicy, policy_for
+from local_trainer.checkpoints import CheckpointMismatch
+from local_trainer.evaluation import Evaluator
+from local_trainer.loop import Trainer
+from local_trainer.policy import NoLocalPolicy, policy_for
 from reward_envs.registry import EnvironmentNotFound, load
 
 

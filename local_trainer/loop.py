@@ -35,15 +35,15 @@ from domain.trainer_job import (
     publish_step,
     training_records_of,
 )
-from mtrl.local.trainer.checkpoints import (
+from local_trainer.checkpoints import (
     FINAL,
     checkpoint_key,
     save_checkpoint,
     starting_policy,
 )
-from mtrl.local.trainer.grpo import Adam, Episode, objective_and_gradient
-from mtrl.local.trainer.policy import Decision, Policy
-from mtrl.local.trainer.policy_server import PolicyServer
+from local_trainer.grpo import Adam, Episode, objective_and_gradient
+from local_trainer.policy import Decision, Policy
+from local_trainer.policy_server import PolicyServer
 
 log = logging.getLogger("mtrl.trainer")
 

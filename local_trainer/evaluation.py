@@ -13,14 +13,14 @@ import numpy as np
 
 from domain.episodes import Episode, EvaluationStage
 from domain.trainer_job import TrainingJob, play_evaluation
-from mtrl.local.trainer.checkpoints import (
+from local_trainer.checkpoints import (
     FINAL,
     checkpoint_key,
     load_checkpoint,
     starting_policy,
 )
-from mtrl.local.trainer.policy import Policy
-from mtrl.local.trainer.policy_server import PolicyServer
+from local_trainer.policy import Policy
+from local_trainer.policy_server import PolicyServer
 
 
 class Evaluator:

@@ -17,7 +17,7 @@ from domain.protocol import (
 )
 from domain.run_queues import QueueKind
 from domain.trainer_job import TrainingJob, delete_messages
-from mtrl.local.trainer.policy import Decision, Policy
+from local_trainer.policy import Decision, Policy
 
 log = logging.getLogger("mtrl.trainer")
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from domain.grpo import group_advantages
-from mtrl.local.trainer.grpo import Adam, Episode, objective_and_gradient
-from mtrl.local.trainer.policy import Decision, Policy
+from local_trainer.grpo import Adam, Episode, objective_and_gradient
+from local_trainer.policy import Decision, Policy
 from reward_envs.interface import Environment, Record, Reply, closed_after
 
 

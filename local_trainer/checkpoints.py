@@ -12,7 +12,7 @@ import numpy as np
 
 from domain.checkpoints import CHECKPOINTS
 from domain.trainer_job import TrainingJob
-from mtrl.local.trainer.policy import Policy
+from local_trainer.policy import Policy
 
 FINAL = "final"  # the policy training ended with
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from domain.grpo import UpdateStats
-from mtrl.local.trainer.policy import Decision, log_softmax
+from local_trainer.policy import Decision, log_softmax
 
 
 @dataclass(frozen=True)
