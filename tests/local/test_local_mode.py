@@ -444,9 +444,9 @@ def test_an_environment_that_is_down_is_stopped_by_the_default_rules_not_a_crash
 
 
 def test_the_run_summary_shows_the_first_failed_rollouts_error(tmp_path: Path) -> None:
+    from mtrl.commands.local import _print_result
     from mtrl.console import out
     from mtrl.local.session import RunOutcome
-    from mtrl.local_command import _print_result
 
     steps = [{"step": 1, "mean_reward": None, "max_reward": None, "zero_variance_groups": None,
               "turns_per_episode": None}, {"step": 2, "mean_reward": 0.5, "max_reward": 1.0,

@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from domain.nova_job import FORGE_RECIPE_PATHS, FORGE_RECIPE_SOURCE, FORGE_RECIPES
-from mtrl import ops_commands
 from mtrl.cli import app
+from mtrl.commands import platform
 from mtrl.ops.doctor import CHECKS, TOTAL_INSTANCES, diagnose
 from tests.mtrl.test_ops_commands import _stack
 from tests.service_fakes import FakeSageMaker, FakeServiceQuotas
@@ -170,7 +170,7 @@ def test_a_quota_never_raised_counts_at_its_aws_default(healthy: dict) -> None:
 def test_the_cli_exits_1_on_a_failed_check_and_0_when_ready(
     healthy: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ops_commands, "diagnose", functools.partial(diagnose, clients=healthy))
+    monkeypatch.setattr(platform, "diagnose", functools.partial(diagnose, clients=healthy))
     ready = CliRunner().invoke(app, ["doctor", "--region", "us-east-1", "--json"])
     assert ready.exit_code == 0, ready.output
     assert [c["ok"] for c in json.loads(ready.output)] == [True] * 8

@@ -16,8 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 from domain.checkpoints import CheckpointManifest, SavedCheckpoint
-from mtrl import ops_commands
 from mtrl.cli import app
+from mtrl.commands import deploy
 from mtrl.ops.deploy import DeployFailed, DeployRefused, Waiting
 from mtrl.ops.deployment import Deployment
 from mtrl.ops.endpoint import delete_from_sagemaker, deploy_to_sagemaker
@@ -268,8 +268,8 @@ def test_delete_removes_the_endpoint_its_config_and_the_model(world: dict) -> No
 def test_the_cli_deploys_an_open_weights_run_on_sagemaker_unless_told(
     world: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ops_commands, "_deployment", lambda *_: (boto3.Session(), _deployment()))
-    monkeypatch.setattr(ops_commands, "Waiting", lambda **_: _waiting()[0])
+    monkeypatch.setattr(deploy, "deployed", lambda *_: (boto3.Session(), _deployment()))
+    monkeypatch.setattr(deploy, "Waiting", lambda **_: _waiting()[0])
     result = CliRunner().invoke(app, ["deploy", RUN])
     assert result.exit_code == 0, result.output
     assert f"run {RUN} deployed on SageMaker: endpoint {NAME} (ml.g6e.2xlarge)" in result.output

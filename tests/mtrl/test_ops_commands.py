@@ -24,8 +24,9 @@ from lambdas.clients import Clients
 from lambdas.pipeline.composition import compose
 from lambdas.pipeline.dependencies import Compute
 from lambdas.router.conversations import create_table
-from mtrl import console, ops_commands
+from mtrl import console
 from mtrl.cli import app
+from mtrl.commands import aws
 from mtrl.ops.deployment import find_deployment
 from mtrl.ops.logs import follow, sources
 from mtrl.ops.runs_view import run_status
@@ -406,9 +407,7 @@ def reaper(deployed: dict, monkeypatch: pytest.MonkeyPatch) -> InProcessReaper:
         def client(self, name: str, *args: Any, **kwargs: Any) -> Any:
             return fake.client() if name == "lambda" else super().client(name, *args, **kwargs)
 
-    monkeypatch.setattr(
-        ops_commands, "aws_session", lambda *, profile, region: Session(region_name=region)
-    )
+    monkeypatch.setattr(aws, "aws_session", lambda *, profile, region: Session(region_name=region))
     return fake
 
 

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mtrl.cli import app
-from mtrl.env_commands import _as_typed
+from mtrl.commands.env import _as_typed
 
 runner = CliRunner()
 

@@ -12,6 +12,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from rich.markup import escape
 from rich.table import Table
 
+from mtrl.commands.aws import Prefix, Profile, Region, aws_failure, deployed
 from mtrl.console import fail, out
 from mtrl.ops.trajectories import (
     NoTrajectories,
@@ -20,7 +21,6 @@ from mtrl.ops.trajectories import (
     from_folder,
     select,
 )
-from mtrl.ops_commands import Prefix, Profile, Region, _aws_failure, _deployment
 
 # Longer texts are cut when shown (the files keep them whole).
 SHOWN_CHARACTERS = 1500
@@ -78,11 +78,11 @@ def _load(
     outputs = out_dir / run_id / "outputs"
     if outputs.is_dir():
         return from_folder(run_id, outputs)
-    session, deployment = _deployment(prefix, profile, region)
+    session, deployment = deployed(prefix, profile, region)
     try:
         return from_bucket(session.client("s3"), bucket=deployment.data_bucket, run_id=run_id)
     except (ClientError, BotoCoreError) as error:
-        raise _aws_failure(error) from None
+        raise aws_failure(error) from None
 
 
 def _table(run: RunTrajectories, rows: list[dict[str, Any]], shown: list[dict[str, Any]]) -> Table:

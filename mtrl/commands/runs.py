@@ -1,49 +1,34 @@
-"""`mtrl submit / runs / status / logs / cost / teardown / doctor`: the run loop on a deployed
-platform.
-
-Every command finds the deployment from its CloudFormation stack outputs (`--prefix`,
-`--profile`, `--region`) and fails naming what is missing and what to do: every missing
-prerequisite at once (region and credentials), one line each. `doctor` instead always prints
-its whole table.
-"""
+"""`mtrl submit / runs / status / cost / logs / teardown`: the run loop on a deployed platform."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import asdict
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
-import boto3
 import typer
 from botocore.exceptions import BotoCoreError, ClientError
 from rich.table import Table
 
 from domain.dataset import counted
 from domain.runs import RunStore
-from mtrl.console import check_dataset, err, fail, out, print_problem
-from mtrl.ops.deploy import (
-    WAIT_SECONDS,
-    DeployFailed,
-    DeployRefused,
-    Waiting,
-    delete_from_bedrock,
-    deploy_to_bedrock,
-    target_of,
+from mtrl.commands.aws import (
+    AsJson,
+    ConfigName,
+    Prefix,
+    Profile,
+    Region,
+    apply_change,
+    aws_failure,
+    deployed,
 )
+from mtrl.console import check_dataset, fail, out, print_problem
 from mtrl.ops.deployment import (
     Deployment,
     DeploymentError,
-    aws_session,
-    find_deployment,
-    missing_prerequisites,
 )
-from mtrl.ops.doctor import diagnose
-from mtrl.ops.endpoint import DEFAULT_INSTANCE_TYPE, delete_from_sagemaker, deploy_to_sagemaker
-from mtrl.ops.forge_cli import ForgeCliError, fetch_forge_cli
 from mtrl.ops.logs import Plane, follow, read, sources
 from mtrl.ops.runs_view import (
     QueueDepth,
@@ -57,58 +42,10 @@ from mtrl.ops.runs_view import (
 )
 from mtrl.ops.submit import SubmitError, choose_config, submit
 from mtrl.ops.teardown import TeardownFailed, release_idle_nodes, teardown_run
-from stacks.components.project_files import PROJECT_ROOT
-from stacks.config import ConfigError, PlatformConfig, deployment_context
 from training_configs import TrainingConfigError, estimate, load_training_config
 from training_configs.schema import DEFAULT_CONFIG, SHARES
 
 STATUS_SERVICES = ("dynamodb", "stepfunctions", "s3", "sqs", "cloudwatch", "ecs", "sagemaker")
-
-
-def _default_prefix() -> str:
-    try:
-        return PlatformConfig.from_context(deployment_context()).name_prefix
-    except (ConfigError, OSError, ValueError):
-        return PlatformConfig.model_fields["name_prefix"].default
-
-
-Prefix = Annotated[
-    str | None,
-    typer.Option(help="The deployment's name_prefix (default: cdk.json's, else nova-mtrl)."),
-]
-Profile = Annotated[str | None, typer.Option(help="The AWS profile to use.")]
-Region = Annotated[str | None, typer.Option(help="The AWS region it is deployed in.")]
-AsJson = Annotated[bool, typer.Option("--json", help="Print JSON, for scripts.")]
-ConfigName = Annotated[
-    str | None,
-    typer.Option(
-        "--config",
-        help="A training config: a YAML file or a shipped name (default: rft_multiturn_lora).",
-    ),
-]
-
-
-def _deployment(
-    prefix: str | None, profile: str | None, region: str | None
-) -> tuple[boto3.Session, Deployment]:
-    try:
-        session = aws_session(profile=profile, region=region)
-    except DeploymentError as error:
-        raise fail(str(error)) from None
-    if missing := missing_prerequisites(session):
-        raise fail(*missing)
-    try:
-        return session, find_deployment(session, prefix or _default_prefix())
-    except DeploymentError as error:
-        raise fail(str(error)) from None
-
-
-def _aws_failure(error: ClientError | BotoCoreError) -> typer.Exit:
-    if isinstance(error, ClientError):
-        detail = f"{error.response['Error']['Code']}: {error.response['Error'].get('Message', '')}"
-    else:
-        detail = str(error)
-    return fail(f"AWS refused the call ({detail})", code=1)
 
 
 def submit_command(
@@ -130,13 +67,13 @@ def submit_command(
         chosen = choose_config(config)
     except (TrainingConfigError, SubmitError) as error:
         raise fail(str(error)) from None
-    session, deployment = _deployment(prefix, profile, region)
+    session, deployment = deployed(prefix, profile, region)
     try:
         submitted = submit(session.client("s3"), deployment, dataset=file, chosen=chosen, name=name)
     except SubmitError as error:
         raise fail(str(error)) from None
     except (ClientError, BotoCoreError) as error:
-        raise _aws_failure(error) from None
+        raise aws_failure(error) from None
     if as_json:
         out.print_json(json.dumps({**asdict(submitted), "cost_per_hour": chosen.cost.per_hour}))
         return
@@ -152,11 +89,11 @@ def runs_command(
     prefix: Prefix = None, profile: Profile = None, region: Region = None, as_json: AsJson = False
 ) -> None:
     """The deployment's runs, newest first: status, config, time, cost so far, deadline."""
-    session, deployment = _deployment(prefix, profile, region)
+    session, deployment = deployed(prefix, profile, region)
     try:
         runs = list_runs(session.client("dynamodb"), deployment, now=time.time())
     except (ClientError, BotoCoreError) as error:
-        raise _aws_failure(error) from None
+        raise aws_failure(error) from None
     if as_json:
         out.print_json(json.dumps([asdict(run) for run in runs]))
         return
@@ -206,7 +143,7 @@ def status_command(
     as_json: AsJson = False,
 ) -> None:
     """One run: pipeline state, training step and reward, queues, workers, GPUs, cost, deadline."""
-    session, deployment = _deployment(prefix, profile, region)
+    session, deployment = deployed(prefix, profile, region)
     clients = {name: session.client(name) for name in STATUS_SERVICES}
     try:
         while True:
@@ -228,7 +165,7 @@ def _status(clients: dict[str, Any], deployment: Deployment, run_id: str) -> Run
     except UnknownRun as error:
         raise fail(str(error), code=1) from None
     except (ClientError, BotoCoreError) as error:
-        raise _aws_failure(error) from None
+        raise aws_failure(error) from None
 
 
 def _print_status(status: RunDetails) -> None:
@@ -310,11 +247,11 @@ def cost_command(
 ) -> None:
     """What a config costs per hour and at most per run (offline), or what a run has cost so far."""
     if run_id is not None:
-        session, deployment = _deployment(prefix, profile, region)
+        session, deployment = deployed(prefix, profile, region)
         try:
             run = RunStore(session.client("dynamodb"), deployment.runs_table).get(run_id)
         except (ClientError, BotoCoreError) as error:
-            raise _aws_failure(error) from None
+            raise aws_failure(error) from None
         if run is None:
             raise fail(
                 f"no run {run_id} in deployment {deployment.prefix}: `mtrl runs` lists them", code=1
@@ -323,7 +260,7 @@ def cost_command(
         try:
             tokens = billed_tokens(session.client("s3"), run)
         except (ClientError, BotoCoreError) as error:
-            raise _aws_failure(error) from None
+            raise aws_failure(error) from None
         if as_json:
             out.print_json(json.dumps(asdict(spent) | {"billable_token_usage": tokens}))
             return
@@ -367,7 +304,7 @@ def teardown_command(
     """Stop a run and delete everything it created (idempotent), or release idle GPU nodes."""
     if (run_id is None) == (not all_idle):
         raise fail("give a run id (`mtrl teardown RUN`) or --all-idle, not both")
-    session, deployment = _deployment(prefix, profile, region)
+    session, deployment = deployed(prefix, profile, region)
     lambda_client = session.client("lambda")
 
     def work() -> tuple[dict[str, Any], str]:
@@ -384,110 +321,7 @@ def teardown_command(
             f"{result['queues_deleted']} queues deleted, {result['leftover']} left"
         )
 
-    _change(work, refusals=(TeardownFailed,), as_json=as_json)
-
-
-def _change(
-    work: Callable[[], tuple[dict[str, Any], str]],
-    *,
-    refusals: tuple[type[Exception], ...],
-    as_json: bool,
-) -> None:
-    """Do `work` (what it did, and the line saying so), its failures as one line: exit 1 for
-    `refusals` and AWS's refusals, 2 for a deployment that cannot be used."""
-    try:
-        result, message = work()
-    except refusals as error:
-        raise fail(str(error), code=1) from None
-    except DeploymentError as error:
-        raise fail(str(error)) from None
-    except (ClientError, BotoCoreError) as error:
-        raise _aws_failure(error) from None
-    if as_json:
-        out.print_json(json.dumps(result))
-    else:
-        out.print(message, highlight=False, soft_wrap=True)
-
-
-class Target(StrEnum):
-    bedrock = "bedrock"
-    sagemaker = "sagemaker"
-
-
-def deploy_command(
-    run_id: Annotated[str, typer.Argument(help="The run whose trained model to deploy.")],
-    to: Annotated[
-        Target | None,
-        typer.Option(
-            "--to",
-            help="bedrock (a Nova model: custom model, on-demand deployment) or sagemaker (an "
-            "open-weights model: a real-time endpoint with AWS's vLLM container); default: "
-            "the one for the run's model.",
-        ),
-    ] = None,
-    delete: Annotated[
-        bool, typer.Option("--delete", help="Delete what deploying the run made there.")
-    ] = False,
-    instance_type: Annotated[
-        str, typer.Option(help="sagemaker: the endpoint's instance type (one GPU instance).")
-    ] = DEFAULT_INSTANCE_TYPE,
-    image: Annotated[
-        str | None,
-        typer.Option(help="sagemaker: a vLLM serving image for SageMaker other than AWS's."),
-    ] = None,
-    wait_minutes: Annotated[
-        float, typer.Option(min=1.0, help="Wait this long, then say how to go on.")
-    ] = WAIT_SECONDS / 60,
-    prefix: Prefix = None,
-    profile: Profile = None,
-    region: Region = None,
-    as_json: AsJson = False,
-) -> None:
-    """Deploy a run's registered model: a Nova model on Bedrock, an open-weights model on a
-    SageMaker endpoint."""
-    session, deployment = _deployment(prefix, profile, region)
-    clients = {name: session.client(name) for name in ("s3", "bedrock", "sagemaker")}
-    waiting = Waiting(limit_seconds=wait_minutes * 60)
-
-    def progress(line: str) -> None:
-        err.print(line, markup=False, highlight=False)
-
-    def work() -> tuple[dict[str, Any], str]:
-        target = to or Target(target_of(clients["s3"], deployment, run_id))
-        if delete:
-            deleted = (
-                delete_from_bedrock(clients["bedrock"], deployment, run_id)
-                if target is Target.bedrock
-                else delete_from_sagemaker(clients["sagemaker"], deployment, run_id)
-            )
-            return {"deleted": deleted}, (
-                "deleted: " + ", ".join(deleted) if deleted else "nothing to delete"
-            )
-        if target is Target.sagemaker:
-            endpoint = deploy_to_sagemaker(
-                clients, deployment, run_id, instance_type=instance_type, image=image,
-                waiting=waiting, on_progress=progress,
-            )  # fmt: skip
-            return asdict(endpoint), (
-                f"run {run_id} deployed on SageMaker: endpoint {endpoint.endpoint_name} "
-                f'({endpoint.instance_type}), serving model "{endpoint.served_model}"\n'
-                f"invoke: aws sagemaker-runtime invoke-endpoint --endpoint-name "
-                f"{endpoint.endpoint_name} --content-type application/json "
-                "--cli-binary-format raw-in-base64-out --body "
-                f'\'{{"model": "{endpoint.served_model}", "messages": [{{"role": '
-                '"user", "content": "Hello"}]}\' answer.json\n'
-                f"registered {endpoint.model_package_arn}\n"
-                f"it costs while it runs: `mtrl deploy {run_id} --to sagemaker --delete`"
-            )
-        released = deploy_to_bedrock(
-            clients, deployment, run_id, waiting=waiting, on_progress=progress
-        )
-        return asdict(released), (
-            f"run {run_id} deployed on Bedrock: invoke {released.deployment_arn}\n"
-            f"custom model {released.model_arn}\nregistered {released.model_package_arn}"
-        )
-
-    _change(work, refusals=(DeployRefused, DeployFailed), as_json=as_json)
+    apply_change(work, refusals=(TeardownFailed,), as_json=as_json)
 
 
 def logs_command(
@@ -506,7 +340,7 @@ def logs_command(
     """A run's log lines from the CloudWatch log groups of one plane, oldest first."""
     if plane not in Plane.__args__:  # type: ignore[attr-defined]
         raise fail(f"--plane {plane}: use pipeline, workers or trainer")
-    session, deployment = _deployment(prefix, profile, region)
+    session, deployment = deployed(prefix, profile, region)
     try:
         wanted = sources(deployment, run_id, plane)  # type: ignore[arg-type]
     except DeploymentError as error:
@@ -525,63 +359,4 @@ def logs_command(
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
     except (ClientError, BotoCoreError) as error:
-        raise _aws_failure(error) from None
-
-
-def doctor_command(
-    config: ConfigName = None,
-    prefix: Prefix = None,
-    profile: Profile = None,
-    region: Region = None,
-    as_json: AsJson = False,
-) -> None:
-    """Check credentials, region, the stacks, EKS, HyperPod, the GPU quota for a config and the
-    worker image; print what to fix. Exit 0 when nothing fails, 1 otherwise."""
-    try:
-        training = load_training_config(config or DEFAULT_CONFIG)
-    except TrainingConfigError as error:
-        raise fail(str(error)) from None
-    checks = diagnose(
-        profile=profile, region=region, prefix=prefix or _default_prefix(), config=training
-    )
-    if as_json:
-        out.print_json(json.dumps([asdict(check) for check in checks]))
-    else:
-        table = Table("", "check", "found", "fix", title="mtrl doctor")
-        for check in checks:
-            mark = {True: "ok", False: "FAIL", None: "?"}[check.ok]
-            table.add_row(mark, check.name, check.detail, check.fix)
-        out.print(table)
-    raise typer.Exit(1 if any(check.ok is False for check in checks) else 0)
-
-
-def forge_cli_command(profile: Profile = None) -> None:
-    """Fetch the Forge HyperPod CLI bundle the deployment pins (cdk.json's forge_cli_bundle) into
-    the launcher image's build context, with your credentials; `make deploy` runs it first.
-    Nothing to do without forge_cli_bundle (the launcher uses the public release_v2)."""
-    try:
-        bundle = PlatformConfig.from_context(deployment_context()).forge_cli_bundle
-    except ConfigError as error:
-        raise fail(str(error)) from None
-    if bundle is None:
-        out.print("no forge_cli_bundle configured: the launcher builds the public release_v2")
-        return
-    try:
-        session = aws_session(profile=profile, region=None)
-    except DeploymentError as error:
-        raise fail(str(error)) from None
-    try:
-        fetched = fetch_forge_cli(session.client("s3"), bundle)
-    except ForgeCliError as error:
-        raise fail(str(error), code=1) from None
-    except BotoCoreError as error:
-        raise _aws_failure(error) from None
-    where = fetched.folder.relative_to(PROJECT_ROOT)
-    out.print(f"fetched {fetched.files} files of {bundle.uri} into {where}", highlight=False)
-    if not fetched.pinned:
-        raise fail(
-            f"its digest is {fetched.digest}: review {where}, then set forge_cli_bundle.sha256 "
-            "to it in cdk.json (synth builds only a pinned bundle)",
-            code=1,
-        )
-    out.print(f"digest {fetched.digest}: the pinned one", highlight=False)
+        raise aws_failure(error) from None
