@@ -33,6 +33,10 @@ KNOW_THE_PLANES = ("register", "start_evaluation", "evaluation_status")
 
 
 class PipelineStack(PlatformStack):
+    """The pipeline stack in four readable parts: what it is made of (`_build`), which steps are
+    told where the planes are (`_wire`), what every function and workload may do (`_grant`), and
+    the outputs `mtrl` finds the deployment by (`_outputs`)."""
+
     def __init__(
         self,
         scope: Construct,
@@ -47,88 +51,88 @@ class PipelineStack(PlatformStack):
         super().__init__(
             scope, "pipeline", config=config, description="training pipeline and rollout router"
         )
-        code = pipeline_code()
-        data_bucket = s3.Bucket.from_bucket_name(self, "DataBucket", data_bucket_name(config))
-        self.router = Router(self, "Router", config=config, code=code, data_key=storage.data_key)
+        self._config = config
+        self._build(storage, reward_fleet, hyperpod, cluster_network)
+        self._wire()
+        self._grant(storage, hyperpod)
+        self._outputs()
+
+    def _build(
+        self,
+        storage: Storage,
+        reward_fleet: RewardFleet,
+        hyperpod: HyperPodCluster,
+        cluster_network: ClusterNetwork,
+    ) -> None:
+        config, key, code = self._config, storage.data_key, pipeline_code()
+        self._data_bucket = s3.Bucket.from_bucket_name(self, "DataBucket", data_bucket_name(config))
+        self.router = Router(self, "Router", config=config, code=code, data_key=key)
         self.model_release = ModelRelease(self, "ModelRelease", config=config)
         self.pipeline = TrainingPipeline(
-            self,
-            "Pipeline",
-            config=config,
-            model_package_group=self.model_release.group_name,
-            code=code,
-            data_bucket=data_bucket,
-            data_key=storage.data_key,
-            conversations=self.router.table,
-            router_url=self.router.proxy_url.url,
-            consumer=self.router.consumer,
-            rollout_forwarder=self.router.rollout_forwarder,
+            self, "Pipeline", config=config, model_package_group=self.model_release.group_name,
+            code=code, data_bucket=self._data_bucket, data_key=key,
+            conversations=self.router.table, router_url=self.router.proxy_url.url,
+            consumer=self.router.consumer, rollout_forwarder=self.router.rollout_forwarder,
             cluster_network=cluster_network,
-        )
+        )  # fmt: skip
         # The reward fleet per run (ECS) and the training job per run (HyperPod: nodes through
         # SageMaker, the job through EKS): where they live, for the steps that use them.
-        fleet = RewardFleetControl(
-            self,
-            "RewardFleetControl",
-            config=config,
-            reward_fleet=reward_fleet,
-            data_key=storage.data_key,
+        self._fleet = RewardFleetControl(
+            self, "RewardFleetControl", config=config, reward_fleet=reward_fleet, data_key=key
         )
-        training = TrainingClusterControl(
-            self,
-            "TrainingClusterControl",
-            config=config,
-            code=code,
+        restricted = hyperpod.restricted_execution_role
+        self._training = TrainingClusterControl(
+            self, "TrainingClusterControl", config=config, code=code,
             hyperpod_cluster_arn=hyperpod.cluster_arn,
             execution_role_arn=hyperpod.execution_role_arn,
-            restricted_execution_role_arn=(
-                hyperpod.restricted_execution_role.role_arn
-                if hyperpod.restricted_execution_role
-                else None
-            ),
-            cluster_network=cluster_network,
-            data_key=storage.data_key,
+            restricted_execution_role_arn=restricted.role_arn if restricted else None,
+            cluster_network=cluster_network, data_key=key,
             trainer_image_uri=hyperpod.trainer_image_uri,
-        )
-        serverless = ServerlessPlane(
-            self, "ServerlessPlane", config=config, code=code, data_key=storage.data_key,
+        )  # fmt: skip
+        self._serverless = ServerlessPlane(
+            self, "ServerlessPlane", config=config, code=code, data_key=key,
             conversations_table=self.router.table.table_name,
         )  # fmt: skip
-        tracking = ExperimentTracking(
-            self, "ExperimentTracking", config=config, data_bucket=data_bucket,
-            data_key=storage.data_key,
-        )  # fmt: skip
-        functions = self.pipeline.functions
-        if config.keep_warm_minutes:
+        self._tracking = ExperimentTracking(
+            self, "ExperimentTracking", config=config, data_bucket=self._data_bucket, data_key=key
+        )
+
+    def _wire(self) -> None:
+        """Each step gets the settings of the planes whose AWS APIs it calls."""
+        fleet, training, tracking = self._fleet, self._training, self._tracking
+        if self._config.keep_warm_minutes:
             self.pipeline.add_scheduled_step(
                 STEP["release_idle"], every=Duration.minutes(5), environment=training.environment
             )
-        for step, function in functions.items():
+        # The planes' settings include the tracking server: Nova's recipes log there too.
+        planes = {**training.environment, **self._serverless.environment, **tracking.environment}
+        for step, function in self.pipeline.functions.items():
             needs = set(NEEDS[step])
+            settings = {}
             if needs & fleet.provides:
-                for key, value in fleet.environment.items():
-                    function.add_environment(key, value)
-            # The planes' settings include the tracking server: Nova's recipes log there too.
-            if needs & (training.provides | serverless.provides) or step in KNOW_THE_PLANES:
-                planes = {**training.environment, **serverless.environment, **tracking.environment}
-                for key, value in planes.items():
-                    function.add_environment(key, value)
+                settings |= fleet.environment
+            if needs & (training.provides | self._serverless.provides) or step in KNOW_THE_PLANES:
+                settings |= planes
             if needs & tracking.provides:
-                for key, value in tracking.environment.items():
-                    function.add_environment(key, value)
-        # What every function and workload may do: declared once (stacks/components/access.py).
+                settings |= tracking.environment
+            for key, value in settings.items():
+                function.add_environment(key, value)
+
+    def _grant(self, storage: Storage, hyperpod: HyperPodCluster) -> None:
+        """What every function and workload may do: declared once (stacks/components/access.py)."""
+        functions, training, serverless = self.pipeline.functions, self._training, self._serverless
         roles: dict[str, iam.IRole] = {step: f.role for step, f in functions.items() if f.role}
         self.operator_policy = OperatorPolicy(
             self,
             "OperatorPolicy",
-            managed_policy_name=f"{config.name_prefix}-operator",
+            managed_policy_name=f"{self._config.name_prefix}-operator",
             description="What the mtrl CLI needs: submit, runs, status, cost, logs, teardown, doctor",
         )
         roles |= {
             "proxy": self.router.proxy.role,
             "consumer": self.router.consumer.role,
             "rollout_forwarder": self.router.rollout_forwarder.role,
-            "reward_worker": fleet.task_role,
+            "reward_worker": self._fleet.task_role,
             "run_pods": training.job_role,
             "model_serving": self.model_release.serving_role,
             "operator": self.operator_policy,
@@ -146,20 +150,17 @@ class PipelineStack(PlatformStack):
         grant_needs(
             roles,
             [
-                self.model_release,
-                DataBucketAccess(data_bucket, storage.data_key),
-                StacksAccess(self, config.name_prefix),
-                self.pipeline,
-                self.router,
-                fleet,
-                training,
-                training.leases,
-                serverless,
-                tracking,
+                self.model_release, DataBucketAccess(self._data_bucket, storage.data_key),
+                StacksAccess(self, self._config.name_prefix), self.pipeline, self.router,
+                self._fleet, training, training.leases, serverless, self._tracking,
             ],
-        )
-        if tracking.server_arn:
-            cdk.CfnOutput(self, "MlflowTrackingServerArn", value=tracking.server_arn)
+        )  # fmt: skip
+
+    def _outputs(self) -> None:
+        """What `mtrl` finds the deployment by (mtrl/ops/deployment.py)."""
+        pipeline, release = self.pipeline, self.model_release
+        if self._tracking.server_arn:
+            cdk.CfnOutput(self, "MlflowTrackingServerArn", value=self._tracking.server_arn)
         cdk.CfnOutput(
             self,
             "OperatorPolicyArn",
@@ -168,21 +169,19 @@ class PipelineStack(PlatformStack):
         )
         cdk.CfnOutput(self, "RouterUrl", value=self.router.proxy_url.url)
         # `mtrl deploy` finds the group; passes Bedrock the import role, SageMaker the serving role.
-        cdk.CfnOutput(self, "ModelPackageGroupName", value=self.model_release.group_name)
-        cdk.CfnOutput(self, "BedrockImportRoleArn", value=self.model_release.import_role.role_arn)
-        cdk.CfnOutput(self, "ServingRoleArn", value=self.model_release.serving_role.role_arn)
+        cdk.CfnOutput(self, "ModelPackageGroupName", value=release.group_name)
+        cdk.CfnOutput(self, "BedrockImportRoleArn", value=release.import_role.role_arn)
+        cdk.CfnOutput(self, "ServingRoleArn", value=release.serving_role.role_arn)
         cdk.CfnOutput(self, "ConversationTableName", value=self.router.table.table_name)
-        cdk.CfnOutput(self, "StateMachineArn", value=self.pipeline.state_machine.state_machine_arn)
-        cdk.CfnOutput(self, "RunsTableName", value=self.pipeline.runs_table.table_name)
-        cdk.CfnOutput(self, "AlertTopicArn", value=self.pipeline.alert_topic.topic_arn)
+        cdk.CfnOutput(self, "StateMachineArn", value=pipeline.state_machine.state_machine_arn)
+        cdk.CfnOutput(self, "RunsTableName", value=pipeline.runs_table.table_name)
+        cdk.CfnOutput(self, "AlertTopicArn", value=pipeline.alert_topic.topic_arn)
         # `mtrl logs` reads these; the per-run worker groups are named after the prefix.
-        cdk.CfnOutput(
-            self, "PipelineLogGroups", value=cdk.Fn.join(",", self.pipeline.log_group_names)
-        )
-        cdk.CfnOutput(self, "RewardWorkerLogGroupPrefix", value=log_group_name(config))
+        cdk.CfnOutput(self, "PipelineLogGroups", value=cdk.Fn.join(",", pipeline.log_group_names))
+        cdk.CfnOutput(self, "RewardWorkerLogGroupPrefix", value=log_group_name(self._config))
         cdk.CfnOutput(
             self,
             "ReaperFunctionName",
-            value=self.pipeline.functions["reap"].function_name,
+            value=pipeline.functions["reap"].function_name,
             description="mtrl teardown invokes it to tear a run down now",
         )
