@@ -65,7 +65,9 @@ class PipelineStack(PlatformStack):
         cluster_network: ClusterNetwork,
     ) -> None:
         config, key, code = self._config, storage.data_key, pipeline_code()
-        self._data_bucket = s3.Bucket.from_bucket_name(self, "DataBucket", data_bucket_name(config))
+        self._data_bucket = s3.Bucket.from_bucket_name(
+            self, "DataBucket", data_bucket_name(config.name_prefix)
+        )
         self.router = Router(self, "Router", config=config, code=code, data_key=key)
         self.model_release = ModelRelease(self, "ModelRelease", config=config)
         self.pipeline = TrainingPipeline(

@@ -15,7 +15,10 @@ from stacks.config import PlatformConfig
 class StorageStack(PlatformStack):
     def __init__(self, scope: Construct, *, config: PlatformConfig) -> None:
         super().__init__(scope, "storage", config=config, description="data bucket, KMS key, logs")
-        self.storage = Storage(self, "Storage", config=config)
+        self.storage = Storage(
+            self, "Storage", name_prefix=config.name_prefix,
+            artifact_retention_days=config.run_artifact_retention_days,
+        )  # fmt: skip
         bucket = self.storage.data_bucket.bucket_name
         cdk.CfnOutput(self, "DataBucketName", value=bucket)
         cdk.CfnOutput(

@@ -65,7 +65,7 @@ class HyperPodCluster(Construct):
             return
         subnet_ids = vpc.select_subnets(subnet_type=subnets.subnet_type).subnet_ids
         lifecycle_bucket = s3.Bucket.from_bucket_name(
-            self, "LifecycleBucket", lifecycle_bucket_name(config)
+            self, "LifecycleBucket", lifecycle_bucket_name(config.name_prefix)
         )
         image_repositories = ecr_repositories(Stack.of(self), config)
         if trainer_image is not None:

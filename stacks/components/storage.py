@@ -47,12 +47,23 @@ class Storage(Construct):
     `lifecycle_deployment` (what must finish before HyperPod reads the scripts).
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, config: PlatformConfig) -> None:
+    def __init__(
+        self, scope: Construct, construct_id: str, *, name_prefix: str, artifact_retention_days: int
+    ) -> None:
+        """`name_prefix`: the deployment's (the buckets' and the key alias's names);
+        `artifact_retention_days`: how long a run's outputs and trajectories are kept."""
         super().__init__(scope, construct_id)
-        self.data_key = kms.Key(
+        self.data_key = self._data_key(name_prefix)
+        self.access_log_bucket = self._access_logs()
+        self.data_bucket = self._data_bucket(name_prefix, artifact_retention_days)
+        self.lifecycle_bucket, self.lifecycle_deployment = self._lifecycle_scripts(name_prefix)
+        self._acknowledge_cdk_helpers()
+
+    def _data_key(self, name_prefix: str) -> kms.Key:
+        key = kms.Key(
             self,
             "DataKey",
-            alias=f"alias/{config.name_prefix}-data",
+            alias=f"alias/{name_prefix}-data",
             description="Encrypts nova-mtrl datasets, run artifacts, queues and tables",
             enable_key_rotation=True,
             removal_policy=RemovalPolicy.RETAIN,
@@ -61,7 +72,7 @@ class Storage(Construct):
         # log groups of this account and region only (CloudWatch Logs User Guide, "Encrypt log
         # data in CloudWatch Logs using AWS KMS", the key policy it gives).
         stack = Stack.of(self)
-        self.data_key.add_to_resource_policy(
+        key.add_to_resource_policy(
             iam.PolicyStatement(
                 principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
                 actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*",
@@ -72,7 +83,10 @@ class Storage(Construct):
                     arn_format=ArnFormat.COLON_RESOURCE_NAME)}},
             )
         )  # fmt: skip
-        self.access_log_bucket = s3.Bucket(
+        return key
+
+    def _access_logs(self) -> s3.Bucket:
+        logs = s3.Bucket(
             self,
             "AccessLogs",
             # S3 server access logging only delivers to SSE-S3 buckets.
@@ -87,23 +101,26 @@ class Storage(Construct):
             removal_policy=RemovalPolicy.RETAIN,
         )
         acknowledge(
-            self.access_log_bucket,
+            logs,
             "AwsSolutions-S1",
             "This is the access-log bucket itself; logging it into itself would loop.",
         )
         justify(
-            self.access_log_bucket, "CKV_AWS_18",
+            logs, "CKV_AWS_18",
             "This is the access-log bucket itself; logging it into itself would loop",
         )  # fmt: skip
         justify(
-            self.access_log_bucket, "CKV_AWS_21",
+            logs, "CKV_AWS_21",
             "S3's log delivery writes each access log once and never overwrites one; versions "
             "would only keep what the 365-day expiry removes",
         )  # fmt: skip
-        self.data_bucket = s3.Bucket(
+        return logs
+
+    def _data_bucket(self, name_prefix: str, retention_days: int) -> s3.Bucket:
+        bucket = s3.Bucket(
             self,
             "Data",
-            bucket_name=data_bucket_name(config),
+            bucket_name=data_bucket_name(name_prefix),
             encryption=s3.BucketEncryption.KMS,
             encryption_key=self.data_key,
             bucket_key_enabled=True,
@@ -119,12 +136,12 @@ class Storage(Construct):
                 s3.LifecycleRule(
                     id="expire-old-run-artifacts",
                     prefix=RUNS_PREFIX,
-                    expiration=Duration.days(config.run_artifact_retention_days),
+                    expiration=Duration.days(retention_days),
                 ),
                 s3.LifecycleRule(
                     id="expire-old-trajectories",
                     prefix=TRAJECTORIES_PREFIX,
-                    expiration=Duration.days(config.run_artifact_retention_days),
+                    expiration=Duration.days(retention_days),
                 ),
                 s3.LifecycleRule(
                     id="expire-query-results",
@@ -142,10 +159,15 @@ class Storage(Construct):
             ],
             removal_policy=RemovalPolicy.RETAIN,
         )
-        self.lifecycle_bucket = s3.Bucket(
+        return bucket
+
+    def _lifecycle_scripts(self, name_prefix: str) -> tuple[s3.Bucket, s3deploy.BucketDeployment]:
+        """HyperPod's lifecycle scripts, and the deployment that must finish before HyperPod
+        reads them."""
+        bucket = s3.Bucket(
             self,
             "LifecycleScripts",
-            bucket_name=lifecycle_bucket_name(config),
+            bucket_name=lifecycle_bucket_name(name_prefix),
             encryption=s3.BucketEncryption.S3_MANAGED,
             block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
             enforce_ssl=True,
@@ -157,7 +179,7 @@ class Storage(Construct):
             removal_policy=RemovalPolicy.DESTROY,
         )
         justify(
-            self.lifecycle_bucket, "CKV_AWS_21",
+            bucket, "CKV_AWS_21",
             "The scripts come from the repository (their history is git's); the deployment empties "
             "the bucket on delete, which old versions would block, so `cdk destroy` completes",
         )  # fmt: skip
@@ -165,12 +187,11 @@ class Storage(Construct):
             self,
             "DeployLifecycleScripts",
             sources=[s3deploy.Source.asset(str(LIFECYCLE_SCRIPTS))],
-            destination_bucket=self.lifecycle_bucket,
+            destination_bucket=bucket,
             destination_key_prefix=LIFECYCLE_PREFIX,
             retain_on_delete=False,
         )
-        self.lifecycle_deployment = deployment
-        self._acknowledge_cdk_helpers()
+        return bucket, deployment
 
     def _acknowledge_cdk_helpers(self) -> None:
         """Findings on the Lambda functions that CDK itself adds for S3 features we use."""
@@ -207,19 +228,19 @@ class Storage(Construct):
         justify(deployment, "CKV_AWS_173", ENVIRONMENT_WITHOUT_SECRETS)
 
 
-def data_bucket_name(config: PlatformConfig) -> str:
+def data_bucket_name(name_prefix: str) -> str:
     """Named from the prefix, account and region, so other stacks and the CLI can find it
     without a cross-stack reference (a retained bucket also keeps the name taken)."""
-    return f"{config.name_prefix}-data-{Aws.ACCOUNT_ID}-{Aws.REGION}"
+    return f"{name_prefix}-data-{Aws.ACCOUNT_ID}-{Aws.REGION}"
 
 
-def lifecycle_bucket_name(config: PlatformConfig) -> str:
+def lifecycle_bucket_name(name_prefix: str) -> str:
     """HyperPod's managed instance policy only reads buckets named `sagemaker-...`."""
-    return f"sagemaker-{config.name_prefix}-lc-{Aws.ACCOUNT_ID}-{Aws.REGION}"
+    return f"sagemaker-{name_prefix}-lc-{Aws.ACCOUNT_ID}-{Aws.REGION}"
 
 
 def lifecycle_scripts_uri(config: PlatformConfig) -> str:
-    return f"s3://{lifecycle_bucket_name(config)}/{LIFECYCLE_PREFIX}"
+    return f"s3://{lifecycle_bucket_name(config.name_prefix)}/{LIFECYCLE_PREFIX}"
 
 
 def _cdk_singleton(stack: Stack, id_prefix: str) -> IConstruct:
