@@ -165,73 +165,9 @@ class HyperPodCluster(Construct):
             "HyperPod requires its AWS-maintained instance policy on the cluster execution role "
             "(node health agents, CloudWatch metrics); AWS keeps it in step with HyperPod.",
         )  # fmt: skip
-        create, network_interfaces = interface_scope(
-            stack, subnet_ids=subnet_ids, security_group_id=security_group_id
-        )
-        role.add_to_policy(
-            iam.PolicyStatement(
-                sid="CreateNodeInterfacesInOurSubnets",
-                actions=["ec2:CreateNetworkInterface"],
-                resources=create,
-            )
-        )
-        role.add_to_policy(
-            iam.PolicyStatement(
-                sid="ManageNodeInterfaces",
-                actions=[
-                    "ec2:AssignPrivateIpAddresses",
-                    "ec2:AttachNetworkInterface",
-                    "ec2:CreateNetworkInterfacePermission",
-                    "ec2:DeleteNetworkInterface",
-                    "ec2:DeleteNetworkInterfacePermission",
-                    "ec2:DetachNetworkInterface",
-                    "ec2:ModifyNetworkInterfaceAttribute",
-                    "ec2:UnassignPrivateIpAddresses",
-                ],
-                resources=[network_interfaces],
-            )
-        )
-        role.add_to_policy(
-            iam.PolicyStatement(
-                sid="TagNodeInterfaces",
-                actions=["ec2:CreateTags"],
-                resources=[network_interfaces],
-            )
-        )
-        role.add_to_policy(
-            iam.PolicyStatement(
-                sid="DescribeNetwork",
-                actions=[
-                    "ec2:DescribeDhcpOptions",
-                    "ec2:DescribeInstances",
-                    "ec2:DescribeInstanceTypes",
-                    "ec2:DescribeNetworkInterfaces",
-                    "ec2:DescribeSecurityGroups",
-                    "ec2:DescribeSubnets",
-                    "ec2:DescribeTags",
-                    "ec2:DescribeVpcs",
-                ],
-                resources=["*"],
-            )
-        )
+        _grant_node_network(role, stack, subnet_ids, security_group_id)
         if image_repositories:
-            # The kubelet pulls the presets' images with this role: Nova's live in AWS's account.
-            role.add_to_policy(
-                iam.PolicyStatement(
-                    sid="PullImages",
-                    actions=[
-                        "ecr:BatchCheckLayerAvailability",
-                        "ecr:BatchGetImage",
-                        "ecr:GetDownloadUrlForLayer",
-                    ],
-                    resources=image_repositories,
-                )
-            )
-            role.add_to_policy(
-                iam.PolicyStatement(
-                    sid="EcrLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"]
-                )
-            )
+            _grant_image_pulls(role, image_repositories)
         role.add_to_policy(
             iam.PolicyStatement(
                 sid="PodIdentity",
@@ -240,17 +176,94 @@ class HyperPodCluster(Construct):
             )
         )
         acknowledge_no_resource_type(role)  # EC2 Describe*, ecr:GetAuthorizationToken
-        # HyperPod and the VPC CNI create the nodes' interfaces; the subnets and security group
-        # are named.
-        acknowledge_resource(role, network_interfaces, Wildcard.ASSIGNED_BY_AWS)
         if lifecycle_bucket is not None:
-            lifecycle_bucket.grant_read(role)
-            acknowledge_resource(
-                role, lifecycle_bucket.arn_for_objects("*"), LIFECYCLE_SCRIPTS_READ
-            )
-            for action in ("s3:GetBucket*", "s3:GetObject*", "s3:List*"):
-                acknowledge(role, f"AwsSolutions-IAM5[Action::{action}]", LIFECYCLE_SCRIPTS_READ)
+            _grant_lifecycle_read(role, lifecycle_bucket)
         return role
+
+
+def _grant_node_network(
+    role: iam.Role, stack: Stack, subnet_ids: list[str], security_group_id: str
+) -> None:
+    """The nodes' network interfaces, made by HyperPod and the VPC CNI in our subnets and
+    security group (named), and the network described."""
+    create, network_interfaces = interface_scope(
+        stack, subnet_ids=subnet_ids, security_group_id=security_group_id
+    )
+    role.add_to_policy(
+        iam.PolicyStatement(
+            sid="CreateNodeInterfacesInOurSubnets",
+            actions=["ec2:CreateNetworkInterface"],
+            resources=create,
+        )
+    )
+    role.add_to_policy(
+        iam.PolicyStatement(
+            sid="ManageNodeInterfaces",
+            actions=[
+                "ec2:AssignPrivateIpAddresses",
+                "ec2:AttachNetworkInterface",
+                "ec2:CreateNetworkInterfacePermission",
+                "ec2:DeleteNetworkInterface",
+                "ec2:DeleteNetworkInterfacePermission",
+                "ec2:DetachNetworkInterface",
+                "ec2:ModifyNetworkInterfaceAttribute",
+                "ec2:UnassignPrivateIpAddresses",
+            ],
+            resources=[network_interfaces],
+        )
+    )
+    role.add_to_policy(
+        iam.PolicyStatement(
+            sid="TagNodeInterfaces",
+            actions=["ec2:CreateTags"],
+            resources=[network_interfaces],
+        )
+    )
+    role.add_to_policy(
+        iam.PolicyStatement(
+            sid="DescribeNetwork",
+            actions=[
+                "ec2:DescribeDhcpOptions",
+                "ec2:DescribeInstances",
+                "ec2:DescribeInstanceTypes",
+                "ec2:DescribeNetworkInterfaces",
+                "ec2:DescribeSecurityGroups",
+                "ec2:DescribeSubnets",
+                "ec2:DescribeTags",
+                "ec2:DescribeVpcs",
+            ],
+            resources=["*"],
+        )
+    )
+    # HyperPod and the VPC CNI create the nodes' interfaces; the subnets and security group
+    # are named.
+    acknowledge_resource(role, network_interfaces, Wildcard.ASSIGNED_BY_AWS)
+
+
+def _grant_image_pulls(role: iam.Role, repositories: list[str]) -> None:
+    """The kubelet pulls the presets' images with the nodes' role: Nova's live in AWS's account."""
+    role.add_to_policy(
+        iam.PolicyStatement(
+            sid="PullImages",
+            actions=[
+                "ecr:BatchCheckLayerAvailability",
+                "ecr:BatchGetImage",
+                "ecr:GetDownloadUrlForLayer",
+            ],
+            resources=repositories,
+        )
+    )
+    role.add_to_policy(
+        iam.PolicyStatement(sid="EcrLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"])
+    )
+
+
+def _grant_lifecycle_read(role: iam.Role, bucket: s3.IBucket) -> None:
+    """The lifecycle scripts the nodes run (standard groups only)."""
+    bucket.grant_read(role)
+    acknowledge_resource(role, bucket.arn_for_objects("*"), LIFECYCLE_SCRIPTS_READ)
+    for action in ("s3:GetBucket*", "s3:GetObject*", "s3:List*"):
+        acknowledge(role, f"AwsSolutions-IAM5[Action::{action}]", LIFECYCLE_SCRIPTS_READ)
 
 
 def _restricted_group(
