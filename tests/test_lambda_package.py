@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from stacks.components.lambda_code import PACKAGES, REQUIREMENTS
+from stacks.components.project_files import pinned
 from tests.conftest import Synthesized
 from tests.packaging import (
     OPTIONAL_IMPORTS,
@@ -46,11 +49,12 @@ def test_handlers_import_with_only_the_asset_and_the_runtime(
     assert_installed(imported, REQUIREMENTS + RUNTIME_PROVIDED)
 
 
-def test_the_asset_pins_what_pyproject_pins() -> None:
-    """The Lambda asset is installed from REQUIREMENTS: the same versions the project runs with."""
-    pinned = pyproject_pins()
-    for requirement in REQUIREMENTS:
-        name = requirement.split("==")[0].lower()
-        assert pinned.get(name) == requirement.lower(), (
-            f"{requirement} vs pyproject {pinned.get(name)}"
-        )
+def test_the_asset_takes_pyprojects_pins_and_names_any_it_lacks() -> None:
+    """The Lambda asset is installed at the versions the project runs with (pyproject.toml)."""
+    pinned_here = pyproject_pins()
+    assert [pinned_here[r.split("==")[0].lower()] for r in REQUIREMENTS] == [
+        r.lower() for r in REQUIREMENTS
+    ]
+    with pytest.raises(LookupError) as lacking:
+        pinned("pydantic", "left-pad")
+    assert str(lacking.value) == "pyproject.toml's dependencies pin no left-pad"

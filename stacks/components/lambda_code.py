@@ -17,13 +17,11 @@ import aws_cdk as cdk
 import jsii
 from aws_cdk import aws_lambda as lambda_
 
-from stacks.components.project_files import PROJECT_ROOT, only_folders
+from stacks.components.project_files import PROJECT_ROOT, only_folders, pinned
 
 PACKAGES = ("lambdas", "domain", "training_configs")
-# boto3 comes with the Lambda runtime; the rest is pinned as in pyproject.toml.
-REQUIREMENTS = (
-    "pydantic==2.14.3", "pyyaml==6.0.4", "numpy==2.4.6", "aws-lambda-powertools==3.37.0",
-)  # fmt: skip
+# boto3 comes with the Lambda runtime; the rest at pyproject.toml's pins.
+REQUIREMENTS = pinned("pydantic", "pyyaml", "numpy", "aws-lambda-powertools")
 # Lambda's Python 3.12 runtime runs on Amazon Linux 2023 (glibc 2.34): wheels built for
 # manylinux_2_28 (numpy 2.4's only ones) or older (manylinux2014, as pydantic-core's) both load.
 PLATFORMS = ("--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64")

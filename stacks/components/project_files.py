@@ -3,6 +3,8 @@ folders of it."""
 
 from __future__ import annotations
 
+import re
+import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -33,3 +35,15 @@ def project_image(
         exclude=[*only_folders(folders), "**/__pycache__"],
         platform=ecr_assets.Platform.LINUX_AMD64,
     )
+
+
+def pinned(*distributions: str) -> tuple[str, ...]:
+    """`name==version` for each of `distributions` as the project's own dependencies pin it
+    (pyproject.toml), so that an asset's requirements never drift from what the tests ran."""
+    with (PROJECT_ROOT / "pyproject.toml").open("rb") as stream:
+        dependencies = tomllib.load(stream)["project"]["dependencies"]
+    pins = {re.split(r"[=<>!~\[ ]", pin, maxsplit=1)[0].lower(): pin for pin in dependencies}
+    missing = [name for name in distributions if name.lower() not in pins]
+    if missing:
+        raise LookupError(f"pyproject.toml's dependencies pin no {', '.join(missing)}")
+    return tuple(pins[name.lower()] for name in distributions)
