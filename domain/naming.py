@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from enum import StrEnum
 
 RUN_MARK = "run"
 # The tags a run's releases carry (what `mtrl deploy` makes on Bedrock and SageMaker); the
@@ -84,3 +85,32 @@ def run_namespace(prefix: str, run_id: str) -> str:
 def worker_service_name(prefix: str, run_id: str) -> str:
     """The ECS service of a run's reward workers, and its task definition's family."""
     return run_resource_name(prefix, run_id, "workers")[:255]
+
+
+class StackOutput(StrEnum):
+    """The stacks' outputs: how `mtrl` finds a deployment's parts (mtrl/ops/deployment.py reads
+    them by these names, the stacks write them)."""
+
+    EKS_CLUSTER_NAME = "EksClusterName"
+    HYPER_POD_CLUSTER_NAME = "HyperPodClusterName"
+    HYPER_POD_TRAINING_GROUP_NAME = "HyperPodTrainingGroupName"
+    REWARD_WORKER_CLUSTER_NAME = "RewardWorkerClusterName"
+    REWARD_WORKER_TASK_FAMILY = "RewardWorkerTaskFamily"
+    KUBECONFIG_COMMAND = "KubeconfigCommand"
+    MLFLOW_TRACKING_SERVER_ARN = "MlflowTrackingServerArn"
+    OPERATOR_POLICY_ARN = "OperatorPolicyArn"
+    ROUTER_URL = "RouterUrl"
+    MODEL_PACKAGE_GROUP_NAME = "ModelPackageGroupName"
+    BEDROCK_IMPORT_ROLE_ARN = "BedrockImportRoleArn"
+    SERVING_ROLE_ARN = "ServingRoleArn"
+    CONVERSATION_TABLE_NAME = "ConversationTableName"
+    STATE_MACHINE_ARN = "StateMachineArn"
+    RUNS_TABLE_NAME = "RunsTableName"
+    ALERT_TOPIC_ARN = "AlertTopicArn"
+    PIPELINE_LOG_GROUPS = "PipelineLogGroups"
+    REWARD_WORKER_LOG_GROUP_PREFIX = "RewardWorkerLogGroupPrefix"
+    REAPER_FUNCTION_NAME = "ReaperFunctionName"
+    DATA_BUCKET_NAME = "DataBucketName"
+    UPLOAD_COMMAND = "UploadCommand"
+    TRAJECTORY_TABLE = "TrajectoryTable"
+    ATHENA_WORK_GROUP = "AthenaWorkGroup"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import aws_cdk as cdk
 from constructs import Construct
 
+from domain.naming import StackOutput
 from stacks.base import PlatformStack
 from stacks.components.eks import HyperPodEks
 from stacks.components.hyperpod import HyperPodCluster
@@ -82,17 +83,25 @@ class ComputeStack(PlatformStack):
             self, "RewardFleet", config=config, vpc=network.vpc, log_key=storage.data_key
         )
 
-        cdk.CfnOutput(self, "EksClusterName", value=self.eks.cluster_name)
-        cdk.CfnOutput(self, "HyperPodClusterName", value=self.hyperpod.cluster_name)
+        cdk.CfnOutput(self, StackOutput.EKS_CLUSTER_NAME, value=self.eks.cluster_name)
+        cdk.CfnOutput(self, StackOutput.HYPER_POD_CLUSTER_NAME, value=self.hyperpod.cluster_name)
         # `mtrl status` counts this group's nodes: the GPU nodes runs pay for.
-        cdk.CfnOutput(self, "HyperPodTrainingGroupName", value=config.training_group.name)
-        cdk.CfnOutput(self, "RewardWorkerClusterName", value=self.reward_fleet.cluster.cluster_name)
         cdk.CfnOutput(
-            self, "RewardWorkerTaskFamily", value=self.reward_fleet.task_definition.family
+            self, StackOutput.HYPER_POD_TRAINING_GROUP_NAME, value=config.training_group.name
         )
         cdk.CfnOutput(
             self,
-            "KubeconfigCommand",
+            StackOutput.REWARD_WORKER_CLUSTER_NAME,
+            value=self.reward_fleet.cluster.cluster_name,
+        )
+        cdk.CfnOutput(
+            self,
+            StackOutput.REWARD_WORKER_TASK_FAMILY,
+            value=self.reward_fleet.task_definition.family,
+        )
+        cdk.CfnOutput(
+            self,
+            StackOutput.KUBECONFIG_COMMAND,
             value=cdk.Fn.join(
                 "",
                 [

@@ -9,6 +9,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
+from domain.naming import StackOutput
 from stacks.base import PlatformStack
 from stacks.components.access import NEEDS, OperatorPolicy, StacksAccess, grant_needs
 from stacks.components.experiment_tracking import ExperimentTracking
@@ -162,28 +163,36 @@ class PipelineStack(PlatformStack):
         """What `mtrl` finds the deployment by (mtrl/ops/deployment.py)."""
         pipeline, release = self.pipeline, self.model_release
         if self._tracking.server_arn:
-            cdk.CfnOutput(self, "MlflowTrackingServerArn", value=self._tracking.server_arn)
+            cdk.CfnOutput(
+                self, StackOutput.MLFLOW_TRACKING_SERVER_ARN, value=self._tracking.server_arn
+            )
         cdk.CfnOutput(
             self,
-            "OperatorPolicyArn",
+            StackOutput.OPERATOR_POLICY_ARN,
             value=self.operator_policy.managed_policy_arn,
             description="Attach to the role or permission set of whoever runs mtrl",
         )
-        cdk.CfnOutput(self, "RouterUrl", value=self.router.proxy_url.url)
+        cdk.CfnOutput(self, StackOutput.ROUTER_URL, value=self.router.proxy_url.url)
         # `mtrl deploy` finds the group; passes Bedrock the import role, SageMaker the serving role.
-        cdk.CfnOutput(self, "ModelPackageGroupName", value=release.group_name)
-        cdk.CfnOutput(self, "BedrockImportRoleArn", value=release.import_role.role_arn)
-        cdk.CfnOutput(self, "ServingRoleArn", value=release.serving_role.role_arn)
-        cdk.CfnOutput(self, "ConversationTableName", value=self.router.table.table_name)
-        cdk.CfnOutput(self, "StateMachineArn", value=pipeline.state_machine.state_machine_arn)
-        cdk.CfnOutput(self, "RunsTableName", value=pipeline.runs_table.table_name)
-        cdk.CfnOutput(self, "AlertTopicArn", value=pipeline.alert_topic.topic_arn)
+        cdk.CfnOutput(self, StackOutput.MODEL_PACKAGE_GROUP_NAME, value=release.group_name)
+        cdk.CfnOutput(self, StackOutput.BEDROCK_IMPORT_ROLE_ARN, value=release.import_role.role_arn)
+        cdk.CfnOutput(self, StackOutput.SERVING_ROLE_ARN, value=release.serving_role.role_arn)
+        cdk.CfnOutput(self, StackOutput.CONVERSATION_TABLE_NAME, value=self.router.table.table_name)
+        cdk.CfnOutput(
+            self, StackOutput.STATE_MACHINE_ARN, value=pipeline.state_machine.state_machine_arn
+        )
+        cdk.CfnOutput(self, StackOutput.RUNS_TABLE_NAME, value=pipeline.runs_table.table_name)
+        cdk.CfnOutput(self, StackOutput.ALERT_TOPIC_ARN, value=pipeline.alert_topic.topic_arn)
         # `mtrl logs` reads these; the per-run worker groups are named after the prefix.
-        cdk.CfnOutput(self, "PipelineLogGroups", value=cdk.Fn.join(",", pipeline.log_group_names))
-        cdk.CfnOutput(self, "RewardWorkerLogGroupPrefix", value=log_group_name(self._config))
+        cdk.CfnOutput(
+            self, StackOutput.PIPELINE_LOG_GROUPS, value=cdk.Fn.join(",", pipeline.log_group_names)
+        )
+        cdk.CfnOutput(
+            self, StackOutput.REWARD_WORKER_LOG_GROUP_PREFIX, value=log_group_name(self._config)
+        )
         cdk.CfnOutput(
             self,
-            "ReaperFunctionName",
+            StackOutput.REAPER_FUNCTION_NAME,
             value=pipeline.functions["reap"].function_name,
             description="mtrl teardown invokes it to tear a run down now",
         )

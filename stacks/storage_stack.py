@@ -6,6 +6,7 @@ import aws_cdk as cdk
 from constructs import Construct
 
 from domain.bucket import TRAINING_DATA_PREFIX
+from domain.naming import StackOutput
 from stacks.base import PlatformStack
 from stacks.components.storage import Storage
 from stacks.components.trajectory_table import TrajectoryTable
@@ -20,10 +21,10 @@ class StorageStack(PlatformStack):
             artifact_retention_days=config.run_artifact_retention_days,
         )  # fmt: skip
         bucket = self.storage.data_bucket.bucket_name
-        cdk.CfnOutput(self, "DataBucketName", value=bucket)
+        cdk.CfnOutput(self, StackOutput.DATA_BUCKET_NAME, value=bucket)
         cdk.CfnOutput(
             self,
-            "UploadCommand",
+            StackOutput.UPLOAD_COMMAND,
             value=cdk.Fn.join(
                 "", ["aws s3 cp data.jsonl s3://", bucket, f"/{TRAINING_DATA_PREFIX}"]
             ),
@@ -38,8 +39,8 @@ class StorageStack(PlatformStack):
         )
         cdk.CfnOutput(
             self,
-            "TrajectoryTable",
+            StackOutput.TRAJECTORY_TABLE,
             value=f"{trajectories.database_name}.{trajectories.table_name}",
             description="SQL over every run's rollouts (Athena, with WHERE run = '<run id>')",
         )
-        cdk.CfnOutput(self, "AthenaWorkGroup", value=trajectories.workgroup_name)
+        cdk.CfnOutput(self, StackOutput.ATHENA_WORK_GROUP, value=trajectories.workgroup_name)

@@ -32,7 +32,7 @@ from botocore.exceptions import ClientError
 from pydantic import ValidationError
 
 from domain.bucket import SUMMARY_OBJECT, object_exists, run_output_prefix
-from domain.naming import DEPLOYMENT_TAG, RUN_TAG, run_prefix
+from domain.naming import DEPLOYMENT_TAG, RUN_TAG, StackOutput, run_prefix
 from domain.nova_job import is_nova
 from mtrl.ops.deployment import Deployment
 from training_configs.schema import TrainingConfig
@@ -244,7 +244,7 @@ def _source(trained: TrainedModel, deployment: Deployment) -> dict[str, Any]:
         return {"customModelDataSource": {"modelPackageArnDataSource": package}}
     return {
         "modelSourceConfig": {"s3DataSource": {"s3Uri": trained.checkpoint}},
-        "roleArn": deployment.output("BedrockImportRoleArn"),
+        "roleArn": deployment.output(StackOutput.BEDROCK_IMPORT_ROLE_ARN),
     }
 
 

@@ -21,7 +21,7 @@ from botocore.exceptions import (
     ProfileNotFound,
 )
 
-from domain.naming import OUTPUT_STACKS, stack_name
+from domain.naming import OUTPUT_STACKS, StackOutput, stack_name
 from domain.runs import execution_arn
 
 # Stack states in which the outputs are those of a finished deployment.
@@ -50,15 +50,15 @@ class Deployment:
 
     @property
     def data_bucket(self) -> str:
-        return self.output("DataBucketName")
+        return self.output(StackOutput.DATA_BUCKET_NAME)
 
     @property
     def state_machine_arn(self) -> str:
-        return self.output("StateMachineArn")
+        return self.output(StackOutput.STATE_MACHINE_ARN)
 
     @property
     def runs_table(self) -> str:
-        return self.output("RunsTableName")
+        return self.output(StackOutput.RUNS_TABLE_NAME)
 
     def execution_arn(self, run_id: str) -> str:
         return execution_arn(self.state_machine_arn, run_id)

@@ -19,6 +19,7 @@ from typing import Any
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
+from domain.naming import StackOutput
 from domain.nova_job import (
     FORGE_RECIPE_PATHS,
     FORGE_RECIPE_SOURCE,
@@ -119,7 +120,7 @@ def _unchecked(checks: list[Check], reason: str) -> list[Check]:
 
 
 def _eks(client: Callable[[str], Any], deployment: Deployment, config: TrainingConfig) -> Check:
-    name = deployment.output("EksClusterName")
+    name = deployment.output(StackOutput.EKS_CLUSTER_NAME)
     cluster = client("eks").describe_cluster(name=name)["cluster"]
     if cluster["status"] != "ACTIVE":
         return Check(
@@ -135,7 +136,7 @@ def _eks(client: Callable[[str], Any], deployment: Deployment, config: TrainingC
 def _hyperpod(
     client: Callable[[str], Any], deployment: Deployment, config: TrainingConfig
 ) -> Check:
-    name = deployment.output("HyperPodClusterName")
+    name = deployment.output(StackOutput.HYPER_POD_CLUSTER_NAME)
     cluster = client("sagemaker").describe_cluster(ClusterName=name)
     if cluster["ClusterStatus"] != "InService":
         return Check("hyperpod", False, f"{name} is {cluster['ClusterStatus']}",
@@ -193,7 +194,7 @@ def _nova(client: Callable[[str], Any], deployment: Deployment, config: Training
     if deployment.region not in IMAGE_ACCOUNTS:
         return Check("nova", False, f"{deployment.region} {NO_IMAGES}",
                      f"deploy to one of {', '.join(IMAGE_ACCOUNTS)}")  # fmt: skip
-    name = deployment.output("HyperPodClusterName")
+    name = deployment.output(StackOutput.HYPER_POD_CLUSTER_NAME)
     cluster = client("sagemaker").describe_cluster(ClusterName=name)
     restricted = {g["InstanceType"] for g in cluster.get("RestrictedInstanceGroups", [])}
     if config.instance_type not in restricted:
@@ -217,7 +218,7 @@ def _nova(client: Callable[[str], Any], deployment: Deployment, config: Training
 def _worker_image(
     client: Callable[[str], Any], deployment: Deployment, config: TrainingConfig
 ) -> Check:
-    family = deployment.output("RewardWorkerTaskFamily")
+    family = deployment.output(StackOutput.REWARD_WORKER_TASK_FAMILY)
     definition = client("ecs").describe_task_definition(taskDefinition=family)["taskDefinition"]
     image = definition["containerDefinitions"][0]["image"]
     registry, _, reference = image.partition("/")

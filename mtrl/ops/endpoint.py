@@ -27,7 +27,7 @@ from botocore.exceptions import ClientError
 
 from domain.bucket import object_exists, run_output_prefix
 from domain.checkpoints import MANIFEST_OBJECT, CheckpointManifest
-from domain.naming import DEPLOYMENT_TAG, RUN_TAG
+from domain.naming import DEPLOYMENT_TAG, RUN_TAG, StackOutput
 from domain.nova_job import is_nova
 from domain.vllm import vllm_lora_rank
 from mtrl.ops.deploy import (
@@ -165,7 +165,7 @@ def deploy_to_sagemaker(
                 },
                 "Environment": how.environment,
             },
-            ExecutionRoleArn=deployment.output("ServingRoleArn"),
+            ExecutionRoleArn=deployment.output(StackOutput.SERVING_ROLE_ARN),
             EnableNetworkIsolation=how.isolated,
             Tags=tags,
         )  # fmt: skip

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from domain.naming import run_namespace
+from domain.naming import StackOutput, run_namespace
 from domain.service_logs import pod_log_group
 from mtrl.ops.deployment import Deployment
 
@@ -38,11 +38,15 @@ class LogLine:
 
 def sources(deployment: Deployment, run_id: str, plane: Plane) -> list[LogSource]:
     if plane == "pipeline":
-        groups = [g for g in deployment.output("PipelineLogGroups").split(",") if g]
+        groups = [g for g in deployment.output(StackOutput.PIPELINE_LOG_GROUPS).split(",") if g]
         return [LogSource(group, f'"{run_id}"') for group in groups]
     if plane == "workers":
-        return [LogSource(f"{deployment.output('RewardWorkerLogGroupPrefix')}/{run_id}", "")]
-    cluster = deployment.output("EksClusterName")
+        return [
+            LogSource(
+                f"{deployment.output(StackOutput.REWARD_WORKER_LOG_GROUP_PREFIX)}/{run_id}", ""
+            )
+        ]
+    cluster = deployment.output(StackOutput.EKS_CLUSTER_NAME)
     namespace = run_namespace(deployment.prefix, run_id)
     return [
         LogSource(

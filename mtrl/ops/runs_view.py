@@ -20,7 +20,7 @@ from botocore.exceptions import ClientError
 from domain.backends import METRICS_OBJECT, recent_metrics
 from domain.bucket import SUMMARY_OBJECT, object_exists, run_output_prefix
 from domain.health import measured
-from domain.naming import worker_service_name
+from domain.naming import StackOutput, worker_service_name
 from domain.nova_job import recipe_skips
 from domain.run_queues import QueueKind, queue_name
 from domain.runs import FINISHED, RunRecord, RunStore
@@ -236,7 +236,7 @@ def _oldest_ages(cloudwatch: Any, names: list[str], *, now: float) -> list[float
 
 
 def _workers(ecs: Any, deployment: Deployment, run_id: str) -> tuple[int, int] | None:
-    cluster = deployment.outputs.get("RewardWorkerClusterName")
+    cluster = deployment.outputs.get(StackOutput.REWARD_WORKER_CLUSTER_NAME)
     if not cluster:
         return None
     service = worker_service_name(deployment.prefix, run_id)
@@ -250,8 +250,8 @@ def _workers(ecs: Any, deployment: Deployment, run_id: str) -> tuple[int, int] |
 
 def _gpu_nodes(sagemaker: Any, deployment: Deployment) -> int | None:
     """The training group's running nodes (not the system group's): what runs pay for."""
-    cluster = deployment.outputs.get("HyperPodClusterName")
-    group = deployment.outputs.get("HyperPodTrainingGroupName")
+    cluster = deployment.outputs.get(StackOutput.HYPER_POD_CLUSTER_NAME)
+    group = deployment.outputs.get(StackOutput.HYPER_POD_TRAINING_GROUP_NAME)
     if not cluster or not group:
         return None
     try:

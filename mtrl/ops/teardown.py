@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from domain.naming import StackOutput
 from mtrl.ops.deployment import Deployment
 
 
@@ -18,7 +19,7 @@ def invoke_reaper(
     lambda_client: Any, deployment: Deployment, request: dict[str, Any]
 ) -> dict[str, Any]:
     response = lambda_client.invoke(
-        FunctionName=deployment.output("ReaperFunctionName"),
+        FunctionName=deployment.output(StackOutput.REAPER_FUNCTION_NAME),
         InvocationType="RequestResponse",
         Payload=json.dumps(request).encode(),
     )
