@@ -34,9 +34,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from domain.presets import ACCELERATORS
 from lambdas.kubernetes.client import KINDS
 from lambdas.kubernetes.rig_addons import OFF_RESTRICTED, RESTRICTED_TAINT, tolerate_restricted
-from lambdas.kubernetes.training_job import ACCELERATORS
 
 REPOSITORY = "https://github.com/aws/sagemaker-hyperpod-cli.git"
 # Pinned: a chart change reaches a deployment only through a commit here (2026-06-22).

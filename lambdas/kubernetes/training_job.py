@@ -22,7 +22,7 @@ from typing import Any
 
 from domain.episodes import EvaluationStage
 from domain.naming import RUN_SERVICE_ACCOUNT, run_namespace
-from domain.presets import JobKind, ModelPreset
+from domain.presets import JobKind, ModelPreset, PresetMismatch, accelerators, check_fits
 from domain.trainer_job import JOB_VARIABLE, TrainingJob
 from training_configs.schema import TrainingConfig
 
@@ -41,23 +41,6 @@ SCRATCH = "/scratch"
 RESTARTS = 3  # of a failed trainer, each resuming from the last checkpoint
 DEPLOYMENT_LABEL = "nova-mtrl/deployment"
 COMPONENT_LABEL = "app.kubernetes.io/component"
-
-# GPUs and EFA interfaces per HyperPod instance type (the AWS instance specifications).
-ACCELERATORS: dict[str, tuple[int, int]] = {
-    "ml.p5.48xlarge": (8, 32),
-    "ml.p5e.48xlarge": (8, 32),
-    "ml.p5en.48xlarge": (8, 16),
-    "ml.p4d.24xlarge": (8, 4),
-    "ml.p4de.24xlarge": (8, 4),
-    "ml.g5.48xlarge": (8, 1),
-    "ml.g5.12xlarge": (4, 1),
-    "ml.g6.48xlarge": (8, 1),
-    "ml.g6.12xlarge": (4, 1),
-}
-
-
-class JobRenderError(ValueError):
-    """The training config and the deployment's presets do not make a job (the message says why)."""
 
 
 @dataclass(frozen=True)
@@ -87,39 +70,6 @@ def run_labels(prefix: str, run_id: str) -> dict[str, str]:
         DEPLOYMENT_LABEL: prefix,
         RUN_LABEL: run_id,
     }
-
-
-def preset_for(config: TrainingConfig, presets: dict[str, ModelPreset]) -> ModelPreset:
-    """The config's model preset, checked to fit the trainer (JobRenderError says what to change)."""
-    preset = presets.get(config.model)
-    if preset is None:
-        known = ", ".join(sorted(presets)) or "none"
-        raise JobRenderError(
-            f"training config model {config.model!r} has no preset in this deployment "
-            f"(model_presets: {known}); use one of those or add a preset to cdk.json"
-        )
-    check_fits(config)
-    return preset
-
-
-def check_fits(config: TrainingConfig) -> None:
-    """The config's nodes are what the open-weights trainer runs on: one GPU node."""
-    accelerators(config.instance_type)
-    if config.instance_count != 1:
-        raise JobRenderError(
-            f"instance_count {config.instance_count}: the open-weights trainer runs on one node "
-            f"(generation and updates in one process); set instance_count: 1"
-        )
-
-
-def accelerators(instance_type: str) -> tuple[int, int]:
-    try:
-        return ACCELERATORS[instance_type]
-    except KeyError:
-        known = ", ".join(sorted(ACCELERATORS))
-        raise JobRenderError(
-            f"instance_type {instance_type} is not a GPU type the job renderer knows ({known})"
-        ) from None
 
 
 def job_name(stage: EvaluationStage | None = None) -> str:
@@ -194,7 +144,7 @@ def _metadata(name: str, namespace: str, labels: dict[str, str]) -> dict[str, An
 
 def _image(template: str | None, request: JobRequest) -> str:
     if template is None:
-        raise JobRenderError(
+        raise PresetMismatch(
             f"model preset {request.config.model!r} has no trainer image: the deployment's "
             "presets name the one `cdk deploy` built; redeploy (cdk deploy) or set trainer_image"
         )

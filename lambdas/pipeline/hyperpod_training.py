@@ -40,6 +40,7 @@ from domain.backends import (
 )
 from domain.episodes import EvaluationStage
 from domain.naming import RUN_SERVICE_ACCOUNT, run_namespace
+from domain.presets import JobKind, ModelPreset, preset_for
 from domain.trainer_job import TrainingJob
 from lambdas.clients import Clients
 from lambdas.environment import EnvironmentSettings
@@ -49,11 +50,8 @@ from lambdas.kubernetes.training_job import (
     COMPONENT_LABEL,
     JOB_API,
     RUN_LABEL,
-    JobKind,
     JobRequest,
-    ModelPreset,
     job_name,
-    preset_for,
     render,
 )
 from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity

@@ -14,10 +14,9 @@ from typing import Any
 from domain.bucket import CONFIG_METADATA_KEY, CONFIGS_PREFIX, check_dataset_key, object_exists
 from domain.checkpoints import BaseCheckpoint
 from domain.nova_job import NO_NOVA_GROUP, is_nova, nova_problems
-from domain.presets import ModelPreset
+from domain.presets import ModelPreset, preset_for
 from domain.runs import RunRecord, RunStore, run_id_for
 from domain.serverless_job import NO_SERVERLESS_PLANE, serverless_problems
-from lambdas.kubernetes.training_job import preset_for
 from lambdas.pipeline.checkpoints import resolve_base
 from training_configs import (
     CostEstimate,

@@ -16,17 +16,10 @@ import kubernetes_validate
 import pytest
 from botocore.configprovider import BOTOCORE_DEFAUT_SESSION_VARIABLES
 
-from domain.presets import ModelPreset
+from domain.naming import run_namespace
+from domain.presets import ModelPreset, PresetMismatch, preset_for
 from domain.trainer_job import TrainingJob, job_from_environment
-from lambdas.kubernetes.training_job import (
-    RESTARTS,
-    RUN_LABEL,
-    JobRenderError,
-    JobRequest,
-    preset_for,
-    render,
-    run_namespace,
-)
+from lambdas.kubernetes.training_job import RESTARTS, RUN_LABEL, JobRequest, render
 from stacks.components.project_files import PROJECT_ROOT
 from stacks.config import PlatformConfig, deployment_context
 from training_configs.schema import load_training_config
@@ -207,13 +200,13 @@ def test_the_trainer_runs_the_open_weights_trainer_on_one_whole_node() -> None:
 
 def test_more_than_one_node_or_a_preset_without_image_is_a_clear_error() -> None:
     with pytest.raises(
-        JobRenderError, match="instance_count 4: the open-weights trainer runs on one node"
+        PresetMismatch, match="instance_count 4: the open-weights trainer runs on one node"
     ):
         render(request("rft_multiturn_lora", instance_count=4))
-    with pytest.raises(JobRenderError, match="ml.c5.xlarge is not a GPU type"):
+    with pytest.raises(PresetMismatch, match="ml.c5.xlarge is not a GPU type"):
         preset_for(request("rft_multiturn_lora", instance_type="ml.c5.xlarge").config, PRESETS)
     unbuilt = replace(request("rft_multiturn_lora"), preset=PRESETS["qwen3-8b"])
-    with pytest.raises(JobRenderError, match="no trainer image"):
+    with pytest.raises(PresetMismatch, match="no trainer image"):
         render(unbuilt)
 
 

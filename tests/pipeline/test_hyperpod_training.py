@@ -16,8 +16,9 @@ import pytest
 from domain.backends import RunContext
 from domain.episodes import EvaluationStage
 from domain.naming import run_namespace
+from domain.presets import PresetMismatch
 from domain.trainer_job import job_from_environment
-from lambdas.kubernetes.training_job import JobRenderError, render
+from lambdas.kubernetes.training_job import render
 from lambdas.pipeline.hyperpod_capacity import CapacityLeases, HyperPodCapacity
 from lambdas.pipeline.hyperpod_training import (
     HyperPodSettings,
@@ -182,7 +183,7 @@ def test_submit_applies_every_object_once_and_is_idempotent(
 def test_a_model_without_preset_fails_before_anything_is_applied(
     cluster: HyperPodTrainingCluster, api: FakeKubernetes
 ) -> None:
-    with pytest.raises(JobRenderError, match="model 'llama-9' has no preset.*qwen3-8b"):
+    with pytest.raises(PresetMismatch, match="model 'llama-9' has no preset.*qwen3-8b"):
         cluster.submit(replace(RUN, config=RUN.training.model_copy(update={"model": "llama-9"})))
     assert api.requests == []
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from domain.bucket import UnsafeKey, check_dataset_key
+from domain.presets import PresetMismatch
 from domain.runs import RunStore, run_id_for
-from lambdas.kubernetes.training_job import JobRenderError
 from lambdas.pipeline.checkpoints import CheckpointRefused
 from lambdas.pipeline.notify import notify, summary
 from lambdas.pipeline.register import BudgetExceeded, Registered, register_run
@@ -196,7 +196,7 @@ def test_a_config_the_cluster_cannot_run_is_refused_before_anything_exists(s3_an
                 Key={"run_id": {"S": run_id_for(BUCKET, "training-data/w.jsonl", version)}},
             )
             continue
-        with pytest.raises((JobRenderError, TrainingConfigError), match=error):
+        with pytest.raises((PresetMismatch, TrainingConfigError), match=error):
             register()
         assert boto3.client("dynamodb").scan(TableName="runs")["Count"] == 0
 
