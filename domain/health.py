@@ -200,3 +200,26 @@ def _first_error(lines: Sequence[Mapping[str, Any]]) -> str | None:
     """The first failed rollout's error the steps' lines name, in their order."""
     found = first_step_error(lines)
     return found[1] if found else None
+
+
+# A run's steps as CloudWatch metrics (the dashboard's graphs; Monitor publishes them).
+TRAINING_METRICS_NAMESPACE = "nova-mtrl/Training"
+TRAINING_METRICS_SERVICE = "monitor"
+# Each graphed figure: its CloudWatch name, and how a step's line (with those before) gives it:
+# the success rate, and every run-health metric (MeanReward, ZeroVarianceGroups, ...).
+TRAINING_FIGURES: Mapping[str, str] = {
+    "SuccessRate": "success_rate",
+    **{
+        "".join(part.title() for part in metric.split("_")): metric
+        for metric in get_args(HealthMetric)
+    },
+}
+
+
+def step_figures(lines: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The figures of the last of `lines` (one per step, in order) that it measures."""
+    health = measured(lines)
+    success = success_rate(lines[-1])
+    if success is not None:
+        health["success_rate"] = success
+    return {name: health[source] for name, source in TRAINING_FIGURES.items() if source in health}

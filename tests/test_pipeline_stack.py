@@ -9,7 +9,8 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from lambdas.pipeline.training_metrics import FIGURES, EmbeddedMetrics
+from domain.health import TRAINING_FIGURES
+from lambdas.pipeline.training_metrics import EmbeddedMetrics
 from stacks.components.experiment_tracking import LOG_ACTIONS
 from stacks.components.pipeline_states import AFTER_DEADLINE_HOURS
 from tests.conftest import Synthesized, as_list, handler_of, role_statements
@@ -206,7 +207,7 @@ def test_dashboard_graphs_what_monitor_publishes_of_each_run(
 ) -> None:
     """Each training figure is searched for under the namespace and the very dimensions of the
     documents Monitor writes (a search naming other dimensions finds nothing)."""
-    EmbeddedMetrics("nova-mtrl").publish("r", 1, dict.fromkeys(FIGURES, 0.5))
+    EmbeddedMetrics("nova-mtrl").publish("r", 1, dict.fromkeys(TRAINING_FIGURES, 0.5))
     (document,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     (directive,) = document["_aws"]["CloudWatchMetrics"]
     (dimensions,) = directive["Dimensions"]
@@ -222,7 +223,7 @@ def test_dashboard_graphs_what_monitor_publishes_of_each_run(
     ]
     schema = "{" + ",".join([directive["Namespace"], *sorted(dimensions)]) + "}"
     searched = {re.search(r'MetricName="(\w+)"', search)[1] for search in searches}
-    assert searched == {m["Name"] for m in directive["Metrics"]} == set(FIGURES)
+    assert searched == {m["Name"] for m in directive["Metrics"]} == set(TRAINING_FIGURES)
     assert all(search.startswith(f"SEARCH('{schema} ") for search in searches)
     assert all(f'deployment="nova-mtrl" service="{document["service"]}"' in s for s in searches)
 

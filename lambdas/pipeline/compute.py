@@ -24,7 +24,7 @@ from domain.backends import (
 from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, run_output_prefix, run_outputs
 from domain.episodes import Episode, EvaluationStage
 from domain.evaluation import EvaluationReport, compare, read_episodes, summarize
-from domain.health import findings, held_out_caution
+from domain.health import findings, held_out_caution, step_figures
 from domain.run_queues import purge_run_queues
 from domain.run_state import EvaluationJob, JobReport, OpenedPhase, RegisteredRun, RunState
 from domain.runs import RunRecord, RunStore
@@ -35,7 +35,6 @@ from lambdas.pipeline.checkpoints import best_checkpoint, recorded_checkpoints
 from lambdas.pipeline.dependencies import Compute, Dependencies
 from lambdas.pipeline.model_registry import register_model
 from lambdas.pipeline.notify import alert_health
-from lambdas.pipeline.training_metrics import step_figures
 from lambdas.router.conversations import ConversationStore
 
 

@@ -1,7 +1,8 @@
 """A run's training steps as CloudWatch metrics, for the dashboard: Monitor publishes each new
 line of `metrics.jsonl` (our trainer's steps or a Nova run's windows) once, as the figures the
 dashboard graphs — the mean reward, the success rate and every run-health metric
-(domain/health.py) — under `nova-mtrl/Training` with the deployment and the run as dimensions.
+(domain/health.py: which figures, and each step's) — under `nova-mtrl/Training` with the deployment and
+the run as dimensions.
 
 Deployed, they leave in CloudWatch's embedded metric format (Powertools, printed to Monitor's
 log: no API call, no permission); local mode keeps them in memory.
@@ -9,38 +10,16 @@ log: no API call, no permission); local mode keeps them in memory.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol, get_args
+from collections.abc import Mapping
+from typing import Protocol
 
 from aws_lambda_powertools.metrics import EphemeralMetrics, MetricUnit
 
-from domain.health import measured, success_rate
-from training_configs.schema import HealthMetric
-
-NAMESPACE = "nova-mtrl/Training"
-SERVICE = "monitor"
-# Each graphed figure: its CloudWatch name, and how a step's line (with those before) gives it:
-# the success rate, and every run-health metric (MeanReward, ZeroVarianceGroups, ...).
-FIGURES: Mapping[str, str] = {
-    "SuccessRate": "success_rate",
-    **{
-        "".join(part.title() for part in metric.split("_")): metric
-        for metric in get_args(HealthMetric)
-    },
-}
+from domain.health import TRAINING_METRICS_NAMESPACE, TRAINING_METRICS_SERVICE
 
 
 class TrainingMetrics(Protocol):
     def publish(self, run_id: str, step: int, figures: Mapping[str, float]) -> None: ...
-
-
-def step_figures(lines: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """The figures of the last of `lines` (one per step, in order) that it measures."""
-    health = measured(lines)
-    success = success_rate(lines[-1])
-    if success is not None:
-        health["success_rate"] = success
-    return {name: health[source] for name, source in FIGURES.items() if source in health}
 
 
 class EmbeddedMetrics:
@@ -52,7 +31,9 @@ class EmbeddedMetrics:
     def publish(self, run_id: str, step: int, figures: Mapping[str, float]) -> None:
         if not figures:
             return
-        metrics = EphemeralMetrics(namespace=NAMESPACE, service=SERVICE)
+        metrics = EphemeralMetrics(
+            namespace=TRAINING_METRICS_NAMESPACE, service=TRAINING_METRICS_SERVICE
+        )
         metrics.set_default_dimensions(deployment=self.deployment, run_id=run_id)
         for name, figure in figures.items():
             metrics.add_metric(name=name, unit=MetricUnit.NoUnit, value=figure)

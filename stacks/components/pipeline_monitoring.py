@@ -13,8 +13,8 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
+from domain.health import TRAINING_FIGURES, TRAINING_METRICS_NAMESPACE, TRAINING_METRICS_SERVICE
 from domain.naming import run_prefix
-from lambdas.pipeline.training_metrics import FIGURES, NAMESPACE, SERVICE
 
 PERIOD = Duration.minutes(5)
 
@@ -116,17 +116,17 @@ TRAINING_DIMENSIONS = ("deployment", "run_id", "service")
 # reward's spread on another.
 OWN_AXIS = ("MeanTurns", "RewardSpread")
 HEALTH_FIGURES = tuple(
-    name for name in FIGURES if name not in ("MeanReward", "SuccessRate", *OWN_AXIS)
+    name for name in TRAINING_FIGURES if name not in ("MeanReward", "SuccessRate", *OWN_AXIS)
 )
 
 
 def per_run(name_prefix: str, figure: str) -> cloudwatch.MathExpression:
     """`figure` of every run of the deployment, a line per run."""
-    schema = ",".join((NAMESPACE, *TRAINING_DIMENSIONS))
+    schema = ",".join((TRAINING_METRICS_NAMESPACE, *TRAINING_DIMENSIONS))
     return cloudwatch.MathExpression(
         expression=(
             f'SEARCH(\'{{{schema}}} MetricName="{figure}" deployment="{name_prefix}" '
-            f"service=\"{SERVICE}\"', 'Average', 300)"
+            f"service=\"{TRAINING_METRICS_SERVICE}\"', 'Average', 300)"
         ),
         label=figure,
         period=PERIOD,

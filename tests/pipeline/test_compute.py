@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from domain.backends import EvaluationUnsupported, JobStatus, Phase, RunContext, TrainingCluster
 from domain.checkpoints import CheckpointManifest, SavedCheckpoint
 from domain.episodes import Episode, EvaluationStage
+from domain.health import TRAINING_METRICS_NAMESPACE
 from domain.run_queues import KINDS, PURGE_SECONDS, QueueKind, create_run_queues
 from domain.run_state import RegisteredRun
 from domain.runs import RunRecord, RunStore
@@ -20,7 +21,7 @@ from lambdas.clients import Clients
 from lambdas.pipeline.compute import ComputeSteps, EvaluationFailed, RunPastDeadline
 from lambdas.pipeline.dependencies import Compute, Dependencies
 from lambdas.pipeline.settings import PipelineSettings
-from lambdas.pipeline.training_metrics import NAMESPACE, EmbeddedMetrics, KeptMetrics
+from lambdas.pipeline.training_metrics import EmbeddedMetrics, KeptMetrics
 from lambdas.router.conversations import ConversationStore, create_table
 from tests.aws import create_runs_table
 from training_configs.schema import load_training_config
@@ -252,7 +253,7 @@ def test_the_deployed_publisher_writes_embedded_metric_format(
     EmbeddedMetrics("nova-mtrl").publish("wordle-0a1b2c3d4e", 7, {"MeanReward": 0.5})
     (document,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     (directive,) = document["_aws"]["CloudWatchMetrics"]
-    assert directive["Namespace"] == NAMESPACE
+    assert directive["Namespace"] == TRAINING_METRICS_NAMESPACE
     assert directive["Dimensions"] == [["deployment", "run_id", "service"]]
     assert directive["Metrics"] == [{"Name": "MeanReward", "Unit": "None"}]
     assert (document["deployment"], document["run_id"], document["step"]) == (
