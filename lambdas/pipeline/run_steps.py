@@ -9,6 +9,7 @@ import json
 import logging
 from typing import Any
 
+from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEventBridgeModel
 from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict
 
@@ -45,15 +46,12 @@ class Upload(BaseModel):
 
     @classmethod
     def from_event(cls, event: dict[str, Any]) -> Upload:
-        if (
-            "detail" in event
-        ):  # EventBridge: {"detail": {"bucket": {"name"}, "object": {"key", "version-id"}}}
-            detail = event["detail"]
+        if "detail" in event:  # the upload rule's event, read as Powertools models S3's
+            detail = S3EventNotificationEventBridgeModel.model_validate(event).detail
             return cls(
-                bucket=detail["bucket"]["name"],
-                key=detail["object"]["key"],
-                version_id=detail["object"].get("version-id"),
-            )
+                bucket=detail.bucket.name, key=detail.object.key,
+                version_id=detail.object.version_id,
+            )  # fmt: skip
         return cls.model_validate(event.get("upload", event))
 
     @property

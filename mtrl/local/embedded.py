@@ -14,9 +14,11 @@ import functools
 import json
 import os
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import boto3
@@ -401,17 +403,23 @@ def _compress_retries(definition: str) -> str:
 
 
 def upload_event(bucket: str, key: str, version_id: str | None) -> dict[str, Any]:
-    """The EventBridge event S3 sends for a new object (what the upload rule sees)."""
+    """The EventBridge event S3 sends for a new object (what the upload rule sees), in the shape
+    of the S3 User Guide's "Object Created" example: every field Powertools' model requires."""
     return {
         "version": "0",
+        "id": str(uuid.uuid5(uuid.NAMESPACE_URL, f"s3://{bucket}/{key}?versionId={version_id}")),
         "source": "aws.s3",
         "detail-type": "Object Created",
         "account": ACCOUNT,
+        "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "region": REGION,
         "resources": [f"arn:aws:s3:::{bucket}"],
         "detail": {
+            "version": "0",
             "bucket": {"name": bucket},
             "object": {"key": key, "version-id": version_id},
+            "request-id": "LOCAL0000000000",
+            "requester": ACCOUNT,
             "reason": "PutObject",
         },
     }

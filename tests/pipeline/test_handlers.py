@@ -7,6 +7,7 @@ from pathlib import Path
 
 import boto3
 import pytest
+from pydantic import ValidationError
 
 from domain.backends import JobStatus, RewardFleet, RunContext, TrainingCluster
 from domain.bucket import CONFIG_METADATA_KEY
@@ -18,6 +19,7 @@ from lambdas.pipeline.dependencies import Compute
 from lambdas.pipeline.run_steps import DatasetInvalid, Upload
 from lambdas.pipeline.settings import PipelineSettings
 from lambdas.router.conversations import create_table
+from mtrl.local.embedded import upload_event
 from tests.aws import Recorded, create_router_functions, create_runs_table
 
 BUCKET = "data"
@@ -25,15 +27,8 @@ GOOD = b'{"id": "a", "metadata": {"prompt": "p", "answer": "crane"}}\n'
 
 
 def _event(key: str, version: str | None) -> dict:
-    """An EventBridge S3 `Object Created` event, as the rule delivers it."""
-    return {
-        "source": "aws.s3",
-        "detail-type": "Object Created",
-        "detail": {
-            "bucket": {"name": BUCKET},
-            "object": {"key": key, "version-id": version, "size": 10},
-        },
-    }
+    """An EventBridge S3 `Object Created` event, as the rule delivers it (local mode's)."""
+    return upload_event(BUCKET, key, version)
 
 
 def _consumer_mappings() -> list[dict]:
@@ -145,6 +140,19 @@ def test_an_upload_event_starts_one_execution_named_after_the_run(env: dict) -> 
     )
     assert Upload.model_validate(started) == Upload(
         bucket=BUCKET, key="training-data/w.jsonl", version_id=version
+    )
+
+
+def test_an_event_not_of_s3s_shape_starts_nothing_and_names_what_it_lacks(env: dict) -> None:
+    """The upload event is read as Powertools models S3's EventBridge notification: one without
+    the object's key is refused, naming the field, before any execution exists."""
+    event = _event("training-data/w.jsonl", "v1")
+    del event["detail"]["object"]["key"]
+    with pytest.raises(ValidationError, match=r"detail\.object\.key\n  Field required"):
+        call(env, "start_run", event)
+    assert (
+        env["sfn"].list_executions(stateMachineArn=env["settings"].state_machine_arn)["executions"]
+        == []
     )
 
 
