@@ -69,8 +69,11 @@ class PipelineStack(PlatformStack):
         self._data_bucket = s3.Bucket.from_bucket_name(
             self, "DataBucket", data_bucket_name(config.name_prefix)
         )
-        self.router = Router(self, "Router", config=config, code=code, data_key=key)
-        self.model_release = ModelRelease(self, "ModelRelease", config=config)
+        self.router = Router(
+            self, "Router", name_prefix=config.name_prefix,
+            reserved_concurrency=config.router_reserved_concurrency, code=code, data_key=key,
+        )  # fmt: skip
+        self.model_release = ModelRelease(self, "ModelRelease", name_prefix=config.name_prefix)
         self.pipeline = TrainingPipeline(
             self, "Pipeline", config=config, model_package_group=self.model_release.group_name,
             code=code, data_bucket=self._data_bucket, data_key=key,
@@ -97,8 +100,9 @@ class PipelineStack(PlatformStack):
             conversations_table=self.router.table.table_name,
         )  # fmt: skip
         self._tracking = ExperimentTracking(
-            self, "ExperimentTracking", config=config, data_bucket=self._data_bucket, data_key=key
-        )
+            self, "ExperimentTracking", name_prefix=config.name_prefix,
+            server_size=config.mlflow_server_size, data_bucket=self._data_bucket, data_key=key,
+        )  # fmt: skip
 
     def _wire(self) -> None:
         """Each step gets the settings of the planes whose AWS APIs it calls."""

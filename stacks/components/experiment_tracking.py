@@ -20,7 +20,6 @@ from constructs import Construct
 from domain.bucket import RUNS_PREFIX
 from stacks.components.needs import Need
 from stacks.components.storage import DataBucketAccess
-from stacks.config import PlatformConfig
 
 ARTIFACTS_PREFIX = "mlflow/"
 SERVER_SETTING = "MLFLOW_TRACKING_SERVER_ARN"
@@ -46,17 +45,19 @@ class ExperimentTracking(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        config: PlatformConfig,
+        name_prefix: str,
+        server_size: str | None,
         data_bucket: s3.IBucket,
         data_key: kms.IKey,
     ) -> None:
+        """`server_size`: the managed MLflow tracking server's (none: no server)."""
         super().__init__(scope, construct_id)
         self._access = DataBucketAccess(data_bucket, data_key)
         self.server_arn: str | None = None
         self.environment: dict[str, str] = {}
-        if config.mlflow_server_size is None:
+        if server_size is None:
             return
-        name = config.name_prefix
+        name = name_prefix
         role = iam.Role(
             self,
             "ServerRole",
@@ -80,7 +81,7 @@ class ExperimentTracking(Construct):
             tracking_server_name=name,
             artifact_store_uri=f"s3://{data_bucket.bucket_name}/{ARTIFACTS_PREFIX}",
             role_arn=role.role_arn,
-            tracking_server_size=config.mlflow_server_size,
+            tracking_server_size=server_size,
             automatic_model_registration=False,  # Collect registers the runs' models itself
         )
         server.node.add_dependency(role)

@@ -25,7 +25,6 @@ from domain.naming import DEPLOYMENT_TAG, model_group_name, run_prefix
 from stacks.components.access import Allow, log_group_arn
 from stacks.components.nag import Wildcard
 from stacks.components.needs import Need
-from stacks.config import PlatformConfig
 
 BEDROCK = "bedrock.amazonaws.com"
 SAGEMAKER = "sagemaker.amazonaws.com"
@@ -35,15 +34,14 @@ SERVING_REPOSITORY = "vllm"  # AWS's vLLM DLC (mtrl/ops/serving_image.py)
 class ModelRelease(Construct):
     provides = frozenset({Need.MODELS_REGISTER, Need.MODELS_RELEASE})
 
-    def __init__(self, scope: Construct, construct_id: str, *, config: PlatformConfig) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, name_prefix: str) -> None:
+        """`name_prefix`: the deployment's (the group's name, the tags it may delete by)."""
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
-        self.group_name = model_group_name(config.name_prefix)
+        self.group_name = model_group_name(name_prefix)
         # What the operator may delete on Bedrock: what `mtrl deploy` tagged as this deployment's.
-        self._ours = {"StringEquals": {f"aws:ResourceTag/{DEPLOYMENT_TAG}": config.name_prefix}}
-        self._tagged_ours = {
-            "StringEquals": {f"aws:RequestTag/{DEPLOYMENT_TAG}": config.name_prefix}
-        }
+        self._ours = {"StringEquals": {f"aws:ResourceTag/{DEPLOYMENT_TAG}": name_prefix}}
+        self._tagged_ours = {"StringEquals": {f"aws:RequestTag/{DEPLOYMENT_TAG}": name_prefix}}
         self.group = sagemaker.CfnModelPackageGroup(
             self,
             "Models",
@@ -70,9 +68,7 @@ class ModelRelease(Construct):
         # The Deep Learning Containers' registry is an AWS account that differs by region.
         dlc = f"arn:{stack.partition}:ecr:{stack.region}:*:repository/{SERVING_REPOSITORY}"
         # The endpoints' log groups, in the form IAM names a log group's streams with.
-        endpoint_logs = log_group_arn(
-            stack, f"/aws/sagemaker/Endpoints/{run_prefix(config.name_prefix)}*"
-        )
+        endpoint_logs = log_group_arn(stack, f"/aws/sagemaker/Endpoints/{run_prefix(name_prefix)}*")
         serving = Allow({dlc: Wildcard.ASSIGNED_BY_AWS, endpoint_logs: Wildcard.NAMED_AT_RUN_TIME})
         serving(
             self.serving_role,
@@ -91,7 +87,7 @@ class ModelRelease(Construct):
             kind: stack.format_arn(
                 service="sagemaker",
                 resource=kind,
-                resource_name=f"{run_prefix(config.name_prefix)}*",
+                resource_name=f"{run_prefix(name_prefix)}*",
             )
             for kind in ("model", "endpoint-config", "endpoint")
         }

@@ -24,7 +24,6 @@ from stacks.components.functions import pipeline_function
 from stacks.components.nag import Wildcard
 from stacks.components.needs import Need
 from stacks.components.tables import data_table
-from stacks.config import PlatformConfig
 
 PROXY_HANDLER = "lambdas.router.proxy.handler"
 CONSUMER_HANDLER = "lambdas.router.consumer.handler"
@@ -41,10 +40,13 @@ class Router(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        config: PlatformConfig,
+        name_prefix: str,
+        reserved_concurrency: int | None,
         code: lambda_.Code,
         data_key: kms.IKey,
     ) -> None:
+        """`reserved_concurrency`: reserved for each of its functions (none: the account's
+        pool)."""
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
         self.table = data_table(
@@ -59,7 +61,7 @@ class Router(Construct):
         )
         # Per-run queues are named `<prefix>-run-<run id>-<kind>.fifo` (run_queues.queue_name).
         self.run_queue_arns = stack.format_arn(
-            service="sqs", resource=f"{run_prefix(config.name_prefix)}*"
+            service="sqs", resource=f"{run_prefix(name_prefix)}*"
         )
         self.proxy = pipeline_function(
             self,
@@ -72,12 +74,12 @@ class Router(Construct):
                 RouterSettings,
                 table_name=self.table.table_name,
                 wait_seconds=5,
-                deployment=config.name_prefix,
+                deployment=name_prefix,
             ),
             log_key=data_key,
             invocation="Its function URL is called synchronously: the caller, a run's reward "
             "worker, sees each error and retries",
-            reserved_concurrency=config.router_reserved_concurrency,
+            reserved_concurrency=reserved_concurrency,
         )
         self.proxy_url = self.proxy.add_function_url(auth_type=lambda_.FunctionUrlAuthType.AWS_IAM)
         self.consumer = pipeline_function(
@@ -88,12 +90,12 @@ class Router(Construct):
             code=code,
             timeout=Duration.seconds(60),
             environment=environment_for(
-                RouterSettings, table_name=self.table.table_name, deployment=config.name_prefix
+                RouterSettings, table_name=self.table.table_name, deployment=name_prefix
             ),
             log_key=data_key,
             invocation="A run's generate-response queue invokes it synchronously through its "
             "event source mapping: a message it fails stays on that queue, redelivered",
-            reserved_concurrency=config.router_reserved_concurrency,
+            reserved_concurrency=reserved_concurrency,
         )
         # A Nova job's rollout_request_arn, unqualified: it serves the run that holds its lease
         # (lambdas/router/rollout_forwarder.py). Named as AWS's tools want a Nova job's Lambda
@@ -101,21 +103,21 @@ class Router(Construct):
         self.rollout_forwarder = pipeline_function(
             self,
             "RolloutForwarder",
-            function_name=rollout_function_name(config.name_prefix),
+            function_name=rollout_function_name(name_prefix),
             handler=FORWARDER_HANDLER,
             description="Rollout router: puts a Nova trainer's rollout requests on the run's queue",
             code=code,
             timeout=Duration.seconds(30),
             environment=environment_for(
-                ForwarderSettings, name_prefix=config.name_prefix, table_name=self.table.table_name
+                ForwarderSettings, name_prefix=name_prefix, table_name=self.table.table_name
             ),
             log_key=data_key,
             invocation="A Nova trainer invokes it synchronously (RequestResponse) and sees each "
             "error at once",
-            reserved_concurrency=config.router_reserved_concurrency,
+            reserved_concurrency=reserved_concurrency,
         )
         self._data_key = data_key
-        self._alarms = alarm_arn(stack, f"{run_prefix(config.name_prefix)}*")
+        self._alarms = alarm_arn(stack, f"{run_prefix(name_prefix)}*")
         # Event source mappings have run-time ids: any mapping, but only of the consumer.
         self._mappings = stack.format_arn(
             service="lambda",
