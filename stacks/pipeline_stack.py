@@ -75,7 +75,8 @@ class PipelineStack(PlatformStack):
         )  # fmt: skip
         self.model_release = ModelRelease(self, "ModelRelease", name_prefix=config.name_prefix)
         self.pipeline = TrainingPipeline(
-            self, "Pipeline", config=config, model_package_group=self.model_release.group_name,
+            self, "Pipeline", name_prefix=config.name_prefix, alert_email=config.alert_email,
+            model_package_group=self.model_release.group_name,
             code=code, data_bucket=self._data_bucket, data_key=key,
             conversations=self.router.table, router_url=self.router.proxy_url.url,
             consumer=self.router.consumer, rollout_forwarder=self.router.rollout_forwarder,
@@ -96,7 +97,9 @@ class PipelineStack(PlatformStack):
             trainer_image_uri=hyperpod.trainer_image_uri,
         )  # fmt: skip
         self._serverless = ServerlessPlane(
-            self, "ServerlessPlane", config=config, code=code, data_key=key,
+            self, "ServerlessPlane", name_prefix=config.name_prefix,
+            enabled=config.serverless_training,
+            reserved_concurrency=config.router_reserved_concurrency, code=code, data_key=key,
             conversations_table=self.router.table.table_name,
         )  # fmt: skip
         self._tracking = ExperimentTracking(

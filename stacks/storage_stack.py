@@ -33,7 +33,7 @@ class StorageStack(PlatformStack):
         trajectories = TrajectoryTable(
             self,
             "Trajectories",
-            config=config,
+            name_prefix=config.name_prefix,
             data_bucket=self.storage.data_bucket,
             data_key=self.storage.data_key,
         )

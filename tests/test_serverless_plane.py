@@ -16,7 +16,6 @@ from lambdas.pipeline.serverless_training import ManagedJobSettings
 from stacks.components.needs import Need
 from stacks.components.pipeline_steps import STEP
 from stacks.components.serverless_plane import JOB_SERVICE, ServerlessPlane
-from stacks.config import PlatformConfig
 from stacks.pipeline_stack import KNOW_THE_PLANES
 from tests.conftest import Synthesized, arn_text, as_list, policy_statements
 
@@ -172,7 +171,7 @@ def test_a_deployment_without_the_plane_has_none_of_it() -> None:
     (Register then refuses a serverless config with the fix), and its needs grant nothing."""
     stack = cdk.Stack(cdk.App(), "Bare")
     plane = ServerlessPlane(
-        stack, "Plane", config=PlatformConfig(serverless_training=False),
+        stack, "Plane", name_prefix="nova-mtrl", enabled=False, reserved_concurrency=None,
         code=lambda_.Code.from_inline("x"), data_key=kms.Key(stack, "Key"),
         conversations_table="table",
     )  # fmt: skip

@@ -34,7 +34,6 @@ from stacks.components.pipeline_states import pipeline_state_machine
 from stacks.components.pipeline_steps import STEP, STEPS, PipelineStep, Trigger
 from stacks.components.pipeline_trigger import trigger_dead_letters, upload_trigger
 from stacks.components.tables import data_table
-from stacks.config import PlatformConfig
 from training_configs.schema import DEFAULT_CONFIG
 
 # Who invokes a step's function and sees its errors (None: it has a dead-letter queue).
@@ -56,7 +55,8 @@ class TrainingPipeline(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        config: PlatformConfig,
+        name_prefix: str,
+        alert_email: str | None,
         code: lambda_.Code,
         data_bucket: s3.IBucket,
         data_key: kms.IKey,
@@ -83,12 +83,12 @@ class TrainingPipeline(Construct):
         self.alert_topic = sns.Topic(
             self, "Alerts", master_key=alert_key, enforce_ssl=True, display_name="nova-mtrl"
         )
-        if config.alert_email:
-            self.alert_topic.add_subscription(subscriptions.EmailSubscription(config.alert_email))
+        if alert_email:
+            self.alert_topic.add_subscription(subscriptions.EmailSubscription(alert_email))
         # What every step function is told (lambdas/pipeline/settings.py).
         self._environment = environment_for(
             PipelineSettings,
-            name_prefix=config.name_prefix,
+            name_prefix=name_prefix,
             runs_table=self.runs_table.table_name,
             conversations_table=conversations.table_name,
             default_config=DEFAULT_CONFIG,
@@ -104,7 +104,7 @@ class TrainingPipeline(Construct):
         for step in STEPS:
             if step.trigger is Trigger.STATE_MACHINE:
                 self._function(step)
-        machine_name = f"{config.name_prefix}-pipeline"
+        machine_name = f"{name_prefix}-pipeline"
         self.state_machine, self.execution_logs = pipeline_state_machine(
             self, name=machine_name, functions=dict(self.functions), log_key=data_key
         )
@@ -134,7 +134,7 @@ class TrainingPipeline(Construct):
             "trigger_dlq": self.trigger_dlq,
         }
         pipeline_alarms(self, topic=self.alert_topic, **monitored)
-        self.dashboard = pipeline_dashboard(self, name_prefix=config.name_prefix, **monitored)
+        self.dashboard = pipeline_dashboard(self, name_prefix=name_prefix, **monitored)
 
     def _function(
         self,

@@ -49,7 +49,6 @@ from stacks.components.access import Allow, log_group_arn
 from stacks.components.functions import pipeline_function
 from stacks.components.nag import Wildcard
 from stacks.components.needs import Need
-from stacks.config import PlatformConfig
 
 AGENT_HANDLER = "lambdas.router.agent_forwarder.handler"
 JOB_SERVICE = "job.sagemaker.amazonaws.com"
@@ -77,7 +76,9 @@ class ServerlessPlane(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        config: PlatformConfig,
+        name_prefix: str,
+        enabled: bool,
+        reserved_concurrency: int | None,
         code: lambda_.Code,
         data_key: kms.IKey,
         conversations_table: str,
@@ -86,10 +87,10 @@ class ServerlessPlane(Construct):
         self.agent: lambda_.Function | None = None
         self.job_role: iam.Role | None = None
         self.environment: dict[str, str] = {}
-        if not config.serverless_training:
+        if not enabled:
             return
         stack = Stack.of(self)
-        prefix = config.name_prefix
+        prefix = name_prefix
         self.agent = pipeline_function(
             self,
             "Agent",
@@ -104,7 +105,7 @@ class ServerlessPlane(Construct):
             log_key=data_key,
             invocation="SageMaker's managed job invokes it synchronously with each rollout "
             "request and sees each error at once",
-            reserved_concurrency=config.router_reserved_concurrency,
+            reserved_concurrency=reserved_concurrency,
         )
         self.job_role = iam.Role(
             self,

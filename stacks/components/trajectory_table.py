@@ -21,7 +21,6 @@ from constructs import Construct
 
 from domain.bucket import QUERY_RESULTS_PREFIX, TRAJECTORIES_PREFIX
 from domain.trajectories import SCHEMA
-from stacks.config import PlatformConfig
 
 TABLE = "trajectories"
 # Athena's date projection: the format of the store's hour folders (domain.trajectories), in
@@ -50,9 +49,9 @@ def hive_type(kind: pa.DataType) -> str:
     raise ValueError(f"no Hive type for {kind}: add it here")
 
 
-def database_name(config: PlatformConfig) -> str:
+def database_name(name_prefix: str) -> str:
     """Glue database names are lower case with underscores."""
-    return config.name_prefix.replace("-", "_")
+    return name_prefix.replace("-", "_")
 
 
 class TrajectoryTable(Construct):
@@ -63,21 +62,21 @@ class TrajectoryTable(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        config: PlatformConfig,
+        name_prefix: str,
         data_bucket: s3.IBucket,
         data_key: kms.IKey,
     ) -> None:
         super().__init__(scope, construct_id)
-        self.database_name = database_name(config)
+        self.database_name = database_name(name_prefix)
         self.table_name = TABLE
-        self.workgroup_name = config.name_prefix
+        self.workgroup_name = name_prefix
         database = glue.CfnDatabase(
             self,
             "Database",
             catalog_id=Aws.ACCOUNT_ID,
             database_input=glue.CfnDatabase.DatabaseInputProperty(
                 name=self.database_name,
-                description=f"{config.name_prefix}: what runs kept (trajectories)",
+                description=f"{name_prefix}: what runs kept (trajectories)",
             ),
         )
         root = f"s3://{data_bucket.bucket_name}/{TRAJECTORIES_PREFIX}"
@@ -126,7 +125,7 @@ class TrajectoryTable(Construct):
             self,
             "WorkGroup",
             name=self.workgroup_name,
-            description=f"{config.name_prefix}: queries over the trajectories table",
+            description=f"{name_prefix}: queries over the trajectories table",
             recursive_delete_option=True,
             work_group_configuration=athena.CfnWorkGroup.WorkGroupConfigurationProperty(
                 enforce_work_group_configuration=True,
