@@ -80,8 +80,9 @@ class ComputeStack(PlatformStack):
         if not config.existing_eks_cluster:
             self.eks.add_container_logs()  # an existing cluster ships its logs its own way
         self.reward_fleet = RewardFleet(
-            self, "RewardFleet", config=config, vpc=network.vpc, log_key=storage.data_key
-        )
+            self, "RewardFleet", name_prefix=config.name_prefix, cpu=config.reward_worker_cpu,
+            memory_mib=config.reward_worker_memory_mib, vpc=network.vpc, log_key=storage.data_key,
+        )  # fmt: skip
 
         cdk.CfnOutput(self, StackOutput.EKS_CLUSTER_NAME, value=self.eks.cluster_name)
         cdk.CfnOutput(self, StackOutput.HYPER_POD_CLUSTER_NAME, value=self.hyperpod.cluster_name)

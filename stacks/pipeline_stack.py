@@ -85,7 +85,11 @@ class PipelineStack(PlatformStack):
         # The reward fleet per run (ECS) and the training job per run (HyperPod: nodes through
         # SageMaker, the job through EKS): where they live, for the steps that use them.
         self._fleet = RewardFleetControl(
-            self, "RewardFleetControl", config=config, reward_fleet=reward_fleet, data_key=key
+            self,
+            "RewardFleetControl",
+            name_prefix=config.name_prefix,
+            reward_fleet=reward_fleet,
+            data_key=key,
         )
         restricted = hyperpod.restricted_execution_role
         self._training = TrainingClusterControl(
@@ -195,7 +199,9 @@ class PipelineStack(PlatformStack):
             self, StackOutput.PIPELINE_LOG_GROUPS, value=cdk.Fn.join(",", pipeline.log_group_names)
         )
         cdk.CfnOutput(
-            self, StackOutput.REWARD_WORKER_LOG_GROUP_PREFIX, value=log_group_name(self._config)
+            self,
+            StackOutput.REWARD_WORKER_LOG_GROUP_PREFIX,
+            value=log_group_name(self._config.name_prefix),
         )
         cdk.CfnOutput(
             self,

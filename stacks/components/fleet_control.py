@@ -24,7 +24,6 @@ from stacks.components.access import Allow, alarm_arn, grant_log_reading, log_gr
 from stacks.components.nag import Wildcard, acknowledge_resource
 from stacks.components.needs import Need
 from stacks.components.reward_fleet import RewardFleet, cluster_name, log_group_name, task_family
-from stacks.config import PlatformConfig
 
 
 class RewardFleetControl(Construct):
@@ -35,21 +34,21 @@ class RewardFleetControl(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        config: PlatformConfig,
+        name_prefix: str,
         reward_fleet: RewardFleet,
         data_key: kms.IKey,
     ) -> None:
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
-        prefix = config.name_prefix
+        prefix = name_prefix
         self._fleet = reward_fleet
         self._data_key = data_key
         # Names from the configuration, not references: nothing here depends on the compute
         # stack's exports but the subnets, the security group and the roles.
         log_prefix, family, cluster = (
-            log_group_name(config),
-            task_family(config),
-            cluster_name(config),
+            log_group_name(prefix),
+            task_family(prefix),
+            cluster_name(prefix),
         )
         self.environment = environment_for(
             EcsFleetSettings,

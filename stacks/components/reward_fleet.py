@@ -15,24 +15,23 @@ from domain.service_logs import ecs_container_insights_group
 from stacks.components.log_groups import service_log_group
 from stacks.components.nag import acknowledge_no_resource_type
 from stacks.components.project_files import project_image
-from stacks.config import PlatformConfig
 
 WORKER_DOCKERFILE = "reward_envs/Dockerfile"
 # The image's build context: what reward_envs/Dockerfile copies and nothing else.
 BUILD_CONTEXT = ("domain", "reward_envs")
 
 
-def cluster_name(config: PlatformConfig) -> str:
-    return f"{config.name_prefix}-reward-workers"
+def cluster_name(name_prefix: str) -> str:
+    return f"{name_prefix}-reward-workers"
 
 
-def log_group_name(config: PlatformConfig) -> str:
+def log_group_name(name_prefix: str) -> str:
     """The workers' log group; each run's own groups are named below it."""
-    return f"/{config.name_prefix}/reward-workers"
+    return f"/{name_prefix}/reward-workers"
 
 
-def task_family(config: PlatformConfig) -> str:
-    return f"{config.name_prefix}-reward-worker"
+def task_family(name_prefix: str) -> str:
+    return f"{name_prefix}-reward-worker"
 
 
 class RewardFleet(Construct):
@@ -50,7 +49,9 @@ class RewardFleet(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        config: PlatformConfig,
+        name_prefix: str,
+        cpu: int,
+        memory_mib: int,
         vpc: ec2.IVpc,
         log_key: kms.IKey,
     ) -> None:
@@ -59,12 +60,12 @@ class RewardFleet(Construct):
         self.cluster = ecs.Cluster(
             self,
             "Cluster",
-            cluster_name=cluster_name(config),
+            cluster_name=cluster_name(name_prefix),
             vpc=vpc,
             container_insights_v2=ecs.ContainerInsights.ENABLED,
         )
         service_log_group(
-            self, "ContainerInsights", name=ecs_container_insights_group(cluster_name(config)),
+            self, "ContainerInsights", name=ecs_container_insights_group(cluster_name(name_prefix)),
             key=log_key, before=self.cluster,
         )  # fmt: skip
         self.security_group = ec2.SecurityGroup(
@@ -80,7 +81,7 @@ class RewardFleet(Construct):
         self.log_group = logs.LogGroup(
             self,
             "Logs",
-            log_group_name=log_group_name(config),
+            log_group_name=log_group_name(name_prefix),
             retention=logs.RetentionDays.THREE_MONTHS,
             removal_policy=RemovalPolicy.DESTROY,
             encryption_key=log_key,
@@ -94,9 +95,9 @@ class RewardFleet(Construct):
         self.task_definition = ecs.FargateTaskDefinition(
             self,
             "TaskDefinition",
-            family=task_family(config),
-            cpu=config.reward_worker_cpu,
-            memory_limit_mib=config.reward_worker_memory_mib,
+            family=task_family(name_prefix),
+            cpu=cpu,
+            memory_limit_mib=memory_mib,
             task_role=self.task_role,
             runtime_platform=ecs.RuntimePlatform(
                 cpu_architecture=ecs.CpuArchitecture.X86_64,
