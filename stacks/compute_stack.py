@@ -16,6 +16,7 @@ from stacks.components.reward_fleet import RewardFleet
 from stacks.components.storage import Storage
 from stacks.components.trainer_image import TrainerImage
 from stacks.config import PlatformConfig
+from stacks.network_stack import network_of
 
 
 class ComputeStack(PlatformStack):
@@ -31,9 +32,7 @@ class ComputeStack(PlatformStack):
         super().__init__(
             scope, "compute", config=config, description="EKS, HyperPod, ECS reward workers"
         )
-        network = network or Network(
-            self, "ExistingNetwork", config=config, log_key=storage.data_key
-        )
+        network = network or network_of(self, "ExistingNetwork", config, log_key=storage.data_key)
         self.eks = HyperPodEks(
             self,
             "Eks",

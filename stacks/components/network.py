@@ -8,7 +8,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from stacks.config import PlatformConfig
+from stacks.config import ExistingVpc
 
 
 def interface_scope(
@@ -51,12 +51,21 @@ class Network(Construct):
     """
 
     def __init__(
-        self, scope: Construct, construct_id: str, *, config: PlatformConfig, log_key: kms.IKey
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        name_prefix: str,
+        existing: ExistingVpc | None,
+        cidr: str,
+        zones: list[str] | None,
+        az_count: int,
+        log_key: kms.IKey,
     ) -> None:
-        """`log_key` encrypts the flow logs of a new VPC."""
+        """`existing`: a VPC to use instead of a new one; else a new VPC of `cidr` over `zones`
+        (None: `az_count` zones CloudFormation picks); `log_key` encrypts its flow logs."""
         super().__init__(scope, construct_id)
         self.private_subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
-        existing = config.existing_vpc
         if existing:
             # Endpoints and flow logs of an existing VPC are its owner's: adding interface
             # endpoints with private DNS next to existing ones fails the deployment.
@@ -69,16 +78,15 @@ class Network(Construct):
                 public_subnet_ids=list(existing.public_subnet_ids) or None,
             )
             return
-        zones = config.zones
         vpc = ec2.Vpc(
             self,
             "Vpc",
-            vpc_name=f"{config.name_prefix}-vpc",
-            ip_addresses=ec2.IpAddresses.cidr(config.vpc_cidr),
+            vpc_name=f"{name_prefix}-vpc",
+            ip_addresses=ec2.IpAddresses.cidr(cidr),
             # Explicit zones, or az_count zones that the stack picks without a lookup.
             availability_zones=zones,
-            max_azs=None if zones else config.az_count,
-            nat_gateways=config.az_count,
+            max_azs=None if zones else az_count,
+            nat_gateways=az_count,
             subnet_configuration=[
                 ec2.SubnetConfiguration(
                     name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24
@@ -118,6 +126,6 @@ class Network(Construct):
             )
             # HTTPS from inside the VPC only, written as the literal CIDR so it can be checked.
             endpoint.connections.allow_from(
-                ec2.Peer.ipv4(config.vpc_cidr), ec2.Port.tcp(443), "HTTPS from the VPC"
+                ec2.Peer.ipv4(cidr), ec2.Port.tcp(443), "HTTPS from the VPC"
             )
         self.vpc = vpc
