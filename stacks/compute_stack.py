@@ -7,7 +7,7 @@ from constructs import Construct
 
 from domain.naming import StackOutput
 from stacks.base import PlatformStack
-from stacks.components.eks import HyperPodEks
+from stacks.components.eks import HyperPodEks, eks_props
 from stacks.components.hyperpod import HyperPodCluster
 from stacks.components.hyperpod_dependencies import HyperPodDependencies
 from stacks.components.lambda_code import pipeline_code
@@ -36,7 +36,7 @@ class ComputeStack(PlatformStack):
         self.eks = HyperPodEks(
             self,
             "Eks",
-            config=config,
+            props=eks_props(config),
             vpc=network.vpc,
             subnets=network.private_subnets,
             secrets_key=storage.data_key,

@@ -4,6 +4,7 @@ addresses an operator names), access entries only, add-ons."""
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import dataclass
 from typing import Any
 
 from aws_cdk import Annotations
@@ -22,7 +23,12 @@ from domain.service_logs import (
 from stacks.components.functions import ClusterNetwork
 from stacks.components.log_groups import service_log_group
 from stacks.components.nag import acknowledge, acknowledge_managed_policy
-from stacks.config import UNVERIFIED_EKS_VERSIONS, PlatformConfig
+from stacks.config import (
+    UNVERIFIED_EKS_VERSIONS,
+    ExistingEksCluster,
+    PlatformConfig,
+    SystemNodeGroup,
+)
 
 # Installed before the system nodes start (nodes need the CNI to become Ready) ...
 NODE_ADDONS = ("vpc-cni", "kube-proxy", "eks-pod-identity-agent")
@@ -63,6 +69,27 @@ def _endpoint_access(public_cidrs: list[str]) -> eks.EndpointAccess:
     return eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*public_cidrs)
 
 
+@dataclass(frozen=True)
+class EksProps:
+    """What the deployment's EKS cluster is (its configuration's EKS keys, `eks_props`)."""
+
+    name_prefix: str
+    version: str
+    public_access_cidrs: tuple[str, ...]
+    admin_role_arns: tuple[str, ...]
+    system_node_group: SystemNodeGroup
+    existing: ExistingEksCluster | None
+
+
+def eks_props(config: PlatformConfig) -> EksProps:
+    return EksProps(
+        name_prefix=config.name_prefix, version=config.eks_version,
+        public_access_cidrs=tuple(config.eks_public_access_cidrs),
+        admin_role_arns=tuple(config.eks_admin_role_arns),
+        system_node_group=config.system_node_group, existing=config.existing_eks_cluster,
+    )  # fmt: skip
+
+
 class HyperPodEks(Construct):
     """A new EKS cluster for HyperPod, or an imported one.
 
@@ -76,17 +103,17 @@ class HyperPodEks(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        config: PlatformConfig,
+        props: EksProps,
         vpc: ec2.IVpc,
         subnets: ec2.SubnetSelection,
         secrets_key: kms.IKey,
         log_key: kms.IKey,
     ) -> None:
         super().__init__(scope, construct_id)
-        self._config = config
+        self._props = props
         self._log_key = log_key
         self.ready: list[IDependable] = []
-        existing = config.existing_eks_cluster
+        existing = props.existing
         if existing:
             self.cluster: eks.ICluster = eks.Cluster.from_cluster_attributes(
                 self,
@@ -100,8 +127,8 @@ class HyperPodEks(Construct):
             cluster = eks.Cluster(
                 self,
                 "Cluster",
-                cluster_name=eks_cluster_name(config),
-                version=eks.KubernetesVersion.of(config.eks_version),
+                cluster_name=cluster_name_of(props),
+                version=eks.KubernetesVersion.of(props.version),
                 vpc=vpc,
                 vpc_subnets=[subnets],
                 # Private access lets nodes in the private subnets join from inside the VPC
@@ -109,7 +136,7 @@ class HyperPodEks(Construct):
                 # register"; public access "is optional"); the platform's functions use it too
                 # (ClusterNetwork). A public endpoint only where operators name addresses for
                 # it — IAM-authenticated either way.
-                endpoint_access=_endpoint_access(config.eks_public_access_cidrs),
+                endpoint_access=_endpoint_access(props.public_access_cidrs),
                 # Auto Mode off: HyperPod brings its own nodes.
                 default_capacity_type=eks.DefaultCapacityType.NODEGROUP,
                 default_capacity=0,
@@ -119,13 +146,13 @@ class HyperPodEks(Construct):
             )
             # The control plane's audit trail: kept a year, as the VPC's flow logs are.
             service_log_group(
-                self, "ControlPlaneLogs", name=eks_control_plane_group(eks_cluster_name(config)),
+                self, "ControlPlaneLogs", name=eks_control_plane_group(cluster_name_of(props)),
                 key=log_key, retention=logs.RetentionDays.ONE_YEAR, before=cluster,
             )  # fmt: skip
             # Access entries only (the L2's mode, API): HyperPod takes API as well as
             # API_AND_CONFIG_MAP (its EKS prerequisites), and nothing here uses the aws-auth
             # ConfigMap, so no one can be let in by editing it.
-            if config.eks_public_access_cidrs:
+            if props.public_access_cidrs:
                 acknowledge(
                     cluster,
                     "AwsSolutions-EKS1",
@@ -133,7 +160,7 @@ class HyperPodEks(Construct):
                     "kubectl from those CIDR blocks only; nodes and the platform's functions use "
                     "the private one. Every request is IAM-authenticated (access entries only).",
                 )
-            if any(ipaddress.IPv4Network(c).prefixlen == 0 for c in config.eks_public_access_cidrs):
+            if any(ipaddress.IPv4Network(c).prefixlen == 0 for c in props.public_access_cidrs):
                 Annotations.of(cluster).add_warning_v2(
                     "nova-mtrl:eks-endpoint-open",
                     "eks_public_access_cidrs admits the whole internet to the EKS API's public "
@@ -145,10 +172,10 @@ class HyperPodEks(Construct):
                 "The EKS service role must carry the AWS-maintained AmazonEKSClusterPolicy; EKS "
                 "keeps it in step with the control plane.",
             )  # fmt: skip
-            if config.eks_version in UNVERIFIED_EKS_VERSIONS:
+            if props.version in UNVERIFIED_EKS_VERSIONS:
                 Annotations.of(cluster).add_warning_v2(
                     "nova-mtrl:eks-version-unverified",
-                    f"Kubernetes {config.eks_version}: AWS's HyperPod EKS prerequisites list "
+                    f"Kubernetes {props.version}: AWS's HyperPod EKS prerequisites list "
                     "versions up to 1.34; this one is accepted but unverified with HyperPod.",
                 )
             self.cluster = cluster
@@ -163,7 +190,7 @@ class HyperPodEks(Construct):
                 self, "ClusterSecurityGroup", self.security_group_id
             ),
         )
-        for index, role_arn in enumerate(config.eks_admin_role_arns):
+        for index, role_arn in enumerate(props.admin_role_arns):
             self.grant_access(
                 f"Admin{index}",
                 principal_arn=role_arn,
@@ -195,7 +222,7 @@ class HyperPodEks(Construct):
     def _add_nodes_and_addons(
         self, cluster: eks.Cluster, subnets: ec2.SubnetSelection
     ) -> list[IDependable]:
-        system = self._config.system_node_group
+        system = self._props.system_node_group
         node_role = iam.Role(
             self,
             "SystemNodeRole",
@@ -215,7 +242,7 @@ class HyperPodEks(Construct):
         node_addons = [self._addon(cluster, name) for name in NODE_ADDONS]
         nodegroup = cluster.add_nodegroup_capacity(
             "System",
-            nodegroup_name=f"{self._config.name_prefix}-system",
+            nodegroup_name=f"{self._props.name_prefix}-system",
             instance_types=[ec2.InstanceType(system.instance_type)],
             min_size=system.min_size,
             desired_size=system.desired_size,
@@ -262,7 +289,7 @@ class HyperPodEks(Construct):
         for kind in EKS_CONTAINER_INSIGHTS:
             service_log_group(
                 self, f"ContainerInsights-{kind}",
-                name=eks_container_insights_group(eks_cluster_name(self._config), kind),
+                name=eks_container_insights_group(cluster_name_of(self._props), kind),
                 key=self._log_key,
                 before=addon,
             )  # fmt: skip
@@ -343,5 +370,8 @@ def pod_identity_role(
 
 
 def eks_cluster_name(config: PlatformConfig) -> str:
-    existing = config.existing_eks_cluster
-    return existing.cluster_name if existing else f"{config.name_prefix}-eks"
+    return cluster_name_of(eks_props(config))
+
+
+def cluster_name_of(props: EksProps) -> str:
+    return props.existing.cluster_name if props.existing else f"{props.name_prefix}-eks"
