@@ -8,7 +8,7 @@ from constructs import Construct
 from domain.naming import StackOutput
 from stacks.base import PlatformStack
 from stacks.components.eks import HyperPodEks, eks_props
-from stacks.components.hyperpod import HyperPodCluster
+from stacks.components.hyperpod import HyperPodCluster, hyperpod_props
 from stacks.components.hyperpod_dependencies import HyperPodDependencies
 from stacks.components.lambda_code import pipeline_code
 from stacks.components.network import Network
@@ -61,7 +61,7 @@ class ComputeStack(PlatformStack):
         self.hyperpod = HyperPodCluster(
             self,
             "HyperPod",
-            config=config,
+            props=hyperpod_props(config),
             trainer_image=self.trainer_image,
             eks_cluster_arn=self.eks.cluster_arn,
             security_group_id=self.eks.security_group_id,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from aws_cdk import Annotations, ArnFormat, Stack
 from aws_cdk import aws_ec2 as ec2
@@ -11,6 +13,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct, IDependable
 
+from domain.presets import ModelPreset
 from stacks.components.nag import (
     Wildcard,
     acknowledge,
@@ -21,12 +24,36 @@ from stacks.components.nag import (
 from stacks.components.network import interface_scope
 from stacks.components.storage import lifecycle_bucket_name, lifecycle_scripts_uri
 from stacks.components.trainer_image import TrainerImage
-from stacks.config import HyperPodInstanceGroup, PlatformConfig
+from stacks.config import ExistingHyperPodCluster, HyperPodInstanceGroup, PlatformConfig
 
 INSTANCE_POLICY = "AmazonSageMakerClusterInstanceRolePolicy"
 LIFECYCLE_SCRIPTS_READ = (
     "Nodes read their lifecycle scripts (aws-cdk-lib's grant_read: read-only, that bucket only)."
 )
+
+
+@dataclass(frozen=True)
+class HyperPodProps:
+    """What the deployment's HyperPod cluster is (its configuration's HyperPod keys,
+    `hyperpod_props`)."""
+
+    name_prefix: str
+    instance_groups: tuple[HyperPodInstanceGroup, ...]
+    presets: Mapping[str, ModelPreset]  # whose trainer images the nodes may pull
+    existing: ExistingHyperPodCluster | None
+    nova_notice: str | None  # why the deployment has no Nova group, when it has none
+
+    @property
+    def cluster_name(self) -> str:
+        return self.existing.cluster_name if self.existing else f"{self.name_prefix}-hyperpod"
+
+
+def hyperpod_props(config: PlatformConfig) -> HyperPodProps:
+    return HyperPodProps(
+        name_prefix=config.name_prefix, instance_groups=tuple(config.hyperpod_instance_groups),
+        presets=config.model_presets, existing=config.existing_hyperpod_cluster,
+        nova_notice=config.nova_notice,
+    )  # fmt: skip
 
 
 class HyperPodCluster(Construct):
@@ -45,7 +72,7 @@ class HyperPodCluster(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        config: PlatformConfig,
+        props: HyperPodProps,
         eks_cluster_arn: str,
         security_group_id: str,
         vpc: ec2.IVpc,
@@ -57,17 +84,17 @@ class HyperPodCluster(Construct):
         self.trainer_image_uri = trainer_image.image_uri if trainer_image else None
         self.resource: sagemaker.CfnCluster | None = None
         self.restricted_execution_role: iam.Role | None = None
-        self.cluster_name = hyperpod_cluster_name(config)
-        existing = config.existing_hyperpod_cluster
+        self.cluster_name = props.cluster_name
+        existing = props.existing
         if existing:
             self.cluster_arn = _cluster_arn(self, "*")
             self.execution_role_arn = existing.execution_role_arn
             return
         subnet_ids = vpc.select_subnets(subnet_type=subnets.subnet_type).subnet_ids
         lifecycle_bucket = s3.Bucket.from_bucket_name(
-            self, "LifecycleBucket", lifecycle_bucket_name(config.name_prefix)
+            self, "LifecycleBucket", lifecycle_bucket_name(props.name_prefix)
         )
-        image_repositories = ecr_repositories(Stack.of(self), config)
+        image_repositories = ecr_repositories(Stack.of(self), props.presets, props.name_prefix)
         if trainer_image is not None:
             image_repositories.append(trainer_image.repository_arn)
         role = self._execution_role(
@@ -80,9 +107,9 @@ class HyperPodCluster(Construct):
             lifecycle_bucket=lifecycle_bucket,
         )
         self.execution_role_arn: str | None = role.role_arn
-        standard = [group for group in config.hyperpod_instance_groups if not group.restricted]
+        standard = [group for group in props.instance_groups if not group.restricted]
         restricted_groups = None
-        if restricted := [group for group in config.hyperpod_instance_groups if group.restricted]:
+        if restricted := [group for group in props.instance_groups if group.restricted]:
             # A restricted group's execution role is the only identity its Nova jobs have
             # (SageMaker Developer Guide, "Creating a HyperPod EKS cluster with RIG").
             # It pulls no image of ours: a restricted group runs Nova's images only.
@@ -98,8 +125,8 @@ class HyperPodCluster(Construct):
                 _restricted_group(group, self.restricted_execution_role.role_arn)
                 for group in restricted
             ]
-        elif config.nova_notice:
-            Annotations.of(self).add_warning_v2("nova-mtrl:no-nova-group", config.nova_notice)
+        elif props.nova_notice:
+            Annotations.of(self).add_warning_v2("nova-mtrl:no-nova-group", props.nova_notice)
         self.resource = sagemaker.CfnCluster(
             self,
             "Cluster",
@@ -123,7 +150,8 @@ class HyperPodCluster(Construct):
                     threads_per_core=group.threads_per_core,
                     execution_role=role.role_arn,
                     life_cycle_config=sagemaker.CfnCluster.ClusterLifeCycleConfigProperty(
-                        source_s3_uri=lifecycle_scripts_uri(config), on_create="on_create.sh"
+                        source_s3_uri=lifecycle_scripts_uri(props.name_prefix),
+                        on_create="on_create.sh",
                     ),
                     instance_storage_configs=[_ebs_volume(group.ebs_volume_gb)],
                 )
@@ -296,8 +324,7 @@ def _ebs_volume(size_gb: int) -> sagemaker.CfnCluster.ClusterInstanceStorageConf
 
 
 def hyperpod_cluster_name(config: PlatformConfig) -> str:
-    existing = config.existing_hyperpod_cluster
-    return existing.cluster_name if existing else f"{config.name_prefix}-hyperpod"
+    return hyperpod_props(config).cluster_name
 
 
 def _cluster_arn(scope: Construct, cluster_id: str) -> str:
@@ -317,16 +344,18 @@ _ECR_IMAGE = re.compile(
 )
 
 
-def ecr_repositories(stack: Stack, config: PlatformConfig) -> list[str]:
+def ecr_repositories(
+    stack: Stack, presets: Mapping[str, ModelPreset], name_prefix: str
+) -> list[str]:
     """The ECR repositories of the model presets' images (none for images elsewhere)."""
     found = set()
-    for preset in config.model_presets.values():
+    for preset in presets.values():
         for image in [preset.trainer_image] if preset.trainer_image else []:
             match = _ECR_IMAGE.match(image)
             if match is None:
                 continue
             account = stack.account if match["account"] == "{account}" else match["account"]
             region = stack.region if match["region"] == "{region}" else match["region"]
-            repository = match["repository"].replace("{prefix}", config.name_prefix)
+            repository = match["repository"].replace("{prefix}", name_prefix)
             found.add(f"arn:{stack.partition}:ecr:{region}:{account}:repository/{repository}")
     return sorted(found)

@@ -33,7 +33,6 @@ from stacks.components.nag import (
 )
 from stacks.components.needs import Need
 from stacks.components.scan import justify
-from stacks.config import PlatformConfig
 from training_configs.schema import EVALUATION_DATA_PREFIX
 
 LIFECYCLE_SCRIPTS = Path(__file__).resolve().parent.parent / "assets" / "hyperpod_lifecycle"
@@ -239,8 +238,8 @@ def lifecycle_bucket_name(name_prefix: str) -> str:
     return f"sagemaker-{name_prefix}-lc-{Aws.ACCOUNT_ID}-{Aws.REGION}"
 
 
-def lifecycle_scripts_uri(config: PlatformConfig) -> str:
-    return f"s3://{lifecycle_bucket_name(config.name_prefix)}/{LIFECYCLE_PREFIX}"
+def lifecycle_scripts_uri(name_prefix: str) -> str:
+    return f"s3://{lifecycle_bucket_name(name_prefix)}/{LIFECYCLE_PREFIX}"
 
 
 def _cdk_singleton(stack: Stack, id_prefix: str) -> IConstruct:
