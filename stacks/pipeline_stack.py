@@ -24,7 +24,7 @@ from stacks.components.reward_fleet import RewardFleet, log_group_name
 from stacks.components.router import Router
 from stacks.components.serverless_plane import ServerlessPlane
 from stacks.components.storage import DataBucketAccess, Storage, data_bucket_name
-from stacks.components.training_control import TrainingClusterControl
+from stacks.components.training_control import TrainingClusterControl, training_control_props
 from stacks.config import PlatformConfig
 
 # Steps told the training planes' settings though they call no plane's AWS API: Register checks a
@@ -93,7 +93,7 @@ class PipelineStack(PlatformStack):
         )
         restricted = hyperpod.restricted_execution_role
         self._training = TrainingClusterControl(
-            self, "TrainingClusterControl", config=config, code=code,
+            self, "TrainingClusterControl", props=training_control_props(config), code=code,
             hyperpod_cluster_arn=hyperpod.cluster_arn,
             execution_role_arn=hyperpod.execution_role_arn,
             restricted_execution_role_arn=restricted.role_arn if restricted else None,

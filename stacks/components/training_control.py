@@ -16,6 +16,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from aws_cdk import ArnFormat, CustomResource, Duration, Stack
 from aws_cdk import aws_eks as eks
@@ -26,6 +28,7 @@ from constructs import Construct
 
 from domain.naming import RUN_SERVICE_ACCOUNT, run_prefix
 from domain.nova_job import FORGE_RECIPE_PATHS, FORGE_RECIPE_SOURCE
+from domain.presets import JobKind, ModelPreset
 from domain.service_logs import pod_log_group
 from lambdas.environment import environment_for
 from lambdas.kubernetes.rbac import launcher_group, pipeline_group, rbac_properties
@@ -46,7 +49,34 @@ from stacks.components.hyperpod import hyperpod_cluster_name
 from stacks.components.nag import Wildcard, acknowledge_resource
 from stacks.components.needs import Need
 from stacks.components.nova_launcher import NovaLauncher
-from stacks.config import PlatformConfig
+from stacks.config import ForgeCliBundle, HyperPodInstanceGroup, PlatformConfig
+
+
+@dataclass(frozen=True)
+class TrainingControlProps:
+    """What the training planes' controls need of the deployment (`training_control_props`)."""
+
+    name_prefix: str
+    eks_cluster: str
+    hyperpod_cluster: str
+    existing_hyperpod: bool  # an existing cluster's ARN ends in an id SageMaker gave it
+    presets: Mapping[str, ModelPreset]
+    training_group: HyperPodInstanceGroup
+    nova_group: HyperPodInstanceGroup | None
+    job_kind: JobKind
+    keep_warm_minutes: int
+    forge_cli: ForgeCliBundle | None
+
+
+def training_control_props(config: PlatformConfig) -> TrainingControlProps:
+    return TrainingControlProps(
+        name_prefix=config.name_prefix, eks_cluster=eks_cluster_name(config),
+        hyperpod_cluster=hyperpod_cluster_name(config),
+        existing_hyperpod=config.existing_hyperpod_cluster is not None,
+        presets=config.model_presets, training_group=config.training_group,
+        nova_group=config.nova_group, job_kind=config.training_job_kind,
+        keep_warm_minutes=config.keep_warm_minutes, forge_cli=config.forge_cli_bundle,
+    )  # fmt: skip
 
 
 class TrainingClusterControl(Construct):
@@ -58,7 +88,7 @@ class TrainingClusterControl(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        config: PlatformConfig,
+        props: TrainingControlProps,
         code: lambda_.Code,
         hyperpod_cluster_arn: str,
         execution_role_arn: str | None,
@@ -70,8 +100,8 @@ class TrainingClusterControl(Construct):
         """`trainer_image_uri`: the image `cdk deploy` built for presets that name none."""
         super().__init__(scope, construct_id)
         stack = Stack.of(self)
-        self._config, self._data_key = config, data_key
-        self._eks_name = eks_cluster_name(config)
+        self._props, self._data_key = props, data_key
+        self._eks_name = props.eks_cluster
         self._eks_arn = stack.format_arn(
             service="eks", resource="cluster", resource_name=self._eks_name
         )
@@ -88,12 +118,12 @@ class TrainingClusterControl(Construct):
         )
         # Pod Identity association ids are made by EKS per run: only this cluster's.
         wildcards = {self._associations: Wildcard.ASSIGNED_BY_AWS}
-        if config.existing_hyperpod_cluster:
+        if props.existing_hyperpod:
             # An existing cluster's ARN ends in the id SageMaker gave it, not its name.
             wildcards[hyperpod_cluster_arn] = Wildcard.ASSIGNED_BY_AWS
         # Secrets Manager ends a secret's ARN in "-" and six random characters (botocore's
         # model, CreateSecret `Name`): each secret a preset names, whatever they are.
-        names = sorted({p.hub_token_secret for p in config.model_presets.values()} - {None})
+        names = sorted({p.hub_token_secret for p in props.presets.values()} - {None})
         self._hub_token_secrets = [
             stack.format_arn(
                 service="secretsmanager",
@@ -108,23 +138,23 @@ class TrainingClusterControl(Construct):
         self.environment = environment_for(
             HyperPodSettings,
             eks_cluster=self._eks_name,
-            hyperpod_cluster=hyperpod_cluster_name(config),
+            hyperpod_cluster=props.hyperpod_cluster,
             leases_table=self.leases.table.table_name,
-            instance_group=config.training_group.name,
-            instance_type=config.training_group.instance_type,
-            job_kind=config.training_job_kind,
+            instance_group=props.training_group.name,
+            instance_type=props.training_group.instance_type,
+            job_kind=props.job_kind,
             presets=json.dumps(
                 {
                     name: {
                         **preset.model_dump(mode="json"),
                         "trainer_image": preset.trainer_image or trainer_image_uri,
                     }
-                    for name, preset in config.model_presets.items()
+                    for name, preset in props.presets.items()
                 },
                 sort_keys=True,
             ),
             account=stack.account,
-            keep_warm_seconds=config.keep_warm_minutes * 60,
+            keep_warm_seconds=props.keep_warm_minutes * 60,
             job_role_arn=self.job_role.role_arn,
         )
         self.launcher = self._nova_plane(cluster_network)
@@ -149,13 +179,13 @@ class TrainingClusterControl(Construct):
     def _nova_plane(self, network: ClusterNetwork) -> NovaLauncher | None:
         """With a restricted group: the launcher function, and the Nova plane's settings for the
         functions (lambdas/pipeline/nova_training.py); without one the Nova needs grant nothing."""
-        group = self._config.nova_group
+        group = self._props.nova_group
         if group is None:
             return None
         launcher = NovaLauncher(
             self, "NovaLauncher", eks_cluster=self._eks_name,
-            hyperpod_cluster=hyperpod_cluster_name(self._config), network=network,
-            log_key=self._data_key, forge_cli=self._config.forge_cli_bundle,
+            hyperpod_cluster=self._props.hyperpod_cluster, network=network,
+            log_key=self._data_key, forge_cli=self._props.forge_cli,
         )  # fmt: skip
         self.environment |= environment_for(
             NovaSettings,
@@ -196,7 +226,7 @@ class TrainingClusterControl(Construct):
                 self._allow(role, ["sagemaker:ListClusterNodes"], self._hyperpod_arn)
             case Need.KUBERNETES:
                 self._allow(role, ["eks:DescribeCluster"], self._eks_arn)
-                self._access_entry(role.role_arn, groups=[pipeline_group(self._config.name_prefix)])
+                self._access_entry(role.role_arn, groups=[pipeline_group(self._props.name_prefix)])
             case Need.POD_IDENTITY_CREATE:
                 self._allow(
                     role,
@@ -248,7 +278,7 @@ class TrainingClusterControl(Construct):
                 self._allow(role, ["eks:DescribeCluster"], self._eks_arn)
                 # The cluster context the HyperPod CLI reads (connect-cluster's DescribeCluster).
                 self._allow(role, ["sagemaker:DescribeCluster"], self._hyperpod_arn)
-                self._access_entry(role.role_arn, groups=[launcher_group(self._config.name_prefix)])
+                self._access_entry(role.role_arn, groups=[launcher_group(self._props.name_prefix)])
 
     def _execution_role_entries(self, role: iam.IRole, execution_role_arns: list[str]) -> None:
         """The EKS access entries of the execution roles only: made, read, given their access
@@ -302,7 +332,7 @@ class TrainingClusterControl(Construct):
             description="A run's vLLM and trainer pods: its queues, its dataset, its outputs",
             cluster_name=self._eks_name,
             service_account=RUN_SERVICE_ACCOUNT,
-            namespace=f"{run_prefix(self._config.name_prefix)}*",
+            namespace=f"{run_prefix(self._props.name_prefix)}*",
         )
 
     def _access_entry(
@@ -338,7 +368,7 @@ class TrainingClusterControl(Construct):
             code=code,
             timeout=Duration.minutes(2),
             environment=environment_for(
-                RbacSettings, prefix=self._config.name_prefix, eks_cluster=self._eks_name
+                RbacSettings, prefix=self._props.name_prefix, eks_cluster=self._eks_name
             ),
             network=network,
             log_key=self._data_key,
@@ -356,7 +386,7 @@ class TrainingClusterControl(Construct):
             # The function builds the objects itself; a new revision of them (a new digest)
             # re-applies them on the next deploy.
             properties=rbac_properties(
-                self._config.name_prefix, nova_launcher=self.launcher is not None
+                self._props.name_prefix, nova_launcher=self.launcher is not None
             ),
         )
         resource.node.add_dependency(entry)
