@@ -9,7 +9,7 @@ from domain.naming import StackOutput
 from stacks.base import PlatformStack
 from stacks.components.eks import HyperPodEks, eks_props
 from stacks.components.hyperpod import HyperPodCluster, hyperpod_props
-from stacks.components.hyperpod_dependencies import HyperPodDependencies
+from stacks.components.hyperpod_dependencies import HyperPodDependencies, chart_request
 from stacks.components.lambda_code import pipeline_code
 from stacks.components.network import Network
 from stacks.components.reward_fleet import RewardFleet
@@ -48,7 +48,8 @@ class ComputeStack(PlatformStack):
             # AWS requires the chart before the HyperPod cluster: without its device plugins
             # no GPU pod schedules, without its health agent node recovery has nothing to act on.
             self.chart = HyperPodDependencies(
-                self, "HyperPodChart", config=config, eks=self.eks, code=pipeline_code(),
+                self, "HyperPodChart", request=chart_request(config), eks=self.eks,
+                code=pipeline_code(),
                 log_key=storage.data_key,
             )  # fmt: skip
             ready.append(self.chart.installed)

@@ -52,14 +52,15 @@ class HyperPodDependencies(Construct):
         scope: Construct,
         construct_id: str,
         *,
-        config: PlatformConfig,
+        request: hyperpod_chart.ChartRequest,
         eks: HyperPodEks,
         code: lambda_.Code,
         log_key: kms.IKey,
     ) -> None:
+        """`request`: what the chart is rendered for (`chart_request` of the configuration)."""
         super().__init__(scope, construct_id)
         stack = cdk.Stack.of(self)
-        self.request = chart_request(config)
+        self.request = request
         argument = self.request.encode()
         renderer = "".join(
             Path(module.__file__).read_text()  # type: ignore[arg-type]
