@@ -34,10 +34,16 @@ class ModelNotLoaded(RuntimeError):
     """The model or a checkpoint cannot be loaded; the message says which and why."""
 
 
+def shards_weights(config: TrainingConfig, collective: Collective) -> bool:
+    """Whether the processes shard the model (a full fine-tune on several): a LoRA model's
+    frozen base is copied to each instead."""
+    return config.lora is None and collective.world_size > 1
+
+
 def reads_weights(config: TrainingConfig, collective: Collective) -> bool:
     """Whether this process reads the model's weights: every process but the first of several
-    that shard a fully fine-tuned model receives its shards instead (`_sharded`)."""
-    return config.lora is not None or collective.world_size == 1 or collective.rank == 0
+    that shard a model receives its shards instead (`_sharded`)."""
+    return not shards_weights(config, collective) or collective.rank == 0
 
 
 def model_folder(source: str, *, s3: Any, workdir: Path, weights: bool = True) -> str:
@@ -176,7 +182,7 @@ def load_policy(
     starting = None
     if reference and not lora:
         starting = str(reference_checkpoint) if reference_checkpoint is not None else base
-    if not lora and collective.world_size > 1:
+    if shards_weights(config, collective):
         # Several processes share a fully fine-tuned model: its shards go to this process's
         # GPU, the whole model never does.
         collective.join()

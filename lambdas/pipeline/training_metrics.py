@@ -1,8 +1,8 @@
 """A run's training steps as CloudWatch metrics, for the dashboard: Monitor publishes each new
 line of `metrics.jsonl` (our trainer's steps or a Nova run's windows) once, as the figures the
 dashboard graphs — the mean reward, the success rate and every run-health metric
-(domain/health.py: which figures, and each step's) — under `nova-mtrl/Training` with the deployment and
-the run as dimensions.
+(domain/health.py: which figures, and each step's) — under `nova-mtrl/Training` with the
+deployment and the run as dimensions.
 
 Deployed, they leave in CloudWatch's embedded metric format (Powertools, printed to Monitor's
 log: no API call, no permission); local mode keeps them in memory.
