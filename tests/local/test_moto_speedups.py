@@ -4,6 +4,7 @@ collector's tuning for a run (mtrl/local/session.py) is undone after it."""
 from __future__ import annotations
 
 import gc
+from datetime import datetime
 
 import moto.core.responses
 import moto.core.utils
@@ -28,6 +29,18 @@ def test_the_cached_lookups_answer_as_the_originals() -> None:
     assert moto.core.responses.method_names_from_class(SQSResponse) == (
         moto.core.utils.method_names_from_class(SQSResponse)
     )
+
+
+def test_the_cached_epoch_answers_as_the_original() -> None:
+    moto_speedups.install()
+    cached = moto.core.utils.utcfromtimestamp
+    stamps = [0, 1, 1_700_000_000, 1_700_000_000.123456, -86_400]
+    assert [cached(stamp) for stamp in stamps] == [cached.__wrapped__(stamp) for stamp in stamps]
+    assert cached(0) == datetime(1970, 1, 1) and cached(0).tzinfo is None
+    # unix_time reads it from moto.core.utils at each call: the same figures as before.
+    moment = datetime(2026, 12, 7, 12, 30, 15, 250_000)
+    assert moto.core.utils.unix_time(moment) == (moment - datetime(1970, 1, 1)).total_seconds()
+    assert moto.core.utils.unix_time_millis(moment) == 1_796_646_615_250.0
 
 
 def test_the_collector_is_tuned_for_a_run_and_restored_after_it() -> None:
