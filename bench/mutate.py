@@ -167,7 +167,6 @@ FUNCTIONS: dict[str, tuple[str, ...]] = {
     # The definition's builder, not the machine's stack settings (the stack tests' synth).
     "stacks/components/pipeline_states.py": (
         "PipelineDefinition.task",
-        "PipelineDefinition.retried",
         "PipelineDefinition.failure_path",
         "PipelineDefinition.caught",
         "PipelineDefinition.poll_until",

@@ -1,10 +1,12 @@
 """A run's state between the pipeline's steps: what the state machine carries from one Lambda
-to the next (its input, and each step's result at its path), as typed models. Each step parses
-the state once; each step that adds to it returns one of these, serialized."""
+to the next (its input, and each step's result at its path), as typed models. Each step's
+Lambda parses its event into the model its body takes and serializes the model it returns
+(lambdas/pipeline/composition.py `at_the_boundary`); the state machine's paths and choices
+(stacks/components/pipeline_states.py) read the fields named here."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -101,3 +103,163 @@ class RunState(BaseModel):
         if self.run is None:
             raise ValueError(f"s3://{self.bucket}/{self.key}: the run was never registered")
         return self.run
+
+
+class ProvisionRequest(BaseModel):
+    """Provision's input: Register's result."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run: RegisteredRun
+
+
+class PhaseRequest(BaseModel):
+    """OpenPhase's input: the phase to open, and the state."""
+
+    model_config = ConfigDict(frozen=True)
+
+    phase: Literal["baseline", "training", "final"]
+    state: RunState
+
+
+class EvaluationRequest(BaseModel):
+    """StartEvaluation's and EvaluationStatus's input: the stage, and the state."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stage: EvaluationStage
+    state: RunState
+
+
+class CollectRequest(BaseModel):
+    """Collect's input: the state, and the execution (the model package says what made it)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    state: RunState
+    execution_arn: str
+
+
+class RunRef(BaseModel):
+    """Teardown's input: the run, by id (all it needs: every per-run resource is named by it)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+
+
+class RunEnd(BaseModel):
+    """NotifyEnd's input: how the run ended, what teardown left, its evaluation's headline and
+    the held-out check's warning (the failure path has no evaluation)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    succeeded: bool = False
+    failed_state: str | None = None
+    error: str | None = None  # a Lambda error's cause, as Step Functions caught it
+    teardown: dict[str, Any] | None = None
+    evaluation: str | None = None
+    caution: str | None = None
+
+
+class StartedRun(BaseModel):
+    """StartRun's result: the execution of the upload's run (already finished: a duplicate)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    execution_arn: str
+    already_finished: bool
+
+
+class Validation(BaseModel):
+    """Validate's result, at `$.validation`: the records counted and the report's key."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    records: int
+    report_key: str
+
+
+class TornDown(BaseModel):
+    """Teardown's result, at `$.teardown`: the queues it deleted and what of the run is left."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    queues_deleted: int
+    leftover: int
+
+
+class ScaledUp(BaseModel):
+    """ScaleUp's result, at `$.scaled`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    instances: int
+    scale_to_zero: bool
+
+
+class NodesReady(BaseModel):
+    """NodesReady's result, at `$.nodes` (the poll's choice reads `ready`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ready: bool
+    nodes: int
+
+
+class WorkersStarted(BaseModel):
+    """StartWorkers' result, at `$.workers`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    workers: int
+
+
+class WorkersHealthy(BaseModel):
+    """WorkersHealthy's result, at `$.fleet` (the poll's choice reads `ready`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ready: bool
+    healthy: int
+
+
+class SubmittedJob(BaseModel):
+    """SubmitJob's result, at `$.submitted`: the job's name."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job: str
+
+
+class Collected(BaseModel):
+    """Collect's result, at `$.results`: where the results are, how many objects, the
+    evaluation's headline and the held-out check's warning (NotifySuccess tells both)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    results: str
+    objects: int
+    evaluation: str | None
+    caution: str | None
+
+
+class Released(BaseModel):
+    """ReleaseCompute's result, at `$.released`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    workers_stopped: int
+    job_objects_deleted: int
+
+
+class ReleasedIdle(BaseModel):
+    """ReleaseIdle's result: whether nodes kept warm were scaled to zero."""
+
+    model_config = ConfigDict(frozen=True)
+
+    released: bool

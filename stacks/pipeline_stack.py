@@ -10,6 +10,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from domain.naming import StackOutput
+from lambdas.pipeline.steps import STEP
 from stacks.base import PlatformStack
 from stacks.components.access import NEEDS, OperatorPolicy, StacksAccess, grant_needs
 from stacks.components.experiment_tracking import ExperimentTracking
@@ -19,7 +20,6 @@ from stacks.components.hyperpod import HyperPodCluster
 from stacks.components.lambda_code import pipeline_code
 from stacks.components.model_release import ModelRelease
 from stacks.components.pipeline import TrainingPipeline
-from stacks.components.pipeline_steps import STEP
 from stacks.components.reward_fleet import RewardFleet, log_group_name
 from stacks.components.router import Router
 from stacks.components.serverless_plane import ServerlessPlane

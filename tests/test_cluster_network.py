@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from domain.needs import Need
 from stacks.components.access import NEEDS
-from stacks.components.needs import Need
 from stacks.components.nova_launcher import HANDLER as LAUNCHER_HANDLER
 from stacks.config import ConfigError, PlatformConfig, deployment_context
 from tests.conftest import Synthesized, as_list, handler_of, role_statements, synthesize

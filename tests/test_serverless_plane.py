@@ -11,10 +11,10 @@ import aws_cdk as cdk
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 
+from domain.needs import Need
 from domain.serverless_job import agent_function_name, job_role_name
 from lambdas.pipeline.serverless_training import ManagedJobSettings
-from stacks.components.needs import Need
-from stacks.components.pipeline_steps import STEP
+from lambdas.pipeline.steps import STEP
 from stacks.components.serverless_plane import JOB_SERVICE, ServerlessPlane
 from stacks.pipeline_stack import KNOW_THE_PLANES
 from tests.conftest import Synthesized, arn_text, as_list, policy_statements

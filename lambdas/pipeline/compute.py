@@ -26,7 +26,24 @@ from domain.episodes import Episode, EvaluationStage
 from domain.evaluation import EvaluationReport, compare, read_episodes, summarize
 from domain.health import findings, held_out_caution, step_figures
 from domain.run_queues import purge_run_queues
-from domain.run_state import EvaluationJob, JobReport, OpenedPhase, RegisteredRun, RunState
+from domain.run_state import (
+    Collected,
+    CollectRequest,
+    EvaluationJob,
+    EvaluationRequest,
+    JobReport,
+    NodesReady,
+    OpenedPhase,
+    PhaseRequest,
+    RegisteredRun,
+    Released,
+    ReleasedIdle,
+    RunState,
+    ScaledUp,
+    SubmittedJob,
+    WorkersHealthy,
+    WorkersStarted,
+)
 from domain.runs import RunRecord, RunStore
 from domain.serverless_job import run_job_names
 from domain.step_metrics import first_error
@@ -72,22 +89,19 @@ class ComputeSteps:
         if self.clock() > run.deadline_at:
             raise RunPastDeadline(f"run {run.run_id} passed its deadline while waiting for compute")
 
-    def scale_up(self, event: dict[str, Any]) -> dict[str, Any]:
-        state = RunState.model_validate(event)
+    def scale_up(self, state: RunState) -> ScaledUp:
         config = state.registered.config
         instances = config.instance_count or 0  # a serverless run has none
         self.compute.cluster.scale_up(self._context(state), instances=instances)
-        return {"instances": instances, "scale_to_zero": config.scale_to_zero}
+        return ScaledUp(instances=instances, scale_to_zero=config.scale_to_zero)
 
-    def nodes_ready(self, event: dict[str, Any]) -> dict[str, Any]:
-        state = RunState.model_validate(event)
+    def nodes_ready(self, state: RunState) -> NodesReady:
         self._check_deadline(state.registered)
         ready = self.compute.cluster.nodes_ready(self._context(state))
-        return {"ready": ready >= (state.registered.config.instance_count or 0), "nodes": ready}
+        return NodesReady(ready=ready >= (state.registered.config.instance_count or 0), nodes=ready)
 
-    def start_workers(self, event: dict[str, Any]) -> dict[str, Any]:
+    def start_workers(self, state: RunState) -> WorkersStarted:
         """Start the reward fleet with a fresh run token (stored hashed; never in the state)."""
-        state = RunState.model_validate(event)
         context = self._context(state, run_token=secrets.token_urlsafe(32))
         store = ConversationStore(self.clients("dynamodb"), self.settings.conversations_table)
         store.put_run(
@@ -103,44 +117,44 @@ class ComputeSteps:
             else (),
         )
         workers = self.compute.fleet.start(context, workers=context.training.reward_workers)
-        return {"workers": len(workers)}
+        return WorkersStarted(workers=len(workers))
 
-    def workers_healthy(self, event: dict[str, Any]) -> dict[str, Any]:
-        state = RunState.model_validate(event)
+    def workers_healthy(self, state: RunState) -> WorkersHealthy:
         self._check_deadline(state.registered)
         healthy = self.compute.fleet.healthy(self._context(state))
-        return {"ready": healthy >= state.registered.config.reward_workers, "healthy": healthy}
+        return WorkersHealthy(
+            ready=healthy >= state.registered.config.reward_workers, healthy=healthy
+        )
 
-    def open_phase(self, event: dict[str, Any]) -> dict[str, Any]:
-        """`event`: {"phase", "state"}. Open the run's next phase before its job starts: the
-        router refuses what the phase before still sends from now (lambdas/router/), and the
-        run's queues are emptied of what it sent, as AWS's Forge SDK has them emptied between
-        training and evaluation. The first phase finds its queues new."""
-        opened, state = OpenedPhase(phase=event["phase"]), RunState.model_validate(event["state"])
+    def open_phase(self, request: PhaseRequest) -> OpenedPhase:
+        """Open the run's next phase before its job starts: the router refuses what the phase
+        before still sends from now (lambdas/router/), and the run's queues are emptied of what
+        it sent, as AWS's Forge SDK has them emptied between training and evaluation. The first
+        phase finds its queues new."""
+        opened, state = OpenedPhase(phase=request.phase), request.state
         run_id = state.registered.run_id
         store = ConversationStore(self.clients("dynamodb"), self.settings.conversations_table)
         previous = store.open_phase(run_id, opened.phase, now=self.clock())
         if previous is None or state.resources is None:
-            return opened.model_dump(mode="json")
+            return opened
         purged = purge_run_queues(self.clients("sqs"), state.resources.queues)
-        update = {"purged": purged, "wait_seconds": self.settings.purge_seconds}
-        return opened.model_copy(update=update).model_dump(mode="json")
+        return opened.model_copy(
+            update={"purged": purged, "wait_seconds": self.settings.purge_seconds}
+        )
 
-    def submit_job(self, event: dict[str, Any]) -> dict[str, Any]:
-        state = RunState.model_validate(event)
-        return {"job": self.compute.cluster.submit(self._context(state))}
+    def submit_job(self, state: RunState) -> SubmittedJob:
+        return SubmittedJob(job=self.compute.cluster.submit(self._context(state)))
 
-    def monitor(self, event: dict[str, Any]) -> dict[str, Any]:
+    def monitor(self, state: RunState) -> JobReport:
         """One poll: the job's phase, or the pipeline's reason to stop the run
         (lambdas/pipeline/policies.py)."""
-        state = RunState.model_validate(event)
         run = state.registered
         record = RunStore(self.clients("dynamodb"), self.settings.runs_table).get(run.run_id)
         verdict = record and policies.must_stop(
             record, budget_usd=run.config.budget_usd, now=self.clock()
         )
         if verdict:
-            return JobReport(phase=verdict.phase, reason=verdict.reason).model_dump(mode="json")
+            return JobReport(phase=verdict.phase, reason=verdict.reason)
         context = self._context(state)
         status = self.compute.cluster.status(context)
         quiet = policies.quiet_polls(status, state.job)
@@ -165,11 +179,10 @@ class ComputeSteps:
         )
         warnings = {f.rule.metric: f.reason() for f in found if not f.stops}
         self._keep_warnings(record, warnings)
-        report = JobReport(
+        return JobReport(
             phase=phase, reason=reason, step=status.step, quiet_polls=quiet,
             health=list(warnings.values()), published_step=published,
         )  # fmt: skip
-        return report.model_dump(mode="json")
 
     def _publish(
         self, run_id: str, lines: list[dict[str, Any]], last: JobReport | None
@@ -197,27 +210,25 @@ class ComputeSteps:
         if started and self.settings.alert_topic_arn:
             alert_health(self.clients("sns"), self.settings.alert_topic_arn, record.run_id, started)
 
-    def start_evaluation(self, event: dict[str, Any]) -> dict[str, Any]:
-        """`event`: {"stage", "state"}. Submit the evaluation of the stage's model on the run's
-        held-out records, or say why there is none (the config holds nothing out, or the plane
-        cannot evaluate): then it is ready at once and the run goes on."""
-        stage, state = EvaluationStage(event["stage"]), RunState.model_validate(event["state"])
+    def start_evaluation(self, request: EvaluationRequest) -> EvaluationJob:
+        """Submit the evaluation of the stage's model on the run's held-out records, or say why
+        there is none (the config holds nothing out, or the plane cannot evaluate): then it is
+        ready at once and the run goes on."""
+        stage, state = request.stage, request.state
         config = state.registered.config
         if not config.evaluates:
             skipped = "the config holds no records out (eval_fraction 0, no eval_dataset)"
-            return EvaluationJob(stage=stage, skipped=skipped, ready=True).model_dump(mode="json")
+            return EvaluationJob(stage=stage, skipped=skipped, ready=True)
         try:
             job = self.compute.cluster.submit_evaluation(self._context(state), stage=stage)
         except EvaluationUnsupported as error:
-            return EvaluationJob(stage=stage, skipped=str(error), ready=True).model_dump(
-                mode="json"
-            )
-        return EvaluationJob(stage=stage, job=job).model_dump(mode="json")
+            return EvaluationJob(stage=stage, skipped=str(error), ready=True)
+        return EvaluationJob(stage=stage, job=job)
 
-    def evaluation_status(self, event: dict[str, Any]) -> dict[str, Any]:
-        """`event`: {"stage", "state"}. One poll of the stage's evaluation; once it succeeded,
-        its headline figures. A failed evaluation fails the run."""
-        stage, state = EvaluationStage(event["stage"]), RunState.model_validate(event["state"])
+    def evaluation_status(self, request: EvaluationRequest) -> EvaluationJob:
+        """One poll of the stage's evaluation; once it succeeded, its headline figures. A failed
+        evaluation fails the run."""
+        stage, state = request.stage, request.state
         self._check_deadline(state.registered)
         submitted = state.evaluations[stage]
         context = self._context(state)
@@ -237,14 +248,14 @@ class ComputeSteps:
                 raise EvaluationFailed(_unscored_baseline(found))
             update |= {"n": summary.n, "mean_reward": summary.mean_reward}
             update |= {"pass_at_1": summary.pass_at_1}
-        return submitted.model_copy(update=update).model_dump(mode="json")
+        return submitted.model_copy(update=update)
 
-    def collect(self, event: dict[str, Any]) -> dict[str, Any]:
-        """`event`: {"state", "execution_arn"}. Write `runs/<run_id>/evaluation.json` (both
-        evaluations and the change), register the best checkpoint in the deployment's model
-        registry, and write `summary.json` (config, job, evaluation, outputs found, checkpoints,
-        the model package; a managed job's tokens billed) next to the outputs."""
-        state = RunState.model_validate(event["state"])
+    def collect(self, request: CollectRequest) -> Collected:
+        """Write `runs/<run_id>/evaluation.json` (both evaluations and the change), register the
+        best checkpoint in the deployment's model registry, and write `summary.json` (config,
+        job, evaluation, outputs found, checkpoints, the model package; a managed job's tokens
+        billed) next to the outputs."""
+        state = request.state
         s3, run = self.clients("s3"), state.registered
         prefix = run_output_prefix(run.run_id)
         evaluation = evaluation_report(s3, self._context(state), state)
@@ -270,7 +281,7 @@ class ComputeSteps:
                 checkpoint=best["uri"],
                 evaluation=evaluation,
                 evaluation_uri=f"s3://{state.bucket}/{prefix}{EVALUATION_OBJECT}",
-                generated_by=event["execution_arn"],
+                generated_by=request.execution_arn,
             )
         summary = {
             "run_id": run.run_id,
@@ -296,26 +307,24 @@ class ComputeSteps:
             recent_metrics(s3, bucket=state.bucket, key=f"{prefix}{METRICS_OBJECT}"),
             pass_change.delta if pass_change else None,
         )
-        return {
-            "results": f"s3://{state.bucket}/{prefix}",
-            "objects": len(outputs),
-            "evaluation": evaluation.headline(),
-            "caution": caution,  # the held-out check on a reward that rose (domain/health.py)
-        }
-
-    def release_compute(self, event: dict[str, Any]) -> dict[str, Any]:
-        """Teardown of the compute planes (idempotent): workers, job, nodes."""
-        state = RunState.model_validate(event)
-        if state.run is None:
-            return {"workers_stopped": 0, "job_objects_deleted": 0}  # failed before registration
-        return release(
-            self._context(state), self.compute, scale_down=state.run.config.scale_to_zero
+        return Collected(
+            results=f"s3://{state.bucket}/{prefix}",
+            objects=len(outputs),
+            evaluation=evaluation.headline(),
+            caution=caution,  # the held-out check on a reward that rose (domain/health.py)
         )
 
-    def release_idle(self, event: dict[str, Any]) -> dict[str, Any]:
-        """Scheduled: scale nodes kept warm to zero once no run took them for the keep-warm
-        period."""
-        return {"released": self.compute.cluster.release_idle()}
+    def release_compute(self, state: RunState) -> Released:
+        """Teardown of the compute planes (idempotent): workers, job, nodes."""
+        if state.run is None:
+            return Released(workers_stopped=0, job_objects_deleted=0)  # failed before Register
+        scale_down = state.run.config.scale_to_zero
+        return Released(**release(self._context(state), self.compute, scale_down=scale_down))
+
+    def release_idle(self, event: dict[str, Any]) -> ReleasedIdle:
+        """Scheduled (its event says nothing the step needs): scale nodes kept warm to zero
+        once no run took them for the keep-warm period."""
+        return ReleasedIdle(released=self.compute.cluster.release_idle())
 
 
 def _unscored_baseline(episodes: Sequence[Episode]) -> str:

@@ -29,13 +29,12 @@ class Reaper:
         self.settings, self.clients = dependencies.settings, dependencies.clients
         self.compute, self.clock = dependencies.compute, dependencies.clock
 
-    def reap(self, event: dict[str, Any]) -> dict[str, Any]:
+    def reap(self, request: ReapRequest) -> dict[str, Any]:
         """Tear down every run past its deadline, or whose execution is no longer running
         (stopped by hand, or lost) — so nothing keeps burning money unnoticed; or the one run
         asked for, whatever its state. Compute first, as the state machine does; a run whose
         compute cannot be released yet stays unfinished and is tried again on the next
         schedule."""
-        request = ReapRequest.model_validate(event or {})
         if request.release_idle:
             released = self.compute.cluster.release_idle(immediately=True)
             return {"reaped": [], "retry": [], "released_idle": released}

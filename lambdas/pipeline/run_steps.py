@@ -11,13 +11,22 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.parser.models import S3EventNotificationEventBridgeModel
 from botocore.exceptions import ClientError
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from domain.backends import METRICS_OBJECT, recent_metrics
 from domain.bucket import EVALUATION_OBJECT, SUMMARY_OBJECT, object_exists, run_output_prefix
 from domain.dataset import counted
 from domain.nova_job import is_nova, recipe_skips
-from domain.run_state import RegisteredRun, RunResources
+from domain.run_state import (
+    ProvisionRequest,
+    RegisteredRun,
+    RunEnd,
+    RunRef,
+    RunResources,
+    StartedRun,
+    TornDown,
+    Validation,
+)
 from domain.runs import FINISHED, RunRecord, RunStore, run_id_for
 from domain.tracking import TrackedRun, tracked_run
 from lambdas.pipeline.dependencies import Dependencies
@@ -36,7 +45,8 @@ class DatasetInvalid(ValueError):
 
 
 class Upload(BaseModel):
-    """The dataset a run is about: from an EventBridge `Object Created` event, or state input."""
+    """The dataset a run is about: from the upload rule's EventBridge `Object Created` event
+    (read as Powertools models S3's), from the state machine's `{"upload": ...}`, or as is."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -44,15 +54,18 @@ class Upload(BaseModel):
     key: str
     version_id: str | None = None
 
+    @model_validator(mode="before")
     @classmethod
-    def from_event(cls, event: dict[str, Any]) -> Upload:
-        if "detail" in event:  # the upload rule's event, read as Powertools models S3's
+    def _unwrapped(cls, event: Any) -> Any:
+        if isinstance(event, dict) and "detail" in event:
             detail = S3EventNotificationEventBridgeModel.model_validate(event).detail
-            return cls(
-                bucket=detail.bucket.name, key=detail.object.key,
-                version_id=detail.object.version_id,
-            )  # fmt: skip
-        return cls.model_validate(event.get("upload", event))
+            return {
+                "bucket": detail.bucket.name, "key": detail.object.key,
+                "version_id": detail.object.version_id,
+            }  # fmt: skip
+        if isinstance(event, dict) and "upload" in event:
+            return event["upload"]
+        return event
 
     @property
     def run_id(self) -> str:
@@ -67,29 +80,25 @@ class RunSteps:
     def _runs(self) -> RunStore:
         return RunStore(self._clients("dynamodb"), self.settings.runs_table)
 
-    def start_run(self, event: dict[str, Any]) -> dict[str, Any]:
+    def start_run(self, upload: Upload) -> StartedRun:
         """EventBridge target: start the state machine with the run id as execution name. Step
         Functions makes that idempotent: a duplicate event while the run goes on returns the
         same execution; after it ended, the name is taken and nothing new starts."""
         sfn = self._clients("stepfunctions")
-        upload = Upload.from_event(event)
         try:
             answer = sfn.start_execution(
                 stateMachineArn=self.settings.state_machine_arn,
                 name=upload.run_id,
                 input=upload.model_dump_json(),
             )
-            return {
-                "run_id": upload.run_id,
-                "execution_arn": answer["executionArn"],
-                "already_finished": False,
-            }
+            return StartedRun(
+                run_id=upload.run_id, execution_arn=answer["executionArn"], already_finished=False
+            )
         except sfn.exceptions.ExecutionAlreadyExists:
             execution = self.settings.execution_arn(upload.run_id)
-            return {"run_id": upload.run_id, "execution_arn": execution, "already_finished": True}
+            return StartedRun(run_id=upload.run_id, execution_arn=execution, already_finished=True)
 
-    def validate(self, event: dict[str, Any]) -> dict[str, Any]:
-        upload = Upload.from_event(event)
+    def validate(self, upload: Upload) -> Validation:
         outcome = validate_upload(
             self._clients("s3"),
             bucket=upload.bucket,
@@ -104,14 +113,12 @@ class RunSteps:
                 f"({shown}); full "
                 f"report s3://{upload.bucket}/{outcome.report_key}"
             )
-        return {
-            "run_id": upload.run_id,
-            "records": outcome.records,
-            "report_key": outcome.report_key,
-        }
+        return Validation(
+            run_id=upload.run_id, records=outcome.records, report_key=outcome.report_key
+        )
 
-    def register(self, event: dict[str, Any]) -> dict[str, Any]:
-        settings, upload = self.settings, Upload.from_event(event)
+    def register(self, upload: Upload) -> RegisteredRun:
+        settings = self.settings
         registered = register_run(
             self._clients("s3"),
             self._runs(),
@@ -133,12 +140,12 @@ class RunSteps:
             cost_per_hour=registered.cost.per_hour,
             deadline_at=registered.run.deadline_at,
             base=registered.base,
-        ).model_dump(mode="json")
+        )
 
-    def provision(self, event: dict[str, Any]) -> dict[str, Any]:
-        """`event`: {"run": Register's result}. A Nova run's jobs invoke the rollout Lambda, so it
-        holds it until it is torn down (or its deadline has long passed)."""
-        run = RegisteredRun.model_validate(event["run"])
+    def provision(self, request: ProvisionRequest) -> RunResources:
+        """A Nova run's jobs invoke the rollout Lambda, so it holds it until it is torn down (or
+        its deadline has long passed)."""
+        run = request.run
         provisioned = provision_run(
             self.settings.router_wiring(self._clients),
             run_id=run.run_id,
@@ -147,47 +154,44 @@ class RunSteps:
             nova_deadline=run.deadline_at if is_nova(run.config.model) else None,
             now=self._clock(),
         )
-        resources = RunResources(
+        return RunResources(
             run_id=run.run_id,
             queues=provisioned.queues,
             alarms=provisioned.alarms,
             rollout_request_arn=provisioned.rollout_request_arn,
         )
-        return resources.model_dump(mode="json")
 
-    def teardown(self, event: dict[str, Any]) -> dict[str, Any]:
-        result = teardown_run(self.settings.router_wiring(self._clients), run_id=event["run_id"])
-        return {"run_id": event["run_id"], **result}
+    def teardown(self, run: RunRef) -> TornDown:
+        result = teardown_run(self.settings.router_wiring(self._clients), run_id=run.run_id)
+        return TornDown(run_id=run.run_id, **result)
 
-    def notify_end(self, event: dict[str, Any]) -> dict[str, Any]:
-        """`event`: {"run_id", "succeeded", "failed_state"?, "error"?, "teardown"?,
-        "evaluation"? (its headline), "caution"? (the held-out check's warning)}."""
+    def notify_end(self, end: RunEnd) -> dict[str, Any]:
+        """The run's end as its notification says it (the summary's document, and the SNS
+        message's id)."""
         # The run is unknown when the pipeline failed before registering it (invalid dataset).
         runs, now = self._runs(), self._clock()
-        error = _readable(event.get("error"))
-        run = runs.get(event["run_id"])
+        error = _readable(end.error)
+        run = runs.get(end.run_id)
         if run is not None and run.status not in FINISHED:
-            status = "succeeded" if event.get("succeeded") else "failed"
+            status = "succeeded" if end.succeeded else "failed"
             # The held-out check joins the run's health warnings (`mtrl status`, the notice).
-            caution = {HELD_OUT_CAUTION: event["caution"]} if event.get("caution") else {}
+            caution = {HELD_OUT_CAUTION: end.caution} if end.caution else {}
             run = runs.update(
-                run.run_id, now=now, status=status, error=error, evaluation=event.get("evaluation"),
+                run.run_id, now=now, status=status, error=error, evaluation=end.evaluation,
                 health={**run.health, **caution}, notes=self._notes(run),
             )  # fmt: skip
         report = summary(
             run,
-            run_id=event["run_id"],
-            succeeded=bool(event.get("succeeded")),
+            run_id=end.run_id,
+            succeeded=end.succeeded,
             now=now,
-            failed_state=event.get("failed_state"),
+            failed_state=end.failed_state,
             error=error,
-            teardown=event.get("teardown"),
-            evaluation=event.get("evaluation"),
+            teardown=end.teardown,
+            evaluation=end.evaluation,
         )
         if run is not None and run.config is not None and self.settings.mlflow_tracking_server_arn:
-            report["tracking"] = self._track(
-                run, succeeded=bool(event.get("succeeded")), error=error
-            )
+            report["tracking"] = self._track(run, succeeded=end.succeeded, error=error)
         topic = self.settings.alert_topic_arn
         message_id = notify(self._clients("sns"), topic, report) if topic else None
         return {**report, "message_id": message_id}

@@ -32,13 +32,13 @@ from lambdas.kubernetes import bootstrap, chart_install
 from lambdas.launcher import handler as launcher
 from lambdas.pipeline.composition import compose as compose_pipeline
 from lambdas.pipeline.dependencies import Compute
+from lambdas.pipeline.steps import STEPS
 from lambdas.pipeline.training_metrics import TrainingMetrics
 from lambdas.router.agent_forwarder import AgentForwarder
 from lambdas.router.consumer import consumer_for
 from lambdas.router.proxy import proxy_for
 from lambdas.router.rollout_forwarder import RolloutForwarder, forwarder_for
 from mtrl.local.physical import ACCOUNT, REGION, LocalNames
-from stacks.components.pipeline_steps import STEPS
 
 Fault = Callable[[str, dict[str, Any]], None]
 # What the functions are told when the compute given stands in for both training planes (local

@@ -30,6 +30,7 @@ from lambdas.pipeline.dependencies import Compute
 from lambdas.pipeline.resources import leftover_resources
 from lambdas.pipeline.serverless_training import ManagedJobSettings
 from lambdas.pipeline.settings import PipelineSettings
+from lambdas.pipeline.steps import STEP
 from lambdas.pipeline.training_metrics import KeptMetrics
 from lambdas.pipeline.training_planes import TrainingPlanes
 from lambdas.router.consumer import Consumer
@@ -52,7 +53,6 @@ from mtrl.local.embedded import (
 from mtrl.local.function_url import FunctionUrlServer
 from mtrl.local.managed_job import LocalJobService, LocalServerlessPlane
 from mtrl.local.physical import REGION
-from stacks.components.pipeline_steps import STEP
 from stacks.components.router import CONSUMER_HANDLER, PROXY_HANDLER
 from training_configs.schema import SHIPPED, TrainingConfig, load_training_config
 

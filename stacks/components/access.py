@@ -17,16 +17,16 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 
 from domain.naming import OUTPUT_STACKS, stack_name
+from domain.needs import Need
+from lambdas.pipeline.steps import STEPS
 from stacks.components.nag import (
     Wildcard,
     acknowledge_key_grant,
     acknowledge_no_resource_type,
     acknowledge_resource,
 )
-from stacks.components.needs import Need
-from stacks.components.pipeline_steps import STEPS
 
-# Per principal: the pipeline's functions by step (stacks/components/pipeline_steps.py), the
+# Per principal: the pipeline's functions by step (lambdas/pipeline/steps.py), the
 # router's functions, the reward workers (task role) and a run's pods (job role).
 NEEDS: Mapping[str, tuple[Need, ...]] = {
     **{step.name: step.needs for step in STEPS},

@@ -9,9 +9,9 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
+from domain.needs import Need
 from domain.tables import LEASE_KEY
 from stacks.components.access import grant_table_action
-from stacks.components.needs import Need
 from stacks.components.tables import data_table
 
 

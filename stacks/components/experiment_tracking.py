@@ -18,7 +18,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from domain.bucket import RUNS_PREFIX
-from stacks.components.needs import Need
+from domain.needs import Need
 from stacks.components.storage import DataBucketAccess
 
 ARTIFACTS_PREFIX = "mlflow/"

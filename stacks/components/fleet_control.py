@@ -18,11 +18,11 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from domain.naming import run_prefix
+from domain.needs import Need
 from lambdas.environment import environment_for
 from lambdas.pipeline.ecs_fleet import EcsFleetSettings
 from stacks.components.access import Allow, alarm_arn, grant_log_reading, log_group_arn
 from stacks.components.nag import Wildcard, acknowledge_resource
-from stacks.components.needs import Need
 from stacks.components.reward_fleet import RewardFleet, cluster_name, log_group_name, task_family
 
 

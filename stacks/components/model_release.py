@@ -22,9 +22,9 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from domain.naming import DEPLOYMENT_TAG, model_group_name, run_prefix
+from domain.needs import Need
 from stacks.components.access import Allow, log_group_arn
 from stacks.components.nag import Wildcard
-from stacks.components.needs import Need
 
 BEDROCK = "bedrock.amazonaws.com"
 SAGEMAKER = "sagemaker.amazonaws.com"

@@ -1,7 +1,7 @@
 """The training pipeline: the upload rule -> the start function -> the state machine of thin
 step functions (stacks/components/pipeline_states.py), the runs table and the alert topic, the
 reaper on a schedule, and monitoring (stacks/components/pipeline_monitoring.py). Which functions
-there are, and what each needs, is the step table (stacks/components/pipeline_steps.py)."""
+there are, and what each needs, is the step table (lambdas/pipeline/steps.py)."""
 
 from __future__ import annotations
 
@@ -18,12 +18,13 @@ from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
+from domain.needs import Need
 from lambdas.environment import environment_for
 from lambdas.pipeline.settings import PipelineSettings
+from lambdas.pipeline.steps import STEP, STEPS, PipelineStep, Trigger
 from stacks.components.access import grant_log_reading, grant_table_action
 from stacks.components.functions import ClusterNetwork, pipeline_function
 from stacks.components.nag import Wildcard, acknowledge_key_grant, acknowledge_resource
-from stacks.components.needs import Need
 from stacks.components.pipeline_monitoring import (
     alarm,
     errors_alarm_name,
@@ -31,7 +32,6 @@ from stacks.components.pipeline_monitoring import (
     pipeline_dashboard,
 )
 from stacks.components.pipeline_states import pipeline_state_machine
-from stacks.components.pipeline_steps import STEP, STEPS, PipelineStep, Trigger
 from stacks.components.pipeline_trigger import trigger_dead_letters, upload_trigger
 from stacks.components.tables import data_table
 from training_configs.schema import DEFAULT_CONFIG

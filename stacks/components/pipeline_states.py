@@ -36,6 +36,7 @@ from constructs import Construct
 
 from domain.backends import WAITING, Phase
 from domain.episodes import TRAINING, EvaluationStage
+from lambdas.pipeline.steps import STEP
 from stacks.components.nag import Wildcard, acknowledge_no_resource_type, acknowledge_resource
 from training_configs.schema import MAX_DEADLINE_HOURS
 
@@ -71,24 +72,16 @@ class PipelineDefinition:
             max_attempts=8,
             backoff_rate=2,
         )
+        if STEP[function].retried_on_any_error:  # idempotent clean-up: worth a few more tries
+            invoke.add_retry(
+                errors=["States.ALL"], max_attempts=4, backoff_rate=2, interval=Duration.seconds(5)
+            )
         return invoke
 
-    @staticmethod
-    def retried(step: tasks.LambdaInvoke) -> tasks.LambdaInvoke:
-        """Teardown-like steps: any error is worth a few more tries."""
-        step.add_retry(
-            errors=["States.ALL"], max_attempts=4, backoff_rate=2, interval=Duration.seconds(5)
-        )
-        return step
-
     def failure_path(self) -> sfn.IChainable:
-        release = self.retried(
-            self.task("ReleaseComputeAfterFailure", "release_compute", None, "$.released")
-        )
-        teardown = self.retried(
-            self.task(
-                "TeardownAfterFailure", "teardown", {"run_id.$": "$.failure.run_id"}, "$.teardown"
-            )
+        release = self.task("ReleaseComputeAfterFailure", "release_compute", None, "$.released")
+        teardown = self.task(
+            "TeardownAfterFailure", "teardown", {"run_id.$": "$.failure.run_id"}, "$.teardown"
         )
         notify = self.task(
             "NotifyFailure",
@@ -217,7 +210,7 @@ class PipelineDefinition:
             "$.run.run_id",
             failure,
         )
-        teardown = self.retried(task("Teardown", "teardown", RUN_ID, "$.teardown"))
+        teardown = task("Teardown", "teardown", RUN_ID, "$.teardown")
         caught(teardown, "$.run.run_id", failure)
         notify = caught(
             task(
@@ -235,7 +228,7 @@ class PipelineDefinition:
             "$.run.run_id",
             failure,
         )
-        release = self.retried(compute("ReleaseCompute", "release_compute", "$.released"))
+        release = compute("ReleaseCompute", "release_compute", "$.released")
         collect = caught(
             task(
                 "Collect",

@@ -15,6 +15,7 @@ from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from domain.naming import run_prefix
+from domain.needs import Need
 from domain.nova_job import rollout_function_name
 from domain.tables import CONVERSATION_EXPIRY, CONVERSATION_PARTITION_KEY, CONVERSATION_SORT_KEY
 from lambdas.environment import environment_for
@@ -22,7 +23,6 @@ from lambdas.router.settings import ForwarderSettings, RouterSettings
 from stacks.components.access import Allow, alarm_arn, grant_table_action
 from stacks.components.functions import pipeline_function
 from stacks.components.nag import Wildcard
-from stacks.components.needs import Need
 from stacks.components.tables import data_table
 
 PROXY_HANDLER = "lambdas.router.proxy.handler"

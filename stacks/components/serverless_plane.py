@@ -34,6 +34,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from constructs import Construct
 
 from domain.naming import checkpoint_group_name, model_group_name, run_prefix
+from domain.needs import Need
 from domain.serverless_job import (
     EVALUATION_CATEGORY,
     HUB_NAME,
@@ -48,7 +49,6 @@ from lambdas.router.settings import ForwarderSettings
 from stacks.components.access import Allow, log_group_arn
 from stacks.components.functions import pipeline_function
 from stacks.components.nag import Wildcard
-from stacks.components.needs import Need
 
 AGENT_HANDLER = "lambdas.router.agent_forwarder.handler"
 JOB_SERVICE = "job.sagemaker.amazonaws.com"

@@ -19,6 +19,7 @@ from domain.bucket import (
     TRAJECTORIES_PREFIX,
 )
 from domain.checkpoints import CHECKPOINTS
+from domain.needs import Need
 from stacks.components.functions import (
     CUSTOM_RESOURCE,
     ENVIRONMENT_WITHOUT_SECRETS,
@@ -31,7 +32,6 @@ from stacks.components.nag import (
     acknowledge_managed_policy,
     acknowledge_resource,
 )
-from stacks.components.needs import Need
 from stacks.components.scan import justify
 from training_configs.schema import EVALUATION_DATA_PREFIX
 

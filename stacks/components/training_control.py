@@ -27,6 +27,7 @@ from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from domain.naming import RUN_SERVICE_ACCOUNT, run_prefix
+from domain.needs import Need
 from domain.nova_job import FORGE_RECIPE_PATHS, FORGE_RECIPE_SOURCE
 from domain.presets import JobKind, ModelPreset
 from domain.service_logs import pod_log_group
@@ -47,7 +48,6 @@ from stacks.components.eks import (
 from stacks.components.functions import CUSTOM_RESOURCE, ClusterNetwork, pipeline_function
 from stacks.components.hyperpod import hyperpod_cluster_name
 from stacks.components.nag import Wildcard, acknowledge_resource
-from stacks.components.needs import Need
 from stacks.components.nova_launcher import NovaLauncher
 from stacks.config import ForgeCliBundle, HyperPodInstanceGroup, PlatformConfig
 

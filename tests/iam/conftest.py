@@ -38,9 +38,9 @@ import yaml
 
 from domain.bucket import CONFIG_METADATA_KEY
 from domain.episodes import EvaluationStage
+from lambdas.pipeline.steps import STEP
 from mtrl.local.physical import REGION
 from stacks.components.hyperpod_dependencies import chart_request
-from stacks.components.pipeline_steps import STEP
 from stacks.render_hyperpod_chart import render
 from tests.chart_rendering import manifest, rendering
 from tests.conftest import Synthesized

@@ -49,6 +49,7 @@ from lambdas.kubernetes.bootstrap import RESPONSE_BUCKET
 from lambdas.kubernetes.token import CLUSTER_HEADER, PREFIX
 from lambdas.kubernetes.training_job import SETTINGS
 from lambdas.launcher.handler import compose as compose_launcher
+from lambdas.pipeline.steps import STEP
 from llm_trainer.checkpoints import FINAL, CheckpointStore
 from llm_trainer.generation import Sampled
 from llm_trainer.hub_token import hub_token
@@ -76,7 +77,6 @@ from reward_envs.worker.router_client import RouterClient, RouterRolloutQueues
 from reward_envs.worker.settings import WorkerSettings
 from reward_envs.worker.trajectory_store import TrajectoryStore, s3_put
 from reward_envs.worker.worker import RewardWorker
-from stacks.components.pipeline_steps import STEP
 from stacks.components.router import FORWARDER_HANDLER, PROXY_HANDLER
 from tests.conftest import Synthesized
 from tests.executions import finished

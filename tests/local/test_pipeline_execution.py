@@ -21,6 +21,7 @@ from domain.backends import (
 )
 from domain.episodes import EvaluationStage
 from lambdas.pipeline.dependencies import Compute
+from lambdas.pipeline.steps import STEP
 from mtrl.local.embedded import (
     REGION,
     STAND_IN_PLANES,
@@ -30,7 +31,6 @@ from mtrl.local.embedded import (
     matches,
     upload_event,
 )
-from stacks.components.pipeline_steps import STEP
 from tests.conftest import Synthesized
 from tests.executions import finished
 

@@ -10,17 +10,24 @@ import importlib
 import json
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import boto3
 import pytest
+from pydantic import ValidationError
 
 from domain.nova_job import submitted_recipe_key
+from domain.run_state import Validation
 from domain.runs import RunRecord, RunStore
 from lambdas.clients import Clients
 from lambdas.environment import environment_for
 from lambdas.pipeline import handlers
-from lambdas.pipeline.composition import compose
+from lambdas.pipeline.composition import at_the_boundary, compose, step_bodies
+from lambdas.pipeline.compute import ComputeSteps
+from lambdas.pipeline.reaper import Reaper
+from lambdas.pipeline.run_steps import RunSteps, Upload
 from lambdas.pipeline.settings import PipelineSettings
+from lambdas.pipeline.steps import STEP
 from mtrl.local.embedded import Dispatcher
 from tests.aws import create_runs_table
 from training_configs.schema import load_training_config
@@ -49,11 +56,45 @@ def registered(bucket: str = "b", **fields: object) -> object:
     return db
 
 
-def test_every_step_has_an_entry_point_and_every_entry_point_a_step() -> None:
+def test_every_step_of_the_table_has_an_entry_point_and_a_body() -> None:
     steps = compose(ENVIRONMENT, Clients(boto3.Session(region_name="us-east-1")))
-    entries = {name for name, value in vars(handlers).items() if callable(value) and name in steps}
-    assert entries == set(steps)
-    assert all(getattr(handlers, name).__name__ == name for name in steps)
+    assert set(steps) == set(STEP)
+    # Lambda's runtime finds `lambdas.pipeline.handlers.<step>` by name.
+    assert all(getattr(handlers, name).__name__ == name for name in STEP)
+    with pytest.raises(AttributeError, match="no step 'colect'.*steps.py"):
+        handlers.colect  # noqa: B018
+    # Every public method of the step classes is a step of the table: no body is left unused.
+    methods = {
+        name
+        for step_class in (RunSteps, ComputeSteps, Reaper)
+        for name, value in vars(step_class).items()
+        if callable(value) and not name.startswith("_")
+    }
+    assert methods == set(STEP)
+
+
+class _Steps:
+    def validate(self, upload: Upload) -> Validation:
+        return Validation(run_id=upload.run_id, records=1, report_key="k")
+
+
+def test_a_step_no_class_has_or_two_have_is_refused_when_composed() -> None:
+    with pytest.raises(LookupError, match="step 'register' .*0 of the step classes"):
+        step_bodies(_Steps())
+    everything = {name: lambda event: event for name in STEP}
+    with pytest.raises(LookupError, match="step 'validate' .*2 of the step classes"):
+        step_bodies(SimpleNamespace(**everything), _Steps())
+
+
+def test_at_the_boundary_an_event_is_parsed_into_the_steps_type_and_its_result_dumped() -> None:
+    validate = at_the_boundary(_Steps().validate)
+    upload = {"bucket": "b", "key": "training-data/x.jsonl", "version_id": None}
+    # The state machine's payload (`{"upload.$": "$"}`) and the upload itself: one type.
+    assert validate({"upload": upload}) == validate(upload) == {
+        "run_id": Upload.model_validate(upload).run_id, "records": 1, "report_key": "k",
+    }  # fmt: skip
+    with pytest.raises(ValidationError, match=r"(?s)key\n  Field required"):
+        validate({"upload": {"bucket": "b"}})
 
 
 def test_an_entry_point_reads_its_environment_once_when_it_loads(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import boto3
@@ -18,9 +19,11 @@ from domain.run_state import RegisteredRun
 from domain.runs import RunRecord, RunStore
 from domain.serverless_job import ServiceOutput
 from lambdas.clients import Clients
+from lambdas.pipeline.composition import at_the_boundary
 from lambdas.pipeline.compute import ComputeSteps, EvaluationFailed, RunPastDeadline
 from lambdas.pipeline.dependencies import Compute, Dependencies
 from lambdas.pipeline.settings import PipelineSettings
+from lambdas.pipeline.steps import STEP
 from lambdas.pipeline.training_metrics import EmbeddedMetrics, KeptMetrics
 from lambdas.router.conversations import ConversationStore, create_table
 from tests.aws import create_runs_table
@@ -83,7 +86,7 @@ SETTINGS = PipelineSettings(
 EXECUTION = "arn:aws:states:us-east-1:123456789012:execution:nova-mtrl-pipeline:r"
 
 
-def collect(compute: ComputeSteps, state: dict) -> dict:
+def collect(compute: SimpleNamespace, state: dict) -> dict:
     """Collect as the state machine calls it: the state, and the execution's ARN."""
     return compute.collect({"state": state, "execution_arn": EXECUTION})
 
@@ -98,12 +101,13 @@ def steps(
     now: float = 0.0,
     settings: PipelineSettings = SETTINGS,
     published: KeptMetrics | None = None,
-) -> ComputeSteps:
-    """The compute steps at `now`, with `cluster` as the training plane (and no reward fleet);
-    Monitor publishes to `published`."""
+) -> SimpleNamespace:
+    """The compute steps at `now`, with `cluster` as the training plane (and no reward fleet),
+    as the state machine invokes them (events in, JSON data out); Monitor publishes to
+    `published`."""
     unused = lambda: pytest.fail("this step needs no other plane")  # noqa: E731
     compute = Compute(fleet=unused, cluster=(lambda: cluster) if cluster else unused)
-    return ComputeSteps(
+    made = ComputeSteps(
         Dependencies(
             settings=settings,
             clients=Clients(boto3.Session()),
@@ -111,6 +115,9 @@ def steps(
             training_metrics=published or KeptMetrics(),
             clock=lambda: now,
         )
+    )
+    return SimpleNamespace(
+        **{name: at_the_boundary(getattr(made, name)) for name in STEP if hasattr(made, name)}
     )
 
 

@@ -31,6 +31,7 @@ from domain.run_queues import create_run_queues
 from domain.run_state import RegisteredRun
 from domain.serverless_job import ServerlessRefused, job_name
 from lambdas.clients import Clients
+from lambdas.pipeline.composition import at_the_boundary
 from lambdas.pipeline.compute import ComputeSteps
 from lambdas.pipeline.dependencies import Compute, Dependencies
 from lambdas.pipeline.job_records import held_out_records
@@ -419,7 +420,8 @@ def test_a_serverless_runs_workers_start_in_agent_mode_and_its_job_is_the_runs(
         compute=Compute(fleet=lambda: fleet, cluster=lambda: pytest.fail("no plane asked")),
         training_metrics=KeptMetrics(), clock=lambda: 0.0,
     ))  # fmt: skip
-    assert steps.start_workers(state) == {"workers": run.training.reward_workers}
+    start_workers = at_the_boundary(steps.start_workers)  # as the state machine invokes it
+    assert start_workers(state) == {"workers": run.training.reward_workers}
     assert ConversationStore(db, "conversations").run_of_job(JOB, now=0.0) == RUN
     (environment,) = fleet.environments
     worker = WorkerSettings.model_validate(

@@ -1,7 +1,10 @@
-"""The pipeline's functions, declared once: what each step is, how long it may take, and what it
-needs in AWS. The pipeline construct makes one function per entry, the access table grants the
-needs (stacks/components/access.py), and local mode and the IAM proof find the functions by
-name. Every function runs `lambdas.pipeline.handlers.<name>` (lambdas/pipeline/composition.py).
+"""The pipeline's steps, declared once: what each is, what triggers it, how long it may take,
+what it needs in AWS, and whether any error of it is worth retrying. From this table:
+`lambdas.pipeline.handlers.<name>` is each step's Lambda entry (handlers.py), its body is the
+method of its name on a step class (composition.py), the pipeline construct makes one function
+per step and the access table grants its needs (stacks/components/pipeline.py, access.py), the
+state machine's tasks retry as declared (pipeline_states.py), and local mode and the IAM proof
+find the functions by name. Adding a step: an entry here, its method, and its state.
 """
 
 from __future__ import annotations
@@ -9,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from stacks.components.needs import Need
+from domain.needs import Need
 
 HANDLERS = "lambdas.pipeline.handlers"
 
@@ -29,6 +32,8 @@ class PipelineStep:
     timeout_seconds: int = 120
     memory_mb: int = 512
     construct_id: str | None = None  # default: the name in CamelCase + "Function"
+    # Idempotent clean-up: a state running it retries any error a few times, not only throttling.
+    retried_on_any_error: bool = False
 
     @property
     def handler(self) -> str:
@@ -89,7 +94,10 @@ STEPS = (
             Need.CONVERSATIONS_UPDATE,
         ),
     ),
-    PipelineStep("teardown", "Deletes every per-run resource (idempotent)", _TEARDOWN),
+    PipelineStep(
+        "teardown", "Deletes every per-run resource (idempotent)", _TEARDOWN,
+        retried_on_any_error=True,
+    ),
     PipelineStep(
         "notify_end", "Publishes how the run ended (and logs it to MLflow, where deployed)",
         # OUTPUTS_*: what the run did without (its recipes' skipped keys, skipped evaluations).
@@ -162,7 +170,7 @@ STEPS = (
     ),
     PipelineStep(
         "release_compute", "Stops workers, deletes the job, scales nodes down (idempotent)",
-        _RELEASE,
+        _RELEASE, retried_on_any_error=True,
     ),
     PipelineStep(
         "start_run", "Starts the pipeline for an upload, named after the run (idempotent)",

@@ -1,5 +1,7 @@
-"""What a function or workload of the platform may need to do in AWS: one name per need, which
-the constructs owning the resources turn into IAM statements (stacks/components/access.py)."""
+"""What a function or workload of the platform may need to do in AWS: one name per need. The
+step table (lambdas/pipeline/steps.py) and the workloads name what they need; the constructs
+owning the resources turn needs into IAM statements (stacks/components/access.py) — so the
+names live here, below both."""
 
 from __future__ import annotations
 
