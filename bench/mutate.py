@@ -65,7 +65,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "lambdas/pipeline/training_planes.py": ("tests/pipeline/test_training_planes.py",),
     # What restricted nodes get of the EKS add-ons (a wrong copy leaves a Nova job's pods
     # without network or DNS).
-    "lambdas/kubernetes/rig_addons.py": (
+    "domain/rig_addons.py": (
         "tests/kubernetes/test_rig_addons.py",
         "tests/kubernetes/test_chart_install.py",
     ),

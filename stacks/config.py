@@ -39,7 +39,7 @@ from domain.presets import JobKind, ModelPreset
 CDK_JSON = Path(__file__).resolve().parent.parent / "cdk.json"
 
 # Kubernetes versions that SageMaker HyperPod accepts for its EKS orchestrator, from 1.30: the
-# pipeline's access is fenced by a ValidatingAdmissionPolicy (lambdas/kubernetes/rbac.py).
+# pipeline's access is fenced by a ValidatingAdmissionPolicy (domain/kubernetes_rbac.py).
 # AWS's "Getting started with Amazon EKS support in SageMaker HyperPod" lists up to 1.34 as read
 # here; 1.35 is accepted but unverified (docs/operators/configuration.md).
 HYPERPOD_EKS_VERSIONS = ("1.30", "1.31", "1.32", "1.33", "1.34", "1.35")

@@ -34,9 +34,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from domain.kubernetes_kinds import KINDS
 from domain.presets import ACCELERATORS
-from lambdas.kubernetes.client import KINDS
-from lambdas.kubernetes.rig_addons import OFF_RESTRICTED, RESTRICTED_TAINT, tolerate_restricted
+from domain.rig_addons import OFF_RESTRICTED, RESTRICTED_TAINT, tolerate_restricted
 
 REPOSITORY = "https://github.com/aws/sagemaker-hyperpod-cli.git"
 # Pinned: a chart change reaches a deployment only through a commit here (2026-06-22).
@@ -220,7 +220,7 @@ def check_rendering(objects: list[dict[str, Any]], request: ChartRequest) -> Non
     DaemonSet that schedules on them. Raises RenderingError naming each problem and its fix."""
     problems = [
         f"{obj.get('kind')} {obj.get('metadata', {}).get('name')} ({obj.get('apiVersion')}): a "
-        "kind lambdas/kubernetes/client.py does not know; add it to KINDS"
+        "kind domain/kubernetes_kinds.py does not know; add it to KINDS"
         for obj in objects
         if (obj.get("apiVersion"), obj.get("kind")) not in KINDS
     ]

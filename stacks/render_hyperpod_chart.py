@@ -28,7 +28,7 @@ from typing import Any
 import boto3
 import yaml
 
-from lambdas.kubernetes.client import KINDS
+from domain.kubernetes_kinds import KINDS
 from stacks.hyperpod_chart import (
     CHART_PATH,
     COMMIT,

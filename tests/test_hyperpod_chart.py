@@ -11,7 +11,7 @@ from importlib.resources import files
 import pytest
 import yaml
 
-from lambdas.kubernetes.rig_addons import RESTRICTED_TAINT
+from domain.rig_addons import RESTRICTED_TAINT
 from lambdas.kubernetes.training_job import render
 from stacks.components.hyperpod_dependencies import chart_request
 from stacks.config import PlatformConfig, deployment_context
@@ -39,8 +39,8 @@ LEFT_OFF = {
     "mlflow": "no MLflow on the cluster (experiment tracking is its own issue)",
     "trainingOperators": "Kubeflow's operator only for PyTorchJob; HyperPod's is an EKS add-on",
     "mpi-operator": "the platform's jobs are PyTorch jobs, never MPI jobs",
-    "cluster-role-and-bindings": "the pipeline's RBAC is its own (lambdas/kubernetes/rbac.py)",
-    "namespaced-role-and-bindings": "the pipeline's RBAC is its own (lambdas/kubernetes/rbac.py)",
+    "cluster-role-and-bindings": "the pipeline's RBAC is its own (domain/kubernetes_rbac.py)",
+    "namespaced-role-and-bindings": "the pipeline's RBAC is its own (domain/kubernetes_rbac.py)",
     "neuron-device-plugin.devicePlugin": "only for Trainium and Inferentia instance types",
 }
 
@@ -122,7 +122,7 @@ def test_a_rendering_with_the_needed_daemonsets_passes() -> None:
          "aws-efa-k8s-device-plugin does not run on ml.p5.48xlarge"),
         ([*rendering(), {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
                          "metadata": {"name": "pdb"}}],
-         "PodDisruptionBudget pdb (policy/v1): a kind lambdas/kubernetes/client.py does not know"),
+         "PodDisruptionBudget pdb (policy/v1): a kind domain/kubernetes_kinds.py does not know"),
     ],
 )  # fmt: skip
 def test_a_rendering_missing_a_part_stops_the_deploy_naming_it(

@@ -11,10 +11,10 @@ from typing import Any
 import boto3
 import botocore.session
 
+from domain.kubernetes_rbac import nova_launcher_rbac, pipeline_rbac, rbac_of, rbac_properties
 from domain.naming import RUN_SERVICE_ACCOUNT, run_namespace
 from domain.nova_job import FORGE_EVALUATION_RECIPE, FORGE_RECIPE_SOURCE, FORGE_RECIPES
 from domain.tables import LEASE_KEY
-from lambdas.kubernetes.rbac import nova_launcher_rbac, pipeline_rbac, rbac_of, rbac_properties
 from lambdas.pipeline.hyperpod_training import HyperPodSettings
 from tests.aws import create_leases_table, create_runs_table
 from tests.conftest import (

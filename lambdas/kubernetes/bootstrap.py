@@ -1,7 +1,7 @@
 """Deploy-time custom resources that put Kubernetes objects on the EKS cluster and take them off
 again — with our own client, no kubectl layer:
 
-- `apply_rbac` (Lambda entry `on_event`): the deployment's RBAC (lambdas/kubernetes/rbac.py),
+- `apply_rbac` (Lambda entry `on_event`): the deployment's RBAC (domain/kubernetes_rbac.py),
   built here from the function's own settings. The event only chooses whether the Nova
   launcher's objects are among them (`NovaLauncher`) and carries a digest of the set
   (`Revision`) so a new set is a new revision: whoever may invoke the function (it is cluster
@@ -28,9 +28,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from domain.kubernetes_rbac import rbac_of
 from lambdas.clients import Clients, Handler, lambda_entries
 from lambdas.kubernetes.client import KubernetesClient
-from lambdas.kubernetes.rbac import rbac_of
 from lambdas.kubernetes.settings import ClusterSettings, RbacSettings
 from lambdas.kubernetes.token import EksTokenSource, regional_sts
 

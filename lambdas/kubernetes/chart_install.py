@@ -2,7 +2,7 @@
 HyperPod cluster is created, and removes it after that cluster on destroy.
 
 With restricted instance groups (the rendering says so), the EKS add-ons' copies for their
-nodes go with the chart (lambdas/kubernetes/rig_addons.py: `rig-aws-node`, `rig-coredns`, made
+nodes go with the chart (domain/rig_addons.py: `rig-aws-node`, `rig-coredns`, made
 from the cluster's own add-on objects, removed with the chart), and the VPC CNI's `aws-node` is
 kept off those nodes (not ours: changed, never deleted).
 
@@ -21,8 +21,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from domain import rig_addons
 from lambdas.clients import Clients, Handler, lambda_entries
-from lambdas.kubernetes import rig_addons
 from lambdas.kubernetes.bootstrap import (
     Objects,
     Respond,

@@ -19,8 +19,8 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
+from domain import rig_addons
 from lambdas.environment import environment_for
-from lambdas.kubernetes import rig_addons
 from lambdas.kubernetes.settings import ChartSettings
 from stacks import hyperpod_chart, render_hyperpod_chart
 from stacks.components.eks import CLUSTER_ADMIN, HyperPodEks

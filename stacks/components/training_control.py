@@ -7,7 +7,7 @@
   its execution role to SageMaker only), NODES_COUNT (ListClusterNodes), KUBERNETES
   (DescribeCluster on the EKS cluster and an access entry in the pipeline's Kubernetes group,
   whose rights the deploy-time RBAC below spells out and fences into run namespaces,
-  lambdas/kubernetes/rbac.py), POD_IDENTITY_CREATE / _DELETE (stacks/components/access.py),
+  domain/kubernetes_rbac.py), POD_IDENTITY_CREATE / _DELETE (stacks/components/access.py),
   HUB_TOKENS_READ (GetSecretValue on the secrets the model presets name for gated models);
 - `job_role`: a run's pods' role, given to them per run by an EKS Pod Identity association
   (its needs are declared with the others).
@@ -26,13 +26,13 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
+from domain.kubernetes_rbac import launcher_group, pipeline_group, rbac_properties
 from domain.naming import RUN_SERVICE_ACCOUNT, run_prefix
 from domain.needs import Need
 from domain.nova_job import FORGE_RECIPE_PATHS, FORGE_RECIPE_SOURCE
 from domain.presets import JobKind, ModelPreset
 from domain.service_logs import pod_log_group
 from lambdas.environment import environment_for
-from lambdas.kubernetes.rbac import launcher_group, pipeline_group, rbac_properties
 from lambdas.kubernetes.settings import RbacSettings
 from lambdas.pipeline.hyperpod_training import HyperPodSettings
 from lambdas.pipeline.nova_training import NovaSettings

@@ -9,8 +9,8 @@ from unittest.mock import ANY
 
 import pytest
 
+from domain.kubernetes_rbac import rbac_of
 from domain.naming import DEPLOYMENT_TAG
-from lambdas.kubernetes.rbac import rbac_of
 from tests.iam.conftest import ON_ONE_WORKER, Scenarios
 from tests.iam.policy import Request, as_list, matches
 from tests.iam.proof import Proof, Report, explained

@@ -10,16 +10,16 @@ from dataclasses import replace
 import kubernetes_validate
 import pytest
 
-from domain.nova_job import evaluation_image, image_repositories, images, init_container_image
-from lambdas.kubernetes import bootstrap
-from lambdas.kubernetes.client import KINDS
-from lambdas.kubernetes.rbac import (
+from domain.kubernetes_kinds import KINDS
+from domain.kubernetes_rbac import (
     PRIVILEGED_ACCOUNTS,
     launcher_group,
     nova_launcher_rbac,
     pipeline_rbac,
     rbac_properties,
 )
+from domain.nova_job import evaluation_image, image_repositories, images, init_container_image
+from lambdas.kubernetes import bootstrap
 from lambdas.kubernetes.training_job import render
 from tests.kubernetes.admission import verdict
 from tests.kubernetes.fake_api import FakeKubernetes, client_of

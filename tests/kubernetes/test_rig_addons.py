@@ -1,4 +1,4 @@
-"""The EKS add-ons' copies for restricted instance groups (lambdas/kubernetes/rig_addons.py),
+"""The EKS add-ons' copies for restricted instance groups (domain/rig_addons.py),
 against what AWS's RIG dependencies make (aws/sagemaker-hyperpod-cli release_v2,
 helm_chart/install_rig_dependencies.sh: override_aws_node, override_coredns)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lambdas.kubernetes.rig_addons import (
+from domain.rig_addons import (
     RESTRICTED_TAINT,
     at_least,
     aws_node_off_restricted,
