@@ -319,7 +319,7 @@ class ComputeSteps:
         if state.run is None:
             return Released(workers_stopped=0, job_objects_deleted=0)  # failed before Register
         scale_down = state.run.config.scale_to_zero
-        return Released(**release(self._context(state), self.compute, scale_down=scale_down))
+        return release(self._context(state), self.compute, scale_down=scale_down)
 
     def release_idle(self, event: dict[str, Any]) -> ReleasedIdle:
         """Scheduled (its event says nothing the step needs): scale nodes kept warm to zero
@@ -363,13 +363,13 @@ def evaluation_report(s3: Any, run: RunContext, state: RunState) -> EvaluationRe
     )
 
 
-def release(run: RunContext, compute: Compute, *, scale_down: bool) -> dict[str, int]:
+def release(run: RunContext, compute: Compute, *, scale_down: bool) -> Released:
     """Stop the run's workers, delete its job, let go of its nodes (each step idempotent)."""
     stopped = compute.fleet.stop(run)
     deleted = compute.cluster.delete(run)
     if scale_down:
         compute.cluster.scale_down(run)
-    return {"workers_stopped": stopped, "job_objects_deleted": deleted}
+    return Released(workers_stopped=stopped, job_objects_deleted=deleted)
 
 
 def teardown_context(run_id: str) -> RunContext:

@@ -82,5 +82,12 @@ class Reaper:
             result = teardown_run(wiring, run_id=run.run_id)
             if run.status not in FINISHED:
                 runs.update(run.run_id, now=now, status="failed", error=f"reaped: {reason}")
-            reaped.append({"run_id": run.run_id, "reason": reason, **released, **result})
+            reaped.append(
+                {
+                    "run_id": run.run_id,
+                    "reason": reason,
+                    **released.model_dump(),
+                    **result.model_dump(),
+                }
+            )
         return {"reaped": reaped, "retry": retry}

@@ -20,6 +20,7 @@ from domain.run_queues import (
     queue_base,
     queue_name,
 )
+from domain.run_state import TornDown
 from lambdas.router.alarms import alarm_names, create_queue_alarms, delete_queue_alarms
 from lambdas.router.conversations import ConversationStore
 from lambdas.router.event_sources import (
@@ -99,7 +100,9 @@ def teardown_run(wiring: RouterWiring, *, run_id: str) -> dict[str, int]:
     )
     deleted = delete_run_queues(wiring.sqs, prefix=wiring.prefix, run_id=run_id)
     delete_queue_alarms(wiring.cloudwatch, prefix=wiring.prefix, run_id=run_id)
-    return {"queues_deleted": deleted, "leftover": leftover_resources(wiring, run_id=run_id)}
+    return TornDown(
+        run_id=run_id, queues_deleted=deleted, leftover=leftover_resources(wiring, run_id=run_id)
+    )
 
 
 def leftover_resources(wiring: RouterWiring, *, run_id: str) -> int:

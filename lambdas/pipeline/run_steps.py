@@ -162,8 +162,7 @@ class RunSteps:
         )
 
     def teardown(self, run: RunRef) -> TornDown:
-        result = teardown_run(self.settings.router_wiring(self._clients), run_id=run.run_id)
-        return TornDown(run_id=run.run_id, **result)
+        return teardown_run(self.settings.router_wiring(self._clients), run_id=run.run_id)
 
     def notify_end(self, end: RunEnd) -> dict[str, Any]:
         """The run's end as its notification says it (the summary's document, and the SNS

@@ -10,6 +10,7 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError
 
+from domain.run_state import TornDown
 from lambdas.pipeline.resources import (
     RouterWiring,
     leftover_resources,
@@ -107,9 +108,13 @@ def test_provision_then_teardown_leaves_nothing_and_can_repeat(bucket) -> None:
     assert provision_run(wiring, run_id="r-7", **made) == provisioned
     # 5 queues, 4 alarms, 1 event source mapping, the rollout Lambda's lease
     assert leftover_resources(wiring, run_id="r-7") == 11
-    assert teardown_run(wiring, run_id="r-7") == {"queues_deleted": 5, "leftover": 0}
+    assert teardown_run(wiring, run_id="r-7") == TornDown(
+        run_id="r-7", queues_deleted=5, leftover=0
+    )
     assert wiring.conversations.rollout_lambda_holder() is None
-    assert teardown_run(wiring, run_id="r-7") == {"queues_deleted": 0, "leftover": 0}
+    assert teardown_run(wiring, run_id="r-7") == TornDown(
+        run_id="r-7", queues_deleted=0, leftover=0
+    )
 
 
 def test_a_run_of_another_trainer_leaves_the_rollout_lambda_alone(bucket) -> None:
@@ -119,7 +124,9 @@ def test_a_run_of_another_trainer_leaves_the_rollout_lambda_alone(bucket) -> Non
         wiring, run_id="r-1", kms_key_id=None, alert_topic_arn=None, **OTHER_TRAINER
     )
     assert mine.rollout_request_arn is None
-    assert teardown_run(wiring, run_id="r-1") == {"queues_deleted": 5, "leftover": 0}
+    assert teardown_run(wiring, run_id="r-1") == TornDown(
+        run_id="r-1", queues_deleted=5, leftover=0
+    )
     assert wiring.conversations.rollout_lambda_holder(now=0.0) == "nova-1"
 
 
@@ -135,7 +142,9 @@ def test_a_second_nova_run_creates_nothing_while_the_first_holds_the_rollout_lam
     ):
         provision_run(wiring, run_id="nova-2", kms_key_id=None, alert_topic_arn=None, **NOVA)
     assert leftover_resources(wiring, run_id="nova-2") == 0
-    assert teardown_run(wiring, run_id="nova-2") == {"queues_deleted": 0, "leftover": 0}
+    assert teardown_run(wiring, run_id="nova-2") == TornDown(
+        run_id="nova-2", queues_deleted=0, leftover=0
+    )
     assert wiring.conversations.rollout_lambda_holder(now=0.0) == "nova-1"
     teardown_run(wiring, run_id="nova-1")
     assert provision_run(wiring, run_id="nova-2", kms_key_id=None, alert_topic_arn=None, **NOVA)
@@ -147,7 +156,7 @@ def test_teardown_counts_what_it_could_not_delete(bucket) -> None:
     wiring = _wiring()
     provision_run(wiring, run_id="r-8", kms_key_id=None, alert_topic_arn=None, **NOVA)
     stuck = replace(wiring, cloudwatch=IgnoresDeletes(wiring.cloudwatch))
-    assert teardown_run(stuck, run_id="r-8") == {"queues_deleted": 5, "leftover": 4}
+    assert teardown_run(stuck, run_id="r-8") == TornDown(run_id="r-8", queues_deleted=5, leftover=4)
 
 
 class IgnoresDeletes:
@@ -177,7 +186,11 @@ def test_after_teardown_nothing_speaks_for_the_run(bucket) -> None:
     queue = provisioned.queues["generate_responses"]
     assert store.run_of_queue(queue) == "r-9"
     assert leftover_resources(wiring, run_id="r-9") == 11  # the registration among them
-    assert teardown_run(wiring, run_id="r-9") == {"queues_deleted": 5, "leftover": 0}
+    assert teardown_run(wiring, run_id="r-9") == TornDown(
+        run_id="r-9", queues_deleted=5, leftover=0
+    )
     assert store.get_run("r-9") is None and store.run_of_queue(queue) is None
     assert store.get_step("r-9", "s_0_1") is not None
-    assert teardown_run(wiring, run_id="r-9") == {"queues_deleted": 0, "leftover": 0}
+    assert teardown_run(wiring, run_id="r-9") == TornDown(
+        run_id="r-9", queues_deleted=0, leftover=0
+    )
