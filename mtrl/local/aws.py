@@ -45,6 +45,7 @@ from werkzeug.serving import make_server
 
 from mtrl.local import moto_speedups
 from mtrl.local.embedded import Dispatcher, in_process_lambdas, temporary_environ
+from mtrl.local.loopback import SHUTDOWN_POLL_SECONDS
 from mtrl.local.physical import ACCOUNT, REGION
 from mtrl.local.sqs_event_source import SqsEventSource
 
@@ -287,7 +288,12 @@ class LocalAws:
         server = make_server(
             "127.0.0.1", 0, self.app, threaded=True, request_handler=_RequestHandler
         )
-        thread = threading.Thread(target=server.serve_forever, name="local-aws", daemon=True)
+        thread = threading.Thread(
+            target=server.serve_forever,
+            args=(SHUTDOWN_POLL_SECONDS,),
+            name="local-aws",
+            daemon=True,
+        )
         thread.start()
         self._stack.callback(thread.join, 10)
         self._stack.callback(server.server_close)

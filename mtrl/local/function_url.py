@@ -11,12 +11,13 @@ from __future__ import annotations
 import base64
 import json
 import re
-import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
+
+from mtrl.local.loopback import LoopbackHttpServer
 
 Handler = Callable[[dict[str, Any], Any], dict[str, Any]]
 _CREDENTIAL = re.compile(r"^AWS4-HMAC-SHA256 Credential=([^/]+)/")
@@ -25,24 +26,18 @@ _CREDENTIAL = re.compile(r"^AWS4-HMAC-SHA256 Credential=([^/]+)/")
 class FunctionUrlServer:
     def __init__(self, handler: Handler, *, port: int = 0) -> None:
         self._handler = handler
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), self._request_handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="function-url", daemon=True
-        )
+        self._server = LoopbackHttpServer(self._request_handler(), name="function-url", port=port)
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return self._server.url
 
     def __enter__(self) -> FunctionUrlServer:
-        self._thread.start()
+        self._server.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.__exit__(*exc)
 
     def _request_handler(self) -> type[BaseHTTPRequestHandler]:
         invoke = self._handler

@@ -21,11 +21,13 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal
 
 import botocore.session
 from botocore.model import OperationModel
+
+from mtrl.local.loopback import LoopbackHttpServer
 
 SERVICE = "sagemakerjobruntime"
 # The job's policy: (job ARN, trajectory id, OpenAI chat request) → OpenAI chat completion.
@@ -78,8 +80,7 @@ class JobRuntimeStandIn:
         self._lock = threading.Lock()
         # Notified whenever a trajectory is reported (its completion, its rewards).
         self.reported = threading.Condition(self._lock)
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: LoopbackHttpServer | None = None
 
     # --- what the service's training side does -------------------------------------------------
 
@@ -104,22 +105,17 @@ class JobRuntimeStandIn:
     @property
     def url(self) -> str:
         assert self._server is not None, "not serving"
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self._server.url
 
     def __enter__(self) -> JobRuntimeStandIn:
         stand_in = self
         handler = type("JobRuntimeHandler", (_Handler,), {"stand_in": stand_in})
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        self._server = LoopbackHttpServer(handler, name="job-runtime").__enter__()
         return self
 
-    def __exit__(self, *_: object) -> None:
-        assert self._server is not None and self._thread is not None
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
+    def __exit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.__exit__(*exc)
 
     def answer(
         self, operation: OperationModel, headers: dict[str, str], body: bytes
