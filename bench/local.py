@@ -5,7 +5,8 @@ Baseline: the same GRPO update and policy with the episodes played in-process (n
 queues, no router, no worker processes), i.e. what the learning itself costs. The ratio of the
 two per-step times is what running the real protocol locally adds.
 Run: `python -m bench.local` (BENCH_RUNS=3 runs, the median reported and written to
-bench/results/local.json; BENCH_QUICK=1: 4 steps, nothing written). Nothing is asserted.
+bench/results/local.json; BENCH_QUICK=1, as `make test` runs it: one run of one step, without the
+held-out evaluations, nothing written). Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 
 import numpy as np
+import yaml
 
 from local_trainer.direct import DirectStep, train
 from local_trainer.policy import WordlePolicy
@@ -31,7 +33,7 @@ from training_configs.schema import load_training_config
 EXAMPLE = Path(__file__).parents[1] / "examples" / "wordle"
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 MARKS = (1, 4, 7, 10)
-RUNS = int(os.environ.get("BENCH_RUNS", "3"))
+RUNS = 1 if QUICK else int(os.environ.get("BENCH_RUNS", "3"))
 RESULTS = Path(__file__).parent / "results" / "local.json"
 
 
@@ -49,7 +51,7 @@ def baseline(steps: int, group_size: int, secrets: int, learning_rate: float) ->
     )
 
 
-def one_run(template: dict, steps: int) -> dict:
+def one_run(template: dict, steps: int, config: Path) -> dict:
     """One run of the example through the pipeline: its times, rewards and wins per step."""
     uploaded: list[float] = []
     first_step: list[float] = []
@@ -66,7 +68,7 @@ def one_run(template: dict, steps: int) -> dict:
         outcome, _ = run_local(
             LocalRunOptions(
                 EXAMPLE / "train.jsonl",
-                config=str(EXAMPLE / "config.yaml"),
+                config=str(config),
                 out_dir=Path(out),
                 max_steps=steps,
             ),
@@ -88,9 +90,19 @@ def one_run(template: dict, steps: int) -> dict:
     }
 
 
+def config_of_the_runs(scratch: Path) -> Path:
+    """The example's config; in the quick mode, without its held-out evaluations."""
+    example = EXAMPLE / "config.yaml"
+    if not QUICK:
+        return example
+    quick = scratch / "config.yaml"
+    quick.write_text(yaml.safe_dump(yaml.safe_load(example.read_text()) | {"eval_fraction": 0}))
+    return quick
+
+
 def main() -> None:
     config = load_training_config(EXAMPLE / "config.yaml")
-    steps = 4 if QUICK else config.max_steps
+    steps = 1 if QUICK else config.max_steps
     print(f"nova-mtrl local-mode bench — {os.cpu_count()} cores, Python {sys.version.split()[0]}")
     print(
         f"config {config.name}: {steps} steps of {config.global_batch_size} rollouts "
@@ -100,9 +112,11 @@ def main() -> None:
     template = pipeline_template()
     synth = time.perf_counter() - started
     runs = []
-    for number in range(1, RUNS + 1):
-        runs.append(one_run(template, steps))
-        print(f"run {number}: {runs[-1]['status']}, {runs[-1]['run_seconds']} s")
+    with TemporaryDirectory() as scratch:
+        run_config = config_of_the_runs(Path(scratch))
+        for number in range(1, RUNS + 1):
+            runs.append(one_run(template, steps, run_config))
+            print(f"run {number}: {runs[-1]['status']}, {runs[-1]['run_seconds']} s")
     base = baseline(
         steps,
         config.group_size,

@@ -1,8 +1,8 @@
 """Each benchmark runs, in its quick mode (`BENCH_QUICK=1`: seconds, no figure kept), so a change
 that breaks one fails here instead of rotting unseen until the next measurement. Their figures
-are not asserted: they are measurements (bench/). Not here: `bench.synth` (it times `make test`
-itself) and `bench.local` (a synthesized pipeline and four training steps, about a minute);
-`bench.mutate`'s bookkeeping has its own tests."""
+are not asserted: they are measurements (bench/). `bench.synth`'s quick mode synthesizes once and
+leaves `make test` untimed (this is `make test`); `bench.local`'s plays one training step without
+evaluations. `bench.mutate`'s bookkeeping has its own tests (tests/bench/test_mutate.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ QUICK = {
     "bench.router": "added latency per turn",
     "bench.llm_trainer": "weight sync",
     "bench.gpu_check": "GRPO step (chunked)",
+    "bench.synth": "cold synth (app.py",
+    "bench.local": "per model turn (median)",
 }
 
 
