@@ -19,7 +19,7 @@ import re
 import threading
 import uuid
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -32,6 +32,7 @@ from mlflow.protos import service_pb2
 from mlflow.protos.databricks_pb2 import rpc
 from mlflow.utils.validation import _validate_batch_log_limits
 
+from mtrl.local.loopback import LoopbackHttpServer
 from tests.json_http import send_json
 
 SERVICE = "sagemaker-mlflow"
@@ -84,17 +85,15 @@ class FakeMlflowServer:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._server = LoopbackHttpServer(Handler, name="fake-mlflow")
+        self.url = self._server.url
 
     def __enter__(self) -> FakeMlflowServer:
-        self._thread.start()
+        self._server.__enter__()
         return self
 
-    def __exit__(self, *_: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+    def __exit__(self, *exc: object) -> None:
+        self._server.__exit__(*exc)
 
     # --- the front: who asks, for which server ---
 

@@ -9,10 +9,9 @@ import ipaddress
 import json
 import ssl
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -23,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from lambdas.kubernetes.client import KubernetesClient
+from mtrl.local.loopback import LoopbackHttpServer
 from tests.json_http import send_json
 
 
@@ -90,17 +90,16 @@ class FakeKubernetes:
         key_file.write_bytes(key)
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(cert_file, key_file)
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._server = LoopbackHttpServer(self._handler(), name="fake-kubernetes")
         self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
         self.endpoint = f"https://127.0.0.1:{self._server.server_address[1]}"
 
     def __enter__(self) -> FakeKubernetes:
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.__exit__(*exc)
         self._dir.cleanup()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
