@@ -12,6 +12,7 @@ from urllib.parse import quote
 @dataclass(frozen=True)
 class Kind:
     api_version: str
+    kind: str
     plural: str
     namespaced: bool = True
 
@@ -22,53 +23,65 @@ class Kind:
         return f"{group}{scope}/{self.plural}{item}"
 
 
-# The kinds the pipeline and the deploy-time installs create or read, by (apiVersion, kind).
-KINDS: dict[tuple[str, str], Kind] = {
-    ("v1", "Namespace"): Kind("v1", "namespaces", namespaced=False),
-    ("v1", "ServiceAccount"): Kind("v1", "serviceaccounts"),
-    ("v1", "ConfigMap"): Kind("v1", "configmaps"),
-    ("v1", "Service"): Kind("v1", "services"),
-    ("v1", "Pod"): Kind("v1", "pods"),
-    ("v1", "Event"): Kind("v1", "events"),
-    ("v1", "Node"): Kind("v1", "nodes", namespaced=False),
-    ("apps/v1", "Deployment"): Kind("apps/v1", "deployments"),
-    ("apps/v1", "StatefulSet"): Kind("apps/v1", "statefulsets"),
-    ("apps/v1", "DaemonSet"): Kind("apps/v1", "daemonsets"),
-    ("v1", "Secret"): Kind("v1", "secrets"),
-    ("batch/v1", "Job"): Kind("batch/v1", "jobs"),
-    ("scheduling.k8s.io/v1", "PriorityClass"): Kind(
-        "scheduling.k8s.io/v1", "priorityclasses", namespaced=False
+# The kinds the pipeline and the deploy-time installs create or read.
+_KNOWN = (
+    Kind("v1", "Namespace", "namespaces", namespaced=False),
+    Kind("v1", "ServiceAccount", "serviceaccounts"),
+    Kind("v1", "ConfigMap", "configmaps"),
+    Kind("v1", "Service", "services"),
+    Kind("v1", "Pod", "pods"),
+    Kind("v1", "Event", "events"),
+    Kind("v1", "Node", "nodes", namespaced=False),
+    Kind("apps/v1", "Deployment", "deployments"),
+    Kind("apps/v1", "StatefulSet", "statefulsets"),
+    Kind("apps/v1", "DaemonSet", "daemonsets"),
+    Kind("v1", "Secret", "secrets"),
+    Kind("batch/v1", "Job", "jobs"),
+    Kind("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", namespaced=False),
+    Kind(
+        "apiextensions.k8s.io/v1",
+        "CustomResourceDefinition",
+        "customresourcedefinitions",
+        namespaced=False,
     ),
-    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): Kind(
-        "apiextensions.k8s.io/v1", "customresourcedefinitions", namespaced=False
+    Kind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs"),
+    Kind("sagemaker.amazonaws.com/v1", "HyperPodPyTorchJob", "hyperpodpytorchjobs"),
+    Kind("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", namespaced=False),
+    Kind(
+        "rbac.authorization.k8s.io/v1",
+        "ClusterRoleBinding",
+        "clusterrolebindings",
+        namespaced=False,
     ),
-    ("kubeflow.org/v1", "PyTorchJob"): Kind("kubeflow.org/v1", "pytorchjobs"),
-    ("sagemaker.amazonaws.com/v1", "HyperPodPyTorchJob"): Kind(
-        "sagemaker.amazonaws.com/v1", "hyperpodpytorchjobs"
+    Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
+    Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
+    Kind(
+        "admissionregistration.k8s.io/v1",
+        "ValidatingAdmissionPolicy",
+        "validatingadmissionpolicies",
+        namespaced=False,
     ),
-    ("rbac.authorization.k8s.io/v1", "ClusterRole"): Kind(
-        "rbac.authorization.k8s.io/v1", "clusterroles", namespaced=False
+    Kind(
+        "admissionregistration.k8s.io/v1",
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+        namespaced=False,
     ),
-    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): Kind(
-        "rbac.authorization.k8s.io/v1", "clusterrolebindings", namespaced=False
+    Kind(
+        "admissionregistration.k8s.io/v1",
+        "ValidatingWebhookConfiguration",
+        "validatingwebhookconfigurations",
+        namespaced=False,
     ),
-    ("rbac.authorization.k8s.io/v1", "Role"): Kind("rbac.authorization.k8s.io/v1", "roles"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"): Kind(
-        "rbac.authorization.k8s.io/v1", "rolebindings"
+    Kind(
+        "admissionregistration.k8s.io/v1",
+        "MutatingWebhookConfiguration",
+        "mutatingwebhookconfigurations",
+        namespaced=False,
     ),
-    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"): Kind(
-        "admissionregistration.k8s.io/v1", "validatingadmissionpolicies", namespaced=False
-    ),
-    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"): Kind(
-        "admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings", namespaced=False
-    ),
-    ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration"): Kind(
-        "admissionregistration.k8s.io/v1", "validatingwebhookconfigurations", namespaced=False
-    ),
-    ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"): Kind(
-        "admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations", namespaced=False
-    ),
-}
+)
+# By (apiVersion, kind), as a manifest names them.
+KINDS: dict[tuple[str, str], Kind] = {(kind.api_version, kind.kind): kind for kind in _KNOWN}
 
 
 def kind_of(api_version: str, kind: str) -> Kind:
