@@ -6,7 +6,7 @@ Lambda parses its event into the model its body takes and serializes the model i
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -148,6 +148,16 @@ class RunRef(BaseModel):
     run_id: str
 
 
+class TornDown(BaseModel):
+    """Teardown's result, at `$.teardown`: the queues it deleted and what of the run is left."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    queues_deleted: int
+    leftover: int
+
+
 class RunEnd(BaseModel):
     """NotifyEnd's input: how the run ended, what teardown left, its evaluation's headline and
     the held-out check's warning (the failure path has no evaluation)."""
@@ -158,9 +168,33 @@ class RunEnd(BaseModel):
     succeeded: bool = False
     failed_state: str | None = None
     error: str | None = None  # a Lambda error's cause, as Step Functions caught it
-    teardown: dict[str, Any] | None = None
+    teardown: TornDown | None = None
     evaluation: str | None = None
     caution: str | None = None
+
+
+class RunNotice(BaseModel):
+    """NotifyEnd's result, at `$.notification`: the run's end as its notification tells it. A
+    run the pipeline never registered (its dataset was invalid) has only its id, status, where
+    it failed and its teardown; `message_id`: the SNS message's, where the deployment alerts."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    status: Literal["SUCCEEDED", "FAILED"]
+    dataset: str | None = None
+    config: str | None = None
+    duration_hours: float | None = None
+    cost_estimate_usd: float | None = None
+    results: str | None = None
+    failed_state: str | None = None
+    error: str | None = None
+    teardown: TornDown | None = None
+    evaluation: str | None = None  # the held-out evaluation's headline
+    health: list[str] = []
+    notes: list[str] = []
+    tracking: str | None = None  # the MLflow run it was logged as, or why it was not
+    message_id: str | None = None
 
 
 class StartedRun(BaseModel):
@@ -181,16 +215,6 @@ class Validation(BaseModel):
     run_id: str
     records: int
     report_key: str
-
-
-class TornDown(BaseModel):
-    """Teardown's result, at `$.teardown`: the queues it deleted and what of the run is left."""
-
-    model_config = ConfigDict(frozen=True)
-
-    run_id: str
-    queues_deleted: int
-    leftover: int
 
 
 class ScaledUp(BaseModel):
@@ -263,3 +287,49 @@ class ReleasedIdle(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     released: bool
+
+
+class ReapRequest(BaseModel):
+    """What the reaper is asked: nothing (its schedule: every overdue or orphaned run), one run
+    to tear down now (`mtrl teardown RUN`), or idle GPU nodes to release (`--all-idle`)."""
+
+    model_config = ConfigDict(extra="ignore")  # a scheduled event carries EventBridge's fields
+
+    run_id: str | None = None
+    release_idle: bool = False
+
+
+class Reaped(BaseModel):
+    """A run the reaper tore down: why, and what releasing its compute and tearing down its
+    router resources did."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    reason: str
+    workers_stopped: int
+    job_objects_deleted: int
+    queues_deleted: int
+    leftover: int
+
+
+class ReapLater(BaseModel):
+    """A run whose compute could not be released yet: the next schedule tries it again."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    error: str
+
+
+class ReapResult(BaseModel):
+    """The reaper's answer, which `mtrl teardown` reads: the runs it tore down and those it
+    will try again; `unknown`, the run asked for when there is none; `released_idle`, whether
+    idle nodes were scaled to zero when that was asked."""
+
+    model_config = ConfigDict(frozen=True)
+
+    reaped: list[Reaped] = []
+    retry: list[ReapLater] = []
+    unknown: str | None = None
+    released_idle: bool | None = None

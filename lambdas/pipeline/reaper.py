@@ -3,10 +3,7 @@ running; on request, one run now (`mtrl teardown RUN`) or the idle GPU nodes (`-
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict
-
+from domain.run_state import Reaped, ReapLater, ReapRequest, ReapResult
 from domain.runs import FINISHED, RunStore
 from lambdas.pipeline import policies
 from lambdas.pipeline.compute import release, teardown_context
@@ -14,22 +11,12 @@ from lambdas.pipeline.dependencies import Dependencies
 from lambdas.pipeline.resources import teardown_run
 
 
-class ReapRequest(BaseModel):
-    """What the reaper is asked: nothing (its schedule: every overdue or orphaned run), one run
-    to tear down now, or idle GPU nodes to release."""
-
-    model_config = ConfigDict(extra="ignore")  # a scheduled event carries EventBridge's fields
-
-    run_id: str | None = None
-    release_idle: bool = False
-
-
 class Reaper:
     def __init__(self, dependencies: Dependencies) -> None:
         self.settings, self.clients = dependencies.settings, dependencies.clients
         self.compute, self.clock = dependencies.compute, dependencies.clock
 
-    def reap(self, request: ReapRequest) -> dict[str, Any]:
+    def reap(self, request: ReapRequest) -> ReapResult:
         """Tear down every run past its deadline, or whose execution is no longer running
         (stopped by hand, or lost) — so nothing keeps burning money unnoticed; or the one run
         asked for, whatever its state. Compute first, as the state machine does; a run whose
@@ -37,7 +24,7 @@ class Reaper:
         schedule."""
         if request.release_idle:
             released = self.compute.cluster.release_idle(immediately=True)
-            return {"reaped": [], "retry": [], "released_idle": released}
+            return ReapResult(released_idle=released)
         sfn = self.clients("stepfunctions")
         runs = RunStore(self.clients("dynamodb"), self.settings.runs_table)
         now = self.clock()
@@ -46,10 +33,11 @@ class Reaper:
         else:
             asked = runs.get(request.run_id)
             if asked is None:
-                return {"reaped": [], "retry": [], "unknown": request.run_id}
+                return ReapResult(unknown=request.run_id)
             candidates = [asked]
         wiring = self.settings.router_wiring(self.clients)
-        reaped, retry = [], []
+        reaped: list[Reaped] = []
+        retry: list[ReapLater] = []
         for run in candidates:
             execution = self.settings.execution_arn(run.run_id)
             try:
@@ -76,18 +64,20 @@ class Reaper:
                 released = release(teardown_context(run.run_id), self.compute, scale_down=True)
             except Exception as failure:  # noqa: BLE001 - one run's trouble must not stop the others
                 retry.append(
-                    {"run_id": run.run_id, "error": f"{type(failure).__name__}: {failure}"}
+                    ReapLater(run_id=run.run_id, error=f"{type(failure).__name__}: {failure}")
                 )
                 continue
             result = teardown_run(wiring, run_id=run.run_id)
             if run.status not in FINISHED:
                 runs.update(run.run_id, now=now, status="failed", error=f"reaped: {reason}")
             reaped.append(
-                {
-                    "run_id": run.run_id,
-                    "reason": reason,
-                    **released.model_dump(),
-                    **result.model_dump(),
-                }
+                Reaped(
+                    run_id=run.run_id,
+                    reason=reason,
+                    workers_stopped=released.workers_stopped,
+                    job_objects_deleted=released.job_objects_deleted,
+                    queues_deleted=result.queues_deleted,
+                    leftover=result.leftover,
+                )
             )
-        return {"reaped": reaped, "retry": retry}
+        return ReapResult(reaped=reaped, retry=retry)

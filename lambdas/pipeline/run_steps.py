@@ -21,6 +21,7 @@ from domain.run_state import (
     ProvisionRequest,
     RegisteredRun,
     RunEnd,
+    RunNotice,
     RunRef,
     RunResources,
     StartedRun,
@@ -164,7 +165,7 @@ class RunSteps:
     def teardown(self, run: RunRef) -> TornDown:
         return teardown_run(self.settings.router_wiring(self._clients), run_id=run.run_id)
 
-    def notify_end(self, end: RunEnd) -> dict[str, Any]:
+    def notify_end(self, end: RunEnd) -> RunNotice:
         """The run's end as its notification says it (the summary's document, and the SNS
         message's id)."""
         # The run is unknown when the pipeline failed before registering it (invalid dataset).
@@ -179,7 +180,7 @@ class RunSteps:
                 run.run_id, now=now, status=status, error=error, evaluation=end.evaluation,
                 health={**run.health, **caution}, notes=self._notes(run),
             )  # fmt: skip
-        report = summary(
+        notice = summary(
             run,
             run_id=end.run_id,
             succeeded=end.succeeded,
@@ -190,10 +191,14 @@ class RunSteps:
             evaluation=end.evaluation,
         )
         if run is not None and run.config is not None and self.settings.mlflow_tracking_server_arn:
-            report["tracking"] = self._track(run, succeeded=end.succeeded, error=error)
+            tracking = self._track(run, succeeded=end.succeeded, error=error)
+            notice = notice.model_copy(update={"tracking": tracking})
         topic = self.settings.alert_topic_arn
-        message_id = notify(self._clients("sns"), topic, report) if topic else None
-        return {**report, "message_id": message_id}
+        if topic:
+            notice = notice.model_copy(
+                update={"message_id": notify(self._clients("sns"), topic, notice)}
+            )
+        return notice
 
     def _notes(self, run: RunRecord) -> list[str]:
         """What the run did without: each recipe's skipped overrides, each skipped evaluation

@@ -314,11 +314,11 @@ def teardown_command(
                 "idle GPU nodes scaled to zero" if released else "no idle GPU nodes to release"
             )
             return {"released_idle": released}, message
-        result = teardown_run(lambda_client, deployment, run_id or "")
-        return result, (
-            f"run {run_id} torn down: {result['workers_stopped']} workers stopped, "
-            f"{result['job_objects_deleted']} job objects deleted, "
-            f"{result['queues_deleted']} queues deleted, {result['leftover']} left"
+        reaped = teardown_run(lambda_client, deployment, run_id or "")
+        return reaped.model_dump(mode="json"), (
+            f"run {run_id} torn down: {reaped.workers_stopped} workers stopped, "
+            f"{reaped.job_objects_deleted} job objects deleted, "
+            f"{reaped.queues_deleted} queues deleted, {reaped.leftover} left"
         )
 
     apply_change(work, refusals=(TeardownFailed,), as_json=as_json)

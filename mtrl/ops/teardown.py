@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from domain.naming import StackOutput
+from domain.run_state import Reaped, ReapRequest, ReapResult
 from mtrl.ops.deployment import Deployment
 
 
@@ -15,37 +16,37 @@ class TeardownFailed(RuntimeError):
     """The reaper could not (yet) do what was asked; the message says what happened."""
 
 
-def invoke_reaper(
-    lambda_client: Any, deployment: Deployment, request: dict[str, Any]
-) -> dict[str, Any]:
+def invoke_reaper(lambda_client: Any, deployment: Deployment, request: ReapRequest) -> ReapResult:
     response = lambda_client.invoke(
         FunctionName=deployment.output(StackOutput.REAPER_FUNCTION_NAME),
         InvocationType="RequestResponse",
-        Payload=json.dumps(request).encode(),
+        Payload=request.model_dump_json(exclude_defaults=True).encode(),
     )
     payload = json.loads(response["Payload"].read() or b"{}")
     if response.get("FunctionError"):
         raise TeardownFailed(
             f"the reaper failed: {payload.get('errorType', 'Error')}: {payload.get('errorMessage', '')}"
         )
-    return payload
+    return ReapResult.model_validate(payload)
 
 
-def teardown_run(lambda_client: Any, deployment: Deployment, run_id: str) -> dict[str, Any]:
+def teardown_run(lambda_client: Any, deployment: Deployment, run_id: str) -> Reaped:
     """Stop the run (if running) and tear it down; idempotent."""
-    result = invoke_reaper(lambda_client, deployment, {"run_id": run_id})
-    if result.get("unknown"):
+    result = invoke_reaper(lambda_client, deployment, ReapRequest(run_id=run_id))
+    if result.unknown:
         raise TeardownFailed(
             f"no run {run_id} in deployment {deployment.prefix}: `mtrl runs` lists them"
         )
-    if result.get("retry"):
+    if result.retry:
         raise TeardownFailed(
-            f"run {run_id}: compute not released yet ({result['retry'][0]['error']}); run "
+            f"run {run_id}: compute not released yet ({result.retry[0].error}); run "
             f"`mtrl teardown {run_id}` again, or let the reaper retry within 15 minutes"
         )
-    (entry,) = result["reaped"]
+    (entry,) = result.reaped
     return entry
 
 
 def release_idle_nodes(lambda_client: Any, deployment: Deployment) -> bool:
-    return bool(invoke_reaper(lambda_client, deployment, {"release_idle": True})["released_idle"])
+    return bool(
+        invoke_reaper(lambda_client, deployment, ReapRequest(release_idle=True)).released_idle
+    )

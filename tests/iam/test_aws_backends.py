@@ -279,7 +279,7 @@ def test_a_run_stopped_by_hand_is_reaped_and_leaves_nothing(scenarios: Scenarios
     assert operations.count("PutScalingPolicy") == 1
     assert operations.count("DeregisterScalableTarget") == 1
     assert on_request["reaped"][0]["queues_deleted"] == 0  # repeated: nothing more to do
-    assert idle == {"reaped": [], "retry": [], "released_idle": False}
+    assert idle == {"reaped": [], "retry": [], "unknown": None, "released_idle": False}
     _released(scenarios, run)
 
 

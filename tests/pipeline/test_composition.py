@@ -11,10 +11,11 @@ import json
 import threading
 from pathlib import Path
 from types import SimpleNamespace
+from typing import get_type_hints
 
 import boto3
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from domain.nova_job import submitted_recipe_key
 from domain.run_state import Validation
@@ -71,6 +72,19 @@ def test_every_step_of_the_table_has_an_entry_point_and_a_body() -> None:
         if callable(value) and not name.startswith("_")
     }
     assert methods == set(STEP)
+    # Each returns a typed result: what the state machine's paths read, or its caller parses.
+    returned = {
+        name: get_type_hints(getattr(step_class, name))["return"]
+        for step_class in (RunSteps, ComputeSteps, Reaper)
+        for name in STEP
+        if hasattr(step_class, name)
+    }
+    untyped = [
+        name
+        for name, kind in returned.items()
+        if not (isinstance(kind, type) and issubclass(kind, BaseModel))
+    ]
+    assert untyped == []
 
 
 class _Steps:

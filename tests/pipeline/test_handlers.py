@@ -468,12 +468,12 @@ def test_teardown_on_request_stops_a_running_run_now_and_can_repeat(
     assert again["reaped"][0]["leftover"] == 0 and runs.get(run_id).status == "failed"
     assert reaper_compute.calls.count(("delete", run_id)) == 2  # idempotent all the way down
     unknown = call(env, "reap", {"run_id": "nope"}, now=20.0)
-    assert unknown == {"reaped": [], "retry": [], "unknown": "nope"}
+    assert unknown == {"reaped": [], "retry": [], "unknown": "nope", "released_idle": None}
 
 
 def test_releasing_idle_nodes_on_request_skips_the_keep_warm(
     env: dict, reaper_compute: RecordingCompute
 ) -> None:
     result = call(env, "reap", {"release_idle": True})
-    assert result == {"reaped": [], "retry": [], "released_idle": True}
+    assert result == {"reaped": [], "retry": [], "unknown": None, "released_idle": True}
     assert reaper_compute.calls == [("release_idle", "immediately")]

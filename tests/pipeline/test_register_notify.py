@@ -13,6 +13,7 @@ import yaml
 
 from domain.bucket import UnsafeKey, check_dataset_key
 from domain.presets import PresetMismatch
+from domain.run_state import TornDown
 from domain.runs import RunStore, run_id_for
 from lambdas.pipeline.checkpoints import CheckpointRefused
 from lambdas.pipeline.notify import notify, summary
@@ -224,15 +225,16 @@ def test_failure_notification_names_state_error_and_leftovers(s3_and_runs) -> No
         default_config="rft_multiturn_lora",
         now=0.0,
     )
-    report = summary(
+    notice = summary(
         registered.run,
+        run_id=registered.run.run_id,
         succeeded=False,
         now=1800.0,
         failed_state="SubmitTrainingJob",
         error="ImagePullBackOff",
-        teardown={"leftover": 0},
+        teardown=TornDown(run_id=registered.run.run_id, queues_deleted=5, leftover=0),
     )
-    notify(sns, topic, report)
+    notify(sns, topic, notice)
     (message,) = sqs.receive_message(QueueUrl=inbox)["Messages"]
     body = message["Body"]
     assert body.startswith(
@@ -313,8 +315,9 @@ def test_the_end_notification_lists_the_run_health_warnings(s3_and_runs) -> None
     )  # fmt: skip
     warning = "run health: 12% of the rollouts ended in an environment error on steps 1-3 (...)"
     run = runs.update(registered.run.run_id, now=1.0, health={"env_error_rate": warning})
-    report = summary(run, succeeded=True, now=1800.0, teardown={"leftover": 0})
-    assert report["health"] == [warning]
+    torn_down = TornDown(run_id=run.run_id, queues_deleted=5, leftover=0)
+    notice = summary(run, run_id=run.run_id, succeeded=True, now=1800.0, teardown=torn_down)
+    assert notice.health == [warning]
     sns = boto3.client("sns")
     topic = sns.create_topic(Name="alerts")["TopicArn"]
     published: list[dict] = []
@@ -323,7 +326,7 @@ def test_the_end_notification_lists_the_run_health_warnings(s3_and_runs) -> None
         (),
         {"publish": lambda _self, **kwargs: published.append(kwargs) or {"MessageId": "m"}},
     )()
-    notify(spy, topic, report)
+    notify(spy, topic, notice)
     assert f"warning: {warning}" in published[0]["Message"].split("\n\n", 1)[0]
 
 
