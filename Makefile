@@ -13,6 +13,8 @@ SAGEMAKER_HYPERPOD_VERSION := 3.12.0
 AMZN_NOVA_FORGE_VERSION := 1.4.10
 SAGEMAKER_CORE_VERSION := 2.27.0
 SAGEMAKER_TRAIN_VERSION := 1.27.0
+UV_VERSION := 0.13.10
+UV_PIP := $(BIN)/uv pip install --python $(BIN)/python
 # The outside scanner a security reviewer runs over cdk.out, in a virtualenv of its own: its pins
 # (boto3 1.35, policy_sentry 0.13) clash with ours.
 CHECKOV_VERSION := 3.3.30
@@ -37,22 +39,24 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	@echo "Installing nova-mtrl and its dependencies into $(VENV) (about 2 minutes the first time)"
-	# Not quiet: pip's lines are the progress of the longest step a newcomer waits for.
-	$(BIN)/python -m pip install --progress-bar off -e '.[cdk,local,tracking,dev,docs]'
+	# uv installs the same pinned versions as pip, in seconds where pip takes minutes.
+	$(BIN)/python -m pip install --quiet uv==$(UV_VERSION)
+	@echo "Installing nova-mtrl and its dependencies into $(VENV)"
+	$(UV_PIP) -e '.[cdk,local,tracking,dev,docs]'
 	# HyperPod's job model for the tests' schema check; its own pins clash with ours and the
-	# module we load needs only pydantic, so it comes without dependencies.
-	$(BIN)/python -m pip install --quiet --no-deps sagemaker-hyperpod==$(SAGEMAKER_HYPERPOD_VERSION)
+	# module we load needs only pydantic, so it comes without dependencies. The SageMaker SDK's
+	# image registry data, for the serving image's test (a data file only), its bearer token,
+	# and its managed multi-turn RL runtime contract (sagemaker/train/rft/): oracles the tests
+	# load from source (tests/sagemaker_train_sdk.py); their pins clash with ours too.
+	$(UV_PIP) --quiet --no-deps sagemaker-hyperpod==$(SAGEMAKER_HYPERPOD_VERSION) \
+		sagemaker-core==$(SAGEMAKER_CORE_VERSION) sagemaker-train==$(SAGEMAKER_TRAIN_VERSION)
 	# AWS's dataset record model for the dataset's differential test: the package needs Python
 	# 3.12 and the SageMaker SDK as a whole, the one module the test loads only pydantic.
 	$(BIN)/python -m pip install --quiet --no-deps --ignore-requires-python amzn-nova-forge==$(AMZN_NOVA_FORGE_VERSION)
-	# The SageMaker SDK's image registry data, for the serving image's test (a data file only),
-	# its bearer token, and its managed multi-turn RL runtime contract (sagemaker/train/rft/):
-	# oracles the tests load from source (tests/sagemaker_train_sdk.py); their pins clash with ours.
-	$(BIN)/python -m pip install --quiet --no-deps sagemaker-core==$(SAGEMAKER_CORE_VERSION)
-	$(BIN)/python -m pip install --quiet --no-deps sagemaker-train==$(SAGEMAKER_TRAIN_VERSION)
 	touch $(STAMP)
 
+# pip, not uv, for PyTorch: pip follows the machine's pip configuration, which may offer its CPU
+# build (CI's does); uv reads none of it and would download the multi-GB CUDA build.
 $(LLM_STAMP): pyproject.toml $(STAMP)
 	$(BIN)/python -m pip install --progress-bar off -e '.[llm]'
 	touch $(LLM_STAMP)
@@ -86,10 +90,9 @@ synth: install
 scan: synth $(SCAN_STAMP)
 	$(SCAN_VENV)/bin/checkov --directory cdk.out --framework cloudformation --quiet --compact --skip-download
 
-$(SCAN_STAMP):
+$(SCAN_STAMP): $(STAMP)
 	test -x $(SCAN_VENV)/bin/python || $(PYTHON) -m venv $(SCAN_VENV)
-	$(SCAN_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(SCAN_VENV)/bin/python -m pip install --quiet checkov==$(CHECKOV_VERSION)
+	$(BIN)/uv pip install --python $(SCAN_VENV)/bin/python --quiet checkov==$(CHECKOV_VERSION)
 	touch $(SCAN_STAMP)
 
 diff: install

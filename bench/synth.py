@@ -1,8 +1,9 @@
-"""Times a cold `cdk synth` (app.py in a new process, cdk-nag included) and the full `make test`.
+"""Times a cold `cdk synth` (app.py in a new process, cdk-nag included) and `make test` as CI
+runs it: on a fresh clone of HEAD (committed work only), install included.
 
 Prints a table with the machine's core count; the design's targets (DESIGN.md section 9) are
-<= 15 s for a cold synth and <= 5 min for `make test` on a fresh clone, install included. This
-measures with the existing .venv; run it on a fresh clone (`rm -rf .venv`) to include the install.
+<= 15 s for a cold synth and <= 10 min for `make test` on a fresh clone, install included (the
+clone installs from the package caches this machine has, as CI on it does).
 `BENCH_QUICK=1` (as `make test` runs it, so it cannot time itself): one synth without Lambda
 bundling, no `make test`. Nothing here is asserted: it is a measurement, not a test.
 """
@@ -24,10 +25,25 @@ ROOT = Path(__file__).resolve().parent.parent
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 
 
-def timed(command: list[str], env: dict[str, str] | None = None) -> float:
+def timed(command: list[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> float:
     started = time.perf_counter()
-    subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True)
+    subprocess.run(command, cwd=cwd, env=env, check=True, capture_output=True)
     return time.perf_counter() - started
+
+
+def fresh_clone_make_test() -> list[tuple[str, str, str]]:
+    """`make install`, then the rest of `make test` (lint, the llm extra, pytest, the bundling
+    synth and the scan), in a new clone of this repository's HEAD."""
+    with tempfile.TemporaryDirectory(prefix="mtrl-clone-") as scratch:
+        clone = Path(scratch) / "nova-mtrl"
+        subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+        install = timed(["make", "install"], cwd=clone)
+        rest = timed(["make", "test"], cwd=clone)
+    return [
+        ("fresh clone: make install", f"{install:.0f} s", ""),
+        ("fresh clone: the rest of make test", f"{rest:.0f} s", ""),
+        ("fresh clone: make test in all", f"{install + rest:.0f} s", "<= 600 s incl. install"),
+    ]
 
 
 def main() -> int:
@@ -52,8 +68,7 @@ def main() -> int:
         ),
     ]
     if not QUICK:
-        test_time = timed(["make", "test"])
-        rows.append(("make test (venv present)", f"{test_time:.1f} s", "<= 300 s incl. install"))
+        rows += fresh_clone_make_test()
     print(f"nova-mtrl synth bench — {os.cpu_count()} cores, Python {sys.version.split()[0]}")
     width = max(len(name) for name, _, _ in rows)
     print(f"{'what':<{width}}  {'measured':<24}  target")

@@ -25,7 +25,7 @@ from tests.conftest import Synthesized
 from tests.readme import document_with
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "letters"
-STEPS = 6  # enough for three kept checkpoints and the final one
+STEPS = 4  # a checkpoint a step: the oldest pruned, three kept, and the final one
 
 
 @pytest.fixture
