@@ -43,16 +43,22 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet uv==$(UV_VERSION)
 	@echo "Installing nova-mtrl and its dependencies into $(VENV)"
 	$(UV_PIP) -e '.[cdk,local,tracking,dev,docs]'
+	# aws-cdk-lib and its dependency aws-cdk.cloud-assembly-schema both write
+	# aws_cdk/cloud_assembly_schema/__init__.py; aws-cdk-lib's must win (pip installs it last,
+	# uv in no set order): without it jsii cannot read a synthesized stack's messages.
+	$(UV_PIP) --quiet --reinstall-package aws-cdk-lib -e '.[cdk,local,tracking,dev,docs]'
 	# HyperPod's job model for the tests' schema check; its own pins clash with ours and the
-	# module we load needs only pydantic, so it comes without dependencies. The SageMaker SDK's
-	# image registry data, for the serving image's test (a data file only), its bearer token,
-	# and its managed multi-turn RL runtime contract (sagemaker/train/rft/): oracles the tests
-	# load from source (tests/sagemaker_train_sdk.py); their pins clash with ours too.
-	$(UV_PIP) --quiet --no-deps sagemaker-hyperpod==$(SAGEMAKER_HYPERPOD_VERSION) \
-		sagemaker-core==$(SAGEMAKER_CORE_VERSION) sagemaker-train==$(SAGEMAKER_TRAIN_VERSION)
+	# module we load needs only pydantic, so it comes without dependencies.
+	$(UV_PIP) --quiet --no-deps sagemaker-hyperpod==$(SAGEMAKER_HYPERPOD_VERSION)
 	# AWS's dataset record model for the dataset's differential test: the package needs Python
 	# 3.12 and the SageMaker SDK as a whole, the one module the test loads only pydantic.
 	$(BIN)/python -m pip install --quiet --no-deps --ignore-requires-python amzn-nova-forge==$(AMZN_NOVA_FORGE_VERSION)
+	# The SageMaker SDK's image registry data, for the serving image's test (a data file only),
+	# its bearer token, and its managed multi-turn RL runtime contract (sagemaker/train/rft/):
+	# oracles the tests load from source (tests/sagemaker_train_sdk.py); their pins clash with
+	# ours. One at a time, in this order: each writes sagemaker/__init__.py, the last one stays.
+	$(UV_PIP) --quiet --no-deps sagemaker-core==$(SAGEMAKER_CORE_VERSION)
+	$(UV_PIP) --quiet --no-deps sagemaker-train==$(SAGEMAKER_TRAIN_VERSION)
 	touch $(STAMP)
 
 # pip, not uv, for PyTorch: pip follows the machine's pip configuration, which may offer its CPU
