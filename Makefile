@@ -14,7 +14,9 @@ AMZN_NOVA_FORGE_VERSION := 1.4.10
 SAGEMAKER_CORE_VERSION := 2.27.0
 SAGEMAKER_TRAIN_VERSION := 1.27.0
 UV_VERSION := 0.13.10
-UV_PIP := $(BIN)/uv pip install --python $(BIN)/python
+# Compiled at install, as pip does: a process never writes bytecode where PYTHONDONTWRITEBYTECODE
+# is set, and would compile aws-cdk-lib's sources (287 MB) anew at every start.
+UV_PIP := $(BIN)/uv pip install --compile-bytecode --python $(BIN)/python
 # The outside scanner a security reviewer runs over cdk.out, in a virtualenv of its own: its pins
 # (boto3 1.35, policy_sentry 0.13) clash with ours.
 CHECKOV_VERSION := 3.3.30
@@ -98,7 +100,7 @@ scan: synth $(SCAN_STAMP)
 
 $(SCAN_STAMP): $(STAMP)
 	test -x $(SCAN_VENV)/bin/python || $(PYTHON) -m venv $(SCAN_VENV)
-	$(BIN)/uv pip install --python $(SCAN_VENV)/bin/python --quiet checkov==$(CHECKOV_VERSION)
+	$(BIN)/uv pip install --compile-bytecode --python $(SCAN_VENV)/bin/python --quiet checkov==$(CHECKOV_VERSION)
 	touch $(SCAN_STAMP)
 
 diff: install
