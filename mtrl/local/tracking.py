@@ -11,6 +11,7 @@ without it the run is unchanged and the report says why nothing was tracked.
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 from pathlib import Path
 
@@ -32,6 +33,9 @@ def store_uri(out_dir: Path) -> str:
 
 def track_locally(run: TrackedRun, out_dir: Path) -> str:
     """Log the run to the output folder's MLflow store; its MLflow run id."""
+    # A local run is offline: MLflow's usage telemetry, on by default and started by its import
+    # (requests to MLflow's servers), stays off unless the user set MLFLOW_DISABLE_TELEMETRY.
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     try:
         from mlflow.entities import Metric, Param, RunTag
         from mlflow.tracking import MlflowClient

@@ -3,6 +3,8 @@ round trip through a local SQLite store, and a run that is not tracked when MLfl
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -162,3 +164,38 @@ def test_many_params_and_tags_go_in_several_requests() -> None:
     assert [len(params) for _, params, _ in batches] == [100, 100, len(run.params) - 200]
     assert [len(tags) for _, _, tags in batches] == [100, len(run.tags) - 100, 0]
     assert {k for _, _, tags in batches for k in tags} == set(run.tags)
+
+
+TELEMETRY_PROBE = """
+import os, sys
+from pathlib import Path
+from tests.local.test_tracking import record
+from mtrl.local.tracking import track_locally
+track_locally(record(), Path(sys.argv[1]))
+from mlflow.telemetry.utils import is_telemetry_disabled
+print(is_telemetry_disabled(), os.environ.get("MLFLOW_DISABLE_TELEMETRY"))
+"""
+
+
+@pytest.mark.parametrize(("given", "kept"), [(None, "true"), ("1", "1")])
+def test_a_local_run_sends_no_telemetry_to_mlflows_servers(
+    tmp_path: Path, given: str | None, kept: str
+) -> None:
+    """MLflow starts its usage telemetry on import, except in CI and tests (it looks for their
+    variables): a local run, as a user starts it outside either, keeps it off — or as the user
+    set it."""
+    # Should telemetry start anyway, its requests go to a closed port here, never out.
+    closed = "http://127.0.0.1:9"
+    environment = {
+        "PATH": os.environ["PATH"], "HOME": str(tmp_path), "HTTPS_PROXY": closed,
+        "HTTP_PROXY": closed,
+    }  # fmt: skip
+    if given is not None:
+        environment["MLFLOW_DISABLE_TELEMETRY"] = given
+    probe = subprocess.run(
+        [sys.executable, "-c", TELEMETRY_PROBE, str(tmp_path)],
+        cwd=Path(__file__).parents[2], env=environment, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.split() == ["True", kept]
