@@ -22,17 +22,10 @@ def summary(
 ) -> RunNotice:
     """`evaluation`: the headline of the run's held-out evaluation (`pass@1 0.31 → 0.58 ...`);
     `run`: None for a run never registered (its dataset was invalid), known by `run_id` only."""
-    ended = RunNotice(
-        run_id=run_id,
-        status="SUCCEEDED" if succeeded else "FAILED",
-        failed_state=failed_state,
-        error=error,
-        teardown=teardown,
-    )
-    if run is None:
-        return ended
-    return ended.model_copy(
-        update={
+    registered = (
+        {}
+        if run is None
+        else {
             "dataset": f"s3://{run.bucket}/{run.key}",
             "config": run.config_name,
             "duration_hours": round(run.hours(now), 3),
@@ -42,6 +35,14 @@ def summary(
             "health": sorted(run.health.values()),
             "notes": run.notes,
         }
+    )
+    return RunNotice(
+        run_id=run_id,
+        status="SUCCEEDED" if succeeded else "FAILED",
+        failed_state=failed_state,
+        error=error,
+        teardown=teardown,
+        **registered,
     )
 
 
