@@ -16,6 +16,7 @@ the server through `AWS_ENDPOINT_URL`; credentials are dummies. Nothing listens 
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import logging
@@ -24,7 +25,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
 import boto3
@@ -69,6 +70,8 @@ _WAKES_RECEIVERS = {
 # A waiting receiver polls again after this even if nothing woke it (a visibility timeout or a
 # delay that ran out wakes no one).
 _RETRY_SHORT_POLL_SECONDS = 0.5
+# bench/local.py measures a run with and without them.
+GC_THRESHOLDS = (20_000, 50, 50)
 MOTO_CONFIG: dict[str, Any] = {
     "stepfunctions": {"execute_state_machine": True},
     "lambda": {"use_docker": False},
@@ -195,13 +198,32 @@ def _queue_name(raw: bytes) -> str:
     return str(url).rsplit("/", 1)[-1]
 
 
+class Poller(Protocol):
+    """A running event source mapping (`SqsEventSource`, or one that polls in another process)."""
+
+    @property
+    def running(self) -> bool: ...
+
+    def stop(self) -> None: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class PollerHost(Protocol):
+    """Where a function's mappings are polled when it runs outside this process."""
+
+    def poll(self, queue_url: str, batch_size: int) -> Poller: ...
+
+
 class EventSourceMappings:
-    """SQS → Lambda event source mappings, polled here as the Lambda service polls them."""
+    """SQS → Lambda event source mappings, polled here as the Lambda service polls them, or by
+    the host of a function that runs elsewhere (`elsewhere`, by function name)."""
 
     def __init__(self, dispatcher: Dispatcher) -> None:
         self._dispatcher = dispatcher
-        self._pollers: dict[str, SqsEventSource] = {}
+        self._pollers: dict[str, Poller] = {}
         self._lock = threading.Lock()
+        self.elsewhere: dict[str, PollerHost] = {}
 
     @property
     def active(self) -> int:
@@ -239,8 +261,8 @@ class EventSourceMappings:
         def delete_mapping(backend: LambdaBackend, uuid: str) -> Any:
             with mappings._lock:
                 poller = mappings._pollers.get(uuid)
-            if poller is not None:
-                poller.stop()
+            if poller is not None:  # outside this request: another process may be asked
+                threading.Thread(target=poller.stop, daemon=True).start()
             return delete(backend, uuid)
 
         LambdaBackend.create_event_source_mapping = create_mapping  # type: ignore[method-assign]
@@ -258,6 +280,11 @@ class EventSourceMappings:
     def _start(self, uuid: str, queue_name: str, function: str, batch_size: int) -> None:
         sqs = boto3.client("sqs")
         url = sqs.get_queue_url(QueueName=queue_name)["QueueUrl"]
+        host = self.elsewhere.get(function.rsplit(":", 1)[-1])
+        if host is not None:
+            with self._lock:
+                self._pollers[uuid] = host.poll(url, batch_size)
+            return
         poller = SqsEventSource(
             sqs,
             url,
@@ -270,21 +297,18 @@ class EventSourceMappings:
         poller.__enter__()
 
 
-class LocalAws:
-    """`with LocalAws() as aws:` moto's server on 127.0.0.1 (a free port), this process pointed at it."""
+class MotoServer:
+    """`with MotoServer() as server:` moto's server on 127.0.0.1 (a free port), its requests
+    served one at a time (`SerializedApp`); `client(service)` reaches it from this process."""
 
     def __init__(self) -> None:
         self._stack = ExitStack()
         self.app = SerializedApp(_HostsResolvedOnce(create_backend_app))
-        self.dispatcher: Dispatcher
-        self.mappings: EventSourceMappings
         self.endpoint = ""
 
-    def __enter__(self) -> LocalAws:
+    def __enter__(self) -> MotoServer:
         moto_speedups.install()
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
-        # The interpreter logs every failed state with its internals; the run report says it.
-        logging.getLogger("moto.stepfunctions").setLevel(logging.CRITICAL)
         server = make_server(
             "127.0.0.1", 0, self.app, threaded=True, request_handler=_RequestHandler
         )
@@ -298,36 +322,11 @@ class LocalAws:
         self._stack.callback(thread.join, 10)
         self._stack.callback(server.server_close)
         self._stack.callback(server.shutdown)
-        # A fresh account each time (backends are process-wide); emptied again at the end.
-        moto_api_backend.reset()
-        self._stack.callback(moto_api_backend.reset)
-        port = server.server_address[1]
-        self.endpoint = f"http://127.0.0.1:{port}"
-        # A real profile must never be used against the fake.
-        self._stack.enter_context(
-            temporary_environ(
-                self.environment() | {"MOTO_PORT": str(port)}, remove=("AWS_PROFILE",)
-            )
-        )
-        self._stack.enter_context(_moto_config(MOTO_CONFIG))
-        self.dispatcher = self._stack.enter_context(in_process_lambdas())
-        self.mappings = self._stack.enter_context(EventSourceMappings(self.dispatcher).installed())
+        self.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
-
-    def environment(self) -> dict[str, str]:
-        """What a process needs to use this server (and nothing real)."""
-        return {
-            "AWS_ENDPOINT_URL": self.endpoint,
-            "AWS_ACCESS_KEY_ID": "local",
-            "AWS_SECRET_ACCESS_KEY": "local",
-            "AWS_SESSION_TOKEN": "local",
-            "AWS_DEFAULT_REGION": REGION,
-            "AWS_REGION": REGION,
-            "AWS_EC2_METADATA_DISABLED": "true",
-        }
 
     def client(self, service: str) -> Any:
         """A client of this server for this process: requests go to the server's WSGI app
@@ -381,6 +380,100 @@ class LocalAws:
             HTTPHeaders.from_pairs(headers),
             MockRawResponse(content),
         )
+
+
+def local_credentials() -> dict[str, str]:
+    """What a process needs to sign requests to a local server (and nothing real)."""
+    return {
+        "AWS_ACCESS_KEY_ID": "local",
+        "AWS_SECRET_ACCESS_KEY": "local",
+        "AWS_SESSION_TOKEN": "local",
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_REGION": REGION,
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+
+
+class LocalAws:
+    """`with LocalAws() as aws:` moto's server on 127.0.0.1 (a free port), this process pointed
+    at it. A service can be served by another local server instead (`serve_elsewhere`)."""
+
+    def __init__(self) -> None:
+        self._stack = ExitStack()
+        self.server = MotoServer()
+        self.app = self.server.app
+        self.dispatcher: Dispatcher
+        self.mappings: EventSourceMappings
+        self.endpoint = ""
+        self._elsewhere: dict[str, str] = {}
+
+    def __enter__(self) -> LocalAws:
+        self._stack.enter_context(self.server)
+        # The interpreter logs every failed state with its internals; the run report says it.
+        logging.getLogger("moto.stepfunctions").setLevel(logging.CRITICAL)
+        # A fresh account each time (backends are process-wide); emptied again at the end.
+        moto_api_backend.reset()
+        self._stack.callback(moto_api_backend.reset)
+        self.endpoint = self.server.endpoint
+        # A real profile must never be used against the fake.
+        self._stack.enter_context(
+            temporary_environ(
+                self.environment() | {"MOTO_PORT": self.endpoint.rsplit(":", 1)[1]},
+                remove=("AWS_PROFILE",),
+            )
+        )
+        self._stack.enter_context(_moto_config(MOTO_CONFIG))
+        self.dispatcher = self._stack.enter_context(in_process_lambdas())
+        self.mappings = self._stack.enter_context(EventSourceMappings(self.dispatcher).installed())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def serve_elsewhere(self, service: str, endpoint: str) -> None:
+        """From now on `service` is the server at `endpoint`'s, for this process's clients (and
+        its environment, which botocore reads) and for the processes given `environment()`."""
+        self._elsewhere[service] = endpoint
+        self._stack.enter_context(temporary_environ(_service_endpoints({service: endpoint})))
+
+    def environment(self) -> dict[str, str]:
+        """What a process needs to use this server (and nothing real)."""
+        return (
+            {"AWS_ENDPOINT_URL": self.endpoint}
+            | local_credentials()
+            | _service_endpoints(self._elsewhere)
+        )
+
+    def client(self, service: str) -> Any:
+        """A client of this server (in-process), or of the server that serves `service`."""
+        if service in self._elsewhere:
+            return boto3.client(
+                service,
+                endpoint_url=self._elsewhere[service],
+                region_name=REGION,
+                config=Config(max_pool_connections=64),
+            )
+        return self.server.client(service)
+
+
+def _service_endpoints(endpoints: dict[str, str]) -> dict[str, str]:
+    # botocore's per-service endpoint variable, which wins over AWS_ENDPOINT_URL.
+    return {f"AWS_ENDPOINT_URL_{service.upper()}": url for service, url in endpoints.items()}
+
+
+@contextmanager
+def collector_tuned_for_serving() -> Iterator[None]:
+    """Python's collector stopped a serving process for 9 % of a run (pauses up to 0.6 s)
+    rescanning what lives all run long (moto, botocore's models, the deployment): what exists
+    now is frozen out of its scans, and it runs less often (restored at the end)."""
+    thresholds = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
 
 
 @contextmanager

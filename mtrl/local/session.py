@@ -1,16 +1,14 @@
-"""One local deployment: the pipeline stack in embedded AWS, with the router served on loopback
-and the compute planes as local processes (the serverless plane's managed job as a thread of
-this one, mtrl/local/managed_job.py). `upload` starts a run the way S3 and EventBridge
+"""One local deployment: the pipeline stack in embedded AWS, with the router and DynamoDB in a
+process of their own (mtrl/local/router_process.py) and the compute planes as local processes
+(the serverless plane's managed job as a thread of this one, mtrl/local/managed_job.py). `upload` starts a run the way S3 and EventBridge
 would; `follow` watches its execution to the end and measures what it left behind."""
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,10 +31,8 @@ from lambdas.pipeline.settings import PipelineSettings
 from lambdas.pipeline.steps import STEP
 from lambdas.pipeline.training_metrics import KeptMetrics
 from lambdas.pipeline.training_planes import TrainingPlanes
-from lambdas.router.consumer import Consumer
 from lambdas.router.conversations import ConversationStore
-from lambdas.router.proxy import Proxy
-from mtrl.local.aws import LocalAws
+from mtrl.local.aws import LocalAws, collector_tuned_for_serving
 from mtrl.local.backends import (
     LOCAL_POLICY,
     LocalRewardFleet,
@@ -50,21 +46,16 @@ from mtrl.local.embedded import (
     matches,
     upload_event,
 )
-from mtrl.local.function_url import FunctionUrlServer
 from mtrl.local.managed_job import LocalJobService, LocalServerlessPlane
 from mtrl.local.physical import REGION
-from stacks.components.router import CONSUMER_HANDLER, PROXY_HANDLER
+from mtrl.local.router_process import RouterProcess
+from stacks.components.router import CONSUMER_HANDLER
 from training_configs.schema import SHIPPED, TrainingConfig, load_training_config
 
 POLL_SECONDS = "1"
 CLIENTS = (
     "iam", "dynamodb", "sns", "lambda", "stepfunctions", "s3", "sqs", "cloudwatch", "sagemaker",
 )  # fmt: skip
-# This process serves every AWS request of a run on one core, and Python's collector stopped it
-# for 9 % of a run (pauses up to 0.6 s) rescanning what lives all run long (moto, botocore's
-# models, the deployment). Those are frozen out of its scans once deployed, and it runs less
-# often (bench/local.py measures the run; the thresholds are restored at the end).
-GC_THRESHOLDS = (20_000, 50, 50)
 
 
 class InjectedFault(RuntimeError):
@@ -135,6 +126,7 @@ class LocalSession:
         self._seed = seed
         self._stack = contextlib.ExitStack()
         self.aws = LocalAws()
+        self._router: RouterProcess
         self.pipeline: LocalPipeline
         self.clients: dict[str, Any] = {}
         self.fleet: LocalRewardFleet
@@ -155,7 +147,10 @@ class LocalSession:
         self._stack.close()
 
     def _start(self) -> None:
+        # Started first: its start overlaps this one's.
+        router = self._router = self._stack.enter_context(RouterProcess())
         aws = self._stack.enter_context(self.aws)
+        aws.serve_elsewhere("dynamodb", router.ready().dynamodb)
         self.clients = {name: aws.client(name) for name in CLIENTS}
         logs = self._out_dir
         self.managed_jobs = self._stack.enter_context(
@@ -173,18 +168,17 @@ class LocalSession:
         )
         # Whatever a run leaves running is stopped when the session ends (after it was counted).
         self._stack.callback(self._stop_processes)
-        proxy_name: list[str] = []
-        router = self._stack.enter_context(
-            FunctionUrlServer(lambda event, _: aws.dispatcher.call(proxy_name[0], event))
-        )
         self.pipeline = deploy_pipeline(
             self._template,
             clients=self.clients,
             dispatcher=aws.dispatcher,
             compute=Compute(fleet=lambda: self.fleet, cluster=lambda: self.planes),
             training_metrics=self.training_metrics,
-            overrides={"POLL_SECONDS": POLL_SECONDS, "ROUTER_URL": router.url, **STAND_IN_PLANES},
-        )
+            overrides={
+                "POLL_SECONDS": POLL_SECONDS, "ROUTER_URL": router.ready().router,
+                **STAND_IN_PLANES,
+            },
+        )  # fmt: skip
         # The local trainer stands in for both HyperPod planes; the serverless plane is the
         # deployed one, over the local job service.
         serverless = ManagedJobSettings.from_environment(
@@ -197,26 +191,13 @@ class LocalSession:
                 store=ConversationStore(self.clients["dynamodb"], serverless.conversations_table),
             ),
         )  # fmt: skip
-        self._stack.enter_context(_collector_tuned_for_the_run())  # deployed: freeze it
-        # In one process nothing needs polling: the consumer tells the proxy's waits when a
-        # step's answer is in.
-        proxy_name.append(self.pipeline.function(PROXY_HANDLER))
-        consumer = self.pipeline.function(CONSUMER_HANDLER)
-        store = ConversationStore(
-            self.clients["dynamodb"], self.pipeline.environment["CONVERSATIONS_TABLE"]
+        self._stack.enter_context(collector_tuned_for_serving())  # deployed: freeze it
+        # The router's proxy and consumer run in the router process (its Function URL is the
+        # deployment's ROUTER_URL); the consumer's event source mappings are polled there.
+        router.route(
+            table=self.pipeline.environment["CONVERSATIONS_TABLE"], sqs_endpoint=aws.endpoint
         )
-        signals = StepSignals()
-        proxy = Proxy(store, self.clients["sqs"], wait_seconds=5.0, step_changes=signals.wait)
-        aws.dispatcher.functions[proxy_name[0]] = proxy.handle
-        consume = Consumer(store).handle
-
-        def consumer_then_signal(event: dict[str, Any]) -> dict[str, Any]:
-            try:
-                return consume(event)
-            finally:
-                signals.completed(event)
-
-        aws.dispatcher.functions[consumer] = consumer_then_signal
+        aws.mappings.elsewhere[self.pipeline.function(CONSUMER_HANDLER)] = router
         self._inbox = self._subscribe_inbox()
 
     def _subscribe_inbox(self) -> str:
@@ -310,6 +291,7 @@ class LocalSession:
                 break
             time.sleep(0.5)
         history = self._history(execution)
+        self._router.save_log(self._out_dir / run_id / "logs" / "router.log")
         seen_states = [
             e["stateEnteredEventDetails"]["name"]
             for e in history
@@ -418,38 +400,3 @@ def _teardown_result(history: list[dict[str, Any]]) -> dict[str, Any] | None:
         if in_teardown and details:
             result = json.loads(details["output"])
     return result
-
-
-class StepSignals:
-    """Completions announced to the proxy's waits (in one process nothing needs polling)."""
-
-    def __init__(self) -> None:
-        self._changed = threading.Condition()
-        self._completed: set[str] = set()
-
-    def wait(self, step_id: str, seconds: float) -> None:
-        with self._changed:
-            self._changed.wait_for(lambda: step_id in self._completed, timeout=seconds)
-            self._completed.discard(step_id)
-
-    def completed(self, event: dict[str, Any]) -> None:
-        """After the consumer handled `event` (an SQS batch of generate responses)."""
-        steps = set()
-        for record in event.get("Records", []):
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                steps.add(json.loads(record["body"])["step_id"])
-        with self._changed:
-            self._completed |= steps
-            self._changed.notify_all()
-
-
-@contextlib.contextmanager
-def _collector_tuned_for_the_run() -> Iterator[None]:
-    thresholds = gc.get_threshold()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*thresholds)
-        gc.unfreeze()

@@ -13,7 +13,7 @@ from moto.sqs.models import Queue
 from moto.sqs.responses import SQSResponse
 
 from mtrl.local import moto_speedups
-from mtrl.local.session import GC_THRESHOLDS, _collector_tuned_for_the_run
+from mtrl.local.aws import GC_THRESHOLDS, collector_tuned_for_serving
 
 
 def test_the_cached_lookups_answer_as_the_originals() -> None:
@@ -45,7 +45,7 @@ def test_the_cached_epoch_answers_as_the_original() -> None:
 
 def test_the_collector_is_tuned_for_a_run_and_restored_after_it() -> None:
     before = gc.get_threshold()
-    with _collector_tuned_for_the_run():
+    with collector_tuned_for_serving():
         assert gc.get_threshold() == GC_THRESHOLDS
         assert gc.get_freeze_count() > 0
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
