@@ -16,6 +16,7 @@ import itertools
 import json
 import logging
 import time
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
@@ -31,7 +32,7 @@ from mtrl.local.backends import LOCAL_POLICY, TrainerProgram, language_model_tra
 from mtrl.local.embedded import definition_skeleton, fault_states
 from mtrl.local.report import failure_reason, write_report
 from mtrl.local.session import LocalSession, Observer, Prepared, RunOutcome
-from mtrl.local.tracking import TrackingUnavailable, store_uri, track_locally
+from mtrl.local.tracking import TrackingUnavailable, open_store, store_uri, track_locally
 from reward_envs.registry import EnvironmentNotFound, load
 from training_configs.schema import (
     DEFAULT_CONFIG,
@@ -175,6 +176,29 @@ def run_local(
         raise LocalRunError(
             f"--inject-fault {options.inject_fault}: no such state; choose one of {', '.join(choices)}"
         )
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-store") as background:
+        outcome, directory, store = _run(
+            options, prepared, template, observer, timeout_seconds, background
+        )
+        write_report(
+            outcome,
+            directory,
+            track=lambda: track(outcome, options.dataset, directory, options.out_dir, store),
+        )
+    return outcome, directory
+
+
+def _run(
+    options: LocalRunOptions,
+    prepared: Prepared,
+    template: dict[str, Any],
+    observer: Observer,
+    timeout_seconds: float | None,
+    background: Executor,
+) -> tuple[RunOutcome, Path, Future[Any]]:
+    """The run, from deploying to its outputs downloaded; and MLflow's store, opened by
+    `background` while the run goes on (MLflow imported, its schema made: seconds of the main
+    process, which waits on the run's other processes then)."""
     with LocalSession(
         template, out_dir=options.out_dir, seed=options.seed, trainer=options.program()
     ) as session:
@@ -185,6 +209,7 @@ def run_local(
         if base_run:  # where a deployment would have it: under runs/<run_id>/ in the bucket
             session.restore_outputs(base_run, options.out_dir / base_run / "outputs")
         run_id, execution = session.upload(prepared)
+        store = background.submit(open_store, options.out_dir)
         limit = timeout_seconds or prepared.config.deadline_hours * 3600
         outcome = session.follow(run_id, execution, observer, prepared.config, limit)
         outcome.seconds = time.monotonic() - started
@@ -194,21 +219,22 @@ def run_local(
     evaluation = directory / "outputs" / EVALUATION_OBJECT
     if evaluation.is_file():
         outcome.evaluation = json.loads(evaluation.read_text())
-    write_report(
-        outcome,
-        directory,
-        track=lambda: track(outcome, options.dataset, directory, options.out_dir),
-    )
-    return outcome, directory
+    return outcome, directory, store
 
 
 # What of a run's report goes to MLflow as files.
 TRACKED_FILES = ("reward_curve.png", f"outputs/{SUMMARY_OBJECT}", f"outputs/{EVALUATION_OBJECT}")
 
 
-def track(outcome: RunOutcome, dataset: Path, directory: Path, out_dir: Path) -> str:
-    """Log the run to the output folder's MLflow store: what the report says it became. A
-    tracking failure never fails the run."""
+def track(
+    outcome: RunOutcome,
+    dataset: Path,
+    directory: Path,
+    out_dir: Path,
+    store: Future[Any] | None = None,
+) -> str:
+    """Log the run to the output folder's MLflow store (`store`: it being opened by `open_store`):
+    what the report says it became. A tracking failure never fails the run."""
     if outcome.config is None:
         return "not tracked: the run has no config"
     run = tracked_run(
@@ -227,7 +253,7 @@ def track(outcome: RunOutcome, dataset: Path, directory: Path, out_dir: Path) ->
         },
     )
     try:
-        mlflow_run = track_locally(run, out_dir)
+        mlflow_run = track_locally(run, out_dir, store=store.result() if store else None)
     except TrackingUnavailable as unavailable:
         return f"not tracked: {unavailable}"
     except Exception as error:  # noqa: BLE001 - the run's result stands whatever MLflow does

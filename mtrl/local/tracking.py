@@ -14,6 +14,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from domain.tracking import EXPERIMENT, TrackedRun
 
@@ -31,26 +32,35 @@ def store_uri(out_dir: Path) -> str:
     return f"sqlite:///{(out_dir / STORE).resolve()}"
 
 
-def track_locally(run: TrackedRun, out_dir: Path) -> str:
-    """Log the run to the output folder's MLflow store; its MLflow run id."""
+def open_store(out_dir: Path) -> Any:
+    """The output folder's MLflow store, ready (an MlflowClient): MLflow imported and, the first
+    time, the store's schema made — seconds that `run_local` spends while the run goes on."""
     # A local run is offline: MLflow's usage telemetry, on by default and started by its import
     # (requests to MLflow's servers), stays off unless the user set MLFLOW_DISABLE_TELEMETRY.
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     try:
-        from mlflow.entities import Metric, Param, RunTag
         from mlflow.tracking import MlflowClient
-
-        # Set after MLflow's import configures its loggers: its store set-up notes are not news.
-        for chatty in ("mlflow", "alembic"):
-            logging.getLogger(chatty).setLevel(logging.WARNING)
-        client = MlflowClient(tracking_uri=store_uri(out_dir))
-        experiment = client.get_experiment_by_name(EXPERIMENT)
     except ImportError as missing:
         raise TrackingUnavailable(
             f"MLflow is not installed ({missing.name}); `pip install 'nova-mtrl[tracking]'` "
             "tracks local runs"
         ) from None
+    # Set after MLflow's import configures its loggers: its store set-up notes are not news.
+    for chatty in ("mlflow", "alembic"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     out_dir.mkdir(parents=True, exist_ok=True)
+    client = MlflowClient(tracking_uri=store_uri(out_dir))
+    client.get_experiment_by_name(EXPERIMENT)  # the store made now, not when the run is logged
+    return client
+
+
+def track_locally(run: TrackedRun, out_dir: Path, *, store: Any | None = None) -> str:
+    """Log the run to the output folder's MLflow store (`store`: it, already opened by
+    `open_store`); its MLflow run id."""
+    client = store if store is not None else open_store(out_dir)
+    from mlflow.entities import Metric, Param, RunTag
+
+    experiment = client.get_experiment_by_name(EXPERIMENT)
     experiment_id = (
         experiment.experiment_id
         if experiment is not None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,13 @@ from domain.tracking import (
 )
 from mtrl.local.run import track
 from mtrl.local.session import RunOutcome
-from mtrl.local.tracking import STORE, TrackingUnavailable, store_uri, track_locally
+from mtrl.local.tracking import (
+    STORE,
+    TrackingUnavailable,
+    open_store,
+    store_uri,
+    track_locally,
+)
 from training_configs.schema import load_training_config
 
 CONFIG = load_training_config("rft_multiturn_lora")
@@ -104,10 +111,20 @@ def test_a_run_round_trips_through_the_local_store(tmp_path: Path) -> None:
     assert stored.data.metrics["eval/final/pass_at_1"] == 0.5
     assert stored.data.tags["run_id"] == "wordle-0a1b2c3d4e"
     assert [a.path for a in client.list_artifacts(mlflow_id)] == ["summary.json"]
-    # A second run joins the same experiment: `mlflow ui` shows them side by side.
-    track_locally(record(run_id="wordle-9f8e7d6c5b"), tmp_path)
+    # A second run joins the same experiment: `mlflow ui` shows them side by side. It goes to the
+    # store opened beforehand, as `mtrl local` opens it while the run goes on.
+    track_locally(record(run_id="wordle-9f8e7d6c5b"), tmp_path, store=open_store(tmp_path))
     experiment = client.get_experiment_by_name(EXPERIMENT)
     assert len(client.search_runs([experiment.experiment_id])) == 2
+
+
+def test_a_store_opened_ahead_is_made_and_holds_nothing_yet(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    open_store(tmp_path / "runs")
+    assert (tmp_path / "runs" / STORE).is_file()
+    client = MlflowClient(tracking_uri=store_uri(tmp_path / "runs"))
+    assert client.search_experiments(filter_string=f"name = '{EXPERIMENT}'") == []
 
 
 def test_without_mlflow_a_run_is_reported_untracked_not_failed(
@@ -123,6 +140,11 @@ def test_without_mlflow_a_run_is_reported_untracked_not_failed(
         config=CONFIG,
     )  # fmt: skip
     said = track(outcome, Path("data.jsonl"), tmp_path / outcome.run_id, tmp_path)
+    assert said.startswith("not tracked: MLflow is not installed")
+    # Likewise when the store was being opened while the run went on.
+    with ThreadPoolExecutor(max_workers=1) as background:
+        store = background.submit(open_store, tmp_path)
+        said = track(outcome, Path("data.jsonl"), tmp_path / outcome.run_id, tmp_path, store)
     assert said.startswith("not tracked: MLflow is not installed")
     assert not (tmp_path / STORE).exists()
 
