@@ -14,7 +14,15 @@ from urllib.parse import urlsplit
 import boto3
 import pytest
 
-from mtrl.local.aws import _RETRY_SHORT_POLL_SECONDS, LocalAws, _queue_name
+from lambdas.router.conversations import create_table
+from mtrl.local.aws import (
+    _RETRY_SHORT_POLL_SECONDS,
+    LocalAws,
+    MotoServer,
+    _queue_name,
+    local_credentials,
+)
+from mtrl.local.physical import REGION
 
 
 def test_a_long_poll_returns_when_a_message_arrives_and_blocks_no_one() -> None:
@@ -106,6 +114,37 @@ def test_in_process_clients_share_the_servers_state() -> None:
             .read()
         )
         assert body == b"{}"
+
+
+def test_dynamodb_handed_straight_to_moto_answers_as_the_server_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name, value in local_credentials().items():
+        monkeypatch.setenv(name, value)
+    with MotoServer() as server:
+        direct = server.client("dynamodb")  # moto's handler, no WSGI
+        over_http = boto3.client("dynamodb", endpoint_url=server.endpoint, region_name=REGION)
+        create_table(direct, "conversations")
+        key = {"run_id": {"S": "run-1"}, "item": {"S": "run"}}
+        over_http.put_item(TableName="conversations", Item={**key, "n": {"N": "1"}})
+        direct.update_item(
+            TableName="conversations", Key=key, UpdateExpression="SET n = n + :one",
+            ConditionExpression="attribute_exists(run_id)",
+            ExpressionAttributeValues={":one": {"N": "1"}},
+        )  # fmt: skip
+        assert over_http.get_item(TableName="conversations", Key=key)["Item"]["n"] == {"N": "2"}
+        assert direct.list_tables()["TableNames"] == over_http.list_tables()["TableNames"]
+        # Its errors are the service's, as botocore models them.
+        with pytest.raises(direct.exceptions.ConditionalCheckFailedException):
+            direct.put_item(
+                TableName="conversations", Item=key,
+                ConditionExpression="attribute_not_exists(run_id)",
+            )  # fmt: skip
+        with pytest.raises(direct.exceptions.ResourceNotFoundException):
+            direct.get_item(TableName="elsewhere", Key=key)
+        before = server.app.requests
+        direct.list_tables()
+        assert server.app.requests == before + 1  # served one at a time with the server's own
 
 
 def test_an_event_source_mapping_is_polled_until_it_is_deleted() -> None:
