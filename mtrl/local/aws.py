@@ -74,14 +74,15 @@ _WAKES_RECEIVERS = {
 # A waiting receiver polls again after this even if nothing woke it (a visibility timeout or a
 # delay that ran out wakes no one).
 _RETRY_SHORT_POLL_SECONDS = 0.5
+# The collector's thresholds while a process serves a run (`collector_tuned_for_serving`);
+# bench/local.py measures a run with and without them.
+GC_THRESHOLDS = (20_000, 50, 50)
 # Services whose requests this process's own clients hand straight to moto's response class, as
 # moto's in-process mock does: the router process's DynamoDB requests (a few per model turn) skip
-# the WSGI environ and Flask's routing, ~15 % of each. One URL, one JSON protocol: nothing for
+# the WSGI environ and Flask's routing, ~11 % of each. One URL, one JSON protocol: nothing for
 # Flask's routing to decide.
 _HANDLERS: dict[str, Any] = {"dynamodb": DynamoHandler.dispatch}
 _Answer = TypeVar("_Answer")
-# bench/local.py measures a run with and without them.
-GC_THRESHOLDS = (20_000, 50, 50)
 MOTO_CONFIG: dict[str, Any] = {
     "stepfunctions": {"execute_state_machine": True},
     "lambda": {"use_docker": False},

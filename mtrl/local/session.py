@@ -1,7 +1,8 @@
 """One local deployment: the pipeline stack in embedded AWS, with the router and DynamoDB in a
 process of their own (mtrl/local/router_process.py) and the compute planes as local processes
-(the serverless plane's managed job as a thread of this one, mtrl/local/managed_job.py). `upload` starts a run the way S3 and EventBridge
-would; `follow` watches its execution to the end and measures what it left behind."""
+(the serverless plane's managed job as a thread of this one, mtrl/local/managed_job.py).
+`upload` starts a run the way S3 and EventBridge would; `follow` watches its execution to the
+end and measures what it left behind."""
 
 from __future__ import annotations
 
