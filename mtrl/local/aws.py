@@ -243,7 +243,9 @@ class EventSourceMappings:
     @property
     def active(self) -> int:
         with self._lock:
-            return sum(1 for poller in self._pollers.values() if poller.running)
+            pollers = list(self._pollers.values())
+        # Asked outside the lock: a poller elsewhere answers over its process's channel.
+        return sum(1 for poller in pollers if poller.running)
 
     @contextmanager
     def installed(self) -> Iterator[EventSourceMappings]:
@@ -347,12 +349,7 @@ class MotoServer:
         """A client of this server for this process: requests go to the server's WSGI app
         directly (the same app, lock and backends), without a socket in between — or, for a
         service in `_HANDLERS`, straight to moto's handler."""
-        client = boto3.client(
-            service,
-            endpoint_url=self.endpoint,
-            region_name=REGION,
-            config=Config(max_pool_connections=64),
-        )
+        client = local_client(service, self.endpoint)
         handler = _HANDLERS.get(service)
         send = (
             self._send_in_process
@@ -417,6 +414,16 @@ class MotoServer:
         )
 
 
+def local_client(service: str, endpoint: str) -> Any:
+    """A client of the local server at `endpoint`, with connections for a run's many threads."""
+    return boto3.client(
+        service,
+        endpoint_url=endpoint,
+        region_name=REGION,
+        config=Config(max_pool_connections=64),
+    )
+
+
 def local_credentials() -> dict[str, str]:
     """What a process needs to sign requests to a local server (and nothing real)."""
     return {
@@ -439,7 +446,6 @@ class LocalAws:
         self.app = self.server.app
         self.dispatcher: Dispatcher
         self.mappings: EventSourceMappings
-        self.endpoint = ""
         self._elsewhere: dict[str, str] = {}
 
     def __enter__(self) -> LocalAws:
@@ -449,7 +455,6 @@ class LocalAws:
         # A fresh account each time (backends are process-wide); emptied again at the end.
         moto_api_backend.reset()
         self._stack.callback(moto_api_backend.reset)
-        self.endpoint = self.server.endpoint
         # A real profile must never be used against the fake.
         self._stack.enter_context(
             temporary_environ(
@@ -464,6 +469,10 @@ class LocalAws:
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
+
+    @property
+    def endpoint(self) -> str:
+        return self.server.endpoint
 
     def serve_elsewhere(self, service: str, endpoint: str) -> None:
         """From now on `service` is the server at `endpoint`'s, for this process's clients (and
@@ -482,12 +491,7 @@ class LocalAws:
     def client(self, service: str) -> Any:
         """A client of this server (in-process), or of the server that serves `service`."""
         if service in self._elsewhere:
-            return boto3.client(
-                service,
-                endpoint_url=self._elsewhere[service],
-                region_name=REGION,
-                config=Config(max_pool_connections=64),
-            )
+            return local_client(service, self._elsewhere[service])
         return self.server.client(service)
 
 

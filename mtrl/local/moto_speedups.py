@@ -42,7 +42,8 @@ _done: list[bool] = []
 
 
 def install() -> None:
-    """Put the cached lookups in place (idempotent)."""
+    """Put the cached lookups and the queue attributes worked out when read in place
+    (idempotent)."""
     with _installed:
         if _done:
             return

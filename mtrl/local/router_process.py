@@ -28,16 +28,18 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Annotated, Any, Literal
 
-import boto3
-from botocore.config import Config
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from lambdas.router.consumer import Consumer
 from lambdas.router.conversations import ConversationStore
 from lambdas.router.proxy import Proxy
-from mtrl.local.aws import MotoServer, collector_tuned_for_serving, local_credentials
+from mtrl.local.aws import (
+    MotoServer,
+    collector_tuned_for_serving,
+    local_client,
+    local_credentials,
+)
 from mtrl.local.function_url import FunctionUrlServer
-from mtrl.local.physical import REGION
 from mtrl.local.sqs_event_source import SqsEventSource
 
 log = logging.getLogger("mtrl.local.router")
@@ -154,12 +156,7 @@ class Router:
 
     def _route(self, route: Route) -> None:
         store = ConversationStore(self._dynamodb.client("dynamodb"), route.table)
-        self._sqs = boto3.client(
-            "sqs",
-            endpoint_url=route.sqs_endpoint,
-            region_name=REGION,
-            config=Config(max_pool_connections=64),
-        )
+        self._sqs = local_client("sqs", route.sqs_endpoint)
         self._consumer = Consumer(store)
         self._proxy = Proxy(
             store, self._sqs, wait_seconds=PROXY_WAIT_SECONDS, step_changes=self._signals.wait
@@ -290,10 +287,8 @@ class RouterProcess:
         return reply
 
     def save_log(self, path: Path) -> None:
-        self._log.flush()
-        self._log.seek(0)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(self._log.read())
+        path.write_bytes(self._logged())
 
     def _read(self) -> None:
         assert self._process.stdout is not None
@@ -315,10 +310,14 @@ class RouterProcess:
         return line
 
     def _last_log_line(self) -> str:
+        lines = [line for line in self._logged().decode(errors="replace").splitlines() if line]
+        return lines[-1] if lines else "its log is empty"
+
+    def _logged(self) -> bytes:
+        """What it has logged so far."""
         self._log.flush()
         self._log.seek(0)
-        lines = [line for line in self._log.read().decode(errors="replace").splitlines() if line]
-        return lines[-1] if lines else "its log is empty"
+        return self._log.read()
 
     def _end(self) -> None:
         """Close its stdin (it stops its pollers and servers and exits); kill it if it does not."""

@@ -253,7 +253,9 @@ def track(
         },
     )
     try:
-        mlflow_run = track_locally(run, out_dir, store=store.result() if store else None)
+        mlflow_run = track_locally(
+            run, out_dir, store=store.result() if store is not None else None
+        )
     except TrackingUnavailable as unavailable:
         return f"not tracked: {unavailable}"
     except Exception as error:  # noqa: BLE001 - the run's result stands whatever MLflow does
