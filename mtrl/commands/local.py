@@ -84,6 +84,7 @@ def local(
     policy), collect, tear down, notify. Exit 0 when the run succeeded, 1 when it failed (with
     the state and the reason), 2 for bad input."""
     try:
+        from mtrl.local.router_process import RouterUnavailable
         from mtrl.local.run import TRAINERS, LocalRunError, LocalRunOptions, prepare
     except ImportError as missing:
         err.print(f"error: {EXTRAS_HINT} ({missing.name} is missing)", markup=False)
@@ -116,7 +117,7 @@ def local(
         err.print("interrupted: the local run was stopped; nothing of it is left running")
         sys.stderr.flush()
         os._exit(130)
-    except LocalRunError as error:
+    except (LocalRunError, RouterUnavailable) as error:
         err.print(f"error: {error}", markup=False)
         raise typer.Exit(2) from None
     except ImportError as missing:

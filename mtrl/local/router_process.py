@@ -50,6 +50,11 @@ PROXY_WAIT_SECONDS = 5.0
 REPLY_SECONDS = 60.0
 
 
+class RouterUnavailable(RuntimeError):
+    """The router process ended, or fell silent, before it answered; the message ends with the
+    last line of its log."""
+
+
 class Ready(BaseModel):
     dynamodb: str
     router: str
@@ -228,6 +233,8 @@ class RouterProcess:
     caller does next); `ready()` waits for it. Its log is kept in a temporary file until
     `save_log` copies it where the run's logs are."""
 
+    MODULE = "mtrl.local.router_process"
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._lines: queue.Queue[str] = queue.Queue()
@@ -242,7 +249,7 @@ class RouterProcess:
             key: value for key, value in os.environ.items() if not key.startswith("AWS_")
         } | local_credentials()
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "mtrl.local.router_process"],
+            [sys.executable, "-m", self.MODULE],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
@@ -299,13 +306,14 @@ class RouterProcess:
     def _next_line(self, what: str) -> str:
         try:
             line = self._lines.get(timeout=REPLY_SECONDS)
+            why = "it ended before answering"
         except queue.Empty:
-            line = ""
+            line, why = "", f"no answer within {REPLY_SECONDS:.0f} s"
         if not line:
             self._lines.put("")  # out of step, or ended: every later question fails too
-            raise RuntimeError(
-                f"the local router process gave no answer to {what!r} within"
-                f" {REPLY_SECONDS:.0f} s; the last line of its log: {self._last_log_line()}"
+            raise RouterUnavailable(
+                f"the local router process ({self.MODULE}) failed at {what!r}: {why}; the last "
+                f"line of its log: {self._last_log_line()}"
             )
         return line
 

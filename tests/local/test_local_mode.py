@@ -283,6 +283,24 @@ def test_a_synth_that_fails_is_one_line_not_a_traceback(
     assert "Traceback" not in result.output and not any(tmp_path.iterdir())
 
 
+def test_a_router_process_that_cannot_start_is_one_line_not_a_traceback(
+    tmp_path: Path, template: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("mtrl.local.run.pipeline_template", lambda: template)
+    monkeypatch.setattr("mtrl.local.router_process.RouterProcess.MODULE", "no_such_router")
+    before = _child_processes()
+    result = CliRunner().invoke(
+        app, ["local", str(EXAMPLE / "train.jsonl"), "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 2, result.output
+    assert (
+        "error: the local router process (no_such_router) failed at 'start': it ended before "
+        "answering; the last line of its log: "
+    ) in result.output
+    assert "No module named no_such_router" in result.output
+    assert "Traceback" not in result.output and _child_processes() == before
+
+
 def test_off_a_terminal_the_cli_prints_a_line_per_state_and_per_step(
     tmp_path: Path, small_config: Path, template: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
