@@ -35,6 +35,7 @@ from domain.backends import (
 )
 from domain.episodes import EvaluationStage
 from domain.trainer_job import JOB_VARIABLE, TrainingJob
+from mtrl.local.waits import PlaneChanges
 from reward_envs.registry import load
 
 STOP_GRACE_SECONDS = 10.0
@@ -75,19 +76,23 @@ def _stop_all(processes: list[_Process], grace: float) -> int:
 
 @dataclass
 class _Recorder:
+    changes: PlaneChanges
     events: list[dict[str, Any]] = field(default_factory=list)
 
     def record(self, action: str, run: RunContext, **details: Any) -> None:
         self.events.append({"action": action, "run_id": run.run_id, "at": time.time(), **details})
+        self.changes.changed()
 
 
 class LocalRewardFleet(RewardFleet):
-    def __init__(self, *, environment: dict[str, str], log_dir: Path) -> None:
-        """Logs go to `<log_dir>/<run id>/logs/`."""
+    def __init__(
+        self, *, environment: dict[str, str], log_dir: Path, changes: PlaneChanges
+    ) -> None:
+        """Logs go to `<log_dir>/<run id>/logs/`; what it does is told to `changes`."""
         self._environment = environment
         self._log_dir = log_dir
         self._workers: dict[str, list[_Process]] = defaultdict(list)
-        self._recorder = _Recorder()
+        self._recorder = _Recorder(changes)
         self.events = self._recorder.events
 
     def start(self, run: RunContext, *, workers: int) -> list[str]:
@@ -174,9 +179,11 @@ class LocalTrainingCluster(TrainingCluster):
         *,
         environment: dict[str, str],
         log_dir: Path,
+        changes: PlaneChanges,
         seed: int = 0,
         program: TrainerProgram = LOCAL_POLICY,
     ) -> None:
+        """What it does, and each line and end of its processes, is told to `changes`."""
         self._environment = environment
         self._program = program
         self._log_dir = log_dir
@@ -185,7 +192,8 @@ class LocalTrainingCluster(TrainingCluster):
         self._jobs: dict[tuple[str, str], _Process] = {}  # (run id, trainer or stage)
         self._lock = threading.Lock()
         self.progress: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        self._recorder = _Recorder()
+        self._changes = changes
+        self._recorder = _Recorder(changes)
         self.events = self._recorder.events
 
     def scale_up(self, run: RunContext, *, instances: int) -> None:
@@ -275,3 +283,6 @@ class LocalTrainingCluster(TrainingCluster):
                 continue
             with self._lock:
                 self.progress[run_id].append(entry)
+            self._changes.changed()
+        popen.wait()  # ended: its status says so from now on
+        self._changes.changed()

@@ -57,6 +57,7 @@ from local_trainer.loop import Trainer
 from local_trainer.policy import Policy, policy_for
 from local_trainer.policy_server import PolicyServer
 from mtrl.local.job_runtime import JobRuntimeStandIn
+from mtrl.local.waits import PlaneChanges
 from reward_envs.registry import load
 
 log = logging.getLogger("mtrl.managed_job")
@@ -325,10 +326,10 @@ class ManagedJobEvaluation:
 
 class ProgressLines:
     """The text stream a job's trainer prints its step lines on (the local trainer's stdout),
-    kept as the entries they are."""
+    kept as the entries they are; each told to `changes`."""
 
-    def __init__(self, entries: list[dict[str, Any]]) -> None:
-        self.entries, self._buffer = entries, ""
+    def __init__(self, entries: list[dict[str, Any]], changes: PlaneChanges) -> None:
+        self.entries, self._changes, self._buffer = entries, changes, ""
 
     def write(self, text: str) -> int:
         self._buffer += text
@@ -336,6 +337,7 @@ class ProgressLines:
             line, _, self._buffer = self._buffer.partition("\n")
             if line.strip():
                 self.entries.append(json.loads(line))
+                self._changes.changed()
         return len(text)
 
     def flush(self) -> None:
@@ -357,10 +359,19 @@ class LocalJobService:
     runtime stand-in serves inside)."""
 
     def __init__(
-        self, *, lambda_client: Any, s3: Any, sagemaker: Any, seed: int = 0, region: str
+        self,
+        *,
+        lambda_client: Any,
+        s3: Any,
+        sagemaker: Any,
+        changes: PlaneChanges,
+        seed: int = 0,
+        region: str,
     ) -> None:
-        """`sagemaker`: the model registry it registers trained models in."""
+        """`sagemaker`: the model registry it registers trained models in; `changes`: told of
+        each job's transitions and step lines."""
         self.lambda_client, self.s3, self.sagemaker, self.seed = lambda_client, s3, sagemaker, seed
+        self.changes = changes
         self.model = botocore.session.get_session().get_service_model("sagemaker")
         self.runtime = JobRuntimeStandIn(self._sample, region=region)
         self.region = region
@@ -416,7 +427,9 @@ class LocalJobService:
             work = (
                 ManagedJobEvaluation(job, registry=self.sagemaker, **played)
                 if request["JobCategory"] == EVALUATION_CATEGORY
-                else ManagedJobTrainer(job, out=ProgressLines(self.progress[run.run_id]), **played)
+                else ManagedJobTrainer(
+                    job, out=ProgressLines(self.progress[run.run_id], self.changes), **played
+                )
             )
             now = _now()
             self.jobs[name] = managed = _Job(
@@ -530,6 +543,7 @@ class LocalJobService:
                 description["EndTime"] = now
             if reason:
                 description["FailureReason"] = reason[:1024]
+        self.changes.changed()
 
     def _sample(self, job_arn: str, trajectory: str, request: dict[str, Any]) -> dict[str, Any]:
         return self.jobs[job_name_of(job_arn)].work.server.sample(trajectory, request)

@@ -50,6 +50,7 @@ from mtrl.local.embedded import (
 from mtrl.local.managed_job import LocalJobService, LocalServerlessPlane
 from mtrl.local.physical import REGION
 from mtrl.local.router_process import RouterProcess
+from mtrl.local.waits import PlaneChanges, waits_end_on
 from stacks.components.router import CONSUMER_HANDLER
 from training_configs.schema import SHIPPED, TrainingConfig, load_training_config
 
@@ -154,19 +155,26 @@ class LocalSession:
         aws.serve_elsewhere("dynamodb", router.ready().dynamodb)
         self.clients = {name: aws.client(name) for name in CLIENTS}
         logs = self._out_dir
+        # The planes say when they change; the pipeline's Waits end then (mtrl/local/waits.py).
+        changes = PlaneChanges()
+        self._stack.enter_context(waits_end_on(changes))
         self.managed_jobs = self._stack.enter_context(
             LocalJobService(
                 lambda_client=self.clients["lambda"], s3=self.clients["s3"],
-                sagemaker=self.clients["sagemaker"], seed=self._seed, region=REGION,
+                sagemaker=self.clients["sagemaker"], changes=changes, seed=self._seed,
+                region=REGION,
             )
         )  # fmt: skip
         # A serverless run's workers speak to the job's runtime here (in agent mode).
         runtime = {"MTRL_JOB_RUNTIME_URL": self.managed_jobs.runtime_url}
-        self.fleet = LocalRewardFleet(environment=aws.environment() | runtime, log_dir=logs)
+        self.fleet = LocalRewardFleet(
+            environment=aws.environment() | runtime, log_dir=logs, changes=changes
+        )
         self.training_metrics = KeptMetrics()  # what the dashboard would graph
         self.cluster = LocalTrainingCluster(
-            environment=aws.environment(), log_dir=logs, seed=self._seed, program=self._trainer
-        )
+            environment=aws.environment(), log_dir=logs, changes=changes, seed=self._seed,
+            program=self._trainer,
+        )  # fmt: skip
         # Whatever a run leaves running is stopped when the session ends (after it was counted).
         self._stack.callback(self._stop_processes)
         self.pipeline = deploy_pipeline(

@@ -22,6 +22,7 @@ from botocore.exceptions import ClientError, ParamValidationError
 
 from mtrl.local.managed_job import LocalJobService, ProgressLines
 from mtrl.local.run import LocalRunError, LocalRunOptions, prepare, run_local
+from mtrl.local.waits import PlaneChanges
 from tests.conftest import Synthesized
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "wordle"
@@ -111,7 +112,7 @@ def test_a_serverless_config_is_played_by_the_local_policy_only(
 @pytest.fixture
 def service() -> Any:
     with LocalJobService(
-        lambda_client=None, s3=None, sagemaker=None, region="us-east-1"
+        lambda_client=None, s3=None, sagemaker=None, changes=PlaneChanges(), region="us-east-1"
     ) as running:
         yield running
 
@@ -166,9 +167,11 @@ def test_a_request_botocore_would_refuse_is_refused_and_nothing_starts(
 
 def test_progress_lines_are_kept_whole_however_they_are_written() -> None:
     entries: list[dict[str, Any]] = []
-    out = ProgressLines(entries)
+    changes = PlaneChanges()
+    out = ProgressLines(entries, changes)
     print(json.dumps({"step": 1}), file=out, flush=True)
     out.write('{"step": ')
-    assert entries == [{"step": 1}]
+    assert entries == [{"step": 1}] and changes.after(0, seconds=0) == 1
     out.write('2}\n\n{"step": 3}\n')
     assert entries == [{"step": 1}, {"step": 2}, {"step": 3}]
+    assert changes.after(0, seconds=0) == 3  # a change a line, none for the blank one
