@@ -18,6 +18,7 @@ from typing import Any
 
 import boto3
 
+from mtrl.local.embedded import function_session
 from tests.service_fakes import every_client
 
 SECRET = "proof-secret"
@@ -54,7 +55,7 @@ class Recorder:
         return {"AWS_ACCESS_KEY_ID": self.access_key(principal), "AWS_SECRET_ACCESS_KEY": SECRET}
 
     def session(self, principal: str, region: str = "us-east-1") -> boto3.Session:
-        return boto3.Session(
+        return function_session(
             aws_access_key_id=self.access_key(principal),
             aws_secret_access_key=SECRET,
             region_name=region,

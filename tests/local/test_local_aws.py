@@ -22,6 +22,7 @@ from mtrl.local.aws import (
     _queue_name,
     local_credentials,
 )
+from mtrl.local.embedded import function_session
 from mtrl.local.physical import REGION
 
 
@@ -275,3 +276,25 @@ def test_while_lambdas_run_in_process_a_stopped_execution_is_not_failed_afterwar
     assert isinstance(stopped._program_state, ProgramStopped)
     assert isinstance(running._program_state, ProgramError)  # a running one still fails
     assert Environment.set_error is embedded._ORIGINAL_SET_ERROR  # moto as it was afterwards
+
+
+def test_function_sessions_read_botocores_data_once_and_sign_as_their_own_principal() -> None:
+    """Each local function's session (one per function, as each Lambda function has its own
+    process on AWS) shares botocore's loaded models with the others: a second principal's
+    client is built on the very model the first read, yet signs with its own credentials."""
+    first = function_session(aws_access_key_id="AKIAFIRST", aws_secret_access_key="one")
+    second = function_session(aws_access_key_id="AKIASECOND", aws_secret_access_key="two")
+    one, two = first.client("sagemaker"), second.client("sagemaker")
+    read = one.meta.service_model._service_description
+    # Each client has a model of its own, made of the data read once.
+    assert one.meta.service_model is not two.meta.service_model
+    assert two.meta.service_model._service_description is read
+    assert (first.get_credentials().access_key, second.get_credentials().access_key) == (
+        "AKIAFIRST", "AKIASECOND",
+    )  # fmt: skip
+    assert one.meta.region_name == two.meta.region_name == REGION
+    # boto3 adds its data folder to each session's loader: the shared one keeps it once.
+    paths = first._loader.search_paths
+    assert len(paths) == len(set(paths))
+    unshared = boto3.Session(region_name=REGION).client("sagemaker")
+    assert unshared.meta.service_model._service_description is not read
