@@ -371,7 +371,7 @@ class LocalJobService:
         """`sagemaker`: the model registry it registers trained models in; `changes`: told of
         each job's transitions and step lines."""
         self.lambda_client, self.s3, self.sagemaker, self.seed = lambda_client, s3, sagemaker, seed
-        self.changes = changes
+        self._changes = changes
         self.model = botocore.session.get_session().get_service_model("sagemaker")
         self.runtime = JobRuntimeStandIn(self._sample, region=region)
         self.region = region
@@ -428,7 +428,7 @@ class LocalJobService:
                 ManagedJobEvaluation(job, registry=self.sagemaker, **played)
                 if request["JobCategory"] == EVALUATION_CATEGORY
                 else ManagedJobTrainer(
-                    job, out=ProgressLines(self.progress[run.run_id], self.changes), **played
+                    job, out=ProgressLines(self.progress[run.run_id], self._changes), **played
                 )
             )
             now = _now()
@@ -543,7 +543,7 @@ class LocalJobService:
                 description["EndTime"] = now
             if reason:
                 description["FailureReason"] = reason[:1024]
-        self.changes.changed()
+        self._changes.changed()
 
     def _sample(self, job_arn: str, trajectory: str, request: dict[str, Any]) -> dict[str, Any]:
         return self.jobs[job_name_of(job_arn)].work.server.sample(trajectory, request)
