@@ -43,10 +43,6 @@ def test_after_returns_at_once_for_changes_it_has_not_seen_else_at_the_next() ->
     later.join()
 
 
-def _status(sfn: object, execution: str) -> str:
-    return sfn.describe_execution(executionArn=execution)["status"]  # type: ignore[attr-defined]
-
-
 def test_a_wait_ends_at_the_first_change_since_the_executions_previous_wait(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -68,7 +64,7 @@ def test_a_wait_ends_at_the_first_change_since_the_executions_previous_wait(
         )["executionArn"]
         wait_for_state(sfn, execution, "PollAgain")
         # Nothing changed since Poll ended: PollAgain waits (its 600 s, or the next change).
-        assert _status(sfn, execution) == "RUNNING"
+        assert sfn.describe_execution(executionArn=execution)["status"] == "RUNNING"
         changes.changed()
         assert finished(sfn, execution, timeout=60)["status"] == "SUCCEEDED"
         # A Wait of 0 seconds does not wait, changes or none.
